@@ -1,0 +1,30 @@
+//! redcron: a cluster cron in which each (job, tick) runs exactly once.
+//!
+//! Identical worker processes read the same schedule. At every tick of a job they race for that job's
+//! lease — a Redlock held on a majority of independent Redis nodes — and the winner runs the job as a
+//! child process, renewing the lease while it runs and handing the job a fencing token that strictly
+//! increases from run to run.
+//!
+//! # Layout
+//! - [`config`]: `jobs.yaml`, parsed in two stages (serde form, then a validated form) with errors that
+//!   name the file, line, column and field.
+//! - [`schedule`]: cron expressions (via `croner`), time zones, the DST rule, and [`schedule::Tick`], the
+//!   cluster-wide identity of one scheduled instant.
+//! - [`lock`]: leases, tick claims and fencing tokens — the Redlock protocol on N Redis nodes, and the same
+//!   interface backed by process memory for a single host.
+//! - [`process`]: the job's child process: spawn, stream its output into the log, stop it (SIGTERM, then
+//!   SIGKILL after a grace).
+//! - [`worker`]: the daemon: sleep until each tick, race, run the winner's job under a lease watchdog, and
+//!   shut down gracefully.
+//! - [`logging`]: JSON (or text) log events with stable names and top-level fields.
+//! - [`shutdown`]: the two-stage shutdown signal (graceful, then immediate).
+//! - [`cli`]: the command line (`run`, `check`, `next`).
+
+pub mod cli;
+pub mod config;
+pub mod lock;
+pub mod logging;
+pub mod process;
+pub mod schedule;
+pub mod shutdown;
+pub mod worker;

@@ -1,0 +1,251 @@
+//! Leases, tick claims and fencing tokens.
+//!
+//! A [`LockStore`] answers one question for the worker: *may I run `(job, tick)`, and with which fencing
+//! token?* Expected answers are values ([`ClaimOutcome`]), failures of the store itself are errors.
+//!
+//! Two stores implement it: [`redis`] (the Redlock protocol across N independent Redis nodes; the
+//! safety argument is in `docs/protocol.md` and beside each script in [`scripts`]) and [`memory`] (the
+//! same guarantees within one process, for a single host with no Redis configured).
+
+pub mod memory;
+pub mod node;
+pub mod quorum;
+pub mod redis;
+pub mod scripts;
+mod validity;
+
+use std::time::Duration;
+
+use crate::schedule::Tick;
+
+pub use validity::{drift, validity};
+
+/// Lock parameters shared by every store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LockSettings {
+    /// How long a lease lives on a node unless renewed.
+    pub ttl: Duration,
+    /// How often the watchdog renews a running job's lease; below `ttl`.
+    pub renew_every: Duration,
+    /// How long one node may take to answer one round before it counts as failed; far below `ttl`.
+    pub node_timeout: Duration,
+    /// Allowed clock-rate difference between hosts, as a fraction of the TTL (Redlock's drift factor).
+    pub drift_factor: f64,
+    /// How many more times a split vote is retried.
+    pub retries: u32,
+    /// Base delay between retries; a random jitter of up to the same amount is added.
+    pub retry_delay: Duration,
+    /// Prefix of every key; keys are `<prefix>:{<job>}:<kind>`.
+    pub key_prefix: String,
+}
+
+impl Default for LockSettings {
+    fn default() -> Self {
+        LockSettings {
+            ttl: Duration::from_secs(30),
+            renew_every: Duration::from_secs(10),
+            node_timeout: Duration::from_millis(50),
+            drift_factor: 0.01,
+            retries: 3,
+            retry_delay: Duration::from_millis(200),
+            key_prefix: "redcron".to_string(),
+        }
+    }
+}
+
+/// Whether a tick may start while an earlier run of the same job still holds the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overlap {
+    /// One lease per job: a tick that finds the previous run still holding the job is skipped.
+    #[default]
+    Skip,
+    /// One lease per (job, tick): runs of successive ticks may overlap.
+    Allow,
+}
+
+/// What a worker asks for: the right to run `job` at `tick`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRequest {
+    pub job: String,
+    pub tick: Tick,
+    pub overlap: Overlap,
+}
+
+/// A fencing token: strictly increasing over all granted leases of one job, across all workers.
+///
+/// Hand it to the job's storage so that it can reject a write from a holder whose lease was taken over.
+pub type FencingToken = u64;
+
+/// The expected answers to a claim; none of them is an error.
+#[derive(Debug)]
+pub enum ClaimOutcome {
+    /// This worker holds the lease and has claimed the tick for good.
+    Won(Lease),
+    /// The tick (or a later one) was already claimed by a run: it must not run again.
+    AlreadyClaimed,
+    /// Another holder owns the job right now (`holder` is its worker id where known, `ttl` what remains of
+    /// its lease on the node that told us).
+    Busy { holder: Option<String>, ttl: Option<Duration> },
+    /// No majority of the configured nodes answered in time; the reasons name each failed node.
+    NoQuorum(QuorumFailure),
+}
+
+/// Why a round did not reach a majority of the configured nodes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no quorum: {granted} of {configured} nodes agreed, {needed} needed; failed: {}", self.describe_failures())]
+pub struct QuorumFailure {
+    pub configured: usize,
+    pub needed: usize,
+    pub granted: usize,
+    /// `(node address without password, what went wrong)` for each node that failed.
+    pub failures: Vec<(String, String)>,
+}
+
+impl QuorumFailure {
+    fn describe_failures(&self) -> String {
+        if self.failures.is_empty() {
+            return "none".to_string();
+        }
+        let parts: Vec<String> = self.failures.iter().map(|(node, why)| format!("{node} ({why})")).collect();
+        parts.join(", ")
+    }
+}
+
+/// A granted lease on `(job, tick)`.
+///
+/// The lease is valid until [`Lease::deadline`], a point on this process's monotonic clock that already
+/// accounts for the time the acquisition took and for clock drift. Once that deadline passes without a
+/// successful renewal the lease is lost for good: [`LockStore::renew`] never revives it.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub job: String,
+    pub tick: Tick,
+    pub overlap: Overlap,
+    /// The fencing token of this run.
+    pub token: FencingToken,
+    /// The value stored on each node: unique per attempt (`<worker id>/<uuid>`), so that renew and release
+    /// only ever touch this lease.
+    pub value: String,
+    deadline: tokio::time::Instant,
+    lost: bool,
+}
+
+impl Lease {
+    pub(crate) fn new(request: &ClaimRequest, token: FencingToken, value: String, deadline: tokio::time::Instant) -> Lease {
+        Lease {
+            job: request.job.clone(),
+            tick: request.tick,
+            overlap: request.overlap,
+            token,
+            value,
+            deadline,
+            lost: false,
+        }
+    }
+
+    /// The instant (monotonic clock) until which this lease is known to be held by a majority.
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.deadline
+    }
+
+    /// What remains of the validity now; zero once the lease is lost or expired.
+    pub fn remaining(&self) -> Duration {
+        if self.lost {
+            return Duration::ZERO;
+        }
+        self.deadline.saturating_duration_since(tokio::time::Instant::now())
+    }
+
+    /// Whether the lease is still valid: not marked lost and its deadline not yet passed.
+    pub fn is_valid(&self) -> bool {
+        !self.lost && tokio::time::Instant::now() < self.deadline
+    }
+
+    /// Extends the deadline after a successful renewal. Never called on a lost lease.
+    pub(crate) fn extend_to(&mut self, deadline: tokio::time::Instant) {
+        debug_assert!(!self.lost);
+        self.deadline = deadline;
+    }
+
+    /// Marks the lease lost for good.
+    pub(crate) fn mark_lost(&mut self) {
+        self.lost = true;
+    }
+}
+
+/// Why a renewal failed. After any of these, the lease is lost and stays lost.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenewError {
+    /// The validity deadline had passed before a quorum confirmed the renewal.
+    #[error("lease expired before a quorum renewed it")]
+    Expired,
+    /// The lease was already lost by an earlier failure; a lost lease is never renewed.
+    #[error("lease was already lost")]
+    AlreadyLost,
+    /// Not enough nodes still held this lease's value (another holder took over, or the keys expired).
+    #[error("lease no longer held on a majority: {0}")]
+    NotHeld(QuorumFailure),
+}
+
+/// Failures of a store that are not expected outcomes (the store could not even be set up).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid Redis node URL {url}: {reason}")]
+    InvalidNode { url: String, reason: String },
+    #[error("{0} Redis nodes configured; at least one is needed")]
+    NoNodes(usize),
+}
+
+/// The store the worker races through: Redis nodes, or process memory on a single host.
+///
+/// An enum rather than a trait object: there are exactly two stores, and an enum keeps `async fn` plain.
+pub enum LockStore {
+    Redis(redis::RedisStore),
+    Memory(memory::MemoryStore),
+}
+
+impl LockStore {
+    /// Claims each `(job, tick)` in `requests`, answering in the same order.
+    ///
+    /// All claims go to each node as one pipelined round trip per protocol round, so a tick at which
+    /// 10,000 jobs are due costs the same number of round trips as a tick with one.
+    pub async fn claim_many(&self, worker_id: &str, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
+        match self {
+            LockStore::Redis(store) => store.claim_many(worker_id, requests).await,
+            LockStore::Memory(store) => store.claim_many(worker_id, requests),
+        }
+    }
+
+    /// Claims one `(job, tick)`.
+    pub async fn claim(&self, worker_id: &str, request: ClaimRequest) -> ClaimOutcome {
+        let mut outcomes = self.claim_many(worker_id, std::slice::from_ref(&request)).await;
+        outcomes.pop().unwrap_or(ClaimOutcome::AlreadyClaimed)
+    }
+
+    /// Extends the lease by a full TTL if a quorum still holds it and its deadline has not passed.
+    ///
+    /// On failure the lease is marked lost and every later call fails with [`RenewError::AlreadyLost`].
+    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
+        match self {
+            LockStore::Redis(store) => store.renew(lease).await,
+            LockStore::Memory(store) => store.renew(lease),
+        }
+    }
+
+    /// Releases the lease on every node where it is still this lease's value; the tick claim and the
+    /// fencing counter stay. Never deletes another holder's lease.
+    pub async fn release(&self, lease: &Lease) {
+        match self {
+            LockStore::Redis(store) => store.release(lease).await,
+            LockStore::Memory(store) => store.release(lease),
+        }
+    }
+
+    /// The lock settings this store was built with.
+    pub fn settings(&self) -> &LockSettings {
+        match self {
+            LockStore::Redis(store) => store.settings(),
+            LockStore::Memory(store) => store.settings(),
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! One Redis node: its address (shown without password) and its connection.

@@ -1,0 +1,1 @@
+//! Counting a round's answers against the configured nodes.

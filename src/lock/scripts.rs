@@ -1,0 +1,1 @@
+//! The Lua scripts of the protocol, each with its safety argument.
