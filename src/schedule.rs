@@ -27,3 +27,9 @@ impl fmt::Display for Tick {
         write!(f, "{}", self.to_utc().to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
     }
 }
+
+/// A job's schedule: a cron expression in a time zone.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    // Filled in by the schedule implementation.
+}

@@ -1,0 +1,9 @@
+//! redcron's integration tests: one binary, a module per area, real `redis-server` nodes and real worker
+//! processes started by [`support`].
+
+mod cli;
+mod config;
+mod lock;
+mod schedule;
+mod support;
+mod worker;

@@ -1,0 +1,1 @@
+//! Test support: real redis-server nodes and worker processes.
