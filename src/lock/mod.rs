@@ -167,15 +167,28 @@ impl Lease {
         self.deadline = deadline;
     }
 
+    /// Whether the lease was marked lost (a renewal failed for good); a lost lease is never renewed.
+    pub fn is_lost(&self) -> bool {
+        self.lost
+    }
+
     /// Marks the lease lost for good.
     pub(crate) fn mark_lost(&mut self) {
         self.lost = true;
     }
 }
 
-/// Why a renewal failed. After any of these, the lease is lost and stays lost.
+/// Why a renewal failed.
+///
+/// After every variant but [`RenewError::Unconfirmed`] the lease is lost and stays lost
+/// ([`RenewError::is_lost`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenewError {
+    /// Too few nodes answered (timeouts, errors) to confirm the renewal, but none denied it and the
+    /// deadline has not passed: the lease stays valid until [`Lease::deadline`], and renewing again soon
+    /// may still succeed.
+    #[error("renewal not confirmed by a majority yet: {0}")]
+    Unconfirmed(QuorumFailure),
     /// The validity deadline had passed before a quorum confirmed the renewal.
     #[error("lease expired before a quorum renewed it")]
     Expired,
@@ -185,6 +198,13 @@ pub enum RenewError {
     /// Not enough nodes still held this lease's value (another holder took over, or the keys expired).
     #[error("lease no longer held on a majority: {0}")]
     NotHeld(QuorumFailure),
+}
+
+impl RenewError {
+    /// Whether the lease is lost for good after this error (every variant but `Unconfirmed`).
+    pub fn is_lost(&self) -> bool {
+        !matches!(self, RenewError::Unconfirmed(_))
+    }
 }
 
 /// Failures of a store that are not expected outcomes (the store could not even be set up).
