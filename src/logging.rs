@@ -1,1 +1,415 @@
-//! TODO: logging
+//! Log events as one JSON object per line (or one human-readable line), with every field at the top level.
+//!
+//! Operators and the integration tests read a worker's stdout line by line and look events up by their
+//! stable `event` name, so each line is a flat object: `timestamp`, `level`, `worker`, `event`,
+//! `message`, then the fields of every enclosing span (outermost first), then the event's own fields. A
+//! run's events therefore carry `job`, `tick`, `run_id` and `token` from the `run` span without
+//! repeating them at each call site. tracing-subscriber's own JSON format nests span fields, so this
+//! module has a small [`FormatEvent`] of its own; the text format renders the same flat fields.
+
+use std::fmt::Write as _;
+use std::io;
+
+use serde_json::Value;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields, MakeWriter};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line, all fields at the top level: for machines and the tests.
+    Json,
+    /// One human-readable line per event, the same fields as `key=value`.
+    Text,
+}
+
+/// What [`init`] installs.
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    pub format: LogFormat,
+    /// An `EnvFilter` directive string such as `info` or `info,redcron::lock=debug`.
+    pub filter: String,
+    /// Written as `worker` on every line, so the lines of many workers can be merged and told apart.
+    pub worker_id: String,
+}
+
+/// Why logging could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LoggingError {
+    #[error("invalid log filter {filter:?}: {source} (expected e.g. \"info\" or \"info,redcron=debug\")")]
+    Filter {
+        filter: String,
+        #[source]
+        source: tracing_subscriber::filter::ParseError,
+    },
+    #[error("a global logger is already installed: {0}")]
+    AlreadyInstalled(#[from] tracing_subscriber::util::TryInitError),
+}
+
+/// Installs the global subscriber writing to stdout.
+///
+/// Fails, without installing anything, if the filter does not parse or a subscriber is already set.
+pub fn init(options: &LogOptions) -> Result<(), LoggingError> {
+    let filter = EnvFilter::try_new(&options.filter).map_err(|source| LoggingError::Filter {
+        filter: options.filter.clone(),
+        source,
+    })?;
+    tracing_subscriber::registry()
+        .with(layer(options.format, &options.worker_id, io::stdout).with_filter(filter))
+        .try_init()?;
+    Ok(())
+}
+
+/// A layer writing events in `format` to `writer`, one line per event and one `write` per line.
+///
+/// Separate from [`init`] so tests (and embedders) can capture lines in a buffer.
+pub fn layer<S, W>(format: LogFormat, worker_id: &str, writer: W) -> impl Layer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt::layer()
+        .fmt_fields(JsonFields::new())
+        .event_format(FlatFormat {
+            format,
+            worker: worker_id.to_owned(),
+        })
+        .with_writer(writer)
+}
+
+/// Names the formatter writes itself; a span or event field with one of them is written as `field.<name>`.
+const RESERVED: [&str; 3] = ["timestamp", "level", "worker"];
+
+/// The event formatter of both formats. Span fields are stored by [`JsonFields`] as JSON objects.
+struct FlatFormat {
+    format: LogFormat,
+    worker: String,
+}
+
+impl<S> FormatEvent<S, JsonFields> for FlatFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, JsonFields>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let mut fields = Fields::default();
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let extensions = span.extensions();
+                let Some(stored) = extensions.get::<FormattedFields<JsonFields>>() else {
+                    continue;
+                };
+                // An empty string means the span has no fields yet.
+                if let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&stored.fields) {
+                    map.into_iter()
+                        .for_each(|(name, value)| fields.set(name, value));
+                }
+            }
+        }
+        event.record(&mut FieldVisitor(&mut fields));
+
+        let metadata = event.metadata();
+        let name = match fields.take("event") {
+            Some(Value::String(name)) => name,
+            Some(other) => other.to_string(),
+            None => metadata.target().to_owned(),
+        };
+        let message = match fields.take("message") {
+            Some(Value::String(message)) => message,
+            Some(other) => other.to_string(),
+            None => name.clone(),
+        };
+        let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let level = metadata.level().as_str();
+        let rest = fields.0.into_iter().map(|(name, value)| {
+            if RESERVED.contains(&name.as_str()) {
+                (format!("field.{name}"), value)
+            } else {
+                (name, value)
+            }
+        });
+
+        match self.format {
+            LogFormat::Json => {
+                let head = [
+                    ("timestamp", timestamp),
+                    ("level", level.to_owned()),
+                    ("worker", self.worker.clone()),
+                    ("event", name),
+                    ("message", message),
+                ];
+                let mut separator = '{';
+                for (key, value) in head {
+                    write!(writer, "{separator}{}:{}", json(&key), json(&value))?;
+                    separator = ',';
+                }
+                for (key, value) in rest {
+                    write!(writer, ",{}:{}", json(&key), json(&value))?;
+                }
+                writeln!(writer, "}}")
+            }
+            LogFormat::Text => {
+                write!(
+                    writer,
+                    "{timestamp} {level:>5} {} {name}: {message}",
+                    self.worker
+                )?;
+                for (key, value) in rest {
+                    write!(writer, " {key}={}", text(&value))?;
+                }
+                writeln!(writer)
+            }
+        }
+    }
+}
+
+/// Serializes a string or JSON value; neither can fail (string keys, no non-string map keys).
+fn json<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+/// A value for `key=value`: bare when unambiguous, quoted when it holds spaces or quotes.
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(s) if s.is_empty() || s.contains(|c: char| c.is_whitespace() || c == '"') => {
+            format!("{s:?}")
+        }
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Fields in first-seen order; a later value of the same name (inner span, then event) replaces it.
+#[derive(Default)]
+struct Fields(Vec<(String, Value)>);
+
+impl Fields {
+    fn set(&mut self, name: String, value: Value) {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.0.push((name, value)),
+        }
+    }
+
+    fn take(&mut self, name: &str) -> Option<Value> {
+        let index = self.0.iter().position(|(n, _)| n == name)?;
+        Some(self.0.remove(index).1)
+    }
+}
+
+/// Records an event's fields as JSON values: integers stay numbers, `%`/`?` values become strings.
+struct FieldVisitor<'a>(&'a mut Fields);
+
+impl FieldVisitor<'_> {
+    fn put(&mut self, field: &Field, value: Value) {
+        self.0.set(field.name().to_owned(), value);
+    }
+}
+
+impl Visit for FieldVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, Value::from(value));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, Value::from(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, Value::from(value));
+    }
+    fn record_i128(&mut self, field: &Field, value: i128) {
+        let value =
+            i64::try_from(value).map_or_else(|_| Value::from(value.to_string()), Value::from);
+        self.put(field, value);
+    }
+    fn record_u128(&mut self, field: &Field, value: u128) {
+        let value =
+            u64::try_from(value).map_or_else(|_| Value::from(value.to_string()), Value::from);
+        self.put(field, value);
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field, Value::from(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, Value::from(value));
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        // The whole chain, as anyhow's `{:#}` prints it: "outer: cause: root".
+        let mut text = value.to_string();
+        let mut source = value.source();
+        while let Some(cause) = source {
+            let _ = write!(text, ": {cause}");
+            source = cause.source();
+        }
+        self.put(field, Value::from(text));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.put(field, Value::from(format!("{value:?}")));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing::{info, info_span, warn};
+
+    /// A `MakeWriter` collecting everything written into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0
+                .lock()
+                .expect("no test thread panics holding it")
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'w> MakeWriter<'w> for Buffer {
+        type Writer = Buffer;
+        fn make_writer(&'w self) -> Buffer {
+            self.clone()
+        }
+    }
+
+    fn capture(format: LogFormat, body: impl FnOnce()) -> String {
+        let buffer = Buffer::default();
+        let subscriber = tracing_subscriber::registry().with(layer(format, "w-1", buffer.clone()));
+        tracing::subscriber::with_default(subscriber, body);
+        let bytes = buffer
+            .0
+            .lock()
+            .expect("no test thread panics holding it")
+            .clone();
+        String::from_utf8(bytes).expect("the formatter writes UTF-8")
+    }
+
+    fn emit_run_events() {
+        let run = info_span!(
+            "run",
+            job = "backup",
+            tick = "2024-05-01T12:00:00Z",
+            run_id = "r1",
+            token = 42u64
+        );
+        let _entered = run.enter();
+        info!(event = "run.started", pid = 1234, "Started the job");
+        let inner = info_span!("renew", node = 2);
+        inner.in_scope(|| {
+            warn!(
+                event = "lease.renew_failed",
+                ok = false,
+                token = 43u64,
+                "Renewal failed"
+            )
+        });
+    }
+
+    /// Span and event fields are top-level keys with their JSON types; the formatter adds its own.
+    #[test]
+    fn json_lines_are_flat() {
+        let out = capture(LogFormat::Json, emit_run_events);
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{out}");
+
+        let started = &lines[0];
+        assert_eq!(started["event"], "run.started");
+        assert_eq!(started["message"], "Started the job");
+        assert_eq!(started["level"], "INFO");
+        assert_eq!(started["worker"], "w-1");
+        assert_eq!(started["job"], "backup");
+        assert_eq!(started["tick"], "2024-05-01T12:00:00Z");
+        assert_eq!(started["run_id"], "r1");
+        assert_eq!(started["token"], 42);
+        assert_eq!(started["pid"], 1234);
+        let timestamp = started["timestamp"]
+            .as_str()
+            .expect("timestamp is a string");
+        assert!(
+            chrono::DateTime::parse_from_rfc3339(timestamp).is_ok(),
+            "{timestamp}"
+        );
+        assert!(timestamp.ends_with('Z'), "{timestamp}");
+        assert!(started.get("fields").is_none() && started.get("span").is_none());
+
+        let failed = &lines[1];
+        assert_eq!(failed["level"], "WARN");
+        assert_eq!(failed["node"], 2, "inner span fields are merged too");
+        assert_eq!(failed["job"], "backup");
+        assert_eq!(failed["ok"], false);
+        assert_eq!(
+            failed["token"], 43,
+            "the event's own field wins over the span's"
+        );
+    }
+
+    /// An event without `event` is named by its target; one without a message repeats the name;
+    /// a field named like a formatter key is kept under `field.<name>`.
+    #[test]
+    fn json_fills_missing_event_and_message() {
+        let out = capture(LogFormat::Json, || {
+            info!(job = "a", "No name");
+            info!(event = "tick.won", worker = "someone-else");
+        });
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON"))
+            .collect();
+        assert_eq!(lines[0]["event"], "redcron::logging::tests");
+        assert_eq!(lines[1]["message"], "tick.won");
+        assert_eq!(lines[1]["worker"], "w-1");
+        assert_eq!(lines[1]["field.worker"], "someone-else");
+    }
+
+    /// The text format is one line per event with the worker id, the name and the fields.
+    #[test]
+    fn text_lines_carry_worker_and_fields() {
+        let out = capture(LogFormat::Text, emit_run_events);
+        let first = out.lines().next().expect("one line per event");
+        assert!(
+            first.contains(" INFO w-1 run.started: Started the job"),
+            "{first}"
+        );
+        assert!(
+            first.contains(" job=backup")
+                && first.contains(" token=42")
+                && first.contains(" pid=1234")
+        );
+        assert_eq!(out.lines().count(), 2);
+    }
+
+    /// A filter that does not parse is reported with the filter text.
+    #[test]
+    fn bad_filter_is_a_clear_error() {
+        let options = LogOptions {
+            format: LogFormat::Json,
+            filter: "info,redcron=loud".to_owned(),
+            worker_id: "w".to_owned(),
+        };
+        let error = init(&options).expect_err("`loud` is not a level");
+        assert!(
+            error
+                .to_string()
+                .contains("invalid log filter \"info,redcron=loud\""),
+            "{error}"
+        );
+    }
+}

@@ -1,1 +1,626 @@
-//! TODO: process
+//! The job's child process: spawn it, stream its output into the log, and end it.
+//!
+//! A job may be a shell pipeline whose real work happens in grandchildren, so each child leads a process
+//! group of its own and every signal goes to the whole group: stopping a run must not leave a `sleep` or a
+//! backup tool behind. Output is logged line by line as it arrives (`run.output`, inside the caller's
+//! span, so each line carries the run's `job`, `tick`, `run_id` and `token`), and [`RunningChild::wait`]
+//! returns only once the child has exited and its output has been fully logged, so the exit event is
+//! always the run's last line.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Child;
+use tokio::task::JoinHandle;
+use tracing::{info, warn, Instrument, Span};
+
+use crate::config::Command;
+
+/// Output lines longer than this are cut (and logged with `truncated = true`), so a job printing a
+/// binary blob cannot make the worker buffer it whole.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// After SIGKILL the group is dead, but an escaped descendant may still hold the pipes: stop reading then.
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+
+/// What to run, as configured for a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildSpec {
+    pub command: Command,
+    /// Added to the worker's own environment.
+    pub env: Vec<(String, String)>,
+    /// The child's working directory; the worker's when `None`.
+    pub workdir: Option<PathBuf>,
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    /// It exited with this status code.
+    Code(i32),
+    /// It was killed by this signal.
+    Signal(i32),
+}
+
+impl ExitKind {
+    /// Whether the job succeeded (exit code 0).
+    pub fn success(self) -> bool {
+        self == ExitKind::Code(0)
+    }
+
+    fn from_status(status: ExitStatus) -> ExitKind {
+        use std::os::unix::process::ExitStatusExt as _;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ExitKind::Code(code),
+            (None, Some(signal)) => ExitKind::Signal(signal),
+            // `wait` reports only terminated children, which have one or the other.
+            (None, None) => ExitKind::Code(-1),
+        }
+    }
+}
+
+impl std::fmt::Display for ExitKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            ExitKind::Code(code) => write!(f, "exit code {code}"),
+            ExitKind::Signal(signal) => {
+                let name = match signal {
+                    libc::SIGHUP => "SIGHUP",
+                    libc::SIGINT => "SIGINT",
+                    libc::SIGQUIT => "SIGQUIT",
+                    libc::SIGABRT => "SIGABRT",
+                    libc::SIGKILL => "SIGKILL",
+                    libc::SIGSEGV => "SIGSEGV",
+                    libc::SIGPIPE => "SIGPIPE",
+                    libc::SIGTERM => "SIGTERM",
+                    _ => return write!(f, "signal {signal}"),
+                };
+                write!(f, "signal {signal} ({name})")
+            }
+        }
+    }
+}
+
+/// Why a child could not be run or waited for.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The program, and the working directory when one was configured.
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start the job: its command is empty")]
+    EmptyCommand,
+    #[error("cannot wait for child process {pid}: {source}")]
+    Wait {
+        pid: u32,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A spawned child: its process group, its exit status once known, and the tasks logging its output.
+#[derive(Debug)]
+pub struct RunningChild {
+    child: Child,
+    pid: u32,
+    status: Option<ExitKind>,
+    /// Logs stdout and stderr; `None` once both reached end of file (or were abandoned).
+    output: Option<JoinHandle<()>>,
+}
+
+impl RunningChild {
+    /// Spawns the child in its own process group (so SIGTERM/SIGKILL reach its whole tree, e.g. the
+    /// children of `/bin/sh -c`), stdin null, stdout/stderr piped, `extra_env` added after the spec's.
+    ///
+    /// Each output line is logged as `run.output` (`stream`, `line`) inside the caller's current span.
+    /// Must be called within a tokio runtime. Dropping the value SIGKILLs the group if it may still run.
+    pub fn spawn(
+        spec: &ChildSpec,
+        extra_env: &[(String, String)],
+    ) -> Result<RunningChild, ProcessError> {
+        let (program, args): (&str, &[String]) = match &spec.command {
+            Command::Argv(argv) => match argv.split_first() {
+                Some((program, args)) => (program, args),
+                None => return Err(ProcessError::EmptyCommand),
+            },
+            Command::Shell(script) => ("/bin/sh", std::slice::from_ref(script)),
+        };
+        let mut command = tokio::process::Command::new(program);
+        if matches!(spec.command, Command::Shell(_)) {
+            command.arg("-c");
+        }
+        command
+            .args(args)
+            .envs(spec.env.iter().chain(extra_env).map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(dir) = &spec.workdir {
+            command.current_dir(dir);
+        }
+        let mut child = command.spawn().map_err(|source| ProcessError::Spawn {
+            program: match &spec.workdir {
+                Some(dir) => format!("{program} (in {})", dir.display()),
+                None => program.to_owned(),
+            },
+            source,
+        })?;
+        // A freshly spawned child that has not been waited for always has an id.
+        let pid = child.id().unwrap_or_default();
+        // Both were set to `Stdio::piped()` above, so both are present.
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let span = Span::current();
+        let output = tokio::spawn(
+            async move {
+                tokio::join!(log_lines(stdout, "stdout"), log_lines(stderr, "stderr"));
+            }
+            .instrument(span),
+        );
+        Ok(RunningChild {
+            child,
+            pid,
+            status: None,
+            output: Some(output),
+        })
+    }
+
+    /// The process id of the child, which is also the id of its process group.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Waits for the child to exit AND its output to be fully logged.
+    ///
+    /// Cancel-safe: it may sit in a `select!` and be called again; the exit status is kept once known.
+    /// A background process that keeps the child's stdout open keeps this waiting: the run is not over
+    /// until its output is (use [`RunningChild::stop`] to end it).
+    pub async fn wait(&mut self) -> Result<ExitKind, ProcessError> {
+        let status = match self.status {
+            Some(status) => status,
+            None => {
+                let status = self
+                    .child
+                    .wait()
+                    .await
+                    .map_err(|source| ProcessError::Wait {
+                        pid: self.pid,
+                        source,
+                    })?;
+                *self.status.insert(ExitKind::from_status(status))
+            }
+        };
+        if let Some(output) = &mut self.output {
+            // The logging task does not panic; a cancelled one has nothing more to log either way.
+            let _ = output.await;
+            self.output = None;
+        }
+        Ok(status)
+    }
+
+    /// SIGTERM to the process group, then SIGKILL to the group after `grace` if the child has not exited
+    /// and closed its output by then; returns how the child ended.
+    pub async fn stop(&mut self, grace: Duration) -> Result<ExitKind, ProcessError> {
+        if self.is_finished() {
+            return self.wait().await;
+        }
+        self.signal_group(libc::SIGTERM);
+        if let Ok(result) = tokio::time::timeout(grace, self.wait()).await {
+            return result;
+        }
+        self.kill_now();
+        let status = self.wait_exit().await?;
+        if tokio::time::timeout(DRAIN_AFTER_KILL, self.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                event = "run.output_abandoned",
+                pid = self.pid,
+                "Output still open after SIGKILL (a descendant left the process group); stopped reading it"
+            );
+            if let Some(output) = self.output.take() {
+                output.abort();
+            }
+        }
+        Ok(status)
+    }
+
+    /// SIGKILL to the process group now, unless the child has already finished.
+    pub fn kill_now(&mut self) {
+        if !self.is_finished() {
+            self.signal_group(libc::SIGKILL);
+        }
+    }
+
+    /// Waits for the child itself to exit, not for its output.
+    async fn wait_exit(&mut self) -> Result<ExitKind, ProcessError> {
+        if let Some(status) = self.status {
+            return Ok(status);
+        }
+        let status = self
+            .child
+            .wait()
+            .await
+            .map_err(|source| ProcessError::Wait {
+                pid: self.pid,
+                source,
+            })?;
+        Ok(*self.status.insert(ExitKind::from_status(status)))
+    }
+
+    /// Exited and output fully read: nothing of it is left to signal.
+    fn is_finished(&self) -> bool {
+        self.status.is_some() && self.output.is_none()
+    }
+
+    /// Signals the group. The group id cannot name another group while the group exists, and it exists
+    /// while the unreaped leader or any member holding its output lives; that is when this is called.
+    fn signal_group(&self, signal: i32) {
+        let Ok(pgid) = libc::pid_t::try_from(self.pid) else {
+            return;
+        };
+        if pgid > 0 {
+            // SAFETY: killpg has no memory effects; ESRCH (group already gone) is expected and harmless.
+            unsafe {
+                libc::killpg(pgid, signal);
+            }
+        }
+    }
+}
+
+impl Drop for RunningChild {
+    /// Kills the whole group, not just the leader (which `kill_on_drop` alone would do).
+    fn drop(&mut self) {
+        self.kill_now();
+        if let Some(output) = self.output.take() {
+            output.abort();
+        }
+    }
+}
+
+/// Logs each line of `stream` as `run.output`; lines over [`MAX_LINE_BYTES`] are cut.
+async fn log_lines<R: AsyncRead + Unpin>(stream: Option<R>, name: &'static str) {
+    let Some(stream) = stream else { return };
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    let mut cut = false;
+    loop {
+        let chunk = match reader.fill_buf().await {
+            Ok(chunk) => chunk,
+            Err(error) => {
+                warn!(event = "run.output_error", stream = name, error = %error, "Cannot read the job's output");
+                return;
+            }
+        };
+        if chunk.is_empty() {
+            if !line.is_empty() {
+                emit(name, &line, cut);
+            }
+            return;
+        }
+        let (taken, at_end) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(newline) => (newline + 1, true),
+            None => (chunk.len(), false),
+        };
+        let room = MAX_LINE_BYTES.saturating_sub(line.len());
+        let body = &chunk[..taken - usize::from(at_end)];
+        cut |= body.len() > room;
+        line.extend_from_slice(&body[..body.len().min(room)]);
+        reader.consume(taken);
+        if at_end {
+            emit(name, &line, cut);
+            line.clear();
+            cut = false;
+        }
+    }
+}
+
+fn emit(stream: &'static str, line: &[u8], cut: bool) {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let text = String::from_utf8_lossy(line);
+    if cut {
+        info!(event = "run.output", stream, line = %text, truncated = true, "Output line (cut at 64 KiB)");
+    } else {
+        info!(event = "run.output", stream, line = %text, "Output line");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::logging::{layer, LogFormat};
+    use serde_json::Value;
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    use tracing::subscriber::DefaultGuard;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// Collects the JSON log lines written on this thread (tokio tests run tasks on the test thread).
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Logs {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'w> tracing_subscriber::fmt::MakeWriter<'w> for Logs {
+        type Writer = Logs;
+        fn make_writer(&'w self) -> Logs {
+            self.clone()
+        }
+    }
+
+    impl Logs {
+        fn capture() -> (Logs, DefaultGuard) {
+            let logs = Logs::default();
+            let subscriber =
+                tracing_subscriber::registry().with(layer(LogFormat::Json, "w", logs.clone()));
+            (logs, tracing::subscriber::set_default(subscriber))
+        }
+
+        /// The `run.output` events so far.
+        fn output(&self) -> Vec<Value> {
+            let bytes = self.0.lock().expect("not poisoned").clone();
+            String::from_utf8_lossy(&bytes)
+                .lines()
+                .map(|line| serde_json::from_str::<Value>(line).expect("one JSON object per line"))
+                .filter(|event| event["event"] == "run.output")
+                .collect()
+        }
+
+        fn lines(&self, stream: &str) -> Vec<String> {
+            let output = self.output();
+            let lines = output.iter().filter(|e| e["stream"] == stream);
+            lines
+                .map(|e| e["line"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        }
+
+        /// Polls until `stream` has a first line (the tests print a pid first).
+        async fn first_line(&self, stream: &str) -> String {
+            for _ in 0..500 {
+                if let Some(line) = self.lines(stream).into_iter().next() {
+                    return line;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("no {stream} line within 5 s");
+        }
+    }
+
+    fn shell(script: &str) -> ChildSpec {
+        ChildSpec {
+            command: Command::Shell(script.to_owned()),
+            env: Vec::new(),
+            workdir: None,
+        }
+    }
+
+    async fn run(spec: &ChildSpec) -> ExitKind {
+        let mut child = RunningChild::spawn(spec, &[]).expect("spawns");
+        child.wait().await.expect("waits")
+    }
+
+    /// Whether `pid` is gone (or a zombie about to be reaped by init).
+    fn is_dead(pid: i32) -> bool {
+        // SAFETY: signal 0 only checks for existence.
+        let exists = unsafe { libc::kill(pid, 0) } == 0;
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .unwrap_or_default()
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false);
+        !exists || zombie
+    }
+
+    async fn assert_dies(pid: i32) {
+        for _ in 0..200 {
+            if is_dead(pid) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("process {pid} still alive");
+    }
+
+    /// Exit codes come back as `Code`, for argv and shell commands alike.
+    #[tokio::test]
+    async fn exit_codes() {
+        let argv = ChildSpec {
+            command: Command::Argv(vec!["sh".into(), "-c".into(), "exit 3".into()]),
+            ..shell("")
+        };
+        assert_eq!(run(&argv).await, ExitKind::Code(3));
+        assert_eq!(run(&shell("true")).await, ExitKind::Code(0));
+        assert!(ExitKind::Code(0).success() && !ExitKind::Code(1).success());
+        assert_eq!(ExitKind::Code(3).to_string(), "exit code 3");
+    }
+
+    /// A child killed by a signal reports the signal.
+    #[tokio::test]
+    async fn signal_exit() {
+        assert_eq!(
+            run(&shell("kill -9 $$")).await,
+            ExitKind::Signal(libc::SIGKILL)
+        );
+        assert_eq!(ExitKind::Signal(9).to_string(), "signal 9 (SIGKILL)");
+    }
+
+    /// Every line is logged, in order, inside the caller's span, before `wait` returns.
+    #[tokio::test]
+    async fn output_lines_in_order_within_span() {
+        let (logs, _guard) = Logs::capture();
+        let span = tracing::info_span!("run", job = "j", token = 7u64);
+        let script = "i=0; while [ $i -lt 200 ]; do echo line$i; i=$((i+1)); done; echo oops >&2; printf tail";
+        let status = run(&shell(script)).instrument(span).await;
+        assert_eq!(status, ExitKind::Code(0));
+        let expected: Vec<String> = (0..200)
+            .map(|i| format!("line{i}"))
+            .chain(["tail".into()])
+            .collect();
+        assert_eq!(logs.lines("stdout"), expected);
+        assert_eq!(logs.lines("stderr"), ["oops"]);
+        let first = &logs.output()[0];
+        assert_eq!(
+            (&first["job"], &first["token"]),
+            (&Value::from("j"), &Value::from(7))
+        );
+    }
+
+    /// Absurdly long lines are cut at 64 KiB and flagged; invalid UTF-8 is replaced, not fatal.
+    #[tokio::test]
+    async fn long_lines_are_cut_and_bytes_lossy() {
+        let (logs, _guard) = Logs::capture();
+        let script = r"head -c 100000 /dev/zero | tr '\0' a; echo; printf 'x\377y\r\n'";
+        assert_eq!(run(&shell(script)).await, ExitKind::Code(0));
+        let output = logs.output();
+        assert_eq!(output.len(), 2);
+        assert_eq!(
+            output[0]["line"].as_str().map(str::len),
+            Some(MAX_LINE_BYTES)
+        );
+        assert_eq!(output[0]["truncated"], true);
+        assert_eq!(output[1]["line"], "x\u{FFFD}y");
+        assert!(output[1].get("truncated").is_none());
+    }
+
+    /// The spec's env, then the extra env, and the working directory reach the child.
+    #[tokio::test]
+    async fn env_and_workdir() {
+        let (logs, _guard) = Logs::capture();
+        let spec = ChildSpec {
+            env: vec![("A".into(), "spec".into()), ("B".into(), "spec".into())],
+            workdir: Some(PathBuf::from("/")),
+            ..shell("echo $A $B $(pwd)")
+        };
+        let mut child =
+            RunningChild::spawn(&spec, &[("B".into(), "extra".into())]).expect("spawns");
+        child.wait().await.expect("waits");
+        assert_eq!(logs.lines("stdout"), ["spec extra /"]);
+    }
+
+    /// A child that ignores SIGTERM is SIGKILLed once the grace has passed.
+    #[tokio::test]
+    async fn stop_escalates_to_sigkill() {
+        let (logs, _guard) = Logs::capture();
+        let mut child = RunningChild::spawn(&shell("trap '' TERM; echo ready; sleep 100"), &[])
+            .expect("spawns");
+        logs.first_line("stdout").await;
+        let started = Instant::now();
+        let status = child.stop(Duration::from_millis(300)).await.expect("stops");
+        assert_eq!(status, ExitKind::Signal(libc::SIGKILL));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    /// A child that honours SIGTERM ends by it, well within the grace.
+    #[tokio::test]
+    async fn stop_with_sigterm() {
+        let mut child = RunningChild::spawn(&shell("exec sleep 100"), &[]).expect("spawns");
+        let started = Instant::now();
+        let status = child.stop(Duration::from_secs(10)).await.expect("stops");
+        assert_eq!(status, ExitKind::Signal(libc::SIGTERM));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(
+            child.stop(Duration::ZERO).await.expect("idempotent"),
+            status
+        );
+    }
+
+    /// Stopping reaches the grandchildren of `/bin/sh -c`, even ones that ignore SIGTERM.
+    #[tokio::test]
+    async fn stop_kills_the_whole_tree() {
+        let (logs, _guard) = Logs::capture();
+        let script = "(trap '' TERM; exec sleep 100) & echo $!; wait";
+        let mut child = RunningChild::spawn(&shell(script), &[]).expect("spawns");
+        let grandchild: i32 = logs.first_line("stdout").await.parse().expect("a pid");
+        child.stop(Duration::from_millis(200)).await.expect("stops");
+        assert_dies(grandchild).await;
+    }
+
+    /// `wait` may be cancelled (as in `select!`) and called again.
+    #[tokio::test]
+    async fn wait_is_cancel_safe() {
+        let mut child = RunningChild::spawn(&shell("sleep 0.3; exit 4"), &[]).expect("spawns");
+        let timed_out = tokio::time::timeout(Duration::from_millis(50), child.wait()).await;
+        assert!(timed_out.is_err());
+        assert_eq!(child.wait().await.expect("waits"), ExitKind::Code(4));
+        assert_eq!(child.wait().await.expect("again"), ExitKind::Code(4));
+    }
+
+    /// `kill_now` and dropping both kill the whole group at once.
+    #[tokio::test]
+    async fn kill_now_and_drop_kill_the_group() {
+        let (logs, _guard) = Logs::capture();
+        let mut child =
+            RunningChild::spawn(&shell("sleep 100 & echo $!; wait"), &[]).expect("spawns");
+        let grandchild: i32 = logs.first_line("stdout").await.parse().expect("a pid");
+        child.kill_now();
+        assert_eq!(
+            child.wait().await.expect("waits"),
+            ExitKind::Signal(libc::SIGKILL)
+        );
+        assert_dies(grandchild).await;
+
+        let (logs, _guard) = Logs::capture();
+        let child = RunningChild::spawn(&shell("sleep 100 & echo $!; wait"), &[]).expect("spawns");
+        let grandchild: i32 = logs.first_line("stdout").await.parse().expect("a pid");
+        drop(child);
+        assert_dies(grandchild).await;
+    }
+
+    /// Spawn failures name the program (and working directory) and the OS error.
+    #[tokio::test]
+    async fn spawn_errors_name_the_program() {
+        let spec = ChildSpec {
+            command: Command::Argv(vec!["/nope".into()]),
+            ..shell("")
+        };
+        let error = RunningChild::spawn(&spec, &[]).expect_err("no such program");
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot start /nope: No such file or directory"),
+            "{error}"
+        );
+
+        let spec = ChildSpec {
+            workdir: Some(PathBuf::from("/nonexistent-dir")),
+            ..shell("true")
+        };
+        let error = RunningChild::spawn(&spec, &[]).expect_err("no such directory");
+        assert!(
+            error.to_string().contains("(in /nonexistent-dir)"),
+            "{error}"
+        );
+
+        let empty = ChildSpec {
+            command: Command::Argv(Vec::new()),
+            ..shell("")
+        };
+        assert!(matches!(
+            RunningChild::spawn(&empty, &[]),
+            Err(ProcessError::EmptyCommand)
+        ));
+    }
+}
