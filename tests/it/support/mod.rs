@@ -1,1 +1,121 @@
-//! Test support: real redis-server nodes and worker processes.
+//! Test support: real `redis-server` nodes, real worker processes, and sandbox directories.
+//!
+//! Modelled on redis-rs's `redis-test` helper and cargo's testsuite: every test starts from a fresh
+//! [`TestDir`], starts the [`RedisCluster`] and [`Worker`]s it needs, and everything it started is killed
+//! when the handles are dropped — also when the test panics, and (on Linux) also when the whole test
+//! binary is killed, so no `redis-server` or worker outlives a test run. Nothing here skips a test: a
+//! missing `redis-server` is a failure that says how to install it.
+//!
+//! Not every test module uses every helper, hence the `dead_code` allowance.
+#![allow(dead_code)]
+
+mod children;
+mod redis;
+mod selftest;
+mod worker;
+
+use std::path::{Path, PathBuf};
+
+// The builders are named by tests that store them, not only chained.
+#[allow(unused_imports)]
+pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
+#[allow(unused_imports)]
+pub use self::worker::{Worker, WorkerBuilder};
+
+/// A temporary directory for one test: its `jobs.yaml`, its ledger, anything else it writes.
+///
+/// Removed on drop, except when the test is panicking: then it is kept and its path printed, so the
+/// files of a failed test can be looked at.
+pub struct TestDir {
+    dir: Option<tempfile::TempDir>,
+    path: PathBuf,
+}
+
+impl TestDir {
+    /// A new empty directory (under the system temp dir, named `redcron-test-*`).
+    pub fn new() -> TestDir {
+        let dir = tempfile::Builder::new()
+            .prefix("redcron-test-")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        let path = dir.path().to_owned();
+        TestDir {
+            dir: Some(dir),
+            path,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The path of `name` in this directory (not created).
+    pub fn join(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Writes `contents` to `name` (creating parent directories) and returns its path.
+    pub fn write(&self, name: impl AsRef<Path>, contents: impl AsRef<[u8]>) -> PathBuf {
+        let path = self.join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("cannot create a directory in the test dir");
+        }
+        std::fs::write(&path, contents)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        path
+    }
+
+    /// Writes `jobs.yaml` and returns its path, for [`Worker::spawn`].
+    pub fn write_config(&self, yaml: &str) -> PathBuf {
+        self.write("jobs.yaml", yaml)
+    }
+
+    /// The contents of `name`, or `None` if it does not exist.
+    pub fn read(&self, name: impl AsRef<Path>) -> Option<String> {
+        let path = self.join(name);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => panic!("cannot read {}: {e}", path.display()),
+        }
+    }
+
+    /// The ledger file that test jobs append to, one line per run (e.g. `echo "$REDCRON_TOKEN" >> …`).
+    pub fn ledger(&self) -> PathBuf {
+        self.join("ledger")
+    }
+
+    /// The ledger's lines; empty while no job has written it.
+    pub fn ledger_lines(&self) -> Vec<String> {
+        let text = self.read("ledger").unwrap_or_default();
+        text.lines().map(str::to_owned).collect()
+    }
+}
+
+impl Default for TestDir {
+    fn default() -> TestDir {
+        TestDir::new()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(dir) = self.dir.take() {
+                eprintln!("test failed; keeping its files in {}", dir.keep().display());
+            }
+        }
+    }
+}
+
+/// Panics unless `program` is on PATH, saying which Debian package provides it.
+pub fn require_program(program: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{program}` is not on PATH; these tests need it. Install it with: \
+         apt-get update && apt-get install -y {package}"
+    );
+}

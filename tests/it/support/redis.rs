@@ -1,0 +1,336 @@
+//! [`RedisCluster`]: N independent `redis-server` processes on free loopback ports, to crash and revive.
+//!
+//! The lock's safety argument is about nodes that crash, hang, lose their data or come back with it, so
+//! each node can be killed (SIGKILL), hung (SIGSTOP: connections are accepted but never answered, unlike a
+//! refused connection), continued, restarted on the same port (with its AOF when persistence is on), and
+//! flushed. Like redis-rs's `redis-test`, a node counts as started only once it answers PING, and a node
+//! that never does fails the test with its log.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::children;
+
+/// How long a starting node may take to answer PING.
+const READY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long assertion helpers wait on a node.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether nodes keep their data across [`RedisCluster::restart`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// `--save "" --appendonly no`: a restarted node comes back empty.
+    None,
+    /// `--appendonly yes --appendfsync always`: every acknowledged write survives a SIGKILL.
+    AppendOnlyAlways,
+}
+
+/// Options for [`RedisCluster`]; start with [`RedisCluster::builder`].
+#[derive(Debug, Clone)]
+pub struct RedisClusterBuilder {
+    nodes: usize,
+    persistence: Persistence,
+}
+
+impl RedisClusterBuilder {
+    pub fn nodes(mut self, nodes: usize) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    pub fn persistence(mut self, persistence: Persistence) -> Self {
+        self.persistence = persistence;
+        self
+    }
+
+    /// Starts every node and waits until each answers PING; panics (with the node's log) otherwise.
+    pub fn start(self) -> RedisCluster {
+        super::require_program("redis-server", "redis-server");
+        let dir = tempfile::Builder::new()
+            .prefix("redcron-redis-")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        let mut cluster = RedisCluster {
+            nodes: Vec::new(),
+            persistence: self.persistence,
+            _dir: dir,
+        };
+        for i in 0..self.nodes {
+            let dir = cluster._dir.path().join(format!("node{i}"));
+            std::fs::create_dir(&dir).expect("cannot create a node directory");
+            // Pushed before starting so that Drop cleans up even if a later node fails.
+            cluster.nodes.push(Node {
+                port: 0,
+                dir,
+                child: None,
+                stopped: false,
+            });
+            cluster.start_on_free_port(i);
+        }
+        cluster
+    }
+}
+
+/// N `redis-server` processes, all killed on drop.
+pub struct RedisCluster {
+    nodes: Vec<Node>,
+    persistence: Persistence,
+    _dir: tempfile::TempDir,
+}
+
+struct Node {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    stopped: bool,
+}
+
+impl RedisCluster {
+    /// `n` nodes without persistence.
+    pub fn start(n: usize) -> RedisCluster {
+        RedisCluster::builder().nodes(n).start()
+    }
+
+    /// Three nodes without persistence, unless told otherwise.
+    pub fn builder() -> RedisClusterBuilder {
+        RedisClusterBuilder {
+            nodes: 3,
+            persistence: Persistence::None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node, in order: what a `jobs.yaml` lists.
+    pub fn urls(&self) -> Vec<String> {
+        (0..self.len()).map(|i| self.url(i)).collect()
+    }
+
+    pub fn url(&self, i: usize) -> String {
+        format!("redis://127.0.0.1:{}", self.port(i))
+    }
+
+    pub fn port(&self, i: usize) -> u16 {
+        self.nodes[i].port
+    }
+
+    /// The node's process id, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].child.as_ref().map(Child::id)
+    }
+
+    /// Crashes node `i`: SIGKILL, and reap it. Its port refuses connections until [`Self::restart`].
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            children::kill_and_reap(&mut child);
+        }
+        self.nodes[i].stopped = false;
+    }
+
+    /// Hangs node `i` (SIGSTOP): connections are accepted but get no answer, as with a frozen VM.
+    pub fn stop(&mut self, i: usize) {
+        let pid = self
+            .pid(i)
+            .unwrap_or_else(|| panic!("node {i} is not running"));
+        children::signal(pid, libc::SIGSTOP);
+        self.nodes[i].stopped = true;
+    }
+
+    /// Resumes a node hung by [`Self::stop`].
+    pub fn cont(&mut self, i: usize) {
+        if let Some(pid) = self.pid(i) {
+            children::signal(pid, libc::SIGCONT);
+        }
+        self.nodes[i].stopped = false;
+    }
+
+    /// Kills node `i` if it runs, then starts it again on the same port and directory: with
+    /// [`Persistence::AppendOnlyAlways`] it reloads its data, without persistence it comes back empty.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        // The port was ours a moment ago; retry briefly in case the kernel has not let go of it yet.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match self.try_start(i) {
+                Ok(()) => return,
+                Err(log) if log.contains("Address already in use") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(log) => panic!(
+                    "redis node {i} did not restart on port {}:\n{log}",
+                    self.port(i)
+                ),
+            }
+        }
+    }
+
+    /// Whether node `i` answers PING within half a second.
+    pub fn ping(&self, i: usize) -> bool {
+        ping(&self.url(i), Duration::from_millis(500))
+    }
+
+    /// A client for node `i`, for assertions.
+    pub fn client(&self, i: usize) -> redis::Client {
+        redis::Client::open(self.url(i)).expect("a redis:// URL on loopback is valid")
+    }
+
+    /// A connection to node `i` (2 s timeouts); panics if the node does not answer.
+    pub fn connection(&self, i: usize) -> redis::Connection {
+        let connection = self
+            .client(i)
+            .get_connection_with_timeout(QUERY_TIMEOUT)
+            .unwrap_or_else(|e| panic!("cannot connect to redis node {i}: {e}"));
+        connection
+            .set_read_timeout(Some(QUERY_TIMEOUT))
+            .expect("a positive timeout is accepted");
+        connection
+    }
+
+    /// Runs `cmd` on node `i` and converts the reply; panics on any error.
+    pub fn query<T: redis::FromRedisValue>(&self, i: usize, cmd: &redis::Cmd) -> T {
+        cmd.query(&mut self.connection(i))
+            .unwrap_or_else(|e| panic!("redis node {i}: {e}"))
+    }
+
+    /// `GET key` on node `i`.
+    pub fn get(&self, i: usize, key: &str) -> Option<String> {
+        self.query(i, redis::cmd("GET").arg(key))
+    }
+
+    /// `KEYS pattern` on node `i`, sorted.
+    pub fn keys(&self, i: usize, pattern: &str) -> Vec<String> {
+        let mut keys: Vec<String> = self.query(i, redis::cmd("KEYS").arg(pattern));
+        keys.sort();
+        keys
+    }
+
+    /// `FLUSHALL` on node `i`: it loses its data but keeps running.
+    pub fn flushall(&self, i: usize) {
+        let () = self.query(i, &redis::cmd("FLUSHALL"));
+    }
+
+    /// The node's log file (and anything it printed before opening it).
+    pub fn log(&self, i: usize) -> String {
+        let node = &self.nodes[i];
+        let read = |name: &str| std::fs::read_to_string(node.dir.join(name)).unwrap_or_default();
+        format!("{}{}", read("console.log"), read("redis.log"))
+    }
+
+    fn start_on_free_port(&mut self, i: usize) {
+        for _ in 0..5 {
+            self.nodes[i].port = free_port();
+            match self.try_start(i) {
+                Ok(()) => return,
+                Err(log) if log.contains("Address already in use") => continue,
+                Err(log) => panic!(
+                    "redis node {i} did not start on port {}:\n{log}",
+                    self.port(i)
+                ),
+            }
+        }
+        panic!("redis node {i}: no free port found in 5 attempts");
+    }
+
+    /// Starts node `i` on its port and waits for PING; on failure, kills it and returns its log.
+    fn try_start(&mut self, i: usize) -> Result<(), String> {
+        let node = &self.nodes[i];
+        let console =
+            std::fs::File::create(node.dir.join("console.log")).expect("cannot create a log file");
+        let mut command = Command::new("redis-server");
+        command
+            .args([
+                "--port",
+                &node.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(&node.dir)
+            .arg("--logfile")
+            .arg(node.dir.join("redis.log"))
+            .current_dir(&node.dir)
+            .stdin(Stdio::null())
+            .stdout(console.try_clone().expect("cannot duplicate a file handle"))
+            .stderr(console);
+        match self.persistence {
+            Persistence::None => command.args(["--appendonly", "no"]),
+            Persistence::AppendOnlyAlways => {
+                command.args(["--appendonly", "yes", "--appendfsync", "always"])
+            }
+        };
+        let mut child =
+            children::spawn(command).unwrap_or_else(|e| panic!("cannot run redis-server: {e}"));
+        let url = self.url(i);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let outcome = loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                break Err(format!("redis-server exited ({status})"));
+            }
+            if ping(&url, Duration::from_millis(200)) {
+                break Ok(());
+            }
+            if Instant::now() >= deadline {
+                break Err(format!(
+                    "redis-server did not answer PING within {READY_TIMEOUT:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        match outcome {
+            Ok(()) => {
+                self.nodes[i].child = Some(child);
+                self.nodes[i].stopped = false;
+                Ok(())
+            }
+            Err(why) => {
+                children::kill_and_reap(&mut child);
+                Err(format!("{why}; its log:\n{}", self.log(i)))
+            }
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    /// Kills every node, stopped ones included, and reaps them.
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                children::kill_and_reap(&mut child);
+            }
+        }
+    }
+}
+
+/// A port that was free a moment ago (the caller retries if someone else takes it first).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
+    listener
+        .local_addr()
+        .expect("a bound socket has an address")
+        .port()
+}
+
+/// Whether the server at `url` answers PING (not LOADING, not silence) within `timeout`.
+fn ping(url: &str, timeout: Duration) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut connection) = client.get_connection_with_timeout(timeout) else {
+        return false;
+    };
+    if connection.set_read_timeout(Some(timeout)).is_err() {
+        return false;
+    }
+    redis::cmd("PING")
+        .query::<String>(&mut connection)
+        .is_ok_and(|reply| reply == "PONG")
+}
