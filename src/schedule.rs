@@ -1,6 +1,19 @@
 //! Cron schedules: parsing (via `croner`), time zones, the DST rule, and the tick identity.
+//!
+//! `croner` matches an expression against wall-clock times; this module turns wall-clock matches into
+//! instants in the job's time zone, which is where daylight-saving time has to be decided. The rule,
+//! stated on [`Schedule`], is Vixie cron's: a job whose hour field is a wildcard follows elapsed time, any
+//! other job follows the wall clock and fires once per wall-clock time. Nothing here does I/O or reads
+//! the clock, so the worker, `redcron next` and the tests all compute the same ticks.
 
 use std::fmt;
+
+use chrono::{
+    DateTime, LocalResult, NaiveDateTime, Offset as _, SecondsFormat, TimeZone as _, Utc,
+};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds, Year};
+use croner::Cron;
 
 /// One scheduled instant of a job, as milliseconds since the Unix epoch in UTC.
 ///
@@ -24,12 +37,257 @@ impl Tick {
 impl fmt::Display for Tick {
     /// RFC 3339 in UTC with millisecond precision, e.g. `2026-11-22T02:30:00.000Z`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.to_utc().to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        write!(
+            f,
+            "{}",
+            self.to_utc()
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        )
     }
 }
 
+/// Why a cron expression was rejected; the reason names the offending field where it can.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid cron expression {expression:?}: {reason}")]
+pub struct ScheduleError {
+    pub expression: String,
+    pub reason: String,
+}
+
+/// The macros accepted in place of five fields, and what they stand for.
+const MACROS: [(&str, &str); 6] = [
+    ("@yearly", "0 0 1 1 *"),
+    ("@annually", "0 0 1 1 *"),
+    ("@monthly", "0 0 1 * *"),
+    ("@weekly", "0 0 * * 0"),
+    ("@daily", "0 0 * * *"),
+    ("@hourly", "0 * * * *"),
+];
+
+const FIELDS_5: [&str; 5] = ["minute", "hour", "day-of-month", "month", "day-of-week"];
+const FIELDS_6: [&str; 6] = [
+    "second",
+    "minute",
+    "hour",
+    "day-of-month",
+    "month",
+    "day-of-week",
+];
+
+/// Scanning for a change of UTC offset looks this far at a time; tz rules never change an offset twice
+/// within it.
+const SCAN_STEP_SECS: i64 = 6 * 3600;
+
+/// Bound on the steps of one search (offset changes crossed plus repeated wall-clock times skipped).
+const MAX_STEPS: usize = 100_000;
+
 /// A job's schedule: a cron expression in a time zone.
+///
+/// Expressions have 5 fields (`minute hour day-of-month month day-of-week`, firing at second 0), or 6
+/// with seconds first, or one of `@yearly`, `@annually`, `@monthly`, `@weekly`, `@daily`, `@hourly`.
+/// Day-of-month takes `L` (last day) and `W` (nearest weekday), day-of-week takes `L` (last such weekday
+/// of the month) and `#` (`5#2`: the second Friday); when both day fields are restricted, either may
+/// match, as in Vixie cron.
+///
+/// # Daylight-saving time
+/// A job whose **hour field is a wildcard** (`*` or `*/n`, e.g. `*/30 * * * *`, `0 * * * *`,
+/// `* * * * * *`) follows *elapsed time*: when clocks go back it fires in both passes of the repeated
+/// hour, and when clocks go forward the wall-clock times that do not exist are simply not fired (no real
+/// time was skipped). **Every other job** follows the *wall clock* and fires once per wall-clock time:
+/// in a repeated hour only in its first pass, and a time inside a skipped hour fires at the first instant
+/// after the jump (`30 2 * * *` in Europe/Berlin fires at 03:00 CEST on 2026-03-29), once even if several
+/// of its times fall into the gap. Ticks are therefore strictly increasing and never repeated.
 #[derive(Debug, Clone)]
 pub struct Schedule {
-    // Filled in by the schedule implementation.
+    expression: String,
+    timezone: Tz,
+    cron: Cron,
+    elapsed_time: bool,
+}
+
+impl Schedule {
+    /// Parses `expr` (5 or 6 fields, or a macro) to be evaluated in `tz`.
+    pub fn parse(expr: &str, tz: Tz) -> Result<Schedule, ScheduleError> {
+        let error = |reason: String| ScheduleError {
+            expression: expr.to_string(),
+            reason,
+        };
+        let trimmed = expr.trim();
+        let expanded = if trimmed.starts_with('@') {
+            let found = MACROS
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(trimmed));
+            match found {
+                Some((_, fields)) => *fields,
+                None => return Err(error(format!("unknown macro {trimmed}; known: @yearly, @annually, @monthly, @weekly, @daily, @hourly"))),
+            }
+        } else {
+            trimmed
+        };
+        let fields: Vec<&str> = expanded.split_whitespace().collect();
+        let names: &[&str] = match fields.len() {
+            5 => &FIELDS_5,
+            6 => &FIELDS_6,
+            n => return Err(error(format!("expected 5 fields (minute hour day-of-month month day-of-week) or 6 (seconds first), found {n}"))),
+        };
+        let cron = parser()
+            .parse(expanded)
+            .map_err(|e| error(explain(&fields, names, &e)))?;
+        let elapsed_time = cron.pattern.hours.from_wildcard;
+        Ok(Schedule {
+            expression: expr.to_string(),
+            timezone: tz,
+            cron,
+            elapsed_time,
+        })
+    }
+
+    /// The expression as written.
+    pub fn expression(&self) -> &str {
+        &self.expression
+    }
+
+    /// The time zone the expression is evaluated in.
+    pub fn timezone(&self) -> Tz {
+        self.timezone
+    }
+
+    /// Whether this schedule follows elapsed time across DST changes (its hour field is a wildcard);
+    /// otherwise it follows the wall clock. See the DST rule on [`Schedule`].
+    pub fn follows_elapsed_time(&self) -> bool {
+        self.elapsed_time
+    }
+
+    /// The first fire time strictly after `after`, or `None` if the expression never fires again
+    /// (e.g. `0 0 30 2 *`). Fire times fall on whole seconds; the answer depends only on `after`.
+    pub fn next_after(&self, after: DateTime<Utc>) -> Option<Tick> {
+        // Walk the UTC time line one stretch of constant UTC offset at a time: within a stretch,
+        // wall clock and UTC differ by a constant, so croner's wall-clock search maps back exactly.
+        let mut start = after.timestamp().checked_add(1)?;
+        for _ in 0..MAX_STEPS {
+            let offset = self.offset_at(start)?;
+            let wall = naive(start.checked_add(offset)?)?;
+            let matched = self.next_wall_match(wall)?;
+            let candidate = matched.and_utc().timestamp() - offset;
+            match self.next_offset_change(start, candidate) {
+                None => {
+                    if !self.elapsed_time && self.is_second_pass(matched, candidate) {
+                        start = candidate + 1;
+                        continue;
+                    }
+                    return Some(Tick(candidate.checked_mul(1000)?));
+                }
+                Some(change) => {
+                    let new_offset = self.offset_at(change)?;
+                    let gap_end = naive(change.checked_add(new_offset)?)?;
+                    if !self.elapsed_time && new_offset > offset && matched < gap_end {
+                        // A wall-clock time inside the skipped hour: fire right after the jump.
+                        return Some(Tick(change.checked_mul(1000)?));
+                    }
+                    start = change;
+                }
+            }
+        }
+        None
+    }
+
+    /// Every fire time strictly after `after`, in order.
+    pub fn ticks_after(&self, after: DateTime<Utc>) -> impl Iterator<Item = Tick> + '_ {
+        let first = self.next_after(after);
+        std::iter::successors(first, move |tick| self.next_after(tick.to_utc()))
+    }
+
+    /// The tick as a date-time in this schedule's time zone.
+    pub fn local(&self, tick: Tick) -> DateTime<Tz> {
+        tick.to_utc().with_timezone(&self.timezone)
+    }
+
+    /// The tick in this schedule's time zone as RFC 3339 with seconds, e.g. `2026-10-25T02:30:00+02:00`.
+    pub fn format_tick(&self, tick: Tick) -> String {
+        self.local(tick)
+            .to_rfc3339_opts(SecondsFormat::AutoSi, false)
+    }
+
+    /// The first wall-clock time at or after `wall` that the expression matches.
+    fn next_wall_match(&self, wall: NaiveDateTime) -> Option<NaiveDateTime> {
+        // UTC has no DST, so croner walks a plain wall clock here.
+        let found = self
+            .cron
+            .find_next_occurrence(&Utc.from_utc_datetime(&wall), true);
+        found.ok().map(|t| t.naive_utc())
+    }
+
+    /// The UTC offset, in seconds, in force at `secs` (Unix seconds).
+    fn offset_at(&self, secs: i64) -> Option<i64> {
+        let utc = DateTime::from_timestamp(secs, 0)?;
+        Some(i64::from(
+            self.timezone
+                .offset_from_utc_datetime(&utc.naive_utc())
+                .fix()
+                .local_minus_utc(),
+        ))
+    }
+
+    /// The first second in `(from, until]` whose UTC offset differs from the one at `from`, if any.
+    fn next_offset_change(&self, from: i64, until: i64) -> Option<i64> {
+        let offset = self.offset_at(from)?;
+        let mut low = from;
+        while low < until {
+            let high = (low + SCAN_STEP_SECS).min(until);
+            if self.offset_at(high) != Some(offset) {
+                let (mut same, mut changed) = (low, high);
+                while changed - same > 1 {
+                    let middle = same + (changed - same) / 2;
+                    if self.offset_at(middle) == Some(offset) {
+                        same = middle;
+                    } else {
+                        changed = middle;
+                    }
+                }
+                return Some(changed);
+            }
+            low = high;
+        }
+        None
+    }
+
+    /// Whether `instant` is the second (later) pass of the repeated wall-clock time `wall`.
+    fn is_second_pass(&self, wall: NaiveDateTime, instant: i64) -> bool {
+        match self.timezone.from_local_datetime(&wall) {
+            LocalResult::Ambiguous(_, later) => later.timestamp() == instant,
+            LocalResult::Single(_) | LocalResult::None => false,
+        }
+    }
+}
+
+impl fmt::Display for Schedule {
+    /// `"30 2 * * *" in Europe/Berlin`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} in {}", self.expression, self.timezone)
+    }
+}
+
+/// croner's parser, configured for our forms: seconds optional (5 fields mean second 0), no year field.
+fn parser() -> CronParser {
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+}
+
+/// croner does not say which field is wrong; find the first that fails on its own.
+fn explain(fields: &[&str], names: &[&str], error: &croner::errors::CronError) -> String {
+    for (index, field) in fields.iter().enumerate() {
+        let alone: Vec<&str> = (0..fields.len())
+            .map(|i| if i == index { *field } else { "*" })
+            .collect();
+        if let Err(e) = parser().parse(&alone.join(" ")) {
+            return format!("{} field {field:?}: {e}", names[index]);
+        }
+    }
+    error.to_string()
+}
+
+fn naive(secs: i64) -> Option<NaiveDateTime> {
+    DateTime::from_timestamp(secs, 0).map(|t| t.naive_utc())
 }
