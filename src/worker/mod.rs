@@ -1,0 +1,224 @@
+//! The worker daemon: sleep until the next tick, race for it, run what was won, shut down cleanly.
+//!
+//! Every worker computes the same ticks from the same schedule and sleeps until the earliest one — there is
+//! no polling loop and no drift accumulated from tick to tick, because each wake-up targets a scheduled
+//! instant, not "now plus an interval". All jobs due at one instant are claimed in one batch
+//! ([`LockStore::claim_many`]), which costs one pipelined round trip per node and round however many
+//! jobs are due. Runs that were won go on in their own tasks ([`run`]), each under a lease watchdog.
+
+mod run;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+
+use crate::config::{Config, JobConfig};
+use crate::lock::memory::MemoryStore;
+use crate::lock::redis::RedisStore;
+use crate::lock::{ClaimOutcome, ClaimRequest, LockStore, Overlap};
+use crate::schedule::Tick;
+use crate::shutdown::Shutdown;
+
+/// The longest single sleep: a worker re-reads the wall clock at least this often, so that a clock step
+/// (NTP, a VM resumed) moves its next wake-up with it.
+const MAX_SLEEP: Duration = Duration::from_secs(30);
+
+/// Failures that stop the worker before it starts.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("lock store: {0}")]
+    Store(#[from] crate::lock::StoreError),
+}
+
+/// What the worker shares with its runs.
+pub(crate) struct Context {
+    pub(crate) store: LockStore,
+    pub(crate) worker_id: String,
+    pub(crate) shutdown: Shutdown,
+    pub(crate) shutdown_grace: Duration,
+}
+
+/// Runs the worker until `shutdown` is requested and every running job has ended and released its lease.
+///
+/// Redis nodes that are down at start or later do not stop the worker: it logs them and races again at the
+/// next tick.
+pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> {
+    let store = match &config.redis {
+        Some(redis) => LockStore::Redis(RedisStore::new(&redis.nodes, config.lock.clone())?),
+        None => {
+            warn!(
+                event = "worker.embedded_store",
+                "No redis section in the config: using the embedded single-host store. Ticks are claimed \
+                 in this process only; run a single worker, or configure Redis nodes to run several."
+            );
+            LockStore::Memory(MemoryStore::new(config.lock.clone()))
+        }
+    };
+    let nodes = match &store {
+        LockStore::Redis(redis) => redis.node_labels().join(","),
+        LockStore::Memory(_) => "embedded".to_string(),
+    };
+    let jobs: Vec<JobConfig> = config.jobs.iter().filter(|job| job.enabled).cloned().collect();
+    info!(
+        event = "worker.started",
+        config = %config.path.display(),
+        nodes = %nodes,
+        jobs = %jobs.iter().map(|job| job.name.as_str()).collect::<Vec<_>>().join(","),
+        ttl_ms = config.lock.ttl.as_millis() as u64,
+        renew_every_ms = config.lock.renew_every.as_millis() as u64,
+        pid = std::process::id(),
+        "Worker started"
+    );
+    let context = Arc::new(Context {
+        store,
+        worker_id: config.worker.id.clone(),
+        shutdown: shutdown.clone(),
+        shutdown_grace: config.worker.shutdown_grace,
+    });
+    let mut runs: JoinSet<String> = JoinSet::new();
+    let mut running: HashMap<String, usize> = HashMap::new();
+    let mut agenda = Agenda::new(&jobs, Utc::now());
+
+    while let Some(next) = agenda.next_tick() {
+        let wait = (next.to_utc() - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        tokio::select! {
+            _ = shutdown.graceful() => break,
+            _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
+            Some(finished) = runs.join_next() => {
+                if let Ok(job) = finished {
+                    decrement(&mut running, &job);
+                }
+                continue;
+            }
+        }
+        let now = Utc::now();
+        let due = agenda.take_due(now);
+        if due.is_empty() {
+            continue;
+        }
+        let mut requests = Vec::new();
+        for (index, tick) in due {
+            let job = &jobs[index];
+            if job.overlap == Overlap::Skip && running.get(&job.name).copied().unwrap_or(0) > 0 {
+                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
+                      "Skipped: this worker is still running the previous tick");
+                continue;
+            }
+            requests.push((index, ClaimRequest { job: job.name.clone(), tick, overlap: job.overlap }));
+        }
+        let claims: Vec<ClaimRequest> = requests.iter().map(|(_, request)| request.clone()).collect();
+        let outcomes = context.store.claim_many(&context.worker_id, &claims).await;
+        for ((index, request), outcome) in requests.into_iter().zip(outcomes) {
+            let job = &jobs[index];
+            match outcome {
+                ClaimOutcome::Won(lease) => {
+                    info!(event = "tick.won", job = %job.name, tick = %request.tick, token = lease.token,
+                          "Won the tick");
+                    *running.entry(job.name.clone()).or_default() += 1;
+                    runs.spawn(run::run(Arc::clone(&context), job.clone(), lease));
+                }
+                ClaimOutcome::AlreadyClaimed => {
+                    info!(event = "tick.lost", job = %job.name, tick = %request.tick, reason = "already_claimed",
+                          "Lost the tick: it was already claimed by a run");
+                }
+                ClaimOutcome::Busy { holder, ttl } => {
+                    info!(event = "tick.lost", job = %job.name, tick = %request.tick, reason = "busy",
+                          holder = holder.as_deref().unwrap_or("unknown"),
+                          holder_ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis() as u64),
+                          "Lost the tick: another worker holds the job");
+                }
+                ClaimOutcome::NoQuorum(failure) => {
+                    error!(event = "tick.skipped", job = %job.name, tick = %request.tick, reason = "no_quorum",
+                           error = %failure, "Skipped: no majority of Redis nodes answered");
+                }
+            }
+        }
+    }
+
+    info!(event = "worker.stopping", running = runs.len(), grace_ms = context.shutdown_grace.as_millis() as u64,
+          "Stopping: no new ticks; running jobs get the shutdown grace");
+    while runs.join_next().await.is_some() {}
+    info!(event = "worker.stopped", "Worker stopped");
+    Ok(())
+}
+
+fn decrement(running: &mut HashMap<String, usize>, job: &str) {
+    if let Some(count) = running.get_mut(job) {
+        *count = count.saturating_sub(1);
+    }
+}
+
+/// The next tick of every job, ordered by time.
+struct Agenda<'a> {
+    jobs: &'a [JobConfig],
+    /// tick → indexes of the jobs due then.
+    due: BTreeMap<Tick, Vec<usize>>,
+}
+
+impl<'a> Agenda<'a> {
+    /// Each job's first tick: the latest one within its misfire grace (a worker that comes up late still
+    /// races for it; the claim stops it if someone ran it), or else the next one.
+    fn new(jobs: &'a [JobConfig], now: chrono::DateTime<Utc>) -> Agenda<'a> {
+        let mut agenda = Agenda { jobs, due: BTreeMap::new() };
+        for (index, job) in jobs.iter().enumerate() {
+            let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
+            let first = job.schedule.next_after(now - grace - chrono::Duration::milliseconds(1));
+            if let Some(tick) = first {
+                agenda.due.entry(tick).or_default().push(index);
+            }
+        }
+        agenda
+    }
+
+    fn next_tick(&self) -> Option<Tick> {
+        self.due.keys().next().copied()
+    }
+
+    /// Removes and returns the ticks due at `now`, and schedules each job's next tick.
+    ///
+    /// When a job has several ticks due (the worker was paused, or started late), only the latest one
+    /// within the misfire grace is raced — as cron does after a missed run — and the older ones are
+    /// logged as skipped: racing them would only find them claimed or run stale work in a burst.
+    fn take_due(&mut self, now: chrono::DateTime<Utc>) -> Vec<(usize, Tick)> {
+        let now_tick = Tick(now.timestamp_millis());
+        let mut taken = Vec::new();
+        while let Some(entry) = self.due.first_entry() {
+            if *entry.key() > now_tick {
+                break;
+            }
+            let (tick, indexes) = entry.remove_entry();
+            for index in indexes {
+                let job = &self.jobs[index];
+                let mut latest = tick;
+                let mut superseded = 0u64;
+                let mut next = job.schedule.next_after(tick.to_utc());
+                while let Some(candidate) = next.filter(|t| *t <= now_tick) {
+                    superseded += 1;
+                    latest = candidate;
+                    next = job.schedule.next_after(candidate.to_utc());
+                }
+                if superseded > 0 {
+                    warn!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "superseded",
+                          count = superseded, latest = %latest,
+                          "Skipped older ticks: the worker was late; racing only the latest");
+                }
+                let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
+                if now - latest.to_utc() > grace {
+                    warn!(event = "tick.skipped", job = %job.name, tick = %latest, reason = "misfire",
+                          late_ms = (now - latest.to_utc()).num_milliseconds(),
+                          "Skipped: the tick is older than the job's misfire grace");
+                } else {
+                    taken.push((index, latest));
+                }
+                if let Some(next) = next {
+                    self.due.entry(next).or_default().push(index);
+                }
+            }
+        }
+        taken
+    }
+}
