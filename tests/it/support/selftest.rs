@@ -122,3 +122,12 @@ fn worker_with_missing_config_exits() {
         None
     );
 }
+
+/// `WorkerBuilder::faketime` finds the preload library that the `faketime` package installs.
+#[test]
+fn libfaketime_is_found() {
+    super::require_program("faketime", "faketime");
+    let library =
+        super::worker::libfaketime().expect("libfaketime.so.1 is installed with faketime");
+    assert!(library.is_file(), "{}", library.display());
+}

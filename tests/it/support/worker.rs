@@ -75,7 +75,7 @@ impl WorkerBuilder {
             children::spawn(command).unwrap_or_else(|e| panic!("cannot start the worker: {e}"));
         let output = Arc::new(Output::default());
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-        let readers = vec![
+        let readers = [
             std::thread::spawn({
                 let output = Arc::clone(&output);
                 move || output.read_stdout(stdout)
@@ -89,7 +89,7 @@ impl WorkerBuilder {
             pid: child.id(),
             child,
             output,
-            readers,
+            _readers: readers,
             orphans: Vec::new(),
         }
     }
@@ -100,7 +100,8 @@ pub struct Worker {
     pid: u32,
     child: Child,
     output: Arc<Output>,
-    readers: Vec<JoinHandle<()>>,
+    /// The threads collecting stdout and stderr; they end when the pipes close.
+    _readers: [JoinHandle<()>; 2],
     /// Processes that were under the worker when it was killed: its orphaned jobs, killed on drop.
     orphans: Vec<Process>,
 }
@@ -214,9 +215,9 @@ impl Drop for Worker {
         self.orphans.extend(children::descendants(self.pid));
         children::kill_and_reap(&mut self.child);
         self.orphans.iter().for_each(|process| process.kill());
-        for reader in self.readers.drain(..) {
-            let _ = reader.join();
-        }
+        // Let the reader take in what the worker wrote before dying; not joined, since a process that
+        // escaped the clean-up could hold the pipe open for ever.
+        self.output.wait_closed(Duration::from_secs(2));
         if std::thread::panicking() {
             let state = self.output.lock();
             let tail = state.stdout.len().saturating_sub(200);
@@ -249,6 +250,13 @@ impl Output {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn wait_closed(&self, timeout: Duration) {
+        let state = self.lock();
+        let _ = self
+            .changed
+            .wait_timeout_while(state, timeout, |state| !state.stdout_closed);
     }
 
     fn read_stdout(&self, stdout: Option<impl Read>) {
@@ -291,7 +299,7 @@ fn parse(lines: &[String]) -> Vec<Value> {
 }
 
 /// libfaketime's preload library (the multi-threaded build when present), as Debian installs it.
-fn libfaketime() -> Option<PathBuf> {
+pub(super) fn libfaketime() -> Option<PathBuf> {
     let mut dirs = vec![
         PathBuf::from("/usr/lib/faketime"),
         PathBuf::from("/usr/local/lib/faketime"),
