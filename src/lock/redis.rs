@@ -65,11 +65,31 @@ enum Round1 {
     Failed(String),
 }
 
+/// One request in one attempt.
+struct Try<'a> {
+    request: &'a ClaimRequest,
+    /// The value kept from the previous attempt (we led a split vote), or `None` for a fresh one.
+    value: Option<String>,
+    /// Whether this attempt may keep its keys for a retry (it has attempts left).
+    may_keep: bool,
+}
+
 /// The result of one attempt at one claim.
 enum Attempt {
     Won(Lease),
-    /// Lost: the outcome to report, and whether another attempt could change it (a split vote).
-    Lost { outcome: ClaimOutcome, retry: bool },
+    /// Lost: the outcome to report, and whether another attempt could change it.
+    Lost { outcome: ClaimOutcome, retry: Retry },
+}
+
+/// Whether, and how, a lost attempt is tried again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Retry {
+    /// The outcome is final (the tick is taken, or too many nodes failed).
+    No,
+    /// A split vote that another contender leads: undo, and retry after the delay plus jitter.
+    Later,
+    /// A split vote that we lead: keep our keys (this value) and retry soon.
+    Soon(String),
 }
 
 impl RedisStore {
@@ -98,43 +118,56 @@ impl RedisStore {
         &self.settings
     }
 
-    /// Claims every request, retrying split votes with jitter; see [`super::LockStore::claim_many`].
+    /// Claims every request, retrying split votes; see [`super::LockStore::claim_many`].
+    ///
+    /// A split vote (no holder with a majority) is broken in two ways. The contender with the most votes
+    /// (ties to the smallest value, which every contender sees alike) keeps its keys and retries soon, so
+    /// it picks up the nodes the others free; the others undo and retry after `retry_delay` plus random
+    /// jitter, by which time they usually find the leader holding a majority and stop.
     pub async fn claim_many(&self, worker_id: &str, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
-        let mut pending: Vec<usize> = (0..requests.len()).collect();
-        for attempt in 0..=self.settings.retries {
-            if attempt > 0 {
-                // Random jitter breaks the symmetry of a split vote: the contender that retries first
-                // finds every lease free.
-                let base = self.settings.retry_delay;
-                let jitter = base.mul_f64(rand::rng().random::<f64>());
-                tokio::time::sleep(base + jitter).await;
-            }
-            let batch: Vec<&ClaimRequest> = pending.iter().map(|&i| &requests[i]).collect();
+        // Per pending request: when it may go again, how many attempts are left, and a value it kept.
+        let mut pending: Vec<(usize, Instant, u32, Option<String>)> =
+            (0..requests.len()).map(|index| (index, Instant::now(), self.settings.retries, None)).collect();
+        while !pending.is_empty() {
+            let ready_at = pending.iter().map(|p| p.1).min().unwrap_or_else(Instant::now);
+            tokio::time::sleep_until(ready_at).await;
+            let now = Instant::now();
+            let (ready, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.1 <= now);
+            pending = waiting;
+            let batch: Vec<Try<'_>> = ready
+                .iter()
+                .map(|(index, _, left, value)| Try { request: &requests[*index], value: value.clone(), may_keep: *left > 0 })
+                .collect();
             let results = self.attempt(worker_id, &batch).await;
-            let last = attempt == self.settings.retries;
-            let mut still_pending = Vec::new();
-            for (index, result) in pending.into_iter().zip(results) {
+            for ((index, _, left, _), result) in ready.into_iter().zip(results) {
+                let base = self.settings.retry_delay;
                 match result {
                     Attempt::Won(lease) => outcomes[index] = Some(ClaimOutcome::Won(lease)),
-                    Attempt::Lost { retry: true, .. } if !last => still_pending.push(index),
+                    Attempt::Lost { retry: Retry::Soon(value), .. } if left > 0 => {
+                        pending.push((index, Instant::now() + base / 4, left - 1, Some(value)));
+                    }
+                    Attempt::Lost { retry: Retry::Later, .. } if left > 0 => {
+                        // Random jitter breaks the symmetry between the contenders that lost the vote.
+                        let jitter = base.mul_f64(rand::rng().random::<f64>());
+                        pending.push((index, Instant::now() + base + jitter, left - 1, None));
+                    }
                     Attempt::Lost { outcome, .. } => outcomes[index] = Some(outcome),
                 }
-            }
-            pending = still_pending;
-            if pending.is_empty() {
-                break;
             }
         }
         outcomes.into_iter().map(|outcome| outcome.unwrap_or(ClaimOutcome::AlreadyClaimed)).collect()
     }
 
     /// One attempt at every request of the batch: round 1, then round 2 for those that reached a majority.
-    async fn attempt(&self, worker_id: &str, requests: &[&ClaimRequest]) -> Vec<Attempt> {
+    async fn attempt(&self, worker_id: &str, tries: &[Try<'_>]) -> Vec<Attempt> {
         let settings = &self.settings;
         let ttl_ms = settings.ttl.as_millis().to_string();
-        let values: Vec<String> =
-            requests.iter().map(|_| format!("{worker_id}/{}", uuid::Uuid::new_v4())).collect();
+        let requests: Vec<&ClaimRequest> = tries.iter().map(|t| t.request).collect();
+        let values: Vec<String> = tries
+            .iter()
+            .map(|t| t.value.clone().unwrap_or_else(|| format!("{worker_id}/{}", uuid::Uuid::new_v4())))
+            .collect();
         let keys: Vec<[String; 3]> = requests
             .iter()
             .map(|r| claim_keys(&settings.key_prefix, &r.job, r.tick, r.overlap))
@@ -173,7 +206,7 @@ impl RedisStore {
                 let token = highest.saturating_add(1).max(token_floor(requests[index].tick));
                 confirming.push((index, token));
             } else {
-                results[index] = Some(self.lost_in_round1(node_answers));
+                results[index] = Some(self.lost_in_round1(node_answers, &values[index], tries[index].may_keep));
             }
         }
         if !confirming.is_empty() {
@@ -205,7 +238,7 @@ impl RedisStore {
         let mut undo = redis::pipe();
         let mut any = false;
         for (index, result) in results.iter().enumerate() {
-            if !matches!(result, Some(Attempt::Won(_))) {
+            if !matches!(result, Some(Attempt::Won(_)) | Some(Attempt::Lost { retry: Retry::Soon(_), .. })) {
                 undo.add_command(evalsha(&scripts::RELEASE, &keys[index][..1], &[&values[index]]));
                 any = true;
             }
@@ -213,11 +246,14 @@ impl RedisStore {
         if any {
             self.spawn_everywhere(undo);
         }
-        results.into_iter().map(|r| r.unwrap_or(Attempt::Lost { outcome: ClaimOutcome::AlreadyClaimed, retry: false })).collect()
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Attempt::Lost { outcome: ClaimOutcome::AlreadyClaimed, retry: Retry::No }))
+            .collect()
     }
 
     /// Classifies a request that could not reach a majority in round 1.
-    fn lost_in_round1(&self, answers: &[(usize, Round1)]) -> Attempt {
+    fn lost_in_round1(&self, answers: &[(usize, Round1)], ours: &str, may_keep: bool) -> Attempt {
         let needed = quorum(self.nodes.len());
         let claimed = answers.iter().filter(|(_, a)| matches!(a, Round1::Claimed)).count();
         let mut holders: HashMap<&str, (usize, i64)> = HashMap::new();
@@ -235,28 +271,34 @@ impl RedisStore {
         };
         if claimed > 0 && claimed + busy >= needed {
             // Someone confirmed this tick (or a later one) on a node, and the rest are held: it is taken.
-            return Attempt::Lost { outcome: ClaimOutcome::AlreadyClaimed, retry: false };
+            return Attempt::Lost { outcome: ClaimOutcome::AlreadyClaimed, retry: Retry::No };
         }
         if let Some(top) = top {
-            let decisive = top.1 + claimed >= needed;
-            // Anything short of one other holder with a majority is a split vote: retry with jitter.
-            return Attempt::Lost { outcome: busy_outcome(top), retry: !decisive };
+            if top.1 + claimed >= needed {
+                return Attempt::Lost { outcome: busy_outcome(top), retry: Retry::No };
+            }
+            // A split vote. The leader is the value with the most nodes, ties to the smallest value:
+            // every contender sees the same holders on the same nodes, so they agree on the leader.
+            let granted = answers.iter().filter(|(_, a)| matches!(a, Round1::Ok { .. })).count();
+            let leads = holders.iter().all(|(holder, (count, _))| granted > *count || (granted == *count && ours < *holder));
+            let retry = if leads && may_keep { Retry::Soon(ours.to_string()) } else { Retry::Later };
+            return Attempt::Lost { outcome: busy_outcome(top), retry };
         }
         let failure = self.quorum_failure(answers.iter().filter_map(|(node, a)| match a {
             Round1::Failed(why) => Some((*node, why.clone())),
             _ => None,
         }), answers.iter().filter(|(_, a)| matches!(a, Round1::Ok { .. })).count());
         if claimed > 0 {
-            return Attempt::Lost { outcome: ClaimOutcome::AlreadyClaimed, retry: false };
+            return Attempt::Lost { outcome: ClaimOutcome::AlreadyClaimed, retry: Retry::No };
         }
         // Too many nodes failed: retrying within this tick would only add the same timeouts again.
-        Attempt::Lost { outcome: ClaimOutcome::NoQuorum(failure), retry: false }
+        Attempt::Lost { outcome: ClaimOutcome::NoQuorum(failure), retry: Retry::No }
     }
 
     /// Classifies a request that reached a majority in round 1 but not in round 2.
     fn lost_in_round2(&self, answers: &[(usize, Result<String, String>)], granted: usize) -> Attempt {
         if answers.iter().any(|(_, a)| a.as_deref() == Ok("claimed")) {
-            return Attempt::Lost { outcome: ClaimOutcome::AlreadyClaimed, retry: false };
+            return Attempt::Lost { outcome: ClaimOutcome::AlreadyClaimed, retry: Retry::No };
         }
         let failures = answers.iter().filter_map(|(node, answer)| match answer {
             Ok(status) if status == "ok" => None,
@@ -264,7 +306,7 @@ impl RedisStore {
             Err(why) => Some((*node, why.clone())),
         });
         let failure = self.quorum_failure(failures, granted);
-        Attempt::Lost { outcome: ClaimOutcome::NoQuorum(failure), retry: true }
+        Attempt::Lost { outcome: ClaimOutcome::NoQuorum(failure), retry: Retry::Later }
     }
 
     /// A [`QuorumFailure`] naming each failed node, and the nodes that did not answer at all.

@@ -1,1 +1,371 @@
-//! Tests: lock
+//! The lease, claim and token protocol against real `redis-server` nodes.
+//!
+//! Every claim in `docs/protocol.md` has a test here; each test says which.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redcron::lock::redis::RedisStore;
+use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, LockStore, Overlap, RenewError};
+use redcron::schedule::Tick;
+
+use crate::support::{Persistence, RedisCluster};
+
+/// Settings for tests: a short TTL so expiry tests are quick, the default node timeout.
+fn settings(ttl_ms: u64) -> LockSettings {
+    LockSettings {
+        ttl: Duration::from_millis(ttl_ms),
+        renew_every: Duration::from_millis(ttl_ms / 3),
+        node_timeout: Duration::from_millis(50),
+        retry_delay: Duration::from_millis(30),
+        ..LockSettings::default()
+    }
+}
+
+fn store(cluster: &RedisCluster, settings: LockSettings) -> LockStore {
+    LockStore::Redis(RedisStore::new(&cluster.urls(), settings).expect("valid node URLs"))
+}
+
+fn request(job: &str, tick: i64) -> ClaimRequest {
+    ClaimRequest { job: job.to_string(), tick: Tick(tick), overlap: Overlap::Skip }
+}
+
+fn won(outcome: ClaimOutcome) -> Lease {
+    match outcome {
+        ClaimOutcome::Won(lease) => lease,
+        other => panic!("expected a lease, got {other:?}"),
+    }
+}
+
+/// Waits until every node of a fresh store answers, so that the first claim does not race the connects.
+async fn warm(store: &LockStore) {
+    let _ = store.claim("warm-up", request("warm-up", 1)).await;
+}
+
+/// Happy path on 5 nodes: acquire, renew, release; validity is positive and below the TTL.
+#[tokio::test]
+async fn acquire_renew_release_on_five_nodes() {
+    let cluster = RedisCluster::start(5);
+    let store = store(&cluster, settings(2_000));
+    warm(&store).await;
+    let mut lease = won(store.claim("w1", request("report", 1_000)).await);
+    assert!(lease.is_valid());
+    assert!(lease.remaining() > Duration::ZERO && lease.remaining() < Duration::from_millis(2_000));
+    assert!(lease.token >= 1_000 * 1000, "token {} is below the tick's floor", lease.token);
+    let before = lease.deadline();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    store.renew(&mut lease).await.expect("renewal with all nodes up");
+    assert!(lease.deadline() > before, "renewal moves the deadline");
+    store.release(&lease).await;
+    // Released: the next tick is free at once (no waiting for the TTL).
+    won(store.claim("w2", request("report", 2_000)).await);
+}
+
+/// 200 contenders (tasks) race for the same (job, tick): exactly one lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_contenders_one_winner() {
+    let cluster = RedisCluster::start(5);
+    let store = Arc::new(store(&cluster, settings(5_000)));
+    warm(&store).await;
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.claim(&format!("w{i}"), request("race", 1_000)).await })
+        })
+        .collect();
+    let mut winners = 0;
+    for task in tasks {
+        if let ClaimOutcome::Won(_) = task.await.expect("task") {
+            winners += 1;
+        }
+    }
+    assert_eq!(winners, 1);
+}
+
+/// The same race with contenders in 3 separate processes (this test binary re-run as a contender).
+#[test]
+fn contenders_in_three_processes_one_winner() {
+    let cluster = RedisCluster::start(5);
+    let exe = std::env::current_exe().expect("test binary path");
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "lock::contender_process", "--ignored", "--nocapture", "--test-threads=1"])
+                .env("REDCRON_TEST_CONTENDER_NODES", cluster.urls().join(","))
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn contender process")
+        })
+        .collect();
+    let mut winners = 0;
+    let mut transcript = String::new();
+    for child in children {
+        let output = child.wait_with_output().expect("contender output");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        transcript.push_str(&stdout);
+        assert!(output.status.success(), "contender failed: {stdout}");
+        assert!(stdout.contains("CONTENDER done"), "contender did not run: {stdout}");
+        winners += stdout.lines().filter(|line| line.contains("CONTENDER won")).count();
+    }
+    assert_eq!(winners, 1, "{transcript}");
+}
+
+/// One of the contender processes of `contenders_in_three_processes_one_winner` (does nothing when run
+/// on its own).
+#[test]
+#[ignore = "run by contenders_in_three_processes_one_winner"]
+fn contender_process() {
+    let Ok(nodes) = std::env::var("REDCRON_TEST_CONTENDER_NODES") else {
+        return;
+    };
+    let urls: Vec<String> = nodes.split(',').map(str::to_string).collect();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let store = Arc::new(LockStore::Redis(RedisStore::new(&urls, settings(5_000)).expect("urls")));
+        warm(&store).await;
+        // Start together: at the next 300 ms boundary of the wall clock, which all three processes share.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+        tokio::time::sleep(Duration::from_millis((600 - (now % 300)) as u64)).await;
+        let tasks: Vec<_> = (0..67)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    store.claim(&format!("p{}-{i}", std::process::id()), request("race", 7_000)).await
+                })
+            })
+            .collect();
+        let mut lost = std::collections::BTreeMap::new();
+        for task in tasks {
+            match task.await.expect("task") {
+                ClaimOutcome::Won(lease) => println!("CONTENDER won {}", lease.token),
+                other => *lost.entry(format!("{other:?}").chars().take(40).collect::<String>()).or_insert(0) += 1,
+            }
+        }
+        println!("CONTENDER done; lost: {lost:?}");
+    });
+}
+
+/// 100 successive leases of one job from contending tasks: tokens strictly increase, no two equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn successive_leases_have_strictly_increasing_tokens() {
+    let cluster = RedisCluster::start(5);
+    let store = Arc::new(store(&cluster, settings(5_000)));
+    warm(&store).await;
+    let mut tokens = Vec::new();
+    for tick in 1..=100 {
+        let tasks: Vec<_> = (0..4)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move { store.claim(&format!("w{i}"), request("succ", tick)).await })
+            })
+            .collect();
+        let mut leases = Vec::new();
+        for task in tasks {
+            if let ClaimOutcome::Won(lease) = task.await.expect("task") {
+                leases.push(lease);
+            }
+        }
+        assert_eq!(leases.len(), 1, "tick {tick}: exactly one winner");
+        tokens.push(leases[0].token);
+        store.release(&leases[0]).await;
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens not strictly increasing: {tokens:?}");
+}
+
+/// A minority down (2 of 5 killed): acquire and renew still work. A majority down (3 of 5): no quorum,
+/// reported promptly and naming the failed nodes.
+#[tokio::test]
+async fn minority_down_works_majority_down_reports_no_quorum() {
+    let mut cluster = RedisCluster::start(5);
+    let store = store(&cluster, settings(2_000));
+    warm(&store).await;
+    cluster.kill(0);
+    cluster.kill(1);
+    let mut lease = won(store.claim("w", request("down", 1_000)).await);
+    store.renew(&mut lease).await.expect("renew with 3 of 5 nodes");
+    store.release(&lease).await;
+
+    cluster.kill(2);
+    let started = std::time::Instant::now();
+    match store.claim("w", request("down", 2_000)).await {
+        ClaimOutcome::NoQuorum(failure) => {
+            assert_eq!((failure.configured, failure.needed), (5, 3));
+            let text = failure.to_string();
+            for node in 0..3 {
+                assert!(text.contains(&cluster.url(node)), "{text} does not name {}", cluster.url(node));
+            }
+        }
+        other => panic!("expected no quorum, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "no quorum took {:?}", started.elapsed());
+}
+
+/// Hung nodes (SIGSTOP, not refused): with 2 of 5 hung, acquire and renew still work; with 3 of 5 hung, no
+/// quorum. Both return within a small multiple of the node timeout, not after a TCP or client timeout.
+#[tokio::test]
+async fn hung_nodes_cost_one_node_timeout() {
+    let mut cluster = RedisCluster::start(5);
+    let node_timeout = Duration::from_millis(50);
+    let store = store(&cluster, settings(2_000));
+    warm(&store).await;
+    cluster.stop(3);
+    cluster.stop(4);
+    let started = std::time::Instant::now();
+    let mut lease = won(store.claim("w", request("hung", 1_000)).await);
+    store.renew(&mut lease).await.expect("renew with 2 of 5 hung");
+    assert!(started.elapsed() < node_timeout * 10, "took {:?} with a hung minority", started.elapsed());
+    store.release(&lease).await;
+
+    cluster.stop(2);
+    let started = std::time::Instant::now();
+    let outcome = store.claim("w", request("hung", 2_000)).await;
+    assert!(matches!(outcome, ClaimOutcome::NoQuorum(_)), "expected no quorum, got {outcome:?}");
+    assert!(started.elapsed() < node_timeout * 10, "took {:?} with a hung majority", started.elapsed());
+    for node in 2..5 {
+        cluster.cont(node);
+    }
+}
+
+/// Expiry: A stops renewing and its lease expires; B acquires the next tick with a higher token; A's renew
+/// fails and stays failed; A's release leaves B's lease alone.
+#[tokio::test]
+async fn expired_holder_cannot_renew_or_release_the_next_holder() {
+    let cluster = RedisCluster::start(5);
+    let store = store(&cluster, settings(300));
+    warm(&store).await;
+    let mut a = won(store.claim("a", request("exp", 1_000)).await);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut b = won(store.claim("b", request("exp", 2_000)).await);
+    assert!(b.token > a.token);
+    assert!(store.renew(&mut a).await.expect_err("A expired").is_lost());
+    assert_eq!(store.renew(&mut a).await, Err(RenewError::AlreadyLost));
+    store.release(&a).await;
+    store.renew(&mut b).await.expect("B still holds its lease after A's release");
+    // And the job is still held by B for a third contender.
+    assert!(matches!(store.claim("c", request("exp", 3_000)).await, ClaimOutcome::Busy { .. }));
+}
+
+/// A renewal that reaches a majority only after the deadline does not revive the lease, even when the
+/// keys are still there: here the majority is hung until after the deadline.
+#[tokio::test]
+async fn renewal_after_the_deadline_never_revives() {
+    let mut cluster = RedisCluster::start(3);
+    let store = store(&cluster, settings(400));
+    warm(&store).await;
+    let mut lease = won(store.claim("a", request("revive", 1_000)).await);
+    cluster.stop(0);
+    cluster.stop(1);
+    let first = store.renew(&mut lease).await.expect_err("majority hung");
+    assert!(!first.is_lost(), "a timeout before the deadline is not yet a loss: {first:?}");
+    tokio::time::sleep(lease.remaining() + Duration::from_millis(10)).await;
+    cluster.cont(0);
+    cluster.cont(1);
+    assert!(store.renew(&mut lease).await.expect_err("deadline passed").is_lost());
+    assert_eq!(store.renew(&mut lease).await, Err(RenewError::AlreadyLost));
+}
+
+/// Tick claim: A acquires (job, T) and releases; B's acquire of (job, T) answers already claimed, and
+/// (job, T+1) works. The claim also outlives the lease's expiry.
+#[tokio::test]
+async fn a_claimed_tick_is_never_granted_again() {
+    let cluster = RedisCluster::start(5);
+    let store = store(&cluster, settings(300));
+    warm(&store).await;
+    let a = won(store.claim("a", request("claim", 5_000)).await);
+    store.release(&a).await;
+    assert!(matches!(store.claim("b", request("claim", 5_000)).await, ClaimOutcome::AlreadyClaimed));
+    assert!(matches!(store.claim("b", request("claim", 4_000)).await, ClaimOutcome::AlreadyClaimed));
+    let b = won(store.claim("b", request("claim", 6_000)).await);
+    tokio::time::sleep(Duration::from_millis(400)).await; // b's lease expires unreleased
+    assert!(matches!(store.claim("c", request("claim", 6_000)).await, ClaimOutcome::AlreadyClaimed));
+    assert!(b.token > a.token);
+}
+
+/// Split votes: contenders that each find the job's lease held by different minorities retry with jitter
+/// and converge on exactly one winner; and 20 ticks raced by 10 contenders each get exactly one winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn split_votes_converge_on_one_winner() {
+    let cluster = RedisCluster::start(5);
+    let mut lock = settings(5_000);
+    lock.retries = 6;
+    let store = Arc::new(store(&cluster, lock));
+    warm(&store).await;
+    // Two crashed contenders left a minority each: nodes 0,1 and nodes 2,3 (300 ms to live).
+    for (node, holder) in [(0, "ghost-a/1"), (1, "ghost-a/1"), (2, "ghost-b/2"), (3, "ghost-b/2")] {
+        let mut set = redis::cmd("SET");
+        set.arg("redcron:{split}:lease").arg(holder).arg("PX").arg(300);
+        cluster.query::<()>(node, &set);
+    }
+    let race = |tick: i64| {
+        let tasks: Vec<_> = (0..10)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move { store.claim(&format!("w{i}"), request("split", tick)).await })
+            })
+            .collect();
+        let store = Arc::clone(&store);
+        async move {
+            let mut winners = HashSet::new();
+            for (i, task) in tasks.into_iter().enumerate() {
+                if let ClaimOutcome::Won(lease) = task.await.expect("task") {
+                    winners.insert(i);
+                    store.release(&lease).await;
+                }
+            }
+            winners.len()
+        }
+    };
+    assert_eq!(race(1_000).await, 1, "split vote did not converge");
+    for tick in 2..=20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(race(tick * 1_000).await, 1, "tick {tick}");
+    }
+}
+
+/// One of 5 nodes restarted empty between two leases: tokens still strictly increase (the tick's floor
+/// carries them), and the restarted node takes part again (its scripts are loaded after NOSCRIPT).
+#[tokio::test]
+async fn node_restarted_empty_keeps_tokens_increasing() {
+    let mut cluster = RedisCluster::start(5);
+    let store = store(&cluster, settings(2_000));
+    warm(&store).await;
+    let mut last = 0;
+    for (round, tick) in (1..=6).map(|i| i * 60_000).enumerate() {
+        let lease = won(store.claim("w", request("restart", tick)).await);
+        assert!(lease.token > last, "token {} after {last}", lease.token);
+        last = lease.token;
+        store.release(&lease).await;
+        cluster.restart(round % 5);
+    }
+    // After every node was restarted once, all five answer again: stop two and claims still succeed.
+    cluster.stop(0);
+    cluster.stop(1);
+    won(store.claim("w", request("restart", 10_000_000)).await);
+    cluster.cont(0);
+    cluster.cont(1);
+}
+
+/// With the persistence `docs/protocol.md` requires (AOF, fsync always), claims and fence counters
+/// survive a restart of every node: a claimed tick stays claimed, and tokens go on increasing.
+#[tokio::test]
+async fn claims_survive_restarts_with_required_persistence() {
+    let mut cluster = RedisCluster::builder().nodes(3).persistence(Persistence::AppendOnlyAlways).start();
+    let store = store(&cluster, settings(2_000));
+    warm(&store).await;
+    let a = won(store.claim("a", request("durable", 1_000)).await);
+    store.release(&a).await;
+    for node in 0..3 {
+        cluster.kill(node);
+        cluster.restart(node);
+    }
+    let store = store_for(&cluster);
+    warm(&store).await;
+    assert!(matches!(store.claim("b", request("durable", 1_000)).await, ClaimOutcome::AlreadyClaimed));
+    let b = won(store.claim("b", request("durable", 1_001)).await);
+    assert!(b.token > a.token);
+}
+
+fn store_for(cluster: &RedisCluster) -> LockStore {
+    store(cluster, settings(2_000))
+}
