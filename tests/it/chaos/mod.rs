@@ -1,0 +1,1 @@
+//! Chaos: exactly once under faults (being written).
