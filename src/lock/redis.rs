@@ -321,6 +321,44 @@ impl RedisStore {
         }
     }
 
+    /// A plain Redlock lease on `resource`: `SET NX PX` on every node, no tick claim and no fencing token
+    /// (the lease's token is 0). One round trip; the lease renews and releases like a claimed one.
+    ///
+    /// For callers that need mutual exclusion only; the worker always claims ticks with
+    /// [`RedisStore::claim_many`].
+    pub async fn acquire_lease(&self, worker_id: &str, resource: &str) -> ClaimOutcome {
+        let request = ClaimRequest { job: resource.to_string(), tick: Tick(0), overlap: Overlap::Skip };
+        let [key, _, _] = claim_keys(&self.settings.key_prefix, resource, request.tick, request.overlap);
+        let value = format!("{worker_id}/{}", uuid::Uuid::new_v4());
+        let start = Instant::now();
+        let mut pipeline = redis::pipe();
+        pipeline.cmd("SET").arg(&key).arg(&value).arg("NX").arg("PX").arg(self.settings.ttl.as_millis() as u64);
+        let answers = self
+            .round(&pipeline, self.settings.node_timeout, parse_set, Err, |answer| match answer {
+                Ok(true) => Vote::Granted,
+                Ok(false) => Vote::Refused,
+                Err(why) => Vote::Failed(why.clone()),
+            })
+            .await;
+        let answers = answers.into_iter().next().unwrap_or_default();
+        let granted = answers.iter().filter(|(_, a)| a == &Ok(true)).count();
+        let drift = validity::drift(self.settings.ttl, self.settings.drift_factor);
+        if granted >= quorum(self.nodes.len())
+            && validity::validity(self.settings.ttl, start.elapsed(), self.settings.drift_factor).is_some()
+        {
+            return ClaimOutcome::Won(Lease::new(&request, 0, value, start + self.settings.ttl.saturating_sub(drift)));
+        }
+        let mut undo = redis::pipe();
+        undo.add_command(evalsha(&scripts::RELEASE, &[key], &[&value]));
+        self.spawn_everywhere(undo);
+        let refused = answers.iter().filter(|(_, a)| a == &Ok(false)).count();
+        if refused > 0 {
+            return ClaimOutcome::Busy { holder: None, ttl: None };
+        }
+        let failures = answers.into_iter().filter_map(|(node, a)| a.err().map(|why| (node, why)));
+        ClaimOutcome::NoQuorum(self.quorum_failure(failures, granted))
+    }
+
     /// Extends the lease if a majority still holds it, before its deadline; see [`super::LockStore::renew`].
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
         if lease.is_lost() {
@@ -509,6 +547,15 @@ fn parse_status(value: Value) -> Result<String, String> {
         return Err(error);
     }
     text(&value).ok_or_else(|| format!("unexpected reply {value:?}"))
+}
+
+/// Parses the reply to `SET … NX`: `OK` when set, nil when the key exists.
+fn parse_set(value: Value) -> Result<bool, String> {
+    match value {
+        Value::Okay => Ok(true),
+        Value::Nil => Ok(false),
+        other => server_error(&other).map_or_else(|| Err(format!("unexpected reply {other:?}")), Err),
+    }
 }
 
 /// Parses an integer reply.

@@ -369,3 +369,15 @@ async fn claims_survive_restarts_with_required_persistence() {
 fn store_for(cluster: &RedisCluster) -> LockStore {
     store(cluster, settings(2_000))
 }
+
+/// The plain lease (no claim, no token) is mutually exclusive and released by compare-and-delete.
+#[tokio::test]
+async fn plain_lease_is_exclusive() {
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::new(&cluster.urls(), settings(2_000)).expect("urls");
+    let lease = won(store.acquire_lease("a", "resource").await);
+    assert_eq!(lease.token, 0);
+    assert!(matches!(store.acquire_lease("b", "resource").await, ClaimOutcome::Busy { .. }));
+    store.release(&lease).await;
+    won(store.acquire_lease("b", "resource").await);
+}
