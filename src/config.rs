@@ -1,15 +1,29 @@
 //! `jobs.yaml`: the schedule and settings every worker reads.
 //!
-//! Parsed in two stages, as ripgrep does with its flags: a serde form close to the file (unknown fields
-//! rejected), then a validated [`Config`] with cross-field checks. Every error names the file, the line
-//! and column, and the field.
+//! Parsed in two stages, as ripgrep does with its flags: [`raw`] reads the file's shape close to the
+//! text (unknown fields rejected, every leaf kept with its line and column), then [`validate`] gives
+//! the values their meaning and makes the cross-field checks, producing a [`Config`]. Both stages go on
+//! after a problem, so one run reports every problem in the file, each with file, line, column and field.
+//! `${VAR}` is replaced from the environment first (see [`yaml`]).
+//!
+//! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
+//! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
+//! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, and per job `timezone` UTC, `overlap` skip,
+//! `misfire_grace` 30s, `enabled` true, no timeout.
+
+mod raw;
+mod validate;
+mod yaml;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::lock::{LockSettings, Overlap};
 use crate::schedule::Schedule;
+
+use yaml::Mark;
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -18,11 +32,15 @@ pub struct Config {
     pub path: PathBuf,
     /// Redis nodes; `None` means the embedded single-host store.
     pub redis: Option<RedisConfig>,
-    /// Lease parameters (`lock:` plus `redis.key_prefix`).
+    /// Lease parameters (`lock:` plus `redis.key_prefix`), checked against each other: `renew_every <
+    /// ttl`, `node_timeout <= ttl / 10`, `0 <= drift_factor < 0.5`, `retries <= 100`.
     pub lock: LockSettings,
+    /// This worker process's own settings.
     pub worker: WorkerConfig,
+    /// The jobs, in file order; names are unique.
     pub jobs: Vec<JobConfig>,
-    /// Problems that do not stop the worker but that an operator should see (e.g. an even node count).
+    /// Problems that do not stop the worker but that an operator should see (e.g. an even node count),
+    /// each formatted like a [`Problem`]: `file:line:column: field: message`.
     pub warnings: Vec<String>,
 }
 
@@ -30,14 +48,16 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisConfig {
     /// `redis://` or `rediss://` URLs, as written (after `${VAR}` substitution); may hold passwords, so
-    /// display them only through [`crate::lock::node::redact`].
+    /// display them only through [`crate::lock::node::redact`]. Each parses and names a distinct
+    /// host and port; there is at least one.
     pub nodes: Vec<String>,
 }
 
 /// Settings of this worker process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerConfig {
-    /// This worker's id in logs and lease values (default `<hostname>-<pid>-<short random>`).
+    /// This worker's id in logs and lease values (default `<hostname>-<pid>-<short random>`); letters,
+    /// digits and `_ . - : @` only, so it never contains the `/` that separates it from a lease's uuid.
     pub id: String,
     /// How long running jobs may go on after a graceful shutdown was requested.
     pub shutdown_grace: Duration,
@@ -46,24 +66,182 @@ pub struct WorkerConfig {
 /// One job.
 #[derive(Debug, Clone)]
 pub struct JobConfig {
+    /// Unique among the jobs, `[A-Za-z0-9_.-]+`.
     pub name: String,
+    /// When it fires, in its time zone.
     pub schedule: Schedule,
+    /// What it runs.
     pub command: Command,
+    /// Extra environment variables for the child process.
     pub env: BTreeMap<String, String>,
+    /// The child's working directory (default: the worker's).
     pub workdir: Option<PathBuf>,
-    /// After this long the run is stopped (SIGTERM, then SIGKILL 10 s later).
+    /// After this long the run is stopped (SIGTERM, then SIGKILL 10 s later). Never zero.
     pub timeout: Option<Duration>,
+    /// Whether a tick may start while an earlier run of this job still holds it.
     pub overlap: Overlap,
     /// A tick this recent is still raced for by a worker that comes up (or resumes) late.
     pub misfire_grace: Duration,
+    /// A disabled job is checked and listed but never raced for.
     pub enabled: bool,
 }
 
 /// How a job's command is run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
-    /// `command: [prog, arg, ...]`: executed directly, no shell.
+    /// `command: [prog, arg, ...]`: executed directly, no shell. Never empty; `prog` is not empty.
     Argv(Vec<String>),
-    /// `command: "string"`: run as `/bin/sh -c <string>`.
+    /// `command: "string"`: run as `/bin/sh -c <string>`. Not blank.
     Shell(String),
+}
+
+/// One thing wrong with the file, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The file, as given on the command line.
+    pub file: PathBuf,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column, in characters.
+    pub column: usize,
+    /// The field path, e.g. `jobs[1].schedule` (jobs counted from 0); empty for the file as a whole.
+    pub field: String,
+    /// What is wrong, and what would be right.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    /// `jobs.yaml:14:15: jobs[1].schedule: invalid cron expression ...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: ", self.file.display(), self.line, self.column)?;
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read at all.
+    #[error("{}: cannot read the configuration file: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file was read and is wrong; every problem found, in file order, one per line in `Display`.
+    #[error("{}", display_lines(problems))]
+    Invalid { problems: Vec<Problem> },
+}
+
+impl ConfigError {
+    /// The problems found (empty for [`ConfigError::Read`]).
+    pub fn problems(&self) -> &[Problem] {
+        match self {
+            ConfigError::Read { .. } => &[],
+            ConfigError::Invalid { problems } => problems,
+        }
+    }
+}
+
+fn display_lines(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(Problem::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Reads and validates the configuration file at `path`, taking `${VAR}` from the process environment.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, path)
+}
+
+/// Validates `text` as if read from `path` (used in messages), taking `${VAR}` from the process
+/// environment.
+pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+    parse_with_env(text, path, &|name| std::env::var(name).ok())
+}
+
+/// Like [`parse`], with `${VAR}` looked up through `env` instead of the process environment.
+pub fn parse_with_env(
+    text: &str,
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let mut report = Report {
+        file: path.to_path_buf(),
+        problems: Vec::new(),
+        warnings: Vec::new(),
+        tainted: Vec::new(),
+    };
+    let document = match yaml::parse(text, env) {
+        Ok(document) => document,
+        Err(syntax) => {
+            report.error(syntax.mark, "", syntax.message);
+            return Err(report.into_error());
+        }
+    };
+    for problem in &document.problems {
+        report.error(problem.mark, "", problem.message.clone());
+    }
+    report.tainted = document.tainted.clone();
+    let raw = raw::read(document.root.as_ref(), &mut report);
+    let mut config = validate::config(raw, path, &mut report, chrono::Utc::now());
+    if !report.problems.is_empty() {
+        return Err(report.into_error());
+    }
+    report.warnings.sort_by_key(|w| (w.line, w.column));
+    config.warnings = report.warnings.iter().map(Problem::to_string).collect();
+    Ok(config)
+}
+
+/// Problems and warnings as they are found.
+pub(crate) struct Report {
+    file: PathBuf,
+    problems: Vec<Problem>,
+    warnings: Vec<Problem>,
+    /// Scalars whose `${...}` failed: problems reported at them would only repeat that failure.
+    tainted: Vec<Mark>,
+}
+
+impl Report {
+    fn problem(&self, mark: Mark, field: &str, message: String) -> Problem {
+        Problem {
+            file: self.file.clone(),
+            line: mark.line,
+            column: mark.column,
+            field: field.to_string(),
+            message,
+        }
+    }
+
+    /// Records an error at `mark` in `field`.
+    pub(crate) fn error(&mut self, mark: Mark, field: &str, message: impl Into<String>) {
+        if !self.tainted.contains(&mark) {
+            let problem = self.problem(mark, field, message.into());
+            self.problems.push(problem);
+        }
+    }
+
+    /// Records a warning at `mark` in `field`.
+    pub(crate) fn warn(&mut self, mark: Mark, field: &str, message: impl Into<String>) {
+        if !self.tainted.contains(&mark) {
+            let warning = self.problem(mark, field, message.into());
+            self.warnings.push(warning);
+        }
+    }
+
+    fn into_error(mut self) -> ConfigError {
+        self.problems.sort_by_key(|p| (p.line, p.column));
+        ConfigError::Invalid {
+            problems: self.problems,
+        }
+    }
 }

@@ -1,1 +1,459 @@
-//! Tests: config
+//! Config: `jobs.yaml` parsed through `redcron::config::parse_with_env`, no files, no Redis.
+//!
+//! Good files give the values and defaults the worker relies on; each kind of bad input gives its
+//! own problem with line, column and field, and a file with several problems reports all of them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use redcron::config::{parse_with_env, Command, Config, ConfigError, Problem};
+use redcron::lock::Overlap;
+
+/// The environment the tests see: only these variables are set.
+fn env(name: &str) -> Option<String> {
+    match name {
+        "REDIS_PASSWORD" => Some("s3cret".to_string()),
+        "BUCKET" => Some("reports".to_string()),
+        _ => None,
+    }
+}
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    parse_with_env(text, Path::new("jobs.yaml"), &env)
+}
+
+fn ok(text: &str) -> Config {
+    parse(text).unwrap_or_else(|e| panic!("expected a valid config, got:\n{e}"))
+}
+
+fn problems(text: &str) -> Vec<Problem> {
+    match parse(text) {
+        Ok(_) => panic!("expected problems in:\n{text}"),
+        Err(e) => e.problems().to_vec(),
+    }
+}
+
+/// The only problem of `text`, as printed.
+fn only_problem(text: &str) -> String {
+    let problems = problems(text);
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    problems[0].to_string()
+}
+
+const JOB: &str = "jobs:\n  - name: a\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n";
+
+/// The example of issue 3, every field given, reads back as written.
+#[test]
+fn full_example_reads_back() {
+    let config = ok(r#"
+redis:
+  nodes: [redis://10.0.0.1:6379, "redis://:${REDIS_PASSWORD}@10.0.0.2:6379", rediss://10.0.0.3:6380/2]
+  key_prefix: myapp
+lock:
+  ttl: 1m
+  renew_every: 10s
+  node_timeout: 500ms
+  drift_factor: 0.02
+  retries: 5
+  retry_delay: 1m30s
+worker:
+  id: web-1
+  shutdown_grace: 45s
+jobs:
+  - name: nightly-report
+    schedule: "30 2 * * *"
+    timezone: Europe/Berlin
+    command: ["/usr/local/bin/report", "--daily"]
+    env: {REPORT_BUCKET: "${BUCKET}", PORT: 8080}
+    workdir: /srv/reports
+    timeout: 10m
+    overlap: allow
+    misfire_grace: 1m
+    enabled: false
+  - name: shell.job_2
+    schedule: "*/10 * * * * *"
+    command: echo "$HOME costs $$5"
+"#);
+    let nodes = &config.redis.as_ref().expect("redis").nodes;
+    assert_eq!(nodes[1], "redis://:s3cret@10.0.0.2:6379");
+    assert_eq!(nodes.len(), 3);
+    let lock = &config.lock;
+    assert_eq!(
+        (lock.ttl, lock.renew_every, lock.node_timeout),
+        (
+            Duration::from_secs(60),
+            Duration::from_secs(10),
+            Duration::from_millis(500)
+        )
+    );
+    assert_eq!(
+        (lock.drift_factor, lock.retries, lock.retry_delay),
+        (0.02, 5, Duration::from_secs(90))
+    );
+    assert_eq!(lock.key_prefix, "myapp");
+    assert_eq!(
+        (config.worker.id.as_str(), config.worker.shutdown_grace),
+        ("web-1", Duration::from_secs(45))
+    );
+    let job = &config.jobs[0];
+    assert_eq!(job.name, "nightly-report");
+    assert_eq!(job.schedule.expression(), "30 2 * * *");
+    assert_eq!(job.schedule.timezone(), chrono_tz::Europe::Berlin);
+    assert_eq!(
+        job.command,
+        Command::Argv(vec!["/usr/local/bin/report".into(), "--daily".into()])
+    );
+    assert_eq!(
+        job.env.get("REPORT_BUCKET").map(String::as_str),
+        Some("reports")
+    );
+    assert_eq!(job.env.get("PORT").map(String::as_str), Some("8080"));
+    assert_eq!(job.workdir.as_deref(), Some(Path::new("/srv/reports")));
+    assert_eq!(
+        (job.timeout, job.overlap, job.misfire_grace, job.enabled),
+        (
+            Some(Duration::from_secs(600)),
+            Overlap::Allow,
+            Duration::from_secs(60),
+            false
+        )
+    );
+    // `$HOME` is left for the shell; `$$` is a literal `$`.
+    assert_eq!(
+        config.jobs[1].command,
+        Command::Shell("echo \"$HOME costs $5\"".into())
+    );
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+/// A minimal file gets every default, and a warning that the embedded store is in use.
+#[test]
+fn defaults() {
+    let config = ok(JOB);
+    assert!(config.redis.is_none());
+    assert_eq!(config.lock, redcron::lock::LockSettings::default());
+    assert_eq!(config.worker.shutdown_grace, Duration::from_secs(30));
+    let id = &config.worker.id;
+    let pid = format!("-{}-", std::process::id());
+    assert!(id.contains(&pid), "{id}");
+    let suffix = id.rsplit('-').next().unwrap_or_default();
+    assert!(
+        suffix.len() == 6 && suffix.chars().all(|c| c.is_ascii_hexdigit()),
+        "{id}"
+    );
+    let job = &config.jobs[0];
+    assert_eq!(job.schedule.timezone(), chrono_tz::Tz::UTC);
+    assert_eq!(
+        (job.timeout, job.overlap, job.misfire_grace, job.enabled),
+        (None, Overlap::Skip, Duration::from_secs(30), true)
+    );
+    assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+    assert!(
+        config.warnings[0].starts_with("jobs.yaml:1:1: redis: no `redis:` section"),
+        "{:?}",
+        config.warnings
+    );
+    // renew_every defaults to a third of the TTL.
+    let config = ok(&format!("lock: {{ttl: 9s}}\n{JOB}"));
+    assert_eq!(config.lock.renew_every, Duration::from_secs(3));
+}
+
+/// A YAML syntax error names its line and column.
+#[test]
+fn yaml_syntax_error() {
+    let got = only_problem("jobs:\n  - name: a\n   schedule: [1, 2\n");
+    assert!(got.starts_with("jobs.yaml:3:"), "{got}");
+    assert!(got.contains("YAML syntax error"), "{got}");
+}
+
+/// Unknown fields are errors at the key, listing what is allowed; all of them are reported.
+#[test]
+fn unknown_fields() {
+    let problems = problems("lock:\n  tll: 30s\njobs:\n  - name: a\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n    retries: 2\n");
+    let lines: Vec<String> = problems.iter().map(Problem::to_string).collect();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(
+        lines[0].starts_with(
+            "jobs.yaml:2:3: lock.tll: unknown field `tll`; expected one of `ttl`, `renew_every`"
+        ),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with("jobs.yaml:7:5: jobs[0].retries: unknown field `retries`"),
+        "{}",
+        lines[1]
+    );
+    let got = only_problem(&format!("{JOB}colour: blue\n"));
+    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `lock`, `worker`, `jobs`"), "{got}");
+}
+
+/// A bad cron expression points at the value and says which field is wrong.
+#[test]
+fn bad_cron() {
+    let got =
+        only_problem("jobs:\n  - name: a\n    schedule: \"61 * * * *\"\n    command: [\"true\"]\n");
+    assert!(got.starts_with("jobs.yaml:3:15: jobs[0].schedule: invalid cron expression \"61 * * * *\": minute field \"61\""), "{got}");
+    let got =
+        only_problem("jobs:\n  - name: a\n    schedule: 0 0 30 2 *\n    command: [\"true\"]\n");
+    assert!(
+        got.ends_with("cron expression \"0 0 30 2 *\" never fires"),
+        "{got}"
+    );
+}
+
+/// An unknown time zone is reported at the value.
+#[test]
+fn bad_time_zone() {
+    let got = only_problem("jobs:\n  - name: a\n    schedule: \"* * * * *\"\n    timezone: Europe/Berln\n    command: [\"true\"]\n");
+    assert_eq!(got, "jobs.yaml:4:15: jobs[0].timezone: unknown time zone \"Europe/Berln\": expected an IANA name such as Europe/Berlin, America/New_York or UTC");
+}
+
+/// A second job with the same name is reported at its name, pointing back at the first.
+#[test]
+fn duplicate_names() {
+    let got = only_problem(&format!(
+        "{JOB}  - name: a\n    schedule: \"@daily\"\n    command: \"true\"\n"
+    ));
+    assert_eq!(got, "jobs.yaml:5:11: jobs[1].name: duplicate job name \"a\": jobs[0] (line 2) has it too; names must be unique");
+    let got = only_problem(
+        "jobs:\n  - name: \"a b\"\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n",
+    );
+    assert!(
+        got.starts_with("jobs.yaml:2:11: jobs[0].name: invalid job name \"a b\""),
+        "{got}"
+    );
+}
+
+/// Durations must have a unit; zero is refused where it makes no sense.
+#[test]
+fn bad_durations() {
+    let got = only_problem(&format!("lock:\n  ttl: 30\n{JOB}"));
+    assert!(
+        got.starts_with("jobs.yaml:2:8: lock.ttl: invalid duration \"30\": "),
+        "{got}"
+    );
+    assert!(got.contains("30s, 500ms, 10m"), "{got}");
+    let got = only_problem(&format!("{JOB}    timeout: 0s\n"));
+    assert_eq!(
+        got,
+        "jobs.yaml:5:14: jobs[0].timeout: must be more than zero"
+    );
+    let got = only_problem(&format!("worker:\n  shutdown_grace: soon\n{JOB}"));
+    assert!(
+        got.starts_with("jobs.yaml:2:19: worker.shutdown_grace: invalid duration \"soon\""),
+        "{got}"
+    );
+}
+
+/// `${VAR}` that is not set is an error at the `${`, and nothing else is reported about that value.
+#[test]
+fn unset_variable() {
+    let got = only_problem(&format!("lock:\n  ttl: ${{NOPE_UNSET}}\n{JOB}"));
+    assert_eq!(
+        got,
+        "jobs.yaml:2:8: environment variable NOPE_UNSET is not set (used as `${NOPE_UNSET}`)"
+    );
+    let got = only_problem(&format!(
+        "{JOB}    env: {{A: \"x-${{BUCKET}}-${{ALSO_UNSET}}\"}}\n"
+    ));
+    assert!(
+        got.starts_with("jobs.yaml:5:27: environment variable ALSO_UNSET"),
+        "{got}"
+    );
+    let got = only_problem(&format!("{JOB}    workdir: /tmp/${{oops\n"));
+    assert!(
+        got.starts_with("jobs.yaml:5:19: unterminated `${`"),
+        "{got}"
+    );
+}
+
+/// Node URLs must be redis:// or rediss://, parse, and be distinct; a password never appears in errors.
+#[test]
+fn bad_urls() {
+    let got = only_problem(&format!(
+        "redis:\n  nodes: [\"http://user:hunter2@h1:6379\"]\n{JOB}"
+    ));
+    assert!(
+        got.starts_with(
+            "jobs.yaml:2:11: redis.nodes[0]: invalid Redis node URL http://user:***@h1:6379"
+        ),
+        "{got}"
+    );
+    assert!(!got.contains("hunter2"), "{got}");
+    let got = only_problem(&format!(
+        "redis:\n  nodes:\n    - redis://:${{REDIS_PASSWORD}}@h1:6379/x\n{JOB}"
+    ));
+    assert!(
+        got.starts_with(
+            "jobs.yaml:3:7: redis.nodes[0]: invalid Redis node URL redis://:***@h1:6379/x"
+        ),
+        "{got}"
+    );
+    assert!(!got.contains("s3cret"), "{got}");
+    let got = only_problem(&format!(
+        "redis:\n  nodes: [\"redis://h1\", \"redis://H1:6379/3\", \"redis://h2\"]\n{JOB}"
+    ));
+    assert!(
+        got.starts_with("jobs.yaml:2:25: redis.nodes[1]: h1:6379 is already redis.nodes[0]"),
+        "{got}"
+    );
+    let got = only_problem(&format!("redis:\n  nodes: []\n{JOB}"));
+    assert!(got.contains("redis.nodes: no nodes"), "{got}");
+}
+
+/// The lock's cross-field checks: renew_every < ttl, node_timeout <= ttl/10, sane drift and retries.
+#[test]
+fn lock_settings_that_do_not_fit_together() {
+    let got = only_problem(&format!("lock:\n  ttl: 30s\n  renew_every: 30s\n{JOB}"));
+    assert!(
+        got.starts_with(
+            "jobs.yaml:3:16: lock.renew_every: renew_every (30s) must be below ttl (30s)"
+        ),
+        "{got}"
+    );
+    let got = only_problem(&format!("lock:\n  ttl: 2s\n  node_timeout: 500ms\n{JOB}"));
+    assert!(got.starts_with("jobs.yaml:3:17: lock.node_timeout: node_timeout (500ms) must be at most a tenth of ttl (2s)"), "{got}");
+    let got = only_problem(&format!("lock:\n  ttl: 200ms\n{JOB}"));
+    assert!(
+        got.starts_with(
+            "jobs.yaml:2:8: lock.ttl: node_timeout (50ms) must be at most a tenth of ttl (200ms)"
+        ),
+        "{got}"
+    );
+    let got = only_problem(&format!("lock:\n  drift_factor: 0.5\n{JOB}"));
+    assert!(
+        got.starts_with("jobs.yaml:2:17: lock.drift_factor: invalid drift_factor \"0.5\""),
+        "{got}"
+    );
+    let got = only_problem(&format!("lock:\n  retries: -1\n{JOB}"));
+    assert!(
+        got.starts_with("jobs.yaml:2:12: lock.retries: invalid retries \"-1\""),
+        "{got}"
+    );
+}
+
+/// Warnings do not stop the worker: an even node count, a renewal cadence that allows one miss.
+#[test]
+fn warnings() {
+    let config = ok(&format!("redis:\n  nodes: [redis://h1, redis://h2, redis://h3, redis://h4]\nlock:\n  renew_every: 20s\n{JOB}"));
+    assert_eq!(config.warnings.len(), 2, "{:?}", config.warnings);
+    assert!(config.warnings[0].starts_with("jobs.yaml:2:10: redis.nodes: 4 nodes: a quorum needs 3 of them, so only 1 may fail, no more than with 3 nodes"), "{:?}", config.warnings);
+    assert!(
+        config.warnings[1].starts_with(
+            "jobs.yaml:4:16: lock.renew_every: renew_every (20s) is more than half of ttl (30s)"
+        ),
+        "{:?}",
+        config.warnings
+    );
+    let config = ok("jobs: []\n");
+    assert_eq!(config.warnings.len(), 2, "{:?}", config.warnings);
+    assert!(
+        config.warnings[1].contains("jobs: no jobs"),
+        "{:?}",
+        config.warnings
+    );
+}
+
+/// Missing required fields are reported at the start of the job, and commands must not be empty.
+#[test]
+fn missing_fields_and_empty_commands() {
+    let problems = problems("jobs:\n  - name: a\n  - schedule: \"* * * * *\"\n    command: []\n");
+    let lines: Vec<String> = problems.iter().map(Problem::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "jobs.yaml:2:5: jobs[0].schedule: missing field `schedule`",
+            "jobs.yaml:2:5: jobs[0].command: missing field `command`",
+            "jobs.yaml:3:5: jobs[1].name: missing field `name`",
+            "jobs.yaml:4:14: jobs[1].command: empty command: give at least the program, e.g. [\"echo\", \"hello\"]",
+        ]
+    );
+    let got =
+        only_problem("jobs:\n  - name: a\n    schedule: \"* * * * *\"\n    command: {prog: x}\n");
+    assert!(got.starts_with("jobs.yaml:4:14: jobs[0].command: expected a list of arguments or a shell command string, found a mapping"), "{got}");
+}
+
+/// Every problem in the file is reported at once, in file order, and `Display` prints one per line.
+#[test]
+fn all_problems_at_once() {
+    let text = "lock:\n  ttl: forever\njobs:\n  - name: a\n    schedule: \"* * * *\"\n    timezone: Mars/Olympus\n    command: [\"true\"]\n    overlap: maybe\n  - name: a\n    schedule: \"@hourly\"\n    command: \"true\"\n    enabled: yes\n";
+    let error = parse(text).expect_err("bad file");
+    let fields: Vec<&str> = error.problems().iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "lock.ttl",
+            "jobs[0].schedule",
+            "jobs[0].timezone",
+            "jobs[0].overlap",
+            "jobs[1].name",
+            "jobs[1].enabled"
+        ]
+    );
+    assert_eq!(error.to_string().lines().count(), 6);
+    assert!(error
+        .to_string()
+        .lines()
+        .all(|line| line.starts_with("jobs.yaml:")));
+}
+
+/// Shapes: a scalar where a mapping belongs, a list where a value belongs, duplicate keys.
+#[test]
+fn wrong_shapes_and_duplicate_keys() {
+    let got = only_problem(&format!("lock: 30s\n{JOB}"));
+    assert!(
+        got.starts_with("jobs.yaml:1:7: lock: expected a mapping"),
+        "{got}"
+    );
+    let got = only_problem(&format!("lock:\n  ttl: [30s]\n{JOB}"));
+    assert!(
+        got.starts_with("jobs.yaml:2:8: lock.ttl: expected a single value, found a list"),
+        "{got}"
+    );
+    let got = only_problem(&format!("lock:\n  ttl: 30s\n  ttl: 40s\n{JOB}"));
+    assert_eq!(
+        got,
+        "jobs.yaml:3:3: lock.ttl: duplicate key `ttl` (first given on line 2)"
+    );
+    let got = only_problem("- a\n- b\n");
+    assert!(
+        got.starts_with(
+            "jobs.yaml:1:1: expected a mapping (`key: value` lines) for the file, found a list"
+        ),
+        "{got}"
+    );
+}
+
+/// YAML anchors and aliases work, so common settings can be shared between jobs.
+#[test]
+fn anchors_and_aliases() {
+    let config = ok("jobs:\n  - name: a\n    schedule: \"* * * * *\"\n    command: &cmd [\"echo\", \"hi\"]\n  - name: b\n    schedule: \"@daily\"\n    command: *cmd\n");
+    assert_eq!(
+        config.jobs[1].command,
+        Command::Argv(vec!["echo".into(), "hi".into()])
+    );
+}
+
+/// An empty file is valid (and warned about); a missing file is a read error naming it.
+#[test]
+fn empty_and_missing_files() {
+    let config = ok("");
+    assert!(config.jobs.is_empty());
+    assert!(
+        config
+            .warnings
+            .iter()
+            .any(|w| w.contains("no `jobs:` list")),
+        "{:?}",
+        config.warnings
+    );
+    let error =
+        redcron::config::load(Path::new("/nonexistent/jobs.yaml")).expect_err("missing file");
+    assert!(
+        error
+            .to_string()
+            .starts_with("/nonexistent/jobs.yaml: cannot read the configuration file"),
+        "{error}"
+    );
+}

@@ -1,0 +1,384 @@
+//! Stage one: the shape of `jobs.yaml`, close to the file.
+//!
+//! Reads the marked YAML tree into plain structs whose leaves are the scalars as written, each with its
+//! position. Unknown and duplicate keys, and values of the wrong shape (a list where a single value
+//! belongs), are reported here — all of them, not just the first, which is why this is a small reader
+//! of its own rather than serde (serde stops at the first error). What the values *mean* (durations,
+//! cron expressions, URLs) is stage two, in the parent module.
+
+use super::yaml::{Kind, Mark, Node};
+use super::Report;
+
+/// A value and where it is in the file.
+#[derive(Debug, Clone)]
+pub(crate) struct Spanned<T> {
+    pub value: T,
+    pub mark: Mark,
+}
+
+/// The whole file.
+#[derive(Debug, Default)]
+pub(crate) struct RawConfig {
+    pub redis: Option<RawRedis>,
+    pub lock: RawLock,
+    pub worker: RawWorker,
+    /// The `jobs:` list and where it starts (`None` if the key is missing).
+    pub jobs: Option<Spanned<Vec<RawJob>>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct RawRedis {
+    pub mark: Mark,
+    pub nodes: Option<Spanned<Vec<Spanned<String>>>>,
+    pub key_prefix: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct RawLock {
+    pub ttl: Option<Spanned<String>>,
+    pub renew_every: Option<Spanned<String>>,
+    pub node_timeout: Option<Spanned<String>>,
+    pub drift_factor: Option<Spanned<String>>,
+    pub retries: Option<Spanned<String>>,
+    pub retry_delay: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct RawWorker {
+    pub id: Option<Spanned<String>>,
+    pub shutdown_grace: Option<Spanned<String>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct RawJob {
+    /// Where the job's entry starts (its first key), for "missing field" errors.
+    pub mark: Mark,
+    pub name: Option<Spanned<String>>,
+    pub schedule: Option<Spanned<String>>,
+    pub timezone: Option<Spanned<String>>,
+    pub command: Option<Spanned<RawCommand>>,
+    pub env: Vec<(Spanned<String>, Spanned<String>)>,
+    pub workdir: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+    pub overlap: Option<Spanned<String>>,
+    pub misfire_grace: Option<Spanned<String>>,
+    pub enabled: Option<Spanned<String>>,
+}
+
+#[derive(Debug)]
+pub(crate) enum RawCommand {
+    /// `command: "string"`.
+    Shell(String),
+    /// `command: [prog, arg, ...]`.
+    Argv(Vec<Spanned<String>>),
+    /// Present but of the wrong shape (already reported).
+    Invalid,
+}
+
+/// Reads the document; `None` (an empty file) reads as an empty configuration.
+pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
+    let Some(root) = root else {
+        return RawConfig::default();
+    };
+    let Some(mut top) = Fields::of(root, "", report) else {
+        return RawConfig::default();
+    };
+    let redis = top.take("redis").and_then(|node| read_redis(node, report));
+    let lock = top
+        .take("lock")
+        .and_then(|node| read_lock(node, report))
+        .unwrap_or_default();
+    let worker = top
+        .take("worker")
+        .and_then(|node| read_worker(node, report))
+        .unwrap_or_default();
+    let jobs = top.take("jobs").map(|node| Spanned {
+        value: read_jobs(node, report),
+        mark: node.mark,
+    });
+    top.finish(report);
+    RawConfig {
+        redis,
+        lock,
+        worker,
+        jobs,
+    }
+}
+
+fn read_redis(node: &Node, report: &mut Report) -> Option<RawRedis> {
+    let mut fields = Fields::of(node, "redis", report)?;
+    let nodes = fields.take("nodes").and_then(|list| {
+        let items = seq(list, "redis.nodes", report)?;
+        let urls = items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| scalar(item, &format!("redis.nodes[{i}]"), report));
+        Some(Spanned {
+            value: urls.collect(),
+            mark: list.mark,
+        })
+    });
+    let key_prefix = fields.scalar("key_prefix", report);
+    fields.finish(report);
+    Some(RawRedis {
+        mark: node.mark,
+        nodes,
+        key_prefix,
+    })
+}
+
+fn read_lock(node: &Node, report: &mut Report) -> Option<RawLock> {
+    let mut fields = Fields::of(node, "lock", report)?;
+    let lock = RawLock {
+        ttl: fields.scalar("ttl", report),
+        renew_every: fields.scalar("renew_every", report),
+        node_timeout: fields.scalar("node_timeout", report),
+        drift_factor: fields.scalar("drift_factor", report),
+        retries: fields.scalar("retries", report),
+        retry_delay: fields.scalar("retry_delay", report),
+    };
+    fields.finish(report);
+    Some(lock)
+}
+
+fn read_worker(node: &Node, report: &mut Report) -> Option<RawWorker> {
+    let mut fields = Fields::of(node, "worker", report)?;
+    let worker = RawWorker {
+        id: fields.scalar("id", report),
+        shutdown_grace: fields.scalar("shutdown_grace", report),
+    };
+    fields.finish(report);
+    Some(worker)
+}
+
+fn read_jobs(node: &Node, report: &mut Report) -> Vec<RawJob> {
+    let Some(items) = seq(node, "jobs", report) else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| read_job(item, &format!("jobs[{i}]"), report))
+        .collect()
+}
+
+fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
+    let mut fields = Fields::of(node, path, report)?;
+    let command = fields
+        .take("command")
+        .map(|value| read_command(value, &format!("{path}.command"), report));
+    let env = fields
+        .take("env")
+        .map(|value| read_env(value, &format!("{path}.env"), report))
+        .unwrap_or_default();
+    let job = RawJob {
+        mark: fields.first_key_mark(),
+        name: fields.scalar("name", report),
+        schedule: fields.scalar("schedule", report),
+        timezone: fields.scalar("timezone", report),
+        command,
+        env,
+        workdir: fields.scalar("workdir", report),
+        timeout: fields.scalar("timeout", report),
+        overlap: fields.scalar("overlap", report),
+        misfire_grace: fields.scalar("misfire_grace", report),
+        enabled: fields.scalar("enabled", report),
+    };
+    fields.finish(report);
+    Some(job)
+}
+
+fn read_command(node: &Node, path: &str, report: &mut Report) -> Spanned<RawCommand> {
+    let value = match &node.kind {
+        Kind::Scalar(text) => RawCommand::Shell(text.clone()),
+        Kind::Seq(items) => {
+            let argv = items
+                .iter()
+                .enumerate()
+                .filter_map(|(i, item)| scalar(item, &format!("{path}[{i}]"), report));
+            RawCommand::Argv(argv.collect())
+        }
+        Kind::Null | Kind::Map(_) => {
+            let found = node.describe();
+            report.error(
+                node.mark,
+                path,
+                format!("expected a list of arguments or a shell command string, found {found}"),
+            );
+            RawCommand::Invalid
+        }
+    };
+    Spanned {
+        value,
+        mark: node.mark,
+    }
+}
+
+fn read_env(
+    node: &Node,
+    path: &str,
+    report: &mut Report,
+) -> Vec<(Spanned<String>, Spanned<String>)> {
+    let Some(mut fields) = Fields::of(node, path, report) else {
+        return Vec::new();
+    };
+    let mut env = Vec::new();
+    for i in 0..fields.entries.len() {
+        let (key, value) = fields.entries[i];
+        fields.taken[i] = true;
+        let name = Spanned {
+            value: key.to_string(),
+            mark: fields.key_marks[i],
+        };
+        let value = match &value.kind {
+            Kind::Null => Some(Spanned {
+                value: String::new(),
+                mark: value.mark,
+            }),
+            _ => scalar(value, &format!("{path}.{key}"), report),
+        };
+        env.extend(value.map(|value| (name, value)));
+    }
+    env
+}
+
+/// The entries of one mapping, taken one by one; what is left over is an unknown field.
+struct Fields<'a> {
+    path: String,
+    mark: Mark,
+    entries: Vec<(&'a str, &'a Node)>,
+    key_marks: Vec<Mark>,
+    taken: Vec<bool>,
+    known: Vec<&'static str>,
+}
+
+impl<'a> Fields<'a> {
+    /// The fields of `node`, which must be a mapping with single-value keys (or empty).
+    fn of(node: &'a Node, path: &str, report: &mut Report) -> Option<Fields<'a>> {
+        let mut fields = Fields {
+            path: path.to_string(),
+            mark: node.mark,
+            entries: Vec::new(),
+            key_marks: Vec::new(),
+            taken: Vec::new(),
+            known: Vec::new(),
+        };
+        let entries = match &node.kind {
+            Kind::Map(entries) => entries,
+            Kind::Null => return Some(fields),
+            Kind::Scalar(_) | Kind::Seq(_) => {
+                let what = if path.is_empty() { "the file" } else { path };
+                report.error(
+                    node.mark,
+                    path,
+                    format!(
+                        "expected a mapping (`key: value` lines) for {what}, found {}",
+                        node.describe()
+                    ),
+                );
+                return None;
+            }
+        };
+        for (key, value) in entries {
+            let Kind::Scalar(name) = &key.kind else {
+                report.error(
+                    key.mark,
+                    path,
+                    format!("expected a field name, found {}", key.describe()),
+                );
+                continue;
+            };
+            if let Some(first) = fields.entries.iter().position(|(seen, _)| seen == name) {
+                let line = fields.key_marks[first].line;
+                report.error(
+                    key.mark,
+                    &join(path, name),
+                    format!("duplicate key `{name}` (first given on line {line})"),
+                );
+                continue;
+            }
+            fields.entries.push((name.as_str(), value));
+            fields.key_marks.push(key.mark);
+            fields.taken.push(false);
+        }
+        Some(fields)
+    }
+
+    /// The value of `name`, if present and not null.
+    fn take(&mut self, name: &'static str) -> Option<&'a Node> {
+        self.known.push(name);
+        let index = self.entries.iter().position(|(key, _)| *key == name)?;
+        self.taken[index] = true;
+        let node = self.entries[index].1;
+        (!matches!(node.kind, Kind::Null)).then_some(node)
+    }
+
+    /// The single value of `name`, if present.
+    fn scalar(&mut self, name: &'static str, report: &mut Report) -> Option<Spanned<String>> {
+        let node = self.take(name)?;
+        scalar(node, &join(&self.path, name), report)
+    }
+
+    fn first_key_mark(&self) -> Mark {
+        self.key_marks.first().copied().unwrap_or(self.mark)
+    }
+
+    /// Reports every field that nobody took.
+    fn finish(self, report: &mut Report) {
+        let expected = self
+            .known
+            .iter()
+            .map(|name| format!("`{name}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        for (i, (key, _)) in self.entries.iter().enumerate() {
+            if !self.taken[i] {
+                report.error(
+                    self.key_marks[i],
+                    &join(&self.path, key),
+                    format!("unknown field `{key}`; expected one of {expected}"),
+                );
+            }
+        }
+    }
+}
+
+fn scalar(node: &Node, path: &str, report: &mut Report) -> Option<Spanned<String>> {
+    match &node.kind {
+        Kind::Scalar(text) => Some(Spanned {
+            value: text.clone(),
+            mark: node.mark,
+        }),
+        Kind::Null => None,
+        Kind::Seq(_) | Kind::Map(_) => {
+            report.error(
+                node.mark,
+                path,
+                format!("expected a single value, found {}", node.describe()),
+            );
+            None
+        }
+    }
+}
+
+fn seq<'a>(node: &'a Node, path: &str, report: &mut Report) -> Option<&'a [Node]> {
+    match &node.kind {
+        Kind::Seq(items) => Some(items),
+        _ => {
+            report.error(
+                node.mark,
+                path,
+                format!("expected a list, found {}", node.describe()),
+            );
+            None
+        }
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}

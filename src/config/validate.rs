@@ -1,0 +1,466 @@
+//! Stage two: what the values mean, and whether they make sense together.
+//!
+//! Turns the scalars of [`super::raw`] into durations, numbers, schedules and URLs, fills in defaults,
+//! and makes the cross-field checks whose reasons come from the lock protocol (`docs/protocol.md`):
+//! renewals must come before the lease expires, and a node's timeout must be small next to the TTL
+//! because the time an acquisition round takes is subtracted from the lease's validity. A value that
+//! is wrong is reported and replaced by its default, so the checks after it still run.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use redis::IntoConnectionInfo as _;
+
+use super::raw::{RawCommand, RawConfig, RawJob, RawLock, RawRedis, RawWorker, Spanned};
+use super::yaml::Mark;
+use super::{Command, Config, JobConfig, RedisConfig, Report, WorkerConfig};
+use crate::lock::{node::redact, LockSettings, Overlap};
+use crate::schedule::Schedule;
+
+const TOP: Mark = Mark { line: 1, column: 1 };
+
+/// Builds the configuration; whatever is wrong goes to `report` (the result is meaningless then).
+pub(crate) fn config(
+    raw: RawConfig,
+    path: &Path,
+    report: &mut Report,
+    now: DateTime<Utc>,
+) -> Config {
+    let key_prefix = raw
+        .redis
+        .as_ref()
+        .and_then(|redis| redis.key_prefix.as_ref());
+    let lock = lock(&raw.lock, key_prefix, report);
+    let redis = match &raw.redis {
+        Some(section) => redis(section, report),
+        None => {
+            let why = "no `redis:` section: using the embedded single-host store, so ticks run exactly once only among the jobs of this one process; every other worker process runs them too";
+            report.warn(TOP, "redis", why);
+            None
+        }
+    };
+    let worker = worker(&raw.worker, report);
+    let jobs = jobs(raw.jobs, report, now);
+    Config {
+        path: path.to_path_buf(),
+        redis,
+        lock,
+        worker,
+        jobs,
+        warnings: Vec::new(),
+    }
+}
+
+fn lock(raw: &RawLock, key_prefix: Option<&Spanned<String>>, report: &mut Report) -> LockSettings {
+    let defaults = LockSettings::default();
+    let ttl = positive_duration(raw.ttl.as_ref(), "lock.ttl", report).unwrap_or(defaults.ttl);
+    let renew_every = match positive_duration(raw.renew_every.as_ref(), "lock.renew_every", report)
+    {
+        Some(every) if every >= ttl => {
+            let why = format!("renew_every ({}) must be below ttl ({}): the lease would expire before it is renewed", show(every), show(ttl));
+            error_at(raw.renew_every.as_ref(), "lock.renew_every", why, report);
+            ttl / 3
+        }
+        Some(every) => {
+            if every * 2 > ttl {
+                let why = format!("renew_every ({}) is more than half of ttl ({}): a single failed renewal loses the lease; ttl/3 leaves room for two", show(every), show(ttl));
+                if let Some(value) = &raw.renew_every {
+                    report.warn(value.mark, "lock.renew_every", why);
+                }
+            }
+            every
+        }
+        None => ttl / 3,
+    };
+    let node_timeout = positive_duration(raw.node_timeout.as_ref(), "lock.node_timeout", report)
+        .unwrap_or(defaults.node_timeout);
+    if node_timeout * 10 > ttl {
+        let why = format!(
+            "node_timeout ({}) must be at most a tenth of ttl ({}): a round may wait node_timeout for a node, and that time is subtracted from the lease's validity",
+            show(node_timeout),
+            show(ttl)
+        );
+        match (&raw.node_timeout, &raw.ttl) {
+            (Some(value), _) => report.error(value.mark, "lock.node_timeout", why),
+            (None, Some(value)) => report.error(value.mark, "lock.ttl", why),
+            (None, None) => {}
+        }
+    }
+    let drift_factor = match &raw.drift_factor {
+        None => defaults.drift_factor,
+        Some(value) => match value.value.trim().parse::<f64>() {
+            Ok(drift) if (0.0..0.5).contains(&drift) => drift,
+            _ => {
+                let why = format!("invalid drift_factor {:?}: expected a number from 0 up to (not including) 0.5, e.g. 0.01", value.value);
+                report.error(value.mark, "lock.drift_factor", why);
+                defaults.drift_factor
+            }
+        },
+    };
+    let retries = match &raw.retries {
+        None => defaults.retries,
+        Some(value) => match value.value.trim().parse::<u32>() {
+            Ok(retries) if retries <= 100 => retries,
+            _ => {
+                report.error(
+                    value.mark,
+                    "lock.retries",
+                    format!(
+                        "invalid retries {:?}: expected a whole number from 0 to 100",
+                        value.value
+                    ),
+                );
+                defaults.retries
+            }
+        },
+    };
+    let retry_delay = duration(raw.retry_delay.as_ref(), "lock.retry_delay", report)
+        .unwrap_or(defaults.retry_delay);
+    let key_prefix = match key_prefix {
+        None => defaults.key_prefix,
+        Some(prefix)
+            if !prefix.value.is_empty()
+                && prefix
+                    .value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c)) =>
+        {
+            prefix.value.clone()
+        }
+        Some(prefix) => {
+            let why = format!("invalid key_prefix {:?}: use letters, digits and `_ . : -` (braces would change Redis hash slots)", prefix.value);
+            report.error(prefix.mark, "redis.key_prefix", why);
+            defaults.key_prefix
+        }
+    };
+    LockSettings {
+        ttl,
+        renew_every,
+        node_timeout,
+        drift_factor,
+        retries,
+        retry_delay,
+        key_prefix,
+    }
+}
+
+fn redis(raw: &RawRedis, report: &mut Report) -> Option<RedisConfig> {
+    let Some(nodes) = &raw.nodes else {
+        report.error(raw.mark, "redis.nodes", "missing field `nodes`: list the Redis URLs, or leave out `redis:` for the embedded store");
+        return None;
+    };
+    let mut seen: Vec<(String, usize)> = Vec::new();
+    for (i, url) in nodes.value.iter().enumerate() {
+        let field = format!("redis.nodes[{i}]");
+        match node_address(&url.value) {
+            Err(reason) => report.error(
+                url.mark,
+                &field,
+                format!("invalid Redis node URL {}: {reason}", redact(&url.value)),
+            ),
+            Ok(address) => match seen.iter().find(|(other, _)| *other == address) {
+                Some((_, first)) => {
+                    let why = format!("{address} is already redis.nodes[{first}]: list each node once, or its vote would count twice");
+                    report.error(url.mark, &field, why);
+                }
+                None => seen.push((address, i)),
+            },
+        }
+    }
+    let count = nodes.value.len();
+    if count == 0 {
+        report.error(
+            nodes.mark,
+            "redis.nodes",
+            "no nodes: list at least one Redis URL, or leave out `redis:` for the embedded store",
+        );
+    } else if count % 2 == 0 {
+        let why = format!(
+            "{count} nodes: a quorum needs {} of them, so only {} may fail, no more than with {} nodes; use an odd number",
+            count / 2 + 1,
+            count / 2 - 1,
+            count - 1
+        );
+        report.warn(nodes.mark, "redis.nodes", why);
+    }
+    Some(RedisConfig {
+        nodes: nodes.value.iter().map(|url| url.value.clone()).collect(),
+    })
+}
+
+/// `host:port` of a node URL, or why it is not a usable `redis://`/`rediss://` URL (never its password).
+fn node_address(url: &str) -> Result<String, String> {
+    let parsed = redis::parse_redis_url(url)
+        .ok_or("expected redis://[user:password@]host[:port][/db] or rediss://...")?;
+    if !matches!(parsed.scheme(), "redis" | "rediss") {
+        return Err(format!(
+            "scheme {}:// is not supported; use redis:// or rediss://",
+            parsed.scheme()
+        ));
+    }
+    let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
+    let port = parsed.port().unwrap_or(6379);
+    parsed.into_connection_info().map_err(|e| e.to_string())?;
+    Ok(format!("{host}:{port}"))
+}
+
+fn worker(raw: &RawWorker, report: &mut Report) -> WorkerConfig {
+    let id = match &raw.id {
+        None => default_worker_id(),
+        Some(id) if !id.value.is_empty() && id.value.chars().all(is_id_char) => id.value.clone(),
+        Some(id) => {
+            report.error(
+                id.mark,
+                "worker.id",
+                format!(
+                    "invalid worker id {:?}: use letters, digits and `_ . - : @`",
+                    id.value
+                ),
+            );
+            default_worker_id()
+        }
+    };
+    let shutdown_grace = duration(raw.shutdown_grace.as_ref(), "worker.shutdown_grace", report)
+        .unwrap_or(Duration::from_secs(30));
+    WorkerConfig { id, shutdown_grace }
+}
+
+fn is_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "_.-:@".contains(c)
+}
+
+/// `<hostname>-<pid>-<6 random hex digits>`: unique per process even when a host runs several.
+fn default_worker_id() -> String {
+    let host: String = gethostname::gethostname()
+        .to_string_lossy()
+        .chars()
+        .map(|c| if is_id_char(c) { c } else { '-' })
+        .collect();
+    let host = if host.is_empty() {
+        "worker".to_string()
+    } else {
+        host
+    };
+    format!(
+        "{host}-{}-{:06x}",
+        std::process::id(),
+        rand::random::<u32>() & 0xff_ffff
+    )
+}
+
+fn jobs(
+    raw: Option<Spanned<Vec<RawJob>>>,
+    report: &mut Report,
+    now: DateTime<Utc>,
+) -> Vec<JobConfig> {
+    let Some(list) = raw else {
+        report.warn(
+            TOP,
+            "jobs",
+            "no `jobs:` list: the worker will run but never do anything",
+        );
+        return Vec::new();
+    };
+    if list.value.is_empty() {
+        report.warn(
+            list.mark,
+            "jobs",
+            "no jobs: the worker will run but never do anything",
+        );
+    }
+    let mut names: HashMap<String, (usize, Mark)> = HashMap::new();
+    let mut jobs = Vec::new();
+    for (i, raw) in list.value.iter().enumerate() {
+        let path = format!("jobs[{i}]");
+        if let Some(name) = &raw.name {
+            match names.get(&name.value) {
+                Some((first, mark)) => {
+                    let why = format!("duplicate job name {:?}: jobs[{first}] (line {}) has it too; names must be unique", name.value, mark.line);
+                    report.error(name.mark, &format!("{path}.name"), why);
+                }
+                None => {
+                    names.insert(name.value.clone(), (i, name.mark));
+                }
+            }
+        }
+        jobs.extend(job(raw, &path, report, now));
+    }
+    jobs
+}
+
+fn job(raw: &RawJob, path: &str, report: &mut Report, now: DateTime<Utc>) -> Option<JobConfig> {
+    let field = |name: &str| format!("{path}.{name}");
+    let name = required(&raw.name, &field("name"), raw.mark, report).and_then(|name| {
+        let valid = !name.value.is_empty()
+            && name
+                .value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+        if !valid {
+            report.error(
+                name.mark,
+                &field("name"),
+                format!(
+                    "invalid job name {:?}: use letters, digits and `_ . -`",
+                    name.value
+                ),
+            );
+        }
+        valid.then(|| name.value.clone())
+    });
+    let timezone = match &raw.timezone {
+        None => Some(Tz::UTC),
+        Some(tz) => tz.value.trim().parse::<Tz>().map_err(|_| {
+            let why = format!("unknown time zone {:?}: expected an IANA name such as Europe/Berlin, America/New_York or UTC", tz.value);
+            report.error(tz.mark, &field("timezone"), why);
+        }).ok(),
+    };
+    let schedule = required(&raw.schedule, &field("schedule"), raw.mark, report).and_then(|expr| {
+        match Schedule::parse(&expr.value, timezone.unwrap_or(Tz::UTC)) {
+            Err(e) => report.error(expr.mark, &field("schedule"), e.to_string()),
+            Ok(schedule) if schedule.next_after(now).is_none() => {
+                report.error(
+                    expr.mark,
+                    &field("schedule"),
+                    format!("cron expression {:?} never fires", expr.value),
+                );
+            }
+            Ok(schedule) => return Some(schedule),
+        }
+        None
+    });
+    let command = required(&raw.command, &field("command"), raw.mark, report)
+        .and_then(|command| self::command(command, &field("command"), report));
+    let mut env = BTreeMap::new();
+    for (key, value) in &raw.env {
+        if key.value.is_empty() || key.value.contains(['=', '\0']) || value.value.contains('\0') {
+            report.error(key.mark, &field(&format!("env.{}", key.value)), "invalid environment variable: the name must be non-empty without `=`, and neither may contain NUL");
+        }
+        env.insert(key.value.clone(), value.value.clone());
+    }
+    let workdir = raw.workdir.as_ref().map(|dir| PathBuf::from(&dir.value));
+    let timeout = positive_duration(raw.timeout.as_ref(), &field("timeout"), report);
+    let overlap = match raw.overlap.as_ref().map(|o| (o.value.trim(), o.mark)) {
+        None | Some(("skip", _)) => Overlap::Skip,
+        Some(("allow", _)) => Overlap::Allow,
+        Some((other, mark)) => {
+            report.error(
+                mark,
+                &field("overlap"),
+                format!("invalid overlap {other:?}: expected `skip` (the default) or `allow`"),
+            );
+            Overlap::Skip
+        }
+    };
+    let misfire_grace = duration(raw.misfire_grace.as_ref(), &field("misfire_grace"), report)
+        .unwrap_or(Duration::from_secs(30));
+    let enabled = match raw.enabled.as_ref().map(|e| (e.value.trim(), e.mark)) {
+        None => true,
+        Some(("true" | "True" | "TRUE", _)) => true,
+        Some(("false" | "False" | "FALSE", _)) => false,
+        Some((other, mark)) => {
+            report.error(
+                mark,
+                &field("enabled"),
+                format!("invalid enabled {other:?}: expected true or false"),
+            );
+            true
+        }
+    };
+    Some(JobConfig {
+        name: name?,
+        schedule: schedule?,
+        command: command?,
+        env,
+        workdir,
+        timeout,
+        overlap,
+        misfire_grace,
+        enabled,
+    })
+}
+
+fn command(raw: &Spanned<RawCommand>, field: &str, report: &mut Report) -> Option<Command> {
+    match &raw.value {
+        RawCommand::Shell(line) if line.trim().is_empty() => {
+            report.error(raw.mark, field, "empty command")
+        }
+        RawCommand::Shell(line) => return Some(Command::Shell(line.clone())),
+        RawCommand::Argv(argv) => match argv.first() {
+            None => report.error(
+                raw.mark,
+                field,
+                "empty command: give at least the program, e.g. [\"echo\", \"hello\"]",
+            ),
+            Some(program) if program.value.is_empty() => {
+                report.error(program.mark, field, "empty program name")
+            }
+            Some(_) => {
+                return Some(Command::Argv(
+                    argv.iter().map(|arg| arg.value.clone()).collect(),
+                ))
+            }
+        },
+        RawCommand::Invalid => {}
+    }
+    None
+}
+
+fn required<'a, T>(
+    value: &'a Option<Spanned<T>>,
+    field: &str,
+    mark: Mark,
+    report: &mut Report,
+) -> Option<&'a Spanned<T>> {
+    if value.is_none() {
+        let name = field.rsplit('.').next().unwrap_or(field);
+        report.error(mark, field, format!("missing field `{name}`"));
+    }
+    value.as_ref()
+}
+
+/// A duration such as `30s`, `500ms`, `10m`, `1h`, `1m30s`.
+fn duration(value: Option<&Spanned<String>>, field: &str, report: &mut Report) -> Option<Duration> {
+    let value = value?;
+    match humantime::parse_duration(value.value.trim()) {
+        Ok(duration) => Some(duration),
+        Err(e) => {
+            report.error(
+                value.mark,
+                field,
+                format!(
+                    "invalid duration {:?}: {e} (write e.g. 30s, 500ms, 10m, 1h or 1m30s)",
+                    value.value
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// A duration that must not be zero.
+fn positive_duration(
+    value: Option<&Spanned<String>>,
+    field: &str,
+    report: &mut Report,
+) -> Option<Duration> {
+    let duration = duration(value, field, report)?;
+    if duration.is_zero() {
+        error_at(value, field, "must be more than zero".to_string(), report);
+        return None;
+    }
+    Some(duration)
+}
+
+fn error_at(value: Option<&Spanned<String>>, field: &str, message: String, report: &mut Report) {
+    if let Some(value) = value {
+        report.error(value.mark, field, message);
+    }
+}
+
+fn show(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
