@@ -100,6 +100,9 @@ impl RedisStore {
         if urls.is_empty() {
             return Err(StoreError::NoNodes(0));
         }
+        // `rediss://` nodes need a TLS crypto provider; rustls no longer picks one by itself. Installing
+        // fails only if one is already installed, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let nodes = urls
             .iter()
             .map(|url| Node::new(url, settings.node_timeout))
