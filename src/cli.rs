@@ -1,1 +1,319 @@
-//! TODO: cli
+//! The command line: `run`, `check` and `next`, the log options, and the exit codes.
+//!
+//! Kept out of `main.rs` so that the binary stays a few lines and the flags live next to what they do.
+//! Everything the operator needs is here: `--help` documents each flag and the exit codes, `check`
+//! reports every problem of a config file at once, and `next` shows exactly which instants a job fires
+//! at (in its own time zone) — the quickest way to see the DST rule at work.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+
+use crate::config::{self, Config};
+use crate::lock::node::redact;
+use crate::logging::{self, LogFormat, LogOptions};
+use crate::shutdown::Shutdown;
+
+/// Exit code: the worker stopped gracefully, or the command succeeded.
+pub const EXIT_OK: u8 = 0;
+/// Exit code: a failure at run time (the worker could not start or stopped on an error).
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code: the configuration or the command line is wrong; nothing was run.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: a second SIGINT/SIGTERM stopped the worker (and its jobs) at once.
+pub const EXIT_STOPPED: u8 = 130;
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0    success; for `run`, stopped gracefully after SIGINT/SIGTERM
+  1    runtime failure
+  2    bad configuration or usage (every problem is printed as file:line:column: field: message)
+  130  stopped at once by a second SIGINT/SIGTERM
+
+In the config file, ${VAR} is replaced from the environment and $$ is a literal $.";
+
+/// A cluster cron: identical workers read one jobs.yaml, race for a lease per (job, tick), and the
+/// winner runs the job.
+#[derive(Debug, clap::Parser)]
+#[command(name = "redcron", version, after_help = AFTER_HELP)]
+pub struct Args {
+    #[command(subcommand)]
+    pub action: Action,
+    /// Log format: `json` (one object per line) or `text`. Default: json when stdout is not a
+    /// terminal, text when it is.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Log level or filter, RUST_LOG syntax: `debug`, or `info,redcron::lock=debug`. Default: the
+    /// RUST_LOG environment variable if set, else `info`.
+    #[arg(long, global = true, value_name = "FILTER")]
+    pub log_level: Option<String>,
+}
+
+/// What to do.
+#[derive(Debug, clap::Subcommand)]
+pub enum Action {
+    /// Run the worker: race for every tick of every enabled job and run the ticks won, until
+    /// SIGINT/SIGTERM (a second signal stops running jobs at once).
+    Run(ConfigArg),
+    /// Check the config file: print every problem, or each job with its next 3 fire times.
+    Check(CheckArgs),
+    /// Print the next fire times of one job, one RFC 3339 timestamp per line in the job's time zone.
+    Next(NextArgs),
+}
+
+/// Which config file to read.
+#[derive(Debug, clap::Args)]
+pub struct ConfigArg {
+    /// The jobs file.
+    #[arg(
+        short = 'c',
+        long = "config",
+        value_name = "FILE",
+        env = "REDCRON_CONFIG",
+        default_value = "jobs.yaml"
+    )]
+    pub config: PathBuf,
+}
+
+/// Arguments of `check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Show fire times after this instant (RFC 3339, e.g. 2026-10-25T00:00:00Z) instead of now.
+    #[arg(long, value_name = "RFC3339", value_parser = parse_instant)]
+    pub after: Option<DateTime<Utc>>,
+}
+
+/// Arguments of `next`.
+#[derive(Debug, clap::Args)]
+pub struct NextArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// The job's name.
+    #[arg(long, value_name = "NAME")]
+    pub job: String,
+    /// How many fire times to print.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub count: u32,
+    /// Print fire times strictly after this instant (RFC 3339, e.g. 2026-10-25T00:00:00+02:00)
+    /// instead of now.
+    #[arg(long, value_name = "RFC3339", value_parser = parse_instant)]
+    pub after: Option<DateTime<Utc>>,
+}
+
+/// Carries out `args`. Problems the user must fix (config, usage) are printed to stderr and give
+/// [`EXIT_USAGE`]; an `Err` is a runtime failure, for the caller to print and exit with [`EXIT_FAILURE`].
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match &args.action {
+        Action::Run(config) => run_worker(&args, &config.config),
+        Action::Check(check_args) => check(check_args),
+        Action::Next(next_args) => next(next_args),
+    }
+}
+
+fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
+    let config = match load(path) {
+        Ok(config) => config,
+        Err(code) => return Ok(code),
+    };
+    let options = LogOptions {
+        format: args.log_format.unwrap_or_else(default_log_format),
+        filter: log_filter(args.log_level.as_deref()),
+        worker_id: config.worker.id.clone(),
+    };
+    if let Err(e) = logging::init(&options) {
+        say_error(&e.to_string());
+        return Ok(ExitCode::from(EXIT_USAGE));
+    }
+    for warning in &config.warnings {
+        tracing::warn!(event = "config.warning", "{warning}");
+    }
+    let shutdown = Shutdown::new();
+    shutdown
+        .install_signal_handler()
+        .context("cannot install the SIGINT/SIGTERM handler")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = runtime.block_on(crate::worker::run(config, shutdown.clone()));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    if shutdown.is_immediate() {
+        return Ok(ExitCode::from(EXIT_STOPPED));
+    }
+    match result {
+        Ok(()) => Ok(ExitCode::from(EXIT_OK)),
+        Err(e) => {
+            tracing::error!(event = "worker.failed", error = %e, "Worker failed");
+            say_error(&e.to_string());
+            Ok(ExitCode::from(EXIT_FAILURE))
+        }
+    }
+}
+
+fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let config = match load(&args.config.config) {
+        Ok(config) => config,
+        Err(code) => return Ok(code),
+    };
+    let after = args.after.unwrap_or_else(Utc::now);
+    let mut out = String::new();
+    match &config.redis {
+        None => out.push_str("store: embedded, this process only (no `redis:` section)\n"),
+        Some(redis) => {
+            let nodes: Vec<String> = redis.nodes.iter().map(|url| redact(url)).collect();
+            out.push_str(&format!(
+                "store: {} Redis nodes: {}\n",
+                nodes.len(),
+                nodes.join(", ")
+            ));
+        }
+    }
+    let lock = &config.lock;
+    out.push_str(&format!(
+        "lock: ttl {}, renew every {}, node timeout {}, drift factor {}, {} retries after {}, key prefix {}\n",
+        show(lock.ttl),
+        show(lock.renew_every),
+        show(lock.node_timeout),
+        lock.drift_factor,
+        lock.retries,
+        show(lock.retry_delay),
+        lock.key_prefix
+    ));
+    for job in &config.jobs {
+        let disabled = if job.enabled { "" } else { " (disabled)" };
+        out.push_str(&format!("job {}: {}{disabled}\n", job.name, job.schedule));
+        let ticks: Vec<String> = job
+            .schedule
+            .ticks_after(after)
+            .take(3)
+            .map(|t| job.schedule.format_tick(t))
+            .collect();
+        for tick in ticks {
+            out.push_str(&format!("  next: {tick}\n"));
+        }
+    }
+    for warning in &config.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    let (jobs, warnings) = (config.jobs.len(), config.warnings.len());
+    out.push_str(&format!(
+        "{}: OK, {jobs} job{}, {warnings} warning{}\n",
+        config.path.display(),
+        plural(jobs),
+        plural(warnings)
+    ));
+    emit(&out)?;
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+fn next(args: &NextArgs) -> anyhow::Result<ExitCode> {
+    let config = match load(&args.config.config) {
+        Ok(config) => config,
+        Err(code) => return Ok(code),
+    };
+    let Some(job) = config.jobs.iter().find(|job| job.name == args.job) else {
+        let known: Vec<&str> = config.jobs.iter().map(|job| job.name.as_str()).collect();
+        let known = if known.is_empty() {
+            "none".to_string()
+        } else {
+            known.join(", ")
+        };
+        say_error(&format!(
+            "no job named {:?} in {}; known jobs: {known}",
+            args.job,
+            config.path.display()
+        ));
+        return Ok(ExitCode::from(EXIT_USAGE));
+    };
+    let after = args.after.unwrap_or_else(Utc::now);
+    let mut out = String::new();
+    for tick in job.schedule.ticks_after(after).take(args.count as usize) {
+        out.push_str(&job.schedule.format_tick(tick));
+        out.push('\n');
+    }
+    emit(&out)?;
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// Loads the config, or prints every problem and gives the exit code for it.
+fn load(path: &Path) -> Result<Config, ExitCode> {
+    config::load(path).map_err(|e| {
+        let count = e.problems().len();
+        say(&e.to_string());
+        if count > 0 {
+            say_error(&format!(
+                "{} has {count} problem{}; nothing was run",
+                path.display(),
+                plural(count)
+            ));
+        }
+        ExitCode::from(EXIT_USAGE)
+    })
+}
+
+/// json for machines (stdout is a pipe or file), text for a person at a terminal.
+fn default_log_format() -> LogFormat {
+    if std::io::stdout().is_terminal() {
+        LogFormat::Text
+    } else {
+        LogFormat::Json
+    }
+}
+
+/// `--log-level` if given, else RUST_LOG if set, else `info`.
+fn log_filter(flag: Option<&str>) -> String {
+    match flag {
+        Some(filter) => filter.to_string(),
+        None => std::env::var("RUST_LOG")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| "info".to_string()),
+    }
+}
+
+fn parse_instant(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            format!("{e}; expected an RFC 3339 timestamp such as 2026-10-25T00:30:00+02:00")
+        })
+}
+
+/// Writes `text` to stdout; a reader that went away (`| head`) is not an error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        result => result.context("cannot write to stdout"),
+    }
+}
+
+/// A line to stderr; nothing sensible is left to do if stderr itself is gone.
+fn say(text: &str) {
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
+fn say_error(text: &str) {
+    say(&format!("error: {text}"));
+}
+
+fn show(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 {
+        ""
+    } else {
+        "s"
+    }
+}

@@ -34,14 +34,11 @@ pub(crate) fn config(
         .as_ref()
         .and_then(|redis| redis.key_prefix.as_ref());
     let lock = lock(&raw.lock, key_prefix, report);
-    let redis = match &raw.redis {
-        Some(section) => redis(section, report),
-        None => {
-            let why = "no `redis:` section: using the embedded single-host store, so ticks run exactly once only among the jobs of this one process; every other worker process runs them too";
-            report.warn(TOP, "redis", why);
-            None
-        }
-    };
+    // No `redis:` is legal: the worker warns at start that it uses the embedded store.
+    let redis = raw
+        .redis
+        .as_ref()
+        .and_then(|section| redis(section, report));
     let worker = worker(&raw.worker, report);
     let jobs = jobs(raw.jobs, report, now);
     Config {
@@ -179,10 +176,11 @@ fn redis(raw: &RawRedis, report: &mut Report) -> Option<RedisConfig> {
         );
     } else if count % 2 == 0 {
         let why = format!(
-            "{count} nodes: a quorum needs {} of them, so only {} may fail, no more than with {} nodes; use an odd number",
+            "{count} nodes: a quorum needs {} of them, so only {} may fail, no more than with {} node{}; use an odd number",
             count / 2 + 1,
             count / 2 - 1,
-            count - 1
+            count - 1,
+            if count == 2 { "" } else { "s" }
         );
         report.warn(nodes.mark, "redis.nodes", why);
     }
