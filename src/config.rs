@@ -1,16 +1,18 @@
 //! `jobs.yaml`: the schedule and settings every worker reads.
 //!
-//! Parsed in two stages, as ripgrep does with its flags: [`raw`] reads the file's shape close to the
-//! text (unknown fields rejected, every leaf kept with its line and column), then [`validate`] gives
-//! the values their meaning and makes the cross-field checks, producing a [`Config`]. Both stages go on
-//! after a problem, so one run reports every problem in the file, each with file, line, column and field.
-//! `${VAR}` is replaced from the environment first (see [`yaml`]).
+//! Parsed in two stages, as ripgrep does with its flags: `raw` reads the file's shape close to the
+//! text (unknown fields rejected, every leaf kept with its line and column), then `validate` (and
+//! `jobs` for the `jobs:` list) gives the values their meaning and makes the cross-field checks,
+//! producing a [`Config`]. Both stages go on after a problem, so one run reports every problem in the
+//! file, each with file, line, column and field.
+//! `${VAR}` is replaced from the environment first (see `yaml`).
 //!
 //! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
 //! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
 //! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, and per job `timezone` UTC, `overlap` skip,
 //! `misfire_grace` 30s, `enabled` true, no timeout.
 
+mod jobs;
 mod raw;
 mod validate;
 mod yaml;

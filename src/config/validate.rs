@@ -6,21 +6,18 @@
 //! because the time an acquisition round takes is subtracted from the lease's validity. A value that
 //! is wrong is reported and replaced by its default, so the checks after it still run.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use chrono_tz::Tz;
 use redis::IntoConnectionInfo as _;
 
-use super::raw::{RawCommand, RawConfig, RawJob, RawLock, RawRedis, RawWorker, Spanned};
+use super::raw::{RawConfig, RawLock, RawRedis, RawWorker, Spanned};
 use super::yaml::Mark;
-use super::{Command, Config, JobConfig, RedisConfig, Report, WorkerConfig};
-use crate::lock::{node::redact, LockSettings, Overlap};
-use crate::schedule::Schedule;
+use super::{Config, RedisConfig, Report, WorkerConfig};
+use crate::lock::{node::redact, LockSettings};
 
-const TOP: Mark = Mark { line: 1, column: 1 };
+pub(super) const TOP: Mark = Mark { line: 1, column: 1 };
 
 /// Builds the configuration; whatever is wrong goes to `report` (the result is meaningless then).
 pub(crate) fn config(
@@ -40,7 +37,7 @@ pub(crate) fn config(
         .as_ref()
         .and_then(|section| redis(section, report));
     let worker = worker(&raw.worker, report);
-    let jobs = jobs(raw.jobs, report, now);
+    let jobs = super::jobs::jobs(raw.jobs, report, now);
     Config {
         path: path.to_path_buf(),
         redis,
@@ -249,179 +246,12 @@ fn default_worker_id() -> String {
     )
 }
 
-fn jobs(
-    raw: Option<Spanned<Vec<RawJob>>>,
-    report: &mut Report,
-    now: DateTime<Utc>,
-) -> Vec<JobConfig> {
-    let Some(list) = raw else {
-        report.warn(
-            TOP,
-            "jobs",
-            "no `jobs:` list: the worker will run but never do anything",
-        );
-        return Vec::new();
-    };
-    if list.value.is_empty() {
-        report.warn(
-            list.mark,
-            "jobs",
-            "no jobs: the worker will run but never do anything",
-        );
-    }
-    let mut names: HashMap<String, (usize, Mark)> = HashMap::new();
-    let mut jobs = Vec::new();
-    for (i, raw) in list.value.iter().enumerate() {
-        let path = format!("jobs[{i}]");
-        if let Some(name) = &raw.name {
-            match names.get(&name.value) {
-                Some((first, mark)) => {
-                    let why = format!("duplicate job name {:?}: jobs[{first}] (line {}) has it too; names must be unique", name.value, mark.line);
-                    report.error(name.mark, &format!("{path}.name"), why);
-                }
-                None => {
-                    names.insert(name.value.clone(), (i, name.mark));
-                }
-            }
-        }
-        jobs.extend(job(raw, &path, report, now));
-    }
-    jobs
-}
-
-fn job(raw: &RawJob, path: &str, report: &mut Report, now: DateTime<Utc>) -> Option<JobConfig> {
-    let field = |name: &str| format!("{path}.{name}");
-    let name = required(&raw.name, &field("name"), raw.mark, report).and_then(|name| {
-        let valid = !name.value.is_empty()
-            && name
-                .value
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-        if !valid {
-            report.error(
-                name.mark,
-                &field("name"),
-                format!(
-                    "invalid job name {:?}: use letters, digits and `_ . -`",
-                    name.value
-                ),
-            );
-        }
-        valid.then(|| name.value.clone())
-    });
-    let timezone = match &raw.timezone {
-        None => Some(Tz::UTC),
-        Some(tz) => tz.value.trim().parse::<Tz>().map_err(|_| {
-            let why = format!("unknown time zone {:?}: expected an IANA name such as Europe/Berlin, America/New_York or UTC", tz.value);
-            report.error(tz.mark, &field("timezone"), why);
-        }).ok(),
-    };
-    let schedule = required(&raw.schedule, &field("schedule"), raw.mark, report).and_then(|expr| {
-        match Schedule::parse(&expr.value, timezone.unwrap_or(Tz::UTC)) {
-            Err(e) => report.error(expr.mark, &field("schedule"), e.to_string()),
-            Ok(schedule) if schedule.next_after(now).is_none() => {
-                report.error(
-                    expr.mark,
-                    &field("schedule"),
-                    format!("cron expression {:?} never fires", expr.value),
-                );
-            }
-            Ok(schedule) => return Some(schedule),
-        }
-        None
-    });
-    let command = required(&raw.command, &field("command"), raw.mark, report)
-        .and_then(|command| self::command(command, &field("command"), report));
-    let mut env = BTreeMap::new();
-    for (key, value) in &raw.env {
-        if key.value.is_empty() || key.value.contains(['=', '\0']) || value.value.contains('\0') {
-            report.error(key.mark, &field(&format!("env.{}", key.value)), "invalid environment variable: the name must be non-empty without `=`, and neither may contain NUL");
-        }
-        env.insert(key.value.clone(), value.value.clone());
-    }
-    let workdir = raw.workdir.as_ref().map(|dir| PathBuf::from(&dir.value));
-    let timeout = positive_duration(raw.timeout.as_ref(), &field("timeout"), report);
-    let overlap = match raw.overlap.as_ref().map(|o| (o.value.trim(), o.mark)) {
-        None | Some(("skip", _)) => Overlap::Skip,
-        Some(("allow", _)) => Overlap::Allow,
-        Some((other, mark)) => {
-            report.error(
-                mark,
-                &field("overlap"),
-                format!("invalid overlap {other:?}: expected `skip` (the default) or `allow`"),
-            );
-            Overlap::Skip
-        }
-    };
-    let misfire_grace = duration(raw.misfire_grace.as_ref(), &field("misfire_grace"), report)
-        .unwrap_or(Duration::from_secs(30));
-    let enabled = match raw.enabled.as_ref().map(|e| (e.value.trim(), e.mark)) {
-        None => true,
-        Some(("true" | "True" | "TRUE", _)) => true,
-        Some(("false" | "False" | "FALSE", _)) => false,
-        Some((other, mark)) => {
-            report.error(
-                mark,
-                &field("enabled"),
-                format!("invalid enabled {other:?}: expected true or false"),
-            );
-            true
-        }
-    };
-    Some(JobConfig {
-        name: name?,
-        schedule: schedule?,
-        command: command?,
-        env,
-        workdir,
-        timeout,
-        overlap,
-        misfire_grace,
-        enabled,
-    })
-}
-
-fn command(raw: &Spanned<RawCommand>, field: &str, report: &mut Report) -> Option<Command> {
-    match &raw.value {
-        RawCommand::Shell(line) if line.trim().is_empty() => {
-            report.error(raw.mark, field, "empty command")
-        }
-        RawCommand::Shell(line) => return Some(Command::Shell(line.clone())),
-        RawCommand::Argv(argv) => match argv.first() {
-            None => report.error(
-                raw.mark,
-                field,
-                "empty command: give at least the program, e.g. [\"echo\", \"hello\"]",
-            ),
-            Some(program) if program.value.is_empty() => {
-                report.error(program.mark, field, "empty program name")
-            }
-            Some(_) => {
-                return Some(Command::Argv(
-                    argv.iter().map(|arg| arg.value.clone()).collect(),
-                ))
-            }
-        },
-        RawCommand::Invalid => {}
-    }
-    None
-}
-
-fn required<'a, T>(
-    value: &'a Option<Spanned<T>>,
-    field: &str,
-    mark: Mark,
-    report: &mut Report,
-) -> Option<&'a Spanned<T>> {
-    if value.is_none() {
-        let name = field.rsplit('.').next().unwrap_or(field);
-        report.error(mark, field, format!("missing field `{name}`"));
-    }
-    value.as_ref()
-}
-
 /// A duration such as `30s`, `500ms`, `10m`, `1h`, `1m30s`.
-fn duration(value: Option<&Spanned<String>>, field: &str, report: &mut Report) -> Option<Duration> {
+pub(super) fn duration(
+    value: Option<&Spanned<String>>,
+    field: &str,
+    report: &mut Report,
+) -> Option<Duration> {
     let value = value?;
     match humantime::parse_duration(value.value.trim()) {
         Ok(duration) => Some(duration),
@@ -440,7 +270,7 @@ fn duration(value: Option<&Spanned<String>>, field: &str, report: &mut Report) -
 }
 
 /// A duration that must not be zero.
-fn positive_duration(
+pub(super) fn positive_duration(
     value: Option<&Spanned<String>>,
     field: &str,
     report: &mut Report,
