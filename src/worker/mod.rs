@@ -81,7 +81,8 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     });
     let mut runs: JoinSet<String> = JoinSet::new();
     let mut running: HashMap<String, usize> = HashMap::new();
-    let mut agenda = Agenda::new(&jobs, Utc::now());
+    let remember_claims = matches!(context.store, LockStore::Redis(_));
+    let mut agenda = Agenda::new(&jobs, Utc::now(), remember_claims);
 
     while let Some(next) = agenda.next_tick() {
         let wait = (next.to_utc() - Utc::now()).to_std().unwrap_or(Duration::ZERO);
@@ -162,11 +163,27 @@ struct Agenda<'a> {
 impl<'a> Agenda<'a> {
     /// Each job's first tick: the latest one within its misfire grace (a worker that comes up late still
     /// races for it; the claim stops it if someone ran it), or else the next one.
-    fn new(jobs: &'a [JobConfig], now: chrono::DateTime<Utc>) -> Agenda<'a> {
+    ///
+    /// With the embedded store (`remember_claims == false`) there is nobody to ask whether an earlier
+    /// process already ran a recent tick, so only ticks from now on are raced: at most once, even across
+    /// restarts.
+    fn new(jobs: &'a [JobConfig], now: chrono::DateTime<Utc>, remember_claims: bool) -> Agenda<'a> {
         let mut agenda = Agenda { jobs, due: BTreeMap::new() };
+        let now_tick = Tick(now.timestamp_millis());
         for (index, job) in jobs.iter().enumerate() {
-            let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
-            let first = job.schedule.next_after(now - grace - chrono::Duration::milliseconds(1));
+            let grace = if remember_claims {
+                chrono::Duration::from_std(job.misfire_grace).unwrap_or_default()
+            } else {
+                chrono::Duration::zero()
+            };
+            let mut first = job.schedule.next_after(now - grace - chrono::Duration::milliseconds(1));
+            // Of several ticks within the grace, only the latest is raced.
+            while let Some(tick) = first {
+                match job.schedule.next_after(tick.to_utc()) {
+                    Some(next) if next <= now_tick => first = Some(next),
+                    _ => break,
+                }
+            }
             if let Some(tick) = first {
                 agenda.due.entry(tick).or_default().push(index);
             }

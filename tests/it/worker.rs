@@ -1,1 +1,200 @@
-//! Tests: worker
+//! The worker end to end: the built binary, real Redis nodes, jobs that write a ledger.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use crate::support::{Persistence, RedisCluster, TestDir, Worker};
+
+/// A config with the cluster's nodes, short leases and `jobs` (YAML list items, already indented).
+fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
+    let nodes = cluster.urls().iter().map(|url| format!("\"{url}\"")).collect::<Vec<_>>().join(", ");
+    format!(
+        "redis:\n  nodes: [{nodes}]\nlock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 50ms\n  retry_delay: 50ms\n\
+         worker:\n{worker_section}jobs:\n{jobs}"
+    )
+}
+
+/// A job that appends `$REDCRON_JOB $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID` to the ledger.
+fn ledger_job(name: &str, schedule: &str, ledger: &std::path::Path) -> String {
+    format!(
+        "  - name: {name}\n    schedule: \"{schedule}\"\n    command: 'echo \"$REDCRON_JOB $REDCRON_TICK \
+         $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID\" >> {}'\n",
+        ledger.display()
+    )
+}
+
+/// The ledger as (job, tick) → list of (token, worker).
+fn ledger(dir: &TestDir) -> BTreeMap<(String, String), Vec<(u64, String)>> {
+    let mut runs: BTreeMap<(String, String), Vec<(u64, String)>> = BTreeMap::new();
+    for line in dir.ledger_lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [job, tick, token, worker] = fields[..] else { panic!("bad ledger line {line:?}") };
+        let token = token.parse().unwrap_or_else(|_| panic!("bad token in {line:?}"));
+        runs.entry((job.to_string(), tick.to_string())).or_default().push((token, worker.to_string()));
+    }
+    runs
+}
+
+/// Parses an RFC 3339 tick.
+fn tick_time(tick: &str) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(tick).expect("RFC 3339 tick").to_utc()
+}
+
+/// 5 nodes, 3 workers, two jobs every second for ~15 s: every tick in the window appears in the ledger
+/// exactly once, tokens strictly increase per job, and more than one worker has won.
+#[test]
+fn three_workers_run_each_tick_exactly_once() {
+    let cluster = RedisCluster::builder().nodes(5).persistence(Persistence::None).start();
+    let dir = TestDir::new();
+    let jobs = ledger_job("every-second", "* * * * * *", &dir.ledger()) + &ledger_job("other", "* * * * * *", &dir.ledger());
+    let workers: Vec<Worker> = (0..3)
+        .map(|i| {
+            let path = dir.write(format!("w{i}.yaml"), config(&cluster, &format!("  id: w{i}\n"), &jobs));
+            Worker::spawn(path, &[])
+        })
+        .collect();
+    for worker in &workers {
+        worker.wait_for_event("worker.started", Duration::from_secs(10)).expect("worker started");
+    }
+    let window_start = chrono::Utc::now() + chrono::Duration::seconds(1);
+    std::thread::sleep(Duration::from_secs(15));
+    let window_end = chrono::Utc::now() - chrono::Duration::seconds(2);
+    drop(workers);
+
+    let runs = ledger(&dir);
+    let mut winners = HashSet::new();
+    for job in ["every-second", "other"] {
+        let mut last_token = 0;
+        let mut seen = 0;
+        for ((name, tick), entries) in &runs {
+            if name != job {
+                continue;
+            }
+            assert_eq!(entries.len(), 1, "{job} at {tick} ran {} times: {entries:?}", entries.len());
+            let (token, worker) = &entries[0];
+            assert!(*token > last_token, "{job}: token {token} after {last_token}");
+            last_token = *token;
+            winners.insert(worker.clone());
+            let at = tick_time(tick);
+            if at >= window_start && at <= window_end {
+                seen += 1;
+            }
+        }
+        let expected = (window_end - window_start).num_seconds();
+        assert!(seen >= expected, "{job}: {seen} ticks run in a window of {expected} s");
+    }
+    assert!(winners.len() > 1, "only {winners:?} ever won");
+}
+
+/// A job that outlives its TTL keeps running (renewals work); the same job with 3 of 5 nodes hung loses its
+/// lease, is stopped, and `lease.lost` is logged.
+#[test]
+fn long_job_is_renewed_and_stopped_when_the_lease_is_lost() {
+    let mut cluster = RedisCluster::start(5);
+    let dir = TestDir::new();
+    let marker = dir.join("finished");
+    let job = format!(
+        "  - name: long\n    schedule: \"*/30 * * * * *\"\n    misfire_grace: 30s\n    command: 'sleep 5; touch {}'\n",
+        marker.display()
+    );
+    let path = dir.write_config(&config(&cluster, "  id: solo\n", &job));
+    let worker = Worker::spawn(&path, &[]);
+    // The first tick within the misfire grace is raced at once.
+    worker.wait_for_event("run.started", Duration::from_secs(10)).expect("run started");
+    let finished = worker.wait_for_event("run.finished", Duration::from_secs(15)).expect("run finished");
+    assert_eq!(finished["outcome"], "success", "{finished}");
+    assert!(marker.exists(), "the job ran to its end, past its 2 s TTL");
+    assert!(worker.events("lease.lost").is_empty());
+    drop(worker);
+
+    // Second part: a fresh job name, so that the tick is free; hang a majority while it runs.
+    let job = job.replace("name: long", "name: long2");
+    let path = dir.write_config(&config(&cluster, "  id: solo\n", &job));
+    let worker = Worker::spawn(&path, &[]);
+    worker.wait_for_event("run.started", Duration::from_secs(10)).expect("run started");
+    for node in 0..3 {
+        cluster.stop(node);
+    }
+    let lost = worker.wait_for_event("lease.lost", Duration::from_secs(5));
+    let finished = worker.wait_for_event("run.finished", Duration::from_secs(15));
+    for node in 0..3 {
+        cluster.cont(node);
+    }
+    lost.expect("lease.lost logged");
+    let finished = finished.expect("run finished");
+    assert_eq!(finished["outcome"], "lease_lost", "{finished}");
+    assert!(finished["duration_ms"].as_u64().unwrap_or(u64::MAX) < 5_000, "stopped before it ended: {finished}");
+}
+
+/// SIGTERM during a run: the run finishes inside the grace, the lease is released, exit 0. A second
+/// signal stops the run at once: exit 130.
+#[test]
+fn sigterm_lets_the_run_finish_and_a_second_signal_exits_130() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let job = "  - name: graceful\n    schedule: \"*/30 * * * * *\"\n    misfire_grace: 30s\n    command: 'sleep 2'\n";
+    let worker_section = "  id: g\n  shutdown_grace: 10s\n";
+    let path = dir.write_config(&config(&cluster, worker_section, job));
+    let mut worker = Worker::spawn(&path, &[]);
+    worker.wait_for_event("run.started", Duration::from_secs(10)).expect("run started");
+    worker.signal(libc::SIGTERM);
+    let status = worker.wait_timeout(Duration::from_secs(10)).expect("worker exits after the run");
+    assert_eq!(status.code(), Some(0), "{}", worker.stderr());
+    let finished = worker.events("run.finished");
+    assert_eq!(finished.len(), 1);
+    assert_eq!(finished[0]["outcome"], "success", "the run finished inside the grace");
+    assert!(!worker.events("worker.stopped").is_empty());
+    // Released: the job's lease key is gone on every node.
+    for node in 0..3 {
+        assert_eq!(cluster.get(node, "redcron:{graceful}:lease"), None, "lease left on node {node}");
+    }
+
+    let job = job.replace("sleep 2", "sleep 30").replace("graceful", "stubborn");
+    let path = dir.write_config(&config(&cluster, worker_section, &job));
+    let mut worker = Worker::spawn(&path, &[]);
+    worker.wait_for_event("run.started", Duration::from_secs(10)).expect("run started");
+    worker.signal(libc::SIGTERM);
+    worker.wait_for_event("worker.stopping", Duration::from_secs(5)).expect("stopping");
+    worker.signal(libc::SIGINT);
+    let status = worker.wait_timeout(Duration::from_secs(10)).expect("worker exits at the second signal");
+    assert_eq!(status.code(), Some(130), "{}", worker.stderr());
+    let finished = worker.events("run.finished");
+    assert_eq!(finished.len(), 1);
+    assert_eq!(finished[0]["outcome"], "shutdown");
+    for node in 0..3 {
+        assert_eq!(cluster.get(node, "redcron:{stubborn}:lease"), None, "lease left on node {node}");
+    }
+}
+
+/// A worker started late (within `misfire_grace`) runs a tick that nobody ran; a worker that arrives
+/// after that tick was run does not run it again.
+#[test]
+fn late_worker_runs_a_missed_tick_once() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    // Every 20 s, with a grace of 15 s; start a few seconds after a tick.
+    let job = format!(
+        "  - name: late\n    schedule: \"*/20 * * * * *\"\n    misfire_grace: 15s\n    command: 'echo \"$REDCRON_JOB $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID\" >> {}'\n",
+        dir.ledger().display()
+    );
+    loop {
+        let second = chrono::Utc::now().timestamp() % 20;
+        if (2..6).contains(&second) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let first = Worker::spawn(dir.write("a.yaml", config(&cluster, "  id: late-a\n", &job)), &[]);
+    first.wait_for_event("run.finished", Duration::from_secs(10)).expect("the missed tick was run");
+    let second = Worker::spawn(dir.write("b.yaml", config(&cluster, "  id: late-b\n", &job)), &[]);
+    let lost = second.wait_for_event("tick.lost", Duration::from_secs(10)).expect("b raced the same tick");
+    assert_eq!(lost["reason"], "already_claimed", "{lost}");
+    drop(first);
+    drop(second);
+    let runs = ledger(&dir);
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let ((_, tick), entries) = runs.into_iter().next().expect("one run");
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].1, "late-a");
+    assert_eq!(tick_time(&tick).timestamp() % 20, 0);
+}
