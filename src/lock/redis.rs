@@ -290,7 +290,7 @@ impl RedisStore {
         let failure = self.quorum_failure(answers.iter().filter_map(|(node, a)| match a {
             Round1::Failed(why) => Some((*node, why.clone())),
             _ => None,
-        }), answers.iter().filter(|(_, a)| matches!(a, Round1::Ok { .. })).count());
+        }), answers.iter().filter(|(_, a)| matches!(a, Round1::Ok { .. })).count(), answers.iter().map(|(node, _)| *node));
         if claimed > 0 {
             return Attempt::Lost { outcome: ClaimOutcome::AlreadyClaimed, retry: Retry::No };
         }
@@ -308,13 +308,23 @@ impl RedisStore {
             Ok(status) => Some((*node, format!("lease {status} before confirmation"))),
             Err(why) => Some((*node, why.clone())),
         });
-        let failure = self.quorum_failure(failures, granted);
+        let failure = self.quorum_failure(failures, granted, answers.iter().map(|(node, _)| *node));
         Attempt::Lost { outcome: ClaimOutcome::NoQuorum(failure), retry: Retry::Later }
     }
 
-    /// A [`QuorumFailure`] naming each failed node, and the nodes that did not answer at all.
-    fn quorum_failure(&self, failed: impl Iterator<Item = (usize, String)>, granted: usize) -> QuorumFailure {
+    /// A [`QuorumFailure`] naming each failed node, and each node that had not answered (`answered` lists
+    /// those that had) when the round was decided.
+    fn quorum_failure(
+        &self,
+        failed: impl Iterator<Item = (usize, String)>,
+        granted: usize,
+        answered: impl Iterator<Item = usize>,
+    ) -> QuorumFailure {
         let mut failures: Vec<(usize, String)> = failed.collect();
+        let answered: std::collections::HashSet<usize> = answered.collect();
+        for node in (0..self.nodes.len()).filter(|node| !answered.contains(node)) {
+            failures.push((node, "no answer yet when the round was decided".to_string()));
+        }
         failures.sort_by_key(|(node, _)| *node);
         QuorumFailure {
             configured: self.nodes.len(),
@@ -358,8 +368,9 @@ impl RedisStore {
         if refused > 0 {
             return ClaimOutcome::Busy { holder: None, ttl: None };
         }
+        let answered: Vec<usize> = answers.iter().map(|(node, _)| *node).collect();
         let failures = answers.into_iter().filter_map(|(node, a)| a.err().map(|why| (node, why)));
-        ClaimOutcome::NoQuorum(self.quorum_failure(failures, granted))
+        ClaimOutcome::NoQuorum(self.quorum_failure(failures, granted, answered.into_iter()))
     }
 
     /// Extends the lease if a majority still holds it, before its deadline; see [`super::LockStore::renew`].
@@ -406,6 +417,7 @@ impl RedisStore {
                 Err(why) => Some((*node, why.clone())),
             }),
             granted,
+            answers.iter().map(|(node, _)| *node),
         );
         if refused > self.nodes.len() - needed || Instant::now() >= lease.deadline() {
             // A majority answered that our value is gone (or the deadline passed): the lease cannot be
