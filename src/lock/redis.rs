@@ -278,7 +278,11 @@ impl RedisStore {
         }
         if let Some(top) = top {
             if top.1 + claimed >= needed {
-                return Attempt::Lost { outcome: busy_outcome(top), retry: Retry::No };
+                // Another holder has a majority but has not confirmed our tick (a node answers `busy`
+                // only while its claim is below our tick). It is either a contender between its two
+                // rounds — which may still fail — or the previous run holding the job. Looking again
+                // after the delay tells which: `claimed`, a free lease, or `busy` once more.
+                return Attempt::Lost { outcome: busy_outcome(top), retry: Retry::Later };
             }
             // A split vote. The leader is the value with the most nodes, ties to the smallest value:
             // every contender sees the same holders on the same nodes, so they agree on the leader.
