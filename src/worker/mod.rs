@@ -8,8 +8,8 @@
 
 mod run;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -40,6 +40,8 @@ pub(crate) struct Context {
     pub(crate) worker_id: String,
     pub(crate) shutdown: Shutdown,
     pub(crate) shutdown_grace: Duration,
+    /// Jobs with `overlap: skip` that this worker is racing for or running.
+    busy: Mutex<HashSet<String>>,
 }
 
 /// Runs the worker until `shutdown` is requested and every running job has ended and released its lease.
@@ -78,9 +80,11 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         worker_id: config.worker.id.clone(),
         shutdown: shutdown.clone(),
         shutdown_grace: config.worker.shutdown_grace,
+        busy: Mutex::new(HashSet::new()),
     });
-    let mut runs: JoinSet<String> = JoinSet::new();
-    let mut running: HashMap<String, usize> = HashMap::new();
+    // One task per batch of due ticks: it claims them and runs the ones won. The loop itself never waits
+    // for Redis, so a slow race (retries, a hung node) cannot delay the next tick of another job.
+    let mut races: JoinSet<()> = JoinSet::new();
     let remember_claims = matches!(context.store, LockStore::Redis(_));
     let mut agenda = Agenda::new(&jobs, Utc::now(), remember_claims);
 
@@ -89,67 +93,104 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         tokio::select! {
             _ = shutdown.graceful() => break,
             _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
-            Some(finished) = runs.join_next() => {
-                if let Ok(job) = finished {
-                    decrement(&mut running, &job);
-                }
-                continue;
-            }
+            Some(_) = races.join_next() => continue,
         }
-        let now = Utc::now();
-        let due = agenda.take_due(now);
-        if due.is_empty() {
-            continue;
-        }
-        let mut requests = Vec::new();
-        for (index, tick) in due {
+        let mut batch = Vec::new();
+        for (index, tick) in agenda.take_due(Utc::now()) {
             let job = &jobs[index];
-            if job.overlap == Overlap::Skip && running.get(&job.name).copied().unwrap_or(0) > 0 {
-                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
-                      "Skipped: this worker is still running the previous tick");
-                continue;
-            }
-            requests.push((index, ClaimRequest { job: job.name.clone(), tick, overlap: job.overlap }));
+            let guard = match job.overlap {
+                Overlap::Allow => None,
+                Overlap::Skip => match BusyGuard::try_new(&context, &job.name) {
+                    Some(guard) => Some(guard),
+                    None => {
+                        info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
+                              "Skipped: this worker is still running (or racing for) the previous tick");
+                        continue;
+                    }
+                },
+            };
+            batch.push((job.clone(), tick, guard));
         }
-        let claims: Vec<ClaimRequest> = requests.iter().map(|(_, request)| request.clone()).collect();
-        let outcomes = context.store.claim_many(&context.worker_id, &claims).await;
-        for ((index, request), outcome) in requests.into_iter().zip(outcomes) {
-            let job = &jobs[index];
-            match outcome {
-                ClaimOutcome::Won(lease) => {
-                    info!(event = "tick.won", job = %job.name, tick = %request.tick, token = lease.token,
-                          "Won the tick");
-                    *running.entry(job.name.clone()).or_default() += 1;
-                    runs.spawn(run::run(Arc::clone(&context), job.clone(), lease));
-                }
-                ClaimOutcome::AlreadyClaimed => {
-                    info!(event = "tick.lost", job = %job.name, tick = %request.tick, reason = "already_claimed",
-                          "Lost the tick: it was already claimed by a run");
-                }
-                ClaimOutcome::Busy { holder, ttl } => {
-                    info!(event = "tick.lost", job = %job.name, tick = %request.tick, reason = "busy",
-                          holder = holder.as_deref().unwrap_or("unknown"),
-                          holder_ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis() as u64),
-                          "Lost the tick: another worker holds the job");
-                }
-                ClaimOutcome::NoQuorum(failure) => {
-                    error!(event = "tick.skipped", job = %job.name, tick = %request.tick, reason = "no_quorum",
-                           error = %failure, "Skipped: no majority of Redis nodes answered");
-                }
-            }
+        if !batch.is_empty() {
+            races.spawn(race(Arc::clone(&context), batch));
         }
     }
 
-    info!(event = "worker.stopping", running = runs.len(), grace_ms = context.shutdown_grace.as_millis() as u64,
+    info!(event = "worker.stopping", running = context.busy_count(),
+          grace_ms = context.shutdown_grace.as_millis() as u64,
           "Stopping: no new ticks; running jobs get the shutdown grace");
-    while runs.join_next().await.is_some() {}
+    while races.join_next().await.is_some() {}
     info!(event = "worker.stopped", "Worker stopped");
     Ok(())
 }
 
-fn decrement(running: &mut HashMap<String, usize>, job: &str) {
-    if let Some(count) = running.get_mut(job) {
-        *count = count.saturating_sub(1);
+/// Claims a batch of due ticks in one call (one pipelined round trip per node and round) and runs the
+/// ticks won, each under its own watchdog; returns when every run has ended.
+async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGuard>)>) {
+    let claims: Vec<ClaimRequest> = batch
+        .iter()
+        .map(|(job, tick, _)| ClaimRequest { job: job.name.clone(), tick: *tick, overlap: job.overlap })
+        .collect();
+    let outcomes = context.store.claim_many(&context.worker_id, &claims).await;
+    let mut runs = JoinSet::new();
+    for ((job, tick, guard), outcome) in batch.into_iter().zip(outcomes) {
+        match outcome {
+            ClaimOutcome::Won(lease) if context.shutdown.is_requested() => {
+                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
+                      "Skipped: shutdown was requested while racing; releasing the claim's lease");
+                context.store.release(&lease).await;
+            }
+            ClaimOutcome::Won(lease) => {
+                info!(event = "tick.won", job = %job.name, tick = %tick, token = lease.token, "Won the tick");
+                let context = Arc::clone(&context);
+                runs.spawn(async move {
+                    run::run(context, job, lease).await;
+                    drop(guard);
+                });
+            }
+            ClaimOutcome::AlreadyClaimed => {
+                info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",
+                      "Lost the tick: it was already claimed by a run");
+            }
+            ClaimOutcome::Busy { holder, ttl } => {
+                info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "busy",
+                      holder = holder.as_deref().unwrap_or("unknown"),
+                      holder_ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis() as u64),
+                      "Lost the tick: another worker holds the job");
+            }
+            ClaimOutcome::NoQuorum(failure) => {
+                error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "no_quorum",
+                       error = %failure, "Skipped: no majority of Redis nodes answered");
+            }
+        }
+    }
+    while runs.join_next().await.is_some() {}
+}
+
+impl Context {
+    fn busy_count(&self) -> usize {
+        self.busy.lock().map_or(0, |busy| busy.len())
+    }
+}
+
+/// Marks a job as racing or running on this worker (for `overlap: skip`) until dropped.
+struct BusyGuard {
+    context: Arc<Context>,
+    job: String,
+}
+
+impl BusyGuard {
+    /// `None` if the job is already busy here.
+    fn try_new(context: &Arc<Context>, job: &str) -> Option<BusyGuard> {
+        let mut busy = context.busy.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        busy.insert(job.to_string()).then(|| BusyGuard { context: Arc::clone(context), job: job.to_string() })
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        let mut busy = self.context.busy.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        busy.remove(&self.job);
     }
 }
 

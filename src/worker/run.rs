@@ -40,12 +40,11 @@ impl Outcome {
     }
 }
 
-/// Runs `job` under `lease` and releases it; returns the job's name for the worker's bookkeeping.
-pub(crate) async fn run(context: Arc<Context>, job: JobConfig, lease: Lease) -> String {
+/// Runs `job` under `lease` and releases it.
+pub(crate) async fn run(context: Arc<Context>, job: JobConfig, lease: Lease) {
     let run_id = uuid::Uuid::new_v4();
     let span = info_span!("run", job = %job.name, tick = %lease.tick, run_id = %run_id, token = lease.token);
     supervise(&context, &job, lease, run_id).instrument(span).await;
-    job.name
 }
 
 async fn supervise(context: &Context, job: &JobConfig, mut lease: Lease, run_id: uuid::Uuid) {
