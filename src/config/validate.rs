@@ -198,7 +198,14 @@ fn node_address(url: &str) -> Result<String, String> {
     }
     let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
     let port = parsed.port().unwrap_or(6379);
-    parsed.into_connection_info().map_err(|e| e.to_string())?;
+    if port == 0 {
+        return Err("port 0 is not a port a server listens on".to_string());
+    }
+    // redis-rs says what is wrong without the URL; drop the error-kind suffix it appends.
+    parsed.into_connection_info().map_err(|e| {
+        let text = e.to_string();
+        text.trim_end_matches(" - InvalidClientConfig").to_string()
+    })?;
     Ok(format!("{host}:{port}"))
 }
 
