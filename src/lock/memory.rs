@@ -33,7 +33,10 @@ struct State {
 impl MemoryStore {
     /// An empty store.
     pub fn new(settings: LockSettings) -> MemoryStore {
-        MemoryStore { settings, state: Mutex::new(State::default()) }
+        MemoryStore {
+            settings,
+            state: Mutex::new(State::default()),
+        }
     }
 
     /// The lock settings this store was built with.
@@ -44,7 +47,9 @@ impl MemoryStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this lock cannot leave the maps half-updated in a way that matters (each
         // update is a single insert), so a poisoned lock is used as it is.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Claims every request; see [`super::LockStore::claim_many`].
@@ -56,15 +61,28 @@ impl MemoryStore {
         requests
             .iter()
             .map(|request| {
-                let [lease_key, fence_key, claim_key] =
-                    claim_keys(&self.settings.key_prefix, &request.job, request.tick, request.overlap);
-                if state.claims.get(&claim_key).is_some_and(|&claimed| claimed >= request.tick.as_millis()) {
+                let [lease_key, fence_key, claim_key] = claim_keys(
+                    &self.settings.key_prefix,
+                    &request.job,
+                    request.tick,
+                    request.overlap,
+                );
+                if state
+                    .claims
+                    .get(&claim_key)
+                    .is_some_and(|&claimed| claimed >= request.tick.as_millis())
+                {
                     return ClaimOutcome::AlreadyClaimed;
                 }
                 if let Some((holder, expires)) = state.leases.get(&lease_key) {
                     if *expires > now {
-                        let worker = holder.rsplit_once('/').map_or(holder.as_str(), |(worker, _)| worker);
-                        return ClaimOutcome::Busy { holder: Some(worker.to_string()), ttl: Some(*expires - now) };
+                        let worker = holder
+                            .rsplit_once('/')
+                            .map_or(holder.as_str(), |(worker, _)| worker);
+                        return ClaimOutcome::Busy {
+                            holder: Some(worker.to_string()),
+                            ttl: Some(*expires - now),
+                        };
                     }
                 }
                 let fence = state.fences.get(&fence_key).copied().unwrap_or(0);
@@ -73,7 +91,12 @@ impl MemoryStore {
                 state.fences.insert(fence_key, token);
                 state.claims.insert(claim_key, request.tick.as_millis());
                 state.leases.insert(lease_key, (value.clone(), now + ttl));
-                ClaimOutcome::Won(Lease::new(request, token, value, now + ttl.saturating_sub(drift)))
+                ClaimOutcome::Won(Lease::new(
+                    request,
+                    token,
+                    value,
+                    now + ttl.saturating_sub(drift),
+                ))
             })
             .collect()
     }
@@ -88,13 +111,20 @@ impl MemoryStore {
             lease.mark_lost();
             return Err(RenewError::Expired);
         }
-        let [key, _, _] = claim_keys(&self.settings.key_prefix, &lease.job, lease.tick, lease.overlap);
+        let [key, _, _] = claim_keys(
+            &self.settings.key_prefix,
+            &lease.job,
+            lease.tick,
+            lease.overlap,
+        );
         let mut state = self.lock();
         match state.leases.get_mut(&key) {
             Some((value, expires)) if *value == lease.value && *expires > now => {
                 let ttl = self.settings.ttl;
                 *expires = now + ttl;
-                lease.extend_to(now + ttl.saturating_sub(validity::drift(ttl, self.settings.drift_factor)));
+                lease.extend_to(
+                    now + ttl.saturating_sub(validity::drift(ttl, self.settings.drift_factor)),
+                );
                 Ok(())
             }
             _ => {
@@ -111,9 +141,18 @@ impl MemoryStore {
 
     /// Removes the lease if it is still this lease's value.
     pub fn release(&self, lease: &Lease) {
-        let [key, _, _] = claim_keys(&self.settings.key_prefix, &lease.job, lease.tick, lease.overlap);
+        let [key, _, _] = claim_keys(
+            &self.settings.key_prefix,
+            &lease.job,
+            lease.tick,
+            lease.overlap,
+        );
         let mut state = self.lock();
-        if state.leases.get(&key).is_some_and(|(value, _)| *value == lease.value) {
+        if state
+            .leases
+            .get(&key)
+            .is_some_and(|(value, _)| *value == lease.value)
+        {
             state.leases.remove(&key);
         }
     }
@@ -128,12 +167,19 @@ mod tests {
     use crate::schedule::Tick;
 
     fn store(ttl_ms: u64) -> MemoryStore {
-        let settings = LockSettings { ttl: Duration::from_millis(ttl_ms), ..LockSettings::default() };
+        let settings = LockSettings {
+            ttl: Duration::from_millis(ttl_ms),
+            ..LockSettings::default()
+        };
         MemoryStore::new(settings)
     }
 
     fn request(tick: i64) -> ClaimRequest {
-        ClaimRequest { job: "job".into(), tick: Tick(tick), overlap: Overlap::Skip }
+        ClaimRequest {
+            job: "job".into(),
+            tick: Tick(tick),
+            overlap: Overlap::Skip,
+        }
     }
 
     fn won(outcome: ClaimOutcome) -> Lease {
@@ -147,10 +193,19 @@ mod tests {
     async fn claims_once_and_tokens_increase() {
         let store = store(1000);
         let first = won(store.claim_many("a", &[request(1_000)]).remove(0));
-        assert!(matches!(store.claim_many("b", &[request(1_000)]).remove(0), ClaimOutcome::AlreadyClaimed));
-        assert!(matches!(store.claim_many("b", &[request(2_000)]).remove(0), ClaimOutcome::Busy { .. }));
+        assert!(matches!(
+            store.claim_many("b", &[request(1_000)]).remove(0),
+            ClaimOutcome::AlreadyClaimed
+        ));
+        assert!(matches!(
+            store.claim_many("b", &[request(2_000)]).remove(0),
+            ClaimOutcome::Busy { .. }
+        ));
         store.release(&first);
-        assert!(matches!(store.claim_many("b", &[request(1_000)]).remove(0), ClaimOutcome::AlreadyClaimed));
+        assert!(matches!(
+            store.claim_many("b", &[request(1_000)]).remove(0),
+            ClaimOutcome::AlreadyClaimed
+        ));
         let second = won(store.claim_many("b", &[request(2_000)]).remove(0));
         assert!(second.token > first.token);
     }
@@ -165,7 +220,10 @@ mod tests {
         assert_eq!(store.renew(&mut a), Err(RenewError::Expired));
         assert_eq!(store.renew(&mut a), Err(RenewError::AlreadyLost));
         store.release(&a);
-        assert!(matches!(store.claim_many("c", &[request(3_000)]).remove(0), ClaimOutcome::Busy { .. }));
+        assert!(matches!(
+            store.claim_many("c", &[request(3_000)]).remove(0),
+            ClaimOutcome::Busy { .. }
+        ));
     }
 
     #[tokio::test(start_paused = true)]
@@ -177,6 +235,9 @@ mod tests {
             store.renew(&mut a).expect("renewal within the validity");
         }
         assert!(a.is_valid());
-        assert!(matches!(store.claim_many("b", &[request(2_000)]).remove(0), ClaimOutcome::Busy { .. }));
+        assert!(matches!(
+            store.claim_many("b", &[request(2_000)]).remove(0),
+            ClaimOutcome::Busy { .. }
+        ));
     }
 }

@@ -85,7 +85,10 @@ pub enum ClaimOutcome {
     AlreadyClaimed,
     /// Another holder owns the job right now (`holder` is its worker id where known, `ttl` what remains of
     /// its lease on the node that told us).
-    Busy { holder: Option<String>, ttl: Option<Duration> },
+    Busy {
+        holder: Option<String>,
+        ttl: Option<Duration>,
+    },
     /// No majority of the configured nodes answered in time; the reasons name each failed node.
     NoQuorum(QuorumFailure),
 }
@@ -106,7 +109,11 @@ impl QuorumFailure {
         if self.failures.is_empty() {
             return "none".to_string();
         }
-        let parts: Vec<String> = self.failures.iter().map(|(node, why)| format!("{node} ({why})")).collect();
+        let parts: Vec<String> = self
+            .failures
+            .iter()
+            .map(|(node, why)| format!("{node} ({why})"))
+            .collect();
         parts.join(", ")
     }
 }
@@ -131,7 +138,12 @@ pub struct Lease {
 }
 
 impl Lease {
-    pub(crate) fn new(request: &ClaimRequest, token: FencingToken, value: String, deadline: tokio::time::Instant) -> Lease {
+    pub(crate) fn new(
+        request: &ClaimRequest,
+        token: FencingToken,
+        value: String,
+        deadline: tokio::time::Instant,
+    ) -> Lease {
         Lease {
             job: request.job.clone(),
             tick: request.tick,
@@ -153,7 +165,8 @@ impl Lease {
         if self.lost {
             return Duration::ZERO;
         }
-        self.deadline.saturating_duration_since(tokio::time::Instant::now())
+        self.deadline
+            .saturating_duration_since(tokio::time::Instant::now())
     }
 
     /// Whether the lease is still valid: not marked lost and its deadline not yet passed.
@@ -229,7 +242,11 @@ impl LockStore {
     ///
     /// All claims go to each node as one pipelined round trip per protocol round, so a tick at which
     /// 10,000 jobs are due costs the same number of round trips as a tick with one.
-    pub async fn claim_many(&self, worker_id: &str, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
+    pub async fn claim_many(
+        &self,
+        worker_id: &str,
+        requests: &[ClaimRequest],
+    ) -> Vec<ClaimOutcome> {
         match self {
             LockStore::Redis(store) => store.claim_many(worker_id, requests).await,
             LockStore::Memory(store) => store.claim_many(worker_id, requests),
@@ -238,7 +255,9 @@ impl LockStore {
 
     /// Claims one `(job, tick)`.
     pub async fn claim(&self, worker_id: &str, request: ClaimRequest) -> ClaimOutcome {
-        let mut outcomes = self.claim_many(worker_id, std::slice::from_ref(&request)).await;
+        let mut outcomes = self
+            .claim_many(worker_id, std::slice::from_ref(&request))
+            .await;
         outcomes.pop().unwrap_or(ClaimOutcome::AlreadyClaimed)
     }
 

@@ -59,9 +59,11 @@ impl Node {
             // No response timeout here: each round bounds its own wait (see `query`).
             .set_response_timeout(None);
         let connection =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|error| StoreError::InvalidNode {
-                url: label.clone(),
-                reason: error.to_string(),
+            ConnectionManager::new_lazy_with_config(client, config).map_err(|error| {
+                StoreError::InvalidNode {
+                    url: label.clone(),
+                    reason: error.to_string(),
+                }
             })?;
         Ok(Node { label, connection })
     }
@@ -73,7 +75,11 @@ impl Node {
     /// and the pipeline sent once more. That is safe because a `NOSCRIPT` command did not run, and every
     /// script is idempotent for the same value anyway. A server error in one command comes back as
     /// `Value::ServerError` in its slot, so one bad key does not hide the answers for the others.
-    pub(crate) async fn eval(&self, pipeline: &Pipeline, timeout: Duration) -> Result<Vec<Value>, String> {
+    pub(crate) async fn eval(
+        &self,
+        pipeline: &Pipeline,
+        timeout: Duration,
+    ) -> Result<Vec<Value>, String> {
         let mut connection = self.connection.clone();
         let exchange = async {
             let first = pipeline.query_async::<Vec<Value>>(&mut connection).await;
@@ -98,7 +104,9 @@ impl Node {
     pub(crate) fn warm_up(&self) {
         let mut connection = self.connection.clone();
         tokio::spawn(async move {
-            let _ = redis::cmd("PING").query_async::<Value>(&mut connection).await;
+            let _ = redis::cmd("PING")
+                .query_async::<Value>(&mut connection)
+                .await;
         });
     }
 }
@@ -107,9 +115,13 @@ impl Node {
 fn needs_scripts(reply: &redis::RedisResult<Vec<Value>>) -> bool {
     let is_noscript = |text: &str| text.contains("NOSCRIPT");
     match reply {
-        Err(error) => error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-            || is_noscript(&error.to_string()),
-        Ok(values) => values.iter().any(|value| matches!(value, Value::ServerError(e) if is_noscript(&format!("{e:?}")))),
+        Err(error) => {
+            error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                || is_noscript(&error.to_string())
+        }
+        Ok(values) => values
+            .iter()
+            .any(|value| matches!(value, Value::ServerError(e) if is_noscript(&format!("{e:?}")))),
     }
 }
 
@@ -120,8 +132,14 @@ mod tests {
     #[test]
     fn redact_hides_passwords_only() {
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(redact("redis://:s3cret@host:6379/2"), "redis://:***@host:6379/2");
-        assert_eq!(redact("rediss://app:p@ss:w/rd@host:6380"), "rediss://app:***@host:6380");
+        assert_eq!(
+            redact("redis://:s3cret@host:6379/2"),
+            "redis://:***@host:6379/2"
+        );
+        assert_eq!(
+            redact("rediss://app:p@ss:w/rd@host:6380"),
+            "rediss://app:***@host:6380"
+        );
         assert_eq!(redact("redis://app@host"), "redis://app@host");
         assert_eq!(redact("host:6379"), "<invalid URL>");
     }

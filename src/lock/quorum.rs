@@ -43,7 +43,12 @@ pub enum Decision {
 impl Tally {
     /// An empty tally over `configured` nodes.
     pub fn new(configured: usize) -> Tally {
-        Tally { configured, granted: 0, refused: 0, failed: 0 }
+        Tally {
+            configured,
+            granted: 0,
+            refused: 0,
+            failed: 0,
+        }
     }
 
     /// Counts one node's vote.
@@ -100,14 +105,29 @@ mod tests {
     fn unreachable_nodes_still_count_against_the_majority() {
         // 5 configured, 3 down: the 2 reachable nodes both granting is not a majority.
         let down = Vote::Failed("connection refused".into());
-        let t = tally(5, &[Vote::Granted, Vote::Granted, down.clone(), down.clone(), down]);
+        let t = tally(
+            5,
+            &[
+                Vote::Granted,
+                Vote::Granted,
+                down.clone(),
+                down.clone(),
+                down,
+            ],
+        );
         assert_eq!(t.decision(), Decision::Impossible);
     }
 
     #[test]
     fn decides_as_soon_as_the_outcome_is_known() {
-        assert_eq!(tally(5, &[Vote::Granted, Vote::Granted]).decision(), Decision::Pending);
-        assert_eq!(tally(5, &[Vote::Granted, Vote::Granted, Vote::Granted]).decision(), Decision::Reached);
+        assert_eq!(
+            tally(5, &[Vote::Granted, Vote::Granted]).decision(),
+            Decision::Pending
+        );
+        assert_eq!(
+            tally(5, &[Vote::Granted, Vote::Granted, Vote::Granted]).decision(),
+            Decision::Reached
+        );
         let refused = [Vote::Refused, Vote::Refused, Vote::Refused];
         assert_eq!(tally(5, &refused).decision(), Decision::Impossible);
         let mixed = [Vote::Granted, Vote::Refused, Vote::Failed("timeout".into())];
@@ -117,7 +137,10 @@ mod tests {
     #[test]
     fn a_minority_failure_does_not_prevent_a_quorum() {
         let f = Vote::Failed("timeout".into());
-        let t = tally(5, &[f.clone(), f, Vote::Granted, Vote::Granted, Vote::Granted]);
+        let t = tally(
+            5,
+            &[f.clone(), f, Vote::Granted, Vote::Granted, Vote::Granted],
+        );
         assert_eq!(t.decision(), Decision::Reached);
     }
 }

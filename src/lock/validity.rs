@@ -5,7 +5,11 @@ use std::time::Duration;
 /// Allowed clock drift for a lease of `ttl`: `ttl × drift_factor + 2 ms` (the Redlock paper's rule; the
 /// 2 ms cover the granularity of Redis's expiry).
 pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
-    let factor = if drift_factor.is_finite() && drift_factor > 0.0 { drift_factor } else { 0.0 };
+    let factor = if drift_factor.is_finite() && drift_factor > 0.0 {
+        drift_factor
+    } else {
+        0.0
+    };
     ttl.mul_f64(factor) + Duration::from_millis(2)
 }
 
@@ -31,7 +35,10 @@ mod tests {
     #[test]
     fn validity_subtracts_elapsed_and_drift() {
         // 10 s TTL: drift = 100 ms + 2 ms.
-        assert_eq!(validity(ms(10_000), ms(5), 0.01), Some(ms(10_000 - 5 - 102)));
+        assert_eq!(
+            validity(ms(10_000), ms(5), 0.01),
+            Some(ms(10_000 - 5 - 102))
+        );
     }
 
     #[test]

@@ -64,7 +64,12 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         LockStore::Redis(redis) => redis.node_labels().join(","),
         LockStore::Memory(_) => "embedded".to_string(),
     };
-    let jobs: Vec<JobConfig> = config.jobs.iter().filter(|job| job.enabled).cloned().collect();
+    let jobs: Vec<JobConfig> = config
+        .jobs
+        .iter()
+        .filter(|job| job.enabled)
+        .cloned()
+        .collect();
     info!(
         event = "worker.started",
         config = %config.path.display(),
@@ -89,7 +94,9 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     let mut agenda = Agenda::new(&jobs, Utc::now(), remember_claims);
 
     while let Some(next) = agenda.next_tick() {
-        let wait = (next.to_utc() - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        let wait = (next.to_utc() - Utc::now())
+            .to_std()
+            .unwrap_or(Duration::ZERO);
         tokio::select! {
             _ = shutdown.graceful() => break,
             _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
@@ -116,9 +123,12 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         }
     }
 
-    info!(event = "worker.stopping", running = context.busy_count(),
-          grace_ms = context.shutdown_grace.as_millis() as u64,
-          "Stopping: no new ticks; running jobs get the shutdown grace");
+    info!(
+        event = "worker.stopping",
+        running = context.busy_count(),
+        grace_ms = context.shutdown_grace.as_millis() as u64,
+        "Stopping: no new ticks; running jobs get the shutdown grace"
+    );
     while races.join_next().await.is_some() {}
     info!(event = "worker.stopped", "Worker stopped");
     Ok(())
@@ -129,7 +139,11 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
 async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGuard>)>) {
     let claims: Vec<ClaimRequest> = batch
         .iter()
-        .map(|(job, tick, _)| ClaimRequest { job: job.name.clone(), tick: *tick, overlap: job.overlap })
+        .map(|(job, tick, _)| ClaimRequest {
+            job: job.name.clone(),
+            tick: *tick,
+            overlap: job.overlap,
+        })
         .collect();
     let outcomes = context.store.claim_many(&context.worker_id, &claims).await;
     let mut runs = JoinSet::new();
@@ -182,14 +196,24 @@ struct BusyGuard {
 impl BusyGuard {
     /// `None` if the job is already busy here.
     fn try_new(context: &Arc<Context>, job: &str) -> Option<BusyGuard> {
-        let mut busy = context.busy.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        busy.insert(job.to_string()).then(|| BusyGuard { context: Arc::clone(context), job: job.to_string() })
+        let mut busy = context
+            .busy
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        busy.insert(job.to_string()).then(|| BusyGuard {
+            context: Arc::clone(context),
+            job: job.to_string(),
+        })
     }
 }
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
-        let mut busy = self.context.busy.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut busy = self
+            .context
+            .busy
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         busy.remove(&self.job);
     }
 }
@@ -209,7 +233,10 @@ impl<'a> Agenda<'a> {
     /// process already ran a recent tick, so only ticks from now on are raced: at most once, even across
     /// restarts.
     fn new(jobs: &'a [JobConfig], now: chrono::DateTime<Utc>, remember_claims: bool) -> Agenda<'a> {
-        let mut agenda = Agenda { jobs, due: BTreeMap::new() };
+        let mut agenda = Agenda {
+            jobs,
+            due: BTreeMap::new(),
+        };
         let now_tick = Tick(now.timestamp_millis());
         for (index, job) in jobs.iter().enumerate() {
             let grace = if remember_claims {
@@ -217,7 +244,9 @@ impl<'a> Agenda<'a> {
             } else {
                 chrono::Duration::zero()
             };
-            let mut first = job.schedule.next_after(now - grace - chrono::Duration::milliseconds(1));
+            let mut first = job
+                .schedule
+                .next_after(now - grace - chrono::Duration::milliseconds(1));
             // Of several ticks within the grace, only the latest is raced.
             while let Some(tick) = first {
                 match job.schedule.next_after(tick.to_utc()) {

@@ -44,13 +44,19 @@ impl Outcome {
 pub(crate) async fn run(context: Arc<Context>, job: JobConfig, lease: Lease) {
     let run_id = uuid::Uuid::new_v4();
     let span = info_span!("run", job = %job.name, tick = %lease.tick, run_id = %run_id, token = lease.token);
-    supervise(&context, &job, lease, run_id).instrument(span).await;
+    supervise(&context, &job, lease, run_id)
+        .instrument(span)
+        .await;
 }
 
 async fn supervise(context: &Context, job: &JobConfig, mut lease: Lease, run_id: uuid::Uuid) {
     let spec = ChildSpec {
         command: job.command.clone(),
-        env: job.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        env: job
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         workdir: job.workdir.clone(),
     };
     let env = vec![
@@ -137,11 +143,22 @@ async fn supervise(context: &Context, job: &JobConfig, mut lease: Lease, run_id:
     let outcome = outcome.as_str();
     match exit {
         Ok(ExitKind::Code(code)) => {
-            info!(event = "run.finished", outcome, exit_code = code, duration_ms, "Job finished")
+            info!(
+                event = "run.finished",
+                outcome,
+                exit_code = code,
+                duration_ms,
+                "Job finished"
+            )
         }
         Ok(ExitKind::Signal(signal)) => {
-            info!(event = "run.finished", outcome, signal, duration_ms, "Job finished")
+            info!(
+                event = "run.finished",
+                outcome, signal, duration_ms, "Job finished"
+            )
         }
-        Err(err) => error!(event = "run.finished", outcome, error = %err, duration_ms, "Job finished"),
+        Err(err) => {
+            error!(event = "run.finished", outcome, error = %err, duration_ms, "Job finished")
+        }
     }
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redcron::lock::redis::RedisStore;
-use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, LockStore, Overlap, RenewError};
+use redcron::lock::{
+    ClaimOutcome, ClaimRequest, Lease, LockSettings, LockStore, Overlap, RenewError,
+};
 use redcron::schedule::Tick;
 
 use crate::support::{Persistence, RedisCluster};
@@ -26,7 +28,11 @@ fn settings(ttl_ms: u64) -> LockSettings {
 /// Settings for races of many contenders in one process: each round carries hundreds of requests per
 /// node, so a loaded CI machine needs more than 50 ms per node to answer them all.
 fn race_settings() -> LockSettings {
-    LockSettings { node_timeout: Duration::from_millis(400), retries: 5, ..settings(5_000) }
+    LockSettings {
+        node_timeout: Duration::from_millis(400),
+        retries: 5,
+        ..settings(5_000)
+    }
 }
 
 fn store(cluster: &RedisCluster, settings: LockSettings) -> LockStore {
@@ -34,7 +40,11 @@ fn store(cluster: &RedisCluster, settings: LockSettings) -> LockStore {
 }
 
 fn request(job: &str, tick: i64) -> ClaimRequest {
-    ClaimRequest { job: job.to_string(), tick: Tick(tick), overlap: Overlap::Skip }
+    ClaimRequest {
+        job: job.to_string(),
+        tick: Tick(tick),
+        overlap: Overlap::Skip,
+    }
 }
 
 fn won(outcome: ClaimOutcome) -> Lease {
@@ -58,10 +68,17 @@ async fn acquire_renew_release_on_five_nodes() {
     let mut lease = won(store.claim("w1", request("report", 1_000)).await);
     assert!(lease.is_valid());
     assert!(lease.remaining() > Duration::ZERO && lease.remaining() < Duration::from_millis(2_000));
-    assert!(lease.token >= 1_000 * 1000, "token {} is below the tick's floor", lease.token);
+    assert!(
+        lease.token >= 1_000 * 1000,
+        "token {} is below the tick's floor",
+        lease.token
+    );
     let before = lease.deadline();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    store.renew(&mut lease).await.expect("renewal with all nodes up");
+    store
+        .renew(&mut lease)
+        .await
+        .expect("renewal with all nodes up");
     assert!(lease.deadline() > before, "renewal moves the deadline");
     store.release(&lease).await;
     // Released: the next tick is free at once (no waiting for the TTL).
@@ -85,7 +102,11 @@ async fn two_hundred_contenders_one_winner() {
     for task in tasks {
         match task.await.expect("task") {
             ClaimOutcome::Won(_) => winners += 1,
-            other => *lost.entry(format!("{other:?}").chars().take(60).collect::<String>()).or_insert(0) += 1,
+            other => {
+                *lost
+                    .entry(format!("{other:?}").chars().take(60).collect::<String>())
+                    .or_insert(0) += 1
+            }
         }
     }
     assert_eq!(winners, 1, "losers: {lost:?}");
@@ -99,7 +120,13 @@ fn contenders_in_three_processes_one_winner() {
     let children: Vec<_> = (0..3)
         .map(|_| {
             std::process::Command::new(&exe)
-                .args(["--exact", "lock::contender_process", "--ignored", "--nocapture", "--test-threads=1"])
+                .args([
+                    "--exact",
+                    "lock::contender_process",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env("REDCRON_TEST_CONTENDER_NODES", cluster.urls().join(","))
                 .stdout(std::process::Stdio::piped())
                 .spawn()
@@ -113,8 +140,14 @@ fn contenders_in_three_processes_one_winner() {
         let stdout = String::from_utf8_lossy(&output.stdout);
         transcript.push_str(&stdout);
         assert!(output.status.success(), "contender failed: {stdout}");
-        assert!(stdout.contains("CONTENDER done"), "contender did not run: {stdout}");
-        winners += stdout.lines().filter(|line| line.contains("CONTENDER won")).count();
+        assert!(
+            stdout.contains("CONTENDER done"),
+            "contender did not run: {stdout}"
+        );
+        winners += stdout
+            .lines()
+            .filter(|line| line.contains("CONTENDER won"))
+            .count();
     }
     assert_eq!(winners, 1, "{transcript}");
 }
@@ -130,16 +163,26 @@ fn contender_process() {
     let urls: Vec<String> = nodes.split(',').map(str::to_string).collect();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let store = Arc::new(LockStore::Redis(RedisStore::new(&urls, race_settings()).expect("urls")));
+        let store = Arc::new(LockStore::Redis(
+            RedisStore::new(&urls, race_settings()).expect("urls"),
+        ));
         warm(&store).await;
         // Start together: at the next 300 ms boundary of the wall clock, which all three processes share.
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis();
         tokio::time::sleep(Duration::from_millis((600 - (now % 300)) as u64)).await;
         let tasks: Vec<_> = (0..67)
             .map(|i| {
                 let store = Arc::clone(&store);
                 tokio::spawn(async move {
-                    store.claim(&format!("p{}-{i}", std::process::id()), request("race", 7_000)).await
+                    store
+                        .claim(
+                            &format!("p{}-{i}", std::process::id()),
+                            request("race", 7_000),
+                        )
+                        .await
                 })
             })
             .collect();
@@ -147,7 +190,11 @@ fn contender_process() {
         for task in tasks {
             match task.await.expect("task") {
                 ClaimOutcome::Won(lease) => println!("CONTENDER won {}", lease.token),
-                other => *lost.entry(format!("{other:?}").chars().take(40).collect::<String>()).or_insert(0) += 1,
+                other => {
+                    *lost
+                        .entry(format!("{other:?}").chars().take(40).collect::<String>())
+                        .or_insert(0) += 1
+                }
             }
         }
         println!("CONTENDER done; lost: {lost:?}");
@@ -165,7 +212,9 @@ async fn successive_leases_have_strictly_increasing_tokens() {
         let tasks: Vec<_> = (0..4)
             .map(|i| {
                 let store = Arc::clone(&store);
-                tokio::spawn(async move { store.claim(&format!("w{i}"), request("succ", tick)).await })
+                tokio::spawn(
+                    async move { store.claim(&format!("w{i}"), request("succ", tick)).await },
+                )
             })
             .collect();
         let mut leases = Vec::new();
@@ -178,7 +227,10 @@ async fn successive_leases_have_strictly_increasing_tokens() {
         tokens.push(leases[0].token);
         store.release(&leases[0]).await;
     }
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens not strictly increasing: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not strictly increasing: {tokens:?}"
+    );
 }
 
 /// A minority down (2 of 5 killed): acquire and renew still work. A majority down (3 of 5): no quorum,
@@ -191,7 +243,10 @@ async fn minority_down_works_majority_down_reports_no_quorum() {
     cluster.kill(0);
     cluster.kill(1);
     let mut lease = won(store.claim("w", request("down", 1_000)).await);
-    store.renew(&mut lease).await.expect("renew with 3 of 5 nodes");
+    store
+        .renew(&mut lease)
+        .await
+        .expect("renew with 3 of 5 nodes");
     store.release(&lease).await;
 
     cluster.kill(2);
@@ -201,12 +256,20 @@ async fn minority_down_works_majority_down_reports_no_quorum() {
             assert_eq!((failure.configured, failure.needed), (5, 3));
             let text = failure.to_string();
             for node in 0..3 {
-                assert!(text.contains(&cluster.url(node)), "{text} does not name {}", cluster.url(node));
+                assert!(
+                    text.contains(&cluster.url(node)),
+                    "{text} does not name {}",
+                    cluster.url(node)
+                );
             }
         }
         other => panic!("expected no quorum, got {other:?}"),
     }
-    assert!(started.elapsed() < Duration::from_secs(2), "no quorum took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no quorum took {:?}",
+        started.elapsed()
+    );
 }
 
 /// Hung nodes (SIGSTOP, not refused): with 2 of 5 hung, acquire and renew still work; with 3 of 5 hung, no
@@ -221,15 +284,29 @@ async fn hung_nodes_cost_one_node_timeout() {
     cluster.stop(4);
     let started = std::time::Instant::now();
     let mut lease = won(store.claim("w", request("hung", 1_000)).await);
-    store.renew(&mut lease).await.expect("renew with 2 of 5 hung");
-    assert!(started.elapsed() < node_timeout * 10, "took {:?} with a hung minority", started.elapsed());
+    store
+        .renew(&mut lease)
+        .await
+        .expect("renew with 2 of 5 hung");
+    assert!(
+        started.elapsed() < node_timeout * 10,
+        "took {:?} with a hung minority",
+        started.elapsed()
+    );
     store.release(&lease).await;
 
     cluster.stop(2);
     let started = std::time::Instant::now();
     let outcome = store.claim("w", request("hung", 2_000)).await;
-    assert!(matches!(outcome, ClaimOutcome::NoQuorum(_)), "expected no quorum, got {outcome:?}");
-    assert!(started.elapsed() < node_timeout * 10, "took {:?} with a hung majority", started.elapsed());
+    assert!(
+        matches!(outcome, ClaimOutcome::NoQuorum(_)),
+        "expected no quorum, got {outcome:?}"
+    );
+    assert!(
+        started.elapsed() < node_timeout * 10,
+        "took {:?} with a hung majority",
+        started.elapsed()
+    );
     for node in 2..5 {
         cluster.cont(node);
     }
@@ -249,9 +326,15 @@ async fn expired_holder_cannot_renew_or_release_the_next_holder() {
     assert!(store.renew(&mut a).await.expect_err("A expired").is_lost());
     assert_eq!(store.renew(&mut a).await, Err(RenewError::AlreadyLost));
     store.release(&a).await;
-    store.renew(&mut b).await.expect("B still holds its lease after A's release");
+    store
+        .renew(&mut b)
+        .await
+        .expect("B still holds its lease after A's release");
     // And the job is still held by B for a third contender.
-    assert!(matches!(store.claim("c", request("exp", 3_000)).await, ClaimOutcome::Busy { .. }));
+    assert!(matches!(
+        store.claim("c", request("exp", 3_000)).await,
+        ClaimOutcome::Busy { .. }
+    ));
 }
 
 /// A renewal that reaches a majority only after the deadline does not revive the lease, even when the
@@ -265,11 +348,18 @@ async fn renewal_after_the_deadline_never_revives() {
     cluster.stop(0);
     cluster.stop(1);
     let first = store.renew(&mut lease).await.expect_err("majority hung");
-    assert!(!first.is_lost(), "a timeout before the deadline is not yet a loss: {first:?}");
+    assert!(
+        !first.is_lost(),
+        "a timeout before the deadline is not yet a loss: {first:?}"
+    );
     tokio::time::sleep(lease.remaining() + Duration::from_millis(10)).await;
     cluster.cont(0);
     cluster.cont(1);
-    assert!(store.renew(&mut lease).await.expect_err("deadline passed").is_lost());
+    assert!(store
+        .renew(&mut lease)
+        .await
+        .expect_err("deadline passed")
+        .is_lost());
     assert_eq!(store.renew(&mut lease).await, Err(RenewError::AlreadyLost));
 }
 
@@ -282,11 +372,20 @@ async fn a_claimed_tick_is_never_granted_again() {
     warm(&store).await;
     let a = won(store.claim("a", request("claim", 5_000)).await);
     store.release(&a).await;
-    assert!(matches!(store.claim("b", request("claim", 5_000)).await, ClaimOutcome::AlreadyClaimed));
-    assert!(matches!(store.claim("b", request("claim", 4_000)).await, ClaimOutcome::AlreadyClaimed));
+    assert!(matches!(
+        store.claim("b", request("claim", 5_000)).await,
+        ClaimOutcome::AlreadyClaimed
+    ));
+    assert!(matches!(
+        store.claim("b", request("claim", 4_000)).await,
+        ClaimOutcome::AlreadyClaimed
+    ));
     let b = won(store.claim("b", request("claim", 6_000)).await);
     tokio::time::sleep(Duration::from_millis(400)).await; // b's lease expires unreleased
-    assert!(matches!(store.claim("c", request("claim", 6_000)).await, ClaimOutcome::AlreadyClaimed));
+    assert!(matches!(
+        store.claim("c", request("claim", 6_000)).await,
+        ClaimOutcome::AlreadyClaimed
+    ));
     assert!(b.token > a.token);
 }
 
@@ -300,16 +399,26 @@ async fn split_votes_converge_on_one_winner() {
     let store = Arc::new(store(&cluster, lock));
     warm(&store).await;
     // Two crashed contenders left a minority each: nodes 0,1 and nodes 2,3 (300 ms to live).
-    for (node, holder) in [(0, "ghost-a/1"), (1, "ghost-a/1"), (2, "ghost-b/2"), (3, "ghost-b/2")] {
+    for (node, holder) in [
+        (0, "ghost-a/1"),
+        (1, "ghost-a/1"),
+        (2, "ghost-b/2"),
+        (3, "ghost-b/2"),
+    ] {
         let mut set = redis::cmd("SET");
-        set.arg("redcron:{split}:lease").arg(holder).arg("PX").arg(300);
+        set.arg("redcron:{split}:lease")
+            .arg(holder)
+            .arg("PX")
+            .arg(300);
         cluster.query::<()>(node, &set);
     }
     let race = |tick: i64| {
         let tasks: Vec<_> = (0..10)
             .map(|i| {
                 let store = Arc::clone(&store);
-                tokio::spawn(async move { store.claim(&format!("w{i}"), request("split", tick)).await })
+                tokio::spawn(
+                    async move { store.claim(&format!("w{i}"), request("split", tick)).await },
+                )
             })
             .collect();
         let store = Arc::clone(&store);
@@ -358,7 +467,10 @@ async fn node_restarted_empty_keeps_tokens_increasing() {
 /// survive a restart of every node: a claimed tick stays claimed, and tokens go on increasing.
 #[tokio::test]
 async fn claims_survive_restarts_with_required_persistence() {
-    let mut cluster = RedisCluster::builder().nodes(3).persistence(Persistence::AppendOnlyAlways).start();
+    let mut cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::AppendOnlyAlways)
+        .start();
     let store = store(&cluster, settings(2_000));
     warm(&store).await;
     let a = won(store.claim("a", request("durable", 1_000)).await);
@@ -369,7 +481,10 @@ async fn claims_survive_restarts_with_required_persistence() {
     }
     let store = store_for(&cluster);
     warm(&store).await;
-    assert!(matches!(store.claim("b", request("durable", 1_000)).await, ClaimOutcome::AlreadyClaimed));
+    assert!(matches!(
+        store.claim("b", request("durable", 1_000)).await,
+        ClaimOutcome::AlreadyClaimed
+    ));
     let b = won(store.claim("b", request("durable", 1_001)).await);
     assert!(b.token > a.token);
 }
@@ -385,7 +500,10 @@ async fn plain_lease_is_exclusive() {
     let store = RedisStore::new(&cluster.urls(), settings(2_000)).expect("urls");
     let lease = won(store.acquire_lease("a", "resource").await);
     assert_eq!(lease.token, 0);
-    assert!(matches!(store.acquire_lease("b", "resource").await, ClaimOutcome::Busy { .. }));
+    assert!(matches!(
+        store.acquire_lease("b", "resource").await,
+        ClaimOutcome::Busy { .. }
+    ));
     store.release(&lease).await;
     won(store.acquire_lease("b", "resource").await);
 }

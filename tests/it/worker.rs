@@ -7,7 +7,12 @@ use crate::support::{Persistence, RedisCluster, TestDir, Worker};
 
 /// A config with the cluster's nodes, short leases and `jobs` (YAML list items, already indented).
 fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
-    let nodes = cluster.urls().iter().map(|url| format!("\"{url}\"")).collect::<Vec<_>>().join(", ");
+    let nodes = cluster
+        .urls()
+        .iter()
+        .map(|url| format!("\"{url}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         "redis:\n  nodes: [{nodes}]\nlock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 50ms\n  retry_delay: 50ms\n\
          worker:\n{worker_section}jobs:\n{jobs}"
@@ -28,33 +33,50 @@ fn ledger(dir: &TestDir) -> BTreeMap<(String, String), Vec<(u64, String)>> {
     let mut runs: BTreeMap<(String, String), Vec<(u64, String)>> = BTreeMap::new();
     for line in dir.ledger_lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        let [job, tick, token, worker] = fields[..] else { panic!("bad ledger line {line:?}") };
-        let token = token.parse().unwrap_or_else(|_| panic!("bad token in {line:?}"));
-        runs.entry((job.to_string(), tick.to_string())).or_default().push((token, worker.to_string()));
+        let [job, tick, token, worker] = fields[..] else {
+            panic!("bad ledger line {line:?}")
+        };
+        let token = token
+            .parse()
+            .unwrap_or_else(|_| panic!("bad token in {line:?}"));
+        runs.entry((job.to_string(), tick.to_string()))
+            .or_default()
+            .push((token, worker.to_string()));
     }
     runs
 }
 
 /// Parses an RFC 3339 tick.
 fn tick_time(tick: &str) -> chrono::DateTime<chrono::Utc> {
-    chrono::DateTime::parse_from_rfc3339(tick).expect("RFC 3339 tick").to_utc()
+    chrono::DateTime::parse_from_rfc3339(tick)
+        .expect("RFC 3339 tick")
+        .to_utc()
 }
 
 /// 5 nodes, 3 workers, two jobs every second for ~15 s: every tick in the window appears in the ledger
 /// exactly once, tokens strictly increase per job, and more than one worker has won.
 #[test]
 fn three_workers_run_each_tick_exactly_once() {
-    let cluster = RedisCluster::builder().nodes(5).persistence(Persistence::None).start();
+    let cluster = RedisCluster::builder()
+        .nodes(5)
+        .persistence(Persistence::None)
+        .start();
     let dir = TestDir::new();
-    let jobs = ledger_job("every-second", "* * * * * *", &dir.ledger()) + &ledger_job("other", "* * * * * *", &dir.ledger());
+    let jobs = ledger_job("every-second", "* * * * * *", &dir.ledger())
+        + &ledger_job("other", "* * * * * *", &dir.ledger());
     let workers: Vec<Worker> = (0..3)
         .map(|i| {
-            let path = dir.write(format!("w{i}.yaml"), config(&cluster, &format!("  id: w{i}\n"), &jobs));
+            let path = dir.write(
+                format!("w{i}.yaml"),
+                config(&cluster, &format!("  id: w{i}\n"), &jobs),
+            );
             Worker::spawn(path, &[])
         })
         .collect();
     for worker in &workers {
-        worker.wait_for_event("worker.started", Duration::from_secs(10)).expect("worker started");
+        worker
+            .wait_for_event("worker.started", Duration::from_secs(10))
+            .expect("worker started");
     }
     let window_start = chrono::Utc::now() + chrono::Duration::seconds(1);
     std::thread::sleep(Duration::from_secs(15));
@@ -70,9 +92,17 @@ fn three_workers_run_each_tick_exactly_once() {
             if name != job {
                 continue;
             }
-            assert_eq!(entries.len(), 1, "{job} at {tick} ran {} times: {entries:?}", entries.len());
+            assert_eq!(
+                entries.len(),
+                1,
+                "{job} at {tick} ran {} times: {entries:?}",
+                entries.len()
+            );
             let (token, worker) = &entries[0];
-            assert!(*token > last_token, "{job}: token {token} after {last_token}");
+            assert!(
+                *token > last_token,
+                "{job}: token {token} after {last_token}"
+            );
             last_token = *token;
             winners.insert(worker.clone());
             let at = tick_time(tick);
@@ -81,7 +111,10 @@ fn three_workers_run_each_tick_exactly_once() {
             }
         }
         let expected = (window_end - window_start).num_seconds();
-        assert!(seen >= expected, "{job}: {seen} ticks run in a window of {expected} s");
+        assert!(
+            seen >= expected,
+            "{job}: {seen} ticks run in a window of {expected} s"
+        );
     }
     assert!(winners.len() > 1, "only {winners:?} ever won");
 }
@@ -100,8 +133,12 @@ fn long_job_is_renewed_and_stopped_when_the_lease_is_lost() {
     let path = dir.write_config(&config(&cluster, "  id: solo\n", &job));
     let worker = Worker::spawn(&path, &[]);
     // The first tick within the misfire grace is raced at once.
-    worker.wait_for_event("run.started", Duration::from_secs(10)).expect("run started");
-    let finished = worker.wait_for_event("run.finished", Duration::from_secs(15)).expect("run finished");
+    worker
+        .wait_for_event("run.started", Duration::from_secs(10))
+        .expect("run started");
+    let finished = worker
+        .wait_for_event("run.finished", Duration::from_secs(15))
+        .expect("run finished");
     assert_eq!(finished["outcome"], "success", "{finished}");
     assert!(marker.exists(), "the job ran to its end, past its 2 s TTL");
     assert!(worker.events("lease.lost").is_empty());
@@ -111,7 +148,9 @@ fn long_job_is_renewed_and_stopped_when_the_lease_is_lost() {
     let job = job.replace("name: long", "name: long2");
     let path = dir.write_config(&config(&cluster, "  id: solo\n", &job));
     let worker = Worker::spawn(&path, &[]);
-    worker.wait_for_event("run.started", Duration::from_secs(10)).expect("run started");
+    worker
+        .wait_for_event("run.started", Duration::from_secs(10))
+        .expect("run started");
     for node in 0..3 {
         cluster.stop(node);
     }
@@ -123,7 +162,10 @@ fn long_job_is_renewed_and_stopped_when_the_lease_is_lost() {
     lost.expect("lease.lost logged");
     let finished = finished.expect("run finished");
     assert_eq!(finished["outcome"], "lease_lost", "{finished}");
-    assert!(finished["duration_ms"].as_u64().unwrap_or(u64::MAX) < 5_000, "stopped before it ended: {finished}");
+    assert!(
+        finished["duration_ms"].as_u64().unwrap_or(u64::MAX) < 5_000,
+        "stopped before it ended: {finished}"
+    );
 }
 
 /// SIGTERM during a run: the run finishes inside the grace, the lease is released, exit 0. A second
@@ -136,33 +178,56 @@ fn sigterm_lets_the_run_finish_and_a_second_signal_exits_130() {
     let worker_section = "  id: g\n  shutdown_grace: 10s\n";
     let path = dir.write_config(&config(&cluster, worker_section, job));
     let mut worker = Worker::spawn(&path, &[]);
-    worker.wait_for_event("run.started", Duration::from_secs(10)).expect("run started");
+    worker
+        .wait_for_event("run.started", Duration::from_secs(10))
+        .expect("run started");
     worker.signal(libc::SIGTERM);
-    let status = worker.wait_timeout(Duration::from_secs(10)).expect("worker exits after the run");
+    let status = worker
+        .wait_timeout(Duration::from_secs(10))
+        .expect("worker exits after the run");
     assert_eq!(status.code(), Some(0), "{}", worker.stderr());
     let finished = worker.events("run.finished");
     assert_eq!(finished.len(), 1);
-    assert_eq!(finished[0]["outcome"], "success", "the run finished inside the grace");
+    assert_eq!(
+        finished[0]["outcome"], "success",
+        "the run finished inside the grace"
+    );
     assert!(!worker.events("worker.stopped").is_empty());
     // Released: the job's lease key is gone on every node.
     for node in 0..3 {
-        assert_eq!(cluster.get(node, "redcron:{graceful}:lease"), None, "lease left on node {node}");
+        assert_eq!(
+            cluster.get(node, "redcron:{graceful}:lease"),
+            None,
+            "lease left on node {node}"
+        );
     }
 
-    let job = job.replace("sleep 2", "sleep 30").replace("graceful", "stubborn");
+    let job = job
+        .replace("sleep 2", "sleep 30")
+        .replace("graceful", "stubborn");
     let path = dir.write_config(&config(&cluster, worker_section, &job));
     let mut worker = Worker::spawn(&path, &[]);
-    worker.wait_for_event("run.started", Duration::from_secs(10)).expect("run started");
+    worker
+        .wait_for_event("run.started", Duration::from_secs(10))
+        .expect("run started");
     worker.signal(libc::SIGTERM);
-    worker.wait_for_event("worker.stopping", Duration::from_secs(5)).expect("stopping");
+    worker
+        .wait_for_event("worker.stopping", Duration::from_secs(5))
+        .expect("stopping");
     worker.signal(libc::SIGINT);
-    let status = worker.wait_timeout(Duration::from_secs(10)).expect("worker exits at the second signal");
+    let status = worker
+        .wait_timeout(Duration::from_secs(10))
+        .expect("worker exits at the second signal");
     assert_eq!(status.code(), Some(130), "{}", worker.stderr());
     let finished = worker.events("run.finished");
     assert_eq!(finished.len(), 1);
     assert_eq!(finished[0]["outcome"], "shutdown");
     for node in 0..3 {
-        assert_eq!(cluster.get(node, "redcron:{stubborn}:lease"), None, "lease left on node {node}");
+        assert_eq!(
+            cluster.get(node, "redcron:{stubborn}:lease"),
+            None,
+            "lease left on node {node}"
+        );
     }
 }
 
@@ -184,10 +249,20 @@ fn late_worker_runs_a_missed_tick_once() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let first = Worker::spawn(dir.write("a.yaml", config(&cluster, "  id: late-a\n", &job)), &[]);
-    first.wait_for_event("run.finished", Duration::from_secs(10)).expect("the missed tick was run");
-    let second = Worker::spawn(dir.write("b.yaml", config(&cluster, "  id: late-b\n", &job)), &[]);
-    let lost = second.wait_for_event("tick.lost", Duration::from_secs(10)).expect("b raced the same tick");
+    let first = Worker::spawn(
+        dir.write("a.yaml", config(&cluster, "  id: late-a\n", &job)),
+        &[],
+    );
+    first
+        .wait_for_event("run.finished", Duration::from_secs(10))
+        .expect("the missed tick was run");
+    let second = Worker::spawn(
+        dir.write("b.yaml", config(&cluster, "  id: late-b\n", &job)),
+        &[],
+    );
+    let lost = second
+        .wait_for_event("tick.lost", Duration::from_secs(10))
+        .expect("b raced the same tick");
     assert_eq!(lost["reason"], "already_claimed", "{lost}");
     drop(first);
     drop(second);
