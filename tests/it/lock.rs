@@ -507,3 +507,18 @@ async fn plain_lease_is_exclusive() {
     store.release(&lease).await;
     won(store.acquire_lease("b", "resource").await);
 }
+
+/// `rediss://` nodes: the same claim, renew and release over TLS.
+#[tokio::test]
+async fn claims_work_over_tls() {
+    let cluster = RedisCluster::builder().nodes(3).tls(true).start();
+    let store = store(&cluster, settings(2_000));
+    warm(&store).await;
+    let mut lease = won(store.claim("w", request("tls", 1_000)).await);
+    store.renew(&mut lease).await.expect("renew over TLS");
+    store.release(&lease).await;
+    assert!(matches!(
+        store.claim("w", request("tls", 1_000)).await,
+        ClaimOutcome::AlreadyClaimed
+    ));
+}

@@ -31,6 +31,7 @@ pub enum Persistence {
 pub struct RedisClusterBuilder {
     nodes: usize,
     persistence: Persistence,
+    tls: bool,
 }
 
 impl RedisClusterBuilder {
@@ -44,6 +45,13 @@ impl RedisClusterBuilder {
         self
     }
 
+    /// Serve TLS only (a self-signed certificate made with `openssl`); URLs become
+    /// `rediss://127.0.0.1:<port>/#insecure`.
+    pub fn tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Starts every node and waits until each answers PING; panics (with the node's log) otherwise.
     pub fn start(self) -> RedisCluster {
         super::require_program("redis-server", "redis-server");
@@ -51,9 +59,16 @@ impl RedisClusterBuilder {
             .prefix("redcron-redis-")
             .tempdir()
             .expect("cannot create a temporary directory");
+        if self.tls {
+            super::require_program("openssl", "openssl");
+            make_certificate(dir.path());
+            // The sync client used by `ping` needs a crypto provider too.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let mut cluster = RedisCluster {
             nodes: Vec::new(),
             persistence: self.persistence,
+            tls: self.tls,
             _dir: dir,
         };
         for i in 0..self.nodes {
@@ -76,6 +91,7 @@ impl RedisClusterBuilder {
 pub struct RedisCluster {
     nodes: Vec<Node>,
     persistence: Persistence,
+    tls: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -97,6 +113,7 @@ impl RedisCluster {
         RedisClusterBuilder {
             nodes: 3,
             persistence: Persistence::None,
+            tls: false,
         }
     }
 
@@ -114,7 +131,12 @@ impl RedisCluster {
     }
 
     pub fn url(&self, i: usize) -> String {
-        format!("redis://127.0.0.1:{}", self.port(i))
+        if self.tls {
+            // Self-signed certificate: skip verification (test only).
+            format!("rediss://127.0.0.1:{}/#insecure", self.port(i))
+        } else {
+            format!("redis://127.0.0.1:{}", self.port(i))
+        }
     }
 
     pub fn port(&self, i: usize) -> u16 {
@@ -244,15 +266,22 @@ impl RedisCluster {
         let console =
             std::fs::File::create(node.dir.join("console.log")).expect("cannot create a log file");
         let mut command = Command::new("redis-server");
+        if self.tls {
+            let certs = self._dir.path();
+            command
+                .args(["--port", "0", "--tls-port", &node.port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(certs.join("cert.pem"))
+                .arg("--tls-key-file")
+                .arg(certs.join("key.pem"))
+                .arg("--tls-ca-cert-file")
+                .arg(certs.join("cert.pem"))
+                .args(["--tls-auth-clients", "no"]);
+        } else {
+            command.args(["--port", &node.port.to_string()]);
+        }
         command
-            .args([
-                "--port",
-                &node.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
+            .args(["--bind", "127.0.0.1", "--save", ""])
             .arg("--dir")
             .arg(&node.dir)
             .arg("--logfile")
@@ -308,6 +337,32 @@ impl Drop for RedisCluster {
             }
         }
     }
+}
+
+/// A self-signed certificate for 127.0.0.1 in `dir` (`cert.pem`, `key.pem`).
+fn make_certificate(dir: &std::path::Path) {
+    let status = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(dir.join("key.pem"))
+        .arg("-out")
+        .arg(dir.join("cert.pem"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("cannot run openssl");
+    assert!(
+        status.success(),
+        "openssl could not make a test certificate"
+    );
 }
 
 /// A port that was free a moment ago (the caller retries if someone else takes it first).
