@@ -273,3 +273,40 @@ fn late_worker_runs_a_missed_tick_once() {
     assert_eq!(entries[0].1, "late-a");
     assert_eq!(tick_time(&tick).timestamp() % 20, 0);
 }
+
+/// Redis nodes down when the worker starts: it logs each skipped tick with the nodes' addresses, keeps
+/// its schedule, and runs ticks again once a majority is back.
+#[test]
+fn worker_outlives_redis_down_at_start() {
+    let mut cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let path = dir.write_config(&config(
+        &cluster,
+        "  id: patient\n",
+        &ledger_job("p", "* * * * * *", &dir.ledger()),
+    ));
+    for node in 0..3 {
+        cluster.kill(node);
+    }
+    let mut worker = Worker::spawn(&path, &[]);
+    let skipped = worker
+        .wait_for(Duration::from_secs(10), |e| {
+            e["event"] == "tick.skipped" && e["reason"] == "no_quorum"
+        })
+        .expect("a tick skipped for want of a quorum");
+    let error = skipped["error"].as_str().unwrap_or_default().to_string();
+    assert!(
+        error.contains(&cluster.url(0)),
+        "the error names the nodes: {error}"
+    );
+    for node in 0..2 {
+        cluster.restart(node);
+    }
+    worker
+        .wait_for_event("run.finished", Duration::from_secs(15))
+        .expect("runs resume with 2 of 3 nodes");
+    assert!(
+        worker.wait_timeout(Duration::from_millis(10)).is_none(),
+        "the worker is still running"
+    );
+}
