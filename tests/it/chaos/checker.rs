@@ -1,0 +1,441 @@
+//! The checker: reads the ledger, the timeline of faults and the workers' JSON logs, and decides whether
+//! the run kept redcron's promises.
+//!
+//! # Rules
+//!
+//! Times are real (see [`super::facts`]). A job's *ticks in the window* are its scheduled instants in
+//! `[window.0, window.1]`: the window leaves out the first seconds (workers settle) and the last ones
+//! (ticks still within someone's misfire grace when the run stopped). A tick *ran* if some worker logged
+//! `run.started` for it.
+//!
+//! The run **fails** on any of:
+//! 1. **A line that is not JSON** in any worker's stdout.
+//! 2. **A duplicate**: two `tick.won` or two `run.started` for one (job, tick) across all workers, or two
+//!    accepted first writes (`start`) for one (job, tick) in the ledger.
+//! 3. **A token order violation**: over all `tick.won` of a job, ordered by tick, tokens do not strictly
+//!    increase (G1 grants ticks in order, G2 makes tokens grow with grants); or the ledger accepted a
+//!    write that its own rule should have refused (replayed here).
+//! 4. **Ledger and logs disagree**: a `run.started` without exactly one `start` write carrying its
+//!    `run_id` (zero is allowed only when the run ended `lease_lost`, `timeout` or `shutdown`: the child
+//!    may have been stopped before it wrote), a write whose `run_id` no `run.started` announced, or one
+//!    whose job, tick, token or worker differ from its run's.
+//! 5. **An unexplained miss**: see [`super::misses`] for what explains a miss.
+//! 6. **A stale write from a live holder**: a write the ledger rejected (a newer token had been accepted)
+//!    whose run's worker process was running, neither paused nor killed, during the whole second before
+//!    the write. A paused worker cannot stop its job and a killed one has left it orphaned, so their
+//!    jobs' late writes are expected, and rejected by the fence; a live worker must have seen its lease
+//!    lost (it cannot be taken over before the holder's deadline passes) and stopped the job.
+//! 7. **A deterministic case that did not hold**: *stale write rejected* — the run whose worker was paused
+//!    for longer than TTL + the job's length wrote its last write, and the ledger rejected it;
+//!    *lease loss stops the job* — the run whose worker was paused past its TTL and resumed before its
+//!    job's last write ended `lease_lost` and never made that write. A planned case that could not be set
+//!    up (no holder found) also fails: the mechanism must be exercised every run.
+//! 8. **Renewals never exercised**: no run of the long job outlived the TTL with outcome `success`.
+//!//! Every rule is applied to the whole run except misses, which are counted over the window.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::facts::{Facts, InstanceLog, Run, NEVER};
+use super::ledger::{Attempt, Phase};
+use super::misses::{explain_miss, holds, phantom_claims};
+use super::plan::{Case, Happening, Timeline};
+use super::report::{show_time, Report, Row};
+
+/// How long before a write a worker must have been running, unpaused, for a rejected write of its job
+/// to be its fault (rule 6).
+const LIVE_HOLDER_MS: i64 = 1_000;
+/// A job as the checker needs it.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub name: String,
+    /// `overlap: skip` (one lease per job) rather than `allow`.
+    pub skip: bool,
+    /// The schedule fires every `period_ms`, on multiples of it.
+    pub period_ms: i64,
+    /// The job that outlives the TTL.
+    pub long: bool,
+}
+
+/// Everything the checker reads.
+pub struct Input<'a> {
+    pub jobs: &'a [JobSpec],
+    pub ttl_ms: i64,
+    /// Ticks in `[window.0, window.1]` (Unix ms) are checked.
+    pub window: (i64, i64),
+    pub timeline: &'a Timeline,
+    pub logs: &'a [InstanceLog],
+    pub ledger: &'a [Attempt],
+    /// The deterministic cases the plan contains.
+    pub planned_cases: &'a [Case],
+}
+
+/// Applies the rules of the module documentation.
+pub fn check(input: &Input<'_>) -> Report {
+    let facts = Facts::gather(input.timeline, input.logs);
+    let mut report = Report::default();
+    for log in input.logs {
+        for line in &log.bad_lines {
+            report.failures.push(format!(
+                "instance {} (w{}) wrote a line that is not JSON: {line:?}",
+                log.instance, log.worker
+            ));
+        }
+    }
+    for text in facts.malformed.iter().chain(&facts.orphan_starts) {
+        report.failures.push(format!(
+            "event without its tick.won or with missing fields: {text}"
+        ));
+    }
+    let runs_by_id: HashMap<&str, &Run> = facts
+        .runs
+        .iter()
+        .filter_map(|run| Some((run.run_id.as_deref()?, run)))
+        .collect();
+    check_ledger_against_logs(input, &facts, &runs_by_id, &mut report);
+    for job in input.jobs {
+        let row = check_job(input, &facts, job, &runs_by_id, &mut report);
+        report.rows.push(row);
+    }
+    check_cases(input, &facts, &runs_by_id, &mut report);
+    let renewed = facts.runs.iter().filter(|run| {
+        input.jobs.iter().any(|job| job.long && job.name == run.job)
+            && run.outcome.as_deref() == Some("success")
+            && run.duration_ms.is_some_and(|ms| ms as i64 > input.ttl_ms)
+    });
+    let renewed = renewed.count();
+    report.notes.push(format!(
+        "long runs that outlived the {} ms TTL by renewing: {renewed}",
+        input.ttl_ms
+    ));
+    if renewed == 0 && input.jobs.iter().any(|job| job.long) {
+        report
+            .failures
+            .push("no run of the long job outlived the TTL: renewals were not exercised".into());
+    }
+    let winners: BTreeSet<usize> = facts.runs.iter().map(|run| run.worker).collect();
+    report.notes.push(format!(
+        "workers that won ticks: {}",
+        winners
+            .iter()
+            .map(|w| format!("w{w}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    report
+}
+
+/// Rule 4, and the ledger replay of rule 3.
+fn check_ledger_against_logs(
+    input: &Input<'_>,
+    facts: &Facts,
+    runs_by_id: &HashMap<&str, &Run>,
+    report: &mut Report,
+) {
+    let mut starts: HashMap<&str, usize> = HashMap::new();
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for attempt in input.ledger {
+        let should = match (last.get(attempt.resource.as_str()), attempt.phase) {
+            (None, _) => true,
+            (Some(&last), Phase::Start) => attempt.token > last,
+            (Some(&last), Phase::End) => attempt.token >= last,
+        };
+        if should != attempt.accepted {
+            report.failures.push(format!(
+                "the ledger's verdict contradicts its rule: {attempt:?}"
+            ));
+        }
+        if attempt.accepted {
+            last.insert(&attempt.resource, attempt.token);
+        }
+        if attempt.phase == Phase::Start {
+            *starts.entry(&attempt.run_id).or_default() += 1;
+        }
+        match runs_by_id.get(attempt.run_id.as_str()) {
+            None => report.failures.push(format!(
+                "a ledger write from a run no worker logged: {attempt:?}"
+            )),
+            Some(run) => {
+                let worker_id = format!("w{}", run.worker);
+                let tick = super::facts::parse_instant(&attempt.tick);
+                if run.job != attempt.job
+                    || tick != Some(run.tick)
+                    || run.token != attempt.token
+                    || attempt.worker != worker_id
+                {
+                    report.failures.push(format!(
+                        "a ledger write does not match its run.started ({run:?}): {attempt:?}"
+                    ));
+                }
+            }
+        }
+    }
+    for run in &facts.runs {
+        let Some(run_id) = run.run_id.as_deref() else {
+            continue;
+        };
+        match starts.get(run_id).copied().unwrap_or(0) {
+            1 => {}
+            0 if matches!(run.outcome.as_deref(), Some("lease_lost" | "timeout" | "shutdown")) => {
+                report.notes.push(format!(
+                    "run {run_id} ({} at {}) was stopped ({}) before its first write",
+                    run.job,
+                    show_time(run.tick),
+                    run.outcome.as_deref().unwrap_or_default()
+                ));
+            }
+            n => report.failures.push(format!(
+                "run.started of {} at {} (run {run_id}, w{}) has {n} start writes in the ledger, outcome {:?}",
+                run.job,
+                show_time(run.tick),
+                run.worker,
+                run.outcome
+            )),
+        }
+    }
+}
+
+/// Rules 2, 3, 5 and 6 for one job.
+fn check_job(
+    input: &Input<'_>,
+    facts: &Facts,
+    job: &JobSpec,
+    runs_by_id: &HashMap<&str, &Run>,
+    report: &mut Report,
+) -> Row {
+    let mut row = Row {
+        job: job.name.clone(),
+        overlap: if job.skip { "skip" } else { "allow" },
+        ..Row::default()
+    };
+    let runs: Vec<&Run> = facts
+        .runs
+        .iter()
+        .filter(|run| run.job == job.name)
+        .collect();
+
+    // Rule 2: duplicates, over the whole run (not only the window).
+    let mut wins: BTreeMap<i64, Vec<&Run>> = BTreeMap::new();
+    for run in &runs {
+        wins.entry(run.tick).or_default().push(run);
+    }
+    let mut accepted_starts: BTreeMap<i64, Vec<&Attempt>> = BTreeMap::new();
+    for attempt in input
+        .ledger
+        .iter()
+        .filter(|a| a.job == job.name && a.phase == Phase::Start && a.accepted)
+    {
+        if let Some(tick) = super::facts::parse_instant(&attempt.tick) {
+            accepted_starts.entry(tick).or_default().push(attempt);
+        }
+    }
+    let mut duplicated: BTreeSet<i64> = BTreeSet::new();
+    for (tick, won) in &wins {
+        if won.len() > 1 {
+            duplicated.insert(*tick);
+            let who: Vec<String> = won
+                .iter()
+                .map(|r| format!("w{} token {} run {:?}", r.worker, r.token, r.run_id))
+                .collect();
+            report.failures.push(format!(
+                "DUPLICATE: {} at {} was granted {} times: {}",
+                job.name,
+                show_time(*tick),
+                won.len(),
+                who.join("; ")
+            ));
+        }
+    }
+    for (tick, accepted) in &accepted_starts {
+        if accepted.len() > 1 && duplicated.insert(*tick) {
+            report.failures.push(format!(
+                "DUPLICATE: {} at {} has {} accepted first writes: {accepted:?}",
+                job.name,
+                show_time(*tick),
+                accepted.len()
+            ));
+        }
+    }
+    row.duplicates = duplicated.len();
+
+    // Rule 3: tokens strictly increase with the tick.
+    let mut previous: Option<&Run> = None;
+    for run in wins.values().flatten() {
+        if let Some(before) = previous {
+            if run.token <= before.token && run.tick != before.tick {
+                row.token_violations += 1;
+                report.failures.push(format!(
+                    "TOKEN ORDER: {} at {} got token {} (w{}) after {} got {} (w{})",
+                    job.name,
+                    show_time(run.tick),
+                    run.token,
+                    run.worker,
+                    show_time(before.tick),
+                    before.token,
+                    before.worker
+                ));
+            }
+        }
+        previous = Some(run);
+    }
+
+    // Rule 5: misses.
+    let holds = if job.skip {
+        holds(input, facts, job, &runs)
+    } else {
+        Vec::new()
+    };
+    let phantoms = phantom_claims(input, facts, job);
+    let started: BTreeSet<i64> = runs
+        .iter()
+        .filter(|r| r.run_id.is_some())
+        .map(|r| r.tick)
+        .collect();
+    let first = (input.window.0 + job.period_ms - 1).div_euclid(job.period_ms) * job.period_ms;
+    for tick in (first..=input.window.1).step_by(job.period_ms as usize) {
+        row.ticks += 1;
+        if started.contains(&tick) {
+            row.run += 1;
+            continue;
+        }
+        match explain_miss(facts, job, tick, &runs, &holds, &phantoms) {
+            Ok(reason) => {
+                row.explained += 1;
+                *report
+                    .reasons
+                    .entry(format!("{}: {reason}", job.name))
+                    .or_default() += 1;
+            }
+            Err(diagnosis) => {
+                row.unexplained += 1;
+                report.failures.push(format!(
+                    "UNEXPLAINED MISS: {} at {}: {diagnosis}",
+                    job.name,
+                    show_time(tick)
+                ));
+            }
+        }
+    }
+
+    // Rule 6: stale writes.
+    for attempt in input
+        .ledger
+        .iter()
+        .filter(|a| a.job == job.name && !a.accepted)
+    {
+        row.stale_rejected += 1;
+        let Some(run) = runs_by_id.get(attempt.run_id.as_str()) else {
+            continue;
+        };
+        let life = &facts.lives[run.instance];
+        let taken_over = input.ledger.iter().find(|a| {
+            a.resource == attempt.resource
+                && a.accepted
+                && a.token > attempt.token
+                && a.at_ms <= attempt.at_ms
+        });
+        let late_by = taken_over.map_or(0, |a| attempt.at_ms - a.at_ms);
+        if life.disturbed_in(attempt.at_ms - LIVE_HOLDER_MS, attempt.at_ms) {
+            let how = if life.killed.is_some_and(|k| k <= attempt.at_ms) {
+                "crashed holder's orphaned job"
+            } else {
+                "paused holder's job"
+            };
+            report.notes.push(format!(
+                "stale {:?} write rejected: {} at {} (w{}, token {}), {how}, {late_by} ms after a newer token was accepted",
+                attempt.phase,
+                job.name,
+                attempt.tick,
+                run.worker,
+                attempt.token
+            ));
+        } else {
+            row.stale_unexplained += 1;
+            report.failures.push(format!(
+                "STALE WRITE FROM A LIVE HOLDER: {} at {} (w{} instance {}, token {}, {:?}) came {late_by} ms after a newer \
+                 token was accepted, while its worker had been running unpaused for over {LIVE_HOLDER_MS} ms: the \
+                 worker did not stop a job whose lease it had lost",
+                job.name, attempt.tick, run.worker, run.instance, attempt.token, attempt.phase
+            ));
+        }
+    }
+    row
+}
+
+/// Rule 7.
+fn check_cases(
+    input: &Input<'_>,
+    facts: &Facts,
+    runs_by_id: &HashMap<&str, &Run>,
+    report: &mut Report,
+) {
+    let mut seen: Vec<Case> = Vec::new();
+    for (at, happening) in &input.timeline.entries {
+        let Happening::CaseBegan {
+            case,
+            instance,
+            run_id,
+        } = happening
+        else {
+            continue;
+        };
+        seen.push(*case);
+        let Some(run) = runs_by_id.get(run_id.as_str()) else {
+            report
+                .failures
+                .push(format!("CASE {case}: run {run_id} is not in the logs"));
+            continue;
+        };
+        let ends: Vec<&Attempt> = input
+            .ledger
+            .iter()
+            .filter(|a| &a.run_id == run_id && a.phase == Phase::End)
+            .collect();
+        let life = &facts.lives[*instance];
+        let resumed = life
+            .stops
+            .iter()
+            .find(|&&(s, _)| s >= *at - 100)
+            .map_or(NEVER, |&(_, e)| e);
+        let head = format!(
+            "CASE {case}: w{} paused at {} until {} while running {} at {} (token {})",
+            run.worker,
+            show_time(*at),
+            show_time(resumed),
+            run.job,
+            show_time(run.tick),
+            run.token
+        );
+        match case {
+            Case::StaleWriteRejected => match ends.as_slice() {
+                [end] if !end.accepted => {
+                    let newer = input
+                        .ledger
+                        .iter()
+                        .find(|a| a.resource == end.resource && a.accepted && a.token > end.token);
+                    report.notes.push(format!(
+                        "{head}: its job's late write came while the worker was paused and was rejected (last accepted token {}, first written by {})",
+                        end.previous.unwrap_or_default(),
+                        newer.map_or("?".to_string(), |a| format!("{} for {}", a.worker, a.tick))
+                    ));
+                }
+                _ => report.failures.push(format!(
+                    "{head}: expected exactly one late write, rejected; found {ends:?}"
+                )),
+            },
+            Case::LeaseLossStopsJob => {
+                if run.outcome.as_deref() == Some("lease_lost") && ends.is_empty() {
+                    report.notes.push(format!("{head}: once resumed, the worker saw the lease lost and stopped the job before its last write"));
+                } else {
+                    report.failures.push(format!("{head}: expected outcome lease_lost and no last write; outcome {:?}, last writes {ends:?}", run.outcome));
+                }
+            }
+        }
+    }
+    for case in input.planned_cases {
+        if !seen.contains(case) {
+            report.failures.push(format!(
+                "CASE {case}: planned but never set up (see the timeline's skipped faults)"
+            ));
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! What the checker reasons about, distilled from the raw material: worker lifetimes and pauses, clock
+//! offsets, unusable nodes (from the [`Timeline`]), and claims and runs (from the workers' JSON logs).
+//!
+//! All times are real time in Unix milliseconds: the timeline's entries were stamped by the harness when
+//! it acted, a log event by the harness when the line arrived (not by the worker's possibly skewed
+//! clock), a ledger attempt by the ledger server.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::plan::{Happening, Timeline, NODES, PROXIED_NODE, WORKERS};
+
+/// "Never", as an interval end.
+pub const NEVER: i64 = i64::MAX / 4;
+/// A node counts as unusable this long after it is back (reconnection, script reload).
+const NODE_RECOVERY_MS: i64 = 2_000;
+/// A measured stall is widened by this much on each side (the probe samples every 40 ms).
+const STALL_MARGIN_MS: i64 = 100;
+/// The proxied node counts as unusable this long after the proxy is clean again.
+const PROXY_RECOVERY_MS: i64 = 1_000;
+
+/// The log of one worker process, as the harness captured it.
+#[derive(Debug, Clone, Default)]
+pub struct InstanceLog {
+    pub instance: usize,
+    pub worker: usize,
+    /// Each event with the real time its line arrived.
+    pub events: Vec<(i64, Value)>,
+    /// Lines that are not JSON objects.
+    pub bad_lines: Vec<String>,
+}
+
+/// The life of one worker process.
+#[derive(Debug, Clone)]
+pub struct Life {
+    pub worker: usize,
+    /// When it logged `worker.started` (it races nothing before), or [`NEVER`].
+    pub ready: i64,
+    /// When it was killed or told to shut down, or [`NEVER`].
+    pub end: i64,
+    pub killed: Option<i64>,
+    /// SIGSTOP .. SIGCONT intervals.
+    pub stops: Vec<(i64, i64)>,
+}
+
+impl Life {
+    /// Up and not paused during all of `[a, b]`.
+    pub fn running_throughout(&self, a: i64, b: i64) -> bool {
+        self.ready <= a && b <= self.end && self.stops.iter().all(|&(s, e)| e <= a || s >= b)
+    }
+
+    /// Paused at some point of `[a, b]`, or killed before `b`.
+    pub fn disturbed_in(&self, a: i64, b: i64) -> bool {
+        self.stops.iter().any(|&(s, e)| s <= b && e >= a) || self.killed.is_some_and(|k| k <= b)
+    }
+
+    /// Alive (spawned, not yet killed) but paused at some point of `[a, b]`.
+    pub fn paused_in(&self, a: i64, b: i64) -> bool {
+        self.stops.iter().any(|&(s, e)| s <= b && e >= a)
+    }
+
+    /// The starts of pauses, and the kill, within `[a, b]`: the moments it stopped renewing.
+    pub fn disturbances_in(&self, a: i64, b: i64) -> Vec<i64> {
+        let mut found: Vec<i64> = self.stops.iter().map(|&(s, _)| s).collect();
+        found.extend(self.killed);
+        found.retain(|&t| a <= t && t <= b);
+        found
+    }
+}
+
+/// A `tick.won`, and the run that followed it, if any.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub instance: usize,
+    pub worker: usize,
+    pub job: String,
+    pub tick: i64,
+    pub token: u64,
+    pub won_at: i64,
+    /// From `run.started`.
+    pub run_id: Option<String>,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub outcome: Option<String>,
+    pub duration_ms: Option<u64>,
+}
+
+/// The tick-level facts in the logs, with the instance that logged them.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    pub lives: Vec<Life>,
+    /// Per worker: `(from, offset)` steps of its wall clock, in time order.
+    pub offsets: Vec<Vec<(i64, i64)>>,
+    /// Per node: intervals when it could not be counted on, from the plan's faults.
+    pub unusable: Vec<Vec<(i64, i64)>>,
+    /// Per node: stalls the probe measured.
+    pub stalled: Vec<Vec<(i64, i64)>>,
+    /// Every `tick.won`, with its run.
+    pub runs: Vec<Run>,
+    /// `run.started` events that no `tick.won` of the same instance announced (should not happen).
+    pub orphan_starts: Vec<String>,
+    /// Every `(instance, job, tick)` → the events logged for it (`tick.lost:busy`, `tick.skipped:overlap`…).
+    pub outcomes: HashMap<(usize, String, i64), Vec<String>>,
+    /// Events that could not be read (missing or malformed fields).
+    pub malformed: Vec<String>,
+}
+
+/// An RFC 3339 instant as Unix ms.
+pub fn parse_instant(text: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
+impl Facts {
+    pub fn gather(timeline: &Timeline, logs: &[InstanceLog]) -> Facts {
+        let mut facts = Facts {
+            offsets: vec![Vec::new(); WORKERS],
+            unusable: vec![Vec::new(); NODES],
+            stalled: vec![Vec::new(); NODES],
+            ..Facts::default()
+        };
+        let mut down_since: [Option<i64>; NODES] = [None; NODES];
+        let mut proxy_since: Option<i64> = None;
+        for (at, happening) in &timeline.entries {
+            let at = *at;
+            match happening {
+                Happening::WorkerSpawned { worker, instance } => {
+                    if facts.lives.len() <= *instance {
+                        facts.lives.resize(
+                            instance + 1,
+                            Life {
+                                worker: 0,
+                                ready: NEVER,
+                                end: NEVER,
+                                killed: None,
+                                stops: Vec::new(),
+                            },
+                        );
+                    }
+                    facts.lives[*instance].worker = *worker;
+                }
+                Happening::WorkerStopped { instance } => {
+                    facts.lives[*instance].stops.push((at, NEVER))
+                }
+                Happening::WorkerContinued { instance } => {
+                    if let Some(stop) = facts.lives[*instance].stops.last_mut() {
+                        stop.1 = stop.1.min(at);
+                    }
+                }
+                Happening::WorkerKilled { instance } => {
+                    let life = &mut facts.lives[*instance];
+                    life.killed = Some(at);
+                    life.end = life.end.min(at);
+                }
+                Happening::WorkerShutdown { instance } => {
+                    let life = &mut facts.lives[*instance];
+                    life.end = life.end.min(at);
+                }
+                Happening::NodeDown { node, .. } => down_since[*node] = Some(at),
+                Happening::NodeUp { node } => {
+                    if let Some(since) = down_since[*node].take() {
+                        facts.unusable[*node].push((since, at + NODE_RECOVERY_MS));
+                    }
+                }
+                Happening::NodeStalled { node, until } => {
+                    facts.stalled[*node].push((at - STALL_MARGIN_MS, until + STALL_MARGIN_MS));
+                }
+                Happening::Proxy { mode } => match (mode.is_clean(), proxy_since) {
+                    (false, None) => proxy_since = Some(at),
+                    (true, Some(since)) => {
+                        facts.unusable[PROXIED_NODE].push((since, at + PROXY_RECOVERY_MS));
+                        proxy_since = None;
+                    }
+                    _ => {}
+                },
+                Happening::Clock { worker, offset_ms } => {
+                    facts.offsets[*worker].push((at, *offset_ms))
+                }
+                Happening::CaseBegan { .. } | Happening::Skipped { .. } => {}
+            }
+        }
+        for (node, since) in down_since.iter().enumerate() {
+            if let Some(since) = since {
+                facts.unusable[node].push((*since, NEVER));
+            }
+        }
+        if let Some(since) = proxy_since {
+            facts.unusable[PROXIED_NODE].push((since, NEVER));
+        }
+        for log in logs {
+            facts.read_log(log);
+        }
+        facts
+    }
+
+    fn read_log(&mut self, log: &InstanceLog) {
+        let instance = log.instance;
+        let mut open: HashMap<(String, i64), usize> = HashMap::new();
+        let mut by_run_id: HashMap<String, usize> = HashMap::new();
+        for (at, event) in &log.events {
+            let name = event["event"].as_str().unwrap_or_default();
+            if name == "worker.started" && instance < self.lives.len() {
+                self.lives[instance].ready = self.lives[instance].ready.min(*at);
+            }
+            if !name.starts_with("tick.") && !name.starts_with("run.") {
+                continue;
+            }
+            let job = event["job"].as_str().map(str::to_owned);
+            let tick = event["tick"].as_str().and_then(parse_instant);
+            let (Some(job), Some(tick)) = (job, tick) else {
+                self.malformed.push(format!("instance {instance}: {event}"));
+                continue;
+            };
+            let reason = event["reason"].as_str().unwrap_or_default();
+            self.outcomes
+                .entry((instance, job.clone(), tick))
+                .or_default()
+                .push(if reason.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{name}:{reason}")
+                });
+            match name {
+                "tick.won" => {
+                    let Some(token) = event["token"].as_u64() else {
+                        self.malformed.push(format!("instance {instance}: {event}"));
+                        continue;
+                    };
+                    open.insert((job.clone(), tick), self.runs.len());
+                    self.runs.push(Run {
+                        instance,
+                        worker: log.worker,
+                        job,
+                        tick,
+                        token,
+                        won_at: *at,
+                        run_id: None,
+                        started_at: None,
+                        finished_at: None,
+                        outcome: None,
+                        duration_ms: None,
+                    });
+                }
+                "run.started" => {
+                    let run_id = event["run_id"].as_str().unwrap_or_default().to_string();
+                    match open.get(&(job.clone(), tick)) {
+                        Some(&index) => {
+                            self.runs[index].run_id = Some(run_id.clone());
+                            self.runs[index].started_at = Some(*at);
+                            by_run_id.insert(run_id, index);
+                        }
+                        None => self
+                            .orphan_starts
+                            .push(format!("instance {instance}: {event}")),
+                    }
+                }
+                "run.finished" => {
+                    let run_id = event["run_id"].as_str().unwrap_or_default();
+                    // A child that could not be spawned ends without run.started (and without run_id
+                    // in the index): attach it to the open win.
+                    let index = by_run_id
+                        .get(run_id)
+                        .or_else(|| open.get(&(job.clone(), tick)))
+                        .copied();
+                    if let Some(index) = index {
+                        let run = &mut self.runs[index];
+                        run.finished_at = Some(*at);
+                        run.outcome = event["outcome"].as_str().map(str::to_owned);
+                        run.duration_ms = event["duration_ms"].as_u64();
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Worker `w`'s wall-clock offset at real time `t`.
+    pub fn offset_at(&self, worker: usize, t: i64) -> i64 {
+        self.offsets[worker]
+            .iter()
+            .take_while(|(from, _)| *from <= t)
+            .last()
+            .map_or(0, |&(_, o)| o)
+    }
+
+    /// The real time at which worker `w`'s clock reads `tick`: when it races that tick.
+    pub fn race_time(&self, worker: usize, tick: i64) -> i64 {
+        let first = tick - self.offset_at(worker, tick);
+        tick - self.offset_at(worker, first)
+    }
+
+    /// Whether `t` is near a step of worker `w`'s clock (it skips or repeats ticks around a step).
+    pub fn near_clock_step(&self, worker: usize, t: i64) -> bool {
+        self.offsets[worker].windows(2).any(|pair| {
+            let (at, step) = (pair[1].0, (pair[1].1 - pair[0].1).abs());
+            // libfaketime re-reads its file within a second of the change.
+            at - 1_000 <= t && t <= at + 2_500 + step
+        })
+    }
+
+    /// Whether a majority of the configured nodes was unusable at some instant of `[a, b]`: `None` if
+    /// never, else `Some(true)` when the plan's faults alone took the majority out, `Some(false)` when
+    /// measured stalls were needed for it.
+    pub fn no_quorum_in(&self, a: i64, b: i64) -> Option<bool> {
+        let needed = NODES / 2 + 1;
+        let within =
+            |intervals: &Vec<(i64, i64)>, p: i64| intervals.iter().any(|&(s, e)| s <= p && p <= e);
+        let mut points = vec![a];
+        let starts = self
+            .unusable
+            .iter()
+            .chain(&self.stalled)
+            .flatten()
+            .map(|&(s, _)| s);
+        points.extend(starts.filter(|&s| a <= s && s <= b));
+        let mut lost = None;
+        for p in points {
+            let planned = (0..NODES).filter(|&n| within(&self.unusable[n], p)).count();
+            let any = (0..NODES)
+                .filter(|&n| within(&self.unusable[n], p) || within(&self.stalled[n], p))
+                .count();
+            if planned >= needed {
+                return Some(true);
+            }
+            if any >= needed {
+                lost = Some(false);
+            }
+        }
+        lost
+    }
+
+    /// Every instance of worker `w`.
+    pub fn instances_of(&self, worker: usize) -> impl Iterator<Item = (usize, &Life)> {
+        self.lives
+            .iter()
+            .enumerate()
+            .filter(move |(_, life)| life.worker == worker)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chaos::plan::ProxyMode;
+
+    /// Node faults and the degraded proxy add up to "no quorum" only when a majority is out at once.
+    #[test]
+    fn quorum_is_lost_only_when_a_majority_is_out() {
+        let mut timeline = Timeline::default();
+        timeline.push(
+            1_000,
+            Happening::NodeDown {
+                node: 0,
+                hung: false,
+            },
+        );
+        timeline.push(
+            1_500,
+            Happening::NodeDown {
+                node: 1,
+                hung: true,
+            },
+        );
+        timeline.push(3_000, Happening::NodeUp { node: 0 });
+        timeline.push(3_000, Happening::NodeUp { node: 1 });
+        timeline.push(
+            4_000,
+            Happening::Proxy {
+                mode: ProxyMode::Slow { max_ms: 50 },
+            },
+        );
+        timeline.push(
+            8_000,
+            Happening::Proxy {
+                mode: ProxyMode::Clean,
+            },
+        );
+        for node in 2..5 {
+            timeline.push(
+                20_000,
+                Happening::NodeStalled {
+                    node,
+                    until: 20_150,
+                },
+            );
+        }
+        let facts = Facts::gather(&timeline, &[]);
+        assert_eq!(facts.no_quorum_in(0, 3_900), None, "two nodes out");
+        assert_eq!(
+            facts.no_quorum_in(4_000, 4_100),
+            Some(true),
+            "two recovering nodes and the proxy"
+        );
+        assert_eq!(facts.no_quorum_in(5_001, 9_000), None, "recovered");
+        assert_eq!(
+            facts.no_quorum_in(19_000, 21_000),
+            Some(false),
+            "a measured stall of three nodes"
+        );
+    }
+
+    /// A worker's race time follows its clock offset, including a step.
+    #[test]
+    fn race_times_follow_clock_offsets() {
+        let mut timeline = Timeline::default();
+        timeline.push(
+            0,
+            Happening::Clock {
+                worker: 1,
+                offset_ms: 2_000,
+            },
+        );
+        timeline.push(
+            0,
+            Happening::Clock {
+                worker: 3,
+                offset_ms: 0,
+            },
+        );
+        timeline.push(
+            50_000,
+            Happening::Clock {
+                worker: 3,
+                offset_ms: -3_000,
+            },
+        );
+        let facts = Facts::gather(&timeline, &[]);
+        assert_eq!(facts.race_time(1, 10_000), 8_000);
+        assert_eq!(facts.race_time(0, 10_000), 10_000);
+        assert_eq!(facts.race_time(3, 40_000), 40_000);
+        assert_eq!(facts.race_time(3, 60_000), 63_000);
+        assert!(facts.near_clock_step(3, 51_000) && !facts.near_clock_step(3, 40_000));
+    }
+}

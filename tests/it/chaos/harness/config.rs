@@ -1,0 +1,83 @@
+//! The workers' jobs file, and their clocks.
+
+use std::path::{Path, PathBuf};
+
+use super::{Breakage, GRACE_S, LONG_JOB, LONG_MS, RENEW_MS, SHUTDOWN_GRACE_S, TTL_MS};
+
+/// `+1.500` / `-2.250`: a libfaketime offset in seconds.
+pub(super) fn faketime_spec(offset_ms: i64) -> String {
+    let sign = if offset_ms < 0 { '-' } else { '+' };
+    format!(
+        "{sign}{}.{:03}",
+        offset_ms.abs() / 1000,
+        offset_ms.abs() % 1000
+    )
+}
+
+/// libfaketime's preload library, as Debian installs it (the support module's lookup is private to it;
+/// the jumping worker needs the path without `FAKETIME` set).
+pub(super) fn libfaketime() -> Option<PathBuf> {
+    let mut dirs = vec![
+        PathBuf::from("/usr/lib/faketime"),
+        PathBuf::from("/usr/local/lib/faketime"),
+    ];
+    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(entries.filter_map(|e| Some(e.ok()?.path().join("faketime"))));
+    }
+    ["libfaketimeMT.so.1", "libfaketime.so.1"]
+        .iter()
+        .flat_map(|name| dirs.iter().map(move |dir| dir.join(name)))
+        .find(|path| path.is_file())
+}
+
+/// The jobs file of worker `w`.
+pub(super) fn config(
+    worker: usize,
+    nodes: &[String],
+    ledger: &Path,
+    breakage: Option<Breakage>,
+) -> String {
+    let nodes = nodes
+        .iter()
+        .map(|url| format!("\"{url}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let ledger = ledger.display();
+    let trap = if breakage == Some(Breakage::IgnoreSigterm) {
+        "trap '' TERM; "
+    } else {
+        ""
+    };
+    format!(
+        r#"redis:
+  nodes: [{nodes}]
+lock:
+  ttl: {TTL_MS}ms
+  renew_every: {RENEW_MS}ms
+  node_timeout: 200ms
+  retry_delay: 100ms
+worker:
+  id: w{worker}
+  shutdown_grace: {SHUTDOWN_GRACE_S}s
+jobs:
+  - name: quick
+    schedule: "* * * * * *"
+    command: ['{ledger}', start, job]
+    misfire_grace: {GRACE_S}s
+    env: {{LD_PRELOAD: ""}}
+  - name: parallel
+    schedule: "* * * * * *"
+    overlap: allow
+    command: ['{ledger}', start, tick]
+    misfire_grace: {GRACE_S}s
+    env: {{LD_PRELOAD: ""}}
+  - name: {LONG_JOB}
+    schedule: "* * * * * *"
+    command: "{trap}{ledger} start job && sleep {long_s} && {ledger} end job"
+    timeout: 30s
+    misfire_grace: {GRACE_S}s
+    env: {{LD_PRELOAD: ""}}
+"#,
+        long_s = LONG_MS as f64 / 1000.0,
+    )
+}

@@ -1,0 +1,425 @@
+//! The cluster under test and the hand that breaks it: 5 lock nodes (append-only, fsync always), one of
+//! them behind the [`Proxy`]; the [`Ledger`]; 4 worker processes with their clocks; and the executor
+//! that carries out a [`Plan`], writing down in a [`Timeline`] what it did and when.
+//!
+//! - [`journal`]: each worker process's events, stamped with their real arrival time;
+//! - [`executor`]: the plan carried out, fault by fault, into the timeline;
+//! - [`config`]: the workers' jobs file and clocks.
+
+mod config;
+mod executor;
+mod journal;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use self::config::{config, faketime_spec, libfaketime};
+use self::journal::{follow, Journal};
+use super::facts::InstanceLog;
+use super::ledger::Ledger;
+use super::plan::{Happening, Plan, Timeline, JUMPER, NODES, PROXIED_NODE, WORKERS};
+use super::probe::{Probe, Stall};
+use super::proxy::Proxy;
+use crate::support::{Persistence, RedisCluster, TestDir, Worker};
+
+/// The job that outlives the TTL.
+pub const LONG_JOB: &str = "long";
+/// Lease TTL and renewal period of the workers: short, so that takeovers happen within seconds.
+pub const TTL_MS: u64 = 2_000;
+const RENEW_MS: u64 = 600;
+/// How long the long job runs between its first and its last write.
+pub const LONG_MS: u64 = 5_500;
+/// The workers' shutdown grace: running jobs may finish within it.
+const SHUTDOWN_GRACE_S: u64 = 15;
+/// The misfire grace of every job: above the largest clock offset (3 s), so late workers still race.
+const GRACE_S: u64 = 5;
+
+/// Real time, Unix ms.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// A way to break the cluster on purpose, to see the checker fail (`REDCRON_CHAOS_BREAK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breakage {
+    /// Workers 0-1 list nodes 0-2 and workers 2-3 list nodes 2-4: each counts a "majority" of 2 of its 3,
+    /// which is what counting reachable instead of configured nodes does in a partition.
+    SplitQuorum,
+    /// The jobs ignore SIGTERM, so a worker that lost its lease cannot stop its job for 10 s (its SIGKILL
+    /// grace): the job goes on without its lease, as if the lease-loss kill were missing.
+    IgnoreSigterm,
+}
+
+impl Breakage {
+    pub fn parse(text: &str) -> Option<Breakage> {
+        match text {
+            "split-quorum" => Some(Breakage::SplitQuorum),
+            "ignore-sigterm" => Some(Breakage::IgnoreSigterm),
+            _ => None,
+        }
+    }
+}
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    Stopped,
+    Killed,
+    ShutDown,
+}
+
+/// One worker process.
+struct Instance {
+    worker: usize,
+    handle: Arc<Worker>,
+    recorder: Option<JoinHandle<()>>,
+    state: State,
+}
+/// The cluster under test.
+pub struct Cluster {
+    pub dir: TestDir,
+    nodes: RedisCluster,
+    pub proxy: Proxy,
+    pub ledger: Ledger,
+    configs: Vec<PathBuf>,
+    offsets: [i64; WORKERS],
+    clock_file: PathBuf,
+    instances: Vec<Instance>,
+    journal: Arc<Journal>,
+    pub timeline: Timeline,
+    probe: Option<Probe>,
+    /// Workers that did not exit in time after SIGTERM at the end.
+    pub slow_exits: Vec<String>,
+    /// The stalls the probe measured, once it is finished.
+    pub stalls: Vec<Stall>,
+    /// Real time when the workers were all up and the plan started.
+    pub started_ms: i64,
+}
+
+impl Cluster {
+    /// Starts the nodes, the proxy, the ledger and the workers; returns once every worker has logged
+    /// `worker.started`.
+    pub fn start(plan: &Plan, breakage: Option<Breakage>) -> Cluster {
+        crate::support::require_program("redis-cli", "redis-tools");
+        let dir = TestDir::new();
+        let nodes = RedisCluster::builder()
+            .nodes(NODES)
+            .persistence(Persistence::AppendOnlyAlways)
+            .start();
+        for node in 0..NODES {
+            watch_latency(&nodes, node);
+        }
+        let probe = Probe::start(&(0..NODES).map(|node| nodes.port(node)).collect::<Vec<_>>());
+        let proxy = Proxy::start(nodes.port(PROXIED_NODE), plan.seed);
+        let ledger = Ledger::start(dir.path());
+        let mut urls = nodes.urls();
+        urls[PROXIED_NODE] = proxy.url();
+        let configs = (0..WORKERS)
+            .map(|w| {
+                let listed: Vec<String> = match breakage {
+                    Some(Breakage::SplitQuorum) if w < 2 => urls[..3].to_vec(),
+                    Some(Breakage::SplitQuorum) => urls[2..].to_vec(),
+                    _ => urls.clone(),
+                };
+                dir.write(
+                    format!("w{w}.yaml"),
+                    config(w, &listed, ledger.script(), breakage),
+                )
+            })
+            .collect();
+        let clock_file = dir.join("w3.faketime");
+        std::fs::write(&clock_file, faketime_spec(plan.offsets[JUMPER]))
+            .expect("cannot write the clock file");
+        let mut cluster = Cluster {
+            dir,
+            nodes,
+            proxy,
+            ledger,
+            configs,
+            offsets: plan.offsets,
+            clock_file,
+            instances: Vec::new(),
+            journal: Arc::new(Journal::default()),
+            timeline: Timeline::default(),
+            probe: Some(probe),
+            stalls: Vec::new(),
+            slow_exits: Vec::new(),
+            started_ms: 0,
+        };
+        let at = now_ms();
+        for (worker, offset_ms) in plan.offsets.iter().enumerate() {
+            cluster.timeline.push(
+                at,
+                Happening::Clock {
+                    worker,
+                    offset_ms: *offset_ms,
+                },
+            );
+        }
+        for worker in 0..WORKERS {
+            cluster.spawn(worker);
+        }
+        for instance in &cluster.instances {
+            instance
+                .handle
+                .wait_for_event("worker.started", Duration::from_secs(20))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "w{} did not start: {}",
+                        instance.worker,
+                        instance.handle.stderr()
+                    )
+                });
+        }
+        cluster.started_ms = now_ms();
+        cluster
+    }
+
+    /// Starts a process for `worker` with its clock.
+    fn spawn(&mut self, worker: usize) -> usize {
+        let builder = Worker::builder(&self.configs[worker]);
+        let builder = match worker {
+            JUMPER => {
+                // The file, not FAKETIME (which would take precedence over it), so the clock can step.
+                let library = libfaketime()
+                    .expect("libfaketime.so.1 (package faketime) is needed for the clock steps");
+                builder
+                    .env("LD_PRELOAD", &library.to_string_lossy())
+                    .env(
+                        "FAKETIME_TIMESTAMP_FILE",
+                        &self.clock_file.to_string_lossy(),
+                    )
+                    .env("FAKETIME_CACHE_DURATION", "1")
+            }
+            _ if self.offsets[worker] != 0 => {
+                builder.faketime(&faketime_spec(self.offsets[worker]))
+            }
+            _ => builder,
+        };
+        // A clock step moves the wall clock only, as NTP or a VM resume would; the monotonic clock, which
+        // measures leases, never jumps.
+        let builder = builder.env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        let handle = Arc::new(builder.spawn());
+        let instance = self.instances.len();
+        self.timeline
+            .push(now_ms(), Happening::WorkerSpawned { worker, instance });
+        let recorder = follow(Arc::clone(&handle), instance, Arc::clone(&self.journal));
+        self.instances.push(Instance {
+            worker,
+            handle,
+            recorder: Some(recorder),
+            state: State::Running,
+        });
+        instance
+    }
+
+    fn signal(&mut self, instance: usize, signal: i32, state: State, happening: Happening) {
+        let pid = self.instances[instance].handle.pid();
+        // SAFETY: kill has no memory effects. The process is our child and is reaped only when its
+        // `Worker` is dropped at the end, so its pid cannot have been reused.
+        unsafe {
+            libc::kill(pid as libc::pid_t, signal);
+        }
+        self.instances[instance].state = state;
+        self.timeline.push(now_ms(), happening);
+    }
+
+    /// The running (not paused, not killed) process of `worker`.
+    fn running_instance(&self, worker: usize) -> Option<usize> {
+        self.instances
+            .iter()
+            .rposition(|i| i.worker == worker && i.state == State::Running)
+    }
+    /// Resumes paused workers and asks every live one to shut down (SIGTERM: running jobs finish within
+    /// the grace), waits for them to exit, and for orphaned jobs of crashed workers to end.
+    pub fn shut_down(&mut self) {
+        for instance in 0..self.instances.len() {
+            if self.instances[instance].state == State::Stopped {
+                self.signal(
+                    instance,
+                    libc::SIGCONT,
+                    State::Running,
+                    Happening::WorkerContinued { instance },
+                );
+            }
+        }
+        for instance in 0..self.instances.len() {
+            if self.instances[instance].state == State::Running {
+                self.signal(
+                    instance,
+                    libc::SIGTERM,
+                    State::ShutDown,
+                    Happening::WorkerShutdown { instance },
+                );
+            }
+        }
+        // A recorder ends when its worker's stdout closes. A worker gets its shutdown grace, then its
+        // jobs' SIGTERM-to-SIGKILL grace, to exit; one that takes longer is killed and reported.
+        let deadline = Instant::now() + Duration::from_secs(SHUTDOWN_GRACE_S + 15);
+        while Instant::now() < deadline
+            && self
+                .instances
+                .iter()
+                .any(|i| i.recorder.as_ref().is_some_and(|r| !r.is_finished()))
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for index in 0..self.instances.len() {
+            if self.instances[index]
+                .recorder
+                .as_ref()
+                .is_some_and(|r| !r.is_finished())
+            {
+                self.slow_exits.push(format!(
+                    "w{} (process #{index}) did not exit within {} s of SIGTERM",
+                    self.instances[index].worker,
+                    SHUTDOWN_GRACE_S + 15
+                ));
+                self.signal(
+                    index,
+                    libc::SIGKILL,
+                    State::Killed,
+                    Happening::WorkerKilled { instance: index },
+                );
+            }
+            if let Some(recorder) = self.instances[index].recorder.take() {
+                // A panic here was a non-JSON line, which the checker reports from the raw lines.
+                let _ = recorder.join();
+            }
+        }
+        let orphans: Vec<i32> = self
+            .instances
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i.state == State::Killed)
+            .flat_map(|(index, _)| self.journal.events(index))
+            .filter(|(_, e)| e["event"] == "run.started")
+            .filter_map(|(_, e)| e["pid"].as_i64().map(|pid| pid as i32))
+            .collect();
+        let deadline = Instant::now() + Duration::from_millis(LONG_MS + 5_000);
+        while orphans.iter().any(|&pid| alive(pid)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if let Some(probe) = self.probe.take() {
+            self.stalls = probe.finish();
+            for stall in &self.stalls {
+                let until = stall.to;
+                self.timeline.push(
+                    stall.from,
+                    Happening::NodeStalled {
+                        node: stall.node,
+                        until,
+                    },
+                );
+            }
+            self.timeline.entries.sort_by_key(|(at, _)| *at);
+        }
+    }
+
+    /// Every process's log: the recorded events, and the raw lines that were not JSON.
+    pub fn logs(&self) -> Vec<InstanceLog> {
+        self.instances
+            .iter()
+            .enumerate()
+            .map(|(index, instance)| InstanceLog {
+                instance: index,
+                worker: instance.worker,
+                events: self.journal.events(index),
+                bad_lines: instance
+                    .handle
+                    .lines()
+                    .into_iter()
+                    .filter(|line| {
+                        !matches!(serde_json::from_str::<Value>(line), Ok(Value::Object(_)))
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Each process's clock offset as its log shows it (median of log timestamp − arrival), to confirm
+    /// that the skews and steps took effect.
+    pub fn observed_offsets(&self) -> Vec<String> {
+        (0..self.instances.len())
+            .map(|index| {
+                let mut skews: Vec<i64> = self
+                    .journal
+                    .events(index)
+                    .iter()
+                    .filter_map(|(at, e)| {
+                        Some(super::facts::parse_instant(e["timestamp"].as_str()?)? - at)
+                    })
+                    .collect();
+                skews.sort_unstable();
+                let (min, max) = (
+                    skews.first().copied().unwrap_or(0),
+                    skews.last().copied().unwrap_or(0),
+                );
+                let median = skews.get(skews.len() / 2).copied().unwrap_or(0);
+                format!(
+                    "w{} #{index}: median {median:+} ms (from {min:+} to {max:+})",
+                    self.instances[index].worker
+                )
+            })
+            .collect()
+    }
+
+    /// Each node's worst stalls since its last start, by cause (`LATENCY LATEST`): `event latest-ms max-ms`.
+    pub fn node_stalls(&self) -> Vec<String> {
+        (0..NODES)
+            .map(|node| {
+                let latest: Vec<(String, i64, i64, i64)> =
+                    self.nodes.query(node, &redis::cmd("LATENCY").arg("LATEST"));
+                let events: Vec<String> = latest
+                    .iter()
+                    .map(|(event, _, last, max)| format!("{event} {last}/{max} ms"))
+                    .collect();
+                format!(
+                    "node {node}: {}",
+                    if events.is_empty() {
+                        "none".into()
+                    } else {
+                        events.join(", ")
+                    }
+                )
+            })
+            .collect()
+    }
+
+    pub fn stderr_of_all(&self) -> String {
+        self.instances
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| !i.handle.stderr().trim().is_empty())
+            .map(|(index, i)| {
+                format!(
+                    "--- w{} #{index} stderr ---\n{}",
+                    i.worker,
+                    i.handle.stderr()
+                )
+            })
+            .collect()
+    }
+}
+/// Whether process `pid` exists and is not a zombie (an orphan's zombie may linger: PID 1 in a
+/// container need not reap it).
+fn alive(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which ends at the last ')'.
+    stat.rsplit_once(')')
+        .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+}
+
+/// Asks node `i` to record its own stalls over 50 ms (`LATENCY LATEST` shows them), for the summary.
+fn watch_latency(nodes: &RedisCluster, node: usize) {
+    let () = nodes.query(
+        node,
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("latency-monitor-threshold")
+            .arg(50),
+    );
+}

@@ -1,0 +1,109 @@
+//! Measured node stalls: faults the plan did not inject but the machine did.
+//!
+//! With `appendfsync always` every write waits for an fsync, and on a shared disk one slow fsync (another
+//! process flushing a build) stalls all five nodes at the same moment for 100 ms or more — a majority
+//! not answering within `node_timeout`, exactly as if the plan had hung three nodes. The probe is the
+//! checker's witness of that: one thread per node sends `PING` every [`PERIOD`] straight to the node
+//! (not through the proxy) and records every answer slower than [`STALL`]. The checker counts a node
+//! as unusable during a measured stall, and says so when a miss is explained by one.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::harness::now_ms;
+
+/// How often each node is probed.
+const PERIOD: Duration = Duration::from_millis(40);
+/// An answer slower than this is a stall.
+const STALL: Duration = Duration::from_millis(50);
+/// Longest wait for one answer (a hung node is in the plan anyway).
+const GIVE_UP: Duration = Duration::from_secs(1);
+
+/// A stall of node `node` during `[from, to]`, Unix ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stall {
+    pub node: usize,
+    pub from: i64,
+    pub to: i64,
+}
+
+pub struct Probe {
+    stop: Arc<AtomicBool>,
+    stalls: Arc<Mutex<Vec<Stall>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Probe {
+    /// Starts probing each of `ports` (node `i` at `ports[i]` on loopback).
+    pub fn start(ports: &[u16]) -> Probe {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stalls = Arc::new(Mutex::new(Vec::new()));
+        let threads = ports
+            .iter()
+            .enumerate()
+            .map(|(node, &port)| {
+                let (stop, stalls) = (Arc::clone(&stop), Arc::clone(&stalls));
+                std::thread::Builder::new()
+                    .name(format!("chaos-probe-{node}"))
+                    .spawn(move || probe(node, port, &stop, &stalls))
+                    .expect("cannot start a probe thread")
+            })
+            .collect();
+        Probe {
+            stop,
+            stalls,
+            threads,
+        }
+    }
+
+    /// Stops probing and returns the stalls seen, in time order.
+    pub fn finish(self) -> Vec<Stall> {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+        let mut stalls = self
+            .stalls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        stalls.sort_by_key(|s| s.from);
+        stalls
+    }
+}
+
+fn probe(node: usize, port: u16, stop: &AtomicBool, stalls: &Mutex<Vec<Stall>>) {
+    let client =
+        redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a loopback URL is valid");
+    let mut connection: Option<redis::Connection> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let tick = Instant::now();
+        if connection.is_none() {
+            // A killed node refuses at once; a restarted one is picked up on the next round.
+            connection = client.get_connection_with_timeout(GIVE_UP).ok();
+            if let Some(c) = &connection {
+                let _ = c.set_read_timeout(Some(GIVE_UP));
+            }
+        }
+        if let Some(c) = connection.as_mut() {
+            let (sent, started) = (now_ms(), Instant::now());
+            let answered = redis::cmd("PING").query::<String>(c).is_ok();
+            let took = started.elapsed();
+            // A dropped connection (killed node) is the plan's business; a slow answer is a stall.
+            if took > STALL {
+                let mut all = stalls.lock().unwrap_or_else(|p| p.into_inner());
+                all.push(Stall {
+                    node,
+                    from: sent,
+                    to: sent + took.as_millis() as i64,
+                });
+            }
+            if !answered {
+                connection = None;
+            }
+        }
+        std::thread::sleep(PERIOD.saturating_sub(tick.elapsed()));
+    }
+}
