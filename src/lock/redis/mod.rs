@@ -1,0 +1,364 @@
+//! The Redlock store on N independent Redis nodes.
+//!
+//! A claim of `(job, tick)` takes two rounds, each sent to every node in parallel as one pipeline that
+//! carries all the claims due at that instant:
+//!
+//! 1. [`scripts::ACQUIRE`]: take the lease unless the tick is claimed or the lease is held; learn each
+//!    node's fence counter. A majority of `ok` answers lets the claim go on, with the fencing token
+//!    `max(highest fence seen + 1, token_floor(tick))`.
+//! 2. [`scripts::CONFIRM`]: on each node where our lease value still holds, raise the fence counter to the
+//!    token and record the tick as claimed. The claim is granted only when a majority confirms before the
+//!    lease's validity (`ttl − elapsed − drift`, measured on the monotonic clock from before round 1) ends.
+//!
+//! Every round returns as soon as its outcome is known — a majority agreed, or a majority can no longer
+//! agree — and never waits for a slow or hung node longer than `node_timeout`. The safety argument is in
+//! `docs/protocol.md`.
+//!
+//! Files: this one holds the store's API; [`claim`] the two rounds of a claim and the reading of a lost
+//! one; [`round`] how one pipeline goes to every node; [`reply`] the parsing of the scripts' replies.
+
+mod claim;
+mod reply;
+mod round;
+
+use std::sync::Arc;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use rand::Rng;
+use tokio::time::Instant;
+
+use self::reply::{parse_integer, parse_set};
+use self::round::evalsha;
+use super::node::Node;
+use super::quorum::{quorum, Vote};
+use super::{
+    scripts, validity, ClaimOutcome, ClaimRequest, FencingToken, Lease, LockSettings, Overlap,
+    RenewError, StoreError,
+};
+use crate::schedule::Tick;
+
+/// Leases, claims and fencing tokens on a majority of N independent Redis nodes.
+pub struct RedisStore {
+    settings: LockSettings,
+    nodes: Arc<Vec<Node>>,
+}
+
+/// The lowest token a lease of `tick` may carry: the tick in milliseconds × 1000.
+///
+/// Tokens of later ticks therefore start above every token a job can have reached at an earlier tick
+/// (it would take 1000 confirmed attempts within one millisecond of schedule to catch up), which keeps
+/// tokens increasing even if a node forgets its fence counter. Below 2^53 (exact in Lua) until the year
+/// 2255.
+pub fn token_floor(tick: Tick) -> FencingToken {
+    u64::try_from(tick.as_millis())
+        .unwrap_or(0)
+        .saturating_mul(1000)
+}
+
+/// The three keys of one claim on every node: lease, fence counter, tick claim.
+pub(crate) fn claim_keys(prefix: &str, job: &str, tick: Tick, overlap: Overlap) -> [String; 3] {
+    let lease = match overlap {
+        Overlap::Skip => format!("{prefix}:{{{job}}}:lease"),
+        Overlap::Allow => format!("{prefix}:{{{job}}}:lease:{}", tick.as_millis()),
+    };
+    [
+        lease,
+        format!("{prefix}:{{{job}}}:fence"),
+        format!("{prefix}:{{{job}}}:claim"),
+    ]
+}
+
+/// One request in one attempt.
+struct Try<'a> {
+    request: &'a ClaimRequest,
+    /// The value kept from the previous attempt (we led a split vote), or `None` for a fresh one.
+    value: Option<String>,
+    /// Whether this attempt may keep its keys for a retry (it has attempts left).
+    may_keep: bool,
+}
+
+/// The result of one attempt at one claim.
+enum Attempt {
+    Won(Lease),
+    /// Lost: the outcome to report, and whether another attempt could change it.
+    Lost {
+        outcome: ClaimOutcome,
+        retry: Retry,
+    },
+}
+
+/// Whether, and how, a lost attempt is tried again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Retry {
+    /// The outcome is final (the tick is taken, or too many nodes failed).
+    No,
+    /// A split vote that another contender leads: undo, and retry after the delay plus jitter.
+    Later,
+    /// A split vote that we lead: keep our keys (this value) and retry soon.
+    Soon(String),
+}
+
+impl RedisStore {
+    /// Prepares the store; connections open in the background and re-open by themselves.
+    ///
+    /// Must be called inside a Tokio runtime. Fails only on URLs that cannot name a Redis node.
+    pub fn new(urls: &[String], settings: LockSettings) -> Result<RedisStore, StoreError> {
+        if urls.is_empty() {
+            return Err(StoreError::NoNodes(0));
+        }
+        // `rediss://` nodes need a TLS crypto provider; rustls no longer picks one by itself. Installing
+        // fails only if one is already installed, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let nodes = urls
+            .iter()
+            .map(|url| Node::new(url, settings.node_timeout))
+            .collect::<Result<Vec<_>, _>>()?;
+        nodes.iter().for_each(Node::warm_up);
+        Ok(RedisStore {
+            settings,
+            nodes: Arc::new(nodes),
+        })
+    }
+
+    /// The nodes' addresses, without passwords.
+    pub fn node_labels(&self) -> Vec<String> {
+        self.nodes.iter().map(|node| node.label.clone()).collect()
+    }
+
+    /// The lock settings this store was built with.
+    pub fn settings(&self) -> &LockSettings {
+        &self.settings
+    }
+
+    /// Claims every request, retrying split votes; see [`super::LockStore::claim_many`].
+    ///
+    /// A split vote (no holder with a majority) is broken in two ways. The contender with the most votes
+    /// (ties to the smallest value, which every contender sees alike) keeps its keys and retries soon, so
+    /// it picks up the nodes the others free; the others undo and retry after `retry_delay` plus random
+    /// jitter, by which time they usually find the leader holding a majority and stop.
+    pub async fn claim_many(
+        &self,
+        worker_id: &str,
+        requests: &[ClaimRequest],
+    ) -> Vec<ClaimOutcome> {
+        let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
+        // Per pending request: when it may go again, how many attempts are left, and a value it kept.
+        let mut pending: Vec<(usize, Instant, u32, Option<String>)> = (0..requests.len())
+            .map(|index| (index, Instant::now(), self.settings.retries, None))
+            .collect();
+        while !pending.is_empty() {
+            let ready_at = pending
+                .iter()
+                .map(|p| p.1)
+                .min()
+                .unwrap_or_else(Instant::now);
+            tokio::time::sleep_until(ready_at).await;
+            let now = Instant::now();
+            let (ready, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.1 <= now);
+            pending = waiting;
+            let batch: Vec<Try<'_>> = ready
+                .iter()
+                .map(|(index, _, left, value)| Try {
+                    request: &requests[*index],
+                    value: value.clone(),
+                    may_keep: *left > 0,
+                })
+                .collect();
+            let results = self.attempt(worker_id, &batch).await;
+            for ((index, _, left, _), result) in ready.into_iter().zip(results) {
+                let base = self.settings.retry_delay;
+                match result {
+                    Attempt::Won(lease) => outcomes[index] = Some(ClaimOutcome::Won(lease)),
+                    Attempt::Lost {
+                        retry: Retry::Soon(value),
+                        ..
+                    } if left > 0 => {
+                        pending.push((index, Instant::now() + base / 4, left - 1, Some(value)));
+                    }
+                    Attempt::Lost {
+                        retry: Retry::Later,
+                        ..
+                    } if left > 0 => {
+                        // Random jitter breaks the symmetry between the contenders that lost the vote.
+                        let jitter = base.mul_f64(rand::rng().random::<f64>());
+                        pending.push((index, Instant::now() + base + jitter, left - 1, None));
+                    }
+                    Attempt::Lost { outcome, .. } => outcomes[index] = Some(outcome),
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or(ClaimOutcome::AlreadyClaimed))
+            .collect()
+    }
+
+    /// A plain Redlock lease on `resource`: `SET NX PX` on every node, no tick claim and no fencing token
+    /// (the lease's token is 0). One round trip; the lease renews and releases like a claimed one.
+    ///
+    /// For callers that need mutual exclusion only; the worker always claims ticks with
+    /// [`RedisStore::claim_many`].
+    pub async fn acquire_lease(&self, worker_id: &str, resource: &str) -> ClaimOutcome {
+        let request = ClaimRequest {
+            job: resource.to_string(),
+            tick: Tick(0),
+            overlap: Overlap::Skip,
+        };
+        let [key, _, _] = claim_keys(
+            &self.settings.key_prefix,
+            resource,
+            request.tick,
+            request.overlap,
+        );
+        let value = format!("{worker_id}/{}", uuid::Uuid::new_v4());
+        let start = Instant::now();
+        let mut pipeline = redis::pipe();
+        pipeline
+            .cmd("SET")
+            .arg(&key)
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.settings.ttl.as_millis() as u64);
+        let answers = self
+            .round(
+                &pipeline,
+                self.settings.node_timeout,
+                parse_set,
+                Err,
+                |answer| match answer {
+                    Ok(true) => Vote::Granted,
+                    Ok(false) => Vote::Refused,
+                    Err(why) => Vote::Failed(why.clone()),
+                },
+            )
+            .await;
+        let answers = answers.into_iter().next().unwrap_or_default();
+        let granted = answers.iter().filter(|(_, a)| a == &Ok(true)).count();
+        let drift = validity::drift(self.settings.ttl, self.settings.drift_factor);
+        if granted >= quorum(self.nodes.len())
+            && validity::validity(
+                self.settings.ttl,
+                start.elapsed(),
+                self.settings.drift_factor,
+            )
+            .is_some()
+        {
+            return ClaimOutcome::Won(Lease::new(
+                &request,
+                0,
+                value,
+                start + self.settings.ttl.saturating_sub(drift),
+            ));
+        }
+        let mut undo = redis::pipe();
+        undo.add_command(evalsha(&scripts::RELEASE, &[key], &[&value]));
+        self.spawn_everywhere(undo);
+        let refused = answers.iter().filter(|(_, a)| a == &Ok(false)).count();
+        if refused > 0 {
+            return ClaimOutcome::Busy {
+                holder: None,
+                ttl: None,
+            };
+        }
+        let answered: Vec<usize> = answers.iter().map(|(node, _)| *node).collect();
+        let failures = answers
+            .into_iter()
+            .filter_map(|(node, a)| a.err().map(|why| (node, why)));
+        ClaimOutcome::NoQuorum(self.quorum_failure(failures, granted, answered.into_iter()))
+    }
+
+    /// Extends the lease if a majority still holds it, before its deadline; see [`super::LockStore::renew`].
+    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
+        if lease.is_lost() {
+            return Err(RenewError::AlreadyLost);
+        }
+        let start = Instant::now();
+        if start >= lease.deadline() {
+            lease.mark_lost();
+            return Err(RenewError::Expired);
+        }
+        let settings = &self.settings;
+        let [key, _, _] = claim_keys(&settings.key_prefix, &lease.job, lease.tick, lease.overlap);
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(evalsha(
+            &scripts::RENEW,
+            &[key],
+            &[&lease.value, &settings.ttl.as_millis().to_string()],
+        ));
+        // The round must be decided inside the remaining validity: a renewal confirmed after the deadline
+        // proves nothing about the time in between, when another holder may have taken the lease.
+        let budget = lease
+            .deadline()
+            .saturating_duration_since(start)
+            .min(settings.node_timeout);
+        let answers = self
+            .round(
+                &pipeline,
+                budget,
+                parse_integer,
+                Err,
+                |answer| match answer {
+                    Ok(1) => Vote::Granted,
+                    Ok(_) => Vote::Refused,
+                    Err(why) => Vote::Failed(why.clone()),
+                },
+            )
+            .await;
+        let answers = answers.into_iter().next().unwrap_or_default();
+        let granted = answers.iter().filter(|(_, a)| a == &Ok(1)).count();
+        let refused = answers
+            .iter()
+            .filter(|(_, a)| matches!(a, Ok(n) if *n != 1))
+            .count();
+        let needed = quorum(self.nodes.len());
+        if granted >= needed {
+            if Instant::now() >= lease.deadline() {
+                lease.mark_lost();
+                return Err(RenewError::Expired);
+            }
+            let drift = validity::drift(settings.ttl, settings.drift_factor);
+            lease.extend_to(start + settings.ttl.saturating_sub(drift));
+            return Ok(());
+        }
+        let failure = self.quorum_failure(
+            answers.iter().filter_map(|(node, answer)| match answer {
+                Ok(1) => None,
+                Ok(_) => Some((*node, "lease not held".to_string())),
+                Err(why) => Some((*node, why.clone())),
+            }),
+            granted,
+            answers.iter().map(|(node, _)| *node),
+        );
+        if refused > self.nodes.len() - needed || Instant::now() >= lease.deadline() {
+            // A majority answered that our value is gone (or the deadline passed): the lease cannot be
+            // held by us on a majority any more. It stays lost.
+            lease.mark_lost();
+            return Err(if refused > self.nodes.len() - needed {
+                RenewError::NotHeld(failure)
+            } else {
+                RenewError::Expired
+            });
+        }
+        Err(RenewError::Unconfirmed(failure))
+    }
+
+    /// Compare-and-delete on every node; waits at most `node_timeout` for the answers.
+    pub async fn release(&self, lease: &Lease) {
+        let [key, _, _] = claim_keys(
+            &self.settings.key_prefix,
+            &lease.job,
+            lease.tick,
+            lease.overlap,
+        );
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(evalsha(&scripts::RELEASE, &[key], &[&lease.value]));
+        let timeout = self.settings.node_timeout;
+        let mut all: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .map(|node| node.eval(&pipeline, timeout))
+            .collect();
+        while all.next().await.is_some() {}
+    }
+}

@@ -1,0 +1,101 @@
+//! One round: a pipeline sent to every node in parallel, decided as soon as a majority is known.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use redis::{Pipeline, Value};
+
+use super::RedisStore;
+use crate::lock::quorum::{Decision, Tally, Vote};
+
+impl RedisStore {
+    /// Sends `pipeline` to every node in the background, bounded by the TTL (after which the keys it
+    /// would delete have expired anyway).
+    pub(super) fn spawn_everywhere(&self, pipeline: Pipeline) {
+        let nodes = Arc::clone(&self.nodes);
+        let timeout = self.settings.ttl;
+        tokio::spawn(async move {
+            let mut all: FuturesUnordered<_> = nodes
+                .iter()
+                .map(|node| node.eval(&pipeline, timeout))
+                .collect();
+            while all.next().await.is_some() {}
+        });
+    }
+
+    /// Sends one pipeline to every node in parallel and collects, per command, each node's parsed answer,
+    /// until every command's outcome is decided or `budget` has passed.
+    ///
+    /// Returns, for each command of the pipeline, the answers as `(node index, answer)`; nodes that had not
+    /// answered when the round was decided are absent.
+    pub(super) async fn round<A>(
+        &self,
+        pipeline: &Pipeline,
+        budget: Duration,
+        parse: fn(Value) -> A,
+        failed: fn(String) -> A,
+        vote: impl Fn(&A) -> Vote,
+    ) -> Vec<Vec<(usize, A)>> {
+        let commands = pipeline.cmd_iter().count();
+        let mut answers: Vec<Vec<(usize, A)>> = (0..commands).map(|_| Vec::new()).collect();
+        let mut tallies: Vec<Tally> = (0..commands)
+            .map(|_| Tally::new(self.nodes.len()))
+            .collect();
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| async move { (index, node.eval(pipeline, budget).await) })
+            .collect();
+        while let Some((node, result)) = pending.next().await {
+            match result {
+                Ok(values) if values.len() == commands => {
+                    for (command, value) in values.into_iter().enumerate() {
+                        let answer = parse(value);
+                        tallies[command].add(&vote(&answer));
+                        answers[command].push((node, answer));
+                    }
+                }
+                Ok(values) => {
+                    let why = format!("answered {} results for {commands} commands", values.len());
+                    record_failure(&mut answers, &mut tallies, node, &why, failed, &vote);
+                }
+                Err(why) => record_failure(&mut answers, &mut tallies, node, &why, failed, &vote),
+            }
+            if tallies
+                .iter()
+                .all(|tally| tally.decision() != Decision::Pending)
+            {
+                break;
+            }
+        }
+        answers
+    }
+}
+
+/// Counts a node's failure against every command of the round.
+fn record_failure<A>(
+    answers: &mut [Vec<(usize, A)>],
+    tallies: &mut [Tally],
+    node: usize,
+    why: &str,
+    failed: fn(String) -> A,
+    vote: &impl Fn(&A) -> Vote,
+) {
+    for (command, tally) in tallies.iter_mut().enumerate() {
+        let answer = failed(why.to_string());
+        tally.add(&vote(&answer));
+        answers[command].push((node, answer));
+    }
+}
+
+/// An `EVALSHA` of `script` (the node loads it after a `NOSCRIPT`; see [`Node::eval`]).
+pub(super) fn evalsha(script: &redis::Script, keys: &[String], args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+    cmd
+}
