@@ -14,8 +14,8 @@
 //! agree — and never waits for a slow or hung node longer than `node_timeout`. The safety argument is in
 //! `docs/protocol.md`.
 //!
-//! Files: this one holds the store's API; [`claim`] the two rounds of a claim and the reading of a lost
-//! one; [`round`] how one pipeline goes to every node; [`reply`] the parsing of the scripts' replies.
+//! Files: this one holds the store's API; `claim.rs` the two rounds of a claim and the reading of a lost
+//! one; `round.rs` how one pipeline goes to every node; `reply.rs` the parsing of the scripts' replies.
 
 mod claim;
 mod reply;
