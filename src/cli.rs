@@ -177,12 +177,12 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let lock = &config.lock;
     out.push_str(&format!(
         "lock: ttl {}, renew every {}, node timeout {}, drift factor {}, {} retries after {}, key prefix {}\n",
-        show(lock.ttl),
-        show(lock.renew_every),
-        show(lock.node_timeout),
+        crate::config::show_duration(lock.ttl),
+        crate::config::show_duration(lock.renew_every),
+        crate::config::show_duration(lock.node_timeout),
         lock.drift_factor,
         lock.retries,
-        show(lock.retry_delay),
+        crate::config::show_duration(lock.retry_delay),
         lock.key_prefix
     ));
     for job in &config.jobs {
@@ -304,10 +304,6 @@ fn say(text: &str) {
 
 fn say_error(text: &str) {
     say(&format!("error: {text}"));
-}
-
-fn show(duration: Duration) -> String {
-    humantime::format_duration(duration).to_string()
 }
 
 fn plural(count: usize) -> &'static str {

@@ -15,6 +15,8 @@
 mod jobs;
 mod raw;
 mod validate;
+
+pub use validate::show as show_duration;
 mod yaml;
 
 use std::collections::BTreeMap;

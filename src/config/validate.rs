@@ -67,7 +67,8 @@ fn lock(raw: &RawLock, key_prefix: Option<&Spanned<String>>, report: &mut Report
             }
             every
         }
-        None => ttl / 3,
+        // To the millisecond: `ttl/3` of 10 s is 3.333 s, not 3.333333333 s.
+        None => Duration::from_millis(u64::try_from((ttl / 3).as_millis()).unwrap_or(u64::MAX)),
     };
     let node_timeout = positive_duration(raw.node_timeout.as_ref(), "lock.node_timeout", report)
         .unwrap_or(defaults.node_timeout);
@@ -296,6 +297,8 @@ fn error_at(value: Option<&Spanned<String>>, field: &str, message: String, repor
     }
 }
 
-fn show(duration: Duration) -> String {
-    humantime::format_duration(duration).to_string()
+/// A duration as an operator writes it (`3s 333ms`), to the millisecond.
+pub fn show(duration: Duration) -> String {
+    let millis = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    humantime::format_duration(Duration::from_millis(millis)).to_string()
 }

@@ -4,6 +4,7 @@
 mod chaos;
 mod cli;
 mod config;
+mod deploy;
 mod lock;
 mod schedule;
 mod support;
