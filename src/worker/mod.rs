@@ -27,6 +27,10 @@ use crate::shutdown::Shutdown;
 /// (NTP, a VM resumed) moves its next wake-up with it.
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
+/// The first wait before a tick that found no quorum is raced again; it doubles up to the maximum.
+const NO_QUORUM_BACKOFF: Duration = Duration::from_millis(250);
+const NO_QUORUM_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
 /// Failures that stop the worker before it starts.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -134,20 +138,46 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     Ok(())
 }
 
-/// Claims a batch of due ticks in one call (one pipelined round trip per node and round) and runs the
-/// ticks won, each under its own watchdog; returns when every run has ended.
+/// Claims a batch of due ticks in one call (one pipelined round trip per node and round) and settles each
+/// outcome in its own task; returns when every run (and every retry) has ended.
 async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGuard>)>) {
     let claims: Vec<ClaimRequest> = batch
         .iter()
-        .map(|(job, tick, _)| ClaimRequest {
-            job: job.name.clone(),
-            tick: *tick,
-            overlap: job.overlap,
-        })
+        .map(|(job, tick, _)| request(job, *tick))
         .collect();
     let outcomes = context.store.claim_many(&context.worker_id, &claims).await;
-    let mut runs = JoinSet::new();
+    let mut settling = JoinSet::new();
     for ((job, tick, guard), outcome) in batch.into_iter().zip(outcomes) {
+        settling.spawn(settle(Arc::clone(&context), job, tick, guard, outcome));
+    }
+    while settling.join_next().await.is_some() {}
+}
+
+fn request(job: &JobConfig, tick: Tick) -> ClaimRequest {
+    ClaimRequest {
+        job: job.name.clone(),
+        tick,
+        overlap: job.overlap,
+    }
+}
+
+/// Acts on one claim outcome: runs a won tick, logs a lost one, and races a tick that found no quorum
+/// again — with backoff, while it is within the job's misfire grace and the job's next tick is not yet
+/// due — so that a Redis outage shorter than the grace costs no run.
+async fn settle(
+    context: Arc<Context>,
+    job: JobConfig,
+    tick: Tick,
+    guard: Option<BusyGuard>,
+    mut outcome: ClaimOutcome,
+) {
+    let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
+    let give_up_at = match job.schedule.next_after(tick.to_utc()) {
+        Some(next) => next.to_utc().min(tick.to_utc() + grace),
+        None => tick.to_utc() + grace,
+    };
+    let mut backoff = NO_QUORUM_BACKOFF;
+    loop {
         match outcome {
             ClaimOutcome::Won(lease) if context.shutdown.is_requested() => {
                 info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
@@ -156,11 +186,7 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
             }
             ClaimOutcome::Won(lease) => {
                 info!(event = "tick.won", job = %job.name, tick = %tick, token = lease.token, "Won the tick");
-                let context = Arc::clone(&context);
-                runs.spawn(async move {
-                    run::run(context, job, lease).await;
-                    drop(guard);
-                });
+                run::run(Arc::clone(&context), job, lease).await;
             }
             ClaimOutcome::AlreadyClaimed => {
                 info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",
@@ -173,12 +199,35 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
                       "Lost the tick: another worker holds the job");
             }
             ClaimOutcome::NoQuorum(failure) => {
-                error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "no_quorum",
-                       error = %failure, "Skipped: no majority of Redis nodes answered");
+                let retry_at = Utc::now() + chrono::Duration::from_std(backoff).unwrap_or_default();
+                if context.shutdown.is_requested() || retry_at >= give_up_at {
+                    error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "no_quorum",
+                           error = %failure, "Skipped: no majority of Redis nodes answered within the grace");
+                } else {
+                    warn!(event = "tick.retrying", job = %job.name, tick = %tick, reason = "no_quorum",
+                          error = %failure, retry_in_ms = backoff.as_millis() as u64,
+                          "No majority of Redis nodes answered; racing again");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = context.shutdown.graceful() => {}
+                    }
+                    if context.shutdown.is_requested() {
+                        info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
+                              "Skipped: shutdown was requested while waiting for a quorum");
+                        break;
+                    }
+                    backoff = (backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
+                    outcome = context
+                        .store
+                        .claim(&context.worker_id, request(&job, tick))
+                        .await;
+                    continue;
+                }
             }
         }
+        break;
     }
-    while runs.join_next().await.is_some() {}
+    drop(guard);
 }
 
 impl Context {

@@ -310,3 +310,42 @@ fn worker_outlives_redis_down_at_start() {
         "the worker is still running"
     );
 }
+
+/// A tick that finds no majority is raced again within its misfire grace: an outage of a majority of
+/// nodes shorter than the grace costs no run.
+#[test]
+fn a_tick_survives_an_outage_shorter_than_its_grace() {
+    let mut cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let job = ledger_job("outage", "*/10 * * * * *", &dir.ledger())
+        .replace("    command:", "    misfire_grace: 8s\n    command:");
+    let path = dir.write_config(&config(&cluster, "  id: o\n", &job));
+    let worker = Worker::spawn(&path, &[]);
+    worker
+        .wait_for_event("worker.started", Duration::from_secs(10))
+        .expect("started");
+    for node in 0..2 {
+        cluster.stop(node);
+    }
+    let retrying = worker
+        .wait_for(Duration::from_secs(15), |e| e["event"] == "tick.retrying")
+        .expect("the tick is retried while the majority is hung");
+    std::thread::sleep(Duration::from_secs(2));
+    for node in 0..2 {
+        cluster.cont(node);
+    }
+    let tick = retrying["tick"].as_str().expect("tick").to_string();
+    let started = worker
+        .wait_for(Duration::from_secs(10), |e| {
+            e["event"] == "run.started" && e["tick"] == tick.as_str()
+        })
+        .expect("the same tick runs once the majority is back");
+    assert_eq!(started["job"], "outage");
+    let runs = ledger(&dir);
+    assert_eq!(
+        runs.get(&("outage".to_string(), tick.clone()))
+            .map(Vec::len),
+        Some(1),
+        "{runs:?}"
+    );
+}
