@@ -14,7 +14,7 @@ fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "redis:\n  nodes: [{nodes}]\nlock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 50ms\n  retry_delay: 50ms\n\
+        "redis:\n  nodes: [{nodes}]\nlock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
          worker:\n{worker_section}jobs:\n{jobs}"
     )
 }
