@@ -1,0 +1,108 @@
+//! The redcron performance benchmark: `cargo bench --bench lease` (all items, a few minutes), or
+//! `cargo bench --bench lease -- --smoke` (about a second per item, for checking that it runs).
+//!
+//! It starts its own `redis-server` nodes and `redcron` workers, measures the items of issue 5, and prints
+//! Markdown tables with the machine they ran on and a list of targets met or missed. Options after `--`:
+//!
+//! - `--smoke` (or `REDCRON_BENCH_SMOKE=1`): tiny runs, for the smoke test; the figures mean nothing.
+//! - `--items 1,2,3,4,5`: which items of the issue to run (default all).
+//! - `--cycles N`: measured lease cycles per contender on the healthy cluster (default 1000).
+//! - `--current-thread`: items 1–2 on a current-thread runtime (default: multi-threaded, as the worker).
+//! - `--only floor,fanout,lease,claim,rslock,redlock`: which contenders items 1–2 measure (default all).
+//!
+//! - `REDCRON_BENCH_KEEP=1`: keep the workers' configs, JSON logs and ledgers (items 3–5) and print where.
+//!
+//! Under `cargo test --all-targets` (no `--bench` argument) it does nothing: the smoke test in
+//! `tests/it/bench_smoke.rs` runs it instead.
+//!
+//! The binary is also the benchmark's job: run as `lease --probe <ledger>` it appends
+//! `$REDCRON_JOB $REDCRON_TICK $REDCRON_WORKER_ID <wall-clock ns>` to the ledger, first thing in `main`,
+//! which is how a job records when it started.
+
+mod bench;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = args.iter().position(|a| a == "--probe") {
+        return probe(args.get(at + 1));
+    }
+    let smoke = args.iter().any(|a| a == "--smoke")
+        || std::env::var_os("REDCRON_BENCH_SMOKE").is_some_and(|v| v == "1");
+    if !args.iter().any(|a| a == "--bench") && !smoke {
+        println!("redcron benchmark: run it with `cargo bench --bench lease` (it is not part of the tests)");
+        return ExitCode::SUCCESS;
+    }
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    let sections = match value("--items") {
+        Some(list) => list
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect(),
+        None => vec![1, 2, 3, 4, 5],
+    };
+    let cycles = value("--cycles")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1000);
+    let contenders = match value("--only") {
+        Some(list) => bench::cycle::Kind::ALL
+            .into_iter()
+            .filter(|kind| list.split(',').any(|name| name == kind.short()))
+            .collect(),
+        None => bench::cycle::Kind::ALL.to_vec(),
+    };
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let options = bench::Options {
+        smoke,
+        sections,
+        cycles,
+        contenders,
+        current_thread: args.iter().any(|a| a == "--current-thread"),
+        worker: Some(env!("CARGO_BIN_EXE_redcron").into()),
+        probe: vec![exe, "--probe".to_string()],
+    };
+    let mut print = |text: &str| {
+        print!("{text}");
+        let _ = std::io::stdout().flush();
+    };
+    match bench::run(&options, &mut print) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(why) => {
+            eprintln!("benchmark failed: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The job: one `O_APPEND` write of one line, so that concurrent jobs never interleave.
+fn probe(ledger: Option<&String>) -> ExitCode {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let Some(ledger) = ledger else {
+        return ExitCode::from(2);
+    };
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let line = format!(
+        "{} {} {} {now}\n",
+        var("REDCRON_JOB"),
+        var("REDCRON_TICK"),
+        var("REDCRON_WORKER_ID")
+    );
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(ledger);
+    match file.and_then(|mut f| f.write_all(line.as_bytes())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::FAILURE,
+    }
+}

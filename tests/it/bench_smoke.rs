@@ -1,0 +1,119 @@
+//! The performance benchmark (`benches/lease`, run with `cargo bench --bench lease`) in smoke mode: every
+//! item runs for about a second, so that the benchmark cannot rot while it is not part of the test command.
+//!
+//! The benchmark's code is compiled into this test binary by path. A smoke run measures nothing: figures
+//! are not checked, only that every contender, scenario and worker phase ran and was reported — and that
+//! no tick ran twice, which must hold under any load.
+
+#[path = "../../benches/lease/bench.rs"]
+mod bench;
+
+use bench::cycle::Kind;
+
+/// The job of the smoke run: bash records its own start (`$EPOCHREALTIME`, µs) in the ledger (`$0`).
+const PROBE: &str = r#"printf '%s %s %s %s\n' "$REDCRON_JOB" "$REDCRON_TICK" "$REDCRON_WORKER_ID" "${EPOCHREALTIME/./}000" >> "$0""#;
+
+/// Items 1–3 of the benchmark run end to end (5 redis-server nodes, the peers, a slow and a hung node,
+/// 3 worker processes) and report every contender and scenario.
+#[test]
+fn benchmark_runs_in_smoke_mode() {
+    super::support::require_program("redis-server", "redis-server");
+    super::support::require_program("bash", "bash");
+    let options = bench::Options {
+        smoke: true,
+        sections: vec![1, 2, 3],
+        cycles: 20,
+        contenders: Kind::ALL.to_vec(),
+        current_thread: false,
+        worker: Some(env!("CARGO_BIN_EXE_redcron").into()),
+        probe: vec!["bash".into(), "-c".into(), PROBE.into()],
+    };
+    let report =
+        bench::run(&options, &mut |_| {}).unwrap_or_else(|why| panic!("benchmark failed: {why}"));
+
+    let scenarios: Vec<&str> = report.lease.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(scenarios, ["healthy", "slow", "hung"]);
+    for (scenario, series) in &report.lease {
+        let kinds: Vec<Kind> = series.iter().map(|s| s.kind).collect();
+        assert_eq!(kinds, Kind::ALL, "{scenario}: every contender reported");
+        for kind in [Kind::Floor, Kind::Lease, Kind::Claim] {
+            let s = series
+                .iter()
+                .find(|s| s.kind == kind)
+                .expect("listed above");
+            assert!(
+                !s.samples.is_empty() && s.refusals == 0 && s.timeouts == 0,
+                "{scenario}: {} must complete its cycles: {s:?}",
+                kind.name()
+            );
+        }
+    }
+    for heading in [
+        "## 1. Lease cycle",
+        "## 2. One slow node",
+        "## 3–4. Tick to start",
+        "## Targets",
+    ] {
+        assert!(
+            report.text.contains(heading),
+            "missing {heading:?} in:\n{}",
+            report.text
+        );
+    }
+
+    let cluster = report.cluster.expect("item 3 ran");
+    let load = &cluster.loads[0];
+    assert!(
+        load.once > 0,
+        "no job ran in the smoke window: {load:?}\n{}",
+        report.text
+    );
+    assert_eq!(load.duplicates, 0, "a tick ran twice: {load:?}");
+    assert!(
+        load.claim_round_trips.is_some(),
+        "the counting proxies reported nothing: {load:?}"
+    );
+}
+
+/// The counting proxy frames RESP values split across reads, and tells redcron's scripts apart.
+#[test]
+fn counting_proxy_frames_resp_and_classifies_scripts() {
+    let mut resp = bench::proxy::Resp::default();
+    let mut seen = Vec::new();
+    assert_eq!(
+        resp.feed(b"*2\r\n$3\r\nGET\r\n$1", |v| seen.push(v.to_vec())),
+        0
+    );
+    assert_eq!(
+        resp.feed(b"\r\nk\r\n*1\r\n$4\r\nPING\r\n", |v| seen.push(v.to_vec())),
+        2
+    );
+    assert_eq!(seen[0], b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+    let replies = b"*2\r\n$2\r\nok\r\n$1\r\n0\r\n+OK\r\n$-1\r\n:1\r\n-ERR x\r\n";
+    assert_eq!(resp.feed(replies, |_| {}), 5);
+
+    let acquire = "a".repeat(40);
+    let release = "b".repeat(40);
+    let shas = [acquire.as_str(), release.as_str()];
+    let evalsha = |sha: &str| {
+        format!("*5\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nv\r\n")
+    };
+    assert_eq!(
+        bench::proxy::classify(&shas, evalsha(&release).as_bytes()),
+        1
+    );
+    assert_eq!(
+        bench::proxy::classify(&shas, evalsha(&acquire).as_bytes()),
+        0
+    );
+    assert_eq!(bench::proxy::classify(&shas, b"*1\r\n$4\r\nPING\r\n"), 2);
+}
+
+/// Percentiles are nearest-rank: p99 of 100 samples is the 99th.
+#[test]
+fn percentiles_are_nearest_rank() {
+    let mut samples = bench::stats::Samples::default();
+    (1..=100).for_each(|n| samples.push(std::time::Duration::from_millis(n)));
+    assert_eq!(samples.p50(), Some(std::time::Duration::from_millis(50)));
+    assert_eq!(samples.p99(), Some(std::time::Duration::from_millis(99)));
+}
