@@ -31,7 +31,10 @@
 //!    job's last write ended `lease_lost` and never made that write. A planned case that could not be set
 //!    up (no holder found) also fails: the mechanism must be exercised every run.
 //! 8. **Renewals never exercised**: no run of the long job outlived the TTL with outcome `success`.
-//!//! Every rule is applied to the whole run except misses, which are counted over the window.
+//! 9. **A tick claimed early**: a `tick.won` that arrived when its worker's clock read more than 0.1 s
+//!    before the tick (away from a step of that clock): workers must sleep until the tick.
+//!
+//! Every rule applies to the whole run, except misses, which are counted over the window.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -256,6 +259,21 @@ fn check_job(
         }
     }
     row.duplicates = duplicated.len();
+
+    // Rule 9: no claim before the tick is due on the claimant's clock.
+    for run in &runs {
+        let clock = run.won_at + facts.offset_at(run.worker, run.won_at);
+        if clock < run.tick - 100 && !facts.near_clock_step(run.worker, run.won_at) {
+            report.failures.push(format!(
+                "EARLY CLAIM: {} at {} was won by w{} at {}, when its clock read {}",
+                job.name,
+                show_time(run.tick),
+                run.worker,
+                show_time(run.won_at),
+                show_time(clock)
+            ));
+        }
+    }
 
     // Rule 3: tokens strictly increase with the tick.
     let mut previous: Option<&Run> = None;

@@ -5,7 +5,7 @@
 //! it acted, a log event by the harness when the line arrived (not by the worker's possibly skewed
 //! clock), a ledger attempt by the ledger server.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
@@ -100,8 +100,9 @@ pub struct Facts {
     pub runs: Vec<Run>,
     /// `run.started` events that no `tick.won` of the same instance announced (should not happen).
     pub orphan_starts: Vec<String>,
-    /// Every `(instance, job, tick)` → the events logged for it (`tick.lost:busy`, `tick.skipped:overlap`…).
-    pub outcomes: HashMap<(usize, String, i64), Vec<String>>,
+    /// Per `(instance, job)`, per tick: the events logged for it (`tick.lost:busy`,
+    /// `tick.skipped:overlap`…) with their arrival times.
+    pub outcomes: HashMap<(usize, String), BTreeMap<i64, Vec<(String, i64)>>>,
     /// Events that could not be read (missing or malformed fields).
     pub malformed: Vec<String>,
 }
@@ -214,14 +215,17 @@ impl Facts {
                 continue;
             };
             let reason = event["reason"].as_str().unwrap_or_default();
+            let label = if reason.is_empty() {
+                name.to_string()
+            } else {
+                format!("{name}:{reason}")
+            };
             self.outcomes
-                .entry((instance, job.clone(), tick))
+                .entry((instance, job.clone()))
                 .or_default()
-                .push(if reason.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{name}:{reason}")
-                });
+                .entry(tick)
+                .or_default()
+                .push((label, *at));
             match name {
                 "tick.won" => {
                     let Some(token) = event["token"].as_u64() else {
@@ -329,6 +333,48 @@ impl Facts {
             }
         }
         lost
+    }
+
+    /// What `instance` logged for `(job, tick)`.
+    pub fn logged(&self, instance: usize, job: &str, tick: i64) -> Vec<String> {
+        self.outcomes
+            .get(&(instance, job.to_string()))
+            .and_then(|ticks| ticks.get(&tick))
+            .map(|events| events.iter().map(|(label, _)| label.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether any fault was active at some instant of `[a, b]`: a node unusable or stalled, or a
+    /// worker paused or killed.
+    pub fn fault_in(&self, a: i64, b: i64) -> bool {
+        let overlaps = |&(s, e): &(i64, i64)| s <= b && e >= a;
+        self.unusable
+            .iter()
+            .chain(&self.stalled)
+            .flatten()
+            .any(overlaps)
+            || self.lives.iter().any(|life| {
+                life.stops.iter().any(overlaps) || life.killed.is_some_and(|k| a <= k && k <= b)
+            })
+    }
+
+    /// Whether `instance` skipped `(job, tick)` because it was still racing for its previous tick at `r`,
+    /// and faults were active during that race (a slow claim: retries, timeouts).
+    pub fn still_racing(&self, instance: usize, job: &str, tick: i64, r: i64) -> bool {
+        let Some(ticks) = self.outcomes.get(&(instance, job.to_string())) else {
+            return false;
+        };
+        let skipped = ticks.get(&tick).is_some_and(|events| {
+            events
+                .iter()
+                .any(|(label, _)| label == "tick.skipped:overlap")
+        });
+        let Some((&previous, events)) = ticks.range(..tick).next_back() else {
+            return false;
+        };
+        let settled = events.iter().map(|&(_, at)| at).max().unwrap_or(i64::MIN);
+        let worker = self.lives[instance].worker;
+        skipped && settled >= r - 100 && self.fault_in(self.race_time(worker, previous), settled)
     }
 
     /// Every instance of worker `w`.

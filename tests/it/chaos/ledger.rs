@@ -80,6 +80,24 @@ pub struct Attempt {
 }
 
 impl Attempt {
+    /// The entry as the ledger wrote it: [`Attempt::parse`] reads it back.
+    pub fn line(&self) -> String {
+        let phase = match self.phase {
+            Phase::Start => "start",
+            Phase::End => "end",
+        };
+        let verdict = if self.accepted {
+            "accepted"
+        } else {
+            "rejected"
+        };
+        let previous = self.previous.map_or("-".to_string(), |p| p.to_string());
+        format!(
+            "{} {} {} {} {} {} {phase} {verdict} {previous} {}",
+            self.resource, self.job, self.tick, self.token, self.worker, self.run_id, self.at_ms
+        )
+    }
+
     /// Parses one entry of the attempt list.
     pub fn parse(line: &str) -> Result<Attempt, String> {
         let fields: Vec<&str> = line.split(' ').collect();

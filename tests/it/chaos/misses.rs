@@ -19,11 +19,17 @@
 //!     run's `tick.won` until its `run.finished`; if its worker was paused or killed during the run,
 //!     until at least that moment + TTL (the keys outlive a silent holder); and for a claimant paused
 //!     mid-claim, from its race until its pause + TTL;
+//!   - *still racing*: `w` logged `tick.skipped: overlap` for this tick while the claim of its previous
+//!     tick was still going on (its outcome arrived after `r` − 0.1 s), and some fault was active
+//!     during that claim (a node unusable or stalled, a worker paused or killed): the worker marks an
+//!     `overlap: skip` job busy from the moment it races a tick, and a claim slowed down by retries and
+//!     timeouts can outlast the period. (Without a fault a claim takes milliseconds, so a claim that
+//!     hangs is not excused);
 //!   - *later tick claimed*: a later tick of the job was claimed before `r` + 0.8 s (by a worker whose
 //!     clock is ahead): claims only grow, so this tick can no longer be claimed.
 //!
 //! The table names one cause per explained miss: the first of *held by a paused or crashed holder*,
-//! *held by the previous run*, *no quorum* (planned), *no quorum* (measured stalls), *later tick
+//! *held by the previous run*, *still racing*, *no quorum* (planned), *no quorum* (measured stalls), *later tick
 //! claimed*, *no live worker*, that applies to some worker.
 //!
 //! Nothing else explains a miss: a `tick.skipped: no_quorum` logged while the timeline shows a majority
@@ -99,9 +105,7 @@ pub fn phantom_claims(input: &Input<'_>, facts: &Facts, job: &JobSpec) -> Vec<Ho
             let offset = facts.offset_at(life.worker, p);
             let tick = (p + offset).div_euclid(job.period_ms) * job.period_ms;
             let race = facts.race_time(life.worker, tick);
-            let logged = facts
-                .outcomes
-                .contains_key(&(instance, job.name.clone(), tick));
+            let logged = !facts.logged(instance, &job.name, tick).is_empty();
             if p - race <= CLAIM_MS && life.ready <= race && !logged {
                 found.push(Hold {
                     tick,
@@ -164,6 +168,11 @@ pub fn explain_miss(
             } else {
                 Ok("held by a paused or crashed holder")
             }
+        } else if facts
+            .instances_of(worker)
+            .any(|(instance, _)| facts.still_racing(instance, &job.name, tick, r))
+        {
+            Ok("still racing the previous tick")
         } else if runs
             .iter()
             .any(|other| other.tick > tick && other.won_at <= r + 800)
@@ -178,13 +187,7 @@ pub fn explain_miss(
         } else {
             let logged: Vec<String> = facts
                 .instances_of(worker)
-                .flat_map(|(instance, _)| {
-                    facts
-                        .outcomes
-                        .get(&(instance, job.name.clone(), tick))
-                        .cloned()
-                        .unwrap_or_default()
-                })
+                .flat_map(|(instance, _)| facts.logged(instance, &job.name, tick))
                 .collect();
             Err(format!(
                 "w{worker} could have run it at {} (logged: {})",
@@ -215,6 +218,8 @@ pub fn explain_miss(
         "a paused or crashed holder kept the lease until its TTL"
     } else if kinds.contains("held by the previous run") {
         "the previous run still held the job (overlap: skip)"
+    } else if kinds.contains("still racing the previous tick") {
+        "a worker still racing the previous tick (a slow claim under faults) skipped it"
     } else if kinds.contains("no quorum") {
         "no quorum of Redis nodes"
     } else if kinds.contains("nodes stalled") {

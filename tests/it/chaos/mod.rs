@@ -32,14 +32,16 @@ mod plan;
 mod probe;
 mod proxy;
 mod report;
+mod saved;
 mod selftest;
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use self::checker::{Input, JobSpec};
+use self::checker::JobSpec;
 use self::harness::{now_ms, Breakage, Cluster, LONG_JOB, LONG_MS, TTL_MS};
 use self::plan::{Plan, Timing};
+use self::saved::Saved;
 
 /// Ticks this long after the workers are up are checked (the most-ahead clock, 3 s, races them 3 s
 /// early, and its first claims may still be connecting)…
@@ -89,32 +91,22 @@ fn exactly_once_under_faults() {
     cluster.shut_down();
     let shutdown = shutting.elapsed();
 
-    let logs = cluster.logs();
-    let attempts = cluster
-        .ledger
-        .attempts()
-        .unwrap_or_else(|e| panic!("unreadable ledger: {e}"));
-    let jobs = [
-        job("quick", true, false),
-        job("parallel", false, false),
-        job(LONG_JOB, true, true),
-    ];
-    let planned_cases: Vec<plan::Case> = plan.episodes.iter().filter_map(|e| e.case).collect();
-    let window = (
-        cluster.started_ms + WINDOW_START_MS,
-        stop_ms - WINDOW_END_MS,
-    );
+    let saved = Saved {
+        window: (
+            cluster.started_ms + WINDOW_START_MS,
+            stop_ms - WINDOW_END_MS,
+        ),
+        planned_cases: plan.episodes.iter().filter_map(|e| e.case).collect(),
+        timeline: cluster.timeline.clone(),
+        logs: cluster.logs(),
+        ledger: cluster
+            .ledger
+            .attempts()
+            .unwrap_or_else(|e| panic!("unreadable ledger: {e}")),
+    };
+    let (window, attempts) = (saved.window, &saved.ledger);
     let checking = Instant::now();
-    let mut report = checker::check(&Input {
-        jobs: &jobs,
-        ttl_ms: TTL_MS as i64,
-        window,
-        timeline: &cluster.timeline,
-        logs: &logs,
-        ledger: &attempts,
-        planned_cases: &planned_cases,
-    });
-
+    let mut report = saved.check();
     report.failures.extend(cluster.slow_exits.iter().cloned());
     let mut out = String::new();
     let _ = writeln!(
@@ -168,12 +160,43 @@ fn exactly_once_under_faults() {
         begun.elapsed().as_secs_f64()
     );
     print!("{out}");
-    save(&cluster, &logs, &attempts, &out);
+    if let Err(e) = saved.write(cluster.dir.path(), &out) {
+        println!(
+            "chaos: could not save the run in {}: {e}",
+            cluster.dir.path().display()
+        );
+    }
     assert!(
         report.passed(),
         "the chaos run broke redcron's promises (seed {seed}); reproduce with: {reproduce}\n{}",
         cluster.stderr_of_all()
     );
+}
+
+/// Re-runs the checker on a run saved by `exactly_once_under_faults` (its directory is kept when it
+/// fails, and printed): `REDCRON_CHAOS_REPLAY=<dir> cargo test --test it chaos::replay -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore = "needs REDCRON_CHAOS_REPLAY=<directory of a saved chaos run>"]
+fn replay_a_saved_run() {
+    let dir = std::env::var("REDCRON_CHAOS_REPLAY")
+        .expect("set REDCRON_CHAOS_REPLAY to a saved run's directory");
+    let saved = Saved::read(std::path::Path::new(&dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+    let report = saved.check();
+    print!("{report}");
+    assert!(
+        report.passed(),
+        "the saved run in {dir} breaks the checker's rules"
+    );
+}
+
+/// The jobs of the cluster under test (see `harness::config`).
+fn jobs() -> Vec<JobSpec> {
+    vec![
+        job("quick", true, false),
+        job("parallel", false, false),
+        job(LONG_JOB, true, true),
+    ]
 }
 
 fn job(name: &str, skip: bool, long: bool) -> JobSpec {
@@ -192,34 +215,4 @@ fn env_number(name: &str) -> Option<u64> {
             .parse()
             .unwrap_or_else(|_| panic!("{name}={text:?} is not a number")),
     )
-}
-
-/// Writes the raw material into the test directory (kept when the test fails): one JSON-lines log per
-/// worker process with the arrival time of each line, the timeline, the ledger and the report.
-fn save(
-    cluster: &Cluster,
-    logs: &[facts::InstanceLog],
-    attempts: &[ledger::Attempt],
-    report: &str,
-) {
-    for log in logs {
-        let text: String = log
-            .events
-            .iter()
-            .map(|(at, event)| format!("{at} {event}\n"))
-            .collect();
-        cluster
-            .dir
-            .write(format!("w{}-{}.log", log.worker, log.instance), text);
-    }
-    let timeline: String = cluster
-        .timeline
-        .entries
-        .iter()
-        .map(|(at, h)| format!("{at} {} {h:?}\n", report::show_time(*at)))
-        .collect();
-    cluster.dir.write("timeline.txt", timeline);
-    let ledger: String = attempts.iter().map(|a| format!("{a:?}\n")).collect();
-    cluster.dir.write("ledger.txt", ledger);
-    cluster.dir.write("report.txt", report);
 }

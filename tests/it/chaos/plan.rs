@@ -60,7 +60,7 @@ impl SplitMix64 {
 }
 
 /// What the proxy in front of [`PROXIED_NODE`] does to traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ProxyMode {
     /// Forward as is.
     Clean,
@@ -95,7 +95,7 @@ impl fmt::Display for ProxyMode {
 }
 
 /// Which worker a worker fault hits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Target {
     Worker(usize),
     /// Whichever live worker is running the long job when the fault comes due.
@@ -103,7 +103,7 @@ pub enum Target {
 }
 
 /// One fault; each undoes itself after its duration (except a clock jump, which stays).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Fault {
     /// SIGSTOP the worker, SIGCONT it after `ms`.
     Pause { target: Target, ms: u64 },
@@ -167,7 +167,7 @@ impl fmt::Display for Fault {
 
 /// The deterministic cases that every run contains (when it is long enough), in a calm stretch of the
 /// plan so that nothing else decides their outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Case {
     /// Pause the long job's holder right after its job started, until after the job's last write: the
     /// lease expires, another worker takes the job over, and the paused holder's job — still running,
@@ -446,7 +446,7 @@ impl fmt::Display for Plan {
 }
 
 /// One thing the harness did (or saw), at a real time in Unix milliseconds.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Happening {
     /// A worker process was spawned: the `instance`-th process overall, for worker `worker`.
     WorkerSpawned {

@@ -90,7 +90,8 @@ impl Scenario {
         run_id
     }
 
-    /// A ledger attempt, judged by the ledger's rule.
+    /// A ledger attempt; [`Scenario::check`] judges them all in time order.
+    #[allow(clippy::too_many_arguments)]
     fn write(
         &mut self,
         instance: usize,
@@ -101,17 +102,6 @@ impl Scenario {
         phase: Phase,
         at: i64,
     ) {
-        let previous = self
-            .ledger
-            .iter()
-            .filter(|a| a.job == job && a.accepted)
-            .map(|a| a.token)
-            .next_back();
-        let accepted = match (previous, phase) {
-            (None, _) => true,
-            (Some(last), Phase::Start) => token > last,
-            (Some(last), Phase::End) => token >= last,
-        };
         self.ledger.push(Attempt {
             resource: job.to_string(),
             job: job.to_string(),
@@ -120,10 +110,29 @@ impl Scenario {
             worker: format!("w{}", self.logs[instance].worker),
             run_id: run_id.to_string(),
             phase,
-            accepted,
-            previous,
+            accepted: false,
+            previous: None,
             at_ms: at,
         });
+    }
+
+    /// The ledger in time order, each attempt judged as the ledger's script would.
+    fn judged_ledger(&self) -> Vec<Attempt> {
+        let mut ledger = self.ledger.clone();
+        ledger.sort_by_key(|a| a.at_ms);
+        let mut last: std::collections::HashMap<String, u64> = Default::default();
+        for attempt in &mut ledger {
+            attempt.previous = last.get(&attempt.resource).copied();
+            attempt.accepted = match (attempt.previous, attempt.phase) {
+                (None, _) => true,
+                (Some(last), Phase::Start) => attempt.token > last,
+                (Some(last), Phase::End) => attempt.token >= last,
+            };
+            if attempt.accepted {
+                last.insert(attempt.resource.clone(), attempt.token);
+            }
+        }
+        ledger
     }
 
     /// Runs every tick of `quick` from `T0` to `T0 + 9 s` on w0, except `skip`.
@@ -149,7 +158,7 @@ impl Scenario {
             window: (T0, T0 + 9_000),
             timeline: &self.timeline,
             logs: &self.logs,
-            ledger: &self.ledger,
+            ledger: &self.judged_ledger(),
             planned_cases: &[],
         })
     }
@@ -282,4 +291,60 @@ fn checker_requires_json_logs_and_a_ledger_entry_per_run() {
     assert!(failed_with(&report, "not JSON"), "{report}");
     assert!(failed_with(&report, "no worker logged"), "{report}");
     assert!(failed_with(&report, "0 start writes"), "{report}");
+}
+
+/// A tick won before the winner's clock reached it fails the run.
+#[test]
+fn checker_catches_an_early_claim() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[]);
+    let tick = rfc3339(T0 + 5_000);
+    let won = scenario.logs[0]
+        .events
+        .iter_mut()
+        .find(|(_, e)| e["event"] == "tick.won" && e["tick"] == tick.as_str())
+        .expect("tick 5 was won");
+    won.0 = T0 + 4_000;
+    assert!(failed_with(&scenario.check(), "EARLY CLAIM"));
+}
+
+/// A worker that skipped a tick because it was still racing for the previous one is excused only if a
+/// fault was slowing its claim down.
+#[test]
+fn checker_excuses_a_slow_claim_only_under_faults() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4, 5]);
+    scenario.run(1, "quick", T0 + 4_000, token(T0 + 4_000), 20);
+    // The others are down at tick 5: two long before, w1 just after w0's slow claim ended.
+    for (instance, at) in [(2, T0 - 8_000), (3, T0 - 8_000), (1, T0 + 5_060)] {
+        scenario
+            .timeline
+            .push(at, Happening::WorkerKilled { instance });
+    }
+    let lost = json!({"event": "tick.lost", "job": "quick", "tick": rfc3339(T0 + 4_000), "reason": "already_claimed"});
+    let skipped = json!({"event": "tick.skipped", "job": "quick", "tick": rfc3339(T0 + 5_000), "reason": "overlap"});
+    scenario.log(0, T0 + 5_001, skipped);
+    scenario.log(0, T0 + 5_050, lost);
+    // w1 had lost tick 5 before it died (so it was not killed mid-claim).
+    let busy = json!({"event": "tick.lost", "job": "quick", "tick": rfc3339(T0 + 5_000), "reason": "busy"});
+    scenario.log(1, T0 + 5_010, busy);
+    let report = scenario.check();
+    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+
+    scenario.timeline.push(
+        T0 + 4_100,
+        Happening::NodeDown {
+            node: 0,
+            hung: true,
+        },
+    );
+    scenario
+        .timeline
+        .push(T0 + 4_600, Happening::NodeUp { node: 0 });
+    let report = scenario.check();
+    assert!(report.passed(), "{report}");
+    assert!(
+        report.reasons.keys().any(|r| r.contains("still racing")),
+        "{report}"
+    );
 }

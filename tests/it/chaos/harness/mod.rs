@@ -49,7 +49,7 @@ pub enum Breakage {
     /// Workers 0-1 list nodes 0-2 and workers 2-3 list nodes 2-4: each counts a "majority" of 2 of its 3,
     /// which is what counting reachable instead of configured nodes does in a partition.
     SplitQuorum,
-    /// The jobs ignore SIGTERM, so a worker that lost its lease cannot stop its job for 10 s (its SIGKILL
+    /// The long job ignores SIGTERM, so a worker that lost its lease cannot stop it for 10 s (its SIGKILL
     /// grace): the job goes on without its lease, as if the lease-loss kill were missing.
     IgnoreSigterm,
 }
