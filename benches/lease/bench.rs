@@ -6,11 +6,14 @@
 //! - [`proxy`]: a TCP proxy that delays a node, or counts round trips.
 //! - [`cycle`]: items 1–2, the lease cycle of each contender.
 //! - [`cluster`]: items 3–5, real worker processes: tick to start, scale, memory.
+//! - [`batch`]: item 4 without processes: three contenders claim N jobs at one tick.
 //! - [`stats`]: percentiles and the Markdown tables.
 //!
 //! Child modules are named by explicit paths so that they resolve the same way from both includers.
 #![allow(dead_code)]
 
+#[path = "batch.rs"]
+pub mod batch;
 #[path = "cluster.rs"]
 pub mod cluster;
 #[path = "cycle.rs"]
@@ -99,6 +102,8 @@ pub struct Report {
     /// `(scenario, series)` of items 1–2.
     pub lease: Vec<(String, Vec<Series>)>,
     pub cluster: Option<cluster::Results>,
+    /// Item 4b: the lock alone at scale.
+    pub batches: Vec<batch::Batch>,
 }
 
 /// Runs the selected sections; `print` receives each section's Markdown as soon as it is done.
@@ -162,6 +167,18 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
         )?;
         report.verdicts.extend(results.verdicts());
         report.cluster = Some(results);
+    }
+    if options.sections.contains(&4) {
+        let (sizes, ticks): (&[usize], usize) = if options.smoke {
+            (&[10], 2)
+        } else {
+            (&[10, 1_000, 10_000], 5)
+        };
+        let batches = batch::run(sizes, ticks, &mut |text: &str| {
+            emit(&mut report, text.to_string())
+        })?;
+        report.verdicts.extend(batch::verdicts(&batches));
+        report.batches = batches;
     }
     let text = format!("\n## Targets\n\n{}", stats::verdicts(&report.verdicts));
     emit(&mut report, text);

@@ -138,7 +138,11 @@ pub fn run(
         print(&load_table(&results.loads));
     }
     if sections.contains(&5) {
-        results.idle_rss_kb = setup.idle(if smoke { 10 } else { 1_000 })?;
+        results.idle_rss_kb = if smoke {
+            setup.idle(10, 1)?
+        } else {
+            setup.idle(1_000, 3)?
+        };
         print(&memory_table(&results));
     }
     if std::env::var_os("REDCRON_BENCH_KEEP").is_some() {
@@ -273,7 +277,7 @@ impl Setup<'_> {
     }
 
     /// RSS of 3 workers with `jobs` jobs loaded that fire once a year.
-    fn idle(&self, jobs: usize) -> Result<Vec<u64>, String> {
+    fn idle(&self, jobs: usize, settle_secs: u64) -> Result<Vec<u64>, String> {
         let mut workers = Vec::new();
         for w in 0..WORKERS {
             let config = self.dir.join(format!("idle-w{w}.yaml"));
@@ -294,7 +298,7 @@ impl Setup<'_> {
         for worker in &mut workers {
             worker.wait_started(Duration::from_secs(30))?;
         }
-        std::thread::sleep(Duration::from_secs(3));
+        std::thread::sleep(Duration::from_secs(settle_secs));
         let rss = workers.iter().map(|w| memory(w.pid).0).collect();
         stop_all(&mut workers);
         Ok(rss)
@@ -417,7 +421,7 @@ fn sleep_until_ms(at: i64) {
 }
 
 /// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
+pub fn cpu_ticks(pid: u32) -> u64 {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The command name may contain spaces; fields are counted after its closing parenthesis.
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
@@ -446,7 +450,7 @@ fn memory(pid: u32) -> (u64, u64) {
 }
 
 /// The SHA-1s of redcron's scripts, in the order the counters use: acquire, confirm, renew, release.
-fn script_shas() -> Vec<String> {
+pub fn script_shas() -> Vec<String> {
     use redcron::lock::scripts::{ACQUIRE, CONFIRM, RELEASE, RENEW};
     [&ACQUIRE, &CONFIRM, &RENEW, &RELEASE]
         .iter()

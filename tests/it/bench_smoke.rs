@@ -13,15 +13,15 @@ use bench::cycle::Kind;
 /// The job of the smoke run: bash records its own start (`$EPOCHREALTIME`, µs) in the ledger (`$0`).
 const PROBE: &str = r#"printf '%s %s %s %s\n' "$REDCRON_JOB" "$REDCRON_TICK" "$REDCRON_WORKER_ID" "${EPOCHREALTIME/./}000" >> "$0""#;
 
-/// Items 1–3 of the benchmark run end to end (5 redis-server nodes, the peers, a slow and a hung node,
-/// 3 worker processes) and report every contender and scenario.
+/// Every item of the benchmark runs end to end (5 redis-server nodes, the peers, a slow and a hung node,
+/// 3 worker processes, the in-process batch race) and reports every contender and scenario.
 #[test]
 fn benchmark_runs_in_smoke_mode() {
     super::support::require_program("redis-server", "redis-server");
     super::support::require_program("bash", "bash");
     let options = bench::Options {
         smoke: true,
-        sections: vec![1, 2, 3],
+        sections: vec![1, 2, 3, 4, 5],
         cycles: 20,
         contenders: Kind::ALL.to_vec(),
         current_thread: false,
@@ -52,6 +52,8 @@ fn benchmark_runs_in_smoke_mode() {
         "## 1. Lease cycle",
         "## 2. One slow node",
         "## 3–4. Tick to start",
+        "## 4b. The lock alone",
+        "## 5. Worker memory",
         "## Targets",
     ] {
         assert!(
@@ -73,6 +75,13 @@ fn benchmark_runs_in_smoke_mode() {
         load.claim_round_trips.is_some(),
         "the counting proxies reported nothing: {load:?}"
     );
+    assert!(
+        cluster.idle_rss_kb.iter().all(|kb| *kb > 0),
+        "no idle RSS: {cluster:?}"
+    );
+    let batch = &report.batches[0];
+    assert_eq!(batch.twice, 0, "a job was won twice in one tick: {batch:?}");
+    assert!(batch.once > 0, "the batch race won nothing: {batch:?}");
 }
 
 /// The counting proxy frames RESP values split across reads, and tells redcron's scripts apart.
