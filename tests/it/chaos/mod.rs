@@ -10,18 +10,23 @@
 //!
 //! The plan ([`plan`]) pauses the long job's holder past its TTL, crashes workers (also while they run a
 //! job), kills and hangs at most 2 of the 5 nodes at once, degrades the proxy and steps a clock. The
-//! harness ([`harness`]) carries it out and records a timeline; the checker ([`checker`], whose module
+//! harness ([`harness`]) carries it out and records a timeline, while a probe ([`probe`]) measures the
+//! node stalls that the machine adds on its own (a slow fsync stalls every node at once); the checker ([`checker`], whose module
 //! documentation states every rule) then reads the ledger, the timeline and the workers' JSON logs, prints
 //! a table, and fails the test on a duplicate, an unexplained miss, a token out of order or a stale write
 //! that was not fenced off.
 //!
 //! Environment:
-//! - `REDCRON_CHAOS_SECS`: length of the fault plan (default 75 s; the test takes ~20 s more).
+//! - `REDCRON_CHAOS_SECS`: length of the fault plan (default 75 s; the whole test takes 80–90 s).
 //! - `REDCRON_CHAOS_SEED`: the plan's seed (default: drawn from the clock; always printed).
 //! - `REDCRON_CHAOS_BREAK`: `split-quorum` or `ignore-sigterm` break the cluster on purpose (see
 //!   [`harness::Breakage`]); the test must then fail.
 //!
 //! Run it long: `REDCRON_CHAOS_SECS=600 cargo test --release --test it chaos -- --nocapture`.
+//!
+//! Every run saves its material ([`saved`]) in its test directory, which is kept (and printed) when the
+//! test fails; `REDCRON_CHAOS_REPLAY=<dir> cargo test --test it chaos::replay -- --ignored --nocapture`
+//! runs the checker on it again.
 
 mod checker;
 mod facts;
@@ -107,6 +112,9 @@ fn exactly_once_under_faults() {
     let (window, attempts) = (saved.window, &saved.ledger);
     let checking = Instant::now();
     let mut report = saved.check();
+    report
+        .failures
+        .extend(cluster.unplanned_exits.iter().cloned());
     report.failures.extend(cluster.slow_exits.iter().cloned());
     let mut out = String::new();
     let _ = writeln!(

@@ -93,6 +93,8 @@ pub struct Cluster {
     probe: Option<Probe>,
     /// Workers that did not exit in time after SIGTERM at the end.
     pub slow_exits: Vec<String>,
+    /// Workers that exited before the end without the harness stopping them.
+    pub unplanned_exits: Vec<String>,
     /// The stalls the probe measured, once it is finished.
     pub stalls: Vec<Stall>,
     /// Real time when the workers were all up and the plan started.
@@ -147,6 +149,7 @@ impl Cluster {
             probe: Some(probe),
             stalls: Vec::new(),
             slow_exits: Vec::new(),
+            unplanned_exits: Vec::new(),
             started_ms: 0,
         };
         let at = now_ms();
@@ -236,6 +239,7 @@ impl Cluster {
     /// Resumes paused workers and asks every live one to shut down (SIGTERM: running jobs finish within
     /// the grace), waits for them to exit, and for orphaned jobs of crashed workers to end.
     pub fn shut_down(&mut self) {
+        self.find_unplanned_exits();
         for instance in 0..self.instances.len() {
             if self.instances[instance].state == State::Stopped {
                 self.signal(
@@ -317,6 +321,35 @@ impl Cluster {
             }
             self.timeline.entries.sort_by_key(|(at, _)| *at);
         }
+    }
+
+    /// Worker processes that ended without the harness killing them: their stdout closed (the recorder
+    /// finished) while the harness still counted them as running or paused. Each is reported, and
+    /// counted as down from its last event on.
+    fn find_unplanned_exits(&mut self) {
+        for index in 0..self.instances.len() {
+            let instance = &self.instances[index];
+            let ended = instance.recorder.as_ref().is_some_and(|r| r.is_finished());
+            if !ended || !matches!(instance.state, State::Running | State::Stopped) {
+                continue;
+            }
+            let events = self.journal.events(index);
+            let (at, last) = events
+                .last()
+                .map_or((now_ms(), "nothing".to_string()), |(at, e)| {
+                    (*at, e["event"].as_str().unwrap_or("?").to_string())
+                });
+            self.unplanned_exits.push(format!(
+                "w{} (process #{index}) exited at {} without being told to (its last event: {last}); \
+                 `worker.stopping` there means a SIGINT/SIGTERM/SIGHUP from outside the test",
+                instance.worker,
+                super::report::show_time(at)
+            ));
+            self.instances[index].state = State::Killed;
+            self.timeline
+                .push(at, Happening::WorkerKilled { instance: index });
+        }
+        self.timeline.entries.sort_by_key(|(at, _)| *at);
     }
 
     /// Every process's log: the recorded events, and the raw lines that were not JSON.
