@@ -6,8 +6,10 @@
 //!
 //! **Counting.** The proxy reads the RESP stream in both directions and counts the commands a client sent
 //! and its *round trips*: a round trip starts when a command arrives while every earlier command on that
-//! connection has been answered. A pipeline of 10,000 commands is one round trip; two pipelines sent one
-//! after the other's answers are two; requests that overlap on the wire share one. That is what the
+//! connection has been answered, or after the client sent nothing for a millisecond (a node that cannot
+//! keep up never drains its backlog, yet each tick's pipeline is still a round trip of its own). A pipeline
+//! of 10,000 commands is one round trip; two pipelines sent one after the other's answers are two;
+//! requests that overlap on the wire share one. That is what the
 //! issue's "round trips per worker per tick" asks for, and what `INFO commandstats` cannot tell (it counts
 //! commands, pipelined or not). Commands and round trips are counted per *kind*: the script an `EVALSHA`
 //! runs (the caller names the SHA-1s it knows), a round trip by the kind of its first command.
@@ -148,6 +150,10 @@ impl Drop for Proxy {
 struct Outstanding {
     sent: AtomicU64,
     answered: AtomicU64,
+    /// When request bytes last arrived, and whether the next command starts a round trip for having
+    /// followed a silence.
+    last_request: std::sync::Mutex<Option<Instant>>,
+    after_silence: std::sync::atomic::AtomicBool,
 }
 
 /// How one direction of a connection is counted.
@@ -247,6 +253,17 @@ fn tally(parser: &mut Resp, count: Option<&Count>, bytes: &[u8]) {
     else {
         return;
     };
+    if *requests {
+        let now = Instant::now();
+        let mut last = outstanding
+            .last_request
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|at| now.duration_since(at) > SILENCE) {
+            outstanding.after_silence.store(true, Ordering::Relaxed);
+        }
+        *last = Some(now);
+    }
     parser.feed(bytes, |command| {
         if !*requests {
             outstanding.answered.fetch_add(1, Ordering::Relaxed);
@@ -254,12 +271,16 @@ fn tally(parser: &mut Resp, count: Option<&Count>, bytes: &[u8]) {
         }
         let kind = counters.kind(command);
         let sent = outstanding.sent.fetch_add(1, Ordering::Relaxed);
-        if sent == outstanding.answered.load(Ordering::Relaxed) {
+        let after_silence = outstanding.after_silence.swap(false, Ordering::Relaxed);
+        if after_silence || sent == outstanding.answered.load(Ordering::Relaxed) {
             counters.round_trips[kind].fetch_add(1, Ordering::Relaxed);
         }
         counters.commands[kind].fetch_add(1, Ordering::Relaxed);
     });
 }
+
+/// How long a client must have sent nothing for its next command to start a round trip, answered or not.
+const SILENCE: Duration = Duration::from_millis(1);
 
 /// An incremental RESP2/RESP3 framer.
 #[derive(Default)]
