@@ -58,7 +58,7 @@ pub fn run(
 }
 
 async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String> {
-    let shas = super::cluster::script_shas();
+    let shas = super::workers::script_shas();
     let mut proxies = Vec::new();
     let mut stores = Vec::new();
     for _ in 0..CONTENDERS {
@@ -84,7 +84,7 @@ async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String>
     };
     let redis_cpu = || {
         (0..nodes.len())
-            .map(|i| super::cluster::cpu_ticks(nodes.pid(i)))
+            .map(|i| super::workers::cpu_ticks(nodes.pid(i)))
             .sum::<u64>()
     };
     let (commands_before, trips_before) = counts(&proxies);

@@ -1,0 +1,277 @@
+//! Worker processes and what the benchmark reads about them: their config, their `/proc` figures
+//! (CPU, RSS, the machine's load), their ledger and their JSON log. Used by [`super::cluster`].
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::cluster::Load;
+use super::nodes::die_with_parent;
+use super::proxy::Proxy;
+
+/// A jobs.yaml: `jobs` jobs named `j00000…` on `schedule`, all running `command`.
+pub fn config_yaml(
+    urls: &[String],
+    id: &str,
+    jobs: usize,
+    schedule: &str,
+    command: &[String],
+) -> String {
+    // JSON strings are YAML strings; `$` is doubled because the config expands `${VAR}`.
+    let quote = |s: &str| serde_json::to_string(&s.replace('$', "$$")).unwrap_or_default();
+    let nodes: Vec<String> = urls.iter().map(|u| quote(u)).collect();
+    let argv: Vec<String> = command.iter().map(|a| quote(a)).collect();
+    let mut yaml = format!(
+        "redis:\n  nodes: [{}]\nworker:\n  id: {id}\n  shutdown_grace: 5s\njobs:\n",
+        nodes.join(", ")
+    );
+    for j in 0..jobs {
+        yaml.push_str(&format!(
+            "  - name: j{j:05}\n    schedule: \"{schedule}\"\n    command: [{}]\n",
+            argv.join(", ")
+        ));
+    }
+    yaml
+}
+
+/// A worker process, stopped (SIGTERM, then SIGKILL) on drop.
+pub struct Worker {
+    child: Child,
+    pub pid: u32,
+    pub log: PathBuf,
+}
+
+impl Worker {
+    pub fn spawn(binary: &Path, config: &Path, log: &Path) -> Result<Worker, String> {
+        let stdout = fs::File::create(log).map_err(|e| e.to_string())?;
+        let stderr = fs::File::create(log.with_extension("stderr")).map_err(|e| e.to_string())?;
+        let mut command = Command::new(binary);
+        command
+            .args(["run", "-c"])
+            .arg(config)
+            .args(["--log-format", "json"])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        die_with_parent(&mut command);
+        let child = command
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
+        Ok(Worker {
+            pid: child.id(),
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    pub fn wait_started(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if fs::read_to_string(&self.log).is_ok_and(|text| text.contains("\"worker.started\"")) {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let stderr =
+                    fs::read_to_string(self.log.with_extension("stderr")).unwrap_or_default();
+                return Err(format!(
+                    "worker exited ({status}) before it started: {stderr}"
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "worker did not log worker.started within {timeout:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// SIGTERM to every worker, then up to 15 s for each to exit.
+pub fn stop_all(workers: &mut [Worker]) {
+    for worker in workers.iter() {
+        // SAFETY: kill has no memory effects; the pid is our own unreaped child.
+        unsafe { libc::kill(worker.pid as libc::pid_t, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for worker in workers.iter_mut() {
+        while Instant::now() < deadline && matches!(worker.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+pub fn sleep_until_ms(at: i64) {
+    let wait = at - now_ms();
+    if wait > 0 {
+        std::thread::sleep(Duration::from_millis(wait as u64));
+    }
+}
+
+/// utime + stime of a process, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name may contain spaces; fields are counted after its closing parenthesis.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| {
+        fields
+            .get(n)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+/// `(VmRSS, VmHWM)` in kB.
+pub fn memory(pid: u32) -> (u64, u64) {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The SHA-1s of redcron's scripts, in the order the counters use: acquire, confirm, renew, release.
+pub fn script_shas() -> Vec<String> {
+    use redcron::lock::scripts::{ACQUIRE, CONFIRM, RELEASE, RENEW};
+    [&ACQUIRE, &CONFIRM, &RENEW, &RELEASE]
+        .iter()
+        .map(|s| s.get_hash().to_string())
+        .collect()
+}
+
+/// Per worker, per kind: `(commands, round trips)` summed over the worker's proxies.
+pub fn counts(proxies: &[Vec<Proxy>]) -> Vec<Vec<(u64, u64)>> {
+    proxies
+        .iter()
+        .map(|ps| {
+            let mut sum = vec![(0, 0); script_shas().len() + 1];
+            for counts in ps.iter().map(Proxy::counts) {
+                for (s, (c, r)) in sum.iter_mut().zip(counts) {
+                    s.0 += c;
+                    s.1 += r;
+                }
+            }
+            sum
+        })
+        .collect()
+}
+
+/// `(busy, total)` clock ticks of the whole machine, from the first line of /proc/stat.
+pub fn machine_ticks() -> (u64, u64) {
+    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let first = stat.lines().next().unwrap_or("");
+    let fields: Vec<u64> = first
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (total.saturating_sub(idle), total)
+}
+
+pub fn busy_fraction(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.1.saturating_sub(before.1).max(1);
+    after.0.saturating_sub(before.0) as f64 / total as f64
+}
+
+pub fn tick_ms(rfc3339: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(rfc3339)
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
+/// Exactly-once and tick-to-start from the ledger, for ticks in `first..=last`.
+pub fn read_ledger(path: &Path, first: i64, last: i64, load: &mut Load) -> Result<(), String> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let mut runs: HashMap<(String, i64), usize> = HashMap::new();
+    let mut winners: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let [job, tick, worker, ns] = fields[..] else {
+            return Err(format!("bad ledger line {line:?}"));
+        };
+        let (Some(tick), Ok(ns)) = (tick_ms(tick), ns.parse::<i128>()) else {
+            return Err(format!("bad ledger line {line:?}"));
+        };
+        if tick < first || tick > last {
+            continue;
+        }
+        *runs.entry((job.to_string(), tick)).or_default() += 1;
+        if !winners.iter().any(|w| w == worker) {
+            winners.push(worker.to_string());
+        }
+        let delay = ns - i128::from(tick) * 1_000_000;
+        load.tick_to_start
+            .push(Duration::from_nanos(delay.max(0) as u64));
+    }
+    let expected = load.jobs * load.ticks;
+    load.once = runs.values().filter(|n| **n == 1).count();
+    load.duplicates = runs.values().filter(|n| **n > 1).count();
+    load.missing = expected.saturating_sub(runs.len());
+    load.winners = winners.len();
+    Ok(())
+}
+
+/// Tick-to-won and skipped ticks from a worker's JSON log, for ticks in `first..=last`.
+pub fn read_log(path: &Path, first: i64, last: i64, load: &mut Load) -> Result<(), String> {
+    let text = fs::read_to_string(path).map_err(|e| e.to_string())?;
+    for line in text.lines() {
+        let won = line.contains("\"tick.won\"");
+        if !won && !line.contains("\"tick.skipped\"") {
+            continue;
+        }
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(tick) = event["tick"].as_str().and_then(tick_ms) else {
+            continue;
+        };
+        if tick < first || tick > last {
+            continue;
+        }
+        if won {
+            let Some(at) = event["timestamp"]
+                .as_str()
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            else {
+                continue;
+            };
+            let delay = at.timestamp_micros() - tick * 1000;
+            load.tick_to_won
+                .push(Duration::from_micros(delay.max(0) as u64));
+        } else {
+            let reason = event["reason"].as_str().unwrap_or("unknown").to_string();
+            match load.skipped.iter_mut().find(|(r, _)| *r == reason) {
+                Some((_, n)) => *n += 1,
+                None => load.skipped.push((reason, 1)),
+            }
+        }
+    }
+    Ok(())
+}
