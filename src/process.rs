@@ -289,7 +289,8 @@ impl Drop for RunningChild {
 /// Logs each line of `stream` as `run.output`; lines over [`MAX_LINE_BYTES`] are cut.
 async fn log_lines<R: AsyncRead + Unpin>(stream: Option<R>, name: &'static str) {
     let Some(stream) = stream else { return };
-    let mut reader = BufReader::new(stream);
+    // Small: a worker may have thousands of children running, most of which print little or nothing.
+    let mut reader = BufReader::with_capacity(1024, stream);
     let mut line = Vec::new();
     let mut cut = false;
     loop {

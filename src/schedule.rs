@@ -101,7 +101,8 @@ const MAX_STEPS: usize = 100_000;
 pub struct Schedule {
     expression: String,
     timezone: Tz,
-    cron: Cron,
+    /// Shared: croner keeps a byte per possible year (~5 KB per expression), and jobs are cloned per tick.
+    cron: std::sync::Arc<Cron>,
     elapsed_time: bool,
 }
 
@@ -137,7 +138,7 @@ impl Schedule {
         Ok(Schedule {
             expression: expr.to_string(),
             timezone: tz,
-            cron,
+            cron: std::sync::Arc::new(cron),
             elapsed_time,
         })
     }

@@ -140,15 +140,53 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
 
 /// Claims a batch of due ticks in one call (one pipelined round trip per node and round) and settles each
 /// outcome in its own task; returns when every run (and every retry) has ended.
+///
+/// Ticks that found no quorum are raced again *together* — with backoff, while each is within its job's
+/// misfire grace and its next tick is not yet due — so that a retry costs one round trip per node however
+/// many jobs it carries, and a Redis outage shorter than the grace costs no run.
 async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGuard>)>) {
-    let claims: Vec<ClaimRequest> = batch
-        .iter()
-        .map(|(job, tick, _)| request(job, *tick))
-        .collect();
-    let outcomes = context.store.claim_many(&context.worker_id, &claims).await;
     let mut settling = JoinSet::new();
-    for ((job, tick, guard), outcome) in batch.into_iter().zip(outcomes) {
-        settling.spawn(settle(Arc::clone(&context), job, tick, guard, outcome));
+    let mut pending = batch;
+    let mut backoff = NO_QUORUM_BACKOFF;
+    loop {
+        let claims: Vec<ClaimRequest> = pending
+            .iter()
+            .map(|(job, tick, _)| request(job, *tick))
+            .collect();
+        let outcomes = context.store.claim_many(&context.worker_id, &claims).await;
+        let mut again = Vec::new();
+        for ((job, tick, guard), outcome) in pending.into_iter().zip(outcomes) {
+            let ClaimOutcome::NoQuorum(failure) = outcome else {
+                settling.spawn(settle(Arc::clone(&context), job, tick, guard, outcome));
+                continue;
+            };
+            let retry_at = Utc::now() + chrono::Duration::from_std(backoff).unwrap_or_default();
+            if context.shutdown.is_requested() || retry_at >= give_up_at(&job, tick) {
+                error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "no_quorum",
+                       error = %failure, "Skipped: no majority of Redis nodes answered within the grace");
+            } else {
+                warn!(event = "tick.retrying", job = %job.name, tick = %tick, reason = "no_quorum",
+                      error = %failure, retry_in_ms = backoff.as_millis() as u64,
+                      "No majority of Redis nodes answered; racing again");
+                again.push((job, tick, guard));
+            }
+        }
+        if again.is_empty() {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = context.shutdown.graceful() => {}
+        }
+        if context.shutdown.is_requested() {
+            for (job, tick, _) in &again {
+                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
+                      "Skipped: shutdown was requested while waiting for a quorum");
+            }
+            break;
+        }
+        backoff = (backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
+        pending = again;
     }
     while settling.join_next().await.is_some() {}
 }
@@ -161,71 +199,48 @@ fn request(job: &JobConfig, tick: Tick) -> ClaimRequest {
     }
 }
 
-/// Acts on one claim outcome: runs a won tick, logs a lost one, and races a tick that found no quorum
-/// again — with backoff, while it is within the job's misfire grace and the job's next tick is not yet
-/// due — so that a Redis outage shorter than the grace costs no run.
+/// When a tick that finds no quorum stops being raced: at the job's next tick or the end of its misfire
+/// grace, whichever comes first.
+fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
+    let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
+    match job.schedule.next_after(tick.to_utc()) {
+        Some(next) => next.to_utc().min(tick.to_utc() + grace),
+        None => tick.to_utc() + grace,
+    }
+}
+
+/// Acts on one claim outcome other than no quorum: runs a won tick, logs a lost one.
 async fn settle(
     context: Arc<Context>,
     job: JobConfig,
     tick: Tick,
     guard: Option<BusyGuard>,
-    mut outcome: ClaimOutcome,
+    outcome: ClaimOutcome,
 ) {
-    let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
-    let give_up_at = match job.schedule.next_after(tick.to_utc()) {
-        Some(next) => next.to_utc().min(tick.to_utc() + grace),
-        None => tick.to_utc() + grace,
-    };
-    let mut backoff = NO_QUORUM_BACKOFF;
-    loop {
-        match outcome {
-            ClaimOutcome::Won(lease) if context.shutdown.is_requested() => {
-                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
-                      "Skipped: shutdown was requested while racing; releasing the claim's lease");
-                context.store.release(&lease).await;
-            }
-            ClaimOutcome::Won(lease) => {
-                info!(event = "tick.won", job = %job.name, tick = %tick, token = lease.token, "Won the tick");
-                run::run(Arc::clone(&context), job, lease).await;
-            }
-            ClaimOutcome::AlreadyClaimed => {
-                info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",
-                      "Lost the tick: it was already claimed by a run");
-            }
-            ClaimOutcome::Busy { holder, ttl } => {
-                info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "busy",
-                      holder = holder.as_deref().unwrap_or("unknown"),
-                      holder_ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis() as u64),
-                      "Lost the tick: another worker holds the job");
-            }
-            ClaimOutcome::NoQuorum(failure) => {
-                let retry_at = Utc::now() + chrono::Duration::from_std(backoff).unwrap_or_default();
-                if context.shutdown.is_requested() || retry_at >= give_up_at {
-                    error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "no_quorum",
-                           error = %failure, "Skipped: no majority of Redis nodes answered within the grace");
-                } else {
-                    warn!(event = "tick.retrying", job = %job.name, tick = %tick, reason = "no_quorum",
-                          error = %failure, retry_in_ms = backoff.as_millis() as u64,
-                          "No majority of Redis nodes answered; racing again");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = context.shutdown.graceful() => {}
-                    }
-                    if context.shutdown.is_requested() {
-                        info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
-                              "Skipped: shutdown was requested while waiting for a quorum");
-                        break;
-                    }
-                    backoff = (backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
-                    outcome = context
-                        .store
-                        .claim(&context.worker_id, request(&job, tick))
-                        .await;
-                    continue;
-                }
-            }
+    match outcome {
+        ClaimOutcome::Won(lease) if context.shutdown.is_requested() => {
+            info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
+                  "Skipped: shutdown was requested while racing; releasing the claim's lease");
+            context.store.release(&lease).await;
         }
-        break;
+        ClaimOutcome::Won(lease) => {
+            info!(event = "tick.won", job = %job.name, tick = %tick, token = lease.token, "Won the tick");
+            run::run(Arc::clone(&context), job, lease).await;
+        }
+        ClaimOutcome::AlreadyClaimed => {
+            info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",
+                  "Lost the tick: it was already claimed by a run");
+        }
+        ClaimOutcome::Busy { holder, ttl } => {
+            info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "busy",
+                  holder = holder.as_deref().unwrap_or("unknown"),
+                  holder_ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis() as u64),
+                  "Lost the tick: another worker holds the job");
+        }
+        ClaimOutcome::NoQuorum(failure) => {
+            error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "no_quorum",
+                   error = %failure, "Skipped: no majority of Redis nodes answered");
+        }
     }
     drop(guard);
 }

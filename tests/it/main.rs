@@ -1,6 +1,7 @@
 //! redcron's integration tests: one binary, a module per area, real `redis-server` nodes and real worker
 //! processes started by [`support`].
 
+mod bench_smoke;
 mod chaos;
 mod cli;
 mod config;

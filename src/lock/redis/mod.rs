@@ -152,7 +152,10 @@ impl RedisStore {
                 .map(|p| p.1)
                 .min()
                 .unwrap_or_else(Instant::now);
-            tokio::time::sleep_until(ready_at).await;
+            // Only sleep for a retry: a timer, even an expired one, waits for the next millisecond tick.
+            if ready_at > Instant::now() {
+                tokio::time::sleep_until(ready_at).await;
+            }
             let now = Instant::now();
             let (ready, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.1 <= now);
             pending = waiting;
@@ -165,23 +168,26 @@ impl RedisStore {
                 })
                 .collect();
             let results = self.attempt(worker_id, &batch).await;
+            // One retry time per kind for the whole batch, so that its retries travel together again (one
+            // round trip per node) instead of one by one at scattered instants. The random jitter breaks
+            // the symmetry between contenders; it need not differ between the jobs of one contender.
+            let base = self.settings.retry_delay;
+            let soon = Instant::now() + base / 4;
+            let later = Instant::now() + base + base.mul_f64(rand::rng().random::<f64>());
             for ((index, _, left, _), result) in ready.into_iter().zip(results) {
-                let base = self.settings.retry_delay;
                 match result {
                     Attempt::Won(lease) => outcomes[index] = Some(ClaimOutcome::Won(lease)),
                     Attempt::Lost {
                         retry: Retry::Soon(value),
                         ..
                     } if left > 0 => {
-                        pending.push((index, Instant::now() + base / 4, left - 1, Some(value)));
+                        pending.push((index, soon, left - 1, Some(value)));
                     }
                     Attempt::Lost {
                         retry: Retry::Later,
                         ..
                     } if left > 0 => {
-                        // Random jitter breaks the symmetry between the contenders that lost the vote.
-                        let jitter = base.mul_f64(rand::rng().random::<f64>());
-                        pending.push((index, Instant::now() + base + jitter, left - 1, None));
+                        pending.push((index, later, left - 1, None));
                     }
                     Attempt::Lost { outcome, .. } => outcomes[index] = Some(outcome),
                 }
@@ -343,7 +349,9 @@ impl RedisStore {
         Err(RenewError::Unconfirmed(failure))
     }
 
-    /// Compare-and-delete on every node; waits at most `node_timeout` for the answers.
+    /// Compare-and-delete on every node. Returns once a majority has answered (or `node_timeout` has
+    /// passed); the other nodes' answers are awaited in the background, bounded by the TTL (after which the
+    /// key is gone anyway), so a slow or hung node never delays the caller.
     pub async fn release(&self, lease: &Lease) {
         let [key, _, _] = claim_keys(
             &self.settings.key_prefix,
@@ -353,12 +361,30 @@ impl RedisStore {
         );
         let mut pipeline = redis::pipe();
         pipeline.add_command(evalsha(&scripts::RELEASE, &[key], &[&lease.value]));
-        let timeout = self.settings.node_timeout;
-        let mut all: FuturesUnordered<_> = self
-            .nodes
-            .iter()
-            .map(|node| node.eval(&pipeline, timeout))
+        let pipeline = Arc::new(pipeline);
+        let bound = self.settings.ttl;
+        // Each future owns what it needs, so the stragglers can move to a background task. Every request is
+        // handed to its node's connection on the first poll, so it is sent whoever awaits the answer.
+        let mut all: FuturesUnordered<_> = (0..self.nodes.len())
+            .map(|index| {
+                let (nodes, pipeline) = (Arc::clone(&self.nodes), Arc::clone(&pipeline));
+                async move { nodes[index].eval(&pipeline, bound).await }
+            })
             .collect();
-        while all.next().await.is_some() {}
+        let needed = quorum(self.nodes.len());
+        let majority = async {
+            let mut answered = 0;
+            while answered < needed {
+                match all.next().await {
+                    Some(Ok(_)) => answered += 1,
+                    Some(Err(_)) => {}
+                    None => break,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(self.settings.node_timeout, majority).await;
+        if !all.is_empty() {
+            tokio::spawn(async move { while all.next().await.is_some() {} });
+        }
     }
 }
