@@ -15,8 +15,8 @@
 //!     harness's probe measured (an answer slower than 50 ms, widened by 0.1 s each side: on a shared
 //!     disk one slow fsync stalls every node at once, a fault the plan did not inject but the machine
 //!     did; the table says when a miss needed such a stall to be explained);
-//!   - *held* (`overlap: skip` jobs): at `r` the job's lease was held for an earlier tick — from that
-//!     run's `tick.won` until its `run.finished`; if its worker was paused or killed during the run,
+//!   - *held* (`overlap: skip` jobs, whose lease is one key per job): at `r` the job's lease was held
+//!     for another tick — from that run's `tick.won` until its `run.finished`; if its worker was paused or killed during the run,
 //!     until at least that moment + TTL (the keys outlive a silent holder); and for a claimant paused
 //!     mid-claim, from its race until its pause + TTL;
 //!   - *still racing*: `w` logged `tick.skipped: overlap` for this tick while the claim of its previous
@@ -29,7 +29,7 @@
 //!     clock is ahead): claims only grow, so this tick can no longer be claimed.
 //!
 //! The table names one cause per explained miss: the first of *held by a paused or crashed holder*,
-//! *held by the previous run*, *still racing*, *no quorum* (planned), *no quorum* (measured stalls), *later tick
+//! *held by another run*, *still racing*, *no quorum* (planned), *no quorum* (measured stalls), *later tick
 //! claimed*, *no live worker*, that applies to some worker.
 //!
 //! Nothing else explains a miss: a `tick.skipped: no_quorum` logged while the timeline shows a majority
@@ -46,7 +46,7 @@ use super::report::show_time;
 /// have been mid-claim.
 const CLAIM_MS: i64 = 1_500;
 
-/// An interval during which the job's lease may have been held for an earlier tick, and by what.
+/// An interval during which the job's lease may have been held for another tick, and by what.
 #[derive(Debug, Clone)]
 pub struct Hold {
     tick: i64,
@@ -161,10 +161,10 @@ pub fn explain_miss(
             Ok("clock step")
         } else if let Some(hold) = holds
             .iter()
-            .find(|h| h.tick < tick && h.from <= r && r <= h.to)
+            .find(|h| h.tick != tick && h.from <= r && r <= h.to)
         {
             if hold.what.starts_with("previous run") {
-                Ok("held by the previous run")
+                Ok("held by another run")
             } else {
                 Ok("held by a paused or crashed holder")
             }
@@ -216,8 +216,8 @@ pub fn explain_miss(
         .collect();
     let category = if kinds.contains("held by a paused or crashed holder") {
         "a paused or crashed holder kept the lease until its TTL"
-    } else if kinds.contains("held by the previous run") {
-        "the previous run still held the job (overlap: skip)"
+    } else if kinds.contains("held by another run") {
+        "another run held the job (overlap: skip)"
     } else if kinds.contains("still racing the previous tick") {
         "a worker still racing the previous tick (a slow claim under faults) skipped it"
     } else if kinds.contains("no quorum") {

@@ -239,7 +239,10 @@ fn checker_explains_a_miss_by_the_previous_run_only_while_it_runs() {
     let report = scenario.check();
     assert!(report.passed(), "{report}");
     assert!(
-        report.reasons.keys().any(|r| r.contains("previous run")),
+        report
+            .reasons
+            .keys()
+            .any(|r| r.contains("another run held")),
         "{report}"
     );
 }
