@@ -18,7 +18,9 @@
 //! 4. **Ledger and logs disagree**: a `run.started` without exactly one `start` write carrying its
 //!    `run_id` (zero is allowed only when the run ended `lease_lost`, `timeout` or `shutdown`: the child
 //!    may have been stopped before it wrote), a write whose `run_id` no `run.started` announced, or one
-//!    whose job, tick, token or worker differ from its run's.
+//!    whose job, tick, token or worker differ from its run's. (A write from a run whose worker was killed
+//!    or paused between `tick.won` and `run.started` — the child was spawned, the line never written —
+//!    is matched to that `tick.won` instead, and the run counts as started.)
 //! 5. **An unexplained miss**: see [`super::misses`] for what explains a miss.
 //! 6. **A stale write from a live holder**: a write the ledger rejected (a newer token had been accepted)
 //!    whose run's worker process was running, neither paused nor killed, during the whole second before
@@ -74,8 +76,9 @@ pub struct Input<'a> {
 
 /// Applies the rules of the module documentation.
 pub fn check(input: &Input<'_>) -> Report {
-    let facts = Facts::gather(input.timeline, input.logs);
+    let mut facts = Facts::gather(input.timeline, input.logs);
     let mut report = Report::default();
+    adopt_unlogged_starts(input, &mut facts, &mut report);
     for log in input.logs {
         for line in &log.bad_lines {
             report.failures.push(format!(
@@ -125,6 +128,47 @@ pub fn check(input: &Input<'_>) -> Report {
             .join(", ")
     ));
     report
+}
+
+/// A worker killed (or paused) between spawning a job and logging `run.started` leaves a run that only
+/// the ledger shows: a first write whose run id no `run.started` names, but whose job, tick, token and
+/// worker match a `tick.won` without a run. Such a run counts as started (rule 4's exception).
+fn adopt_unlogged_starts(input: &Input<'_>, facts: &mut Facts, report: &mut Report) {
+    let logged: BTreeSet<&str> = facts
+        .runs
+        .iter()
+        .filter_map(|r| r.run_id.as_deref())
+        .collect();
+    let mut adopted = Vec::new();
+    for attempt in input.ledger.iter().filter(|a| a.phase == Phase::Start) {
+        if logged.contains(attempt.run_id.as_str()) {
+            continue;
+        }
+        let tick = super::facts::parse_instant(&attempt.tick);
+        let found = facts.runs.iter().position(|run| {
+            run.run_id.is_none()
+                && run.job == attempt.job
+                && Some(run.tick) == tick
+                && run.token == attempt.token
+                && attempt.worker == format!("w{}", run.worker)
+                && facts.lives[run.instance].disturbed_in(run.won_at - 100, run.won_at + 1_500)
+        });
+        if let Some(index) = found {
+            adopted.push((index, attempt.run_id.clone(), attempt.at_ms));
+        }
+    }
+    for (index, run_id, at) in adopted {
+        let run = &mut facts.runs[index];
+        report.notes.push(format!(
+            "run {run_id} ({} at {}, w{}) started but its worker was killed or paused before logging \
+             run.started; the ledger shows it",
+            run.job,
+            show_time(run.tick),
+            run.worker
+        ));
+        run.run_id = Some(run_id);
+        run.started_at = Some(at);
+    }
 }
 
 /// Rule 4, and the ledger replay of rule 3.

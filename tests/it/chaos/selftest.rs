@@ -351,3 +351,32 @@ fn checker_excuses_a_slow_claim_only_under_faults() {
         "{report}"
     );
 }
+
+/// A write from a run whose worker died between `tick.won` and `run.started` is matched to the win and
+/// counts as the tick's run; the same write from a worker that did not die is a ghost.
+#[test]
+fn checker_matches_a_run_whose_worker_died_before_logging_it() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    let tick = T0 + 4_000;
+    let won =
+        json!({"event": "tick.won", "job": "quick", "tick": rfc3339(tick), "token": token(tick)});
+    scenario.log(1, tick + 5, won);
+    scenario.write(
+        1,
+        "quick",
+        tick,
+        token(tick),
+        "unlogged",
+        Phase::Start,
+        tick + 9,
+    );
+    assert!(failed_with(&scenario.check(), "no worker logged"));
+
+    scenario
+        .timeline
+        .push(tick + 7, Happening::WorkerKilled { instance: 1 });
+    let report = scenario.check();
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.rows[0].run, 10, "{report}");
+}
