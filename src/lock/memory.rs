@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use tokio::time::Instant;
 
-use super::redis::{claim_keys, token_floor};
+use super::redis::{claim_keys, lease_key, token_floor};
 use super::{validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, QuorumFailure, RenewError};
 
 /// Leases, claims and tokens in process memory.
@@ -111,12 +111,7 @@ impl MemoryStore {
             lease.mark_lost();
             return Err(RenewError::Expired);
         }
-        let [key, _, _] = claim_keys(
-            &self.settings.key_prefix,
-            &lease.job,
-            lease.tick,
-            lease.overlap,
-        );
+        let key = lease_key(&self.settings.key_prefix, lease);
         let mut state = self.lock();
         match state.leases.get_mut(&key) {
             Some((value, expires)) if *value == lease.value && *expires > now => {
@@ -141,12 +136,7 @@ impl MemoryStore {
 
     /// Removes the lease if it is still this lease's value.
     pub fn release(&self, lease: &Lease) {
-        let [key, _, _] = claim_keys(
-            &self.settings.key_prefix,
-            &lease.job,
-            lease.tick,
-            lease.overlap,
-        );
+        let key = lease_key(&self.settings.key_prefix, lease);
         let mut state = self.lock();
         if state
             .leases

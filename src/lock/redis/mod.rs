@@ -68,6 +68,12 @@ pub(crate) fn claim_keys(prefix: &str, job: &str, tick: Tick, overlap: Overlap) 
     ]
 }
 
+/// The lease key of a granted lease (the first of its [`claim_keys`]).
+pub(crate) fn lease_key(prefix: &str, lease: &Lease) -> String {
+    let [key, _, _] = claim_keys(prefix, &lease.job, lease.tick, lease.overlap);
+    key
+}
+
 /// One request in one attempt.
 struct Try<'a> {
     request: &'a ClaimRequest,
@@ -285,7 +291,7 @@ impl RedisStore {
             return Err(RenewError::Expired);
         }
         let settings = &self.settings;
-        let [key, _, _] = claim_keys(&settings.key_prefix, &lease.job, lease.tick, lease.overlap);
+        let key = lease_key(&settings.key_prefix, lease);
         let mut pipeline = redis::pipe();
         pipeline.add_command(evalsha(
             &scripts::RENEW,
@@ -353,12 +359,7 @@ impl RedisStore {
     /// passed); the other nodes' answers are awaited in the background, bounded by the TTL (after which the
     /// key is gone anyway), so a slow or hung node never delays the caller.
     pub async fn release(&self, lease: &Lease) {
-        let [key, _, _] = claim_keys(
-            &self.settings.key_prefix,
-            &lease.job,
-            lease.tick,
-            lease.overlap,
-        );
+        let key = lease_key(&self.settings.key_prefix, lease);
         let mut pipeline = redis::pipe();
         pipeline.add_command(evalsha(&scripts::RELEASE, &[key], &[&lease.value]));
         let pipeline = Arc::new(pipeline);
