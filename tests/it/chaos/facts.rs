@@ -86,6 +86,9 @@ pub struct Run {
     pub duration_ms: Option<u64>,
 }
 
+/// What one process logged about one job: per tick, each `event:reason` with its arrival time.
+pub type Logged = BTreeMap<i64, Vec<(String, i64)>>;
+
 /// The tick-level facts in the logs, with the instance that logged them.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
@@ -102,7 +105,7 @@ pub struct Facts {
     pub orphan_starts: Vec<String>,
     /// Per `(instance, job)`, per tick: the events logged for it (`tick.lost:busy`,
     /// `tick.skipped:overlap`…) with their arrival times.
-    pub outcomes: HashMap<(usize, String), BTreeMap<i64, Vec<(String, i64)>>>,
+    pub outcomes: HashMap<(usize, String), Logged>,
     /// Events that could not be read (missing or malformed fields).
     pub malformed: Vec<String>,
 }

@@ -405,7 +405,7 @@ impl Cluster {
         (0..NODES)
             .map(|node| {
                 let latest: Vec<(String, i64, i64, i64)> =
-                    self.nodes.query(node, &redis::cmd("LATENCY").arg("LATEST"));
+                    self.nodes.query(node, redis::cmd("LATENCY").arg("LATEST"));
                 let events: Vec<String> = latest
                     .iter()
                     .map(|(event, _, last, max)| format!("{event} {last}/{max} ms"))
