@@ -66,6 +66,17 @@ async fn supervise(context: &Context, job: &JobConfig, mut lease: Lease, run_id:
         ("REDCRON_RUN_ID".to_string(), run_id.to_string()),
         ("REDCRON_WORKER_ID".to_string(), context.worker_id.clone()),
     ];
+    // The claim may have been granted just before this process was paused (GC, SIGSTOP, a VM freeze): a
+    // job must never start on a lease whose deadline has passed. The tick stays claimed and is not run.
+    if !lease.is_valid() {
+        error!(
+            event = "lease.lost",
+            error = "lease deadline passed before the job could start",
+            "Lease lost before the job started: not starting it"
+        );
+        context.store.release(&lease).await;
+        return;
+    }
     let started = tokio::time::Instant::now();
     let mut child = match RunningChild::spawn(&spec, &env) {
         Ok(child) => child,
