@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 #[allow(unused_imports)]
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
 #[allow(unused_imports)]
-pub use self::worker::{Worker, WorkerBuilder};
+pub use self::worker::{libfaketime, Worker, WorkerBuilder};
 
 /// A temporary directory for one test: its `jobs.yaml`, its ledger, anything else it writes.
 ///

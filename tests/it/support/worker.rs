@@ -299,7 +299,7 @@ fn parse(lines: &[String]) -> Vec<Value> {
 }
 
 /// libfaketime's preload library (the multi-threaded build when present), as Debian installs it.
-pub(super) fn libfaketime() -> Option<PathBuf> {
+pub fn libfaketime() -> Option<PathBuf> {
     let mut dirs = vec![
         PathBuf::from("/usr/lib/faketime"),
         PathBuf::from("/usr/local/lib/faketime"),

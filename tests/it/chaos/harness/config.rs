@@ -1,6 +1,6 @@
 //! The workers' jobs file, and their clocks.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::{Breakage, GRACE_S, LONG_JOB, LONG_MS, RENEW_MS, SHUTDOWN_GRACE_S, TTL_MS};
 
@@ -12,22 +12,6 @@ pub(super) fn faketime_spec(offset_ms: i64) -> String {
         offset_ms.abs() / 1000,
         offset_ms.abs() % 1000
     )
-}
-
-/// libfaketime's preload library, as Debian installs it (the support module's lookup is private to it;
-/// the jumping worker needs the path without `FAKETIME` set).
-pub(super) fn libfaketime() -> Option<PathBuf> {
-    let mut dirs = vec![
-        PathBuf::from("/usr/lib/faketime"),
-        PathBuf::from("/usr/local/lib/faketime"),
-    ];
-    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
-        dirs.extend(entries.filter_map(|e| Some(e.ok()?.path().join("faketime"))));
-    }
-    ["libfaketimeMT.so.1", "libfaketime.so.1"]
-        .iter()
-        .flat_map(|name| dirs.iter().map(move |dir| dir.join(name)))
-        .find(|path| path.is_file())
 }
 
 /// The jobs file of worker `w`.

@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use self::config::{config, faketime_spec, libfaketime};
+use self::config::{config, faketime_spec};
 use self::journal::{follow, Journal};
 use super::facts::InstanceLog;
 use super::ledger::Ledger;
 use super::plan::{Happening, Plan, Timeline, JUMPER, NODES, PROXIED_NODE, WORKERS};
 use super::probe::{Probe, Stall};
 use super::proxy::Proxy;
+use crate::support::libfaketime;
 use crate::support::{Persistence, RedisCluster, TestDir, Worker};
 
 /// The job that outlives the TTL.
