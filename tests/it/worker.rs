@@ -335,12 +335,13 @@ fn a_tick_survives_an_outage_shorter_than_its_grace() {
         cluster.cont(node);
     }
     let tick = retrying["tick"].as_str().expect("tick").to_string();
-    let started = worker
+    // run.finished, not run.started: the ledger line is written by the job itself.
+    let finished = worker
         .wait_for(Duration::from_secs(10), |e| {
-            e["event"] == "run.started" && e["tick"] == tick.as_str()
+            e["event"] == "run.finished" && e["tick"] == tick.as_str()
         })
         .expect("the same tick runs once the majority is back");
-    assert_eq!(started["job"], "outage");
+    assert_eq!(finished["outcome"], "success", "{finished}");
     let runs = ledger(&dir);
     assert_eq!(
         runs.get(&("outage".to_string(), tick.clone()))
