@@ -324,6 +324,10 @@ fn a_tick_survives_an_outage_shorter_than_its_grace() {
     worker
         .wait_for_event("worker.started", Duration::from_secs(10))
         .expect("started");
+    // Hang the majority just before a tick, so that tick has (nearly) all its 8 s grace ahead of it.
+    while chrono::Utc::now().timestamp() % 10 != 9 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for node in 0..2 {
         cluster.stop(node);
     }
