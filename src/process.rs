@@ -183,20 +183,7 @@ impl RunningChild {
     /// A background process that keeps the child's stdout open keeps this waiting: the run is not over
     /// until its output is (use [`RunningChild::stop`] to end it).
     pub async fn wait(&mut self) -> Result<ExitKind, ProcessError> {
-        let status = match self.status {
-            Some(status) => status,
-            None => {
-                let status = self
-                    .child
-                    .wait()
-                    .await
-                    .map_err(|source| ProcessError::Wait {
-                        pid: self.pid,
-                        source,
-                    })?;
-                *self.status.insert(ExitKind::from_status(status))
-            }
-        };
+        let status = self.wait_exit().await?;
         if let Some(output) = &mut self.output {
             // The logging task does not panic; a cancelled one has nothing more to log either way.
             let _ = output.await;
