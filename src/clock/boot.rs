@@ -1,0 +1,172 @@
+//! The clock that leases are measured on: `CLOCK_BOOTTIME`, which keeps counting while the host is
+//! suspended.
+//!
+//! A lease's validity is a span of real time on the nodes' clocks. `CLOCK_MONOTONIC` (tokio's `Instant`)
+//! stops while the host sleeps, so a worker resumed after a suspend would still believe in a lease whose
+//! keys expired on the nodes long ago and could start a job on it. `CLOCK_BOOTTIME` is the same clock
+//! plus the time spent suspended, so a deadline measured on it has passed when it should.
+//!
+//! [`sleep_until`] waits on a `timerfd` armed on `CLOCK_BOOTTIME`, which fires as soon as the host
+//! resumes past the deadline — a tokio timer would fire only after the monotonic clock caught up.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+
+/// A point on `CLOCK_BOOTTIME`: the time since boot, suspend included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BootInstant(Duration);
+
+impl BootInstant {
+    /// Now on `CLOCK_BOOTTIME`.
+    pub fn now() -> BootInstant {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on every Linux since 2.6.39,
+        // and clock_gettime cannot fail with a valid clock id and pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        BootInstant(Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        ))
+    }
+
+    /// How long after `earlier` this instant is; zero if it is not after it.
+    pub fn saturating_duration_since(self, earlier: BootInstant) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// How long ago this instant was; zero if it is in the future.
+    pub fn elapsed(self) -> Duration {
+        BootInstant::now().saturating_duration_since(self)
+    }
+
+    /// How long until this instant; zero if it has passed.
+    pub fn remaining(self) -> Duration {
+        self.saturating_duration_since(BootInstant::now())
+    }
+
+    /// This instant plus `duration`, saturating at the end of time.
+    pub fn saturating_add(self, duration: Duration) -> BootInstant {
+        BootInstant(self.0.saturating_add(duration))
+    }
+
+    /// This instant minus `duration`, saturating at boot.
+    pub fn saturating_sub(self, duration: Duration) -> BootInstant {
+        BootInstant(self.0.saturating_sub(duration))
+    }
+}
+
+impl std::ops::Add<Duration> for BootInstant {
+    type Output = BootInstant;
+
+    fn add(self, duration: Duration) -> BootInstant {
+        self.saturating_add(duration)
+    }
+}
+
+/// Waits until `deadline` on `CLOCK_BOOTTIME`; returns at once if it has passed. Cancel-safe.
+///
+/// Falls back to tokio timers (re-checking the boot clock at least once a second) if a timerfd cannot
+/// be made, so a deadline is never missed by more than a second after a resume even then.
+pub async fn sleep_until(deadline: BootInstant) {
+    if deadline <= BootInstant::now() {
+        return;
+    }
+    if let Ok(timer) = arm(deadline) {
+        // Readable once the timer expired; an error here (none is expected) falls back below.
+        if let Ok(mut guard) = timer.readable().await {
+            let mut expirations = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into a buffer of 8 from a timerfd we own.
+            unsafe {
+                libc::read(
+                    timer.get_ref().as_raw_fd(),
+                    expirations.as_mut_ptr().cast(),
+                    expirations.len(),
+                )
+            };
+            guard.clear_ready();
+        }
+    }
+    loop {
+        let left = deadline.remaining();
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left.min(Duration::from_secs(1))).await;
+    }
+}
+
+/// A non-blocking timerfd on `CLOCK_BOOTTIME` that fires at `deadline`.
+fn arm(deadline: BootInstant) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: plain syscall; the returned descriptor is checked and then owned by `OwnedFd`.
+    let fd = unsafe {
+        libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC)
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let at = deadline.0;
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: libc::time_t::try_from(at.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: at.subsec_nanos() as libc::c_long,
+        },
+    };
+    // SAFETY: `spec` is a valid itimerspec, the old value is not asked for.
+    let set = unsafe {
+        libc::timerfd_settime(
+            fd.as_raw_fd(),
+            libc::TFD_TIMER_ABSTIME,
+            &spec,
+            std::ptr::null_mut(),
+        )
+    };
+    if set < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    AsyncFd::new(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_clock_advances() {
+        let a = BootInstant::now();
+        std::thread::sleep(Duration::from_millis(5));
+        let b = BootInstant::now();
+        assert!(b > a);
+        assert!(b.saturating_duration_since(a) >= Duration::from_millis(5));
+        assert_eq!(a.saturating_duration_since(b), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn sleep_until_waits_for_the_deadline_and_not_much_longer() {
+        let start = BootInstant::now();
+        sleep_until(start + Duration::from_millis(50)).await;
+        let slept = start.elapsed();
+        assert!(slept >= Duration::from_millis(50), "woke after {slept:?}");
+        // A passed deadline returns at once.
+        let again = BootInstant::now();
+        sleep_until(start).await;
+        assert!(again.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn sleep_until_is_cancel_safe() {
+        let far = BootInstant::now() + Duration::from_secs(3600);
+        let woke = tokio::time::timeout(Duration::from_millis(20), sleep_until(far)).await;
+        assert!(woke.is_err());
+    }
+}

@@ -1,0 +1,3 @@
+//! Clocks: the boot clock that leases are measured on ([`boot`]).
+
+pub mod boot;
