@@ -134,7 +134,10 @@ fn arm(deadline: BootInstant) -> std::io::Result<AsyncFd<OwnedFd>> {
     if set < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    AsyncFd::new(fd)
+    // SAFETY: `fd` is open and owned by the `OwnedFd` that the `AsyncFd` takes, so it stays the same open
+    // descriptor until the `AsyncFd` is dropped.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|error| error.into_parts().1)
 }
 
 #[cfg(test)]
