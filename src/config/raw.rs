@@ -58,8 +58,10 @@ pub(crate) struct RawJob {
     pub timezone: Option<Spanned<String>>,
     pub command: Option<Spanned<RawCommand>>,
     pub env: Vec<(Spanned<String>, Spanned<String>)>,
+    pub inherit_env: Option<Spanned<RawInherit>>,
     pub workdir: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
+    pub stop_grace: Option<Spanned<String>>,
     pub overlap: Option<Spanned<String>>,
     pub misfire_grace: Option<Spanned<String>>,
     pub enabled: Option<Spanned<String>>,
@@ -71,6 +73,16 @@ pub(crate) enum RawCommand {
     Shell(String),
     /// `command: [prog, arg, ...]`.
     Argv(Vec<Spanned<String>>),
+    /// Present but of the wrong shape (already reported).
+    Invalid,
+}
+
+#[derive(Debug)]
+pub(crate) enum RawInherit {
+    /// `inherit_env: all` or `none` (or anything else, rejected in stage two).
+    Word(String),
+    /// `inherit_env: [NAME, ...]`.
+    Names(Vec<Spanned<String>>),
     /// Present but of the wrong shape (already reported).
     Invalid,
 }
@@ -171,6 +183,9 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
         .take("env")
         .map(|value| read_env(value, &format!("{path}.env"), report))
         .unwrap_or_default();
+    let inherit_env = fields
+        .take("inherit_env")
+        .map(|value| read_inherit(value, &format!("{path}.inherit_env"), report));
     let job = RawJob {
         mark: fields.first_key_mark(),
         name: fields.scalar("name", report),
@@ -178,8 +193,10 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
         timezone: fields.scalar("timezone", report),
         command,
         env,
+        inherit_env,
         workdir: fields.scalar("workdir", report),
         timeout: fields.scalar("timeout", report),
+        stop_grace: fields.scalar("stop_grace", report),
         overlap: fields.scalar("overlap", report),
         misfire_grace: fields.scalar("misfire_grace", report),
         enabled: fields.scalar("enabled", report),
@@ -206,6 +223,32 @@ fn read_command(node: &Node, path: &str, report: &mut Report) -> Spanned<RawComm
                 format!("expected a list of arguments or a shell command string, found {found}"),
             );
             RawCommand::Invalid
+        }
+    };
+    Spanned {
+        value,
+        mark: node.mark,
+    }
+}
+
+fn read_inherit(node: &Node, path: &str, report: &mut Report) -> Spanned<RawInherit> {
+    let value = match &node.kind {
+        Kind::Scalar(word) => RawInherit::Word(word.clone()),
+        Kind::Seq(items) => {
+            let names = items
+                .iter()
+                .enumerate()
+                .filter_map(|(i, item)| scalar(item, &format!("{path}[{i}]"), report));
+            RawInherit::Names(names.collect())
+        }
+        Kind::Null | Kind::Map(_) => {
+            let found = node.describe();
+            report.error(
+                node.mark,
+                path,
+                format!("expected `all`, `none` or a list of variable names, found {found}"),
+            );
+            RawInherit::Invalid
         }
     };
     Spanned {

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use crate::schedule::Tick;
 
-pub use validity::{drift, validity};
+pub use validity::{
+    default_stop_grace, drift, renew_when_left, renewal_slack, validity, MAX_DEFAULT_STOP_GRACE,
+};
 
 /// Lock parameters shared by every store.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,9 +6,10 @@
 //! ([`LockStore::claim_many`]), which costs one pipelined round trip per node and round however many
 //! jobs are due. Runs that were won go on in their own tasks ([`run`]), each under a lease watchdog.
 
+mod env;
 mod run;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +45,8 @@ pub(crate) struct Context {
     pub(crate) worker_id: String,
     pub(crate) shutdown: Shutdown,
     pub(crate) shutdown_grace: Duration,
+    /// The variables the store's settings use (its password): kept from jobs ([`env`]).
+    pub(crate) store_env_vars: BTreeSet<String>,
     /// Jobs with `overlap: skip` that this worker is racing for or running.
     busy: Mutex<HashSet<String>>,
 }
@@ -89,6 +92,7 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         worker_id: config.worker.id.clone(),
         shutdown: shutdown.clone(),
         shutdown_grace: config.worker.shutdown_grace,
+        store_env_vars: config.store_env_vars.clone(),
         busy: Mutex::new(HashSet::new()),
     });
     // One task per batch of due ticks: it claims them and runs the ones won. The loop itself never waits
