@@ -527,8 +527,8 @@ mod tests {
     #[tokio::test]
     async fn stop_escalates_to_sigkill() {
         let (logs, _guard) = Logs::capture();
-        let mut child = RunningChild::spawn(&shell("trap '' TERM; echo ready; sleep 100"))
-            .expect("spawns");
+        let mut child =
+            RunningChild::spawn(&shell("trap '' TERM; echo ready; sleep 100")).expect("spawns");
         logs.first_line("stdout").await;
         let started = Instant::now();
         let status = child.stop(Duration::from_millis(300)).await.expect("stops");
@@ -575,8 +575,7 @@ mod tests {
     #[tokio::test]
     async fn kill_now_and_drop_kill_the_group() {
         let (logs, _guard) = Logs::capture();
-        let mut child =
-            RunningChild::spawn(&shell("sleep 100 & echo $!; wait")).expect("spawns");
+        let mut child = RunningChild::spawn(&shell("sleep 100 & echo $!; wait")).expect("spawns");
         let grandchild: i32 = logs.first_line("stdout").await.parse().expect("a pid");
         child.kill_now();
         assert_eq!(

@@ -123,7 +123,12 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
         env.insert(key.value.clone(), value.value.clone());
     }
     let inherit_env = raw.inherit_env.as_ref().map_or(InheritEnv::All, |inherit| {
-        inherit_env(inherit, &field("inherit_env"), shared.store_env_vars, report)
+        inherit_env(
+            inherit,
+            &field("inherit_env"),
+            shared.store_env_vars,
+            report,
+        )
     });
     let workdir = raw.workdir.as_ref().map(|dir| PathBuf::from(&dir.value));
     let timeout = positive_duration(raw.timeout.as_ref(), &field("timeout"), report);

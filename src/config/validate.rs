@@ -141,7 +141,11 @@ fn renew_every(
     let given = positive_duration(raw.renew_every.as_ref(), "lock.renew_every", report);
     let every = given.unwrap_or(default);
     if every >= ttl {
-        let why = format!("renew_every ({}) must be below ttl ({}): the lease would expire before it is renewed", show(every), show(ttl));
+        let why = format!(
+            "renew_every ({}) must be below ttl ({}): the lease would expire before it is renewed",
+            show(every),
+            show(ttl)
+        );
         error_at(raw.renew_every.as_ref(), "lock.renew_every", why, report);
         return default;
     }

@@ -85,11 +85,11 @@ mod tests {
     #[test]
     fn default_stop_grace_is_at_most_ten_seconds() {
         // The defaults: 30 s − 302 ms − 10 s − 50 ms = 19.648 s of slack; half is 9.824 s.
+        assert_eq!(default_stop_grace(&LockSettings::default()), ms(9_824));
         assert_eq!(
-            default_stop_grace(&LockSettings::default()),
-            ms(9_824)
+            default_stop_grace(&settings(300_000, 100_000, 50)),
+            ms(10_000)
         );
-        assert_eq!(default_stop_grace(&settings(300_000, 100_000, 50)), ms(10_000));
     }
 
     #[test]
@@ -98,7 +98,10 @@ mod tests {
         assert_eq!(renewal_slack(&settings(1_000, 888, 100)), None);
         assert_eq!(renewal_slack(&settings(1_000, 900, 100)), None);
         assert_eq!(renewal_slack(&settings(1_000, 887, 100)), Some(ms(1)));
-        assert_eq!(default_stop_grace(&settings(1_000, 900, 100)), Duration::ZERO);
+        assert_eq!(
+            default_stop_grace(&settings(1_000, 900, 100)),
+            Duration::ZERO
+        );
     }
 
     fn ms(n: u64) -> Duration {

@@ -105,7 +105,10 @@ mod tests {
     fn redcron_variables_come_last() {
         let env = build(&InheritEnv::All, &[("REDCRON_JOB", "mine")]);
         assert!(env.contains(&"REDCRON_JOB=j".to_string()), "{env:?}");
-        assert_eq!(env.iter().filter(|e| e.starts_with("REDCRON_JOB=")).count(), 1);
+        assert_eq!(
+            env.iter().filter(|e| e.starts_with("REDCRON_JOB=")).count(),
+            1
+        );
     }
 
     #[test]

@@ -6,6 +6,8 @@ mod chaos;
 mod cli;
 mod config;
 mod deploy;
+mod job_env;
+mod lease_stop;
 mod lock;
 mod schedule;
 mod support;
