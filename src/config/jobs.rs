@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
-use super::raw::{RawCommand, RawInherit, RawJob, Spanned};
+use super::raw::{OneOrList, RawJob, Spanned};
 use super::validate::{duration, positive_duration, stop_grace, TOP};
 use super::yaml::{is_variable_name, Mark};
 use super::{Command, InheritEnv, JobConfig, Report};
@@ -183,13 +183,13 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
 /// `all`, `none`, or a list of variable names; a listed store variable is warned about, since it is
 /// never inherited (only the job's `env` can pass it).
 fn inherit_env(
-    raw: &Spanned<RawInherit>,
+    raw: &Spanned<OneOrList>,
     field: &str,
     store_env_vars: &BTreeSet<String>,
     report: &mut Report,
 ) -> InheritEnv {
     match &raw.value {
-        RawInherit::Word(word) => match word.trim() {
+        OneOrList::One(word) => match word.trim() {
             "all" => InheritEnv::All,
             "none" => InheritEnv::Nothing,
             other => {
@@ -198,7 +198,7 @@ fn inherit_env(
                 InheritEnv::All
             }
         },
-        RawInherit::Names(names) => {
+        OneOrList::List(names) => {
             let mut only = BTreeSet::new();
             for (i, name) in names.iter().enumerate() {
                 let item = format!("{field}[{i}]");
@@ -213,17 +213,17 @@ fn inherit_env(
             }
             InheritEnv::Only(only)
         }
-        RawInherit::Invalid => InheritEnv::All,
+        OneOrList::Invalid => InheritEnv::All,
     }
 }
 
-fn command(raw: &Spanned<RawCommand>, field: &str, report: &mut Report) -> Option<Command> {
+fn command(raw: &Spanned<OneOrList>, field: &str, report: &mut Report) -> Option<Command> {
     match &raw.value {
-        RawCommand::Shell(line) if line.trim().is_empty() => {
+        OneOrList::One(line) if line.trim().is_empty() => {
             report.error(raw.mark, field, "empty command")
         }
-        RawCommand::Shell(line) => return Some(Command::Shell(line.clone())),
-        RawCommand::Argv(argv) => match argv.first() {
+        OneOrList::One(line) => return Some(Command::Shell(line.clone())),
+        OneOrList::List(argv) => match argv.first() {
             None => report.error(
                 raw.mark,
                 field,
@@ -238,7 +238,7 @@ fn command(raw: &Spanned<RawCommand>, field: &str, report: &mut Report) -> Optio
                 ))
             }
         },
-        RawCommand::Invalid => {}
+        OneOrList::Invalid => {}
     }
     None
 }

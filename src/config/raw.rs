@@ -56,9 +56,9 @@ pub(crate) struct RawJob {
     pub name: Option<Spanned<String>>,
     pub schedule: Option<Spanned<String>>,
     pub timezone: Option<Spanned<String>>,
-    pub command: Option<Spanned<RawCommand>>,
+    pub command: Option<Spanned<OneOrList>>,
     pub env: Vec<(Spanned<String>, Spanned<String>)>,
-    pub inherit_env: Option<Spanned<RawInherit>>,
+    pub inherit_env: Option<Spanned<OneOrList>>,
     pub workdir: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
     pub stop_grace: Option<Spanned<String>>,
@@ -67,22 +67,13 @@ pub(crate) struct RawJob {
     pub enabled: Option<Spanned<String>>,
 }
 
+/// A value written either as one scalar or as a list of scalars (`command`, `inherit_env`).
 #[derive(Debug)]
-pub(crate) enum RawCommand {
-    /// `command: "string"`.
-    Shell(String),
-    /// `command: [prog, arg, ...]`.
-    Argv(Vec<Spanned<String>>),
-    /// Present but of the wrong shape (already reported).
-    Invalid,
-}
-
-#[derive(Debug)]
-pub(crate) enum RawInherit {
-    /// `inherit_env: all` or `none` (or anything else, rejected in stage two).
-    Word(String),
-    /// `inherit_env: [NAME, ...]`.
-    Names(Vec<Spanned<String>>),
+pub(crate) enum OneOrList {
+    /// `field: value` (`command: "string"`, `inherit_env: none`).
+    One(String),
+    /// `field: [value, ...]` (`command: [prog, arg, ...]`, `inherit_env: [NAME, ...]`).
+    List(Vec<Spanned<String>>),
     /// Present but of the wrong shape (already reported).
     Invalid,
 }
@@ -176,16 +167,18 @@ fn read_jobs(node: &Node, report: &mut Report) -> Vec<RawJob> {
 
 fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
     let mut fields = Fields::of(node, path, report)?;
-    let command = fields
-        .take("command")
-        .map(|value| read_command(value, &format!("{path}.command"), report));
+    let command = fields.take("command").map(|value| {
+        let expected = "a list of arguments or a shell command string";
+        one_or_list(value, &format!("{path}.command"), expected, report)
+    });
     let env = fields
         .take("env")
         .map(|value| read_env(value, &format!("{path}.env"), report))
         .unwrap_or_default();
-    let inherit_env = fields
-        .take("inherit_env")
-        .map(|value| read_inherit(value, &format!("{path}.inherit_env"), report));
+    let inherit_env = fields.take("inherit_env").map(|value| {
+        let expected = "`all`, `none` or a list of variable names";
+        one_or_list(value, &format!("{path}.inherit_env"), expected, report)
+    });
     let job = RawJob {
         mark: fields.first_key_mark(),
         name: fields.scalar("name", report),
@@ -205,50 +198,25 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
     Some(job)
 }
 
-fn read_command(node: &Node, path: &str, report: &mut Report) -> Spanned<RawCommand> {
+/// One scalar or a list of scalars; anything else is reported as not what `expected` describes.
+fn one_or_list(node: &Node, path: &str, expected: &str, report: &mut Report) -> Spanned<OneOrList> {
     let value = match &node.kind {
-        Kind::Scalar(text) => RawCommand::Shell(text.clone()),
+        Kind::Scalar(text) => OneOrList::One(text.clone()),
         Kind::Seq(items) => {
-            let argv = items
+            let values = items
                 .iter()
                 .enumerate()
                 .filter_map(|(i, item)| scalar(item, &format!("{path}[{i}]"), report));
-            RawCommand::Argv(argv.collect())
+            OneOrList::List(values.collect())
         }
         Kind::Null | Kind::Map(_) => {
             let found = node.describe();
             report.error(
                 node.mark,
                 path,
-                format!("expected a list of arguments or a shell command string, found {found}"),
+                format!("expected {expected}, found {found}"),
             );
-            RawCommand::Invalid
-        }
-    };
-    Spanned {
-        value,
-        mark: node.mark,
-    }
-}
-
-fn read_inherit(node: &Node, path: &str, report: &mut Report) -> Spanned<RawInherit> {
-    let value = match &node.kind {
-        Kind::Scalar(word) => RawInherit::Word(word.clone()),
-        Kind::Seq(items) => {
-            let names = items
-                .iter()
-                .enumerate()
-                .filter_map(|(i, item)| scalar(item, &format!("{path}[{i}]"), report));
-            RawInherit::Names(names.collect())
-        }
-        Kind::Null | Kind::Map(_) => {
-            let found = node.describe();
-            report.error(
-                node.mark,
-                path,
-                format!("expected `all`, `none` or a list of variable names, found {found}"),
-            );
-            RawInherit::Invalid
+            OneOrList::Invalid
         }
     };
     Spanned {

@@ -262,8 +262,9 @@ fn redis_nodes_use_the_persistence_the_protocol_requires() {
     );
 }
 
-/// Each recipe gives a stopping worker longer than its `shutdown_grace` plus its jobs' `stop_grace` before SIGKILL, so that running
-/// jobs can finish and leases are released; and the jobs files parse with the variables each recipe sets.
+/// Each recipe gives a stopping worker longer than its `shutdown_grace` plus its jobs' `stop_grace`
+/// before SIGKILL, so that running jobs can finish (or be stopped) and leases are released; and the jobs
+/// files parse with the variables each recipe sets.
 #[test]
 fn stop_timeouts_exceed_the_shutdown_grace() {
     let local = jobs(

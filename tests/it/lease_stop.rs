@@ -15,19 +15,16 @@ use crate::support::{RedisCluster, TestDir, Worker};
 
 /// `ttl − drift` of [`config`]: 3 s − (30 ms + 2 ms).
 const VALIDITY_MS: i64 = 2_968;
+/// A job that ignores SIGTERM (its `sleep`s inherit that): only SIGKILL ends it.
+const STUBBORN: &str = "trap '' TERM; while :; do sleep 0.2; done";
 /// The jobs' `stop_grace`: well inside the slack (3000 − 32 − 500 − 100 = 2368 ms).
 const STOP_GRACE_MS: i64 = 1_500;
 
 /// The cluster's nodes, a 3 s lease renewed every 500 ms, and one job `name` that is due at once.
 fn config(cluster: &RedisCluster, name: &str, command: &str, extra: &str) -> String {
-    let nodes = cluster
-        .urls()
-        .iter()
-        .map(|url| format!("\"{url}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let nodes = cluster.nodes_yaml();
     format!(
-        "redis:\n  nodes: [{nodes}]\nlock:\n  ttl: 3s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
+        "redis:\n  nodes: {nodes}\nlock:\n  ttl: 3s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
          worker:\n  id: {name}-worker\njobs:\n  - name: {name}\n    schedule: \"*/30 * * * * *\"\n    misfire_grace: 30s\n\
          \x20   stop_grace: {STOP_GRACE_MS}ms\n    command: \"{command}\"\n{extra}"
     )
@@ -55,16 +52,31 @@ fn is_dead(pid: u32) -> bool {
     }
 }
 
-/// A started run whose nodes the test then hangs: the worker, the child's pid and when the nodes hung.
+/// When `pid` was first seen dead (polled every 5 ms), or `until` if it was not by then.
+fn wait_dead(pid: u32, until: DateTime<Utc>) -> DateTime<Utc> {
+    while !is_dead(pid) && Utc::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Utc::now()
+}
+
+/// A started run whose nodes the test then hung; dropped worker first, then the nodes, then the files.
 struct Hung {
     worker: Worker,
+    cluster: RedisCluster,
+    _dir: TestDir,
+    /// The child's pid (`run.started`).
     pid: u32,
+    /// Just before the first node was hung.
     hung_at: DateTime<Utc>,
 }
 
-/// Starts the worker, waits for the run, lets it renew for a while, then hangs every node.
-fn start_and_hang(cluster: &mut RedisCluster, dir: &TestDir, yaml: &str) -> Hung {
-    let worker = Worker::spawn(dir.write_config(yaml), &[]);
+/// Starts 3 nodes and a worker whose job `name` runs `command`, waits for the run, lets it renew for a
+/// while, then hangs every node.
+fn hang_a_run(name: &str, command: &str) -> Hung {
+    let mut cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let worker = Worker::spawn(dir.write_config(&config(&cluster, name, command, "")), &[]);
     let started = worker
         .wait_for_event("run.started", Duration::from_secs(15))
         .expect("run started");
@@ -76,8 +88,16 @@ fn start_and_hang(cluster: &mut RedisCluster, dir: &TestDir, yaml: &str) -> Hung
     }
     Hung {
         worker,
+        cluster,
+        _dir: dir,
         pid,
         hung_at,
+    }
+}
+
+fn cont_all(cluster: &mut RedisCluster) {
+    for node in 0..cluster.len() {
+        cluster.cont(node);
     }
 }
 
@@ -112,19 +132,11 @@ fn finished(worker: &Worker) -> Value {
 /// before the lease's deadline — by the worker's log and by the test's own look at the pid.
 #[test]
 fn a_job_whose_lease_cannot_be_renewed_is_gone_before_the_deadline() {
-    let mut cluster = RedisCluster::start(3);
-    let dir = TestDir::new();
-    let yaml = config(&cluster, "hung", "exec sleep 60", "");
-    let hung = start_and_hang(&mut cluster, &dir, &yaml);
+    let mut hung = hang_a_run("hung", "exec sleep 60");
     let (_, deadline) = expiring(&hung);
-    while !is_dead(hung.pid) && Utc::now() < deadline + ms(5_000) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let seen_dead_at = Utc::now();
+    let seen_dead_at = wait_dead(hung.pid, deadline + ms(5_000));
     let finished = finished(&hung.worker);
-    for node in 0..cluster.len() {
-        cluster.cont(node);
-    }
+    cont_all(&mut hung.cluster);
     assert!(is_dead(hung.pid), "the child still runs");
     assert!(
         seen_dead_at < deadline,
@@ -139,20 +151,11 @@ fn a_job_whose_lease_cannot_be_renewed_is_gone_before_the_deadline() {
 /// `stop_grace`), and not later than the deadline plus what a loaded machine may add to see it dead.
 #[test]
 fn a_child_that_ignores_sigterm_is_killed_by_the_deadline() {
-    let mut cluster = RedisCluster::start(3);
-    let dir = TestDir::new();
-    let stubborn = "trap '' TERM; while :; do sleep 0.2; done";
-    let yaml = config(&cluster, "stubborn", stubborn, "");
-    let hung = start_and_hang(&mut cluster, &dir, &yaml);
+    let mut hung = hang_a_run("stubborn", STUBBORN);
     let (_, deadline) = expiring(&hung);
-    while !is_dead(hung.pid) && Utc::now() < deadline + ms(5_000) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let seen_dead_at = Utc::now();
+    let seen_dead_at = wait_dead(hung.pid, deadline + ms(5_000));
     let finished = finished(&hung.worker);
-    for node in 0..cluster.len() {
-        cluster.cont(node);
-    }
+    cont_all(&mut hung.cluster);
     assert!(is_dead(hung.pid), "the child still runs");
     assert_eq!(finished["outcome"], "lease_lost", "{finished}");
     assert_eq!(finished["signal"], libc::SIGKILL, "{finished}");
@@ -171,15 +174,9 @@ fn a_child_that_ignores_sigterm_is_killed_by_the_deadline() {
 /// goes on (the child that ignores SIGTERM is SIGKILLed at the old deadline all the same).
 #[test]
 fn a_renewal_confirmed_while_stopping_does_not_take_the_stop_back() {
-    let mut cluster = RedisCluster::start(3);
-    let dir = TestDir::new();
-    let stubborn = "trap '' TERM; while :; do sleep 0.2; done";
-    let yaml = config(&cluster, "resumed", stubborn, "");
-    let hung = start_and_hang(&mut cluster, &dir, &yaml);
+    let mut hung = hang_a_run("resumed", STUBBORN);
     let (_, deadline) = expiring(&hung);
-    for node in 0..cluster.len() {
-        cluster.cont(node);
-    }
+    cont_all(&mut hung.cluster);
     let renewed = hung
         .worker
         .wait_for_event("lease.renewed_while_stopping", Duration::from_secs(5));
@@ -197,9 +194,8 @@ fn a_renewal_confirmed_while_stopping_does_not_take_the_stop_back() {
 fn a_lease_a_majority_denies_is_stopped_at_once() {
     let cluster = RedisCluster::start(3);
     let dir = TestDir::new();
-    let stubborn = "trap '' TERM; while :; do sleep 0.2; done";
     let worker = Worker::spawn(
-        dir.write_config(&config(&cluster, "denied", stubborn, "")),
+        dir.write_config(&config(&cluster, "denied", STUBBORN, "")),
         &[],
     );
     worker
@@ -240,8 +236,7 @@ fn a_lease_a_majority_denies_is_stopped_at_once() {
 fn a_timeout_stops_with_stop_grace() {
     let cluster = RedisCluster::start(3);
     let dir = TestDir::new();
-    let stubborn = "trap '' TERM; while :; do sleep 0.2; done";
-    let yaml = config(&cluster, "slow", stubborn, "    timeout: 1s\n");
+    let yaml = config(&cluster, "slow", STUBBORN, "    timeout: 1s\n");
     let worker = Worker::spawn(dir.write_config(&yaml), &[]);
     let timeout = worker
         .wait_for_event("run.timeout", Duration::from_secs(15))

@@ -7,14 +7,9 @@ use crate::support::{Persistence, RedisCluster, TestDir, Worker};
 
 /// A config with the cluster's nodes, short leases and `jobs` (YAML list items, already indented).
 fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
-    let nodes = cluster
-        .urls()
-        .iter()
-        .map(|url| format!("\"{url}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let nodes = cluster.nodes_yaml();
     format!(
-        "redis:\n  nodes: [{nodes}]\nlock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
+        "redis:\n  nodes: {nodes}\nlock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
          worker:\n{worker_section}jobs:\n{jobs}"
     )
 }

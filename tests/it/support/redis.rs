@@ -140,6 +140,12 @@ impl RedisCluster {
         (0..self.len()).map(|i| self.url(i)).collect()
     }
 
+    /// The nodes as a YAML flow list, `["redis://…", …]`: what `redis.nodes` of a `jobs.yaml` says.
+    pub fn nodes_yaml(&self) -> String {
+        let quoted: Vec<String> = self.urls().iter().map(|url| format!("\"{url}\"")).collect();
+        format!("[{}]", quoted.join(", "))
+    }
+
     /// The URL of node `i`, with the password if there is one.
     pub fn url(&self, i: usize) -> String {
         let auth = self
