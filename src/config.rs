@@ -39,7 +39,8 @@ pub struct Config {
     /// Redis nodes; `None` means the embedded single-host store.
     pub redis: Option<RedisConfig>,
     /// Lease parameters (`lock:` plus `redis.key_prefix`), checked against each other: `renew_every <
-    /// ttl`, `node_timeout <= ttl / 10`, `0 <= drift_factor < 0.5`, `retries <= 100`.
+    /// ttl − drift − node_timeout`, `node_timeout <= ttl / 10`, `0 <= drift_factor < 0.5`,
+    /// `retries <= 100`.
     pub lock: LockSettings,
     /// This worker process's own settings.
     pub worker: WorkerConfig,
