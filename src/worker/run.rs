@@ -334,12 +334,12 @@ fn on_schedule(store: &LockStore, lease: &Lease) -> LeaseInstant {
 
 // The clock of `Lease::deadline()`: every wait on the lease goes through these two, so a change of
 // that clock is a change here only.
-type LeaseInstant = tokio::time::Instant;
+type LeaseInstant = crate::clock::boot::BootInstant;
 
 fn lease_now() -> LeaseInstant {
     LeaseInstant::now()
 }
 
 async fn sleep_until(at: LeaseInstant) {
-    tokio::time::sleep_until(at).await
+    crate::clock::boot::sleep_until(at).await
 }
