@@ -104,7 +104,8 @@ pub struct JobConfig {
 
 impl JobConfig {
     /// A short hash (16 hex digits) of what this job *is*: its schedule and time zone, command,
-    /// environment, working directory, timeout, overlap rule, misfire grace and whether it is enabled.
+    /// environment and what it inherits, working directory, timeout, stop grace, overlap rule, misfire
+    /// grace and whether it is enabled.
     ///
     /// It travels in every lease value, so that workers running different versions of `jobs.yaml` during
     /// a rollout can tell, and say so (`job.config_differs`). Built from an explicit text of the fields
@@ -129,10 +130,16 @@ impl JobConfig {
             field("env", key);
             field("value", value);
         }
+        match &self.inherit_env {
+            InheritEnv::All => field("inherit_env", "all"),
+            InheritEnv::Nothing => field("inherit_env", "none"),
+            InheritEnv::Only(names) => names.iter().for_each(|name| field("inherit", name)),
+        }
         let workdir = self.workdir.as_ref().map(|dir| dir.display().to_string());
         field("workdir", workdir.as_deref().unwrap_or(""));
         let millis = |d: Option<Duration>| d.map_or(String::new(), |d| d.as_millis().to_string());
         field("timeout", &millis(self.timeout));
+        field("stop_grace", &millis(Some(self.stop_grace)));
         field("overlap", &format!("{:?}", self.overlap));
         field("misfire_grace", &millis(Some(self.misfire_grace)));
         field("enabled", if self.enabled { "yes" } else { "no" });

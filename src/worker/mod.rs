@@ -207,7 +207,11 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
         for (mut p, outcome) in ready.into_iter().zip(outcomes) {
             context.note_other_definition(&p.job, p.request.tick, outcome.other());
             let wait = match &outcome {
-                ClaimOutcome::Won(lease) if !lease.is_valid() => Some(Duration::ZERO),
+                // Won, but too close to (or past) the lease's deadline to start: the process was paused.
+                // The same claimant claims the tick again, with a fresh lease (see `run::start`).
+                ClaimOutcome::Won(lease) if lease.remaining() <= p.job.stop_grace => {
+                    Some(Duration::ZERO)
+                }
                 ClaimOutcome::NoQuorum(_) => {
                     let wait = p.backoff;
                     p.backoff = (p.backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
