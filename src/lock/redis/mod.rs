@@ -20,6 +20,7 @@
 mod claim;
 mod reply;
 mod round;
+mod time;
 
 use std::sync::Arc;
 
