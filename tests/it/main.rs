@@ -4,6 +4,7 @@
 mod bench_smoke;
 mod chaos;
 mod cli;
+mod clock;
 mod config;
 mod deploy;
 mod lock;
