@@ -215,6 +215,13 @@ mod tests {
         }
     }
 
+    /// [`sample`] of each `(node, offset_ms, rtt_ms)`.
+    fn samples(spec: &[(usize, i64, u64)]) -> Vec<Sample> {
+        spec.iter()
+            .map(|&(node, offset_ms, rtt_ms)| sample(node, offset_ms, rtt_ms))
+            .collect()
+    }
+
     #[test]
     fn offset_is_corrected_for_half_the_round_trip() {
         // Sent at T, answered 40 ms later, the node said T + 25 ms: it read its clock at T + 20 ms (ours)
@@ -237,13 +244,13 @@ mod tests {
 
     #[test]
     fn the_median_ignores_a_minority_of_wrong_clocks() {
-        let samples = [
-            sample(0, -5000, 2),
-            sample(1, 3, 2),
-            sample(2, 1, 2),
-            sample(3, 2, 2),
-            sample(4, 90_000, 2),
-        ];
+        let samples = samples(&[
+            (0, -5000, 2),
+            (1, 3, 2),
+            (2, 1, 2),
+            (3, 2, 2),
+            (4, 90_000, 2),
+        ]);
         let e = estimate(&samples, 5).unwrap();
         assert_eq!(e.offset_us, 2_000);
         assert_eq!(e.error_us, 1_000);
@@ -252,12 +259,7 @@ mod tests {
 
     #[test]
     fn an_even_count_takes_the_middle_of_the_two_middle_offsets() {
-        let samples = [
-            sample(0, 10, 0),
-            sample(1, 20, 0),
-            sample(2, 40, 0),
-            sample(3, 900, 0),
-        ];
+        let samples = samples(&[(0, 10, 0), (1, 20, 0), (2, 40, 0), (3, 900, 0)]);
         assert_eq!(estimate(&samples, 5).unwrap().offset_us, 30_000);
     }
 
@@ -285,12 +287,7 @@ mod tests {
     #[test]
     fn the_shortest_round_trip_of_each_node_counts() {
         // Node 0's first exchange waited for the connection (300 ms) and is 100 ms off; its second is exact.
-        let samples = [
-            sample(0, 100, 300),
-            sample(1, 0, 2),
-            sample(0, 0, 2),
-            sample(2, 0, 4),
-        ];
+        let samples = samples(&[(0, 100, 300), (1, 0, 2), (0, 0, 2), (2, 0, 4)]);
         let e = estimate(&samples, 3).unwrap();
         assert_eq!(e.offset_us, 0);
         assert_eq!(e.error_us, 2_000);
