@@ -10,9 +10,10 @@
 //!
 //! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
 //! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
-//! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, and per job `timezone` UTC, `overlap` skip,
-//! `misfire_grace` 30s, `enabled` true, no timeout, `inherit_env` all, `stop_grace` half of the lease's
-//! slack (at most 10 s; see [`crate::lock::renewal_slack`]).
+//! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, `worker.max_clock_offset` 500ms,
+//! `worker.clock_check_every` 60s, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
+//! `enabled` true, no timeout, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
+//! see [`crate::lock::renewal_slack`]).
 
 mod jobs;
 mod raw;
@@ -71,6 +72,10 @@ pub struct WorkerConfig {
     pub id: String,
     /// How long running jobs may go on after a graceful shutdown was requested.
     pub shutdown_grace: Duration,
+    /// Above this offset to the Redis nodes' clocks the worker warns (`clock.offset_high`). Not zero.
+    pub max_clock_offset: Duration,
+    /// How often the worker measures its offset to the Redis nodes' clocks. Not zero.
+    pub clock_check_every: Duration,
 }
 
 /// One job.

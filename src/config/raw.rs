@@ -47,6 +47,8 @@ pub(crate) struct RawLock {
 pub(crate) struct RawWorker {
     pub id: Option<Spanned<String>>,
     pub shutdown_grace: Option<Spanned<String>>,
+    pub max_clock_offset: Option<Spanned<String>>,
+    pub clock_check_every: Option<Spanned<String>>,
 }
 
 #[derive(Debug)]
@@ -149,6 +151,8 @@ fn read_worker(node: &Node, report: &mut Report) -> Option<RawWorker> {
     let worker = RawWorker {
         id: fields.scalar("id", report),
         shutdown_grace: fields.scalar("shutdown_grace", report),
+        max_clock_offset: fields.scalar("max_clock_offset", report),
+        clock_check_every: fields.scalar("clock_check_every", report),
     };
     fields.finish(report);
     Some(worker)

@@ -296,7 +296,24 @@ fn worker(raw: &RawWorker, report: &mut Report) -> WorkerConfig {
     };
     let shutdown_grace = duration(raw.shutdown_grace.as_ref(), "worker.shutdown_grace", report)
         .unwrap_or(Duration::from_secs(30));
-    WorkerConfig { id, shutdown_grace }
+    let max_clock_offset = positive_duration(
+        raw.max_clock_offset.as_ref(),
+        "worker.max_clock_offset",
+        report,
+    )
+    .unwrap_or(Duration::from_millis(500));
+    let clock_check_every = positive_duration(
+        raw.clock_check_every.as_ref(),
+        "worker.clock_check_every",
+        report,
+    )
+    .unwrap_or(Duration::from_secs(60));
+    WorkerConfig {
+        id,
+        shutdown_grace,
+        max_clock_offset,
+        clock_check_every,
+    }
 }
 
 fn is_id_char(c: char) -> bool {

@@ -347,6 +347,15 @@ impl LockStore {
         }
     }
 
+    /// One `TIME` to every node, for the worker's clock offset; `None` for the embedded store, whose
+    /// only clock is this host's.
+    pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
+        match self {
+            LockStore::Redis(store) => Some(store.read_clocks().await),
+            LockStore::Memory(_) => None,
+        }
+    }
+
     /// The lock settings this store was built with.
     pub fn settings(&self) -> &LockSettings {
         match self {

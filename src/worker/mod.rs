@@ -8,6 +8,7 @@
 
 mod agenda;
 mod env;
+mod offset;
 mod run;
 
 use std::collections::{BTreeSet, HashSet};
@@ -18,6 +19,7 @@ use chrono::Utc;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
+use crate::clock::cluster::ClusterClock;
 use crate::config::{Config, JobConfig};
 use crate::lock::memory::MemoryStore;
 use crate::lock::redis::RedisStore;
@@ -45,6 +47,8 @@ pub enum WorkerError {
 /// What the worker shares with its runs.
 pub(crate) struct Context {
     pub(crate) store: LockStore,
+    /// Cluster time, which every tick is scheduled on (kept on the nodes' clocks by [`offset`]).
+    pub(crate) clock: ClusterClock,
     pub(crate) worker_id: String,
     pub(crate) shutdown: Shutdown,
     pub(crate) shutdown_grace: Duration,
@@ -94,6 +98,7 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     );
     let context = Arc::new(Context {
         store,
+        clock: ClusterClock::local(),
         worker_id: config.worker.id.clone(),
         shutdown: shutdown.clone(),
         shutdown_grace: config.worker.shutdown_grace,
@@ -105,10 +110,14 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     // for Redis, so a slow race (retries, a hung node) cannot delay the next tick of another job.
     let mut races: JoinSet<()> = JoinSet::new();
     let remember_claims = matches!(context.store, LockStore::Redis(_));
-    let mut agenda = Agenda::new(&jobs, Utc::now(), remember_claims);
+    // The first ticks are scheduled on the measured cluster time (or on this host's clock, if the nodes
+    // cannot be measured within about a second).
+    let clock_task = offset::start(Arc::clone(&context), &config.worker).await;
+    let clock = &context.clock;
+    let mut agenda = Agenda::new(&jobs, clock.now(), remember_claims);
 
     while let Some(next) = agenda.next_tick() {
-        let wait = (next.to_utc() - Utc::now())
+        let wait = (next.to_utc() - clock.now())
             .to_std()
             .unwrap_or(Duration::ZERO);
         tokio::select! {
@@ -117,7 +126,7 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
             Some(_) = races.join_next() => continue,
         }
         let mut batch = Vec::new();
-        for (index, tick) in agenda.take_due(Utc::now()) {
+        for (index, tick) in agenda.take_due(clock.now()) {
             let job = &jobs[index];
             let guard = match job.overlap {
                 Overlap::Allow => None,
@@ -144,6 +153,9 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         "Stopping: no new ticks; running jobs get the shutdown grace"
     );
     while races.join_next().await.is_some() {}
+    if let Some(task) = clock_task {
+        let _ = task.await;
+    }
     info!(event = "worker.stopped", "Worker stopped");
     Ok(())
 }
@@ -229,7 +241,8 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
                 ));
                 continue;
             };
-            let retry_at = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
+            let retry_at =
+                context.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
             if retry_at >= give_up_at(&p.job, p.request.tick) {
                 give_up(&p, &outcome);
                 continue;

@@ -61,6 +61,8 @@ lock:
 worker:
   id: web-1
   shutdown_grace: 45s
+  max_clock_offset: 2s
+  clock_check_every: 5m
 jobs:
   - name: nightly-report
     schedule: "30 2 * * *"
@@ -96,6 +98,13 @@ jobs:
     assert_eq!(
         (config.worker.id.as_str(), config.worker.shutdown_grace),
         ("web-1", Duration::from_secs(45))
+    );
+    assert_eq!(
+        (
+            config.worker.max_clock_offset,
+            config.worker.clock_check_every
+        ),
+        (Duration::from_secs(2), Duration::from_secs(300))
     );
     let job = &config.jobs[0];
     assert_eq!(job.name, "nightly-report");
@@ -135,6 +144,8 @@ fn defaults() {
     assert!(config.redis.is_none());
     assert_eq!(config.lock, redcron::lock::LockSettings::default());
     assert_eq!(config.worker.shutdown_grace, Duration::from_secs(30));
+    assert_eq!(config.worker.max_clock_offset, Duration::from_millis(500));
+    assert_eq!(config.worker.clock_check_every, Duration::from_secs(60));
     let id = &config.worker.id;
     let pid = format!("-{}-", std::process::id());
     assert!(id.contains(&pid), "{id}");
@@ -240,6 +251,25 @@ fn bad_durations() {
     assert!(
         got.starts_with("jobs.yaml:2:19: worker.shutdown_grace: invalid duration \"soon\""),
         "{got}"
+    );
+    let got = problems(&format!(
+        "worker:\n  max_clock_offset: 0ms\n  clock_check_every: often\n{JOB}"
+    ));
+    let got: Vec<String> = got.iter().map(Problem::to_string).collect();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    assert_eq!(
+        got[0],
+        "jobs.yaml:2:21: worker.max_clock_offset: must be more than zero"
+    );
+    assert!(
+        got[1].starts_with("jobs.yaml:3:22: worker.clock_check_every: invalid duration \"often\""),
+        "{}",
+        got[1]
+    );
+    let got = only_problem(&format!("worker:\n  clock_check_every: 0s\n{JOB}"));
+    assert_eq!(
+        got,
+        "jobs.yaml:2:22: worker.clock_check_every: must be more than zero"
     );
 }
 

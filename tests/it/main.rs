@@ -5,6 +5,7 @@ mod bench_smoke;
 mod chaos;
 mod claims;
 mod cli;
+mod clock;
 mod config;
 mod deploy;
 mod job_env;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::support::{Persistence, RedisCluster, TestDir, Worker};
 
 /// A config with the cluster's nodes, short leases and `jobs` (YAML list items, already indented).
-fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
+pub(crate) fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
     let nodes = cluster.nodes_yaml();
     format!(
         "redis:\n  nodes: {nodes}\nlock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
@@ -15,7 +15,7 @@ fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
 }
 
 /// A job that appends `$REDCRON_JOB $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID` to the ledger.
-fn ledger_job(name: &str, schedule: &str, ledger: &std::path::Path) -> String {
+pub(crate) fn ledger_job(name: &str, schedule: &str, ledger: &std::path::Path) -> String {
     format!(
         "  - name: {name}\n    schedule: \"{schedule}\"\n    command: 'echo \"$REDCRON_JOB $REDCRON_TICK \
          $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID\" >> {}'\n",
@@ -24,7 +24,7 @@ fn ledger_job(name: &str, schedule: &str, ledger: &std::path::Path) -> String {
 }
 
 /// The ledger as (job, tick) → list of (token, worker).
-fn ledger(dir: &TestDir) -> BTreeMap<(String, String), Vec<(u64, String)>> {
+pub(crate) fn ledger(dir: &TestDir) -> BTreeMap<(String, String), Vec<(u64, String)>> {
     let mut runs: BTreeMap<(String, String), Vec<(u64, String)>> = BTreeMap::new();
     for line in dir.ledger_lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
@@ -42,7 +42,7 @@ fn ledger(dir: &TestDir) -> BTreeMap<(String, String), Vec<(u64, String)>> {
 }
 
 /// Parses an RFC 3339 tick.
-fn tick_time(tick: &str) -> chrono::DateTime<chrono::Utc> {
+pub(crate) fn tick_time(tick: &str) -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::parse_from_rfc3339(tick)
         .expect("RFC 3339 tick")
         .to_utc()

@@ -5,10 +5,12 @@
 //!   moment it raced this tick and had logged no outcome for it (or logged `tick.won` and no run): its
 //!   claim may have reached the nodes and consumed the tick, or its keys blocked the others;
 //! - or **every** worker `w` was unable to run it at its race time `r` (the real time at which `w`'s
-//!   clock reads the tick), for one of these reasons:
+//!   cluster time — its clock plus its measured offset to the nodes' clocks — reads the tick), for one
+//!   of these reasons:
 //!   - *down*: no process of `w` was up (after its `worker.started`) and unpaused during `[r − 0.5 s,
 //!     r + 1.5 s]`;
-//!   - *clock step*: `r` is within a step of `w`'s clock (`w` skips or repeats ticks around it);
+//!   - *clock step*: `r` is within a step of `w`'s clock, or of the measurement that corrects it (`w`
+//!     skips or repeats ticks around it);
 //!   - *no quorum*: a majority of the 5 nodes was unusable at some instant of `[r − 0.5 s, r + 1.5 s]`,
 //!     where a node is unusable while killed or hung and for 2 s after it is back, the proxied node
 //!     while the proxy is slow or flaky and for 1 s after, and any node during a stall that the
@@ -26,7 +28,8 @@
 //!     timeouts can outlast the period. (Without a fault a claim takes milliseconds, so a claim that
 //!     hangs is not excused);
 //!   - *later tick claimed*: a later tick of the job was claimed before `r` + 0.8 s (by a worker whose
-//!     clock is ahead): claims only grow, so this tick can no longer be claimed.
+//!     cluster time is ahead, after a step of its clock): claims only grow, so this tick can no longer
+//!     be claimed.
 //!
 //! The table names one cause per explained miss: the first of *held by a paused or crashed holder*,
 //! *held by another run*, *still racing*, *no quorum* (planned), *no quorum* (measured stalls), *later tick
@@ -101,8 +104,8 @@ pub fn phantom_claims(input: &Input<'_>, facts: &Facts, job: &JobSpec) -> Vec<Ho
             .chain(life.killed)
             .collect();
         for p in moments {
-            // The latest tick this worker's clock had reached at p.
-            let offset = facts.offset_at(life.worker, p);
+            // The latest tick this worker's cluster time had reached at p.
+            let offset = facts.skew_at(life.worker, p);
             let tick = (p + offset).div_euclid(job.period_ms) * job.period_ms;
             let race = facts.race_time(life.worker, tick);
             let logged = !facts.logged(instance, &job.name, tick).is_empty();
@@ -225,7 +228,7 @@ pub fn explain_miss(
     } else if kinds.contains("nodes stalled") {
         "no quorum: a majority of nodes stalled (measured by the probe, not planned)"
     } else if kinds.contains("later tick claimed first") {
-        "missed by the worker whose clock is ahead, which then claimed a later tick first"
+        "missed by a worker whose cluster time was ahead, which then claimed a later tick first"
     } else {
         "no live worker with a usable clock"
     };
