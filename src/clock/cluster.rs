@@ -160,6 +160,8 @@ pub struct ClusterClock {
 struct State {
     offset_us: AtomicI64,
     measured: AtomicBool,
+    /// Woken when the offset moves, so that a sleep until a tick can be recomputed.
+    moved: tokio::sync::Notify,
 }
 
 impl ClusterClock {
@@ -184,12 +186,22 @@ impl ClusterClock {
         self.state.measured.load(Ordering::Relaxed)
     }
 
-    /// Uses `estimate` from now on.
+    /// Uses `estimate` from now on, and wakes [`ClusterClock::moved`] if the offset changed.
     pub fn set(&self, estimate: &Estimate) {
-        self.state
+        let before = self
+            .state
             .offset_us
-            .store(estimate.offset_us, Ordering::Relaxed);
+            .swap(estimate.offset_us, Ordering::Relaxed);
         self.state.measured.store(true, Ordering::Relaxed);
+        if before != estimate.offset_us {
+            self.state.moved.notify_waiters();
+        }
+    }
+
+    /// Resolves when the offset next changes: a sleep until an instant of cluster time, computed with the
+    /// old offset, is then off by the change and must be recomputed.
+    pub async fn moved(&self) {
+        self.state.moved.notified().await;
     }
 }
 

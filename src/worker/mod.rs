@@ -123,6 +123,8 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         tokio::select! {
             _ = shutdown.graceful() => break,
             _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
+            // A new clock offset moves the instant this sleep aims at: aim again.
+            () = clock.moved() => continue,
             Some(_) = races.join_next() => continue,
         }
         let mut batch = Vec::new();
