@@ -197,6 +197,8 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         for tick in ticks {
             out.push_str(&format!("  next: {tick}\n"));
         }
+        // What `job.config_differs` compares between workers: equal on every host once a rollout is done.
+        out.push_str(&format!("  fingerprint: {}\n", job.fingerprint()));
     }
     for warning in &config.warnings {
         out.push_str(&format!("warning: {warning}\n"));

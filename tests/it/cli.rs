@@ -238,10 +238,12 @@ job nightly-report: \"30 2 * * *\" in Europe/Berlin
   next: 2026-10-25T02:30:00+02:00
   next: 2026-10-26T02:30:00+01:00
   next: 2026-10-27T02:30:00+01:00
+  fingerprint: d30937ab17e31663
 job half-hourly: \"*/30 * * * *\" in Europe/Berlin (disabled)
   next: 2026-10-25T00:30:00+02:00
   next: 2026-10-25T01:00:00+02:00
   next: 2026-10-25T01:30:00+02:00
+  fingerprint: 29395a3c9d921e7a
 warning: jobs.yaml:2:10: redis.nodes: 2 nodes: a quorum needs 2 of them, so only 0 may fail, no more than with 1 node; use an odd number
 jobs.yaml: OK, 2 jobs, 1 warning
 ";
@@ -432,4 +434,36 @@ fn wait_exit(child: &mut std::process::Child) -> i32 {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// `check` prints each job's fingerprint: the same for the same definition (whatever the file's layout),
+/// another when a field that matters changes — what `job.config_differs` compares during a rollout.
+#[test]
+fn check_prints_a_fingerprint_that_follows_the_definition() {
+    let fingerprint = |yaml: &str| {
+        let dir = TestDir::new();
+        dir.write("jobs.yaml", yaml);
+        let (code, stdout, stderr) = output(redcron(dir.path()).arg("check"));
+        assert_eq!(code, 0, "{stderr}");
+        let line = stdout
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("fingerprint: "))
+            .unwrap_or_else(|| panic!("no fingerprint in {stdout}"))
+            .to_string();
+        assert!(
+            line.len() == 16 && line.chars().all(|c| c.is_ascii_hexdigit()),
+            "{line:?}"
+        );
+        line
+    };
+    let base =
+        fingerprint("jobs:\n  - name: a\n    schedule: \"@hourly\"\n    command: [\"true\"]\n");
+    let same = fingerprint(
+        "# a comment\njobs:\n  - command: [\"true\"]\n    name: a\n    schedule: \"@hourly\"\n",
+    );
+    let allow = fingerprint(
+        "jobs:\n  - name: a\n    schedule: \"@hourly\"\n    command: [\"true\"]\n    overlap: allow\n",
+    );
+    assert_eq!(base, same);
+    assert_ne!(base, allow);
 }
