@@ -40,11 +40,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::claims::{ClaimWrite, Confirms};
+use super::contenders::note_contenders;
 use super::facts::{Facts, InstanceLog, Run, NEVER};
+use super::faults::Case;
 use super::ledger::{Attempt, Phase};
-use super::misses::{explain_miss, holds, phantom_claims};
-use super::plan::{Case, Happening, Timeline};
+use super::misses::{explain_miss, holds, Evidence};
+use super::plan::VERSIONS;
 use super::report::{show_time, Report, Row};
+use super::timeline::{Happening, Timeline};
 
 /// How long before a write a worker must have been running, unpaused, for a rejected write of its job
 /// to be its fault (rule 6).
@@ -53,10 +57,12 @@ const LIVE_HOLDER_MS: i64 = 1_000;
 #[derive(Debug, Clone)]
 pub struct JobSpec {
     pub name: String,
-    /// `overlap: skip` (one lease per job) rather than `allow`.
-    pub skip: bool,
+    /// Per config version: `overlap: skip` (one lease per job) rather than `allow`.
+    pub skip: [bool; VERSIONS],
     /// The schedule fires every `period_ms`, on multiples of it.
     pub period_ms: i64,
+    /// Its `misfire_grace`.
+    pub grace_ms: i64,
     /// The job that outlives the TTL.
     pub long: bool,
 }
@@ -70,6 +76,8 @@ pub struct Input<'a> {
     pub timeline: &'a Timeline,
     pub logs: &'a [InstanceLog],
     pub ledger: &'a [Attempt],
+    /// Every claim the lock nodes wrote (from their AOF).
+    pub claims: &'a [ClaimWrite],
     /// The deterministic cases the plan contains.
     pub planned_cases: &'a [Case],
 }
@@ -98,10 +106,12 @@ pub fn check(input: &Input<'_>) -> Report {
         .filter_map(|run| Some((run.run_id.as_deref()?, run)))
         .collect();
     check_ledger_against_logs(input, &facts, &runs_by_id, &mut report);
+    let confirms = Confirms::new(input.claims);
     for job in input.jobs {
-        let row = check_job(input, &facts, job, &runs_by_id, &mut report);
+        let row = check_job(input, &facts, &confirms, job, &runs_by_id, &mut report);
         report.rows.push(row);
     }
+    note_contenders(input, &facts, &confirms, &mut report);
     check_cases(input, &facts, &runs_by_id, &mut report);
     let renewed = facts.runs.iter().filter(|run| {
         input.jobs.iter().any(|job| job.long && job.name == run.job)
@@ -245,13 +255,18 @@ fn check_ledger_against_logs(
 fn check_job(
     input: &Input<'_>,
     facts: &Facts,
+    confirms: &Confirms,
     job: &JobSpec,
     runs_by_id: &HashMap<&str, &Run>,
     report: &mut Report,
 ) -> Row {
     let mut row = Row {
         job: job.name.clone(),
-        overlap: if job.skip { "skip" } else { "allow" },
+        overlap: match (job.skip.iter().all(|&s| s), job.skip.iter().any(|&s| s)) {
+            (true, _) => "skip",
+            (false, true) => "rolled",
+            (false, false) => "allow",
+        },
         ..Row::default()
     };
     let runs: Vec<&Run> = facts
@@ -302,6 +317,20 @@ fn check_job(
             ));
         }
     }
+    for (tick, claimants) in confirms
+        .double_grants()
+        .into_iter()
+        .filter_map(|(name, tick, claimants)| (name == job.name).then_some((tick, claimants)))
+    {
+        if duplicated.insert(tick) {
+            report.failures.push(format!(
+                "DUPLICATE GRANT ON THE NODES: {} at {} was confirmed on a majority for {}",
+                job.name,
+                show_time(tick),
+                claimants.join(" and ")
+            ));
+        }
+    }
     row.duplicates = duplicated.len();
 
     // Rule 9: no claim before the tick is due on the claimant's clock.
@@ -341,12 +370,14 @@ fn check_job(
     }
 
     // Rule 5: misses.
-    let holds = if job.skip {
-        holds(input, facts, job, &runs)
-    } else {
-        Vec::new()
+    let holds = holds(input, facts, job, &runs);
+    let evidence = Evidence {
+        facts,
+        job,
+        runs: &runs,
+        holds: &holds,
+        confirms,
     };
-    let phantoms = phantom_claims(input, facts, job);
     let started: BTreeSet<i64> = runs
         .iter()
         .filter(|r| r.run_id.is_some())
@@ -359,7 +390,7 @@ fn check_job(
             row.run += 1;
             continue;
         }
-        match explain_miss(facts, job, tick, &runs, &holds, &phantoms) {
+        match explain_miss(&evidence, tick) {
             Ok(reason) => {
                 row.explained += 1;
                 *report

@@ -29,7 +29,10 @@
 //! runs the checker on it again.
 
 mod checker;
+mod claims;
+mod contenders;
 mod facts;
+mod faults;
 mod harness;
 mod ledger;
 mod misses;
@@ -39,12 +42,13 @@ mod proxy;
 mod report;
 mod saved;
 mod selftest;
+mod timeline;
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use self::checker::JobSpec;
-use self::harness::{now_ms, Breakage, Cluster, LONG_JOB, LONG_MS, TTL_MS};
+use self::harness::{now_ms, Breakage, Cluster, GRACE_S, LONG_JOB, LONG_MS, TTL_MS};
 use self::plan::{Plan, Timing};
 use self::saved::Saved;
 
@@ -108,6 +112,7 @@ fn exactly_once_under_faults() {
             .ledger
             .attempts()
             .unwrap_or_else(|e| panic!("unreadable ledger: {e}")),
+        claims: cluster.claim_writes(),
     };
     let (window, attempts) = (saved.window, &saved.ledger);
     let checking = Instant::now();
@@ -128,7 +133,7 @@ fn exactly_once_under_faults() {
         .timeline
         .entries
         .iter()
-        .filter(|(_, h)| matches!(h, plan::Happening::Skipped { .. }))
+        .filter(|(_, h)| matches!(h, timeline::Happening::Skipped { .. }))
         .count();
     let stats = cluster.proxy.stats();
     let _ = writeln!(
@@ -198,20 +203,22 @@ fn replay_a_saved_run() {
     );
 }
 
-/// The jobs of the cluster under test (see `harness::config`).
+/// The jobs of the cluster under test (see `harness::config`): `quick` and `parallel` swap their
+/// `overlap` between the two config versions.
 fn jobs() -> Vec<JobSpec> {
     vec![
-        job("quick", true, false),
-        job("parallel", false, false),
-        job(LONG_JOB, true, true),
+        job("quick", [true, false], false),
+        job("parallel", [false, true], false),
+        job(LONG_JOB, [true, true], true),
     ]
 }
 
-fn job(name: &str, skip: bool, long: bool) -> JobSpec {
+fn job(name: &str, skip: [bool; plan::VERSIONS], long: bool) -> JobSpec {
     JobSpec {
         name: name.to_string(),
         skip,
         period_ms: 1_000,
+        grace_ms: GRACE_S as i64 * 1000,
         long,
     }
 }

@@ -4,10 +4,12 @@
 use serde_json::{json, Value};
 
 use super::checker::{check, Input, JobSpec};
+use super::claims::ClaimWrite;
 use super::facts::InstanceLog;
 use super::ledger::{Attempt, Phase};
-use super::plan::{Happening, Timeline, WORKERS};
+use super::plan::WORKERS;
 use super::report::Report;
+use super::timeline::{Happening, Timeline};
 
 /// An arbitrary whole second, as Unix ms.
 const T0: i64 = 1_800_000_000_000;
@@ -24,6 +26,7 @@ struct Scenario {
     timeline: Timeline,
     logs: Vec<InstanceLog>,
     ledger: Vec<Attempt>,
+    claims: Vec<ClaimWrite>,
     runs: u64,
 }
 
@@ -44,6 +47,7 @@ impl Scenario {
                 Happening::WorkerSpawned {
                     worker,
                     instance: worker,
+                    config: 0,
                 },
             );
             logs.push(InstanceLog {
@@ -57,7 +61,52 @@ impl Scenario {
             timeline,
             logs,
             ledger: Vec::new(),
+            claims: Vec::new(),
             runs: 0,
+        }
+    }
+
+    /// Puts `instance` on config version `config` (version 1 runs `quick` with `overlap: allow`).
+    fn set_config(&mut self, instance: usize, config: usize) {
+        for (_, happening) in &mut self.timeline.entries {
+            if let Happening::WorkerSpawned {
+                instance: i,
+                config: c,
+                ..
+            } = happening
+            {
+                if *i == instance {
+                    *c = config;
+                }
+            }
+        }
+    }
+
+    /// Nodes `nodes` confirmed `tick` of `quick` for `claimant`, as their AOF would show.
+    fn confirm(&mut self, tick: i64, claimant: &str, nodes: &[usize]) {
+        for &node in nodes {
+            self.claims.push(ClaimWrite {
+                node,
+                job: "quick".into(),
+                tick,
+                holder: Some(format!("{claimant}|1|{tick}|0123456789abcdef")),
+            });
+        }
+    }
+
+    /// Every worker logs, for `tick` of `quick`, a no-quorum attempt ending at each of `attempts` (ms
+    /// after the tick), the last one giving up.
+    fn no_quorum(&mut self, tick: i64, attempts: &[i64]) {
+        for instance in 0..WORKERS {
+            for (n, &after) in attempts.iter().enumerate() {
+                let event = if n + 1 == attempts.len() {
+                    "tick.skipped"
+                } else {
+                    "tick.retrying"
+                };
+                let logged = json!({"event": event, "job": "quick", "tick": rfc3339(tick), "reason": "no_quorum"});
+                self.log(instance, tick + after, logged);
+            }
         }
     }
 
@@ -148,8 +197,9 @@ impl Scenario {
     fn check(&self) -> Report {
         let jobs = [JobSpec {
             name: "quick".into(),
-            skip: true,
+            skip: [true, false],
             period_ms: 1_000,
+            grace_ms: 5_000,
             long: false,
         }];
         check(&Input {
@@ -159,6 +209,7 @@ impl Scenario {
             timeline: &self.timeline,
             logs: &self.logs,
             ledger: &self.judged_ledger(),
+            claims: &self.claims,
             planned_cases: &[],
         })
     }
@@ -197,7 +248,7 @@ fn checker_catches_a_duplicate() {
 }
 
 /// A tick that nobody ran while every worker and node was fine is an unexplained miss; the same miss
-/// while three nodes were down is explained.
+/// while three nodes were down for the whole grace, every attempt failing, is explained.
 #[test]
 fn checker_explains_misses_only_by_faults() {
     let mut scenario = Scenario::new();
@@ -214,8 +265,9 @@ fn checker_explains_misses_only_by_faults() {
         );
         scenario
             .timeline
-            .push(T0 + 4_500, Happening::NodeUp { node });
+            .push(T0 + 8_000, Happening::NodeUp { node });
     }
+    scenario.no_quorum(T0 + 4_000, &[200, 700, 1_700, 3_700]);
     let report = scenario.check();
     assert!(report.passed(), "{report}");
     assert_eq!(report.rows[0].explained, 1);
@@ -223,6 +275,58 @@ fn checker_explains_misses_only_by_faults() {
         report.reasons.keys().any(|r| r.contains("no quorum")),
         "{report}"
     );
+}
+
+/// No quorum explains a miss only if the workers tried for the whole grace and every attempt met a
+/// majority of unusable nodes: not if they gave up early, nor if an attempt came after the nodes were
+/// back (a stall of every node shorter than the grace costs no tick).
+#[test]
+fn checker_requires_no_quorum_for_the_whole_grace() {
+    let stalled = |scenario: &mut Scenario, until: i64| {
+        for node in 0..5 {
+            scenario
+                .timeline
+                .push(T0 + 3_900, Happening::NodeDown { node, hung: true });
+            scenario.timeline.push(until, Happening::NodeUp { node });
+        }
+    };
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    stalled(&mut scenario, T0 + 5_400);
+    scenario.no_quorum(T0 + 4_000, &[200, 700]);
+    let report = scenario.check();
+    assert!(
+        failed_with(&report, "UNEXPLAINED MISS"),
+        "gave up early: {report}"
+    );
+
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    stalled(&mut scenario, T0 + 5_400);
+    // Usable again from 5.4 + 2 s (recovery): the attempt ending at 4 + 5.2 s had a quorum.
+    scenario.no_quorum(T0 + 4_000, &[200, 700, 1_700, 5_200]);
+    let report = scenario.check();
+    assert!(
+        failed_with(&report, "UNEXPLAINED MISS"),
+        "a later attempt: {report}"
+    );
+
+    // Two nodes hung for the whole grace, and a third confirmed the tick for another claimant (a
+    // ghost's partial claim): no attempt could reach a majority.
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    for node in 0..2 {
+        scenario
+            .timeline
+            .push(T0 + 3_500, Happening::NodeDown { node, hung: true });
+        scenario
+            .timeline
+            .push(T0 + 9_500, Happening::NodeUp { node });
+    }
+    scenario.confirm(T0 + 4_000, "ghost-1/x", &[2]);
+    scenario.no_quorum(T0 + 4_000, &[200, 700, 1_700, 3_700]);
+    let report = scenario.check();
+    assert!(report.passed(), "{report}");
 }
 
 /// A miss while the previous run held the job is explained; a tick.lost while nothing held it is not.
@@ -379,4 +483,106 @@ fn checker_matches_a_run_whose_worker_died_before_logging_it() {
     let report = scenario.check();
     assert!(report.passed(), "{report}");
     assert_eq!(report.rows[0].run, 10, "{report}");
+}
+
+/// A worker killed in the middle of its claim (no outcome logged) no longer explains a miss by itself;
+/// it does when the nodes' AOF shows that claim confirmed on a majority: it was granted, and died.
+#[test]
+fn checker_excuses_a_claim_killed_mid_claim_only_if_it_was_granted() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    scenario
+        .timeline
+        .push(T0 + 4_005, Happening::WorkerKilled { instance: 1 });
+    assert!(failed_with(&scenario.check(), "UNEXPLAINED MISS"));
+
+    scenario.confirm(T0 + 4_000, "w1/dead", &[0, 1]);
+    assert!(
+        failed_with(&scenario.check(), "UNEXPLAINED MISS"),
+        "a minority of confirms"
+    );
+
+    scenario.confirm(T0 + 4_000, "w1/dead", &[4]);
+    let report = scenario.check();
+    assert!(report.passed(), "{report}");
+    assert!(
+        report
+            .reasons
+            .keys()
+            .any(|r| r.contains("granted to a claimant of w1")),
+        "{report}"
+    );
+}
+
+/// In a rollout, the previous run holding the job's single lease key excuses only the workers that
+/// run the job with `overlap: skip`: one on `overlap: allow` takes a key per tick and had no excuse.
+#[test]
+fn checker_excuses_a_busy_skip_only_on_skip_configured_workers() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[3, 4]);
+    scenario.run(0, "quick", T0 + 3_000, token(T0 + 3_000), 1_500);
+    scenario.set_config(3, 1);
+    let report = scenario.check();
+    assert!(
+        failed_with(&report, "w3 (process #3, config v1) could have run it"),
+        "{report}"
+    );
+
+    scenario
+        .timeline
+        .push(T0 + 1_000, Happening::WorkerKilled { instance: 3 });
+    let report = scenario.check();
+    assert!(report.passed(), "{report}");
+    assert!(
+        report
+            .reasons
+            .keys()
+            .any(|r| r.contains("another run held")),
+        "{report}"
+    );
+}
+
+/// A ghost contender's tick must run all the same; its lease on a majority of the job's single key
+/// excuses the ticks raced meanwhile.
+#[test]
+fn checker_expects_a_ghost_tick_to_run() {
+    let ghost = |tick: i64| Happening::Ghost {
+        job: "quick".into(),
+        tick,
+        key: "redcron:{quick}:lease".into(),
+        value: format!("ghost-1/x|1|{tick}|0123456789abcdef"),
+        ttl_ms: 2_000,
+        leased: vec![0, 1, 2],
+        confirmed: vec![0],
+    };
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[5]);
+    scenario.timeline.push(T0 + 4_800, ghost(T0 + 5_000));
+    let report = scenario.check();
+    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    scenario.timeline.push(T0 + 3_900, ghost(T0 + 5_000));
+    let report = scenario.check();
+    assert!(report.passed(), "{report}");
+    assert!(
+        report.reasons.keys().any(|r| r.contains("ghost contender")),
+        "{report}"
+    );
+}
+
+/// One tick confirmed on a majority for two claimants (seen in the nodes' AOF) is a duplicate grant,
+/// even if only one of them ran it.
+#[test]
+fn checker_catches_a_double_grant_on_the_nodes() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[]);
+    scenario.confirm(T0 + 3_000, "w0/a", &[0, 1, 2]);
+    scenario.confirm(T0 + 3_000, "w3/b", &[2, 3, 4]);
+    let report = scenario.check();
+    assert!(
+        failed_with(&report, "DUPLICATE GRANT ON THE NODES"),
+        "{report}"
+    );
 }
