@@ -90,6 +90,51 @@ pub struct JobConfig {
     pub enabled: bool,
 }
 
+impl JobConfig {
+    /// A short hash (16 hex digits) of what this job *is*: its schedule and time zone, command,
+    /// environment, working directory, timeout, overlap rule, misfire grace and whether it is enabled.
+    ///
+    /// It travels in every lease value, so that workers running different versions of `jobs.yaml` during
+    /// a rollout can tell, and say so (`job.config_differs`). Built from an explicit text of the fields
+    /// (not `Debug`), so that workers built by different compilers agree on it.
+    pub fn fingerprint(&self) -> String {
+        let mut text = String::new();
+        let mut field = |name: &str, value: &str| {
+            text.push_str(name);
+            text.push('=');
+            text.push_str(&value.len().to_string());
+            text.push(':');
+            text.push_str(value);
+            text.push(';');
+        };
+        field("schedule", self.schedule.expression());
+        field("timezone", self.schedule.timezone().name());
+        match &self.command {
+            Command::Shell(script) => field("shell", script),
+            Command::Argv(argv) => argv.iter().for_each(|arg| field("arg", arg)),
+        }
+        for (key, value) in &self.env {
+            field("env", key);
+            field("value", value);
+        }
+        let workdir = self.workdir.as_ref().map(|dir| dir.display().to_string());
+        field("workdir", workdir.as_deref().unwrap_or(""));
+        let millis = |d: Option<Duration>| d.map_or(String::new(), |d| d.as_millis().to_string());
+        field("timeout", &millis(self.timeout));
+        field("overlap", &format!("{:?}", self.overlap));
+        field("misfire_grace", &millis(Some(self.misfire_grace)));
+        field("enabled", if self.enabled { "yes" } else { "no" });
+        format!("{:016x}", fnv1a(text.as_bytes()))
+    }
+}
+
+/// FNV-1a, 64 bits: stable across platforms and releases, which a hash that workers compare must be.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// How a job's command is run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {

@@ -118,20 +118,21 @@ async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String>
 
 /// All contenders claim every job at `tick` at once; winners release. Returns, per job, how many won.
 async fn race_once(stores: &[RedisStore], names: &[String], tick: Tick) -> Vec<usize> {
-    let requests: Vec<ClaimRequest> = names
-        .iter()
-        .map(|job| ClaimRequest {
-            job: job.clone(),
-            tick,
-            overlap: Overlap::Skip,
+    // Each contender is a claimant of its own for every job.
+    let requests: Vec<Vec<ClaimRequest>> = (0..stores.len())
+        .map(|i| {
+            let id = format!("c{i}");
+            names
+                .iter()
+                .map(|job| ClaimRequest::new(&id, job, tick, Overlap::Skip, "bench"))
+                .collect()
         })
         .collect();
-    let ids: Vec<String> = (0..stores.len()).map(|i| format!("c{i}")).collect();
     let outcomes = join_all(
         stores
             .iter()
-            .zip(&ids)
-            .map(|(store, id)| store.claim_many(id, &requests)),
+            .zip(&requests)
+            .map(|(store, requests)| store.claim_many(requests)),
     )
     .await;
     let mut won = vec![0; names.len()];

@@ -185,16 +185,8 @@ impl Contender {
             },
             Contender::Claim(store) => {
                 let now = chrono::Utc::now().timestamp_millis();
-                let request = ClaimRequest {
-                    job: key.to_string(),
-                    tick: Tick(now),
-                    overlap: Overlap::Skip,
-                };
-                match store
-                    .claim_many("bench", std::slice::from_ref(&request))
-                    .await
-                    .pop()
-                {
+                let request = ClaimRequest::new("bench", key, Tick(now), Overlap::Skip, "bench");
+                match store.claim_many(std::slice::from_ref(&request)).await.pop() {
                     Some(ClaimOutcome::Won(lease)) => {
                         store.release(&lease).await;
                         Ok(())

@@ -1,19 +1,20 @@
 //! The embedded store: the same leases, claims and tokens in process memory, for a single host with no
 //! Redis configured.
 //!
-//! One process is one node and one majority, so every guarantee of the Redis store holds within the
-//! process: a tick is claimed for good (until the process exits), tokens strictly increase, a lease expires
-//! after its TTL unless renewed, and a lost lease is never renewed. Nothing survives a restart of the
-//! process — which is why the tokens' floor comes from the tick ([`super::redis::token_floor`]): a restarted
-//! worker still hands out tokens above those of earlier ticks.
+//! One process is one node and one majority, so both rounds of a claim happen at once, under one mutex, with
+//! the rules of the Lua scripts ([`super::scripts`]) and the names of [`super::keys`]: a tick is confirmed
+//! for one claimant only, tokens strictly increase, a lease expires after its TTL on the boot clock unless
+//! renewed, and a lost lease is never renewed. The answers are those a Redis cluster gives in the same
+//! situation. Nothing survives a restart of the process — which is why the tokens' floor comes from the
+//! tick ([`super::keys::token_floor`]): a restarted worker still hands out tokens above those of earlier
+//! ticks.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use tokio::time::Instant;
-
-use super::redis::{claim_keys, lease_key, token_floor};
+use super::keys::{attempt_value, claim_keys, claimant_of, lease_key, token_floor, Holder};
 use super::{validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, QuorumFailure, RenewError};
+use crate::clock::boot::BootInstant;
 
 /// Leases, claims and tokens in process memory.
 pub struct MemoryStore {
@@ -23,11 +24,12 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct State {
-    /// Per job: the highest token and the highest claimed tick (ms).
+    /// Per fence key: the highest token.
     fences: HashMap<String, u64>,
-    claims: HashMap<String, i64>,
+    /// Per claim key: the highest confirmed tick (ms) and the lease value that confirmed it.
+    claims: HashMap<String, (i64, String)>,
     /// Per lease key: the holder's value and when it expires.
-    leases: HashMap<String, (String, Instant)>,
+    leases: HashMap<String, (String, BootInstant)>,
 }
 
 impl MemoryStore {
@@ -53,52 +55,62 @@ impl MemoryStore {
     }
 
     /// Claims every request; see [`super::LockStore::claim_many`].
-    pub fn claim_many(&self, worker_id: &str, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
+    pub fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         let mut state = self.lock();
-        let now = Instant::now();
-        let ttl = self.settings.ttl;
-        let drift = validity::drift(ttl, self.settings.drift_factor);
         requests
             .iter()
-            .map(|request| {
-                let [lease_key, fence_key, claim_key] = claim_keys(
-                    &self.settings.key_prefix,
-                    &request.job,
-                    request.tick,
-                    request.overlap,
-                );
-                if state
-                    .claims
-                    .get(&claim_key)
-                    .is_some_and(|&claimed| claimed >= request.tick.as_millis())
-                {
-                    return ClaimOutcome::AlreadyClaimed;
-                }
-                if let Some((holder, expires)) = state.leases.get(&lease_key) {
-                    if *expires > now {
-                        let worker = holder
-                            .rsplit_once('/')
-                            .map_or(holder.as_str(), |(worker, _)| worker);
-                        return ClaimOutcome::Busy {
-                            holder: Some(worker.to_string()),
-                            ttl: Some(*expires - now),
-                        };
-                    }
-                }
-                let fence = state.fences.get(&fence_key).copied().unwrap_or(0);
-                let token = fence.saturating_add(1).max(token_floor(request.tick));
-                let value = format!("{worker_id}/{}", uuid::Uuid::new_v4());
-                state.fences.insert(fence_key, token);
-                state.claims.insert(claim_key, request.tick.as_millis());
-                state.leases.insert(lease_key, (value.clone(), now + ttl));
-                ClaimOutcome::Won(Lease::new(
-                    request,
-                    token,
-                    value,
-                    now + ttl.saturating_sub(drift),
-                ))
-            })
+            .map(|request| self.claim(&mut state, request))
             .collect()
+    }
+
+    /// Both rounds of one claim at once: `ACQUIRE`'s checks, then `CONFIRM`'s writes.
+    fn claim(&self, state: &mut State, request: &ClaimRequest) -> ClaimOutcome {
+        let now = BootInstant::now();
+        let ttl = self.settings.ttl;
+        let tick = request.tick.as_millis();
+        let [lease_key, fence_key, claim_key] = claim_keys(
+            &self.settings.key_prefix,
+            &request.job,
+            request.tick,
+            request.overlap,
+        );
+        if let Some((claimed, value)) = state.claims.get(&claim_key) {
+            if *claimed > tick || (*claimed == tick && claimant_of(value) != request.claimant) {
+                let mut by = Holder::from_value(value);
+                by.tick = Some(crate::schedule::Tick(*claimed));
+                return ClaimOutcome::AlreadyClaimed { by: Some(by) };
+            }
+        }
+        if let Some((value, expires)) = state.leases.get(&lease_key) {
+            if *expires > now && claimant_of(value) != request.claimant {
+                let holder = Holder::from_value(value);
+                let left = expires.saturating_duration_since(now);
+                return if holder.tick == Some(request.tick) {
+                    ClaimOutcome::Contended {
+                        holder: Some(holder),
+                        retry_in: left.max(self.settings.retry_delay),
+                    }
+                } else {
+                    ClaimOutcome::Busy {
+                        holder: Some(holder),
+                        ttl: Some(left),
+                    }
+                };
+            }
+        }
+        let fence = state.fences.get(&fence_key).copied().unwrap_or(0);
+        let token = fence.saturating_add(1).max(token_floor(request.tick));
+        let value = attempt_value(&request.claimant, request.tick, &request.fingerprint);
+        state.fences.insert(fence_key, token);
+        state.claims.insert(claim_key, (tick, value.clone()));
+        state.leases.insert(lease_key, (value.clone(), now + ttl));
+        let drift = validity::drift(ttl, self.settings.drift_factor);
+        ClaimOutcome::Won(Lease::new(
+            request,
+            token,
+            value,
+            now + ttl.saturating_sub(drift),
+        ))
     }
 
     /// Extends the lease if it is still held and its deadline has not passed.
@@ -106,7 +118,7 @@ impl MemoryStore {
         if lease.is_lost() {
             return Err(RenewError::AlreadyLost);
         }
-        let now = Instant::now();
+        let now = BootInstant::now();
         if now >= lease.deadline() {
             lease.mark_lost();
             return Err(RenewError::Expired);
@@ -164,12 +176,12 @@ mod tests {
         MemoryStore::new(settings)
     }
 
-    fn request(tick: i64) -> ClaimRequest {
-        ClaimRequest {
-            job: "job".into(),
-            tick: Tick(tick),
-            overlap: Overlap::Skip,
-        }
+    fn request(worker: &str, tick: i64) -> ClaimRequest {
+        ClaimRequest::new(worker, "job", Tick(tick), Overlap::Skip, "f")
+    }
+
+    fn claim(store: &MemoryStore, worker: &str, tick: i64) -> ClaimOutcome {
+        store.claim_many(&[request(worker, tick)]).remove(0)
     }
 
     fn won(outcome: ClaimOutcome) -> Lease {
@@ -182,52 +194,80 @@ mod tests {
     #[tokio::test]
     async fn claims_once_and_tokens_increase() {
         let store = store(1000);
-        let first = won(store.claim_many("a", &[request(1_000)]).remove(0));
+        let first = won(claim(&store, "a", 1_000));
         assert!(matches!(
-            store.claim_many("b", &[request(1_000)]).remove(0),
-            ClaimOutcome::AlreadyClaimed
+            claim(&store, "b", 1_000),
+            ClaimOutcome::AlreadyClaimed { .. }
         ));
         assert!(matches!(
-            store.claim_many("b", &[request(2_000)]).remove(0),
+            claim(&store, "b", 2_000),
             ClaimOutcome::Busy { .. }
         ));
         store.release(&first);
         assert!(matches!(
-            store.claim_many("b", &[request(1_000)]).remove(0),
-            ClaimOutcome::AlreadyClaimed
+            claim(&store, "b", 1_000),
+            ClaimOutcome::AlreadyClaimed { .. }
         ));
-        let second = won(store.claim_many("b", &[request(2_000)]).remove(0));
+        let second = won(claim(&store, "b", 2_000));
         assert!(second.token > first.token);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn expired_lease_is_lost_for_good_and_release_spares_the_next_holder() {
         let store = store(100);
-        let mut a = won(store.claim_many("a", &[request(1_000)]).remove(0));
+        let mut a = won(claim(&store, "a", 1_000));
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let b = won(store.claim_many("b", &[request(2_000)]).remove(0));
+        let b = won(claim(&store, "b", 2_000));
         assert!(b.token > a.token);
         assert_eq!(store.renew(&mut a), Err(RenewError::Expired));
         assert_eq!(store.renew(&mut a), Err(RenewError::AlreadyLost));
         store.release(&a);
         assert!(matches!(
-            store.claim_many("c", &[request(3_000)]).remove(0),
+            claim(&store, "c", 3_000),
             ClaimOutcome::Busy { .. }
         ));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn renewal_keeps_a_lease_past_its_ttl() {
-        let store = store(100);
-        let mut a = won(store.claim_many("a", &[request(1_000)]).remove(0));
+        let store = store(1_000);
+        let mut a = won(claim(&store, "a", 1_000));
         for _ in 0..5 {
-            tokio::time::sleep(Duration::from_millis(40)).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
             store.renew(&mut a).expect("renewal within the validity");
         }
         assert!(a.is_valid());
         assert!(matches!(
-            store.claim_many("b", &[request(2_000)]).remove(0),
+            claim(&store, "b", 2_000),
             ClaimOutcome::Busy { .. }
         ));
+    }
+
+    /// Workers that disagree on `overlap` take different lease keys, but meet on the claim record: one
+    /// (job, tick) is still granted once (finding 1 of the protocol review, on the embedded store).
+    #[tokio::test]
+    async fn workers_that_disagree_on_overlap_still_claim_a_tick_once() {
+        let store = store(1_000);
+        let skip = ClaimRequest::new("a", "job", Tick(1_000), Overlap::Skip, "f1");
+        let allow = ClaimRequest::new("b", "job", Tick(1_000), Overlap::Allow, "f2");
+        won(store.claim_many(&[skip]).remove(0));
+        match store.claim_many(&[allow]).remove(0) {
+            ClaimOutcome::AlreadyClaimed { by: Some(by) } => {
+                assert_eq!(by.worker, "a");
+                assert_eq!(by.fingerprint.as_deref(), Some("f1"));
+            }
+            other => panic!("expected AlreadyClaimed naming worker a, got {other:?}"),
+        }
+    }
+
+    /// A request claimed again continues its own claim: its own record does not count against it.
+    #[tokio::test]
+    async fn a_request_claimed_again_is_not_refused_by_its_own_record() {
+        let store = store(1_000);
+        let request = ClaimRequest::new("a", "job", Tick(1_000), Overlap::Skip, "f");
+        let first = won(store.claim_many(std::slice::from_ref(&request)).remove(0));
+        store.release(&first);
+        let again = won(store.claim_many(&[request]).remove(0));
+        assert!(again.token > first.token);
     }
 }

@@ -5,8 +5,10 @@
 //!
 //! Two stores implement it: [`redis`] (the Redlock protocol across N independent Redis nodes; the
 //! safety argument is in `docs/protocol.md` and beside each script in [`scripts`]) and [`memory`] (the
-//! same guarantees within one process, for a single host with no Redis configured).
+//! same guarantees within one process, for a single host with no Redis configured). Both write the names
+//! of [`keys`].
 
+pub mod keys;
 pub mod memory;
 pub mod node;
 pub mod quorum;
@@ -16,8 +18,10 @@ mod validity;
 
 use std::time::Duration;
 
+use crate::clock::boot::BootInstant;
 use crate::schedule::Tick;
 
+pub use keys::Holder;
 pub use validity::{drift, validity};
 
 /// Lock parameters shared by every store.
@@ -64,11 +68,40 @@ pub enum Overlap {
 }
 
 /// What a worker asks for: the right to run `job` at `tick`.
+///
+/// A request is one *claimant* (see [`keys`]): claiming the same request again — a retry after a
+/// `NoQuorum` or `Contended` outcome — continues the same claim, and finds its own earlier confirmations on
+/// the nodes as its own, so an ambiguous round is never lost by retrying it. A new request is a new
+/// contender. Never claim a request again after it was `Won`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimRequest {
     pub job: String,
     pub tick: Tick,
     pub overlap: Overlap,
+    /// The job's definition as this worker sees it ([`crate::config::JobConfig::fingerprint`]); carried in
+    /// the lease value so that workers running different versions of the job can tell.
+    pub fingerprint: String,
+    /// `<worker id>/<uuid>`, unique to this request.
+    pub claimant: String,
+}
+
+impl ClaimRequest {
+    /// A new claimant of `(job, tick)` for worker `worker_id`.
+    pub fn new(
+        worker_id: &str,
+        job: &str,
+        tick: Tick,
+        overlap: Overlap,
+        fingerprint: &str,
+    ) -> ClaimRequest {
+        ClaimRequest {
+            job: job.to_string(),
+            tick,
+            overlap,
+            fingerprint: fingerprint.to_string(),
+            claimant: keys::new_claimant(worker_id),
+        }
+    }
 }
 
 /// A fencing token: strictly increasing over all granted leases of one job, across all workers.
@@ -77,20 +110,57 @@ pub struct ClaimRequest {
 pub type FencingToken = u64;
 
 /// The expected answers to a claim; none of them is an error.
+///
+/// [`ClaimOutcome::retry_in`] tells the outcomes that are final from those that a retry of the same request
+/// may still turn into a win while the tick's grace lasts.
 #[derive(Debug)]
 pub enum ClaimOutcome {
     /// This worker holds the lease and has claimed the tick for good.
     Won(Lease),
-    /// The tick (or a later one) was already claimed by a run: it must not run again.
-    AlreadyClaimed,
-    /// Another holder owns the job right now (`holder` is its worker id where known, `ttl` what remains of
-    /// its lease on the node that told us).
+    /// The tick (or a later one) was confirmed by another claimant on so many nodes that this one can no
+    /// longer reach a majority: it must not run here. `by` is that claimant where a node said. Final.
+    AlreadyClaimed { by: Option<Holder> },
+    /// The job's lease is held by another tick's run (`overlap: skip`): this tick is skipped. `ttl` is what
+    /// remains of that lease on a node that told us. Final.
     Busy {
-        holder: Option<String>,
+        holder: Option<Holder>,
         ttl: Option<Duration>,
     },
-    /// No majority of the configured nodes answered in time; the reasons name each failed node.
+    /// Another claimant of the *same* tick holds the lease on some nodes without having confirmed the tick
+    /// on a majority: it is between its rounds, or it crashed there. Not final: retry the same request after
+    /// `retry_in` (by then that contender has confirmed, given up, or its lease has expired).
+    Contended {
+        holder: Option<Holder>,
+        retry_in: Duration,
+    },
+    /// No majority of the configured nodes answered in time; the reasons name each failed node. Not final:
+    /// retry the same request.
     NoQuorum(QuorumFailure),
+}
+
+impl ClaimOutcome {
+    /// For outcomes that a retry of the same request may still turn into a win: how soon to retry at the
+    /// earliest (`None` for the final outcomes, `Won` included).
+    pub fn retry_in(&self) -> Option<Duration> {
+        match self {
+            ClaimOutcome::Contended { retry_in, .. } => Some(*retry_in),
+            ClaimOutcome::NoQuorum(_) => Some(Duration::ZERO),
+            ClaimOutcome::Won(_)
+            | ClaimOutcome::AlreadyClaimed { .. }
+            | ClaimOutcome::Busy { .. } => None,
+        }
+    }
+
+    /// The other claimant named by this outcome, if any.
+    pub fn other(&self) -> Option<&Holder> {
+        match self {
+            ClaimOutcome::AlreadyClaimed { by } => by.as_ref(),
+            ClaimOutcome::Busy { holder, .. } | ClaimOutcome::Contended { holder, .. } => {
+                holder.as_ref()
+            }
+            ClaimOutcome::Won(_) | ClaimOutcome::NoQuorum(_) => None,
+        }
+    }
 }
 
 /// Why a round did not reach a majority of the configured nodes.
@@ -120,8 +190,8 @@ impl QuorumFailure {
 
 /// A granted lease on `(job, tick)`.
 ///
-/// The lease is valid until [`Lease::deadline`], a point on this process's monotonic clock that already
-/// accounts for the time the acquisition took and for clock drift. Once that deadline passes without a
+/// The lease is valid until [`Lease::deadline`], a point on this host's boot clock (`CLOCK_BOOTTIME`, which
+/// counts a suspend) that already accounts for the time the acquisition took and for clock drift. Once that deadline passes without a
 /// successful renewal the lease is lost for good: [`LockStore::renew`] never revives it.
 #[derive(Debug, Clone)]
 pub struct Lease {
@@ -130,10 +200,10 @@ pub struct Lease {
     pub overlap: Overlap,
     /// The fencing token of this run.
     pub token: FencingToken,
-    /// The value stored on each node: unique per attempt (`<worker id>/<uuid>`), so that renew and release
-    /// only ever touch this lease.
+    /// The value stored on each node ([`keys`]): unique per attempt, so that renew and release only ever
+    /// touch this lease.
     pub value: String,
-    deadline: tokio::time::Instant,
+    deadline: BootInstant,
     lost: bool,
 }
 
@@ -142,7 +212,7 @@ impl Lease {
         request: &ClaimRequest,
         token: FencingToken,
         value: String,
-        deadline: tokio::time::Instant,
+        deadline: BootInstant,
     ) -> Lease {
         Lease {
             job: request.job.clone(),
@@ -155,8 +225,8 @@ impl Lease {
         }
     }
 
-    /// The instant (monotonic clock) until which this lease is known to be held by a majority.
-    pub fn deadline(&self) -> tokio::time::Instant {
+    /// The instant (boot clock) until which this lease is known to be held by a majority.
+    pub fn deadline(&self) -> BootInstant {
         self.deadline
     }
 
@@ -165,17 +235,16 @@ impl Lease {
         if self.lost {
             return Duration::ZERO;
         }
-        self.deadline
-            .saturating_duration_since(tokio::time::Instant::now())
+        self.deadline.remaining()
     }
 
     /// Whether the lease is still valid: not marked lost and its deadline not yet passed.
     pub fn is_valid(&self) -> bool {
-        !self.lost && tokio::time::Instant::now() < self.deadline
+        !self.lost && BootInstant::now() < self.deadline
     }
 
     /// Extends the deadline after a successful renewal. Never called on a lost lease.
-    pub(crate) fn extend_to(&mut self, deadline: tokio::time::Instant) {
+    pub(crate) fn extend_to(&mut self, deadline: BootInstant) {
         debug_assert!(!self.lost);
         self.deadline = deadline;
     }
@@ -242,23 +311,19 @@ impl LockStore {
     ///
     /// All claims go to each node as one pipelined round trip per protocol round, so a tick at which
     /// 10,000 jobs are due costs the same number of round trips as a tick with one.
-    pub async fn claim_many(
-        &self,
-        worker_id: &str,
-        requests: &[ClaimRequest],
-    ) -> Vec<ClaimOutcome> {
+    pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         match self {
-            LockStore::Redis(store) => store.claim_many(worker_id, requests).await,
-            LockStore::Memory(store) => store.claim_many(worker_id, requests),
+            LockStore::Redis(store) => store.claim_many(requests).await,
+            LockStore::Memory(store) => store.claim_many(requests),
         }
     }
 
     /// Claims one `(job, tick)`.
-    pub async fn claim(&self, worker_id: &str, request: ClaimRequest) -> ClaimOutcome {
-        let mut outcomes = self
-            .claim_many(worker_id, std::slice::from_ref(&request))
-            .await;
-        outcomes.pop().unwrap_or(ClaimOutcome::AlreadyClaimed)
+    pub async fn claim(&self, request: &ClaimRequest) -> ClaimOutcome {
+        let mut outcomes = self.claim_many(std::slice::from_ref(request)).await;
+        outcomes
+            .pop()
+            .unwrap_or(ClaimOutcome::AlreadyClaimed { by: None })
     }
 
     /// Extends the lease by a full TTL if a quorum still holds it and its deadline has not passed.

@@ -6,9 +6,10 @@
 //! ([`LockStore::claim_many`]), which costs one pipelined round trip per node and round however many
 //! jobs are due. Runs that were won go on in their own tasks ([`run`]), each under a lease watchdog.
 
+mod agenda;
 mod run;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,9 +20,11 @@ use tracing::{error, info, warn};
 use crate::config::{Config, JobConfig};
 use crate::lock::memory::MemoryStore;
 use crate::lock::redis::RedisStore;
-use crate::lock::{ClaimOutcome, ClaimRequest, LockStore, Overlap};
+use crate::lock::{ClaimOutcome, ClaimRequest, Holder, LockStore, Overlap};
 use crate::schedule::Tick;
 use crate::shutdown::Shutdown;
+
+use self::agenda::Agenda;
 
 /// The longest single sleep: a worker re-reads the wall clock at least this often, so that a clock step
 /// (NTP, a VM resumed) moves its next wake-up with it.
@@ -46,6 +49,8 @@ pub(crate) struct Context {
     pub(crate) shutdown_grace: Duration,
     /// Jobs with `overlap: skip` that this worker is racing for or running.
     busy: Mutex<HashSet<String>>,
+    /// (job, other worker, its fingerprint) already warned about by `note_other_definition`.
+    definitions_seen: Mutex<HashSet<(String, String, String)>>,
 }
 
 /// Runs the worker until `shutdown` is requested and every running job has ended and released its lease.
@@ -90,6 +95,7 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         shutdown: shutdown.clone(),
         shutdown_grace: config.worker.shutdown_grace,
         busy: Mutex::new(HashSet::new()),
+        definitions_seen: Mutex::new(HashSet::new()),
     });
     // One task per batch of due ticks: it claims them and runs the ones won. The loop itself never waits
     // for Redis, so a slow race (retries, a hung node) cannot delay the next tick of another job.
@@ -138,69 +144,138 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     Ok(())
 }
 
-/// Claims a batch of due ticks in one call (one pipelined round trip per node and round) and settles each
-/// outcome in its own task; returns when every run (and every retry) has ended.
+/// One tick being raced: the job, its claim request (one claimant, kept across retries), and when to
+/// try again.
+struct Pending {
+    job: JobConfig,
+    request: ClaimRequest,
+    guard: Option<BusyGuard>,
+    retry_at: tokio::time::Instant,
+    /// The next wait after a `NoQuorum` (doubles up to [`NO_QUORUM_BACKOFF_MAX`]).
+    backoff: Duration,
+}
+
+/// Claims a batch of due ticks (one pipelined round trip per node and round) and settles each outcome in
+/// its own task; returns when every run (and every retry) has ended.
 ///
-/// Ticks that found no quorum are raced again *together* — with backoff, while each is within its job's
-/// misfire grace and its next tick is not yet due — so that a retry costs one round trip per node however
-/// many jobs it carries, and a Redis outage shorter than the grace costs no run.
+/// An outcome that is not final — no quorum, a contender of the same tick between its rounds (or crashed
+/// there), a claim won by a worker that was paused until its lease expired — is retried with the *same*
+/// request, so the retry continues this worker's claim instead of competing with it, until the job's
+/// misfire grace ends or its next tick is due. Ticks retried at one instant travel together again, so a
+/// retry costs one round trip per node however many jobs it carries.
 async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGuard>)>) {
     let mut settling = JoinSet::new();
-    let mut pending = batch;
-    let mut backoff = NO_QUORUM_BACKOFF;
-    loop {
-        let claims: Vec<ClaimRequest> = pending
-            .iter()
-            .map(|(job, tick, _)| request(job, *tick))
-            .collect();
-        let outcomes = context.store.claim_many(&context.worker_id, &claims).await;
-        let mut again = Vec::new();
-        for ((job, tick, guard), outcome) in pending.into_iter().zip(outcomes) {
-            let ClaimOutcome::NoQuorum(failure) = outcome else {
-                settling.spawn(settle(Arc::clone(&context), job, tick, guard, outcome));
-                continue;
-            };
-            let retry_at = Utc::now() + chrono::Duration::from_std(backoff).unwrap_or_default();
-            if context.shutdown.is_requested() || retry_at >= give_up_at(&job, tick) {
-                error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "no_quorum",
-                       error = %failure, "Skipped: no majority of Redis nodes answered within the grace");
-            } else {
-                warn!(event = "tick.retrying", job = %job.name, tick = %tick, reason = "no_quorum",
-                      error = %failure, retry_in_ms = backoff.as_millis() as u64,
-                      "No majority of Redis nodes answered; racing again");
-                again.push((job, tick, guard));
-            }
-        }
-        if again.is_empty() {
-            break;
-        }
+    let now = tokio::time::Instant::now();
+    let mut pending: Vec<Pending> = batch
+        .into_iter()
+        .map(|(job, tick, guard)| Pending {
+            request: ClaimRequest::new(
+                &context.worker_id,
+                &job.name,
+                tick,
+                job.overlap,
+                &job.fingerprint(),
+            ),
+            job,
+            guard,
+            retry_at: now,
+            backoff: NO_QUORUM_BACKOFF,
+        })
+        .collect();
+    while let Some(ready_at) = pending.iter().map(|p| p.retry_at).min() {
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep_until(ready_at) => {}
             _ = context.shutdown.graceful() => {}
         }
         if context.shutdown.is_requested() {
-            for (job, tick, _) in &again {
-                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
-                      "Skipped: shutdown was requested while waiting for a quorum");
+            for p in &pending {
+                info!(event = "tick.skipped", job = %p.job.name, tick = %p.request.tick, reason = "shutdown",
+                      "Skipped: shutdown was requested while the tick was being raced");
             }
             break;
         }
-        backoff = (backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
-        pending = again;
+        let now = tokio::time::Instant::now();
+        let (ready, waiting): (Vec<Pending>, Vec<Pending>) =
+            pending.into_iter().partition(|p| p.retry_at <= now);
+        pending = waiting;
+        let requests: Vec<ClaimRequest> = ready.iter().map(|p| p.request.clone()).collect();
+        let outcomes = context.store.claim_many(&requests).await;
+        for (mut p, outcome) in ready.into_iter().zip(outcomes) {
+            context.note_other_definition(&p.job, p.request.tick, outcome.other());
+            let wait = match &outcome {
+                ClaimOutcome::Won(lease) if !lease.is_valid() => Some(Duration::ZERO),
+                ClaimOutcome::NoQuorum(_) => {
+                    let wait = p.backoff;
+                    p.backoff = (p.backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
+                    Some(wait)
+                }
+                other => other.retry_in(),
+            };
+            let Some(wait) = wait else {
+                settling.spawn(settle(
+                    Arc::clone(&context),
+                    p.job,
+                    p.request.tick,
+                    p.guard,
+                    outcome,
+                ));
+                continue;
+            };
+            let retry_at = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
+            if retry_at >= give_up_at(&p.job, p.request.tick) {
+                give_up(&p, &outcome);
+                continue;
+            }
+            retrying(&p, &outcome, wait);
+            p.retry_at = tokio::time::Instant::now() + wait;
+            pending.push(p);
+        }
     }
     while settling.join_next().await.is_some() {}
 }
 
-fn request(job: &JobConfig, tick: Tick) -> ClaimRequest {
-    ClaimRequest {
-        job: job.name.clone(),
-        tick,
-        overlap: job.overlap,
+/// Logs a retry of a tick whose outcome was not final.
+fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
+    let (job, tick, retry_in_ms) = (&p.job.name, p.request.tick, wait.as_millis() as u64);
+    match outcome {
+        ClaimOutcome::NoQuorum(failure) => {
+            warn!(event = "tick.retrying", job = %job, tick = %tick, reason = "no_quorum", error = %failure,
+                  retry_in_ms, "No majority of Redis nodes answered; racing again")
+        }
+        ClaimOutcome::Contended { holder, .. } => {
+            info!(event = "tick.retrying", job = %job, tick = %tick, reason = "contended",
+                  holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()), retry_in_ms,
+                  "Another worker holds the lease for this tick without having claimed it; racing again once it has decided or its lease expired")
+        }
+        _ => {
+            warn!(event = "tick.retrying", job = %job, tick = %tick, reason = "lease_expired",
+                  retry_in_ms, "Won the tick, but the lease expired before the job could start (was this process paused?); claiming it again")
+        }
     }
 }
 
-/// When a tick that finds no quorum stops being raced: at the job's next tick or the end of its misfire
-/// grace, whichever comes first.
+/// Logs a tick given up at the end of its grace, and why.
+fn give_up(p: &Pending, outcome: &ClaimOutcome) {
+    let (job, tick) = (&p.job.name, p.request.tick);
+    match outcome {
+        ClaimOutcome::NoQuorum(failure) => {
+            error!(event = "tick.skipped", job = %job, tick = %tick, reason = "no_quorum", error = %failure,
+                   "Skipped: no majority of Redis nodes answered within the grace")
+        }
+        ClaimOutcome::Contended { holder, .. } => {
+            error!(event = "tick.skipped", job = %job, tick = %tick, reason = "contended",
+                   holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
+                   "Skipped: another worker held this tick's lease without claiming it until the grace ended")
+        }
+        _ => {
+            error!(event = "tick.skipped", job = %job, tick = %tick, reason = "lease_expired",
+                   "Skipped: every lease won for this tick expired before the job could start, until the grace ended")
+        }
+    }
+}
+
+/// When a tick that has not been settled stops being raced: at the job's next tick or the end of its
+/// misfire grace, whichever comes first.
 fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
     let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
     match job.schedule.next_after(tick.to_utc()) {
@@ -209,7 +284,7 @@ fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
     }
 }
 
-/// Acts on one claim outcome other than no quorum: runs a won tick, logs a lost one.
+/// Acts on a final claim outcome: runs a won tick, logs a lost one.
 async fn settle(
     context: Arc<Context>,
     job: JobConfig,
@@ -227,19 +302,20 @@ async fn settle(
             info!(event = "tick.won", job = %job.name, tick = %tick, token = lease.token, "Won the tick");
             run::run(Arc::clone(&context), job, lease).await;
         }
-        ClaimOutcome::AlreadyClaimed => {
+        ClaimOutcome::AlreadyClaimed { by } => {
             info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",
-                  "Lost the tick: it was already claimed by a run");
+                  by = by.as_ref().map_or("unknown", |by| by.worker.as_str()),
+                  "Lost the tick: another worker claimed it");
         }
         ClaimOutcome::Busy { holder, ttl } => {
             info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "busy",
-                  holder = holder.as_deref().unwrap_or("unknown"),
+                  holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
+                  holder_tick = %holder.as_ref().and_then(|h| h.tick).map_or(String::new(), |t| t.to_string()),
                   holder_ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis() as u64),
-                  "Lost the tick: another worker holds the job");
+                  "Lost the tick: the previous run still holds the job");
         }
-        ClaimOutcome::NoQuorum(failure) => {
-            error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "no_quorum",
-                   error = %failure, "Skipped: no majority of Redis nodes answered");
+        ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
+            // Never settled: `race` retries these until it gives up, and logs that.
         }
     }
     drop(guard);
@@ -248,6 +324,29 @@ async fn settle(
 impl Context {
     fn busy_count(&self) -> usize {
         self.busy.lock().map_or(0, |busy| busy.len())
+    }
+
+    /// Warns, once per job, other worker and definition, when another worker holds or claimed a tick of
+    /// `job` with a different definition of it (a rollout in progress, or a fleet that drifted apart).
+    fn note_other_definition(&self, job: &JobConfig, tick: Tick, other: Option<&Holder>) {
+        let Some(other) = other else { return };
+        let Some(theirs) = other.fingerprint.as_deref() else {
+            return;
+        };
+        let ours = job.fingerprint();
+        if theirs == ours {
+            return;
+        }
+        let mut seen = self
+            .definitions_seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let key = (job.name.clone(), other.worker.clone(), theirs.to_string());
+        if seen.insert(key) {
+            warn!(event = "job.config_differs", job = %job.name, tick = %tick, other_worker = %other.worker,
+                  fingerprint = %ours, other_fingerprint = %theirs,
+                  "Another worker runs a different definition of this job (a rollout in progress?); each tick still runs once");
+        }
     }
 }
 
@@ -279,97 +378,5 @@ impl Drop for BusyGuard {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         busy.remove(&self.job);
-    }
-}
-
-/// The next tick of every job, ordered by time.
-struct Agenda<'a> {
-    jobs: &'a [JobConfig],
-    /// tick → indexes of the jobs due then.
-    due: BTreeMap<Tick, Vec<usize>>,
-}
-
-impl<'a> Agenda<'a> {
-    /// Each job's first tick: the latest one within its misfire grace (a worker that comes up late still
-    /// races for it; the claim stops it if someone ran it), or else the next one.
-    ///
-    /// With the embedded store (`remember_claims == false`) there is nobody to ask whether an earlier
-    /// process already ran a recent tick, so only ticks from now on are raced: at most once, even across
-    /// restarts.
-    fn new(jobs: &'a [JobConfig], now: chrono::DateTime<Utc>, remember_claims: bool) -> Agenda<'a> {
-        let mut agenda = Agenda {
-            jobs,
-            due: BTreeMap::new(),
-        };
-        let now_tick = Tick(now.timestamp_millis());
-        for (index, job) in jobs.iter().enumerate() {
-            let grace = if remember_claims {
-                chrono::Duration::from_std(job.misfire_grace).unwrap_or_default()
-            } else {
-                chrono::Duration::zero()
-            };
-            let mut first = job
-                .schedule
-                .next_after(now - grace - chrono::Duration::milliseconds(1));
-            // Of several ticks within the grace, only the latest is raced.
-            while let Some(tick) = first {
-                match job.schedule.next_after(tick.to_utc()) {
-                    Some(next) if next <= now_tick => first = Some(next),
-                    _ => break,
-                }
-            }
-            if let Some(tick) = first {
-                agenda.due.entry(tick).or_default().push(index);
-            }
-        }
-        agenda
-    }
-
-    fn next_tick(&self) -> Option<Tick> {
-        self.due.keys().next().copied()
-    }
-
-    /// Removes and returns the ticks due at `now`, and schedules each job's next tick.
-    ///
-    /// When a job has several ticks due (the worker was paused, or started late), only the latest one
-    /// within the misfire grace is raced — as cron does after a missed run — and the older ones are
-    /// logged as skipped: racing them would only find them claimed or run stale work in a burst.
-    fn take_due(&mut self, now: chrono::DateTime<Utc>) -> Vec<(usize, Tick)> {
-        let now_tick = Tick(now.timestamp_millis());
-        let mut taken = Vec::new();
-        while let Some(entry) = self.due.first_entry() {
-            if *entry.key() > now_tick {
-                break;
-            }
-            let (tick, indexes) = entry.remove_entry();
-            for index in indexes {
-                let job = &self.jobs[index];
-                let mut latest = tick;
-                let mut superseded = 0u64;
-                let mut next = job.schedule.next_after(tick.to_utc());
-                while let Some(candidate) = next.filter(|t| *t <= now_tick) {
-                    superseded += 1;
-                    latest = candidate;
-                    next = job.schedule.next_after(candidate.to_utc());
-                }
-                if superseded > 0 {
-                    warn!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "superseded",
-                          count = superseded, latest = %latest,
-                          "Skipped older ticks: the worker was late; racing only the latest");
-                }
-                let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
-                if now - latest.to_utc() > grace {
-                    warn!(event = "tick.skipped", job = %job.name, tick = %latest, reason = "misfire",
-                          late_ms = (now - latest.to_utc()).num_milliseconds(),
-                          "Skipped: the tick is older than the job's misfire grace");
-                } else {
-                    taken.push((index, latest));
-                }
-                if let Some(next) = next {
-                    self.due.entry(next).or_default().push(index);
-                }
-            }
-        }
-        taken
     }
 }

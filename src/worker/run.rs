@@ -11,6 +11,7 @@ use std::time::Duration;
 use tracing::{error, info, info_span, warn, Instrument};
 
 use super::Context;
+use crate::clock::boot;
 use crate::config::JobConfig;
 use crate::lock::{Lease, RenewError};
 use crate::process::{ChildSpec, ExitKind, RunningChild};
@@ -122,7 +123,7 @@ async fn supervise(context: &Context, job: &JobConfig, mut lease: Lease, run_id:
             }
             // The deadline is watched on its own too: a lease is never trusted past it, whatever the
             // renewal schedule.
-            _ = tokio::time::sleep_until(lease.deadline()) => {
+            _ = boot::sleep_until(lease.deadline()) => {
                 if !lease.is_valid() {
                     error!(event = "lease.lost", error = "lease deadline passed without a confirmed renewal",
                            "Lease lost: stopping the job");

@@ -39,12 +39,9 @@ fn store(cluster: &RedisCluster, settings: LockSettings) -> LockStore {
     LockStore::Redis(RedisStore::new(&cluster.urls(), settings).expect("valid node URLs"))
 }
 
-fn request(job: &str, tick: i64) -> ClaimRequest {
-    ClaimRequest {
-        job: job.to_string(),
-        tick: Tick(tick),
-        overlap: Overlap::Skip,
-    }
+/// A new claimant of `(job, tick)` for `worker`, with `overlap: skip`.
+fn request(worker: &str, job: &str, tick: i64) -> ClaimRequest {
+    ClaimRequest::new(worker, job, Tick(tick), Overlap::Skip, "test")
 }
 
 fn won(outcome: ClaimOutcome) -> Lease {
@@ -56,7 +53,7 @@ fn won(outcome: ClaimOutcome) -> Lease {
 
 /// Waits until every node of a fresh store answers, so that the first claim does not race the connects.
 async fn warm(store: &LockStore) {
-    let _ = store.claim("warm-up", request("warm-up", 1)).await;
+    let _ = store.claim(&request("warm-up", "warm-up", 1)).await;
 }
 
 /// Happy path on 5 nodes: acquire, renew, release; validity is positive and below the TTL.
@@ -65,7 +62,7 @@ async fn acquire_renew_release_on_five_nodes() {
     let cluster = RedisCluster::start(5);
     let store = store(&cluster, settings(2_000));
     warm(&store).await;
-    let mut lease = won(store.claim("w1", request("report", 1_000)).await);
+    let mut lease = won(store.claim(&request("w1", "report", 1_000)).await);
     assert!(lease.is_valid());
     assert!(lease.remaining() > Duration::ZERO && lease.remaining() < Duration::from_millis(2_000));
     assert!(
@@ -82,7 +79,7 @@ async fn acquire_renew_release_on_five_nodes() {
     assert!(lease.deadline() > before, "renewal moves the deadline");
     store.release(&lease).await;
     // Released: the next tick is free at once (no waiting for the TTL).
-    won(store.claim("w2", request("report", 2_000)).await);
+    won(store.claim(&request("w2", "report", 2_000)).await);
 }
 
 /// 200 contenders (tasks) race for the same (job, tick): exactly one lease.
@@ -94,7 +91,9 @@ async fn two_hundred_contenders_one_winner() {
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let store = Arc::clone(&store);
-            tokio::spawn(async move { store.claim(&format!("w{i}"), request("race", 1_000)).await })
+            tokio::spawn(
+                async move { store.claim(&request(&format!("w{i}"), "race", 1_000)).await },
+            )
         })
         .collect();
     let mut winners = 0;
@@ -178,10 +177,11 @@ fn contender_process() {
                 let store = Arc::clone(&store);
                 tokio::spawn(async move {
                     store
-                        .claim(
+                        .claim(&request(
                             &format!("p{}-{i}", std::process::id()),
-                            request("race", 7_000),
-                        )
+                            "race",
+                            7_000,
+                        ))
                         .await
                 })
             })
@@ -213,7 +213,7 @@ async fn successive_leases_have_strictly_increasing_tokens() {
             .map(|i| {
                 let store = Arc::clone(&store);
                 tokio::spawn(
-                    async move { store.claim(&format!("w{i}"), request("succ", tick)).await },
+                    async move { store.claim(&request(&format!("w{i}"), "succ", tick)).await },
                 )
             })
             .collect();
@@ -242,7 +242,7 @@ async fn minority_down_works_majority_down_reports_no_quorum() {
     warm(&store).await;
     cluster.kill(0);
     cluster.kill(1);
-    let mut lease = won(store.claim("w", request("down", 1_000)).await);
+    let mut lease = won(store.claim(&request("w", "down", 1_000)).await);
     store
         .renew(&mut lease)
         .await
@@ -251,7 +251,7 @@ async fn minority_down_works_majority_down_reports_no_quorum() {
 
     cluster.kill(2);
     let started = std::time::Instant::now();
-    match store.claim("w", request("down", 2_000)).await {
+    match store.claim(&request("w", "down", 2_000)).await {
         ClaimOutcome::NoQuorum(failure) => {
             assert_eq!((failure.configured, failure.needed), (5, 3));
             let text = failure.to_string();
@@ -283,7 +283,7 @@ async fn hung_nodes_cost_one_node_timeout() {
     cluster.stop(3);
     cluster.stop(4);
     let started = std::time::Instant::now();
-    let mut lease = won(store.claim("w", request("hung", 1_000)).await);
+    let mut lease = won(store.claim(&request("w", "hung", 1_000)).await);
     store
         .renew(&mut lease)
         .await
@@ -297,7 +297,7 @@ async fn hung_nodes_cost_one_node_timeout() {
 
     cluster.stop(2);
     let started = std::time::Instant::now();
-    let outcome = store.claim("w", request("hung", 2_000)).await;
+    let outcome = store.claim(&request("w", "hung", 2_000)).await;
     assert!(
         matches!(outcome, ClaimOutcome::NoQuorum(_)),
         "expected no quorum, got {outcome:?}"
@@ -319,9 +319,9 @@ async fn expired_holder_cannot_renew_or_release_the_next_holder() {
     let cluster = RedisCluster::start(5);
     let store = store(&cluster, settings(300));
     warm(&store).await;
-    let mut a = won(store.claim("a", request("exp", 1_000)).await);
+    let mut a = won(store.claim(&request("a", "exp", 1_000)).await);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let mut b = won(store.claim("b", request("exp", 2_000)).await);
+    let mut b = won(store.claim(&request("b", "exp", 2_000)).await);
     assert!(b.token > a.token);
     assert!(store.renew(&mut a).await.expect_err("A expired").is_lost());
     assert_eq!(store.renew(&mut a).await, Err(RenewError::AlreadyLost));
@@ -332,7 +332,7 @@ async fn expired_holder_cannot_renew_or_release_the_next_holder() {
         .expect("B still holds its lease after A's release");
     // And the job is still held by B for a third contender.
     assert!(matches!(
-        store.claim("c", request("exp", 3_000)).await,
+        store.claim(&request("c", "exp", 3_000)).await,
         ClaimOutcome::Busy { .. }
     ));
 }
@@ -344,7 +344,7 @@ async fn renewal_after_the_deadline_never_revives() {
     let mut cluster = RedisCluster::start(3);
     let store = store(&cluster, settings(400));
     warm(&store).await;
-    let mut lease = won(store.claim("a", request("revive", 1_000)).await);
+    let mut lease = won(store.claim(&request("a", "revive", 1_000)).await);
     cluster.stop(0);
     cluster.stop(1);
     let first = store.renew(&mut lease).await.expect_err("majority hung");
@@ -370,21 +370,21 @@ async fn a_claimed_tick_is_never_granted_again() {
     let cluster = RedisCluster::start(5);
     let store = store(&cluster, settings(300));
     warm(&store).await;
-    let a = won(store.claim("a", request("claim", 5_000)).await);
+    let a = won(store.claim(&request("a", "claim", 5_000)).await);
     store.release(&a).await;
     assert!(matches!(
-        store.claim("b", request("claim", 5_000)).await,
-        ClaimOutcome::AlreadyClaimed
+        store.claim(&request("b", "claim", 5_000)).await,
+        ClaimOutcome::AlreadyClaimed { .. }
     ));
     assert!(matches!(
-        store.claim("b", request("claim", 4_000)).await,
-        ClaimOutcome::AlreadyClaimed
+        store.claim(&request("b", "claim", 4_000)).await,
+        ClaimOutcome::AlreadyClaimed { .. }
     ));
-    let b = won(store.claim("b", request("claim", 6_000)).await);
+    let b = won(store.claim(&request("b", "claim", 6_000)).await);
     tokio::time::sleep(Duration::from_millis(400)).await; // b's lease expires unreleased
     assert!(matches!(
-        store.claim("c", request("claim", 6_000)).await,
-        ClaimOutcome::AlreadyClaimed
+        store.claim(&request("c", "claim", 6_000)).await,
+        ClaimOutcome::AlreadyClaimed { .. }
     ));
     assert!(b.token > a.token);
 }
@@ -398,12 +398,13 @@ async fn split_votes_converge_on_one_winner() {
     lock.retries = 6;
     let store = Arc::new(store(&cluster, lock));
     warm(&store).await;
-    // Two crashed contenders left a minority each: nodes 0,1 and nodes 2,3 (300 ms to live).
+    // Two crashed contenders of the same tick left a minority each: nodes 0,1 and nodes 2,3 (300 ms to
+    // live). Values are `<claimant>|<attempt>|<tick ms>|<fingerprint>`.
     for (node, holder) in [
-        (0, "ghost-a/1"),
-        (1, "ghost-a/1"),
-        (2, "ghost-b/2"),
-        (3, "ghost-b/2"),
+        (0, "ghost-a/1|1|1000|x"),
+        (1, "ghost-a/1|1|1000|x"),
+        (2, "ghost-b/2|1|1000|x"),
+        (3, "ghost-b/2|1|1000|x"),
     ] {
         let mut set = redis::cmd("SET");
         set.arg("redcron:{split}:lease")
@@ -417,7 +418,7 @@ async fn split_votes_converge_on_one_winner() {
             .map(|i| {
                 let store = Arc::clone(&store);
                 tokio::spawn(
-                    async move { store.claim(&format!("w{i}"), request("split", tick)).await },
+                    async move { store.claim(&request(&format!("w{i}"), "split", tick)).await },
                 )
             })
             .collect();
@@ -449,7 +450,7 @@ async fn node_restarted_empty_keeps_tokens_increasing() {
     warm(&store).await;
     let mut last = 0;
     for (round, tick) in (1..=6).map(|i| i * 60_000).enumerate() {
-        let lease = won(store.claim("w", request("restart", tick)).await);
+        let lease = won(store.claim(&request("w", "restart", tick)).await);
         assert!(lease.token > last, "token {} after {last}", lease.token);
         last = lease.token;
         store.release(&lease).await;
@@ -458,7 +459,7 @@ async fn node_restarted_empty_keeps_tokens_increasing() {
     // After every node was restarted once, all five answer again: stop two and claims still succeed.
     cluster.stop(0);
     cluster.stop(1);
-    won(store.claim("w", request("restart", 10_000_000)).await);
+    won(store.claim(&request("w", "restart", 10_000_000)).await);
     cluster.cont(0);
     cluster.cont(1);
 }
@@ -473,7 +474,7 @@ async fn claims_survive_restarts_with_required_persistence() {
         .start();
     let store = store(&cluster, settings(2_000));
     warm(&store).await;
-    let a = won(store.claim("a", request("durable", 1_000)).await);
+    let a = won(store.claim(&request("a", "durable", 1_000)).await);
     store.release(&a).await;
     for node in 0..3 {
         cluster.kill(node);
@@ -482,10 +483,10 @@ async fn claims_survive_restarts_with_required_persistence() {
     let store = store_for(&cluster);
     warm(&store).await;
     assert!(matches!(
-        store.claim("b", request("durable", 1_000)).await,
-        ClaimOutcome::AlreadyClaimed
+        store.claim(&request("b", "durable", 1_000)).await,
+        ClaimOutcome::AlreadyClaimed { .. }
     ));
-    let b = won(store.claim("b", request("durable", 1_001)).await);
+    let b = won(store.claim(&request("b", "durable", 1_001)).await);
     assert!(b.token > a.token);
 }
 
@@ -514,11 +515,11 @@ async fn claims_work_over_tls() {
     let cluster = RedisCluster::builder().nodes(3).tls(true).start();
     let store = store(&cluster, settings(2_000));
     warm(&store).await;
-    let mut lease = won(store.claim("w", request("tls", 1_000)).await);
+    let mut lease = won(store.claim(&request("w", "tls", 1_000)).await);
     store.renew(&mut lease).await.expect("renew over TLS");
     store.release(&lease).await;
     assert!(matches!(
-        store.claim("w", request("tls", 1_000)).await,
-        ClaimOutcome::AlreadyClaimed
+        store.claim(&request("w", "tls", 1_000)).await,
+        ClaimOutcome::AlreadyClaimed { .. }
     ));
 }

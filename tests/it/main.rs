@@ -3,6 +3,7 @@
 
 mod bench_smoke;
 mod chaos;
+mod claims;
 mod cli;
 mod config;
 mod deploy;

@@ -1,58 +1,63 @@
-//! The two rounds of a claim, and what a lost attempt means.
+//! One attempt at a batch of claims: the two rounds, and what an attempt that was not granted means.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use super::reply::{parse_round1, parse_status, Round1};
+use super::reply::{parse_round1, parse_round2, Round1, Round2};
 use super::round::evalsha;
-use super::{claim_keys, token_floor, Attempt, RedisStore, Retry, Try};
+use super::{Attempt, RedisStore, Retry, Try};
+use crate::clock::boot::BootInstant;
+use crate::lock::keys::{attempt_value, claim_keys, token_floor, Holder};
 use crate::lock::quorum::{quorum, Vote};
 use crate::lock::{scripts, validity, ClaimOutcome, ClaimRequest, Lease, QuorumFailure};
 
 impl RedisStore {
     /// One attempt at every request of the batch: round 1, then round 2 for those that reached a majority.
-    pub(super) async fn attempt(&self, worker_id: &str, tries: &[Try<'_>]) -> Vec<Attempt> {
+    pub(super) async fn attempt(&self, tries: &[Try<'_>]) -> Vec<Attempt> {
         let settings = &self.settings;
         let ttl_ms = settings.ttl.as_millis().to_string();
         let requests: Vec<&ClaimRequest> = tries.iter().map(|t| t.request).collect();
         let values: Vec<String> = tries
             .iter()
             .map(|t| {
-                t.value
-                    .clone()
-                    .unwrap_or_else(|| format!("{worker_id}/{}", uuid::Uuid::new_v4()))
+                t.value.clone().unwrap_or_else(|| {
+                    attempt_value(&t.request.claimant, t.request.tick, &t.request.fingerprint)
+                })
             })
             .collect();
         let keys: Vec<[String; 3]> = requests
             .iter()
             .map(|r| claim_keys(&settings.key_prefix, &r.job, r.tick, r.overlap))
             .collect();
+        let ticks: Vec<String> = requests
+            .iter()
+            .map(|r| r.tick.as_millis().to_string())
+            .collect();
 
         // The stopwatch starts before the first SET can reach any node, so the validity computed from it
         // never outlives the keys.
-        let start = Instant::now();
+        let start = BootInstant::now();
         let mut pipeline = redis::pipe();
-        for ((request, keys), value) in requests.iter().zip(&keys).zip(&values) {
+        for (index, request) in requests.iter().enumerate() {
             pipeline.add_command(evalsha(
                 &scripts::ACQUIRE,
-                keys,
-                &[value, &ttl_ms, &request.tick.as_millis().to_string()],
+                &keys[index],
+                &[&values[index], &ttl_ms, &ticks[index], &request.claimant],
             ));
         }
-        let answers = self.round(
-            &pipeline,
-            batch_budget(settings.node_timeout, tries.len()),
-            parse_round1,
-            Round1::Failed,
-            |answer| match answer {
-                Round1::Ok { .. } => Vote::Granted,
-                Round1::Failed(why) => Vote::Failed(why.clone()),
-                Round1::Claimed | Round1::Busy { .. } => Vote::Refused,
-            },
-        );
-        let answers = answers.await;
+        let answers = self
+            .round(
+                &pipeline,
+                batch_budget(settings.node_timeout, tries.len()),
+                parse_round1,
+                Round1::Failed,
+                |answer| match answer {
+                    Round1::Ok { .. } => Vote::Granted,
+                    Round1::Failed(why) => Vote::Failed(why.clone()),
+                    Round1::Claimed(_) | Round1::Busy { .. } => Vote::Refused,
+                },
+            )
+            .await;
 
         // Round 2 for the requests that reached a majority, while their validity lasts.
         let drift = validity::drift(settings.ttl, settings.drift_factor);
@@ -60,64 +65,61 @@ impl RedisStore {
         let mut results: Vec<Option<Attempt>> = requests.iter().map(|_| None).collect();
         let mut confirming = Vec::new();
         for (index, node_answers) in answers.iter().enumerate() {
-            let granted = node_answers
-                .iter()
-                .filter(|(_, a)| matches!(a, Round1::Ok { .. }))
-                .count();
-            if granted >= quorum(self.nodes.len())
-                && validity::validity(settings.ttl, start.elapsed(), settings.drift_factor)
-                    .is_some()
-            {
-                let highest = node_answers
-                    .iter()
-                    .filter_map(|(_, a)| match a {
-                        Round1::Ok { fence } => Some(*fence),
-                        _ => None,
-                    })
-                    .max()
-                    .unwrap_or(0);
+            let fences = node_answers.iter().filter_map(|(_, a)| match a {
+                Round1::Ok { fence } => Some(*fence),
+                _ => None,
+            });
+            let granted = fences.clone().count();
+            let in_time =
+                validity::validity(settings.ttl, start.elapsed(), settings.drift_factor).is_some();
+            if granted >= quorum(self.nodes.len()) && in_time {
+                let highest = fences.max().unwrap_or(0);
                 let token = highest
                     .saturating_add(1)
                     .max(token_floor(requests[index].tick));
                 confirming.push((index, token));
             } else {
                 results[index] =
-                    Some(self.lost_in_round1(node_answers, &values[index], tries[index].may_keep));
+                    Some(self.lost_in_round1(node_answers, &tries[index], &values[index]));
             }
         }
         if !confirming.is_empty() {
             let mut pipeline = redis::pipe();
             for &(index, token) in &confirming {
-                let tick = requests[index].tick.as_millis().to_string();
                 pipeline.add_command(evalsha(
                     &scripts::CONFIRM,
                     &keys[index],
-                    &[&values[index], &token.to_string(), &tick],
+                    &[
+                        &values[index],
+                        &token.to_string(),
+                        &ticks[index],
+                        &requests[index].claimant,
+                    ],
                 ));
             }
             let budget = deadline
-                .saturating_duration_since(Instant::now())
+                .remaining()
                 .min(batch_budget(settings.node_timeout, confirming.len()));
             let confirmed = self
                 .round(
                     &pipeline,
                     budget,
-                    parse_status,
-                    Err,
-                    |answer| match answer.as_deref() {
-                        Ok("ok") => Vote::Granted,
-                        Ok(_) => Vote::Refused,
-                        Err(why) => Vote::Failed(why.clone()),
+                    parse_round2,
+                    Round2::Failed,
+                    |answer| match answer {
+                        Round2::Ok => Vote::Granted,
+                        Round2::Lost | Round2::Claimed(_) => Vote::Refused,
+                        Round2::Failed(why) => Vote::Failed(why.clone()),
                     },
                 )
                 .await;
             for ((index, token), node_answers) in confirming.into_iter().zip(confirmed) {
                 let granted = node_answers
                     .iter()
-                    .filter(|(_, a)| a.as_deref() == Ok("ok"))
+                    .filter(|(_, a)| matches!(a, Round2::Ok))
                     .count();
                 results[index] = Some(
-                    if granted >= quorum(self.nodes.len()) && Instant::now() < deadline {
+                    if granted >= quorum(self.nodes.len()) && BootInstant::now() < deadline {
                         Attempt::Won(Lease::new(
                             requests[index],
                             token,
@@ -132,7 +134,9 @@ impl RedisStore {
         }
 
         // Undo every attempt that was not granted, on every node (also those that did not answer in time
-        // and may still apply our SET): compare-and-delete touches only our own value.
+        // and may still apply our SET): compare-and-delete touches only this attempt's value, so it can
+        // never delete a later attempt of the same claimant. A claim record this attempt confirmed stays:
+        // it is ours, and a retry of the same request goes on from it.
         let mut undo = redis::pipe();
         let mut any = false;
         for (index, result) in results.iter().enumerate() {
@@ -159,118 +163,156 @@ impl RedisStore {
             .into_iter()
             .map(|r| {
                 r.unwrap_or(Attempt::Lost {
-                    outcome: ClaimOutcome::AlreadyClaimed,
+                    outcome: ClaimOutcome::AlreadyClaimed { by: None },
                     retry: Retry::No,
                 })
             })
             .collect()
     }
 
-    /// Classifies a request that could not reach a majority in round 1.
-    fn lost_in_round1(&self, answers: &[(usize, Round1)], ours: &str, may_keep: bool) -> Attempt {
-        let needed = quorum(self.nodes.len());
-        let claimed = answers
-            .iter()
-            .filter(|(_, a)| matches!(a, Round1::Claimed))
-            .count();
-        let mut holders: HashMap<&str, (usize, i64)> = HashMap::new();
+    /// Classifies a request that could not go on to round 2.
+    ///
+    /// Only what is certain is final: the tick is taken when so many nodes answered `claimed` that no
+    /// majority is left for us, and the job is busy when another tick's run holds it on the rest. `claimed`
+    /// answers from fewer nodes are leftovers of an attempt that may never have been granted (a contender
+    /// that crashed during its round 2): they do not make the tick taken. A contender of the same tick
+    /// holding the lease is waited out: it confirms, gives up, or its lease expires.
+    fn lost_in_round1(
+        &self,
+        answers: &[(usize, Round1)],
+        attempt: &Try<'_>,
+        ours: &str,
+    ) -> Attempt {
+        let configured = self.nodes.len();
+        let spare = configured - quorum(configured);
+        let tick = attempt.request.tick;
+        let mut claimed: Vec<Option<&Holder>> = Vec::new();
+        // value → (nodes, smallest pttl) for same-tick contenders, and the other ticks' holders.
+        let mut contenders: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
+        let mut others: Vec<(Holder, i64)> = Vec::new();
         for (_, answer) in answers {
-            if let Round1::Busy { holder, pttl_ms } = answer {
-                let entry = holders.entry(holder.as_str()).or_insert((0, *pttl_ms));
-                entry.0 += 1;
+            match answer {
+                Round1::Claimed(by) => claimed.push(by.as_ref()),
+                Round1::Busy { value, pttl_ms } => {
+                    let holder = Holder::from_value(value);
+                    if holder.tick == Some(tick) {
+                        let entry = contenders.entry(value.as_str()).or_insert((0, *pttl_ms));
+                        entry.0 += 1;
+                        entry.1 = entry.1.min(*pttl_ms);
+                    } else {
+                        others.push((holder, *pttl_ms));
+                    }
+                }
+                Round1::Ok { .. } | Round1::Failed(_) => {}
             }
         }
-        let busy: usize = holders.values().map(|(count, _)| count).sum();
-        let top = holders
-            .iter()
-            .max_by_key(|(_, (count, _))| *count)
-            .map(|(h, (c, ttl))| (*h, *c, *ttl));
-        let busy_outcome = |(holder, _, pttl): (&str, usize, i64)| ClaimOutcome::Busy {
-            holder: Some(
-                holder
-                    .rsplit_once('/')
-                    .map_or(holder, |(worker, _)| worker)
-                    .to_string(),
-            ),
-            ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-        };
-        if claimed > 0 && claimed + busy >= needed {
-            // Someone confirmed this tick (or a later one) on a node, and the rest are held: it is taken.
+        if claimed.len() > spare {
+            let by = claimed.into_iter().flatten().next().cloned();
             return Attempt::Lost {
-                outcome: ClaimOutcome::AlreadyClaimed,
+                outcome: ClaimOutcome::AlreadyClaimed { by },
                 retry: Retry::No,
             };
         }
-        if let Some(top) = top {
-            if top.1 + claimed >= needed {
-                // Another holder has a majority but has not confirmed our tick (a node answers `busy`
-                // only while its claim is below our tick). It is either a contender between its two
-                // rounds — which may still fail — or the previous run holding the job. Looking again
-                // after the delay tells which: `claimed`, a free lease, or `busy` once more.
+        if !others.is_empty() && others.len() + claimed.len() > spare {
+            let (holder, pttl) = others.swap_remove(0);
+            return Attempt::Lost {
+                outcome: ClaimOutcome::Busy {
+                    holder: Some(holder),
+                    ttl: pttl_duration(pttl),
+                },
+                retry: Retry::No,
+            };
+        }
+        let granted = answers
+            .iter()
+            .filter(|(_, a)| matches!(a, Round1::Ok { .. }))
+            .count();
+        // The leading contender: the value with the most nodes, ties to the smallest value (a BTreeMap
+        // iterates in value order and `max_by_key` keeps the last maximum, hence the reversal).
+        if let Some((&top, &(count, pttl))) =
+            contenders.iter().rev().max_by_key(|(_, (count, _))| *count)
+        {
+            let holder = Some(Holder::from_value(top));
+            if count >= quorum(configured) {
+                // It holds a majority: it is between its rounds (and confirms in a moment, which we then see
+                // as `claimed`), or it crashed there (and its lease expires). Look again after the delay,
+                // and once our tries are spent, tell the caller when its lease frees the first node.
+                let retry_in = pttl_duration(pttl)
+                    .unwrap_or(self.settings.retry_delay)
+                    .max(self.settings.retry_delay);
                 return Attempt::Lost {
-                    outcome: busy_outcome(top),
+                    outcome: ClaimOutcome::Contended { holder, retry_in },
                     retry: Retry::Later,
                 };
             }
-            // A split vote. The leader is the value with the most nodes, ties to the smallest value:
-            // every contender sees the same holders on the same nodes, so they agree on the leader.
-            let granted = answers
-                .iter()
-                .filter(|(_, a)| matches!(a, Round1::Ok { .. }))
-                .count();
-            let leads = holders.iter().all(|(holder, (count, _))| {
-                granted > *count || (granted == *count && ours < *holder)
+            // A split vote. Every contender sees the same holders on the same nodes, so they agree on the
+            // leader, which keeps its keys and retries soon while the others undo and retry later.
+            let leads = contenders.iter().all(|(value, (count, _))| {
+                granted > *count || (granted == *count && ours < *value)
             });
-            let retry = if leads && may_keep {
+            let retry = if leads && attempt.may_keep {
                 Retry::Soon(ours.to_string())
             } else {
                 Retry::Later
             };
             return Attempt::Lost {
-                outcome: busy_outcome(top),
+                outcome: ClaimOutcome::Contended {
+                    holder,
+                    retry_in: self.settings.retry_delay,
+                },
                 retry,
             };
         }
-        let failure = self.quorum_failure(
-            answers.iter().filter_map(|(node, a)| match a {
+        let failed: Vec<(usize, String)> = answers
+            .iter()
+            .filter_map(|(node, a)| match a {
                 Round1::Failed(why) => Some((*node, why.clone())),
                 _ => None,
-            }),
-            answers
-                .iter()
-                .filter(|(_, a)| matches!(a, Round1::Ok { .. }))
-                .count(),
-            answers.iter().map(|(node, _)| *node),
-        );
-        if claimed > 0 {
-            return Attempt::Lost {
-                outcome: ClaimOutcome::AlreadyClaimed,
-                retry: Retry::No,
-            };
+            })
+            .collect();
+        let slow = granted >= quorum(configured);
+        let mut failure =
+            self.quorum_failure(failed.into_iter(), granted, answers.iter().map(|(n, _)| *n));
+        if slow {
+            // A majority granted, but only after the lease's validity was spent (a stalled node, a paused
+            // process): the same claimant tries again.
+            failure.failures.push((
+                "round 1".to_string(),
+                "took longer than the lease's validity".to_string(),
+            ));
         }
-        // Too many nodes failed: retrying within this tick would only add the same timeouts again.
         Attempt::Lost {
             outcome: ClaimOutcome::NoQuorum(failure),
-            retry: Retry::No,
+            retry: if slow { Retry::Later } else { Retry::No },
         }
     }
 
     /// Classifies a request that reached a majority in round 1 but not in round 2.
-    fn lost_in_round2(
-        &self,
-        answers: &[(usize, Result<String, String>)],
-        granted: usize,
-    ) -> Attempt {
-        if answers.iter().any(|(_, a)| a.as_deref() == Ok("claimed")) {
+    ///
+    /// Unless so many nodes answered `claimed` that no majority is left, the outcome is ambiguous (answers
+    /// lost or late, our lease expired on a node): the same claimant tries again, and finds its own
+    /// confirmations as its own.
+    fn lost_in_round2(&self, answers: &[(usize, Round2)], granted: usize) -> Attempt {
+        let configured = self.nodes.len();
+        let claimed: Vec<Option<&Holder>> = answers
+            .iter()
+            .filter_map(|(_, a)| match a {
+                Round2::Claimed(by) => Some(by.as_ref()),
+                _ => None,
+            })
+            .collect();
+        if claimed.len() > configured - quorum(configured) {
+            let by = claimed.into_iter().flatten().next().cloned();
             return Attempt::Lost {
-                outcome: ClaimOutcome::AlreadyClaimed,
+                outcome: ClaimOutcome::AlreadyClaimed { by },
                 retry: Retry::No,
             };
         }
         let failures = answers.iter().filter_map(|(node, answer)| match answer {
-            Ok(status) if status == "ok" => None,
-            Ok(status) => Some((*node, format!("lease {status} before confirmation"))),
-            Err(why) => Some((*node, why.clone())),
+            Round2::Ok => None,
+            Round2::Lost => Some((*node, "lease lost before confirmation".to_string())),
+            Round2::Claimed(_) => Some((*node, "claimed by another claimant".to_string())),
+            Round2::Failed(why) => Some((*node, why.clone())),
         });
         let failure = self.quorum_failure(failures, granted, answers.iter().map(|(node, _)| *node));
         Attempt::Lost {
@@ -303,6 +345,11 @@ impl RedisStore {
                 .collect(),
         }
     }
+}
+
+/// A node's `PTTL` answer as a duration (`None` for "no TTL" or "no key").
+fn pttl_duration(pttl_ms: i64) -> Option<Duration> {
+    u64::try_from(pttl_ms).ok().map(Duration::from_millis)
 }
 
 /// How long a node may take to answer a pipeline of `commands` scripts: `node_timeout` for the round trip,

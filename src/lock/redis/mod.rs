@@ -3,12 +3,13 @@
 //! A claim of `(job, tick)` takes two rounds, each sent to every node in parallel as one pipeline that
 //! carries all the claims due at that instant:
 //!
-//! 1. [`scripts::ACQUIRE`]: take the lease unless the tick is claimed or the lease is held; learn each
-//!    node's fence counter. A majority of `ok` answers lets the claim go on, with the fencing token
-//!    `max(highest fence seen + 1, token_floor(tick))`.
+//! 1. [`scripts::ACQUIRE`]: take the lease unless another claimant confirmed the tick or holds the lease;
+//!    learn each node's fence counter. A majority of `ok` answers lets the claim go on, with the fencing
+//!    token `max(highest fence seen + 1, token_floor(tick))`.
 //! 2. [`scripts::CONFIRM`]: on each node where our lease value still holds, raise the fence counter to the
-//!    token and record the tick as claimed. The claim is granted only when a majority confirms before the
-//!    lease's validity (`ttl − elapsed − drift`, measured on the monotonic clock from before round 1) ends.
+//!    token and record the tick as confirmed by this claimant. The claim is granted only when a majority
+//!    confirms before the lease's validity (`ttl − elapsed − drift`, measured on the boot clock from before
+//!    round 1) ends.
 //!
 //! Every round returns as soon as its outcome is known — a majority agreed, or a majority can no longer
 //! agree — and never waits for a slow or hung node longer than `node_timeout`. The safety argument is in
@@ -29,12 +30,14 @@ use tokio::time::Instant;
 
 use self::reply::{parse_integer, parse_set};
 use self::round::evalsha;
+use super::keys::{attempt_value, claim_keys, lease_key};
 use super::node::Node;
 use super::quorum::{quorum, Vote};
 use super::{
-    scripts, validity, ClaimOutcome, ClaimRequest, FencingToken, Lease, LockSettings, Overlap,
-    RenewError, StoreError,
+    scripts, validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError,
+    StoreError,
 };
+use crate::clock::boot::BootInstant;
 use crate::schedule::Tick;
 
 /// Leases, claims and fencing tokens on a majority of N independent Redis nodes.
@@ -43,41 +46,10 @@ pub struct RedisStore {
     nodes: Arc<Vec<Node>>,
 }
 
-/// The lowest token a lease of `tick` may carry: the tick in milliseconds × 1000.
-///
-/// Tokens of later ticks therefore start above every token a job can have reached at an earlier tick
-/// (it would take 1000 confirmed attempts within one millisecond of schedule to catch up), which keeps
-/// tokens increasing even if a node forgets its fence counter. Below 2^53 (exact in Lua) until the year
-/// 2255.
-pub fn token_floor(tick: Tick) -> FencingToken {
-    u64::try_from(tick.as_millis())
-        .unwrap_or(0)
-        .saturating_mul(1000)
-}
-
-/// The three keys of one claim on every node: lease, fence counter, tick claim.
-pub(crate) fn claim_keys(prefix: &str, job: &str, tick: Tick, overlap: Overlap) -> [String; 3] {
-    let lease = match overlap {
-        Overlap::Skip => format!("{prefix}:{{{job}}}:lease"),
-        Overlap::Allow => format!("{prefix}:{{{job}}}:lease:{}", tick.as_millis()),
-    };
-    [
-        lease,
-        format!("{prefix}:{{{job}}}:fence"),
-        format!("{prefix}:{{{job}}}:claim"),
-    ]
-}
-
-/// The lease key of a granted lease (the first of its [`claim_keys`]).
-pub(crate) fn lease_key(prefix: &str, lease: &Lease) -> String {
-    let [key, _, _] = claim_keys(prefix, &lease.job, lease.tick, lease.overlap);
-    key
-}
-
 /// One request in one attempt.
 struct Try<'a> {
     request: &'a ClaimRequest,
-    /// The value kept from the previous attempt (we led a split vote), or `None` for a fresh one.
+    /// The lease value kept from the previous attempt (we led a split vote), or `None` for a new attempt.
     value: Option<String>,
     /// Whether this attempt may keep its keys for a retry (it has attempts left).
     may_keep: bool,
@@ -96,9 +68,11 @@ enum Attempt {
 /// Whether, and how, a lost attempt is tried again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Retry {
-    /// The outcome is final (the tick is taken, or too many nodes failed).
+    /// Not within this call: the outcome is final, or (too many nodes failed) only worth retrying after
+    /// a backoff that the caller chooses.
     No,
-    /// A split vote that another contender leads: undo, and retry after the delay plus jitter.
+    /// A split vote that another contender leads, a contender between its rounds, or an ambiguous round 2:
+    /// undo, and retry after the delay plus jitter.
     Later,
     /// A split vote that we lead: keep our keys (this value) and retry soon.
     Soon(String),
@@ -136,17 +110,14 @@ impl RedisStore {
         &self.settings
     }
 
-    /// Claims every request, retrying split votes; see [`super::LockStore::claim_many`].
+    /// Claims every request, retrying split votes and ambiguous rounds up to `retries` more times; see
+    /// [`super::LockStore::claim_many`].
     ///
     /// A split vote (no holder with a majority) is broken in two ways. The contender with the most votes
     /// (ties to the smallest value, which every contender sees alike) keeps its keys and retries soon, so
     /// it picks up the nodes the others free; the others undo and retry after `retry_delay` plus random
     /// jitter, by which time they usually find the leader holding a majority and stop.
-    pub async fn claim_many(
-        &self,
-        worker_id: &str,
-        requests: &[ClaimRequest],
-    ) -> Vec<ClaimOutcome> {
+    pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
         // Per pending request: when it may go again, how many attempts are left, and a value it kept.
         let mut pending: Vec<(usize, Instant, u32, Option<String>)> = (0..requests.len())
@@ -173,7 +144,7 @@ impl RedisStore {
                     may_keep: *left > 0,
                 })
                 .collect();
-            let results = self.attempt(worker_id, &batch).await;
+            let results = self.attempt(&batch).await;
             // One retry time per kind for the whole batch, so that its retries travel together again (one
             // round trip per node) instead of one by one at scattered instants. The random jitter breaks
             // the symmetry between contenders; it need not differ between the jobs of one contender.
@@ -201,7 +172,7 @@ impl RedisStore {
         }
         outcomes
             .into_iter()
-            .map(|outcome| outcome.unwrap_or(ClaimOutcome::AlreadyClaimed))
+            .map(|outcome| outcome.unwrap_or(ClaimOutcome::AlreadyClaimed { by: None }))
             .collect()
     }
 
@@ -211,19 +182,15 @@ impl RedisStore {
     /// For callers that need mutual exclusion only; the worker always claims ticks with
     /// [`RedisStore::claim_many`].
     pub async fn acquire_lease(&self, worker_id: &str, resource: &str) -> ClaimOutcome {
-        let request = ClaimRequest {
-            job: resource.to_string(),
-            tick: Tick(0),
-            overlap: Overlap::Skip,
-        };
+        let request = ClaimRequest::new(worker_id, resource, Tick(0), Overlap::Skip, "");
         let [key, _, _] = claim_keys(
             &self.settings.key_prefix,
             resource,
             request.tick,
             request.overlap,
         );
-        let value = format!("{worker_id}/{}", uuid::Uuid::new_v4());
-        let start = Instant::now();
+        let value = attempt_value(&request.claimant, request.tick, "");
+        let start = BootInstant::now();
         let mut pipeline = redis::pipe();
         pipeline
             .cmd("SET")
@@ -285,7 +252,7 @@ impl RedisStore {
         if lease.is_lost() {
             return Err(RenewError::AlreadyLost);
         }
-        let start = Instant::now();
+        let start = BootInstant::now();
         if start >= lease.deadline() {
             lease.mark_lost();
             return Err(RenewError::Expired);
@@ -325,7 +292,7 @@ impl RedisStore {
             .count();
         let needed = quorum(self.nodes.len());
         if granted >= needed {
-            if Instant::now() >= lease.deadline() {
+            if BootInstant::now() >= lease.deadline() {
                 lease.mark_lost();
                 return Err(RenewError::Expired);
             }
@@ -342,7 +309,7 @@ impl RedisStore {
             granted,
             answers.iter().map(|(node, _)| *node),
         );
-        if refused > self.nodes.len() - needed || Instant::now() >= lease.deadline() {
+        if refused > self.nodes.len() - needed || BootInstant::now() >= lease.deadline() {
             // A majority answered that our value is gone (or the deadline passed): the lease cannot be
             // held by us on a majority any more. It stays lost.
             lease.mark_lost();

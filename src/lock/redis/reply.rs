@@ -2,12 +2,32 @@
 
 use redis::Value;
 
+use crate::lock::keys::Holder;
+
 /// What one node answered to round 1 of one claim.
 #[derive(Debug)]
 pub(super) enum Round1 {
-    Ok { fence: u64 },
-    Claimed,
-    Busy { holder: String, pttl_ms: i64 },
+    Ok {
+        fence: u64,
+    },
+    /// Another claimant confirmed this tick or a later one here (`None`: a record that names nobody).
+    Claimed(Option<Holder>),
+    /// Another claimant's attempt holds the lease here: its value, and what remains of its TTL.
+    Busy {
+        value: String,
+        pttl_ms: i64,
+    },
+    Failed(String),
+}
+
+/// What one node answered to round 2 of one claim.
+#[derive(Debug)]
+pub(super) enum Round2 {
+    Ok,
+    /// Our lease is not held here any more.
+    Lost,
+    /// Another claimant confirmed this tick or a later one here.
+    Claimed(Option<Holder>),
     Failed(String),
 }
 
@@ -28,35 +48,49 @@ fn server_error(value: &Value) -> Option<String> {
     }
 }
 
-/// Parses round 1's `{"ok", fence}` / `{"claimed", claim}` / `{"busy", holder, pttl}`.
-pub(super) fn parse_round1(value: Value) -> Round1 {
+/// The fields of an array reply, as text; a server error or another shape is a failure.
+fn fields(value: Value) -> Result<Vec<String>, String> {
     if let Some(error) = server_error(&value) {
-        return Round1::Failed(error);
+        return Err(error);
     }
-    let Value::Array(items) = value else {
-        return Round1::Failed(format!("unexpected reply {value:?}"));
+    match value {
+        Value::Array(items) => Ok(items.iter().filter_map(text).collect()),
+        other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// Parses round 1's `{"ok", fence}` / `{"claimed", record}` / `{"busy", holder, pttl}`.
+pub(super) fn parse_round1(value: Value) -> Round1 {
+    let fields = match fields(value) {
+        Ok(fields) => fields,
+        Err(why) => return Round1::Failed(why),
     };
-    let fields: Vec<String> = items.iter().filter_map(text).collect();
     match fields.as_slice() {
         [status, fence] if status == "ok" => match fence.parse() {
             Ok(fence) => Round1::Ok { fence },
             Err(_) => Round1::Failed(format!("bad fence counter {fence:?}")),
         },
-        [status, _] if status == "claimed" => Round1::Claimed,
+        [status, record] if status == "claimed" => Round1::Claimed(Holder::from_record(record)),
         [status, holder, pttl] if status == "busy" => Round1::Busy {
-            holder: holder.clone(),
+            value: holder.clone(),
             pttl_ms: pttl.parse().unwrap_or(-1),
         },
         _ => Round1::Failed(format!("unexpected reply {fields:?}")),
     }
 }
 
-/// Parses a status string (`"ok"`, `"lost"`, `"claimed"`).
-pub(super) fn parse_status(value: Value) -> Result<String, String> {
-    if let Some(error) = server_error(&value) {
-        return Err(error);
+/// Parses round 2's `{"ok"}` / `{"lost"}` / `{"claimed", record}`.
+pub(super) fn parse_round2(value: Value) -> Round2 {
+    let fields = match fields(value) {
+        Ok(fields) => fields,
+        Err(why) => return Round2::Failed(why),
+    };
+    match fields.as_slice() {
+        [status] if status == "ok" => Round2::Ok,
+        [status] if status == "lost" => Round2::Lost,
+        [status, record] if status == "claimed" => Round2::Claimed(Holder::from_record(record)),
+        _ => Round2::Failed(format!("unexpected reply {fields:?}")),
     }
-    text(&value).ok_or_else(|| format!("unexpected reply {value:?}"))
 }
 
 /// Parses the reply to `SET … NX`: `OK` when set, nil when the key exists.

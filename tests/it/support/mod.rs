@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 mod children;
+mod delay_proxy;
 mod redis;
 mod selftest;
 mod worker;
@@ -17,6 +18,8 @@ mod worker;
 use std::path::{Path, PathBuf};
 
 // The builders are named by tests that store them, not only chained.
+#[allow(unused_imports)]
+pub use self::delay_proxy::DelayProxy;
 #[allow(unused_imports)]
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
 #[allow(unused_imports)]

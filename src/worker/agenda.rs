@@ -1,0 +1,198 @@
+//! The agenda: which ticks of which jobs are due, and which of them a worker races.
+//!
+//! Pure logic on a given `now` (no clock, no I/O), so the rules — the first tick after a start, what a late
+//! worker races, superseded and misfired ticks — are unit-tested with fixed times.
+
+use std::collections::BTreeMap;
+
+use chrono::Utc;
+use tracing::warn;
+
+use crate::config::JobConfig;
+use crate::lock::Overlap;
+use crate::schedule::Tick;
+
+/// The next tick of every job, ordered by time.
+pub(super) struct Agenda<'a> {
+    jobs: &'a [JobConfig],
+    /// tick → indexes of the jobs due then.
+    due: BTreeMap<Tick, Vec<usize>>,
+}
+
+impl<'a> Agenda<'a> {
+    /// Each job's first tick: the latest one within its misfire grace (a worker that comes up late still
+    /// races for it; the claim stops it if someone ran it), or else the next one.
+    ///
+    /// With the embedded store (`remember_claims == false`) there is nobody to ask whether an earlier
+    /// process already ran a recent tick, so only ticks from now on are raced: at most once, even across
+    /// restarts.
+    pub(super) fn new(
+        jobs: &'a [JobConfig],
+        now: chrono::DateTime<Utc>,
+        remember_claims: bool,
+    ) -> Agenda<'a> {
+        let mut agenda = Agenda {
+            jobs,
+            due: BTreeMap::new(),
+        };
+        let now_tick = Tick(now.timestamp_millis());
+        for (index, job) in jobs.iter().enumerate() {
+            let grace = if remember_claims {
+                chrono::Duration::from_std(job.misfire_grace).unwrap_or_default()
+            } else {
+                chrono::Duration::zero()
+            };
+            let mut first = job
+                .schedule
+                .next_after(now - grace - chrono::Duration::milliseconds(1));
+            // Of several ticks within the grace, only the latest is raced with `overlap: skip` (the job
+            // runs once at a time anyway); with `overlap: allow` every one is (see `take_due`).
+            while let Some(tick) = first.filter(|_| job.overlap == Overlap::Skip) {
+                match job.schedule.next_after(tick.to_utc()) {
+                    Some(next) if next <= now_tick => first = Some(next),
+                    _ => break,
+                }
+            }
+            if let Some(tick) = first {
+                agenda.due.entry(tick).or_default().push(index);
+            }
+        }
+        agenda
+    }
+
+    pub(super) fn next_tick(&self) -> Option<Tick> {
+        self.due.keys().next().copied()
+    }
+
+    /// Removes and returns the ticks due at `now`, and schedules each job's next tick.
+    ///
+    /// When a job has several ticks due (the worker was paused, or started late), those past the misfire
+    /// grace are logged as skipped; of the others, a job with `overlap: allow` races every one, and a job
+    /// with `overlap: skip` only the latest — as cron does after a missed run — logging the older ones as
+    /// superseded.
+    pub(super) fn take_due(&mut self, now: chrono::DateTime<Utc>) -> Vec<(usize, Tick)> {
+        let now_tick = Tick(now.timestamp_millis());
+        let mut taken = Vec::new();
+        while let Some(entry) = self.due.first_entry() {
+            if *entry.key() > now_tick {
+                break;
+            }
+            let (tick, indexes) = entry.remove_entry();
+            for index in indexes {
+                let job = &self.jobs[index];
+                let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
+                let mut due = vec![tick];
+                let mut next = job.schedule.next_after(tick.to_utc());
+                while let Some(candidate) = next.filter(|t| *t <= now_tick) {
+                    due.push(candidate);
+                    next = job.schedule.next_after(candidate.to_utc());
+                }
+                // Ticks past the grace are never raced; of the rest, `overlap: allow` races every one (each is
+                // a run of its own: superseding a tick still inside its grace would lose it for good if no
+                // other worker raced it), `overlap: skip` only the latest, as cron does after a missed run.
+                let (stale, fresh): (Vec<Tick>, Vec<Tick>) =
+                    due.into_iter().partition(|t| now - t.to_utc() > grace);
+                if let Some(last) = stale.last() {
+                    warn!(event = "tick.skipped", job = %job.name, tick = %last, reason = "misfire",
+                          count = stale.len() as u64, late_ms = (now - last.to_utc()).num_milliseconds(),
+                          "Skipped: the tick is older than the job's misfire grace");
+                }
+                match (job.overlap, fresh.split_last()) {
+                    (_, None) => {}
+                    (Overlap::Allow, Some(_)) => taken.extend(fresh.iter().map(|t| (index, *t))),
+                    (Overlap::Skip, Some((latest, older))) => {
+                        if let Some(first) = older.first() {
+                            warn!(event = "tick.skipped", job = %job.name, tick = %first, reason = "superseded",
+                                  count = older.len() as u64, latest = %latest,
+                                  "Skipped older ticks: the worker was late; racing only the latest");
+                        }
+                        taken.push((index, *latest));
+                    }
+                }
+                if let Some(next) = next {
+                    self.due.entry(next).or_default().push(index);
+                }
+            }
+        }
+        taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use chrono::{DateTime, TimeZone, Utc};
+
+    use super::*;
+    use crate::config::Command;
+    use crate::schedule::Schedule;
+
+    fn job(name: &str, overlap: Overlap, grace_secs: u64) -> JobConfig {
+        JobConfig {
+            name: name.to_string(),
+            schedule: Schedule::parse("* * * * * *", chrono_tz::UTC).expect("valid"),
+            command: Command::Argv(vec!["true".to_string()]),
+            env: BTreeMap::new(),
+            workdir: None,
+            timeout: None,
+            overlap,
+            misfire_grace: Duration::from_secs(grace_secs),
+            enabled: true,
+        }
+    }
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_700_000_000 + secs, 0)
+            .single()
+            .expect("valid")
+    }
+
+    fn tick(secs: i64) -> Tick {
+        Tick(at(secs).timestamp_millis())
+    }
+
+    /// A worker that wakes 3 s late races every tick still inside the grace of an `overlap: allow` job, in
+    /// order — a tick in its grace is never superseded, or it could be lost for good — and only the latest
+    /// of an `overlap: skip` job.
+    #[test]
+    fn a_late_worker_races_every_tick_in_the_grace_of_an_allow_job() {
+        let jobs = [
+            job("allow", Overlap::Allow, 10),
+            job("skip", Overlap::Skip, 10),
+        ];
+        let mut agenda = Agenda::new(&jobs, at(0) + chrono::Duration::milliseconds(500), false);
+        assert_eq!(agenda.next_tick(), Some(tick(1)));
+        let taken = agenda.take_due(at(3) + chrono::Duration::milliseconds(100));
+        assert_eq!(
+            taken,
+            vec![(0, tick(1)), (0, tick(2)), (0, tick(3)), (1, tick(3))]
+        );
+        assert_eq!(agenda.next_tick(), Some(tick(4)));
+    }
+
+    /// Ticks past the grace are never raced, whatever the overlap rule.
+    #[test]
+    fn ticks_past_the_grace_are_not_raced() {
+        let jobs = [job("allow", Overlap::Allow, 2)];
+        let mut agenda = Agenda::new(&jobs, at(0) + chrono::Duration::milliseconds(500), false);
+        let taken = agenda.take_due(at(5) + chrono::Duration::milliseconds(100));
+        assert_eq!(taken, vec![(0, tick(4)), (0, tick(5))]);
+    }
+
+    /// At start, a worker races the ticks within the grace (every one with `allow`, the latest with
+    /// `skip`); with the embedded store, which remembers no claims across restarts, only ticks from now.
+    #[test]
+    fn the_first_ticks_after_a_start() {
+        let jobs = [
+            job("allow", Overlap::Allow, 2),
+            job("skip", Overlap::Skip, 2),
+        ];
+        let mut agenda = Agenda::new(&jobs, at(10) + chrono::Duration::milliseconds(500), true);
+        let taken = agenda.take_due(at(10) + chrono::Duration::milliseconds(500));
+        assert_eq!(taken, vec![(0, tick(9)), (0, tick(10)), (1, tick(10))]);
+        let agenda = Agenda::new(&jobs, at(10) + chrono::Duration::milliseconds(500), false);
+        assert_eq!(agenda.next_tick(), Some(tick(11)));
+    }
+}

@@ -1,0 +1,269 @@
+//! The claim protocol's hard cases, each one a finding of the adversarial review that broke protocol v1
+//! (see `docs/protocol.md`, "What v2 fixes"): workers that disagree on a job's definition, a slow round 2,
+//! and contenders that crashed between or during their rounds. Real `redis-server` nodes throughout; each
+//! test failed on v1.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use redcron::lock::redis::RedisStore;
+use redcron::lock::{scripts, ClaimOutcome, ClaimRequest, Lease, LockSettings, LockStore, Overlap};
+use redcron::schedule::Tick;
+
+use crate::support::{DelayProxy, RedisCluster, TestDir, Worker};
+
+fn settings() -> LockSettings {
+    LockSettings {
+        ttl: Duration::from_millis(3_000),
+        renew_every: Duration::from_millis(1_000),
+        node_timeout: Duration::from_millis(50),
+        retry_delay: Duration::from_millis(30),
+        ..LockSettings::default()
+    }
+}
+
+fn store(urls: &[String]) -> LockStore {
+    LockStore::Redis(RedisStore::new(urls, settings()).expect("valid node URLs"))
+}
+
+/// Waits until every node of a fresh store answers, so that the first claim does not race the connects.
+async fn warm(store: &LockStore) {
+    let _ = store
+        .claim(&ClaimRequest::new(
+            "warm",
+            "warm-up",
+            Tick(1),
+            Overlap::Skip,
+            "w",
+        ))
+        .await;
+}
+
+/// Claims `request` as the worker does: the same request again while the outcome is not final, after the
+/// delay the outcome asks for, for at most `patience`.
+async fn claim_until_final(
+    store: &LockStore,
+    request: &ClaimRequest,
+    patience: Duration,
+) -> ClaimOutcome {
+    let give_up = tokio::time::Instant::now() + patience;
+    loop {
+        let outcome = store.claim(request).await;
+        match outcome.retry_in() {
+            Some(wait) if tokio::time::Instant::now() + wait < give_up => {
+                tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+            }
+            _ => return outcome,
+        }
+    }
+}
+
+fn won(outcome: ClaimOutcome) -> Lease {
+    match outcome {
+        ClaimOutcome::Won(lease) => lease,
+        other => panic!("expected a lease, got {other:?}"),
+    }
+}
+
+/// Finding 1: two workers race every tick with different `overlap` (so different lease keys) and
+/// different definitions of the job: each tick is granted to exactly one of them, and the loser is told
+/// who won, with the winner's fingerprint. (v1 granted most ticks to both, with the same token.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_that_disagree_on_overlap_claim_each_tick_once() {
+    let cluster = RedisCluster::start(5);
+    let (a, b) = (store(&cluster.urls()), store(&cluster.urls()));
+    warm(&a).await;
+    warm(&b).await;
+    let mut other_definition_seen = false;
+    for tick in 1..=30i64 {
+        let skip = ClaimRequest::new("a", "rollout", Tick(tick * 1_000), Overlap::Skip, "old");
+        let allow = ClaimRequest::new("b", "rollout", Tick(tick * 1_000), Overlap::Allow, "new");
+        let patience = Duration::from_secs(5);
+        let (left, right) = tokio::join!(
+            claim_until_final(&a, &skip, patience),
+            claim_until_final(&b, &allow, patience)
+        );
+        let outcomes = [left, right];
+        let winners: Vec<&Lease> = outcomes
+            .iter()
+            .filter_map(|outcome| match outcome {
+                ClaimOutcome::Won(lease) => Some(lease),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(winners.len(), 1, "tick {tick}: {outcomes:?}");
+        for outcome in &outcomes {
+            if let ClaimOutcome::AlreadyClaimed { by: Some(by) } = outcome {
+                other_definition_seen |= by.fingerprint.as_deref() != Some("");
+            }
+        }
+        let lease = winners[0].clone();
+        let winner = if matches!(outcomes[0], ClaimOutcome::Won(_)) {
+            &a
+        } else {
+            &b
+        };
+        winner.release(&lease).await;
+    }
+    assert!(
+        other_definition_seen,
+        "the loser was never told the winner's fingerprint"
+    );
+}
+
+/// Finding 2: round 2 is applied on every node but answered after `node_timeout` (one slow round trip):
+/// the claimant's next attempt finds its own confirmations and wins, and another worker is told the tick
+/// is taken. (v1 lost the tick for good: every node kept `claim = T`, and every attempt was refused.)
+#[tokio::test]
+async fn a_slow_round_two_is_retried_by_the_same_claimant() {
+    let cluster = RedisCluster::start(3);
+    let proxies: Vec<DelayProxy> = (0..3)
+        .map(|node| {
+            DelayProxy::start(
+                cluster.port(node),
+                scripts::CONFIRM.get_hash(),
+                Duration::from_millis(150),
+            )
+        })
+        .collect();
+    let slow = store(&proxies.iter().map(DelayProxy::url).collect::<Vec<_>>());
+    let healthy = store(&cluster.urls());
+    warm(&slow).await;
+    warm(&healthy).await;
+    proxies.iter().for_each(|proxy| proxy.delay_next(1));
+
+    let request = ClaimRequest::new("slow", "report", Tick(5_000), Overlap::Skip, "f");
+    let lease = won(claim_until_final(&slow, &request, Duration::from_secs(10)).await);
+    assert!(
+        proxies.iter().all(|proxy| proxy.delayed() == 1),
+        "every node's first CONFIRM was held back"
+    );
+    let other = ClaimRequest::new("healthy", "report", Tick(5_000), Overlap::Skip, "f");
+    match claim_until_final(&healthy, &other, Duration::from_secs(10)).await {
+        ClaimOutcome::AlreadyClaimed { by: Some(by) } => assert_eq!(by.worker, "slow"),
+        other => panic!("expected the tick to be taken by `slow`, got {other:?}"),
+    }
+    slow.release(&lease).await;
+}
+
+/// The keys a contender leaves when it crashes: its lease value on `lease_nodes` and, if `confirmed_on`
+/// is given, its claim record on that node (a partial round 2).
+fn leave_crashed_contender(
+    cluster: &RedisCluster,
+    tick_ms: i64,
+    lease_nodes: &[usize],
+    confirmed_on: Option<usize>,
+    ttl: Duration,
+) {
+    let value = format!("crashed-worker/0f0f|1|{tick_ms}|old");
+    for &node in lease_nodes {
+        let mut set = redis::cmd("SET");
+        set.arg("redcron:{report}:lease")
+            .arg(&value)
+            .arg("PX")
+            .arg(ttl.as_millis() as u64);
+        cluster.query::<()>(node, &set);
+    }
+    if let Some(node) = confirmed_on {
+        let mut set = redis::cmd("SET");
+        set.arg("redcron:{report}:claim")
+            .arg(format!("{tick_ms} {value}"));
+        cluster.query::<()>(node, &set);
+    }
+}
+
+/// Finding 3: a contender crashed between its rounds and holds the lease on 2 of 3 nodes. The live
+/// worker is told to wait (its lease's remaining TTL), not that the tick is lost, and wins once the lease
+/// expired. (v1 answered `Busy`, final, after ~1 s.)
+#[tokio::test]
+async fn a_contender_that_crashed_between_rounds_is_waited_out() {
+    let cluster = RedisCluster::start(3);
+    let store = store(&cluster.urls());
+    warm(&store).await;
+    leave_crashed_contender(&cluster, 7_000, &[0, 1], None, Duration::from_millis(1_500));
+    let request = ClaimRequest::new("live", "report", Tick(7_000), Overlap::Skip, "f");
+    match store.claim(&request).await {
+        ClaimOutcome::Contended {
+            holder: Some(holder),
+            retry_in,
+        } => {
+            assert_eq!(holder.worker, "crashed-worker");
+            assert!(retry_in <= Duration::from_millis(1_500), "{retry_in:?}");
+        }
+        other => panic!("expected Contended by the crashed worker, got {other:?}"),
+    }
+    let lease = won(claim_until_final(&store, &request, Duration::from_secs(10)).await);
+    store.release(&lease).await;
+}
+
+/// Finding 4: a contender crashed during its round 2 — its claim record on one node of 3, its lease on
+/// another. That tick was never granted, so the live worker must still win it once the lease expired.
+/// (v1 read "claimed + busy ≥ majority" as taken, and the tick never ran.)
+#[tokio::test]
+async fn a_partial_confirmation_of_a_crashed_contender_does_not_take_the_tick() {
+    let cluster = RedisCluster::start(3);
+    let store = store(&cluster.urls());
+    warm(&store).await;
+    leave_crashed_contender(&cluster, 9_000, &[1], Some(0), Duration::from_millis(1_000));
+    let request = ClaimRequest::new("live", "report", Tick(9_000), Overlap::Skip, "f");
+    let lease = won(claim_until_final(&store, &request, Duration::from_secs(10)).await);
+    assert!(lease.token >= 9_000 * 1_000);
+    store.release(&lease).await;
+}
+
+/// Finding 1 end to end: two worker processes run two versions of one job (`overlap: skip` with one
+/// command, `overlap: allow` with another) against the same nodes. Every tick runs once, and the workers
+/// log `job.config_differs`. (v1: 42 duplicate starts in 63 ticks.)
+#[test]
+fn a_rollout_that_changes_overlap_runs_each_tick_once() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let nodes = cluster
+        .urls()
+        .iter()
+        .map(|url| format!("\"{url}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let config = |version: &str, overlap: &str| {
+        format!(
+            "redis:\n  nodes: [{nodes}]\nlock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  \
+             retry_delay: 50ms\njobs:\n  - name: rollout\n    schedule: \"* * * * * *\"\n    overlap: {overlap}\n    \
+             command: 'echo \"$REDCRON_TICK $REDCRON_FENCING_TOKEN {version}\" >> {}'\n",
+            dir.ledger().display()
+        )
+    };
+    let old = dir.write("old.yaml", config("v1", "skip"));
+    let new = dir.write("new.yaml", config("v2", "allow"));
+    let mut workers = [Worker::spawn(&old, &[]), Worker::spawn(&new, &[])];
+    // Whichever loses a tick sees the winner's other fingerprint and warns.
+    let waited = std::time::Instant::now();
+    let differs = loop {
+        let found = workers
+            .iter()
+            .find_map(|worker| worker.events("job.config_differs").into_iter().next());
+        if found.is_some() || waited.elapsed() > Duration::from_secs(30) {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::thread::sleep(Duration::from_secs(6));
+    for worker in &mut workers {
+        worker.signal(libc::SIGTERM);
+        assert!(
+            worker.wait_timeout(Duration::from_secs(20)).is_some(),
+            "worker did not stop"
+        );
+    }
+
+    let mut runs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in dir.ledger_lines() {
+        let mut fields = line.split_whitespace();
+        let tick = fields.next().unwrap_or_default().to_string();
+        runs.entry(tick).or_default().push(line.clone());
+    }
+    assert!(runs.len() >= 5, "too few ticks ran: {runs:?}");
+    let twice: Vec<_> = runs.values().filter(|lines| lines.len() > 1).collect();
+    assert!(twice.is_empty(), "ticks that ran twice: {twice:?}");
+    let differs = differs.expect("a job.config_differs event from one of the workers");
+    assert_eq!(differs["job"], "rollout");
+}
