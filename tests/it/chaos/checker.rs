@@ -1,5 +1,5 @@
-//! The checker: reads the ledger, the timeline of faults and the workers' JSON logs, and decides whether
-//! the run kept redcron's promises.
+//! The checker: reads the ledger, the timeline of faults, the workers' JSON logs and what the lock nodes
+//! wrote (their AOF, see [`super::claims`]), and decides whether the run kept redcron's promises.
 //!
 //! # Rules
 //!
@@ -10,8 +10,10 @@
 //!
 //! The run **fails** on any of:
 //! 1. **A line that is not JSON** in any worker's stdout.
-//! 2. **A duplicate**: two `tick.won` or two `run.started` for one (job, tick) across all workers, or two
-//!    accepted first writes (`start`) for one (job, tick) in the ledger.
+//! 2. **A duplicate**: two `tick.won` or two `run.started` for one (job, tick) across all workers, two
+//!    accepted first writes (`start`) for one (job, tick) in the ledger — whatever config versions the
+//!    workers ran, so also during a rollout that changes `overlap` — or one (job, tick) confirmed on a
+//!    majority of the nodes for two claimants (a double grant, even if one of them never ran it).
 //! 3. **A token order violation**: over all `tick.won` of a job, ordered by tick, tokens do not strictly
 //!    increase (G1 grants ticks in order, G2 makes tokens grow with grants); or the ledger accepted a
 //!    write that its own rule should have refused (replayed here).
@@ -35,6 +37,8 @@
 //! 8. **Renewals never exercised**: no run of the long job outlived the TTL with outcome `success`.
 //! 9. **A tick claimed early**: a `tick.won` that arrived when its worker's clock read more than 0.1 s
 //!    before the tick (away from a step of that clock): workers must sleep until the tick.
+//! 10. **A ghost granted**: a ghost contender's claim (the harness writes it on a minority only) confirmed
+//!     on a majority of the nodes.
 //!
 //! Every rule applies to the whole run, except misses, which are counted over the window.
 
@@ -377,6 +381,7 @@ fn check_job(
         runs: &runs,
         holds: &holds,
         confirms,
+        ttl_ms: input.ttl_ms,
     };
     let started: BTreeSet<i64> = runs
         .iter()

@@ -8,6 +8,10 @@
 //! rules: no tick is confirmed on a majority for two claimants, and a tick nobody ran may be explained by
 //! a grant to a claimant that was killed or paused before it logged `tick.won`.
 //!
+//! Lease writes (`SET <prefix>:{<job>}:lease[:<tick>] <value> PXAT <expiry>`) are read too: a lease of a
+//! contender that died between its rounds blocks the others until that expiry, which is evidence for a
+//! tick nobody could claim in time.
+//!
 //! A claim in the older format (a plain tick) names no claimant; it is kept, but proves nothing about
 //! who. Writes before an AOF rewrite would be lost (a rewrite needs 64 MB; a run writes a few).
 
@@ -16,15 +20,17 @@ use std::path::Path;
 
 use super::plan::NODES;
 
-/// One claim write on one node.
+/// One claim (or lease) write on one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimWrite {
     pub node: usize,
     pub job: String,
-    /// The claimed tick, Unix ms.
+    /// The claimed tick (for a lease, the tick its value names), Unix ms.
     pub tick: i64,
-    /// The lease value the tick was confirmed for; `None` for a plain-number claim.
+    /// The lease value the tick was confirmed for (or the lease's value); `None` for a plain-number claim.
     pub holder: Option<String>,
+    /// For a lease write, when the node expires it (Unix ms); `None` for a claim record.
+    pub lease_expires: Option<i64>,
 }
 
 impl ClaimWrite {
@@ -33,29 +39,39 @@ impl ClaimWrite {
         self.holder.as_deref()?.split('|').next()
     }
 
-    /// As saved in `claims.txt`; [`ClaimWrite::parse`] reads it back.
+    /// As saved in `claims.txt` (`<node> <job> <tick> <lease expiry or -> <holder or ->`);
+    /// [`ClaimWrite::parse`] reads it back.
     pub fn line(&self) -> String {
         format!(
-            "{} {} {} {}",
+            "{} {} {} {} {}",
             self.node,
             self.job,
             self.tick,
+            self.lease_expires
+                .map_or("-".to_string(), |e| e.to_string()),
             self.holder.as_deref().unwrap_or("-")
         )
     }
 
     pub fn parse(line: &str) -> Result<ClaimWrite, String> {
-        let mut fields = line.splitn(4, ' ');
-        let (Some(node), Some(job), Some(tick), Some(holder)) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
+        let fields: Vec<&str> = line.splitn(5, ' ').collect();
+        let [node, job, tick, expires, holder] = fields[..] else {
             return Err(format!("claims entry with too few fields: {line:?}"));
+        };
+        let number = |text: &str| {
+            text.parse::<i64>()
+                .map_err(|_| format!("bad number {text:?} in {line:?}"))
         };
         Ok(ClaimWrite {
             node: node.parse().map_err(|_| format!("bad node in {line:?}"))?,
             job: job.to_string(),
-            tick: tick.parse().map_err(|_| format!("bad tick in {line:?}"))?,
+            tick: number(tick)?,
             holder: (holder != "-").then(|| holder.to_string()),
+            lease_expires: if expires == "-" {
+                None
+            } else {
+                Some(number(expires)?)
+            },
         })
     }
 }
@@ -65,8 +81,8 @@ pub fn worker_of(claimant: &str) -> Option<usize> {
     claimant.split('/').next()?.strip_prefix('w')?.parse().ok()
 }
 
-/// Every claim write in node `node`'s AOF directory (the incremental files, in the manifest's order). A
-/// tail cut short by a SIGKILL ends the reading.
+/// Every claim and lease write in node `node`'s AOF directory (the incremental files, in the manifest's
+/// order). A tail cut short by a SIGKILL ends the reading.
 pub fn read_aof(node: usize, dir: &Path) -> Vec<ClaimWrite> {
     let manifest = std::fs::read_to_string(dir.join("appendonly.aof.manifest")).unwrap_or_default();
     let files: Vec<&str> = manifest
@@ -78,34 +94,52 @@ pub fn read_aof(node: usize, dir: &Path) -> Vec<ClaimWrite> {
     for file in files {
         let bytes = std::fs::read(dir.join(file)).unwrap_or_default();
         for command in Commands(&bytes) {
-            let [set, key, value, ..] = command.as_slice() else {
-                continue;
-            };
-            let Some(job) = key
-                .strip_suffix("}:claim")
-                .and_then(|k| k.split_once(":{"))
-                .map(|(_, job)| job)
-            else {
-                continue;
-            };
-            if !set.eq_ignore_ascii_case("SET") {
-                continue;
-            }
-            let (tick, holder) = match value.split_once(' ') {
-                Some((tick, holder)) => (tick, Some(holder.to_string())),
-                None => (value.as_str(), None),
-            };
-            if let Ok(tick) = tick.parse() {
-                writes.push(ClaimWrite {
-                    node,
-                    job: job.to_string(),
-                    tick,
-                    holder,
-                });
+            if let Some(write) = claim_or_lease(node, &command) {
+                writes.push(write);
             }
         }
     }
     writes
+}
+
+/// The write `command` makes, if it is a claim record's or a lease's `SET`.
+fn claim_or_lease(node: usize, command: &[String]) -> Option<ClaimWrite> {
+    let [set, key, value, rest @ ..] = command else {
+        return None;
+    };
+    if !set.eq_ignore_ascii_case("SET") {
+        return None;
+    }
+    let (_, after) = key.split_once(":{")?;
+    let (job, suffix) = after.split_once("}:")?;
+    let job = job.to_string();
+    if suffix == "claim" {
+        let (tick, holder) = match value.split_once(' ') {
+            Some((tick, holder)) => (tick, Some(holder.to_string())),
+            None => (value.as_str(), None),
+        };
+        return Some(ClaimWrite {
+            node,
+            job,
+            tick: tick.parse().ok()?,
+            holder,
+            lease_expires: None,
+        });
+    }
+    if suffix != "lease" && !suffix.starts_with("lease:") {
+        return None;
+    }
+    let expires = match rest {
+        [unit, at, ..] if unit.eq_ignore_ascii_case("PXAT") => at.parse().ok()?,
+        _ => return None,
+    };
+    Some(ClaimWrite {
+        node,
+        job,
+        tick: value.split('|').nth(2)?.parse().ok()?,
+        holder: Some(value.clone()),
+        lease_expires: Some(expires),
+    })
 }
 
 /// The commands of an AOF (RESP arrays of bulk strings), as text.
@@ -146,16 +180,26 @@ impl Iterator for Commands<'_> {
     }
 }
 
-/// Who confirmed each (job, tick), on which nodes.
+/// Who confirmed each (job, tick), on which nodes; and who took its lease, where, until when.
 #[derive(Debug, Default)]
 pub struct Confirms {
     by_tick: HashMap<(String, i64), BTreeMap<String, BTreeSet<usize>>>,
+    leases: HashMap<(String, i64), Vec<(String, usize, i64)>>,
 }
 
 impl Confirms {
     pub fn new(writes: &[ClaimWrite]) -> Confirms {
         let mut confirms = Confirms::default();
         for write in writes {
+            if let (Some(expires), Some(claimant)) = (write.lease_expires, write.claimant()) {
+                confirms
+                    .leases
+                    .entry((write.job.clone(), write.tick))
+                    .or_default()
+                    .push((claimant.to_string(), write.node, expires));
+            }
+        }
+        for write in writes.iter().filter(|w| w.lease_expires.is_none()) {
             if let Some(claimant) = write.claimant() {
                 confirms
                     .by_tick
@@ -175,6 +219,13 @@ impl Confirms {
             .get(&(job.to_string(), tick))
             .map(|claimants| claimants.iter().map(|(c, n)| (c.as_str(), n)).collect())
             .unwrap_or_default()
+    }
+
+    /// The leases taken for `(job, tick)`: `(claimant, node, expiry)`, in the nodes' order of writing.
+    pub fn leases(&self, job: &str, tick: i64) -> &[(String, usize, i64)] {
+        self.leases
+            .get(&(job.to_string(), tick))
+            .map_or(&[], Vec::as_slice)
     }
 
     /// The claimants that confirmed `(job, tick)` on a majority of the nodes: granted it.
@@ -250,14 +301,14 @@ mod tests {
         text += "*3\r\n$3\r\nSET\r\n$5\r\nredc";
         std::fs::write(aof.join("appendonly.aof.1.incr.aof"), text).expect("writable");
         let writes = read_aof(2, aof);
-        assert_eq!(writes.len(), 2, "{writes:?}");
-        assert_eq!(writes[0].claimant(), Some("w1/a"));
-        assert_eq!((writes[0].node, writes[0].tick), (2, 5000));
-        assert_eq!(
-            (writes[1].job.as_str(), writes[1].holder.clone()),
-            ("long", None)
-        );
-        assert_eq!(ClaimWrite::parse(&writes[0].line()), Ok(writes[0].clone()));
+        assert_eq!(writes.len(), 3, "{writes:?}");
+        assert_eq!(writes[0].lease_expires, Some(7000));
+        assert_eq!(writes[1].claimant(), Some("w1/a"));
+        assert_eq!((writes[1].node, writes[1].tick), (2, 5000));
+        assert_eq!((writes[2].job.as_str(), &writes[2].holder), ("long", &None));
+        for write in &writes {
+            assert_eq!(ClaimWrite::parse(&write.line()).as_ref(), Ok(write));
+        }
         assert_eq!(worker_of("w1/a"), Some(1));
         assert_eq!(worker_of("ghost-3/b"), None);
     }

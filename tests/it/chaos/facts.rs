@@ -5,7 +5,7 @@
 //! it acted, a log event by the harness when the line arrived (not by the worker's possibly skewed
 //! clock), a ledger attempt by the ledger server.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
@@ -129,6 +129,9 @@ pub struct Facts {
     pub ghosts: Vec<GhostKeys>,
     /// Kills aimed at a race: `(at, instance, tick)`.
     pub aimed: Vec<(i64, usize, i64)>,
+    /// Per `(instance, job, tick)`: the holders that `tick.lost: busy` named, with the tick each held
+    /// the job's lease for (what the nodes answered).
+    pub busy: HashMap<(usize, String, i64), Vec<(String, Option<i64>)>>,
 }
 
 /// An RFC 3339 instant as Unix ms.
@@ -265,6 +268,14 @@ impl Facts {
                 continue;
             };
             let reason = event["reason"].as_str().unwrap_or_default();
+            if name == "tick.lost" && reason == "busy" {
+                let holder = event["holder"].as_str().unwrap_or("unknown").to_string();
+                let held = event["holder_tick"].as_str().and_then(parse_instant);
+                self.busy
+                    .entry((instance, job.clone(), tick))
+                    .or_default()
+                    .push((holder, held));
+            }
             let label = if reason.is_empty() {
                 name.to_string()
             } else {
@@ -354,32 +365,34 @@ impl Facts {
         })
     }
 
-    /// Whether a majority of the configured nodes was unusable at some instant of `[a, b]`, counting the
-    /// nodes of `taken` as unusable throughout: `None` if never, else `Some(true)` when the plan's faults
-    /// (and `taken`) alone took the majority out, `Some(false)` when measured stalls were needed for it.
-    pub fn no_quorum_in(&self, a: i64, b: i64, taken: &BTreeSet<usize>) -> Option<bool> {
+    /// Whether a majority of the configured nodes was unusable at some instant of `[a, b]`, counting as
+    /// unusable also each node `n` of `extra` during its `[from, to]`: `None` if never, else `Some(true)`
+    /// when the plan's faults and `extra` alone took the majority out, `Some(false)` when measured stalls
+    /// were needed for it.
+    pub fn no_quorum_in(&self, a: i64, b: i64, extra: &[(usize, i64, i64)]) -> Option<bool> {
         let needed = NODES / 2 + 1;
         let within =
             |intervals: &Vec<(i64, i64)>, p: i64| intervals.iter().any(|&(s, e)| s <= p && p <= e);
+        let out = |n: usize, p: i64| {
+            within(&self.unusable[n], p)
+                || extra
+                    .iter()
+                    .any(|&(node, s, e)| node == n && s <= p && p <= e)
+        };
         let mut points = vec![a];
         let starts = self
             .unusable
             .iter()
             .chain(&self.stalled)
             .flatten()
-            .map(|&(s, _)| s);
+            .map(|&(s, _)| s)
+            .chain(extra.iter().map(|&(_, s, _)| s));
         points.extend(starts.filter(|&s| a <= s && s <= b));
         let mut lost = None;
         for p in points {
-            let planned = (0..NODES)
-                .filter(|&n| taken.contains(&n) || within(&self.unusable[n], p))
-                .count();
+            let planned = (0..NODES).filter(|&n| out(n, p)).count();
             let any = (0..NODES)
-                .filter(|&n| {
-                    taken.contains(&n)
-                        || within(&self.unusable[n], p)
-                        || within(&self.stalled[n], p)
-                })
+                .filter(|&n| out(n, p) || within(&self.stalled[n], p))
                 .count();
             if planned >= needed {
                 return Some(true);
@@ -509,7 +522,7 @@ mod tests {
             );
         }
         let facts = Facts::gather(&timeline, &[]);
-        let none = BTreeSet::new();
+        let none = [];
         assert_eq!(facts.no_quorum_in(0, 3_900, &none), None, "two nodes out");
         assert_eq!(
             facts.no_quorum_in(4_000, 4_100, &none),

@@ -20,24 +20,30 @@
 //!   ran the job with `overlap: skip` (from its `tick.won` until its `run.finished`; if its worker was
 //!   paused or killed during the run, until at least that moment + TTL), by a ghost contender whose
 //!   lease reached a majority (until its TTL), or by a skip-configured process paused or killed while it
-//!   raced another tick (until that moment + TTL). In a rollout, a worker on `overlap: allow` takes a
-//!   key of its own per tick, so nothing of the sort excuses it;
+//!   raced another tick (until that moment + TTL); or `w` logged `tick.lost: busy` naming a holder of
+//!   another tick (the nodes' own answer: a contender of an earlier tick that is still retrying, or whose
+//!   undo did not reach a hung node, holds the key until its TTL). In a rollout, a worker on
+//!   `overlap: allow` takes a key of its own per tick, so nothing of the sort excuses it;
 //! - *still racing*: `w` logged `tick.skipped: overlap` for this tick while the claim of its previous
 //!   tick was still going on (its outcome arrived after `r` − 0.1 s), and some fault was active
 //!   during that claim (a node unusable or stalled, a worker paused or killed);
 //! - *later tick claimed*: a later tick of the job was claimed before `r` + 0.8 s (by a worker whose
 //!   clock is ahead): claims only grow, so this tick can no longer be claimed;
-//! - *no quorum for the whole grace*: `w` gave up with `tick.skipped: no_quorum` no earlier than the
-//!   end of the tick's misfire grace less one backoff, and at each of its attempts that failed for want
-//!   of a quorum (`tick.retrying`/`tick.skipped` with reason `no_quorum`) a majority of the 5 nodes was
-//!   unusable — killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and
-//!   for 1 s after), any node during a stall the probe measured, and any node that confirmed this tick
-//!   for another claimant (a node confirms one claimant per tick, for ever).
+//! - *no majority within the tick's window*: `w` gave up the tick (`tick.skipped` with reason
+//!   `no_quorum` or `contended`) at the end of its window — the misfire grace, or the job's next tick if
+//!   that comes first, as G4 in `docs/protocol.md` promises — and at each of its attempts that failed
+//!   (`tick.retrying`/`tick.skipped` with those reasons) a majority of the 5 nodes was out of its reach:
+//!   killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and for 1 s
+//!   after), any node during a stall the probe measured, any node that confirmed this tick for another
+//!   claimant (a node confirms one claimant per tick, for ever: the nodes' AOF), and any node whose lease
+//!   of this tick a dead contender held (a ghost, until its TTL; a claimant whose process was killed or
+//!   paused after it took the lease, until the lease's expiry in the AOF). A live contender is no excuse:
+//!   contenders that are alive must settle the tick between them.
 //!
 //! The table names one cause per explained miss: the first of *won, never started*, *granted to a
 //! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
-//! *still racing*, *no quorum* (planned), *no quorum* (measured stalls), *later tick claimed*, *no live
-//! worker*, that applies.
+//! *held by a contender of another tick*, *still racing*, *a dead contender of the tick*, *no quorum*
+//! (planned), *no quorum* (measured stalls), *later tick claimed*, *no live worker*, that applies.
 
 use std::collections::BTreeSet;
 
@@ -50,8 +56,9 @@ use super::report::show_time;
 /// A claim takes at most about this long (rounds, retries): a worker paused this long after its race may
 /// have been mid-claim, and an attempt's outcome is logged at most this long after it began.
 const CLAIM_MS: i64 = 1_500;
-/// A worker that finds no quorum retries with backoff (up to 2 s) until the tick's misfire grace ends: its
-/// last attempt ends at most this long before the grace does.
+/// A worker retries a tick it could not claim (with a backoff of up to 2 s) until the tick's window ends —
+/// its misfire grace, or the job's next tick if that comes first (G4 in `docs/protocol.md`): its last
+/// attempt ends at most this long before the window does.
 const GIVE_UP_SLACK_MS: i64 = 2_500;
 
 /// An interval during which the job's single lease key may have been held for another tick, and by what.
@@ -77,6 +84,7 @@ pub struct Evidence<'a> {
     pub runs: &'a [&'a Run],
     pub holds: &'a [Hold],
     pub confirms: &'a Confirms,
+    pub ttl_ms: i64,
 }
 
 /// The holds of the job's single lease key (`overlap: skip`), per the *held* rule.
@@ -190,16 +198,24 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
             "another run held the job (overlap: skip)",
         ),
         (
+            "held by a contender of another tick",
+            "a contender of another tick held the job's lease (overlap: skip; the nodes answered busy)",
+        ),
+        (
             "still racing the previous tick",
             "a worker still racing the previous tick (a slow claim under faults) skipped it",
         ),
         (
+            "dead contender of the tick",
+            "a dead contender's lease or claim of the tick (and faults) left no majority until the tick's window closed",
+        ),
+        (
             "no quorum",
-            "no quorum of Redis nodes at any attempt within the grace",
+            "no quorum of Redis nodes at any attempt within the tick's window",
         ),
         (
             "nodes stalled",
-            "no quorum within the grace: a majority of nodes stalled (measured by the probe, not planned)",
+            "no quorum within the tick's window: a majority of nodes stalled (measured by the probe, not planned)",
         ),
         (
             "later tick claimed first",
@@ -266,6 +282,14 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
                 HoldKind::Ghost => "held by a ghost",
             });
         }
+        let answered = facts.busy.get(&(instance, e.job.name.clone(), tick));
+        if answered.is_some_and(|holders| {
+            holders
+                .iter()
+                .any(|(_, held)| held.is_some_and(|t| t != tick))
+        }) {
+            return Ok("held by a contender of another tick");
+        }
     }
     if facts.still_racing(instance, &e.job.name, tick, r) {
         return Ok("still racing the previous tick");
@@ -276,12 +300,8 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
     {
         return Ok("later tick claimed first");
     }
-    if let Some(planned) = no_quorum_throughout(e, instance, worker, tick, r) {
-        return Ok(if planned {
-            "no quorum"
-        } else {
-            "nodes stalled"
-        });
+    if let Some(cause) = no_majority_in_window(e, instance, worker, tick, r) {
+        return Ok(cause);
     }
     let logged = facts.logged(instance, &e.job.name, tick);
     Err(format!(
@@ -296,28 +316,74 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
     ))
 }
 
-/// The *no quorum for the whole grace* rule: `Some(planned)` if it holds.
-fn no_quorum_throughout(
+/// The *no majority within the tick's window* rule: `Some(cause)` if it holds.
+fn no_majority_in_window(
     e: &Evidence<'_>,
     instance: usize,
     worker: usize,
     tick: i64,
     r: i64,
-) -> Option<bool> {
+) -> Option<&'static str> {
     let facts = e.facts;
     let job = &e.job.name;
-    let gave_up = *facts
-        .logged_at(instance, job, tick, "tick.skipped:no_quorum")
-        .first()?;
-    if gave_up < r + e.job.grace_ms - GIVE_UP_SLACK_MS {
+    let logged = |event: &str| -> Vec<i64> {
+        ["no_quorum", "contended"]
+            .iter()
+            .flat_map(|reason| facts.logged_at(instance, job, tick, &format!("{event}:{reason}")))
+            .collect()
+    };
+    let gave_up = logged("tick.skipped").into_iter().min()?;
+    if gave_up < r + e.job.period_ms.min(e.job.grace_ms) - GIVE_UP_SLACK_MS {
         return None;
     }
-    let taken = e.confirms.taken_from(job, tick, worker);
-    let mut attempts = facts.logged_at(instance, job, tick, "tick.retrying:no_quorum");
+    let mut attempts = logged("tick.retrying");
     attempts.push(gave_up);
-    let mut planned = true;
+    let extra = unavailable(e, worker, tick);
+    let mut cause = "no quorum";
     for end in attempts {
-        planned &= facts.no_quorum_in(end - CLAIM_MS, end, &taken)?;
+        let (a, b) = (end - CLAIM_MS, end);
+        if !facts.no_quorum_in(a, b, &extra)? {
+            cause = "nodes stalled";
+        } else if facts.no_quorum_in(a, b, &[]) != Some(true) {
+            return Some("dead contender of the tick");
+        }
     }
-    Some(planned)
+    Some(cause)
+}
+
+/// The nodes that `worker` could not have for `tick` besides faults, as `(node, from, to)`: those that
+/// confirmed the tick for another claimant (for ever), and those whose lease of the tick a dead contender
+/// held — a ghost, or a claimant whose process was killed, or paused, after it took the lease.
+fn unavailable(e: &Evidence<'_>, worker: usize, tick: i64) -> Vec<(usize, i64, i64)> {
+    let facts = e.facts;
+    let mut extra: Vec<(usize, i64, i64)> = e
+        .confirms
+        .taken_from(&e.job.name, tick, worker)
+        .into_iter()
+        .map(|node| (node, i64::MIN, NEVER))
+        .collect();
+    for ghost in facts
+        .ghosts
+        .iter()
+        .filter(|g| g.job == e.job.name && g.tick == tick)
+    {
+        let until = ghost.at + ghost.ttl_ms as i64;
+        extra.extend(ghost.leased.iter().map(|&node| (node, ghost.at, until)));
+    }
+    for (claimant, node, expires) in e.confirms.leases(&e.job.name, tick) {
+        let Some(owner) = worker_of(claimant) else {
+            continue;
+        };
+        let taken = expires - e.ttl_ms;
+        for (_, life) in facts.instances_of(owner) {
+            let after = |at: i64| taken - 100 <= at && at <= *expires;
+            if let Some(killed) = life.killed.filter(|&k| after(k)) {
+                extra.push((*node, killed, *expires));
+            }
+            for &(stopped, resumed) in life.stops.iter().filter(|(s, _)| after(*s)) {
+                extra.push((*node, stopped, resumed.min(*expires)));
+            }
+        }
+    }
+    extra
 }

@@ -1,20 +1,25 @@
 //! Chaos: each (job, tick) runs exactly once, and a stale holder's writes are fenced off, while a seeded
-//! random plan pauses, crashes, hangs, slows and skews a real cluster.
+//! random plan pauses, crashes, hangs, slows, skews and reconfigures a real cluster.
 //!
 //! The cluster is real: 5 `redis-server` lock nodes with `appendonly yes` and `appendfsync always` (as
 //! `docs/protocol.md` requires), one of them behind a TCP proxy that adds latency and drops connections;
-//! 4 processes of the built `redcron` binary, two with clocks skewed 1–3 s ahead and behind, one whose
-//! clock steps during the run; and three jobs firing every second — `quick` (`overlap: skip`), `parallel`
+//! 4 processes of the built `redcron` binary, one with its clock behind, two with their clocks ahead by
+//! the same amount (they race every tick first, at the same instant), one of those stepping away and back
+//! during the run; and three jobs firing every second — `quick` (`overlap: skip`), `parallel`
 //! (`overlap: allow`) and `long`, which runs 5.5 s against a 2 s lease so that it renews, and is taken
 //! over when its holder is paused. Every job writes to a fenced ledger (a separate Redis, see [`ledger`]).
 //!
-//! The plan ([`plan`]) pauses the long job's holder past its TTL, crashes workers (also while they run a
-//! job), kills and hangs at most 2 of the 5 nodes at once, degrades the proxy and steps a clock. The
-//! harness ([`harness`]) carries it out and records a timeline, while a probe ([`probe`]) measures the
-//! node stalls that the machine adds on its own (a slow fsync stalls every node at once); the checker ([`checker`], whose module
-//! documentation states every rule) then reads the ledger, the timeline and the workers' JSON logs, prints
-//! a table, and fails the test on a duplicate, an unexplained miss, a token out of order or a stale write
-//! that was not fenced off.
+//! The plan ([`plan`], made of [`faults`]) pauses the long job's holder past its TTL, crashes workers
+//! (also while they run a job, and a few milliseconds into their race of a tick), rolls a second config
+//! version out to the workers one at a time and back (`quick` and `parallel` swap their `overlap`, every
+//! job's `timeout` and `command` change), kills and hangs at most 2 of the 5 nodes at once, stalls all 5
+//! for less than the TTL (as one slow fsync does on a shared disk), leaves a crashed contender's keys on
+//! the nodes for an upcoming tick, degrades the proxy and steps a clock. The harness ([`harness`])
+//! carries it out and records a [`timeline`], while a probe ([`probe`]) measures the node stalls that the
+//! machine adds on its own; the checker ([`checker`], whose module documentation states every rule) then
+//! reads the ledger, the timeline, the workers' JSON logs and the nodes' append-only files ([`claims`]),
+//! prints a table, and fails the test on a duplicate, an unexplained miss, a token out of order or a
+//! stale write that was not fenced off.
 //!
 //! Environment:
 //! - `REDCRON_CHAOS_SECS`: length of the fault plan (default 75 s; the whole test takes 80–90 s).
