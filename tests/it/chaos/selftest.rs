@@ -220,6 +220,15 @@ fn token(tick: i64) -> u64 {
     tick as u64 * 1_000
 }
 
+/// Asserts that the run passed and that some explained miss names `reason`.
+fn passed_explaining(report: &Report, reason: &str) {
+    assert!(report.passed(), "{report}");
+    assert!(
+        report.reasons.keys().any(|r| r.contains(reason)),
+        "no miss explained by {reason:?}: {report}"
+    );
+}
+
 fn failed_with(report: &Report, needle: &str) -> bool {
     report.failures.iter().any(|f| f.contains(needle))
 }
@@ -270,12 +279,8 @@ fn checker_explains_misses_only_by_faults() {
     }
     scenario.no_quorum(T0 + 4_000, &[200, 700, 1_700, 3_700]);
     let report = scenario.check();
-    assert!(report.passed(), "{report}");
+    passed_explaining(&report, "no quorum");
     assert_eq!(report.rows[0].explained, 1);
-    assert!(
-        report.reasons.keys().any(|r| r.contains("no quorum")),
-        "{report}"
-    );
 }
 
 /// Giving up for want of a majority explains a miss only if every failed attempt within the tick's window
@@ -313,12 +318,7 @@ fn checker_requires_no_majority_at_every_attempt_within_the_window() {
     let report = scenario.check();
     assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
     scenario.confirm(tick, "ghost-1/x", &[2]);
-    let report = scenario.check();
-    assert!(report.passed(), "{report}");
-    assert!(
-        report.reasons.keys().any(|r| r.contains("dead contender")),
-        "{report}"
-    );
+    passed_explaining(&scenario.check(), "dead contender");
 
     // Two nodes hung, and w1's lease of the tick on a third: an excuse only once w1 is dead.
     let mut scenario = Scenario::new();
@@ -357,15 +357,7 @@ fn checker_explains_a_miss_by_the_previous_run_only_while_it_runs() {
     for k in 6..10 {
         scenario.run(3, "quick", T0 + k * 1_000, token(T0 + k * 1_000), 10);
     }
-    let report = scenario.check();
-    assert!(report.passed(), "{report}");
-    assert!(
-        report
-            .reasons
-            .keys()
-            .any(|r| r.contains("another run held")),
-        "{report}"
-    );
+    passed_explaining(&scenario.check(), "another run held");
 }
 
 /// A stale write rejected while its worker was paused is expected; the same write from a worker that had
@@ -465,12 +457,7 @@ fn checker_excuses_a_slow_claim_only_under_faults() {
     scenario
         .timeline
         .push(T0 + 4_600, Happening::NodeUp { node: 0 });
-    let report = scenario.check();
-    assert!(report.passed(), "{report}");
-    assert!(
-        report.reasons.keys().any(|r| r.contains("still racing")),
-        "{report}"
-    );
+    passed_explaining(&scenario.check(), "still racing");
 }
 
 /// A write from a run whose worker died between `tick.won` and `run.started` is matched to the win and
@@ -520,15 +507,7 @@ fn checker_excuses_a_claim_killed_mid_claim_only_if_it_was_granted() {
     );
 
     scenario.confirm(T0 + 4_000, "w1/dead", &[4]);
-    let report = scenario.check();
-    assert!(report.passed(), "{report}");
-    assert!(
-        report
-            .reasons
-            .keys()
-            .any(|r| r.contains("granted to a claimant of w1")),
-        "{report}"
-    );
+    passed_explaining(&scenario.check(), "granted to a claimant of w1");
 }
 
 /// In a rollout, the previous run holding the job's single lease key excuses only the workers that
@@ -548,15 +527,7 @@ fn checker_excuses_a_busy_skip_only_on_skip_configured_workers() {
     scenario
         .timeline
         .push(T0 + 1_000, Happening::WorkerKilled { instance: 3 });
-    let report = scenario.check();
-    assert!(report.passed(), "{report}");
-    assert!(
-        report
-            .reasons
-            .keys()
-            .any(|r| r.contains("another run held")),
-        "{report}"
-    );
+    passed_explaining(&scenario.check(), "another run held");
 }
 
 /// A ghost contender's tick must run all the same; its lease on a majority of the job's single key
@@ -581,12 +552,7 @@ fn checker_expects_a_ghost_tick_to_run() {
     let mut scenario = Scenario::new();
     scenario.quick_ticks(&[4]);
     scenario.timeline.push(T0 + 3_900, ghost(T0 + 5_000));
-    let report = scenario.check();
-    assert!(report.passed(), "{report}");
-    assert!(
-        report.reasons.keys().any(|r| r.contains("ghost contender")),
-        "{report}"
-    );
+    passed_explaining(&scenario.check(), "ghost contender");
 }
 
 /// One tick confirmed on a majority for two claimants (seen in the nodes' AOF) is a duplicate grant,

@@ -41,7 +41,9 @@ const RENEW_MS: u64 = 600;
 /// How long the long job runs between its first and its last write.
 pub const LONG_MS: u64 = 5_500;
 /// The workers' shutdown grace: running jobs may finish within it.
-pub(super) const SHUTDOWN_GRACE_S: u64 = 15;
+const SHUTDOWN_GRACE_S: u64 = 15;
+/// A worker gets its shutdown grace, then its jobs' SIGTERM-to-SIGKILL grace, to exit after SIGTERM.
+const EXIT_LIMIT: Duration = Duration::from_secs(SHUTDOWN_GRACE_S + 15);
 /// The misfire grace of every job: above the largest clock offset (3 s), so late workers still race.
 pub const GRACE_S: u64 = 5;
 
@@ -257,6 +259,21 @@ impl Cluster {
             .rposition(|i| i.worker == worker && i.state == State::Running)
     }
 
+    /// Reports that `instance` did not exit within [`EXIT_LIMIT`] of `what`, and kills it.
+    fn kill_slow(&mut self, instance: usize, what: &str) {
+        self.slow_exits.push(format!(
+            "w{} (process #{instance}) did not exit within {} s of {what}",
+            self.instances[instance].worker,
+            EXIT_LIMIT.as_secs()
+        ));
+        self.signal(
+            instance,
+            libc::SIGKILL,
+            State::Killed,
+            Happening::WorkerKilled { instance },
+        );
+    }
+
     /// Whether process `instance` has exited (its stdout closed).
     fn exited(&self, instance: usize) -> bool {
         self.instances[instance]
@@ -297,7 +314,7 @@ impl Cluster {
         }
         // A recorder ends when its worker's stdout closes. A worker gets its shutdown grace, then its
         // jobs' SIGTERM-to-SIGKILL grace, to exit; one that takes longer is killed and reported.
-        let deadline = Instant::now() + Duration::from_secs(SHUTDOWN_GRACE_S + 15);
+        let deadline = Instant::now() + EXIT_LIMIT;
         while Instant::now() < deadline
             && self
                 .instances
@@ -312,17 +329,7 @@ impl Cluster {
                 .as_ref()
                 .is_some_and(|r| !r.is_finished())
             {
-                self.slow_exits.push(format!(
-                    "w{} (process #{index}) did not exit within {} s of SIGTERM",
-                    self.instances[index].worker,
-                    SHUTDOWN_GRACE_S + 15
-                ));
-                self.signal(
-                    index,
-                    libc::SIGKILL,
-                    State::Killed,
-                    Happening::WorkerKilled { instance: index },
-                );
+                self.kill_slow(index, "SIGTERM");
             }
             if let Some(recorder) = self.instances[index].recorder.take() {
                 // A panic here was a non-JSON line, which the checker reports from the raw lines.

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::executor::POLL;
-use super::{Cluster, State, SHUTDOWN_GRACE_S};
+use super::{Cluster, State, EXIT_LIMIT};
 use crate::chaos::plan::WORKERS;
 use crate::chaos::timeline::Happening;
 
@@ -94,20 +94,10 @@ impl Rollout {
                 }
                 Phase::Draining { instance, since } => {
                     if !cluster.exited(instance) {
-                        if since.elapsed() < Duration::from_secs(SHUTDOWN_GRACE_S + 15) {
+                        if since.elapsed() < EXIT_LIMIT {
                             return false;
                         }
-                        cluster.slow_exits.push(format!(
-                            "w{} (process #{instance}) did not exit within {} s of a rollout's SIGTERM",
-                            cluster.instances[instance].worker,
-                            SHUTDOWN_GRACE_S + 15
-                        ));
-                        cluster.signal(
-                            instance,
-                            libc::SIGKILL,
-                            State::Killed,
-                            Happening::WorkerKilled { instance },
-                        );
+                        cluster.kill_slow(instance, "a rollout's SIGTERM");
                     }
                     let worker = cluster.instances[instance].worker;
                     let instance = cluster.spawn(worker);
