@@ -5,12 +5,15 @@
 //! `jobs` for the `jobs:` list) gives the values their meaning and makes the cross-field checks,
 //! producing a [`Config`]. Both stages go on after a problem, so one run reports every problem in the
 //! file, each with file, line, column and field.
-//! `${VAR}` is replaced from the environment first (see `yaml`).
+//! `${VAR}` is replaced from the environment first (see `yaml`); the variables used by the store's
+//! section are remembered ([`Config::store_env_vars`]), so that jobs do not inherit them.
 //!
 //! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
 //! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
-//! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, and per job `timezone` UTC, `overlap` skip,
-//! `misfire_grace` 30s, `enabled` true, no timeout.
+//! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, `worker.max_clock_offset` 500ms,
+//! `worker.clock_check_every` 60s, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
+//! `enabled` true, no timeout, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
+//! see [`crate::lock::renewal_slack`]).
 
 mod jobs;
 mod raw;
@@ -19,7 +22,7 @@ mod validate;
 pub use validate::show as show_duration;
 mod yaml;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -37,12 +40,16 @@ pub struct Config {
     /// Redis nodes; `None` means the embedded single-host store.
     pub redis: Option<RedisConfig>,
     /// Lease parameters (`lock:` plus `redis.key_prefix`), checked against each other: `renew_every <
-    /// ttl`, `node_timeout <= ttl / 10`, `0 <= drift_factor < 0.5`, `retries <= 100`.
+    /// ttl − drift − node_timeout`, `node_timeout <= ttl / 10`, `0 <= drift_factor < 0.5`,
+    /// `retries <= 100`.
     pub lock: LockSettings,
     /// This worker process's own settings.
     pub worker: WorkerConfig,
     /// The jobs, in file order; names are unique.
     pub jobs: Vec<JobConfig>,
+    /// The environment variables that the store's section (`redis:`) takes through `${VAR}`, such as
+    /// a password: never passed to a job unless the job's `env` names them.
+    pub store_env_vars: BTreeSet<String>,
     /// Problems that do not stop the worker but that an operator should see (e.g. an even node count),
     /// each formatted like a [`Problem`]: `file:line:column: field: message`.
     pub warnings: Vec<String>,
@@ -65,6 +72,10 @@ pub struct WorkerConfig {
     pub id: String,
     /// How long running jobs may go on after a graceful shutdown was requested.
     pub shutdown_grace: Duration,
+    /// Above this offset to the Redis nodes' clocks the worker warns (`clock.offset_high`). Not zero.
+    pub max_clock_offset: Duration,
+    /// How often the worker measures its offset to the Redis nodes' clocks. Not zero.
+    pub clock_check_every: Duration,
 }
 
 /// One job.
@@ -76,12 +87,18 @@ pub struct JobConfig {
     pub schedule: Schedule,
     /// What it runs.
     pub command: Command,
-    /// Extra environment variables for the child process.
+    /// Environment variables set for the child process, over what it inherits.
     pub env: BTreeMap<String, String>,
+    /// What of the worker's environment the child inherits (never the store's variables).
+    pub inherit_env: InheritEnv,
     /// The child's working directory (default: the worker's).
     pub workdir: Option<PathBuf>,
-    /// After this long the run is stopped (SIGTERM, then SIGKILL 10 s later). Never zero.
+    /// After this long the run is stopped (SIGTERM, then SIGKILL `stop_grace` later). Never zero.
     pub timeout: Option<Duration>,
+    /// How long a child that is being stopped gets between SIGTERM and SIGKILL. A run whose lease was
+    /// not renewed by `stop_grace` before its deadline is stopped then, so the child is gone by the
+    /// deadline. Above zero and below the lease's slack (`ttl − drift − renew_every − node_timeout`).
+    pub stop_grace: Duration,
     /// Whether a tick may start while an earlier run of this job still holds it.
     pub overlap: Overlap,
     /// A tick this recent is still raced for by a worker that comes up (or resumes) late.
@@ -92,7 +109,8 @@ pub struct JobConfig {
 
 impl JobConfig {
     /// A short hash (16 hex digits) of what this job *is*: its schedule and time zone, command,
-    /// environment, working directory, timeout, overlap rule, misfire grace and whether it is enabled.
+    /// environment and what it inherits, working directory, timeout, stop grace, overlap rule, misfire
+    /// grace and whether it is enabled.
     ///
     /// It travels in every lease value, so that workers running different versions of `jobs.yaml` during
     /// a rollout can tell, and say so (`job.config_differs`). Built from an explicit text of the fields
@@ -117,10 +135,16 @@ impl JobConfig {
             field("env", key);
             field("value", value);
         }
+        match &self.inherit_env {
+            InheritEnv::All => field("inherit_env", "all"),
+            InheritEnv::Nothing => field("inherit_env", "none"),
+            InheritEnv::Only(names) => names.iter().for_each(|name| field("inherit", name)),
+        }
         let workdir = self.workdir.as_ref().map(|dir| dir.display().to_string());
         field("workdir", workdir.as_deref().unwrap_or(""));
         let millis = |d: Option<Duration>| d.map_or(String::new(), |d| d.as_millis().to_string());
         field("timeout", &millis(self.timeout));
+        field("stop_grace", &millis(Some(self.stop_grace)));
         field("overlap", &format!("{:?}", self.overlap));
         field("misfire_grace", &millis(Some(self.misfire_grace)));
         field("enabled", if self.enabled { "yes" } else { "no" });
@@ -142,6 +166,18 @@ pub enum Command {
     Argv(Vec<String>),
     /// `command: "string"`: run as `/bin/sh -c <string>`. Not blank.
     Shell(String),
+}
+
+/// What of the worker's environment a job's child process inherits (`inherit_env`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum InheritEnv {
+    /// `all` (the default): every variable.
+    #[default]
+    All,
+    /// `none`: nothing; the child sees only the job's `env` and the `REDCRON_*` variables.
+    Nothing,
+    /// A list of names: these variables, where the worker has them. Each is a valid variable name.
+    Only(BTreeSet<String>),
 }
 
 /// One thing wrong with the file, and where.
@@ -203,6 +239,10 @@ fn display_lines(problems: &[Problem]) -> String {
         .join("\n")
 }
 
+/// The top-level sections that configure the lock store: the variables their `${VAR}` take are the
+/// store's secrets, kept from jobs.
+const STORE_SECTIONS: &[&str] = &["redis"];
+
 /// Reads and validates the configuration file at `path`, taking `${VAR}` from the process environment.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -241,8 +281,12 @@ pub fn parse_with_env(
         report.error(problem.mark, "", problem.message.clone());
     }
     report.tainted = document.tainted.clone();
+    let store_env_vars: BTreeSet<String> = STORE_SECTIONS
+        .iter()
+        .flat_map(|section| document.variables_under(section))
+        .collect();
     let raw = raw::read(document.root.as_ref(), &mut report);
-    let mut config = validate::config(raw, path, &mut report, chrono::Utc::now());
+    let mut config = validate::config(raw, path, &mut report, chrono::Utc::now(), store_env_vars);
     if !report.problems.is_empty() {
         return Err(report.into_error());
     }

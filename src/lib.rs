@@ -10,7 +10,8 @@
 //!   name the file, line, column and field.
 //! - [`schedule`]: cron expressions (via `croner`), time zones, the DST rule, and [`schedule::Tick`], the
 //!   cluster-wide identity of one scheduled instant.
-//! - [`clock`]: the boot clock that leases are measured on (it counts a host's suspend).
+//! - [`clock`]: the boot clock that leases are measured on (it counts a host's suspend), and cluster
+//!   time, which ticks are scheduled on (this host's clock corrected by its offset to the Redis nodes').
 //! - [`lock`]: leases, tick claims and fencing tokens — the Redlock protocol on N Redis nodes, and the same
 //!   interface backed by process memory for a single host.
 //! - [`process`]: the job's child process: spawn, stream its output into the log, stop it (SIGTERM, then

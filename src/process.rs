@@ -5,8 +5,11 @@
 //! backup tool behind. Output is logged line by line as it arrives (`run.output`, inside the caller's
 //! span, so each line carries the run's `job`, `tick`, `run_id` and `token`), and [`RunningChild::wait`]
 //! returns only once the child has exited and its output has been fully logged, so the exit event is
-//! always the run's last line.
+//! always the run's last line. The child inherits no environment: it gets exactly [`ChildSpec::env`]
+//! (the worker decides what that holds, see `worker::env`).
 
+use std::ffi::OsString;
+use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -30,8 +33,8 @@ const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChildSpec {
     pub command: Command,
-    /// Added to the worker's own environment.
-    pub env: Vec<(String, String)>,
+    /// The child's whole environment: nothing of the worker's is inherited beyond it.
+    pub env: Vec<(OsString, OsString)>,
     /// The child's working directory; the worker's when `None`.
     pub workdir: Option<PathBuf>,
 }
@@ -116,14 +119,11 @@ pub struct RunningChild {
 
 impl RunningChild {
     /// Spawns the child in its own process group (so SIGTERM/SIGKILL reach its whole tree, e.g. the
-    /// children of `/bin/sh -c`), stdin null, stdout/stderr piped, `extra_env` added after the spec's.
+    /// children of `/bin/sh -c`), stdin null, stdout/stderr piped, with exactly the spec's environment.
     ///
     /// Each output line is logged as `run.output` (`stream`, `line`) inside the caller's current span.
     /// Must be called within a tokio runtime. Dropping the value SIGKILLs the group if it may still run.
-    pub fn spawn(
-        spec: &ChildSpec,
-        extra_env: &[(String, String)],
-    ) -> Result<RunningChild, ProcessError> {
+    pub fn spawn(spec: &ChildSpec) -> Result<RunningChild, ProcessError> {
         let (program, args): (&str, &[String]) = match &spec.command {
             Command::Argv(argv) => match argv.split_first() {
                 Some((program, args)) => (program, args),
@@ -137,7 +137,8 @@ impl RunningChild {
         }
         command
             .args(args)
-            .envs(spec.env.iter().chain(extra_env).map(|(k, v)| (k, v)))
+            .env_clear()
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -195,12 +196,25 @@ impl RunningChild {
     /// SIGTERM to the process group, then SIGKILL to the group after `grace` if the child has not exited
     /// and closed its output by then; returns how the child ended.
     pub async fn stop(&mut self, grace: Duration) -> Result<ExitKind, ProcessError> {
+        self.stop_when(tokio::time::sleep(grace)).await
+    }
+
+    /// SIGTERM to the process group now, then SIGKILL to the group as soon as `kill` completes if the
+    /// child has not exited and closed its output by then; returns how the child ended.
+    ///
+    /// `kill` is any future — a deadline on whatever clock the caller keeps, an operator's second
+    /// signal — so the caller decides when the child must be gone.
+    pub async fn stop_when(
+        &mut self,
+        kill: impl Future<Output = ()>,
+    ) -> Result<ExitKind, ProcessError> {
         if self.is_finished() {
             return self.wait().await;
         }
         self.signal_group(libc::SIGTERM);
-        if let Ok(result) = tokio::time::timeout(grace, self.wait()).await {
-            return result;
+        tokio::select! {
+            result = self.wait() => return result,
+            () = kill => {}
         }
         self.kill_now();
         let status = self.wait_exit().await?;
@@ -393,16 +407,17 @@ mod tests {
         }
     }
 
+    /// A shell command with the test's own environment (its PATH finds `sleep`, `head`, `tr`).
     fn shell(script: &str) -> ChildSpec {
         ChildSpec {
             command: Command::Shell(script.to_owned()),
-            env: Vec::new(),
+            env: std::env::vars_os().collect(),
             workdir: None,
         }
     }
 
     async fn run(spec: &ChildSpec) -> ExitKind {
-        let mut child = RunningChild::spawn(spec, &[]).expect("spawns");
+        let mut child = RunningChild::spawn(spec).expect("spawns");
         child.wait().await.expect("waits")
     }
 
@@ -493,27 +508,27 @@ mod tests {
         assert!(output[1].get("truncated").is_none());
     }
 
-    /// The spec's env, then the extra env, and the working directory reach the child.
+    /// The spec's env, nothing else of the worker's, and the working directory reach the child.
     #[tokio::test]
     async fn env_and_workdir() {
         let (logs, _guard) = Logs::capture();
         let spec = ChildSpec {
-            env: vec![("A".into(), "spec".into()), ("B".into(), "spec".into())],
+            // Not the test's HOME, which it has (in any sane test environment).
+            env: vec![("A".into(), "a".into()), ("B".into(), "b".into())],
             workdir: Some(PathBuf::from("/")),
-            ..shell("echo $A $B $(pwd)")
+            ..shell("echo $A $B $(pwd) [$HOME]")
         };
-        let mut child =
-            RunningChild::spawn(&spec, &[("B".into(), "extra".into())]).expect("spawns");
+        let mut child = RunningChild::spawn(&spec).expect("spawns");
         child.wait().await.expect("waits");
-        assert_eq!(logs.lines("stdout"), ["spec extra /"]);
+        assert_eq!(logs.lines("stdout"), ["a b / []"]);
     }
 
     /// A child that ignores SIGTERM is SIGKILLed once the grace has passed.
     #[tokio::test]
     async fn stop_escalates_to_sigkill() {
         let (logs, _guard) = Logs::capture();
-        let mut child = RunningChild::spawn(&shell("trap '' TERM; echo ready; sleep 100"), &[])
-            .expect("spawns");
+        let mut child =
+            RunningChild::spawn(&shell("trap '' TERM; echo ready; sleep 100")).expect("spawns");
         logs.first_line("stdout").await;
         let started = Instant::now();
         let status = child.stop(Duration::from_millis(300)).await.expect("stops");
@@ -524,7 +539,7 @@ mod tests {
     /// A child that honours SIGTERM ends by it, well within the grace.
     #[tokio::test]
     async fn stop_with_sigterm() {
-        let mut child = RunningChild::spawn(&shell("exec sleep 100"), &[]).expect("spawns");
+        let mut child = RunningChild::spawn(&shell("exec sleep 100")).expect("spawns");
         let started = Instant::now();
         let status = child.stop(Duration::from_secs(10)).await.expect("stops");
         assert_eq!(status, ExitKind::Signal(libc::SIGTERM));
@@ -540,7 +555,7 @@ mod tests {
     async fn stop_kills_the_whole_tree() {
         let (logs, _guard) = Logs::capture();
         let script = "(trap '' TERM; exec sleep 100) & echo $!; wait";
-        let mut child = RunningChild::spawn(&shell(script), &[]).expect("spawns");
+        let mut child = RunningChild::spawn(&shell(script)).expect("spawns");
         let grandchild: i32 = logs.first_line("stdout").await.parse().expect("a pid");
         child.stop(Duration::from_millis(200)).await.expect("stops");
         assert_dies(grandchild).await;
@@ -549,7 +564,7 @@ mod tests {
     /// `wait` may be cancelled (as in `select!`) and called again.
     #[tokio::test]
     async fn wait_is_cancel_safe() {
-        let mut child = RunningChild::spawn(&shell("sleep 0.3; exit 4"), &[]).expect("spawns");
+        let mut child = RunningChild::spawn(&shell("sleep 0.3; exit 4")).expect("spawns");
         let timed_out = tokio::time::timeout(Duration::from_millis(50), child.wait()).await;
         assert!(timed_out.is_err());
         assert_eq!(child.wait().await.expect("waits"), ExitKind::Code(4));
@@ -560,8 +575,7 @@ mod tests {
     #[tokio::test]
     async fn kill_now_and_drop_kill_the_group() {
         let (logs, _guard) = Logs::capture();
-        let mut child =
-            RunningChild::spawn(&shell("sleep 100 & echo $!; wait"), &[]).expect("spawns");
+        let mut child = RunningChild::spawn(&shell("sleep 100 & echo $!; wait")).expect("spawns");
         let grandchild: i32 = logs.first_line("stdout").await.parse().expect("a pid");
         child.kill_now();
         assert_eq!(
@@ -571,7 +585,7 @@ mod tests {
         assert_dies(grandchild).await;
 
         let (logs, _guard) = Logs::capture();
-        let child = RunningChild::spawn(&shell("sleep 100 & echo $!; wait"), &[]).expect("spawns");
+        let child = RunningChild::spawn(&shell("sleep 100 & echo $!; wait")).expect("spawns");
         let grandchild: i32 = logs.first_line("stdout").await.parse().expect("a pid");
         drop(child);
         assert_dies(grandchild).await;
@@ -584,7 +598,7 @@ mod tests {
             command: Command::Argv(vec!["/nope".into()]),
             ..shell("")
         };
-        let error = RunningChild::spawn(&spec, &[]).expect_err("no such program");
+        let error = RunningChild::spawn(&spec).expect_err("no such program");
         assert!(
             error
                 .to_string()
@@ -596,7 +610,7 @@ mod tests {
             workdir: Some(PathBuf::from("/nonexistent-dir")),
             ..shell("true")
         };
-        let error = RunningChild::spawn(&spec, &[]).expect_err("no such directory");
+        let error = RunningChild::spawn(&spec).expect_err("no such directory");
         assert!(
             error.to_string().contains("(in /nonexistent-dir)"),
             "{error}"
@@ -607,7 +621,7 @@ mod tests {
             ..shell("")
         };
         assert!(matches!(
-            RunningChild::spawn(&empty, &[]),
+            RunningChild::spawn(&empty),
             Err(ProcessError::EmptyCommand)
         ));
     }

@@ -3,25 +3,39 @@
 //! Split from [`super::validate`], which holds the settings shared by all jobs. A job with a problem is
 //! reported and left out; the other jobs are still checked, so one run shows every problem.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
-use super::raw::{RawCommand, RawJob, Spanned};
-use super::validate::{duration, positive_duration, TOP};
-use super::yaml::Mark;
-use super::{Command, JobConfig, Report};
-use crate::lock::Overlap;
+use super::raw::{OneOrList, RawJob, Spanned};
+use super::validate::{duration, positive_duration, stop_grace, TOP};
+use super::yaml::{is_variable_name, Mark};
+use super::{Command, InheritEnv, JobConfig, Report};
+use crate::lock::{LockSettings, Overlap};
 use crate::schedule::Schedule;
+
+/// What every job is checked against: the lease's settings and the store's variables.
+struct Shared<'a> {
+    lock: &'a LockSettings,
+    store_env_vars: &'a BTreeSet<String>,
+    now: DateTime<Utc>,
+}
 
 pub(super) fn jobs(
     raw: Option<Spanned<Vec<RawJob>>>,
+    lock: &LockSettings,
+    store_env_vars: &BTreeSet<String>,
     report: &mut Report,
     now: DateTime<Utc>,
 ) -> Vec<JobConfig> {
+    let shared = Shared {
+        lock,
+        store_env_vars,
+        now,
+    };
     let Some(list) = raw else {
         report.warn(
             TOP,
@@ -52,12 +66,13 @@ pub(super) fn jobs(
                 }
             }
         }
-        jobs.extend(job(raw, &path, report, now));
+        jobs.extend(job(raw, &path, report, &shared));
     }
     jobs
 }
 
-fn job(raw: &RawJob, path: &str, report: &mut Report, now: DateTime<Utc>) -> Option<JobConfig> {
+fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Option<JobConfig> {
+    let now = shared.now;
     let field = |name: &str| format!("{path}.{name}");
     let name = required(&raw.name, &field("name"), raw.mark, report).and_then(|name| {
         let valid = !name.value.is_empty()
@@ -107,8 +122,22 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, now: DateTime<Utc>) -> Opt
         }
         env.insert(key.value.clone(), value.value.clone());
     }
+    let inherit_env = raw.inherit_env.as_ref().map_or(InheritEnv::All, |inherit| {
+        inherit_env(
+            inherit,
+            &field("inherit_env"),
+            shared.store_env_vars,
+            report,
+        )
+    });
     let workdir = raw.workdir.as_ref().map(|dir| PathBuf::from(&dir.value));
     let timeout = positive_duration(raw.timeout.as_ref(), &field("timeout"), report);
+    let stop_grace = stop_grace(
+        raw.stop_grace.as_ref(),
+        &field("stop_grace"),
+        shared.lock,
+        report,
+    );
     let overlap = match raw.overlap.as_ref().map(|o| (o.value.trim(), o.mark)) {
         None | Some(("skip", _)) => Overlap::Skip,
         Some(("allow", _)) => Overlap::Allow,
@@ -141,21 +170,60 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, now: DateTime<Utc>) -> Opt
         schedule: schedule?,
         command: command?,
         env,
+        inherit_env,
         workdir,
         timeout,
+        stop_grace,
         overlap,
         misfire_grace,
         enabled,
     })
 }
 
-fn command(raw: &Spanned<RawCommand>, field: &str, report: &mut Report) -> Option<Command> {
+/// `all`, `none`, or a list of variable names; a listed store variable is warned about, since it is
+/// never inherited (only the job's `env` can pass it).
+fn inherit_env(
+    raw: &Spanned<OneOrList>,
+    field: &str,
+    store_env_vars: &BTreeSet<String>,
+    report: &mut Report,
+) -> InheritEnv {
     match &raw.value {
-        RawCommand::Shell(line) if line.trim().is_empty() => {
+        OneOrList::One(word) => match word.trim() {
+            "all" => InheritEnv::All,
+            "none" => InheritEnv::Nothing,
+            other => {
+                let why = format!("invalid inherit_env {other:?}: expected `all` (the default), `none`, or a list of variable names such as [PATH, HOME]");
+                report.error(raw.mark, field, why);
+                InheritEnv::All
+            }
+        },
+        OneOrList::List(names) => {
+            let mut only = BTreeSet::new();
+            for (i, name) in names.iter().enumerate() {
+                let item = format!("{field}[{i}]");
+                if !is_variable_name(&name.value) {
+                    let why = format!("invalid variable name {:?}: use letters, digits and `_`, not starting with a digit", name.value);
+                    report.error(name.mark, &item, why);
+                } else if store_env_vars.contains(&name.value) {
+                    let why = format!("{} is used by the store's settings and is never inherited; name it in the job's `env` to pass it", name.value);
+                    report.warn(name.mark, &item, why);
+                }
+                only.insert(name.value.clone());
+            }
+            InheritEnv::Only(only)
+        }
+        OneOrList::Invalid => InheritEnv::All,
+    }
+}
+
+fn command(raw: &Spanned<OneOrList>, field: &str, report: &mut Report) -> Option<Command> {
+    match &raw.value {
+        OneOrList::One(line) if line.trim().is_empty() => {
             report.error(raw.mark, field, "empty command")
         }
-        RawCommand::Shell(line) => return Some(Command::Shell(line.clone())),
-        RawCommand::Argv(argv) => match argv.first() {
+        OneOrList::One(line) => return Some(Command::Shell(line.clone())),
+        OneOrList::List(argv) => match argv.first() {
             None => report.error(
                 raw.mark,
                 field,
@@ -170,7 +238,7 @@ fn command(raw: &Spanned<RawCommand>, field: &str, report: &mut Report) -> Optio
                 ))
             }
         },
-        RawCommand::Invalid => {}
+        OneOrList::Invalid => {}
     }
     None
 }

@@ -47,6 +47,8 @@ pub(crate) struct RawLock {
 pub(crate) struct RawWorker {
     pub id: Option<Spanned<String>>,
     pub shutdown_grace: Option<Spanned<String>>,
+    pub max_clock_offset: Option<Spanned<String>>,
+    pub clock_check_every: Option<Spanned<String>>,
 }
 
 #[derive(Debug)]
@@ -56,21 +58,24 @@ pub(crate) struct RawJob {
     pub name: Option<Spanned<String>>,
     pub schedule: Option<Spanned<String>>,
     pub timezone: Option<Spanned<String>>,
-    pub command: Option<Spanned<RawCommand>>,
+    pub command: Option<Spanned<OneOrList>>,
     pub env: Vec<(Spanned<String>, Spanned<String>)>,
+    pub inherit_env: Option<Spanned<OneOrList>>,
     pub workdir: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
+    pub stop_grace: Option<Spanned<String>>,
     pub overlap: Option<Spanned<String>>,
     pub misfire_grace: Option<Spanned<String>>,
     pub enabled: Option<Spanned<String>>,
 }
 
+/// A value written either as one scalar or as a list of scalars (`command`, `inherit_env`).
 #[derive(Debug)]
-pub(crate) enum RawCommand {
-    /// `command: "string"`.
-    Shell(String),
-    /// `command: [prog, arg, ...]`.
-    Argv(Vec<Spanned<String>>),
+pub(crate) enum OneOrList {
+    /// `field: value` (`command: "string"`, `inherit_env: none`).
+    One(String),
+    /// `field: [value, ...]` (`command: [prog, arg, ...]`, `inherit_env: [NAME, ...]`).
+    List(Vec<Spanned<String>>),
     /// Present but of the wrong shape (already reported).
     Invalid,
 }
@@ -146,6 +151,8 @@ fn read_worker(node: &Node, report: &mut Report) -> Option<RawWorker> {
     let worker = RawWorker {
         id: fields.scalar("id", report),
         shutdown_grace: fields.scalar("shutdown_grace", report),
+        max_clock_offset: fields.scalar("max_clock_offset", report),
+        clock_check_every: fields.scalar("clock_check_every", report),
     };
     fields.finish(report);
     Some(worker)
@@ -164,13 +171,18 @@ fn read_jobs(node: &Node, report: &mut Report) -> Vec<RawJob> {
 
 fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
     let mut fields = Fields::of(node, path, report)?;
-    let command = fields
-        .take("command")
-        .map(|value| read_command(value, &format!("{path}.command"), report));
+    let command = fields.take("command").map(|value| {
+        let expected = "a list of arguments or a shell command string";
+        one_or_list(value, &format!("{path}.command"), expected, report)
+    });
     let env = fields
         .take("env")
         .map(|value| read_env(value, &format!("{path}.env"), report))
         .unwrap_or_default();
+    let inherit_env = fields.take("inherit_env").map(|value| {
+        let expected = "`all`, `none` or a list of variable names";
+        one_or_list(value, &format!("{path}.inherit_env"), expected, report)
+    });
     let job = RawJob {
         mark: fields.first_key_mark(),
         name: fields.scalar("name", report),
@@ -178,8 +190,10 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
         timezone: fields.scalar("timezone", report),
         command,
         env,
+        inherit_env,
         workdir: fields.scalar("workdir", report),
         timeout: fields.scalar("timeout", report),
+        stop_grace: fields.scalar("stop_grace", report),
         overlap: fields.scalar("overlap", report),
         misfire_grace: fields.scalar("misfire_grace", report),
         enabled: fields.scalar("enabled", report),
@@ -188,24 +202,25 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
     Some(job)
 }
 
-fn read_command(node: &Node, path: &str, report: &mut Report) -> Spanned<RawCommand> {
+/// One scalar or a list of scalars; anything else is reported as not what `expected` describes.
+fn one_or_list(node: &Node, path: &str, expected: &str, report: &mut Report) -> Spanned<OneOrList> {
     let value = match &node.kind {
-        Kind::Scalar(text) => RawCommand::Shell(text.clone()),
+        Kind::Scalar(text) => OneOrList::One(text.clone()),
         Kind::Seq(items) => {
-            let argv = items
+            let values = items
                 .iter()
                 .enumerate()
                 .filter_map(|(i, item)| scalar(item, &format!("{path}[{i}]"), report));
-            RawCommand::Argv(argv.collect())
+            OneOrList::List(values.collect())
         }
         Kind::Null | Kind::Map(_) => {
             let found = node.describe();
             report.error(
                 node.mark,
                 path,
-                format!("expected a list of arguments or a shell command string, found {found}"),
+                format!("expected {expected}, found {found}"),
             );
-            RawCommand::Invalid
+            OneOrList::Invalid
         }
     };
     Spanned {

@@ -6,6 +6,7 @@
 //! because the time an acquisition round takes is subtracted from the lease's validity. A value that
 //! is wrong is reported and replaced by its default, so the checks after it still run.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use redis::IntoConnectionInfo as _;
 use super::raw::{RawConfig, RawLock, RawRedis, RawWorker, Spanned};
 use super::yaml::Mark;
 use super::{Config, RedisConfig, Report, WorkerConfig};
-use crate::lock::{node::redact, LockSettings};
+use crate::lock::{default_stop_grace, drift, node::redact, renewal_slack, LockSettings};
 
 pub(super) const TOP: Mark = Mark { line: 1, column: 1 };
 
@@ -25,6 +26,7 @@ pub(crate) fn config(
     path: &Path,
     report: &mut Report,
     now: DateTime<Utc>,
+    store_env_vars: BTreeSet<String>,
 ) -> Config {
     let key_prefix = raw
         .redis
@@ -37,13 +39,14 @@ pub(crate) fn config(
         .as_ref()
         .and_then(|section| redis(section, report));
     let worker = worker(&raw.worker, report);
-    let jobs = super::jobs::jobs(raw.jobs, report, now);
+    let jobs = super::jobs::jobs(raw.jobs, &lock, &store_env_vars, report, now);
     Config {
         path: path.to_path_buf(),
         redis,
         lock,
         worker,
         jobs,
+        store_env_vars,
         warnings: Vec::new(),
     }
 }
@@ -51,25 +54,6 @@ pub(crate) fn config(
 fn lock(raw: &RawLock, key_prefix: Option<&Spanned<String>>, report: &mut Report) -> LockSettings {
     let defaults = LockSettings::default();
     let ttl = positive_duration(raw.ttl.as_ref(), "lock.ttl", report).unwrap_or(defaults.ttl);
-    let renew_every = match positive_duration(raw.renew_every.as_ref(), "lock.renew_every", report)
-    {
-        Some(every) if every >= ttl => {
-            let why = format!("renew_every ({}) must be below ttl ({}): the lease would expire before it is renewed", show(every), show(ttl));
-            error_at(raw.renew_every.as_ref(), "lock.renew_every", why, report);
-            ttl / 3
-        }
-        Some(every) => {
-            if every * 2 > ttl {
-                let why = format!("renew_every ({}) is more than half of ttl ({}): a single failed renewal loses the lease; ttl/3 leaves room for two", show(every), show(ttl));
-                if let Some(value) = &raw.renew_every {
-                    report.warn(value.mark, "lock.renew_every", why);
-                }
-            }
-            every
-        }
-        // To the millisecond: `ttl/3` of 10 s is 3.333 s, not 3.333333333 s.
-        None => Duration::from_millis(u64::try_from((ttl / 3).as_millis()).unwrap_or(u64::MAX)),
-    };
     let node_timeout = positive_duration(raw.node_timeout.as_ref(), "lock.node_timeout", report)
         .unwrap_or(defaults.node_timeout);
     if node_timeout * 10 > ttl {
@@ -95,6 +79,7 @@ fn lock(raw: &RawLock, key_prefix: Option<&Spanned<String>>, report: &mut Report
             }
         },
     };
+    let renew_every = renew_every(raw, ttl, node_timeout, drift_factor, report);
     let retries = match &raw.retries {
         None => defaults.retries,
         Some(value) => match value.value.trim().parse::<u32>() {
@@ -139,6 +124,89 @@ fn lock(raw: &RawLock, key_prefix: Option<&Spanned<String>>, report: &mut Report
         retries,
         retry_delay,
         key_prefix,
+    }
+}
+
+/// `lock.renew_every` (default `ttl/3`): a renewal sent on schedule must be confirmed while the lease is
+/// still valid, or every run longer than the TTL loses its lease ([`crate::lock::renewal_slack`]).
+fn renew_every(
+    raw: &RawLock,
+    ttl: Duration,
+    node_timeout: Duration,
+    drift_factor: f64,
+    report: &mut Report,
+) -> Duration {
+    // To the millisecond: `ttl/3` of 10 s is 3.333 s, not 3.333333333 s.
+    let default = Duration::from_millis(u64::try_from((ttl / 3).as_millis()).unwrap_or(u64::MAX));
+    let given = positive_duration(raw.renew_every.as_ref(), "lock.renew_every", report);
+    let every = given.unwrap_or(default);
+    if every >= ttl {
+        let why = format!(
+            "renew_every ({}) must be below ttl ({}): the lease would expire before it is renewed",
+            show(every),
+            show(ttl)
+        );
+        error_at(raw.renew_every.as_ref(), "lock.renew_every", why, report);
+        return default;
+    }
+    let settings = LockSettings {
+        ttl,
+        renew_every: every,
+        node_timeout,
+        drift_factor,
+        ..LockSettings::default()
+    };
+    if renewal_slack(&settings).is_none() {
+        let validity = ttl.saturating_sub(drift(ttl, drift_factor));
+        let why = format!(
+            "renew_every ({}) leaves no time to renew: a renewal sent on schedule may be confirmed node_timeout ({}) later, after the lease's validity (ttl − drift = {}) has run out, so every run longer than that would lose its lease; renew_every must be below {}",
+            show(every),
+            show(node_timeout),
+            show(validity),
+            show(validity.saturating_sub(node_timeout))
+        );
+        match (&raw.renew_every, &raw.ttl) {
+            (Some(value), _) => report.error(value.mark, "lock.renew_every", why),
+            (None, Some(value)) => report.error(value.mark, "lock.ttl", why),
+            (None, None) => {}
+        }
+        return default;
+    } else if every * 2 > ttl {
+        let why = format!("renew_every ({}) is more than half of ttl ({}): a single failed renewal loses the lease; ttl/3 leaves room for two", show(every), show(ttl));
+        if let Some(value) = &raw.renew_every {
+            report.warn(value.mark, "lock.renew_every", why);
+        }
+    }
+    every
+}
+
+/// A job's `stop_grace`: given (above zero, below the lease's slack) or the default, half the slack.
+///
+/// The worker stops a job whose lease has only `stop_grace` of validity left without a renewal, so that
+/// the child is gone by the lease's deadline; a grace that does not fit in the slack would stop healthy
+/// runs while their renewal is still on its way.
+pub(super) fn stop_grace(
+    value: Option<&Spanned<String>>,
+    field: &str,
+    lock: &LockSettings,
+    report: &mut Report,
+) -> Duration {
+    let default = default_stop_grace(lock);
+    let Some(grace) = positive_duration(value, field, report) else {
+        return default;
+    };
+    match renewal_slack(lock) {
+        Some(slack) if grace < slack => grace,
+        slack => {
+            let slack = slack.unwrap_or_default();
+            let why = format!(
+                "stop_grace ({}) must be below the lease's slack ({} = ttl − drift − renew_every − node_timeout): the job is stopped when its lease has stop_grace left without a renewal, and a renewal on schedule may only be confirmed when the slack is left; lower stop_grace or raise lock.ttl",
+                show(grace),
+                show(slack)
+            );
+            error_at(value, field, why, report);
+            default
+        }
     }
 }
 
@@ -228,7 +296,24 @@ fn worker(raw: &RawWorker, report: &mut Report) -> WorkerConfig {
     };
     let shutdown_grace = duration(raw.shutdown_grace.as_ref(), "worker.shutdown_grace", report)
         .unwrap_or(Duration::from_secs(30));
-    WorkerConfig { id, shutdown_grace }
+    let max_clock_offset = positive_duration(
+        raw.max_clock_offset.as_ref(),
+        "worker.max_clock_offset",
+        report,
+    )
+    .unwrap_or(Duration::from_millis(500));
+    let clock_check_every = positive_duration(
+        raw.clock_check_every.as_ref(),
+        "worker.clock_check_every",
+        report,
+    )
+    .unwrap_or(Duration::from_secs(60));
+    WorkerConfig {
+        id,
+        shutdown_grace,
+        max_clock_offset,
+        clock_check_every,
+    }
 }
 
 fn is_id_char(c: char) -> bool {

@@ -8,8 +8,10 @@
 //! environment, and `$$` stands for a literal `$`. A `$` followed by anything else is kept as it is, so
 //! `echo $HOME` in a shell command reaches the shell untouched. Substituting scalars after parsing
 //! rather than the raw text means a value from the environment can never change the document's shape.
+//! Each replacement is recorded with the scalar it was made in, so the parent module can tell which
+//! variables a section uses (the store's, which jobs must not inherit).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
@@ -74,6 +76,49 @@ pub(crate) struct Document {
     /// Scalars that kept their text because a `${...}` in them failed; what else is wrong with them
     /// follows from that and is not worth reporting.
     pub tainted: Vec<Mark>,
+    /// `(scalar, variable)` for every `${VAR}` replaced, by the position of the scalar it was in.
+    substituted: Vec<(Mark, String)>,
+}
+
+impl Document {
+    /// The variables replaced inside the top-level `key:` of the document, at any depth, aliases
+    /// included (an alias keeps the position of the scalar it repeats).
+    pub fn variables_under(&self, key: &str) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        let Some(Node {
+            kind: Kind::Map(entries),
+            ..
+        }) = &self.root
+        else {
+            return names;
+        };
+        let sections = entries
+            .iter()
+            .filter(|(name, _)| matches!(&name.kind, Kind::Scalar(text) if text == key));
+        for (_, section) in sections {
+            self.collect_variables(section, &mut names);
+        }
+        names
+    }
+
+    fn collect_variables(&self, node: &Node, names: &mut BTreeSet<String>) {
+        match &node.kind {
+            Kind::Null => {}
+            Kind::Scalar(_) => names.extend(
+                self.substituted
+                    .iter()
+                    .filter(|(mark, _)| *mark == node.mark)
+                    .map(|(_, name)| name.clone()),
+            ),
+            Kind::Seq(items) => items
+                .iter()
+                .for_each(|item| self.collect_variables(item, names)),
+            Kind::Map(entries) => entries.iter().for_each(|(key, value)| {
+                self.collect_variables(key, names);
+                self.collect_variables(value, names);
+            }),
+        }
+    }
 }
 
 /// Parses `text` into a tree, replacing `${VAR}` through `env`; a syntax error stops parsing.
@@ -89,6 +134,7 @@ pub(crate) fn parse(
         root: None,
         problems: Vec::new(),
         tainted: Vec::new(),
+        substituted: Vec::new(),
     };
     let mut parser = Parser::new_from_str(text);
     if let Err(e) = parser.load(&mut builder, false) {
@@ -102,6 +148,7 @@ pub(crate) fn parse(
         root: builder.root,
         problems: builder.problems,
         tainted: builder.tainted,
+        substituted: builder.substituted,
     })
 }
 
@@ -120,6 +167,7 @@ struct Builder<'a> {
     root: Option<Node>,
     problems: Vec<YamlProblem>,
     tainted: Vec<Mark>,
+    substituted: Vec<(Mark, String)>,
 }
 
 impl MarkedEventReceiver for Builder<'_> {
@@ -236,7 +284,10 @@ impl Builder<'_> {
                     self.problem(at, format!("`${{{name}}}`: not a variable name (letters, digits and `_`); write `$$` for a literal `$`"));
                 } else {
                     match (self.env)(name) {
-                        Some(value) => out.push_str(&value),
+                        Some(value) => {
+                            out.push_str(&value);
+                            self.substituted.push((mark, name.to_string()));
+                        }
                         None => self.problem(
                             at,
                             format!(
@@ -260,7 +311,8 @@ impl Builder<'_> {
     }
 }
 
-fn is_variable_name(name: &str) -> bool {
+/// Whether `name` is a variable name: a letter or `_`, then letters, digits and `_`.
+pub(crate) fn is_variable_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')

@@ -22,7 +22,9 @@ use crate::clock::boot::BootInstant;
 use crate::schedule::Tick;
 
 pub use keys::Holder;
-pub use validity::{drift, validity};
+pub use validity::{
+    default_stop_grace, drift, renew_when_left, renewal_slack, validity, MAX_DEFAULT_STOP_GRACE,
+};
 
 /// Lock parameters shared by every store.
 #[derive(Debug, Clone, PartialEq)]
@@ -342,6 +344,15 @@ impl LockStore {
         match self {
             LockStore::Redis(store) => store.release(lease).await,
             LockStore::Memory(store) => store.release(lease),
+        }
+    }
+
+    /// One `TIME` to every node, for the worker's clock offset; `None` for the embedded store, whose
+    /// only clock is this host's.
+    pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
+        match self {
+            LockStore::Redis(store) => Some(store.read_clocks().await),
+            LockStore::Memory(_) => None,
         }
     }
 

@@ -7,9 +7,11 @@
 //! jobs are due. Runs that were won go on in their own tasks ([`run`]), each under a lease watchdog.
 
 mod agenda;
+mod env;
+mod offset;
 mod run;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use chrono::Utc;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
+use crate::clock::cluster::ClusterClock;
 use crate::config::{Config, JobConfig};
 use crate::lock::memory::MemoryStore;
 use crate::lock::redis::RedisStore;
@@ -44,9 +47,13 @@ pub enum WorkerError {
 /// What the worker shares with its runs.
 pub(crate) struct Context {
     pub(crate) store: LockStore,
+    /// Cluster time, which every tick is scheduled on (kept on the nodes' clocks by [`offset`]).
+    pub(crate) clock: ClusterClock,
     pub(crate) worker_id: String,
     pub(crate) shutdown: Shutdown,
     pub(crate) shutdown_grace: Duration,
+    /// The variables the store's settings use (its password): kept from jobs ([`env`]).
+    pub(crate) store_env_vars: BTreeSet<String>,
     /// Jobs with `overlap: skip` that this worker is racing for or running.
     busy: Mutex<HashSet<String>>,
     /// (job, other worker, its fingerprint) already warned about by `note_other_definition`.
@@ -91,9 +98,11 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     );
     let context = Arc::new(Context {
         store,
+        clock: ClusterClock::local(),
         worker_id: config.worker.id.clone(),
         shutdown: shutdown.clone(),
         shutdown_grace: config.worker.shutdown_grace,
+        store_env_vars: config.store_env_vars.clone(),
         busy: Mutex::new(HashSet::new()),
         definitions_seen: Mutex::new(HashSet::new()),
     });
@@ -101,19 +110,25 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     // for Redis, so a slow race (retries, a hung node) cannot delay the next tick of another job.
     let mut races: JoinSet<()> = JoinSet::new();
     let remember_claims = matches!(context.store, LockStore::Redis(_));
-    let mut agenda = Agenda::new(&jobs, Utc::now(), remember_claims);
+    // The first ticks are scheduled on the measured cluster time (or on this host's clock, if the nodes
+    // cannot be measured within about a second).
+    let clock_task = offset::start(Arc::clone(&context), &config.worker).await;
+    let clock = &context.clock;
+    let mut agenda = Agenda::new(&jobs, clock.now(), remember_claims);
 
     while let Some(next) = agenda.next_tick() {
-        let wait = (next.to_utc() - Utc::now())
+        let wait = (next.to_utc() - clock.now())
             .to_std()
             .unwrap_or(Duration::ZERO);
         tokio::select! {
             _ = shutdown.graceful() => break,
             _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
+            // A new clock offset moves the instant this sleep aims at: aim again.
+            () = clock.moved() => continue,
             Some(_) = races.join_next() => continue,
         }
         let mut batch = Vec::new();
-        for (index, tick) in agenda.take_due(Utc::now()) {
+        for (index, tick) in agenda.take_due(clock.now()) {
             let job = &jobs[index];
             let guard = match job.overlap {
                 Overlap::Allow => None,
@@ -140,6 +155,9 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         "Stopping: no new ticks; running jobs get the shutdown grace"
     );
     while races.join_next().await.is_some() {}
+    if let Some(task) = clock_task {
+        let _ = task.await;
+    }
     info!(event = "worker.stopped", "Worker stopped");
     Ok(())
 }
@@ -203,7 +221,11 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
         for (mut p, outcome) in ready.into_iter().zip(outcomes) {
             context.note_other_definition(&p.job, p.request.tick, outcome.other());
             let wait = match &outcome {
-                ClaimOutcome::Won(lease) if !lease.is_valid() => Some(Duration::ZERO),
+                // Won, but too close to (or past) the lease's deadline to start: the process was paused.
+                // The same claimant claims the tick again, with a fresh lease (see `run::start`).
+                ClaimOutcome::Won(lease) if lease.remaining() <= p.job.stop_grace => {
+                    Some(Duration::ZERO)
+                }
                 ClaimOutcome::NoQuorum(_) => {
                     let wait = p.backoff;
                     p.backoff = (p.backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
@@ -221,7 +243,8 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
                 ));
                 continue;
             };
-            let retry_at = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
+            let retry_at =
+                context.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
             if retry_at >= give_up_at(&p.job, p.request.tick) {
                 give_up(&p, &outcome);
                 continue;

@@ -1,23 +1,30 @@
 //! One won tick: the job's child process, run under a lease watchdog.
 //!
-//! The watchdog renews the lease every `renew_every`. A renewal that merely timed out is retried until the
-//! lease's deadline; once the lease is lost (a majority denies it, or the deadline passes) the child is
-//! stopped at once — a job must never go on running without its lease. The timeout and a shutdown stop the
-//! child the same way. However the run ends, its lease is released and `run.finished` says how it ended.
+//! The child must be gone by the lease's deadline, whatever happens: past it, another worker may hold
+//! the job. So the watchdog renews the lease on schedule (`renew_every` apart, retrying a renewal that
+//! merely timed out), and stops the child — SIGTERM, then SIGKILL after the job's `stop_grace`, but
+//! never later than the deadline:
+//! - when the lease has only `stop_grace` left without a confirmed renewal, so that SIGKILL, if it
+//!   comes to that, falls on the deadline;
+//! - at once when a majority answers that the lease is not held (another holder may already run);
+//! - at the job's timeout, and at the end of a shutdown's grace (at once after a second signal).
+//!
+//! Renewals go on while the child stops, so the lease stays held while the child lives; one that is
+//! confirmed then does not take the stop back. However the run ends, its lease is released and
+//! `run.finished` says how it ended.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{error, info, info_span, warn, Instrument};
 
+use super::env::job_environment;
 use super::Context;
-use crate::clock::boot;
 use crate::config::JobConfig;
-use crate::lock::{Lease, RenewError};
-use crate::process::{ChildSpec, ExitKind, RunningChild};
-
-/// After SIGTERM, how long a child that must stop gets before SIGKILL.
-const KILL_GRACE: Duration = Duration::from_secs(10);
+use crate::lock::{renew_when_left, Lease, LockStore, RenewError};
+use crate::process::{ChildSpec, ExitKind, ProcessError, RunningChild};
 
 /// Why a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +48,14 @@ impl Outcome {
     }
 }
 
+/// How the watch over a running child ended.
+enum Watched {
+    /// The child exited by itself.
+    Exited(Result<ExitKind, ProcessError>),
+    /// The child must be stopped, for this reason; `now`: SIGKILL right after SIGTERM.
+    Stop { outcome: Outcome, now: bool },
+}
+
 /// Runs `job` under `lease` and releases it.
 pub(crate) async fn run(context: Arc<Context>, job: JobConfig, lease: Lease) {
     let run_id = uuid::Uuid::new_v4();
@@ -50,107 +65,28 @@ pub(crate) async fn run(context: Arc<Context>, job: JobConfig, lease: Lease) {
         .await;
 }
 
-async fn supervise(context: &Context, job: &JobConfig, mut lease: Lease, run_id: uuid::Uuid) {
-    let spec = ChildSpec {
-        command: job.command.clone(),
-        env: job
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        workdir: job.workdir.clone(),
-    };
-    let env = vec![
-        ("REDCRON_JOB".to_string(), job.name.clone()),
-        ("REDCRON_TICK".to_string(), lease.tick.to_string()),
-        ("REDCRON_FENCING_TOKEN".to_string(), lease.token.to_string()),
-        ("REDCRON_RUN_ID".to_string(), run_id.to_string()),
-        ("REDCRON_WORKER_ID".to_string(), context.worker_id.clone()),
-    ];
-    // The claim may have been granted just before this process was paused (GC, SIGSTOP, a VM freeze): a
-    // job must never start on a lease whose deadline has passed. The tick stays claimed and is not run.
-    if !lease.is_valid() {
-        error!(
-            event = "lease.lost",
-            error = "lease deadline passed before the job could start",
-            "Lease lost before the job started: not starting it"
-        );
-        context.store.release(&lease).await;
+async fn supervise(context: &Context, job: &JobConfig, lease: Lease, run_id: uuid::Uuid) {
+    let Some(mut child) = start(context, job, &lease, run_id).await else {
         return;
-    }
+    };
     let started = tokio::time::Instant::now();
-    let mut child = match RunningChild::spawn(&spec, &env) {
-        Ok(child) => child,
-        Err(err) => {
-            error!(event = "run.finished", outcome = Outcome::Failure.as_str(), error = %err, duration_ms = 0u64,
-                   "Could not start the job");
-            context.store.release(&lease).await;
-            return;
+    let mut renewer = Renewer::new(&context.store, lease);
+    let (exit, outcome) = match watch(context, job, &mut child, &mut renewer, started).await {
+        Watched::Exited(exit) => {
+            let success = matches!(&exit, Ok(kind) if kind.success());
+            let outcome = if success {
+                Outcome::Success
+            } else {
+                Outcome::Failure
+            };
+            (exit, outcome)
+        }
+        Watched::Stop { outcome, now } => {
+            let exit = stop(context, job, &mut child, &mut renewer, outcome, now).await;
+            (exit, outcome)
         }
     };
-    info!(event = "run.started", pid = child.pid(), "Job started");
-
-    let renew_every = context.store.settings().renew_every;
-    let timeout = job.timeout.map(|timeout| started + timeout);
-    let mut next_renewal = started + renew_every;
-    let mut grace_end: Option<tokio::time::Instant> = None;
-    let far = started + Duration::from_secs(100 * 365 * 24 * 3600);
-
-    let (exit, outcome) = loop {
-        tokio::select! {
-            exit = child.wait() => {
-                let outcome = match &exit {
-                    Ok(kind) if kind.success() => Outcome::Success,
-                    _ => Outcome::Failure,
-                };
-                break (exit, outcome);
-            }
-            _ = tokio::time::sleep_until(next_renewal) => {
-                match context.store.renew(&mut lease).await {
-                    Ok(()) => next_renewal = tokio::time::Instant::now() + renew_every,
-                    Err(RenewError::Unconfirmed(failure)) => {
-                        warn!(event = "lease.renew_failed", error = %failure,
-                              remaining_ms = lease.remaining().as_millis() as u64,
-                              "Renewal not confirmed by a majority; retrying until the lease's deadline");
-                        let retry = (lease.remaining() / 4).max(Duration::from_millis(20));
-                        next_renewal = tokio::time::Instant::now() + retry;
-                    }
-                    Err(lost) => {
-                        error!(event = "lease.lost", error = %lost, "Lease lost: stopping the job");
-                        break (child.stop(KILL_GRACE).await, Outcome::LeaseLost);
-                    }
-                }
-            }
-            // The deadline is watched on its own too: a lease is never trusted past it, whatever the
-            // renewal schedule.
-            _ = boot::sleep_until(lease.deadline()) => {
-                if !lease.is_valid() {
-                    error!(event = "lease.lost", error = "lease deadline passed without a confirmed renewal",
-                           "Lease lost: stopping the job");
-                    break (child.stop(KILL_GRACE).await, Outcome::LeaseLost);
-                }
-            }
-            _ = tokio::time::sleep_until(timeout.unwrap_or(far)), if timeout.is_some() => {
-                warn!(event = "run.timeout", timeout_ms = job.timeout.map_or(0, |t| t.as_millis() as u64),
-                      "Job timed out: stopping it");
-                break (child.stop(KILL_GRACE).await, Outcome::Timeout);
-            }
-            _ = context.shutdown.graceful(), if grace_end.is_none() => {
-                grace_end = Some(tokio::time::Instant::now() + context.shutdown_grace);
-                info!(event = "run.draining", grace_ms = context.shutdown_grace.as_millis() as u64,
-                      "Shutdown requested: the job may finish within the grace");
-            }
-            _ = tokio::time::sleep_until(grace_end.unwrap_or(far)), if grace_end.is_some() => {
-                break (child.stop(KILL_GRACE).await, Outcome::Shutdown);
-            }
-            _ = context.shutdown.immediate() => {
-                child.kill_now();
-                break (child.wait().await, Outcome::Shutdown);
-            }
-        }
-    };
-
-    context.store.release(&lease).await;
+    context.store.release(&renewer.lease).await;
     let duration_ms = started.elapsed().as_millis() as u64;
     let outcome = outcome.as_str();
     match exit {
@@ -173,4 +109,237 @@ async fn supervise(context: &Context, job: &JobConfig, mut lease: Lease, run_id:
             error!(event = "run.finished", outcome, error = %err, duration_ms, "Job finished")
         }
     }
+}
+
+/// Spawns the child with its environment (see [`job_environment`]) and logs `run.started`; `None`
+/// (after releasing the lease and logging why) if it must not or could not start.
+async fn start(
+    context: &Context,
+    job: &JobConfig,
+    lease: &Lease,
+    run_id: uuid::Uuid,
+) -> Option<RunningChild> {
+    let redcron = [
+        ("REDCRON_JOB".to_string(), job.name.clone()),
+        ("REDCRON_TICK".to_string(), lease.tick.to_string()),
+        ("REDCRON_FENCING_TOKEN".to_string(), lease.token.to_string()),
+        ("REDCRON_RUN_ID".to_string(), run_id.to_string()),
+        ("REDCRON_WORKER_ID".to_string(), context.worker_id.clone()),
+    ];
+    let spec = ChildSpec {
+        command: job.command.clone(),
+        env: job_environment(
+            std::env::vars_os(),
+            &job.inherit_env,
+            &context.store_env_vars,
+            &job.env,
+            &redcron,
+        ),
+        workdir: job.workdir.clone(),
+    };
+    // The claim may have been granted just before this process was paused (GC, SIGSTOP, a VM freeze): a
+    // job must never start on a lease whose deadline has passed, nor on one so near its deadline that it
+    // would be stopped at once. The tick stays claimed and is not run.
+    if lease.remaining() <= job.stop_grace {
+        error!(
+            event = "lease.lost",
+            error = "lease deadline (less stop_grace) passed before the job could start",
+            "Lease lost before the job started: not starting it"
+        );
+        context.store.release(lease).await;
+        return None;
+    }
+    match RunningChild::spawn(&spec) {
+        Ok(child) => {
+            info!(event = "run.started", pid = child.pid(), "Job started");
+            Some(child)
+        }
+        Err(err) => {
+            error!(event = "run.finished", outcome = Outcome::Failure.as_str(), error = %err, duration_ms = 0u64,
+                   "Could not start the job");
+            context.store.release(lease).await;
+            None
+        }
+    }
+}
+
+/// Watches the running child until it exits or must be stopped: renewals, the lease's stop point, the
+/// timeout, the shutdown grace.
+async fn watch(
+    context: &Context,
+    job: &JobConfig,
+    child: &mut RunningChild,
+    renewer: &mut Renewer<'_>,
+    started: tokio::time::Instant,
+) -> Watched {
+    let timeout = job.timeout.map(|timeout| started + timeout);
+    let far = started + Duration::from_secs(100 * 365 * 24 * 3600);
+    let mut grace_end: Option<tokio::time::Instant> = None;
+    let stop = |outcome| Watched::Stop {
+        outcome,
+        now: false,
+    };
+    loop {
+        // Renewals move the deadline, so the stop point is recomputed on every turn.
+        let stop_at = lease_now() + renewer.lease.remaining().saturating_sub(job.stop_grace);
+        tokio::select! {
+            exit = child.wait() => return Watched::Exited(exit),
+            renewal = renewer.next() => {
+                if renewal == Renewal::Lost {
+                    return stop(Outcome::LeaseLost);
+                }
+            }
+            () = sleep_until(stop_at) => {
+                error!(event = "lease.expiring", remaining_ms = renewer.lease.remaining().as_millis() as u64,
+                       stop_grace_ms = job.stop_grace.as_millis() as u64,
+                       "Lease not renewed by stop_grace before its deadline: stopping the job so that it is gone by then");
+                return stop(Outcome::LeaseLost);
+            }
+            () = tokio::time::sleep_until(timeout.unwrap_or(far)), if timeout.is_some() => {
+                warn!(event = "run.timeout", timeout_ms = job.timeout.map_or(0, |t| t.as_millis() as u64),
+                      "Job timed out: stopping it");
+                return stop(Outcome::Timeout);
+            }
+            () = context.shutdown.graceful(), if grace_end.is_none() => {
+                grace_end = Some(tokio::time::Instant::now() + context.shutdown_grace);
+                info!(event = "run.draining", grace_ms = context.shutdown_grace.as_millis() as u64,
+                      "Shutdown requested: the job may finish within the grace");
+            }
+            () = tokio::time::sleep_until(grace_end.unwrap_or(far)), if grace_end.is_some() => {
+                return stop(Outcome::Shutdown);
+            }
+            () = context.shutdown.immediate() => {
+                return Watched::Stop { outcome: Outcome::Shutdown, now: true };
+            }
+        }
+    }
+}
+
+/// Stops the child: SIGTERM now, SIGKILL after `stop_grace` but never later than the lease's deadline
+/// (at once when `now`, or when a second shutdown signal comes). Renewals go on meanwhile.
+async fn stop(
+    context: &Context,
+    job: &JobConfig,
+    child: &mut RunningChild,
+    renewer: &mut Renewer<'_>,
+    outcome: Outcome,
+    now: bool,
+) -> Result<ExitKind, ProcessError> {
+    let kill_at = if now {
+        lease_now()
+    } else {
+        renewer.lease.deadline().min(lease_now() + job.stop_grace)
+    };
+    let kill_in = kill_at.saturating_duration_since(lease_now());
+    info!(event = "run.stopping", reason = outcome.as_str(), kill_in_ms = kill_in.as_millis() as u64,
+          "Stopping the job: SIGTERM now, SIGKILL if it has not exited by the lease's deadline or stop_grace");
+    let kill = async {
+        tokio::select! {
+            () = sleep_until(kill_at) => {}
+            () = context.shutdown.immediate() => {}
+        }
+    };
+    let stopping = child.stop_when(kill);
+    tokio::pin!(stopping);
+    loop {
+        tokio::select! {
+            exit = &mut stopping => return exit,
+            renewal = renewer.next() => {
+                if renewal == Renewal::Renewed {
+                    info!(event = "lease.renewed_while_stopping",
+                          "Lease renewed while the job is being stopped; the stop goes on");
+                }
+            }
+        }
+    }
+}
+
+/// What one renewal came to (already logged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renewal {
+    Renewed,
+    Unconfirmed,
+    Lost,
+}
+
+/// A renewal's result, with the lease it renewed.
+type Renewing<'a> = Pin<Box<dyn Future<Output = (Lease, Result<(), RenewError>)> + Send + 'a>>;
+
+/// The lease of a run and its renewals: when the next one is due, and the one on its way.
+struct Renewer<'a> {
+    store: &'a LockStore,
+    lease: Lease,
+    next_at: LeaseInstant,
+    in_flight: Option<Renewing<'a>>,
+}
+
+impl<'a> Renewer<'a> {
+    fn new(store: &'a LockStore, lease: Lease) -> Renewer<'a> {
+        let next_at = on_schedule(store, &lease);
+        Renewer {
+            store,
+            lease,
+            next_at,
+            in_flight: None,
+        }
+    }
+
+    /// Sends the next renewal when it is due and returns what it came to, logged; never returns once the
+    /// lease is lost. Cancel-safe: a renewal on its way is kept and awaited by the next call.
+    async fn next(&mut self) -> Renewal {
+        if self.lease.is_lost() {
+            return std::future::pending().await;
+        }
+        if self.in_flight.is_none() {
+            sleep_until(self.next_at).await;
+            let (store, mut lease) = (self.store, self.lease.clone());
+            self.in_flight = Some(Box::pin(async move {
+                let result = store.renew(&mut lease).await;
+                (lease, result)
+            }));
+        }
+        let Some(in_flight) = self.in_flight.as_mut() else {
+            return std::future::pending().await;
+        };
+        let (lease, result) = in_flight.await;
+        self.in_flight = None;
+        self.lease = lease;
+        match result {
+            Ok(()) => {
+                self.next_at = on_schedule(self.store, &self.lease);
+                Renewal::Renewed
+            }
+            Err(RenewError::Unconfirmed(failure)) => {
+                let remaining = self.lease.remaining();
+                warn!(event = "lease.renew_failed", error = %failure, remaining_ms = remaining.as_millis() as u64,
+                      "Renewal not confirmed by a majority; retrying until the lease's deadline");
+                self.next_at = lease_now() + (remaining / 4).max(Duration::from_millis(20));
+                Renewal::Unconfirmed
+            }
+            Err(lost) => {
+                error!(event = "lease.lost", error = %lost, "Lease lost: the job is stopped");
+                Renewal::Lost
+            }
+        }
+    }
+}
+
+/// When `lease` is due for renewal: once it has `ttl − drift − renew_every` left, i.e. `renew_every`
+/// after the start of the claim or renewal that set its deadline, so that a renewal confirmed within
+/// `node_timeout` still leaves it the slack that `stop_grace` fits in.
+fn on_schedule(store: &LockStore, lease: &Lease) -> LeaseInstant {
+    let left = renew_when_left(store.settings());
+    lease_now() + lease.remaining().saturating_sub(left)
+}
+
+// The clock of `Lease::deadline()`: every wait on the lease goes through these two, so a change of
+// that clock is a change here only.
+type LeaseInstant = crate::clock::boot::BootInstant;
+
+fn lease_now() -> LeaseInstant {
+    LeaseInstant::now()
+}
+
+async fn sleep_until(at: LeaseInstant) {
+    crate::clock::boot::sleep_until(at).await
 }

@@ -6,7 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use redcron::config::{parse_with_env, Command, Config, ConfigError, Problem};
+use std::collections::BTreeSet;
+
+use redcron::config::{parse_with_env, Command, Config, ConfigError, InheritEnv, Problem};
 use redcron::lock::Overlap;
 
 /// The environment the tests see: only these variables are set.
@@ -59,6 +61,8 @@ lock:
 worker:
   id: web-1
   shutdown_grace: 45s
+  max_clock_offset: 2s
+  clock_check_every: 5m
 jobs:
   - name: nightly-report
     schedule: "30 2 * * *"
@@ -94,6 +98,13 @@ jobs:
     assert_eq!(
         (config.worker.id.as_str(), config.worker.shutdown_grace),
         ("web-1", Duration::from_secs(45))
+    );
+    assert_eq!(
+        (
+            config.worker.max_clock_offset,
+            config.worker.clock_check_every
+        ),
+        (Duration::from_secs(2), Duration::from_secs(300))
     );
     let job = &config.jobs[0];
     assert_eq!(job.name, "nightly-report");
@@ -133,6 +144,8 @@ fn defaults() {
     assert!(config.redis.is_none());
     assert_eq!(config.lock, redcron::lock::LockSettings::default());
     assert_eq!(config.worker.shutdown_grace, Duration::from_secs(30));
+    assert_eq!(config.worker.max_clock_offset, Duration::from_millis(500));
+    assert_eq!(config.worker.clock_check_every, Duration::from_secs(60));
     let id = &config.worker.id;
     let pid = format!("-{}-", std::process::id());
     assert!(id.contains(&pid), "{id}");
@@ -239,6 +252,25 @@ fn bad_durations() {
         got.starts_with("jobs.yaml:2:19: worker.shutdown_grace: invalid duration \"soon\""),
         "{got}"
     );
+    let got = problems(&format!(
+        "worker:\n  max_clock_offset: 0ms\n  clock_check_every: often\n{JOB}"
+    ));
+    let got: Vec<String> = got.iter().map(Problem::to_string).collect();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    assert_eq!(
+        got[0],
+        "jobs.yaml:2:21: worker.max_clock_offset: must be more than zero"
+    );
+    assert!(
+        got[1].starts_with("jobs.yaml:3:22: worker.clock_check_every: invalid duration \"often\""),
+        "{}",
+        got[1]
+    );
+    let got = only_problem(&format!("worker:\n  clock_check_every: 0s\n{JOB}"));
+    assert_eq!(
+        got,
+        "jobs.yaml:2:22: worker.clock_check_every: must be more than zero"
+    );
 }
 
 /// `${VAR}` that is not set is an error at the `${`, and nothing else is reported about that value.
@@ -325,6 +357,92 @@ fn lock_settings_that_do_not_fit_together() {
     assert!(
         got.starts_with("jobs.yaml:2:12: lock.retries: invalid retries \"-1\""),
         "{got}"
+    );
+}
+
+/// A `renew_every` whose renewal, sent on schedule, may be confirmed only after the lease's validity
+/// (`ttl − drift`) has run out is an error, not a warning: every long run would lose its lease.
+#[test]
+fn renew_every_without_slack_is_rejected() {
+    // ttl 10 s: drift 102 ms, node_timeout 50 ms: renew_every must be below 9.848 s.
+    let got = only_problem(&format!("lock:\n  ttl: 10s\n  renew_every: 9900ms\n{JOB}"));
+    assert_eq!(got, "jobs.yaml:3:16: lock.renew_every: renew_every (9s 900ms) leaves no time to renew: a renewal sent on schedule may be confirmed node_timeout (50ms) later, after the lease's validity (ttl − drift = 9s 898ms) has run out, so every run longer than that would lose its lease; renew_every must be below 9s 848ms");
+    let got = only_problem(&format!("lock:\n  ttl: 10s\n  renew_every: 9848ms\n{JOB}"));
+    assert!(got.contains("renew_every must be below 9s 848ms"), "{got}");
+    // Just below the limit: valid, with the warning about a single failed renewal.
+    let config = ok(&format!("lock:\n  ttl: 10s\n  renew_every: 9847ms\n{JOB}"));
+    assert_eq!(config.lock.renew_every, Duration::from_millis(9_847));
+    assert!(
+        config.warnings[0].contains("more than half of ttl"),
+        "{:?}",
+        config.warnings
+    );
+}
+
+/// `stop_grace` defaults to half the lease's slack (`ttl − drift − renew_every − node_timeout`), at most
+/// 10 s; a given one must be above zero and below the slack, and the error names both numbers.
+#[test]
+fn stop_grace_default_and_limits() {
+    // Defaults: 30 s − 302 ms − 10 s − 50 ms = 19.648 s of slack.
+    assert_eq!(ok(JOB).jobs[0].stop_grace, Duration::from_millis(9_824));
+    let short = "lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n";
+    let config = ok(&format!("{short}{JOB}"));
+    assert_eq!(config.jobs[0].stop_grace, Duration::from_millis(689));
+    let config = ok(&format!("{short}{JOB}    stop_grace: 1s\n"));
+    assert_eq!(config.jobs[0].stop_grace, Duration::from_secs(1));
+    let got = only_problem(&format!("{short}{JOB}    stop_grace: 1378ms\n"));
+    assert!(got.starts_with("jobs.yaml:9:17: jobs[0].stop_grace: stop_grace (1s 378ms) must be below the lease's slack (1s 378ms = ttl − drift − renew_every − node_timeout)"), "{got}");
+    let got = only_problem(&format!("{JOB}    stop_grace: 0s\n"));
+    assert_eq!(
+        got,
+        "jobs.yaml:5:17: jobs[0].stop_grace: must be more than zero"
+    );
+}
+
+/// `inherit_env`: `all` (the default), `none`, or a list of variable names; anything else is an error at
+/// the value (or the list item), and listing a store variable is a warning (it is never inherited).
+#[test]
+fn inherit_env_values() {
+    assert_eq!(ok(JOB).jobs[0].inherit_env, InheritEnv::All);
+    let config = ok(&format!("{JOB}    inherit_env: none\n"));
+    assert_eq!(config.jobs[0].inherit_env, InheritEnv::Nothing);
+    let config = ok(&format!("{JOB}    inherit_env: all\n"));
+    assert_eq!(config.jobs[0].inherit_env, InheritEnv::All);
+    let config = ok(&format!("{JOB}    inherit_env: [PATH, _X1]\n"));
+    let names = BTreeSet::from(["PATH".to_string(), "_X1".to_string()]);
+    assert_eq!(config.jobs[0].inherit_env, InheritEnv::Only(names));
+
+    let got = only_problem(&format!("{JOB}    inherit_env: some\n"));
+    assert!(got.starts_with("jobs.yaml:5:18: jobs[0].inherit_env: invalid inherit_env \"some\": expected `all` (the default), `none`, or a list of variable names"), "{got}");
+    let problems = problems(&format!("{JOB}    inherit_env: [PATH, 1X, A-B]\n"));
+    assert_eq!(problems.len(), 2, "{problems:#?}");
+    assert_eq!(problems[0].to_string(), "jobs.yaml:5:25: jobs[0].inherit_env[1]: invalid variable name \"1X\": use letters, digits and `_`, not starting with a digit");
+    assert_eq!(problems[1].field, "jobs[0].inherit_env[2]");
+    let got = only_problem(&format!("{JOB}    inherit_env: {{PATH: yes}}\n"));
+    assert!(got.starts_with("jobs.yaml:5:18: jobs[0].inherit_env: expected `all`, `none` or a list of variable names, found a mapping"), "{got}");
+
+    let redis = "redis:\n  nodes: [\"redis://:${REDIS_PASSWORD}@h1\"]\n";
+    let config = ok(&format!(
+        "{redis}{JOB}    inherit_env: [PATH, REDIS_PASSWORD]\n"
+    ));
+    assert_eq!(config.warnings, ["jobs.yaml:7:25: jobs[0].inherit_env[1]: REDIS_PASSWORD is used by the store's settings and is never inherited; name it in the job's `env` to pass it"]);
+}
+
+/// The variables that the `redis:` section takes through `${VAR}` are recorded (through aliases too),
+/// and those used elsewhere are not.
+#[test]
+fn store_env_vars_are_the_redis_sections() {
+    let config = ok(&format!("redis:\n  nodes: [\"redis://:${{REDIS_PASSWORD}}@h1\"]\n  key_prefix: \"${{BUCKET}}\"\n{JOB}    env: {{B: \"${{BUCKET}}\"}}\n"));
+    let expected = BTreeSet::from(["BUCKET".to_string(), "REDIS_PASSWORD".to_string()]);
+    assert_eq!(config.store_env_vars, expected);
+    let config = ok(&format!("{JOB}    env: {{B: \"${{BUCKET}}\"}}\n"));
+    assert!(config.store_env_vars.is_empty());
+    // An anchor set in a job and repeated in `redis:` still counts as the store's.
+    let text = format!("{JOB}    env: {{URL: &url \"redis://:${{REDIS_PASSWORD}}@h1\"}}\nredis:\n  nodes: [*url]\n");
+    let config = ok(&text);
+    assert_eq!(
+        config.store_env_vars,
+        BTreeSet::from(["REDIS_PASSWORD".to_string()])
     );
 }
 

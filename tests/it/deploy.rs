@@ -262,8 +262,9 @@ fn redis_nodes_use_the_persistence_the_protocol_requires() {
     );
 }
 
-/// Each recipe gives a stopping worker longer than its `shutdown_grace` before SIGKILL, so that running
-/// jobs can finish and leases are released; and the jobs files parse with the variables each recipe sets.
+/// Each recipe gives a stopping worker longer than its `shutdown_grace` plus its jobs' `stop_grace`
+/// before SIGKILL, so that running jobs can finish (or be stopped) and leases are released; and the jobs
+/// files parse with the variables each recipe sets.
 #[test]
 fn stop_timeouts_exceed_the_shutdown_grace() {
     let local = jobs(
@@ -277,7 +278,7 @@ fn stop_timeouts_exceed_the_shutdown_grace() {
         .expect("stop_timeout=");
     let stop_timeout = Duration::from_secs(stop_timeout.trim().parse().expect("seconds"));
     assert!(
-        stop_timeout > local.worker.shutdown_grace,
+        stop_timeout > time_to_stop(&local),
         "local-cluster.sh --stop-timeout default"
     );
 
@@ -290,7 +291,7 @@ fn stop_timeouts_exceed_the_shutdown_grace() {
         .expect("stop_grace_period");
     let period = humantime::parse_duration(period).expect("a duration");
     assert!(
-        period > compose_jobs.worker.shutdown_grace,
+        period > time_to_stop(&compose_jobs),
         "compose stop_grace_period {period:?}"
     );
 
@@ -307,12 +308,13 @@ fn stop_timeouts_exceed_the_shutdown_grace() {
         .expect("seconds");
     let grace = Duration::from_secs(grace.try_into().expect("not negative"));
     assert!(
-        grace > kube_jobs.worker.shutdown_grace,
+        grace > time_to_stop(&kube_jobs),
         "terminationGracePeriodSeconds {grace:?}"
     );
     assert_eq!(deployment["spec"]["replicas"].as_i64(), Some(3));
 
-    // The unit runs whatever jobs file the operator installs: compare with the default grace (30 s).
+    // The unit runs whatever jobs file the operator installs: compare with the default grace (30 s) and
+    // the longest default stop grace.
     let unit =
         std::fs::read_to_string(deploy_dir().join("systemd/redcron.service")).expect("the unit");
     let unit_value = |key: &str| {
@@ -323,7 +325,7 @@ fn stop_timeouts_exceed_the_shutdown_grace() {
     let timeout = humantime::parse_duration(unit_value("TimeoutStopSec").expect("TimeoutStopSec"))
         .expect("a duration");
     assert!(
-        timeout > Duration::from_secs(30),
+        timeout > Duration::from_secs(30) + redcron::lock::MAX_DEFAULT_STOP_GRACE,
         "TimeoutStopSec {timeout:?}"
     );
     assert_eq!(unit_value("KillSignal"), Some("SIGTERM"));
@@ -333,6 +335,13 @@ fn stop_timeouts_exceed_the_shutdown_grace() {
 }
 
 /// A jobs file of deploy/ parsed with the variables its recipe sets (dummy values).
+/// How long a worker of `config` may take to stop after SIGTERM: the shutdown grace, then the longest
+/// stop grace of its jobs (SIGTERM to SIGKILL).
+fn time_to_stop(config: &Config) -> Duration {
+    let stop_grace = config.jobs.iter().map(|job| job.stop_grace).max();
+    config.worker.shutdown_grace + stop_grace.unwrap_or_default()
+}
+
 fn jobs(text: &str) -> Config {
     let env = |name: &str| -> Option<String> {
         match name {

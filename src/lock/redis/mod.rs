@@ -16,11 +16,13 @@
 //! `docs/protocol.md`.
 //!
 //! Files: this one holds the store's API; `claim.rs` the two rounds of a claim and the reading of a lost
-//! one; `round.rs` how one pipeline goes to every node; `reply.rs` the parsing of the scripts' replies.
+//! one; `round.rs` how one pipeline goes to every node; `reply.rs` the parsing of the scripts' replies;
+//! `time.rs` the nodes' clocks (`TIME`), for cluster time.
 
 mod claim;
 mod reply;
 mod round;
+mod time;
 
 use std::sync::Arc;
 

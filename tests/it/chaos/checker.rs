@@ -35,8 +35,9 @@
 //!    job's last write ended `lease_lost` and never made that write. A planned case that could not be set
 //!    up (no holder found) also fails: the mechanism must be exercised every run.
 //! 8. **Renewals never exercised**: no run of the long job outlived the TTL with outcome `success`.
-//! 9. **A tick claimed early**: a `tick.won` that arrived when its worker's clock read more than 0.1 s
-//!    before the tick (away from a step of that clock): workers must sleep until the tick.
+//! 9. **A tick claimed early**: a `tick.won` that arrived when its worker's cluster time (its clock plus
+//!    its measured offset to the nodes') read more than 0.1 s before the tick (away from a step of that
+//!    clock, or the measurement correcting it): workers must sleep until the tick.
 //! 10. **A ghost granted**: a ghost contender's claim (the harness writes it on a minority only) confirmed
 //!     on a majority of the nodes.
 //!
@@ -337,12 +338,12 @@ fn check_job(
     }
     row.duplicates = duplicated.len();
 
-    // Rule 9: no claim before the tick is due on the claimant's clock.
+    // Rule 9: no claim before the tick is due on the claimant's cluster time.
     for run in &runs {
-        let clock = run.won_at + facts.offset_at(run.worker, run.won_at);
+        let clock = run.won_at + facts.skew_at(run.worker, run.won_at);
         if clock < run.tick - 100 && !facts.near_clock_step(run.worker, run.won_at) {
             report.failures.push(format!(
-                "EARLY CLAIM: {} at {} was won by w{} at {}, when its clock read {}",
+                "EARLY CLAIM: {} at {} was won by w{} at {}, when its cluster time read {}",
                 job.name,
                 show_time(run.tick),
                 run.worker,

@@ -1,5 +1,10 @@
 //! What the checker reasons about, distilled from the raw material: worker lifetimes and pauses, clock
-//! offsets, unusable nodes (from the [`Timeline`]), and claims and runs (from the workers' JSON logs).
+//! offsets, unusable nodes (from the [`Timeline`]), and claims, runs and measured clock offsets (from
+//! the workers' JSON logs).
+//!
+//! A worker races a tick when its *cluster time* — its wall clock (skewed by the plan) plus the offset
+//! to the nodes' clocks it measured and logged in `clock.offset` — reads the tick ([`Facts::skew_at`]).
+//! A wall-clock step therefore moves its races until its next measurement puts them back.
 //!
 //! All times are real time in Unix milliseconds: the timeline's entries were stamped by the harness when
 //! it acted, a log event by the harness when the line arrived (not by the worker's possibly skewed
@@ -17,6 +22,8 @@ use super::timeline::{Happening, Timeline};
 pub const NEVER: i64 = i64::MAX / 4;
 /// A node counts as unusable this long after it is back (reconnection, script reload).
 const NODE_RECOVERY_MS: i64 = 2_000;
+/// A change of a worker's measured offset by more than this is a step of its cluster time.
+const CORRECTION_STEP_MS: i64 = 100;
 /// A measured stall is widened by this much on each side (the probe samples every 40 ms).
 const STALL_MARGIN_MS: i64 = 100;
 /// The proxied node counts as unusable this long after the proxy is clean again.
@@ -112,6 +119,12 @@ pub struct Facts {
     pub lives: Vec<Life>,
     /// Per worker: `(from, offset)` steps of its wall clock, in time order.
     pub offsets: Vec<Vec<(i64, i64)>>,
+    /// Per worker: `(from, offset_ms)` of its measured offset to the nodes' clocks (`clock.offset`; 0
+    /// from each `worker.started` until the process measured), in time order.
+    pub measured: Vec<Vec<(i64, i64)>>,
+    /// Per worker: `(at, size)` of each change of its measured offset by more than
+    /// [`CORRECTION_STEP_MS`] within one process: a step of its cluster time.
+    pub corrections: Vec<Vec<(i64, i64)>>,
     /// Per node: intervals when it could not be counted on, from the plan's faults.
     pub unusable: Vec<Vec<(i64, i64)>>,
     /// Per node: stalls the probe measured.
@@ -145,6 +158,8 @@ impl Facts {
     pub fn gather(timeline: &Timeline, logs: &[InstanceLog]) -> Facts {
         let mut facts = Facts {
             offsets: vec![Vec::new(); WORKERS],
+            measured: vec![Vec::new(); WORKERS],
+            corrections: vec![Vec::new(); WORKERS],
             unusable: vec![Vec::new(); NODES],
             stalled: vec![Vec::new(); NODES],
             ..Facts::default()
@@ -246,6 +261,13 @@ impl Facts {
         for log in logs {
             facts.read_log(log);
         }
+        for list in facts
+            .measured
+            .iter_mut()
+            .chain(facts.corrections.iter_mut())
+        {
+            list.sort_by_key(|&(at, _)| at);
+        }
         facts
     }
 
@@ -253,10 +275,24 @@ impl Facts {
         let instance = log.instance;
         let mut open: HashMap<(String, i64), usize> = HashMap::new();
         let mut by_run_id: HashMap<String, usize> = HashMap::new();
+        let mut last_measured: Option<i64> = None;
         for (at, event) in &log.events {
             let name = event["event"].as_str().unwrap_or_default();
             if name == "worker.started" && instance < self.lives.len() {
                 self.lives[instance].ready = self.lives[instance].ready.min(*at);
+                self.measured[log.worker].push((*at, 0));
+            }
+            if name == "clock.offset" {
+                let Some(offset) = event["offset_ms"].as_i64() else {
+                    self.malformed.push(format!("instance {instance}: {event}"));
+                    continue;
+                };
+                self.measured[log.worker].push((*at, offset));
+                let change = last_measured.map_or(0, |last| (offset - last).abs());
+                if change > CORRECTION_STEP_MS {
+                    self.corrections[log.worker].push((*at, change));
+                }
+                last_measured = Some(offset);
             }
             if !name.starts_with("tick.") && !name.starts_with("run.") {
                 continue;
@@ -350,19 +386,34 @@ impl Facts {
             .map_or(0, |&(_, o)| o)
     }
 
-    /// The real time at which worker `w`'s clock reads `tick`: when it races that tick.
-    pub fn race_time(&self, worker: usize, tick: i64) -> i64 {
-        let first = tick - self.offset_at(worker, tick);
-        tick - self.offset_at(worker, first)
+    /// How far worker `w`'s cluster time is ahead of real time at real time `t`: its wall clock's
+    /// offset plus the offset it measured to the nodes' clocks (within the 50 ms by which a measurement
+    /// may change before it is logged again).
+    pub fn skew_at(&self, worker: usize, t: i64) -> i64 {
+        let measured = self.measured[worker]
+            .iter()
+            .take_while(|(from, _)| *from <= t)
+            .last()
+            .map_or(0, |&(_, o)| o);
+        self.offset_at(worker, t) + measured
     }
 
-    /// Whether `t` is near a step of worker `w`'s clock (it skips or repeats ticks around a step).
+    /// The real time at which worker `w`'s cluster time reads `tick`: when it races that tick.
+    pub fn race_time(&self, worker: usize, tick: i64) -> i64 {
+        let first = tick - self.skew_at(worker, tick);
+        tick - self.skew_at(worker, first)
+    }
+
+    /// Whether `t` is near a step of worker `w`'s cluster time (it skips or repeats ticks around a
+    /// step): a step of its wall clock, or the measurement that corrects it.
     pub fn near_clock_step(&self, worker: usize, t: i64) -> bool {
-        self.offsets[worker].windows(2).any(|pair| {
-            let (at, step) = (pair[1].0, (pair[1].1 - pair[0].1).abs());
-            // libfaketime re-reads its file within a second of the change.
-            at - 1_000 <= t && t <= at + 2_500 + step
-        })
+        let wall_steps = self.offsets[worker]
+            .windows(2)
+            .map(|pair| (pair[1].0, (pair[1].1 - pair[0].1).abs()));
+        let mut steps = wall_steps.chain(self.corrections[worker].iter().copied());
+        // libfaketime re-reads its file within a second of the change; the worker measures its offset
+        // again within `clock_check_every` (1 s) after that.
+        steps.any(|(at, step)| at - 1_000 <= t && t <= at + 2_500 + step)
     }
 
     /// Whether a majority of the configured nodes was unusable at some instant of `[a, b]`, counting as
@@ -568,5 +619,40 @@ mod tests {
         assert_eq!(facts.race_time(3, 40_000), 40_000);
         assert_eq!(facts.race_time(3, 60_000), 63_000);
         assert!(facts.near_clock_step(3, 51_000) && !facts.near_clock_step(3, 40_000));
+    }
+
+    /// A worker that measured its offset races on the nodes' time; a step of its clock moves its races
+    /// until the measurement that corrects it, and that correction is a step too.
+    #[test]
+    fn race_times_follow_measured_offsets() {
+        let mut timeline = Timeline::default();
+        for (at, offset_ms) in [(0, 2_000), (30_000, 4_000)] {
+            timeline.push(
+                at,
+                Happening::Clock {
+                    worker: 1,
+                    offset_ms,
+                },
+            );
+        }
+        let event =
+            |name: &str, offset_ms: i64| serde_json::json!({"event": name, "offset_ms": offset_ms});
+        let log = InstanceLog {
+            instance: 0,
+            worker: 1,
+            events: vec![
+                (1_000, event("worker.started", 0)),
+                (1_010, event("clock.offset", -2_000)),
+                (31_500, event("clock.offset", -4_000)),
+            ],
+            bad_lines: Vec::new(),
+        };
+        let facts = Facts::gather(&timeline, &[log]);
+        assert_eq!(facts.skew_at(1, 500), 2_000, "before it measured");
+        assert_eq!(facts.race_time(1, 10_000), 10_000);
+        assert_eq!(facts.skew_at(1, 31_000), 2_000, "stepped, not yet measured");
+        assert_eq!(facts.race_time(1, 40_000), 40_000);
+        assert_eq!(facts.corrections[1], vec![(31_500, 2_000)]);
+        assert!(facts.near_clock_step(1, 35_000) && !facts.near_clock_step(1, 10_000));
     }
 }

@@ -49,8 +49,9 @@ pub enum Target {
     Worker(usize),
     /// Whichever live worker is running the long job when the fault comes due.
     LongHolder,
-    /// The live worker whose clock is furthest ahead (it races every tick first), `after_ms` after the
-    /// real instant at which its clock reaches the next tick: its claim's rounds are in flight then.
+    /// The live worker whose cluster time is furthest ahead (it races each tick first, or with the
+    /// others), `after_ms` after the real instant at which it reaches the next tick: its claim's rounds
+    /// are in flight then.
     FirstRacer {
         after_ms: u64,
     },

@@ -11,10 +11,12 @@
 //!   show the tick confirmed on a majority for one claimant, whose worker never logged `tick.won` for it
 //!   and was killed or paused while it raced the tick (a grant that reached the nodes but not the log);
 //!
-//! or of **every** worker `w`, at its race time `r` (the real time at which `w`'s clock reads the tick):
+//! or of **every** worker `w`, at its race time `r` (the real time at which `w`'s cluster time — its
+//! clock plus its measured offset to the nodes' clocks — reads the tick):
 //! - *down*: no process of `w` was up (after its `worker.started`) and unpaused during `[r − 0.5 s,
 //!   r + 1.5 s]` (killed, paused, or restarting in a rollout);
-//! - *clock step*: `r` is within a step of `w`'s clock (`w` skips or repeats ticks around it);
+//! - *clock step*: `r` is within a step of `w`'s clock, or of the measurement that corrects it (`w`
+//!   skips or repeats ticks around it);
 //! - *held* (only if `w`'s process at `r` runs the job with `overlap: skip`, whose lease is one key per
 //!   job): at `r` that key was held for another tick, on a majority — by a run of a process that also
 //!   ran the job with `overlap: skip` (from its `tick.won` until its `run.finished`; if its worker was
@@ -28,7 +30,8 @@
 //!   tick was still going on (its outcome arrived after `r` − 0.1 s), and some fault was active
 //!   during that claim (a node unusable or stalled, a worker paused or killed);
 //! - *later tick claimed*: a later tick of the job was claimed before `r` + 0.8 s (by a worker whose
-//!   clock is ahead): claims only grow, so this tick can no longer be claimed;
+//!   cluster time is ahead, after a step of its clock): claims only grow, so this tick can no longer be
+//!   claimed;
 //! - *no majority within the tick's window*: `w` gave up the tick (`tick.skipped` with reason
 //!   `no_quorum` or `contended`) at the end of its window — the misfire grace, or the job's next tick if
 //!   that comes first, as G4 in `docs/protocol.md` promises — and at each of its attempts that failed
@@ -133,7 +136,8 @@ pub fn holds(input: &Input<'_>, facts: &Facts, job: &JobSpec, runs: &[&Run]) -> 
             continue;
         }
         for p in life.stops.iter().map(|&(s, _)| s).chain(life.killed) {
-            let offset = facts.offset_at(life.worker, p);
+            // The latest tick this worker's cluster time had reached at p.
+            let offset = facts.skew_at(life.worker, p);
             let tick = (p + offset).div_euclid(job.period_ms) * job.period_ms;
             let race = facts.race_time(life.worker, tick);
             let logged = !facts.logged(instance, &job.name, tick).is_empty();
@@ -219,7 +223,7 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         ),
         (
             "later tick claimed first",
-            "missed by the worker whose clock is ahead, which then claimed a later tick first",
+            "missed by a worker whose cluster time was ahead, which then claimed a later tick first",
         ),
     ]
     .iter()

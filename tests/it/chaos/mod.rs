@@ -4,8 +4,9 @@
 //! The cluster is real: 5 `redis-server` lock nodes with `appendonly yes` and `appendfsync always` (as
 //! `docs/protocol.md` requires), one of them behind a TCP proxy that adds latency and drops connections;
 //! 4 processes of the built `redcron` binary, one with its clock behind, two with their clocks ahead by
-//! the same amount (they race every tick first, at the same instant), one of those stepping away and back
-//! during the run; and three jobs firing every second — `quick` (`overlap: skip`), `parallel`
+//! the same amount, one of those stepping away and back during the run — each measures its offset to the
+//! nodes every second and races on cluster time, so all four race each tick at about the same instant;
+//! and three jobs firing every second — `quick` (`overlap: skip`), `parallel`
 //! (`overlap: allow`) and `long`, which runs 5.5 s against a 2 s lease so that it renews, and is taken
 //! over when its holder is paused. Every job writes to a fenced ledger (a separate Redis, see [`ledger`]).
 //!

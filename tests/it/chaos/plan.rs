@@ -16,8 +16,8 @@ pub const NODES: usize = 5;
 pub const WORKERS: usize = 4;
 /// The lock node that workers reach through the latency/drop proxy.
 pub const PROXIED_NODE: usize = NODES - 1;
-/// The worker whose clock steps during the run; between steps it runs in step with w1's, so that two
-/// workers race each tick first, at the same instant.
+/// The worker whose clock steps during the run (away from w1's, and back), until it measures its offset
+/// to the nodes again.
 pub const JUMPER: usize = 3;
 /// Config versions the workers are rolled between.
 pub const VERSIONS: usize = 2;
@@ -443,7 +443,7 @@ impl fmt::Display for Plan {
             .enumerate()
             .map(|(w, o)| {
                 if w == JUMPER {
-                    format!("w{w} {o:+} ms (in step with w1), then steps away and back")
+                    format!("w{w} {o:+} ms (as w1), then steps away and back")
                 } else {
                     format!("w{w} {o:+} ms")
                 }

@@ -3,8 +3,8 @@
 //! The lock's safety argument is about nodes that crash, hang, lose their data or come back with it, so
 //! each node can be killed (SIGKILL), hung (SIGSTOP: connections are accepted but never answered, unlike a
 //! refused connection), continued, restarted on the same port (with its AOF when persistence is on), and
-//! flushed. Like redis-rs's `redis-test`, a node counts as started only once it answers PING, and a node
-//! that never does fails the test with its log.
+//! flushed; nodes may require a password. Like redis-rs's `redis-test`, a node counts as started only
+//! once it answers PING, and a node that never does fails the test with its log.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -32,6 +32,7 @@ pub struct RedisClusterBuilder {
     nodes: usize,
     persistence: Persistence,
     tls: bool,
+    password: Option<String>,
 }
 
 impl RedisClusterBuilder {
@@ -52,6 +53,12 @@ impl RedisClusterBuilder {
         self
     }
 
+    /// Require this password (`requirepass`); URLs become `redis://:<password>@127.0.0.1:<port>`.
+    pub fn password(mut self, password: &str) -> Self {
+        self.password = Some(password.to_owned());
+        self
+    }
+
     /// Starts every node and waits until each answers PING; panics (with the node's log) otherwise.
     pub fn start(self) -> RedisCluster {
         super::require_program("redis-server", "redis-server");
@@ -69,6 +76,7 @@ impl RedisClusterBuilder {
             nodes: Vec::new(),
             persistence: self.persistence,
             tls: self.tls,
+            password: self.password,
             _dir: dir,
         };
         for i in 0..self.nodes {
@@ -92,6 +100,7 @@ pub struct RedisCluster {
     nodes: Vec<Node>,
     persistence: Persistence,
     tls: bool,
+    password: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -114,6 +123,7 @@ impl RedisCluster {
             nodes: 3,
             persistence: Persistence::None,
             tls: false,
+            password: None,
         }
     }
 
@@ -130,12 +140,23 @@ impl RedisCluster {
         (0..self.len()).map(|i| self.url(i)).collect()
     }
 
+    /// The nodes as a YAML flow list, `["redis://…", …]`: what `redis.nodes` of a `jobs.yaml` says.
+    pub fn nodes_yaml(&self) -> String {
+        let quoted: Vec<String> = self.urls().iter().map(|url| format!("\"{url}\"")).collect();
+        format!("[{}]", quoted.join(", "))
+    }
+
+    /// The URL of node `i`, with the password if there is one.
     pub fn url(&self, i: usize) -> String {
+        let auth = self
+            .password
+            .as_ref()
+            .map_or(String::new(), |password| format!(":{password}@"));
         if self.tls {
             // Self-signed certificate: skip verification (test only).
-            format!("rediss://127.0.0.1:{}/#insecure", self.port(i))
+            format!("rediss://{auth}127.0.0.1:{}/#insecure", self.port(i))
         } else {
-            format!("redis://127.0.0.1:{}", self.port(i))
+            format!("redis://{auth}127.0.0.1:{}", self.port(i))
         }
     }
 
@@ -289,6 +310,9 @@ impl RedisCluster {
                 .args(["--tls-auth-clients", "no"]);
         } else {
             command.args(["--port", &node.port.to_string()]);
+        }
+        if let Some(password) = &self.password {
+            command.args(["--requirepass", password]);
         }
         command
             .args(["--bind", "127.0.0.1", "--save", ""])

@@ -52,6 +52,24 @@ fn cluster_restart_keeps_data_with_aof() {
     assert!(cluster.keys(0, "*").is_empty());
 }
 
+/// A node started with a password refuses a client without it and answers one with it (its URL).
+#[test]
+fn cluster_with_password() {
+    let cluster = RedisCluster::builder().nodes(1).password("pw-4711").start();
+    assert_eq!(
+        cluster.url(0),
+        format!("redis://:pw-4711@127.0.0.1:{}", cluster.port(0))
+    );
+    assert!(cluster.ping(0));
+    let bare = format!("redis://127.0.0.1:{}", cluster.port(0));
+    let mut connection = redis::Client::open(bare)
+        .expect("a valid URL")
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .expect("the port accepts connections");
+    let refused = redis::cmd("PING").query::<String>(&mut connection);
+    assert!(refused.is_err(), "{refused:?}");
+}
+
 /// A stopped node is hung (no answer), and answers again once continued.
 #[test]
 fn cluster_stop_and_cont() {

@@ -41,13 +41,16 @@ impl WorkerBuilder {
     /// Runs the worker (and its jobs) with a fake clock through libfaketime, e.g. `"+1h"` or `"@2024-03-31 01:59:50"`.
     ///
     /// Preloaded directly rather than through the `faketime` command, which would stand between the test
-    /// and the worker as a parent process that does not pass signals on.
+    /// and the worker as a parent process that does not pass signals on. Only the wall clock is faked:
+    /// a host's monotonic and boot clocks never jump, and the kernel's timers (a `timerfd` on
+    /// `CLOCK_BOOTTIME`, which the lease watchdog sleeps on) keep the real ones.
     pub fn faketime(self, spec: &str) -> Self {
         super::require_program("faketime", "faketime");
         let library =
             libfaketime().expect("`faketime` is installed but libfaketime.so.1 was not found");
         self.env("LD_PRELOAD", &library.to_string_lossy())
             .env("FAKETIME", spec)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
     }
 
     /// Starts the worker in the config file's directory.

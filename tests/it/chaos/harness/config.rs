@@ -96,6 +96,7 @@ lock:
 worker:
   id: w{worker}
   shutdown_grace: {SHUTDOWN_GRACE_S}s
+  clock_check_every: 1s
 jobs:
 {jobs}"#
     )

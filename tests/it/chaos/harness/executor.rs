@@ -310,10 +310,7 @@ impl Cluster {
                     ..
                 },
                 Some(Active::Aimed { instance, tick }),
-            ) => {
-                let worker = self.instances[*instance].worker;
-                tick - self.offsets[worker] + after_ms as i64
-            }
+            ) => tick - self.skew(*instance) + after_ms as i64,
             (Fault::Ghost(ghost), Some(Active::Ghost { tick })) => {
                 self.first_race_ms(*tick) - ghost.lead_ms as i64
             }
@@ -398,22 +395,27 @@ impl Cluster {
         self.journal.long_run(&running, since)
     }
 
-    /// The running process whose clock is furthest ahead, and the next tick it races at least 30 ms from
-    /// now.
+    /// How far process `instance`'s cluster time (its clock plus the offset to the nodes it measured) is
+    /// ahead of real time: it races a tick that long before the real instant.
+    fn skew(&self, instance: usize) -> i64 {
+        self.offsets[self.instances[instance].worker] + self.journal.measured_offset(instance)
+    }
+
+    /// The running process whose cluster time is furthest ahead (it races each tick first, or with the
+    /// others), and the next tick it races at least 30 ms from now.
     fn first_racer(&self) -> Option<(usize, i64)> {
         let instance = (0..self.instances.len())
             .filter(|&i| self.instances[i].state == State::Running)
-            .max_by_key(|&i| (self.offsets[self.instances[i].worker], i))?;
-        let offset = self.offsets[self.instances[instance].worker];
-        let tick = (now_ms() + 30 + offset + 999).div_euclid(1000) * 1000;
+            .max_by_key(|&i| (self.skew(i), i))?;
+        let tick = (now_ms() + 30 + self.skew(instance) + 999).div_euclid(1000) * 1000;
         Some((instance, tick))
     }
 
-    /// The real time (Unix ms) at which the first running worker's clock reaches `tick`.
+    /// The real time (Unix ms) at which the first running worker's cluster time reaches `tick`.
     fn first_race_ms(&self, tick: i64) -> i64 {
         let ahead = (0..self.instances.len())
             .filter(|&i| self.instances[i].state == State::Running)
-            .map(|i| self.offsets[self.instances[i].worker])
+            .map(|i| self.skew(i))
             .max()
             .unwrap_or(0);
         tick - ahead

@@ -75,6 +75,18 @@ impl Journal {
             .map(|(id, (instance, _, _))| (*instance, (*id).clone()))
     }
 
+    /// The offset to the nodes' clocks that `instance` last measured (`clock.offset`), 0 before it did.
+    pub(super) fn measured_offset(&self, instance: usize) -> i64 {
+        self.lock().events.get(instance).map_or(0, |events| {
+            events
+                .iter()
+                .rev()
+                .find(|(_, e)| e["event"] == "clock.offset")
+                .and_then(|(_, e)| e["offset_ms"].as_i64())
+                .unwrap_or(0)
+        })
+    }
+
     /// Whether `instance` has logged an event named `name`.
     pub(super) fn has(&self, instance: usize, name: &str) -> bool {
         self.lock()
