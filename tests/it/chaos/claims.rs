@@ -184,8 +184,11 @@ impl Iterator for Commands<'_> {
 #[derive(Debug, Default)]
 pub struct Confirms {
     by_tick: HashMap<(String, i64), BTreeMap<String, BTreeSet<usize>>>,
-    leases: HashMap<(String, i64), Vec<(String, usize, i64)>>,
+    leases: HashMap<(String, i64), Vec<LeaseTaken>>,
 }
+
+/// A lease taken on a node: `(claimant, node, expiry)`.
+pub type LeaseTaken = (String, usize, i64);
 
 impl Confirms {
     pub fn new(writes: &[ClaimWrite]) -> Confirms {
@@ -222,7 +225,7 @@ impl Confirms {
     }
 
     /// The leases taken for `(job, tick)`: `(claimant, node, expiry)`, in the nodes' order of writing.
-    pub fn leases(&self, job: &str, tick: i64) -> &[(String, usize, i64)] {
+    pub fn leases(&self, job: &str, tick: i64) -> &[LeaseTaken] {
         self.leases
             .get(&(job.to_string(), tick))
             .map_or(&[], Vec::as_slice)

@@ -144,8 +144,11 @@ pub struct Facts {
     pub aimed: Vec<(i64, usize, i64)>,
     /// Per `(instance, job, tick)`: the holders that `tick.lost: busy` named, with the tick each held
     /// the job's lease for (what the nodes answered).
-    pub busy: HashMap<(usize, String, i64), Vec<(String, Option<i64>)>>,
+    pub busy: HashMap<(usize, String, i64), Vec<BusyAnswer>>,
 }
+
+/// A holder named by `tick.lost: busy`, and the tick it held the lease for.
+pub type BusyAnswer = (String, Option<i64>);
 
 /// An RFC 3339 instant as Unix ms.
 pub fn parse_instant(text: &str) -> Option<i64> {
