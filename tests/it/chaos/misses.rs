@@ -1,7 +1,7 @@
 //! Why a tick did not run: the *explained miss* rules of the checker, applied to one tick.
 //!
 //! A claim that was in flight when its worker was paused or killed is **not** an explanation: the
-//! protocol lets the others wait out a dead contender's lease (within the misfire grace) and never
+//! protocol lets the others wait out a dead contender's lease (within the tick's window) and never
 //! counts a claim on a minority as taken. A missed tick is explained only by evidence, either of the
 //! tick as a whole:
 //! - **won, never started**: a worker logged `tick.won` for it and was killed, or paused, before it
@@ -9,7 +9,9 @@
 //!   else may be granted the tick);
 //! - **granted to a claimant that died mid-claim**: the nodes' append-only files ([`super::claims`])
 //!   show the tick confirmed on a majority for one claimant, whose worker never logged `tick.won` for it
-//!   and was killed or paused while it raced the tick (a grant that reached the nodes but not the log);
+//!   and was killed or paused while it raced the tick — after its first lease was written (the lease's
+//!   expiry in the AOF less the TTL), within a claim's length or the grace (a grant that reached the
+//!   nodes but not the log);
 //!
 //! or of **every** worker `w`, at its race time `r` (the real time at which `w`'s cluster time — its
 //! clock plus its measured offset to the nodes' clocks — reads the tick):
@@ -30,12 +32,15 @@
 //!   tick was still going on (its outcome arrived after `r` − 0.1 s), and some fault was active
 //!   during that claim (a node unusable or stalled, a worker paused or killed);
 //! - *later tick claimed*: a later tick of the job was claimed before `r` + 0.8 s (by a worker whose
-//!   cluster time is ahead, after a step of its clock): claims only grow, so this tick can no longer be
+//!   cluster time is ahead, after a step of its clock) — its `tick.won` arrived, or it was granted to a
+//!   claimant that died mid-claim, by the time it died: claims only grow, so this tick can no longer be
 //!   claimed;
 //! - *no majority within the tick's window*: `w` gave up the tick (`tick.skipped` with reason
 //!   `no_quorum` or `contended`) at the end of its window — the misfire grace, or the job's next tick if
-//!   that comes first, as G4 in `docs/protocol.md` promises — and at each of its attempts that failed
-//!   (`tick.retrying`/`tick.skipped` with those reasons) a majority of the 5 nodes was out of its reach:
+//!   that comes first, as G4 in `docs/protocol.md` promises — or, having failed at least once, was told
+//!   `tick.lost: already_claimed` after a later tick was claimed (as above); and at each of its attempts
+//!   that failed (`tick.retrying`/`tick.skipped` with those reasons) a majority of the 5 nodes was out of
+//!   its reach:
 //!   killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and for 1 s
 //!   after), any node during a stall the probe measured, any node that confirmed this tick for another
 //!   claimant (a node confirms one claimant per tick, for ever: the nodes' AOF), and any node whose lease
@@ -237,24 +242,55 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
 /// The tick was confirmed on a majority for a claimant whose worker never logged `tick.won` for it, and
 /// was killed or paused while racing it.
 fn granted_to_the_dead(e: &Evidence<'_>, tick: i64) -> Option<String> {
+    let (worker, _) = dead_grant(e, tick)?;
+    Some(format!(
+        "granted to a claimant of w{worker} that was killed or paused mid-claim (confirmed on a \
+         majority of the nodes' AOF, no tick.won)"
+    ))
+}
+
+/// A claimant that the nodes' AOF shows confirmed on a majority for `tick`, whose worker logged no
+/// `tick.won` for it and was killed or paused while racing it — that is, after the claimant's first lease
+/// was written (its expiry in the AOF less the TTL), within a claim's length or the grace: its worker, and
+/// when it died (its confirms were sent by then).
+fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
     let facts = e.facts;
-    for claimant in e.confirms.granted(&e.job.name, tick) {
-        let Some(worker) = worker_of(claimant) else {
-            continue;
-        };
-        let won = e.runs.iter().any(|r| r.tick == tick && r.worker == worker);
-        let race = facts.race_time(worker, tick);
-        let died = facts.instances_of(worker).any(|(_, life)| {
-            life.ready <= race && life.disturbed_in(race - 500, race + CLAIM_MS.max(e.job.grace_ms))
-        });
-        if !won && died {
-            return Some(format!(
-                "granted to a claimant of w{worker} that was killed or paused mid-claim (confirmed on a \
-                 majority of the nodes' AOF, no tick.won)"
-            ));
-        }
-    }
-    None
+    let leases = e.confirms.leases(&e.job.name, tick);
+    e.confirms
+        .granted(&e.job.name, tick)
+        .into_iter()
+        .find_map(|claimant| {
+            let worker = worker_of(claimant)?;
+            if e.runs.iter().any(|r| r.tick == tick && r.worker == worker) {
+                return None;
+            }
+            let raced = leases
+                .iter()
+                .filter(|(c, _, _)| c == claimant)
+                .map(|(_, _, expires)| expires - e.ttl_ms)
+                .min()?;
+            let died = facts
+                .instances_of(worker)
+                .flat_map(|(_, life)| {
+                    life.disturbances_in(raced - 500, raced + CLAIM_MS.max(e.job.grace_ms))
+                })
+                .min()?;
+            Some((worker, died))
+        })
+}
+
+/// When a later tick of the job was first claimed: its `tick.won` arrived, or the claimant it was granted
+/// to died (see [`dead_grant`]). Claims only grow, so from then on `tick` cannot be claimed.
+fn later_claim_at(e: &Evidence<'_>, tick: i64) -> Option<i64> {
+    let won = e
+        .runs
+        .iter()
+        .filter(|other| other.tick > tick)
+        .map(|other| other.won_at);
+    let dead = (1..=10)
+        .filter_map(|k| dead_grant(e, tick + k * e.job.period_ms))
+        .map(|(_, died)| died);
+    won.chain(dead).min()
 }
 
 /// Why `worker` could not run `tick`, or what it could have done.
@@ -298,10 +334,7 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
     if facts.still_racing(instance, &e.job.name, tick, r) {
         return Ok("still racing the previous tick");
     }
-    if e.runs
-        .iter()
-        .any(|other| other.tick > tick && other.won_at <= r + 800)
-    {
+    if later_claim_at(e, tick).is_some_and(|at| at <= r + 800) {
         return Ok("later tick claimed first");
     }
     if let Some(cause) = no_majority_in_window(e, instance, worker, tick, r) {
@@ -336,22 +369,36 @@ fn no_majority_in_window(
             .flat_map(|reason| facts.logged_at(instance, job, tick, &format!("{event}:{reason}")))
             .collect()
     };
-    let gave_up = logged("tick.skipped").into_iter().min()?;
+    let mut attempts = logged("tick.retrying");
+    // It gave up at the end of the window, or a later tick was claimed meanwhile (the window being over:
+    // the next tick was due), after it had tried and failed at least once.
+    let skipped = logged("tick.skipped").into_iter().min();
+    let overtaken = facts
+        .logged_at(instance, job, tick, "tick.lost:already_claimed")
+        .into_iter()
+        .filter(|&lost| later_claim_at(e, tick).is_some_and(|at| at <= lost))
+        .find(|_| !attempts.is_empty());
+    let gave_up = skipped.into_iter().chain(overtaken).min()?;
     if gave_up < r + e.job.period_ms.min(e.job.grace_ms) - GIVE_UP_SLACK_MS {
         return None;
     }
-    let mut attempts = logged("tick.retrying");
-    attempts.push(gave_up);
+    if Some(gave_up) == skipped {
+        attempts.push(gave_up);
+    }
     let extra = unavailable(e, worker, tick);
-    let mut cause = "no quorum";
+    let (mut stalled, mut dead) = (false, false);
     for end in attempts {
         let (a, b) = (end - CLAIM_MS, end);
-        if !facts.no_quorum_in(a, b, &extra)? {
-            cause = "nodes stalled";
-        } else if facts.no_quorum_in(a, b, &[]) != Some(true) {
-            return Some("dead contender of the tick");
-        }
+        stalled |= !facts.no_quorum_in(a, b, &extra)?;
+        dead |= facts.no_quorum_in(a, b, &[]) != Some(true);
     }
+    let cause = if dead {
+        "dead contender of the tick"
+    } else if stalled {
+        "nodes stalled"
+    } else {
+        "no quorum"
+    };
     Some(cause)
 }
 

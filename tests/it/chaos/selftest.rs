@@ -82,16 +82,20 @@ impl Scenario {
         }
     }
 
-    /// Nodes `nodes` confirmed `tick` of `quick` for `claimant`, as their AOF would show.
+    /// Nodes `nodes` leased `tick` of `quick` to `claimant` right at the tick and confirmed it, as their
+    /// AOF would show.
     fn confirm(&mut self, tick: i64, claimant: &str, nodes: &[usize]) {
+        let holder = Some(format!("{claimant}|1|{tick}|0123456789abcdef"));
         for &node in nodes {
-            self.claims.push(ClaimWrite {
-                node,
-                job: "quick".into(),
-                tick,
-                holder: Some(format!("{claimant}|1|{tick}|0123456789abcdef")),
-                lease_expires: None,
-            });
+            for lease_expires in [Some(tick + 1 + TTL), None] {
+                self.claims.push(ClaimWrite {
+                    node,
+                    job: "quick".into(),
+                    tick,
+                    holder: holder.clone(),
+                    lease_expires,
+                });
+            }
         }
     }
 
@@ -568,4 +572,39 @@ fn checker_catches_a_double_grant_on_the_nodes() {
         failed_with(&report, "DUPLICATE GRANT ON THE NODES"),
         "{report}"
     );
+}
+
+/// A later tick granted to a claimant that died before logging `tick.won` (its clock ran ahead after a
+/// step) takes the earlier ticks with it, as a logged win would: claims only grow.
+#[test]
+fn checker_counts_a_later_tick_granted_to_the_dead_as_claimed() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4, 5, 6]);
+    let (early, granted) = (T0 + 4_000, T0 + 6_000);
+    let holder = Some(format!("w3/ahead|1|{granted}|0123456789abcdef"));
+    for node in 0..3 {
+        for lease_expires in [Some(early + 1 + TTL), None] {
+            scenario.claims.push(ClaimWrite {
+                node,
+                job: "quick".into(),
+                tick: granted,
+                holder: holder.clone(),
+                lease_expires,
+            });
+        }
+    }
+    for tick in [early, early + 1_000] {
+        for instance in 0..3 {
+            let lost = json!({"event": "tick.lost", "job": "quick", "tick": rfc3339(tick), "reason": "already_claimed", "by": "w3"});
+            scenario.log(instance, tick + 5, lost);
+        }
+    }
+    assert!(failed_with(&scenario.check(), "UNEXPLAINED MISS"));
+
+    scenario
+        .timeline
+        .push(early + 20, Happening::WorkerKilled { instance: 3 });
+    let report = scenario.check();
+    passed_explaining(&report, "granted to a claimant of w3");
+    passed_explaining(&report, "claimed a later tick first");
 }
