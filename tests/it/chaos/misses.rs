@@ -44,9 +44,9 @@
 //!   killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and for 1 s
 //!   after), any node during a stall the probe measured, any node that confirmed this tick for another
 //!   claimant (a node confirms one claimant per tick, for ever: the nodes' AOF), and any node whose lease
-//!   of this tick a dead contender held (a ghost, until its TTL; a claimant whose process was killed or
-//!   paused after it took the lease, until the lease's expiry in the AOF). A live contender is no excuse:
-//!   contenders that are alive must settle the tick between them.
+//!   of this tick a dead contender held (a ghost, until its TTL; a claimant whose process was killed,
+//!   paused or told to shut down after it took the lease, until the lease's expiry in the AOF). A live
+//!   contender is no excuse: contenders that are alive must settle the tick between them.
 //!
 //! The table names one cause per explained miss: the first of *won, never started*, *granted to a
 //! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
@@ -404,7 +404,8 @@ fn no_majority_in_window(
 
 /// The nodes that `worker` could not have for `tick` besides faults, as `(node, from, to)`: those that
 /// confirmed the tick for another claimant (for ever), and those whose lease of the tick a dead contender
-/// held — a ghost, or a claimant whose process was killed, or paused, after it took the lease.
+/// held — a ghost, or a claimant whose process was killed, paused or told to shut down after it took the
+/// lease.
 fn unavailable(e: &Evidence<'_>, worker: usize, tick: i64) -> Vec<(usize, i64, i64)> {
     let facts = e.facts;
     let mut extra: Vec<(usize, i64, i64)> = e
@@ -428,8 +429,9 @@ fn unavailable(e: &Evidence<'_>, worker: usize, tick: i64) -> Vec<(usize, i64, i
         let taken = expires - e.ttl_ms;
         for (_, life) in facts.instances_of(owner) {
             let after = |at: i64| taken - 100 <= at && at <= *expires;
-            if let Some(killed) = life.killed.filter(|&k| after(k)) {
-                extra.push((*node, killed, *expires));
+            // Killed, or told to shut down (it races no more, and a lease it kept for a retry stays).
+            if let Some(gone) = life.killed.or(Some(life.end)).filter(|&k| after(k)) {
+                extra.push((*node, gone, *expires));
             }
             for &(stopped, resumed) in life.stops.iter().filter(|(s, _)| after(*s)) {
                 extra.push((*node, stopped, resumed.min(*expires)));

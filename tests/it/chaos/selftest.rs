@@ -324,30 +324,34 @@ fn checker_requires_no_majority_at_every_attempt_within_the_window() {
     scenario.confirm(tick, "ghost-1/x", &[2]);
     passed_explaining(&scenario.check(), "dead contender");
 
-    // Two nodes hung, and w1's lease of the tick on a third: an excuse only once w1 is dead.
-    let mut scenario = Scenario::new();
-    scenario.quick_ticks(&[4]);
-    hung(&mut scenario, &[0, 1], T0 + 3_500, T0 + 9_500);
-    scenario.claims.push(ClaimWrite {
-        node: 2,
-        job: "quick".into(),
-        tick,
-        holder: Some(format!("w1/x|1|{tick}|0123456789abcdef")),
-        lease_expires: Some(tick + 1_995),
-    });
-    for instance in [0, 2, 3] {
-        let contended = json!({"event": "tick.skipped", "job": "quick", "tick": rfc3339(tick), "reason": "contended"});
-        scenario.log(instance, tick + 950, contended);
+    // Two nodes hung, and w1's lease of the tick on a third: an excuse only once w1 is dead (killed, or
+    // shut down with the lease kept for a retry).
+    for gone in [
+        Happening::WorkerKilled { instance: 1 },
+        Happening::WorkerShutdown { instance: 1 },
+    ] {
+        let mut scenario = Scenario::new();
+        scenario.quick_ticks(&[4]);
+        hung(&mut scenario, &[0, 1], T0 + 3_500, T0 + 9_500);
+        scenario.claims.push(ClaimWrite {
+            node: 2,
+            job: "quick".into(),
+            tick,
+            holder: Some(format!("w1/x|1|{tick}|0123456789abcdef")),
+            lease_expires: Some(tick + 1_995),
+        });
+        for instance in [0, 2, 3] {
+            let contended = json!({"event": "tick.skipped", "job": "quick", "tick": rfc3339(tick), "reason": "contended"});
+            scenario.log(instance, tick + 950, contended);
+        }
+        let lost = json!({"event": "tick.lost", "job": "quick", "tick": rfc3339(tick), "reason": "already_claimed"});
+        scenario.log(1, tick + 990, lost);
+        let report = scenario.check();
+        assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+        scenario.timeline.push(tick + 5, gone);
+        let report = scenario.check();
+        assert!(report.passed(), "{report}");
     }
-    let lost = json!({"event": "tick.lost", "job": "quick", "tick": rfc3339(tick), "reason": "already_claimed"});
-    scenario.log(1, tick + 990, lost);
-    let report = scenario.check();
-    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
-    scenario
-        .timeline
-        .push(tick + 5, Happening::WorkerKilled { instance: 1 });
-    let report = scenario.check();
-    assert!(report.passed(), "{report}");
 }
 
 /// A miss while the previous run held the job is explained; a tick.lost while nothing held it is not.
