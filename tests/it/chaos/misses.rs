@@ -9,9 +9,9 @@
 //!   else may be granted the tick);
 //! - **granted to a claimant that died mid-claim**: the nodes' append-only files ([`super::claims`])
 //!   show the tick confirmed on a majority for one claimant, whose worker never logged `tick.won` for it
-//!   and was killed or paused while it raced the tick — after its first lease was written (the lease's
-//!   expiry in the AOF less the TTL), within a claim's length or the grace (a grant that reached the
-//!   nodes but not the log);
+//!   and was killed, paused or told to shut down (it then skips a tick it wins) while it raced the tick —
+//!   after its first lease was written (the lease's expiry in the AOF less the TTL), within a claim's
+//!   length or the grace (a grant that reached the nodes but not the log);
 //!
 //! or of **every** worker `w`, at its race time `r` (the real time at which `w`'s cluster time — its
 //! clock plus its measured offset to the nodes' clocks — reads the tick):
@@ -244,15 +244,16 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
 fn granted_to_the_dead(e: &Evidence<'_>, tick: i64) -> Option<String> {
     let (worker, _) = dead_grant(e, tick)?;
     Some(format!(
-        "granted to a claimant of w{worker} that was killed or paused mid-claim (confirmed on a \
-         majority of the nodes' AOF, no tick.won)"
+        "granted to a claimant of w{worker} that was killed, paused or shut down mid-claim (confirmed \
+         on a majority of the nodes' AOF, no tick.won)"
     ))
 }
 
 /// A claimant that the nodes' AOF shows confirmed on a majority for `tick`, whose worker logged no
-/// `tick.won` for it and was killed or paused while racing it — that is, after the claimant's first lease
-/// was written (its expiry in the AOF less the TTL), within a claim's length or the grace: its worker, and
-/// when it died (its confirms were sent by then).
+/// `tick.won` for it and was killed, paused or told to shut down (a worker that wins a tick once shutdown
+/// is requested does not start it) while racing it — that is, after the claimant's first lease was written
+/// (its expiry in the AOF less the TTL), within a claim's length or the grace: its worker, and when it
+/// died (its confirms were sent by then).
 fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
     let facts = e.facts;
     let leases = e.confirms.leases(&e.job.name, tick);
@@ -269,10 +270,12 @@ fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
                 .filter(|(c, _, _)| c == claimant)
                 .map(|(_, _, expires)| expires - e.ttl_ms)
                 .min()?;
+            let (from, to) = (raced - 500, raced + CLAIM_MS.max(e.job.grace_ms));
             let died = facts
                 .instances_of(worker)
                 .flat_map(|(_, life)| {
-                    life.disturbances_in(raced - 500, raced + CLAIM_MS.max(e.job.grace_ms))
+                    let shut_down = Some(life.end).filter(|&end| from <= end && end <= to);
+                    life.disturbances_in(from, to).into_iter().chain(shut_down)
                 })
                 .min()?;
             Some((worker, died))

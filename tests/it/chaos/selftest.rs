@@ -612,3 +612,17 @@ fn checker_counts_a_later_tick_granted_to_the_dead_as_claimed() {
     passed_explaining(&report, "granted to a claimant of w3");
     passed_explaining(&report, "claimed a later tick first");
 }
+
+/// A worker told to shut down skips a tick it wins: a tick the nodes granted to it is explained by that
+/// grant, as for a worker killed mid-claim.
+#[test]
+fn checker_excuses_a_tick_granted_to_a_worker_shutting_down() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    scenario.confirm(T0 + 4_000, "w1/stopping", &[0, 1, 4]);
+    assert!(failed_with(&scenario.check(), "UNEXPLAINED MISS"));
+    scenario
+        .timeline
+        .push(T0 + 4_005, Happening::WorkerShutdown { instance: 1 });
+    passed_explaining(&scenario.check(), "granted to a claimant of w1");
+}
