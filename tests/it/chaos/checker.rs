@@ -1,5 +1,5 @@
-//! The checker: reads the ledger, the timeline of faults and the workers' JSON logs, and decides whether
-//! the run kept redcron's promises.
+//! The checker: reads the ledger, the timeline of faults, the workers' JSON logs and what the lock nodes
+//! wrote (their AOF, see [`super::claims`]), and decides whether the run kept redcron's promises.
 //!
 //! # Rules
 //!
@@ -10,8 +10,10 @@
 //!
 //! The run **fails** on any of:
 //! 1. **A line that is not JSON** in any worker's stdout.
-//! 2. **A duplicate**: two `tick.won` or two `run.started` for one (job, tick) across all workers, or two
-//!    accepted first writes (`start`) for one (job, tick) in the ledger.
+//! 2. **A duplicate**: two `tick.won` or two `run.started` for one (job, tick) across all workers, two
+//!    accepted first writes (`start`) for one (job, tick) in the ledger — whatever config versions the
+//!    workers ran, so also during a rollout that changes `overlap` — or one (job, tick) confirmed on a
+//!    majority of the nodes for two claimants (a double grant, even if one of them never ran it).
 //! 3. **A token order violation**: over all `tick.won` of a job, ordered by tick, tokens do not strictly
 //!    increase (G1 grants ticks in order, G2 makes tokens grow with grants); or the ledger accepted a
 //!    write that its own rule should have refused (replayed here).
@@ -36,16 +38,22 @@
 //! 9. **A tick claimed early**: a `tick.won` that arrived when its worker's cluster time (its clock plus
 //!    its measured offset to the nodes') read more than 0.1 s before the tick (away from a step of that
 //!    clock, or the measurement correcting it): workers must sleep until the tick.
+//! 10. **A ghost granted**: a ghost contender's claim (the harness writes it on a minority only) confirmed
+//!     on a majority of the nodes.
 //!
 //! Every rule applies to the whole run, except misses, which are counted over the window.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::claims::{ClaimWrite, Confirms};
+use super::contenders::note_contenders;
 use super::facts::{Facts, InstanceLog, Run, NEVER};
+use super::faults::Case;
 use super::ledger::{Attempt, Phase};
-use super::misses::{explain_miss, holds, phantom_claims};
-use super::plan::{Case, Happening, Timeline};
+use super::misses::{explain_miss, holds, Evidence};
+use super::plan::VERSIONS;
 use super::report::{show_time, Report, Row};
+use super::timeline::{Happening, Timeline};
 
 /// How long before a write a worker must have been running, unpaused, for a rejected write of its job
 /// to be its fault (rule 6).
@@ -54,10 +62,12 @@ const LIVE_HOLDER_MS: i64 = 1_000;
 #[derive(Debug, Clone)]
 pub struct JobSpec {
     pub name: String,
-    /// `overlap: skip` (one lease per job) rather than `allow`.
-    pub skip: bool,
+    /// Per config version: `overlap: skip` (one lease per job) rather than `allow`.
+    pub skip: [bool; VERSIONS],
     /// The schedule fires every `period_ms`, on multiples of it.
     pub period_ms: i64,
+    /// Its `misfire_grace`.
+    pub grace_ms: i64,
     /// The job that outlives the TTL.
     pub long: bool,
 }
@@ -71,6 +81,8 @@ pub struct Input<'a> {
     pub timeline: &'a Timeline,
     pub logs: &'a [InstanceLog],
     pub ledger: &'a [Attempt],
+    /// Every claim the lock nodes wrote (from their AOF).
+    pub claims: &'a [ClaimWrite],
     /// The deterministic cases the plan contains.
     pub planned_cases: &'a [Case],
 }
@@ -99,10 +111,12 @@ pub fn check(input: &Input<'_>) -> Report {
         .filter_map(|run| Some((run.run_id.as_deref()?, run)))
         .collect();
     check_ledger_against_logs(input, &facts, &runs_by_id, &mut report);
+    let confirms = Confirms::new(input.claims);
     for job in input.jobs {
-        let row = check_job(input, &facts, job, &runs_by_id, &mut report);
+        let row = check_job(input, &facts, &confirms, job, &runs_by_id, &mut report);
         report.rows.push(row);
     }
+    note_contenders(input, &facts, &confirms, &mut report);
     check_cases(input, &facts, &runs_by_id, &mut report);
     let renewed = facts.runs.iter().filter(|run| {
         input.jobs.iter().any(|job| job.long && job.name == run.job)
@@ -246,13 +260,18 @@ fn check_ledger_against_logs(
 fn check_job(
     input: &Input<'_>,
     facts: &Facts,
+    confirms: &Confirms,
     job: &JobSpec,
     runs_by_id: &HashMap<&str, &Run>,
     report: &mut Report,
 ) -> Row {
     let mut row = Row {
         job: job.name.clone(),
-        overlap: if job.skip { "skip" } else { "allow" },
+        overlap: match (job.skip.iter().all(|&s| s), job.skip.iter().any(|&s| s)) {
+            (true, _) => "skip",
+            (false, true) => "rolled",
+            (false, false) => "allow",
+        },
         ..Row::default()
     };
     let runs: Vec<&Run> = facts
@@ -303,6 +322,20 @@ fn check_job(
             ));
         }
     }
+    for (tick, claimants) in confirms
+        .double_grants()
+        .into_iter()
+        .filter_map(|(name, tick, claimants)| (name == job.name).then_some((tick, claimants)))
+    {
+        if duplicated.insert(tick) {
+            report.failures.push(format!(
+                "DUPLICATE GRANT ON THE NODES: {} at {} was confirmed on a majority for {}",
+                job.name,
+                show_time(tick),
+                claimants.join(" and ")
+            ));
+        }
+    }
     row.duplicates = duplicated.len();
 
     // Rule 9: no claim before the tick is due on the claimant's cluster time.
@@ -342,12 +375,15 @@ fn check_job(
     }
 
     // Rule 5: misses.
-    let holds = if job.skip {
-        holds(input, facts, job, &runs)
-    } else {
-        Vec::new()
+    let holds = holds(input, facts, job, &runs);
+    let evidence = Evidence {
+        facts,
+        job,
+        runs: &runs,
+        holds: &holds,
+        confirms,
+        ttl_ms: input.ttl_ms,
     };
-    let phantoms = phantom_claims(input, facts, job);
     let started: BTreeSet<i64> = runs
         .iter()
         .filter(|r| r.run_id.is_some())
@@ -360,7 +396,7 @@ fn check_job(
             row.run += 1;
             continue;
         }
-        match explain_miss(facts, job, tick, &runs, &holds, &phantoms) {
+        match explain_miss(&evidence, tick) {
             Ok(reason) => {
                 row.explained += 1;
                 *report

@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
-use super::plan::{Happening, Timeline, NODES, PROXIED_NODE, WORKERS};
+use super::checker::JobSpec;
+use super::plan::{NODES, PROXIED_NODE, WORKERS};
+use super::timeline::{Happening, Timeline};
 
 /// "Never", as an interval end.
 pub const NEVER: i64 = i64::MAX / 4;
@@ -42,6 +44,8 @@ pub struct InstanceLog {
 #[derive(Debug, Clone)]
 pub struct Life {
     pub worker: usize,
+    /// The config version it runs.
+    pub config: usize,
     /// When it logged `worker.started` (it races nothing before), or [`NEVER`].
     pub ready: i64,
     /// When it was killed or told to shut down, or [`NEVER`].
@@ -74,6 +78,19 @@ impl Life {
         found.retain(|&t| a <= t && t <= b);
         found
     }
+}
+
+/// A ghost contender's keys, as the harness wrote them (see `Happening::Ghost`).
+#[derive(Debug, Clone)]
+pub struct GhostKeys {
+    pub at: i64,
+    pub job: String,
+    pub tick: i64,
+    /// Its lease key is the job's only one (`overlap: skip`), not the tick's.
+    pub skip_key: bool,
+    pub ttl_ms: u64,
+    pub leased: Vec<usize>,
+    pub confirmed: Vec<usize>,
 }
 
 /// A `tick.won`, and the run that followed it, if any.
@@ -121,7 +138,17 @@ pub struct Facts {
     pub outcomes: HashMap<(usize, String), Logged>,
     /// Events that could not be read (missing or malformed fields).
     pub malformed: Vec<String>,
+    /// Ghost contenders' keys.
+    pub ghosts: Vec<GhostKeys>,
+    /// Kills aimed at a race: `(at, instance, tick)`.
+    pub aimed: Vec<(i64, usize, i64)>,
+    /// Per `(instance, job, tick)`: the holders that `tick.lost: busy` named, with the tick each held
+    /// the job's lease for (what the nodes answered).
+    pub busy: HashMap<(usize, String, i64), Vec<BusyAnswer>>,
 }
+
+/// A holder named by `tick.lost: busy`, and the tick it held the lease for.
+pub type BusyAnswer = (String, Option<i64>);
 
 /// An RFC 3339 instant as Unix ms.
 pub fn parse_instant(text: &str) -> Option<i64> {
@@ -145,12 +172,17 @@ impl Facts {
         for (at, happening) in &timeline.entries {
             let at = *at;
             match happening {
-                Happening::WorkerSpawned { worker, instance } => {
+                Happening::WorkerSpawned {
+                    worker,
+                    instance,
+                    config,
+                } => {
                     if facts.lives.len() <= *instance {
                         facts.lives.resize(
                             instance + 1,
                             Life {
                                 worker: 0,
+                                config: 0,
                                 ready: NEVER,
                                 end: NEVER,
                                 killed: None,
@@ -159,6 +191,7 @@ impl Facts {
                         );
                     }
                     facts.lives[*instance].worker = *worker;
+                    facts.lives[*instance].config = *config;
                 }
                 Happening::WorkerStopped { instance } => {
                     facts.lives[*instance].stops.push((at, NEVER))
@@ -197,7 +230,27 @@ impl Facts {
                 Happening::Clock { worker, offset_ms } => {
                     facts.offsets[*worker].push((at, *offset_ms))
                 }
-                Happening::CaseBegan { .. } | Happening::Skipped { .. } => {}
+                Happening::Ghost {
+                    job,
+                    tick,
+                    key,
+                    ttl_ms,
+                    leased,
+                    confirmed,
+                    ..
+                } => facts.ghosts.push(GhostKeys {
+                    at,
+                    job: job.clone(),
+                    tick: *tick,
+                    skip_key: key.ends_with(":lease"),
+                    ttl_ms: *ttl_ms,
+                    leased: leased.clone(),
+                    confirmed: confirmed.clone(),
+                }),
+                Happening::AimedKill { instance, tick } => facts.aimed.push((at, *instance, *tick)),
+                Happening::CaseBegan { .. }
+                | Happening::Skipped { .. }
+                | Happening::Rollout { .. } => {}
             }
         }
         for (node, since) in down_since.iter().enumerate() {
@@ -254,6 +307,14 @@ impl Facts {
                 continue;
             };
             let reason = event["reason"].as_str().unwrap_or_default();
+            if name == "tick.lost" && reason == "busy" {
+                let holder = event["holder"].as_str().unwrap_or("unknown").to_string();
+                let held = event["holder_tick"].as_str().and_then(parse_instant);
+                self.busy
+                    .entry((instance, job.clone(), tick))
+                    .or_default()
+                    .push((holder, held));
+            }
             let label = if reason.is_empty() {
                 name.to_string()
             } else {
@@ -358,26 +419,34 @@ impl Facts {
         steps.any(|(at, step)| at - 1_000 <= t && t <= at + 2_500 + step)
     }
 
-    /// Whether a majority of the configured nodes was unusable at some instant of `[a, b]`: `None` if
-    /// never, else `Some(true)` when the plan's faults alone took the majority out, `Some(false)` when
-    /// measured stalls were needed for it.
-    pub fn no_quorum_in(&self, a: i64, b: i64) -> Option<bool> {
+    /// Whether a majority of the configured nodes was unusable at some instant of `[a, b]`, counting as
+    /// unusable also each node `n` of `extra` during its `[from, to]`: `None` if never, else `Some(true)`
+    /// when the plan's faults and `extra` alone took the majority out, `Some(false)` when measured stalls
+    /// were needed for it.
+    pub fn no_quorum_in(&self, a: i64, b: i64, extra: &[(usize, i64, i64)]) -> Option<bool> {
         let needed = NODES / 2 + 1;
         let within =
             |intervals: &Vec<(i64, i64)>, p: i64| intervals.iter().any(|&(s, e)| s <= p && p <= e);
+        let out = |n: usize, p: i64| {
+            within(&self.unusable[n], p)
+                || extra
+                    .iter()
+                    .any(|&(node, s, e)| node == n && s <= p && p <= e)
+        };
         let mut points = vec![a];
         let starts = self
             .unusable
             .iter()
             .chain(&self.stalled)
             .flatten()
-            .map(|&(s, _)| s);
+            .map(|&(s, _)| s)
+            .chain(extra.iter().map(|&(_, s, _)| s));
         points.extend(starts.filter(|&s| a <= s && s <= b));
         let mut lost = None;
         for p in points {
-            let planned = (0..NODES).filter(|&n| within(&self.unusable[n], p)).count();
+            let planned = (0..NODES).filter(|&n| out(n, p)).count();
             let any = (0..NODES)
-                .filter(|&n| within(&self.unusable[n], p) || within(&self.stalled[n], p))
+                .filter(|&n| out(n, p) || within(&self.stalled[n], p))
                 .count();
             if planned >= needed {
                 return Some(true);
@@ -431,6 +500,26 @@ impl Facts {
         skipped && settled >= r - 100 && self.fault_in(self.race_time(worker, previous), settled)
     }
 
+    /// Whether `instance` runs `job` with `overlap: skip` (its config version decides).
+    pub fn skips(&self, instance: usize, job: &JobSpec) -> bool {
+        job.skip[self.lives[instance].config]
+    }
+
+    /// When `instance` logged `label` (`event` or `event:reason`) for `(job, tick)`.
+    pub fn logged_at(&self, instance: usize, job: &str, tick: i64, label: &str) -> Vec<i64> {
+        self.outcomes
+            .get(&(instance, job.to_string()))
+            .and_then(|ticks| ticks.get(&tick))
+            .map(|events| {
+                events
+                    .iter()
+                    .filter(|(l, _)| l == label)
+                    .map(|&(_, at)| at)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Every instance of worker `w`.
     pub fn instances_of(&self, worker: usize) -> impl Iterator<Item = (usize, &Life)> {
         self.lives
@@ -443,7 +532,7 @@ impl Facts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chaos::plan::ProxyMode;
+    use crate::chaos::faults::ProxyMode;
 
     /// Node faults and the degraded proxy add up to "no quorum" only when a majority is out at once.
     #[test]
@@ -487,15 +576,16 @@ mod tests {
             );
         }
         let facts = Facts::gather(&timeline, &[]);
-        assert_eq!(facts.no_quorum_in(0, 3_900), None, "two nodes out");
+        let none = [];
+        assert_eq!(facts.no_quorum_in(0, 3_900, &none), None, "two nodes out");
         assert_eq!(
-            facts.no_quorum_in(4_000, 4_100),
+            facts.no_quorum_in(4_000, 4_100, &none),
             Some(true),
             "two recovering nodes and the proxy"
         );
-        assert_eq!(facts.no_quorum_in(5_001, 9_000), None, "recovered");
+        assert_eq!(facts.no_quorum_in(5_001, 9_000, &none), None, "recovered");
         assert_eq!(
-            facts.no_quorum_in(19_000, 21_000),
+            facts.no_quorum_in(19_000, 21_000, &none),
             Some(false),
             "a measured stall of three nodes"
         );

@@ -1,208 +1,184 @@
 //! Why a tick did not run: the *explained miss* rules of the checker, applied to one tick.
 //!
-//! A tick that did not run is explained if the timeline shows faults that could have prevented it:
-//! - **claimed by a worker paused mid-claim**: some worker process was paused or killed around the
-//!   moment it raced this tick and had logged no outcome for it (or logged `tick.won` and no run): its
-//!   claim may have reached the nodes and consumed the tick, or its keys blocked the others;
-//! - or **every** worker `w` was unable to run it at its race time `r` (the real time at which `w`'s
-//!   cluster time — its clock plus its measured offset to the nodes' clocks — reads the tick), for one
-//!   of these reasons:
-//!   - *down*: no process of `w` was up (after its `worker.started`) and unpaused during `[r − 0.5 s,
-//!     r + 1.5 s]`;
-//!   - *clock step*: `r` is within a step of `w`'s clock, or of the measurement that corrects it (`w`
-//!     skips or repeats ticks around it);
-//!   - *no quorum*: a majority of the 5 nodes was unusable at some instant of `[r − 0.5 s, r + 1.5 s]`,
-//!     where a node is unusable while killed or hung and for 2 s after it is back, the proxied node
-//!     while the proxy is slow or flaky and for 1 s after, and any node during a stall that the
-//!     harness's probe measured (an answer slower than 50 ms, widened by 0.1 s each side: on a shared
-//!     disk one slow fsync stalls every node at once, a fault the plan did not inject but the machine
-//!     did; the table says when a miss needed such a stall to be explained);
-//!   - *held* (`overlap: skip` jobs, whose lease is one key per job): at `r` the job's lease was held
-//!     for another tick — from that run's `tick.won` until its `run.finished`; if its worker was paused or killed during the run,
-//!     until at least that moment + TTL (the keys outlive a silent holder); and for a claimant paused
-//!     mid-claim, from its race until its pause + TTL;
-//!   - *still racing*: `w` logged `tick.skipped: overlap` for this tick while the claim of its previous
-//!     tick was still going on (its outcome arrived after `r` − 0.1 s), and some fault was active
-//!     during that claim (a node unusable or stalled, a worker paused or killed): the worker marks an
-//!     `overlap: skip` job busy from the moment it races a tick, and a claim slowed down by retries and
-//!     timeouts can outlast the period. (Without a fault a claim takes milliseconds, so a claim that
-//!     hangs is not excused);
-//!   - *later tick claimed*: a later tick of the job was claimed before `r` + 0.8 s (by a worker whose
-//!     cluster time is ahead, after a step of its clock): claims only grow, so this tick can no longer
-//!     be claimed.
+//! A claim that was in flight when its worker was paused or killed is **not** an explanation: the
+//! protocol lets the others wait out a dead contender's lease (within the tick's window) and never
+//! counts a claim on a minority as taken. A missed tick is explained only by evidence, either of the
+//! tick as a whole:
+//! - **won, never started**: a worker logged `tick.won` for it and was killed, or paused, before it
+//!   logged `run.started` (a holder never starts a job once its lease's deadline has passed, and nobody
+//!   else may be granted the tick);
+//! - **granted to a claimant that died mid-claim**: the nodes' append-only files ([`super::claims`])
+//!   show the tick confirmed on a majority for one claimant, whose worker never logged `tick.won` for it
+//!   and was killed, paused or told to shut down (it then skips a tick it wins) while it raced the tick —
+//!   after its first lease was written (the lease's expiry in the AOF less the TTL), within a claim's
+//!   length or the grace (a grant that reached the nodes but not the log);
 //!
-//! The table names one cause per explained miss: the first of *held by a paused or crashed holder*,
-//! *held by another run*, *still racing*, *no quorum* (planned), *no quorum* (measured stalls), *later tick
-//! claimed*, *no live worker*, that applies to some worker.
+//! or of **every** worker `w`, at its race time `r` (the real time at which `w`'s cluster time — its
+//! clock plus its measured offset to the nodes' clocks — reads the tick):
+//! - *down*: no process of `w` was up (after its `worker.started`) and unpaused during `[r − 0.5 s,
+//!   r + 1.5 s]` (killed, paused, or restarting in a rollout);
+//! - *clock step*: `r` is within a step of `w`'s clock, or of the measurement that corrects it (`w`
+//!   skips or repeats ticks around it);
+//! - *held* (only if `w`'s process at `r` runs the job with `overlap: skip`, whose lease is one key per
+//!   job): at `r` that key was held for another tick, on a majority — by a run of a process that also
+//!   ran the job with `overlap: skip` (from its `tick.won` until its `run.finished`; if its worker was
+//!   paused or killed during the run, until at least that moment + TTL), by a ghost contender whose
+//!   lease reached a majority (until its TTL), or by a skip-configured process paused or killed while it
+//!   raced another tick (until that moment + TTL); or `w` logged `tick.lost: busy` naming a holder of
+//!   another tick (the nodes' own answer: a contender of an earlier tick that is still retrying, or whose
+//!   undo did not reach a hung node, holds the key until its TTL). In a rollout, a worker on
+//!   `overlap: allow` takes a key of its own per tick, so nothing of the sort excuses it;
+//! - *still racing*: `w` logged `tick.skipped: overlap` for this tick while the claim of its previous
+//!   tick was still going on (its outcome arrived after `r` − 0.1 s), and some fault was active
+//!   during that claim (a node unusable or stalled, a worker paused or killed);
+//! - *later tick claimed*: a later tick of the job was claimed before `r` + 0.8 s (by a worker whose
+//!   cluster time is ahead, after a step of its clock) — its `tick.won` arrived, or it was granted to a
+//!   claimant that died mid-claim, by the time it died: claims only grow, so this tick can no longer be
+//!   claimed;
+//! - *no majority within the tick's window*: `w` gave up the tick (`tick.skipped` with reason
+//!   `no_quorum` or `contended`) at the end of its window — the misfire grace, or the job's next tick if
+//!   that comes first, as G4 in `docs/protocol.md` promises — or, having failed at least once, was told
+//!   `tick.lost: already_claimed` after a later tick was claimed (as above); and at each of its attempts
+//!   that failed (`tick.retrying`/`tick.skipped` with those reasons) a majority of the 5 nodes was out of
+//!   its reach:
+//!   killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and for 1 s
+//!   after), any node during a stall the probe measured, any node that confirmed this tick for another
+//!   claimant (a node confirms one claimant per tick, for ever: the nodes' AOF), and any node whose lease
+//!   of this tick a dead contender held (a ghost, until its TTL; a claimant whose process was killed,
+//!   paused or told to shut down after it took the lease, until the lease's expiry in the AOF). A live
+//!   contender is no excuse: contenders that are alive must settle the tick between them.
 //!
-//! Nothing else explains a miss: a `tick.skipped: no_quorum` logged while the timeline shows a majority
-//! of nodes usable, or a `tick.lost: busy` while no earlier run could hold the job, is a failure.
+//! The table names one cause per explained miss: the first of *won, never started*, *granted to a
+//! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
+//! *held by a contender of another tick*, *still racing*, *a dead contender of the tick*, *no quorum*
+//! (planned), *no quorum* (measured stalls), *later tick claimed*, *no live worker*, that applies.
 
 use std::collections::BTreeSet;
 
 use super::checker::{Input, JobSpec};
+use super::claims::{worker_of, Confirms};
 use super::facts::{Facts, Run, NEVER};
-use super::plan::WORKERS;
+use super::plan::{NODES, WORKERS};
 use super::report::show_time;
 
 /// A claim takes at most about this long (rounds, retries): a worker paused this long after its race may
-/// have been mid-claim.
+/// have been mid-claim, and an attempt's outcome is logged at most this long after it began.
 const CLAIM_MS: i64 = 1_500;
+/// A worker retries a tick it could not claim (with a backoff of up to 2 s) until the tick's window ends —
+/// its misfire grace, or the job's next tick if that comes first (G4 in `docs/protocol.md`): its last
+/// attempt ends at most this long before the window does.
+const GIVE_UP_SLACK_MS: i64 = 2_500;
 
-/// An interval during which the job's lease may have been held for another tick, and by what.
+/// An interval during which the job's single lease key may have been held for another tick, and by what.
 #[derive(Debug, Clone)]
 pub struct Hold {
     tick: i64,
     from: i64,
     to: i64,
-    what: String,
+    kind: HoldKind,
 }
 
-/// The `overlap: skip` job's lease holds: runs (and wins that never ran), per the *held* rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HoldKind {
+    Run,
+    Disturbed,
+    Ghost,
+}
+
+/// What one missed tick is judged by.
+pub struct Evidence<'a> {
+    pub facts: &'a Facts,
+    pub job: &'a JobSpec,
+    pub runs: &'a [&'a Run],
+    pub holds: &'a [Hold],
+    pub confirms: &'a Confirms,
+    pub ttl_ms: i64,
+}
+
+/// The holds of the job's single lease key (`overlap: skip`), per the *held* rule.
 pub fn holds(input: &Input<'_>, facts: &Facts, job: &JobSpec, runs: &[&Run]) -> Vec<Hold> {
+    let ttl = input.ttl_ms;
     let mut holds: Vec<Hold> = runs
         .iter()
+        .filter(|run| facts.skips(run.instance, job))
         .map(|run| {
             let life = &facts.lives[run.instance];
             let natural = run.finished_at;
-            let until = natural.unwrap_or(NEVER);
-            let disturbances = life.disturbances_in(run.won_at - 200, until);
-            let (to, how) = match disturbances.iter().max() {
+            let disturbances = life.disturbances_in(run.won_at - 200, natural.unwrap_or(NEVER));
+            let (to, kind) = match disturbances.iter().max() {
                 Some(&last) => (
-                    natural.unwrap_or(i64::MIN).max(last + input.ttl_ms) + 300,
-                    "paused or crashed holder",
+                    natural.unwrap_or(i64::MIN).max(last + ttl) + 300,
+                    HoldKind::Disturbed,
                 ),
                 None if run.run_id.is_none() && natural.is_none() => {
-                    (run.won_at + input.ttl_ms + 300, "won, never started")
+                    (run.won_at + ttl + 300, HoldKind::Run)
                 }
-                None => (
-                    natural.map_or(NEVER, |f| f + 300),
-                    "previous run still running",
-                ),
+                None => (natural.map_or(NEVER, |f| f + 300), HoldKind::Run),
             };
             Hold {
                 tick: run.tick,
                 from: run.won_at - 200,
                 to,
-                what: format!("{how} (w{}, tick {})", run.worker, show_time(run.tick)),
+                kind,
             }
         })
         .collect();
-    holds.extend(phantom_claims(input, facts, job));
-    holds
-}
-
-/// Claims that may have been in flight when their worker was paused or killed, per the *claimed by a
-/// worker paused mid-claim* rule: from the race until the pause + TTL.
-pub fn phantom_claims(input: &Input<'_>, facts: &Facts, job: &JobSpec) -> Vec<Hold> {
-    let mut found = Vec::new();
-    for (instance, life) in facts.lives.iter().enumerate() {
-        let moments: Vec<i64> = life
-            .stops
+    holds.extend(
+        facts
+            .ghosts
             .iter()
-            .map(|&(s, _)| s)
-            .chain(life.killed)
-            .collect();
-        for p in moments {
+            .filter(|g| g.job == job.name && g.skip_key && g.leased.len() > NODES / 2)
+            .map(|g| Hold {
+                tick: g.tick,
+                from: g.at - 100,
+                to: g.at + g.ttl_ms as i64 + 300,
+                kind: HoldKind::Ghost,
+            }),
+    );
+    // A skip-configured process paused or killed while racing: its lease may hold the key until its TTL.
+    for (instance, life) in facts.lives.iter().enumerate() {
+        if !facts.skips(instance, job) {
+            continue;
+        }
+        for p in life.stops.iter().map(|&(s, _)| s).chain(life.killed) {
             // The latest tick this worker's cluster time had reached at p.
             let offset = facts.skew_at(life.worker, p);
             let tick = (p + offset).div_euclid(job.period_ms) * job.period_ms;
             let race = facts.race_time(life.worker, tick);
             let logged = !facts.logged(instance, &job.name, tick).is_empty();
             if p - race <= CLAIM_MS && life.ready <= race && !logged {
-                found.push(Hold {
+                holds.push(Hold {
                     tick,
                     from: race - 100,
-                    to: p + input.ttl_ms + 300,
-                    what: format!(
-                        "w{} paused or killed mid-claim (tick {})",
-                        life.worker,
-                        show_time(tick)
-                    ),
+                    to: p + ttl + 300,
+                    kind: HoldKind::Disturbed,
                 });
             }
         }
     }
-    found
+    holds
 }
 
 /// Whether a miss of `tick` is explained: `Ok(reason)`, or `Err(what each worker could have done)`.
-pub fn explain_miss(
-    facts: &Facts,
-    job: &JobSpec,
-    tick: i64,
-    runs: &[&Run],
-    holds: &[Hold],
-    phantoms: &[Hold],
-) -> Result<String, String> {
-    // Claimed by a worker paused mid-claim (or that won and was stopped before starting the job).
-    if phantoms.iter().any(|h| h.tick == tick) {
-        return Ok("claim consumed by a worker paused or killed mid-claim".to_string());
-    }
-    for run in runs.iter().filter(|r| r.tick == tick && r.run_id.is_none()) {
+pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
+    let facts = e.facts;
+    for run in e
+        .runs
+        .iter()
+        .filter(|r| r.tick == tick && r.run_id.is_none())
+    {
         if facts.lives[run.instance].disturbed_in(run.won_at - 500, run.won_at + CLAIM_MS) {
-            return Ok("won by a worker paused or killed before it started the job".to_string());
+            return Ok(
+                "won by a worker that was killed or paused before it started the job".to_string(),
+            );
         }
+    }
+    if let Some(reason) = granted_to_the_dead(e, tick) {
+        return Ok(reason);
     }
     let mut reasons: Vec<Result<&'static str, String>> = Vec::new();
     for worker in 0..WORKERS {
-        let r = facts.race_time(worker, tick);
-        let (a, b) = (r - 500, r + CLAIM_MS);
-        let reason = if !facts
-            .instances_of(worker)
-            .any(|(_, life)| life.running_throughout(a, b))
-        {
-            if facts
-                .instances_of(worker)
-                .any(|(_, life)| life.paused_in(a, b) && life.killed.is_none_or(|k| k > b))
-            {
-                Ok("paused")
-            } else {
-                Ok("down")
-            }
-        } else if facts.near_clock_step(worker, r) {
-            Ok("clock step")
-        } else if let Some(hold) = holds
-            .iter()
-            .find(|h| h.tick != tick && h.from <= r && r <= h.to)
-        {
-            if hold.what.starts_with("previous run") {
-                Ok("held by another run")
-            } else {
-                Ok("held by a paused or crashed holder")
-            }
-        } else if facts
-            .instances_of(worker)
-            .any(|(instance, _)| facts.still_racing(instance, &job.name, tick, r))
-        {
-            Ok("still racing the previous tick")
-        } else if runs
-            .iter()
-            .any(|other| other.tick > tick && other.won_at <= r + 800)
-        {
-            Ok("later tick claimed first")
-        } else if let Some(planned) = facts.no_quorum_in(a, b) {
-            Ok(if planned {
-                "no quorum"
-            } else {
-                "nodes stalled"
-            })
-        } else {
-            let logged: Vec<String> = facts
-                .instances_of(worker)
-                .flat_map(|(instance, _)| facts.logged(instance, &job.name, tick))
-                .collect();
-            Err(format!(
-                "w{worker} could have run it at {} (logged: {})",
-                show_time(r),
-                if logged.is_empty() {
-                    "nothing".into()
-                } else {
-                    logged.join(", ")
-                }
-            ))
-        };
-        reasons.push(reason);
+        reasons.push(excuse(e, worker, tick));
     }
     let errors: Vec<String> = reasons.iter().filter_map(|r| r.clone().err()).collect();
     if !errors.is_empty() {
@@ -217,20 +193,253 @@ pub fn explain_miss(
         .iter()
         .filter_map(|r| r.as_ref().ok().copied())
         .collect();
-    let category = if kinds.contains("held by a paused or crashed holder") {
-        "a paused or crashed holder kept the lease until its TTL"
-    } else if kinds.contains("held by another run") {
-        "another run held the job (overlap: skip)"
-    } else if kinds.contains("still racing the previous tick") {
-        "a worker still racing the previous tick (a slow claim under faults) skipped it"
-    } else if kinds.contains("no quorum") {
-        "no quorum of Redis nodes"
-    } else if kinds.contains("nodes stalled") {
-        "no quorum: a majority of nodes stalled (measured by the probe, not planned)"
-    } else if kinds.contains("later tick claimed first") {
-        "missed by a worker whose cluster time was ahead, which then claimed a later tick first"
-    } else {
-        "no live worker with a usable clock"
-    };
+    let category = [
+        (
+            "held by a paused or crashed holder",
+            "a paused or crashed holder kept the lease until its TTL",
+        ),
+        (
+            "held by a ghost",
+            "a ghost contender's lease of another tick held the job (overlap: skip)",
+        ),
+        (
+            "held by another run",
+            "another run held the job (overlap: skip)",
+        ),
+        (
+            "held by a contender of another tick",
+            "a contender of another tick held the job's lease (overlap: skip; the nodes answered busy)",
+        ),
+        (
+            "still racing the previous tick",
+            "a worker still racing the previous tick (a slow claim under faults) skipped it",
+        ),
+        (
+            "dead contender of the tick",
+            "a dead contender's lease or claim of the tick (and faults) left no majority until the tick's window closed",
+        ),
+        (
+            "no quorum",
+            "no quorum of Redis nodes at any attempt within the tick's window",
+        ),
+        (
+            "nodes stalled",
+            "no quorum within the tick's window: a majority of nodes stalled (measured by the probe, not planned)",
+        ),
+        (
+            "later tick claimed first",
+            "missed by a worker whose cluster time was ahead, which then claimed a later tick first",
+        ),
+    ]
+    .iter()
+    .find(|(kind, _)| kinds.contains(kind))
+    .map_or("no live worker with a usable clock", |(_, category)| {
+        category
+    });
     Ok(category.to_string())
+}
+
+/// The tick was confirmed on a majority for a claimant whose worker never logged `tick.won` for it, and
+/// was killed or paused while racing it.
+fn granted_to_the_dead(e: &Evidence<'_>, tick: i64) -> Option<String> {
+    let (worker, _) = dead_grant(e, tick)?;
+    Some(format!(
+        "granted to a claimant of w{worker} that was killed, paused or shut down mid-claim (confirmed \
+         on a majority of the nodes' AOF, no tick.won)"
+    ))
+}
+
+/// A claimant that the nodes' AOF shows confirmed on a majority for `tick`, whose worker logged no
+/// `tick.won` for it and was killed, paused or told to shut down (a worker that wins a tick once shutdown
+/// is requested does not start it) while racing it — that is, after the claimant's first lease was written
+/// (its expiry in the AOF less the TTL), within a claim's length or the grace: its worker, and when it
+/// died (its confirms were sent by then).
+fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
+    let facts = e.facts;
+    let leases = e.confirms.leases(&e.job.name, tick);
+    e.confirms
+        .granted(&e.job.name, tick)
+        .into_iter()
+        .find_map(|claimant| {
+            let worker = worker_of(claimant)?;
+            if e.runs.iter().any(|r| r.tick == tick && r.worker == worker) {
+                return None;
+            }
+            let raced = leases
+                .iter()
+                .filter(|(c, _, _)| c == claimant)
+                .map(|(_, _, expires)| expires - e.ttl_ms)
+                .min()?;
+            let (from, to) = (raced - 500, raced + CLAIM_MS.max(e.job.grace_ms));
+            let died = facts
+                .instances_of(worker)
+                .flat_map(|(_, life)| {
+                    let shut_down = Some(life.end).filter(|&end| from <= end && end <= to);
+                    life.disturbances_in(from, to).into_iter().chain(shut_down)
+                })
+                .min()?;
+            Some((worker, died))
+        })
+}
+
+/// When a later tick of the job was first claimed: its `tick.won` arrived, or the claimant it was granted
+/// to died (see [`dead_grant`]). Claims only grow, so from then on `tick` cannot be claimed.
+fn later_claim_at(e: &Evidence<'_>, tick: i64) -> Option<i64> {
+    let won = e
+        .runs
+        .iter()
+        .filter(|other| other.tick > tick)
+        .map(|other| other.won_at);
+    let dead = (1..=10)
+        .filter_map(|k| dead_grant(e, tick + k * e.job.period_ms))
+        .map(|(_, died)| died);
+    won.chain(dead).min()
+}
+
+/// Why `worker` could not run `tick`, or what it could have done.
+fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, String> {
+    let facts = e.facts;
+    let r = facts.race_time(worker, tick);
+    let (a, b) = (r - 500, r + CLAIM_MS);
+    let Some((instance, _)) = facts
+        .instances_of(worker)
+        .find(|(_, life)| life.running_throughout(a, b))
+    else {
+        let paused = facts
+            .instances_of(worker)
+            .any(|(_, life)| life.paused_in(a, b) && life.killed.is_none_or(|k| k > b));
+        return Ok(if paused { "paused" } else { "down" });
+    };
+    if facts.near_clock_step(worker, r) {
+        return Ok("clock step");
+    }
+    if facts.skips(instance, e.job) {
+        if let Some(hold) = e
+            .holds
+            .iter()
+            .find(|h| h.tick != tick && h.from <= r && r <= h.to)
+        {
+            return Ok(match hold.kind {
+                HoldKind::Run => "held by another run",
+                HoldKind::Disturbed => "held by a paused or crashed holder",
+                HoldKind::Ghost => "held by a ghost",
+            });
+        }
+        let answered = facts.busy.get(&(instance, e.job.name.clone(), tick));
+        if answered.is_some_and(|holders| {
+            holders
+                .iter()
+                .any(|(_, held)| held.is_some_and(|t| t != tick))
+        }) {
+            return Ok("held by a contender of another tick");
+        }
+    }
+    if facts.still_racing(instance, &e.job.name, tick, r) {
+        return Ok("still racing the previous tick");
+    }
+    if later_claim_at(e, tick).is_some_and(|at| at <= r + 800) {
+        return Ok("later tick claimed first");
+    }
+    if let Some(cause) = no_majority_in_window(e, instance, worker, tick, r) {
+        return Ok(cause);
+    }
+    let logged = facts.logged(instance, &e.job.name, tick);
+    Err(format!(
+        "w{worker} (process #{instance}, config v{}) could have run it at {} (logged: {})",
+        facts.lives[instance].config,
+        show_time(r),
+        if logged.is_empty() {
+            "nothing".into()
+        } else {
+            logged.join(", ")
+        }
+    ))
+}
+
+/// The *no majority within the tick's window* rule: `Some(cause)` if it holds.
+fn no_majority_in_window(
+    e: &Evidence<'_>,
+    instance: usize,
+    worker: usize,
+    tick: i64,
+    r: i64,
+) -> Option<&'static str> {
+    let facts = e.facts;
+    let job = &e.job.name;
+    let logged = |event: &str| -> Vec<i64> {
+        ["no_quorum", "contended"]
+            .iter()
+            .flat_map(|reason| facts.logged_at(instance, job, tick, &format!("{event}:{reason}")))
+            .collect()
+    };
+    let mut attempts = logged("tick.retrying");
+    // It gave up at the end of the window, or a later tick was claimed meanwhile (the window being over:
+    // the next tick was due), after it had tried and failed at least once.
+    let skipped = logged("tick.skipped").into_iter().min();
+    let overtaken = facts
+        .logged_at(instance, job, tick, "tick.lost:already_claimed")
+        .into_iter()
+        .filter(|&lost| later_claim_at(e, tick).is_some_and(|at| at <= lost))
+        .find(|_| !attempts.is_empty());
+    let gave_up = skipped.into_iter().chain(overtaken).min()?;
+    if gave_up < r + e.job.period_ms.min(e.job.grace_ms) - GIVE_UP_SLACK_MS {
+        return None;
+    }
+    if Some(gave_up) == skipped {
+        attempts.push(gave_up);
+    }
+    let extra = unavailable(e, worker, tick);
+    let (mut stalled, mut dead) = (false, false);
+    for end in attempts {
+        let (a, b) = (end - CLAIM_MS, end);
+        stalled |= !facts.no_quorum_in(a, b, &extra)?;
+        dead |= facts.no_quorum_in(a, b, &[]) != Some(true);
+    }
+    let cause = if dead {
+        "dead contender of the tick"
+    } else if stalled {
+        "nodes stalled"
+    } else {
+        "no quorum"
+    };
+    Some(cause)
+}
+
+/// The nodes that `worker` could not have for `tick` besides faults, as `(node, from, to)`: those that
+/// confirmed the tick for another claimant (for ever), and those whose lease of the tick a dead contender
+/// held — a ghost, or a claimant whose process was killed, paused or told to shut down after it took the
+/// lease.
+fn unavailable(e: &Evidence<'_>, worker: usize, tick: i64) -> Vec<(usize, i64, i64)> {
+    let facts = e.facts;
+    let mut extra: Vec<(usize, i64, i64)> = e
+        .confirms
+        .taken_from(&e.job.name, tick, worker)
+        .into_iter()
+        .map(|node| (node, i64::MIN, NEVER))
+        .collect();
+    for ghost in facts
+        .ghosts
+        .iter()
+        .filter(|g| g.job == e.job.name && g.tick == tick)
+    {
+        let until = ghost.at + ghost.ttl_ms as i64;
+        extra.extend(ghost.leased.iter().map(|&node| (node, ghost.at, until)));
+    }
+    for (claimant, node, expires) in e.confirms.leases(&e.job.name, tick) {
+        let Some(owner) = worker_of(claimant) else {
+            continue;
+        };
+        let taken = expires - e.ttl_ms;
+        for (_, life) in facts.instances_of(owner) {
+            let after = |at: i64| taken - 100 <= at && at <= *expires;
+            // Killed, or told to shut down (it races no more, and a lease it kept for a retry stays).
+            if let Some(gone) = life.killed.or(Some(life.end)).filter(|&k| after(k)) {
+                extra.push((*node, gone, *expires));
+            }
+            for &(stopped, resumed) in life.stops.iter().filter(|(s, _)| after(*s)) {
+                extra.push((*node, stopped, resumed.min(*expires)));
+            }
+        }
+    }
+    extra
 }

@@ -1,20 +1,26 @@
 //! Chaos: each (job, tick) runs exactly once, and a stale holder's writes are fenced off, while a seeded
-//! random plan pauses, crashes, hangs, slows and skews a real cluster.
+//! random plan pauses, crashes, hangs, slows, skews and reconfigures a real cluster.
 //!
 //! The cluster is real: 5 `redis-server` lock nodes with `appendonly yes` and `appendfsync always` (as
 //! `docs/protocol.md` requires), one of them behind a TCP proxy that adds latency and drops connections;
-//! 4 processes of the built `redcron` binary, two with clocks skewed 1–3 s ahead and behind, one whose
-//! clock steps during the run; and three jobs firing every second — `quick` (`overlap: skip`), `parallel`
+//! 4 processes of the built `redcron` binary, one with its clock behind, two with their clocks ahead by
+//! the same amount, one of those stepping away and back during the run — each measures its offset to the
+//! nodes every second and races on cluster time, so all four race each tick at about the same instant;
+//! and three jobs firing every second — `quick` (`overlap: skip`), `parallel`
 //! (`overlap: allow`) and `long`, which runs 5.5 s against a 2 s lease so that it renews, and is taken
 //! over when its holder is paused. Every job writes to a fenced ledger (a separate Redis, see [`ledger`]).
 //!
-//! The plan ([`plan`]) pauses the long job's holder past its TTL, crashes workers (also while they run a
-//! job), kills and hangs at most 2 of the 5 nodes at once, degrades the proxy and steps a clock. The
-//! harness ([`harness`]) carries it out and records a timeline, while a probe ([`probe`]) measures the
-//! node stalls that the machine adds on its own (a slow fsync stalls every node at once); the checker ([`checker`], whose module
-//! documentation states every rule) then reads the ledger, the timeline and the workers' JSON logs, prints
-//! a table, and fails the test on a duplicate, an unexplained miss, a token out of order or a stale write
-//! that was not fenced off.
+//! The plan ([`plan`], made of [`faults`]) pauses the long job's holder past its TTL, crashes workers
+//! (also while they run a job, and a few milliseconds into their race of a tick), rolls a second config
+//! version out to the workers one at a time and back (`quick` and `parallel` swap their `overlap`, every
+//! job's `timeout` and `command` change), kills and hangs at most 2 of the 5 nodes at once, stalls all 5
+//! for less than the TTL (as one slow fsync does on a shared disk), leaves a crashed contender's keys on
+//! the nodes for an upcoming tick, degrades the proxy and steps a clock. The harness ([`harness`])
+//! carries it out and records a [`timeline`], while a probe ([`probe`]) measures the node stalls that the
+//! machine adds on its own; the checker ([`checker`], whose module documentation states every rule) then
+//! reads the ledger, the timeline, the workers' JSON logs and the nodes' append-only files ([`claims`]),
+//! prints a table, and fails the test on a duplicate, an unexplained miss, a token out of order or a
+//! stale write that was not fenced off.
 //!
 //! Environment:
 //! - `REDCRON_CHAOS_SECS`: length of the fault plan (default 75 s; the whole test takes 80–90 s).
@@ -29,7 +35,10 @@
 //! runs the checker on it again.
 
 mod checker;
+mod claims;
+mod contenders;
 mod facts;
+mod faults;
 mod harness;
 mod ledger;
 mod misses;
@@ -39,12 +48,13 @@ mod proxy;
 mod report;
 mod saved;
 mod selftest;
+mod timeline;
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use self::checker::JobSpec;
-use self::harness::{now_ms, Breakage, Cluster, LONG_JOB, LONG_MS, TTL_MS};
+use self::harness::{now_ms, Breakage, Cluster, GRACE_S, LONG_JOB, LONG_MS, TTL_MS};
 use self::plan::{Plan, Timing};
 use self::saved::Saved;
 
@@ -108,6 +118,7 @@ fn exactly_once_under_faults() {
             .ledger
             .attempts()
             .unwrap_or_else(|e| panic!("unreadable ledger: {e}")),
+        claims: cluster.claim_writes(),
     };
     let (window, attempts) = (saved.window, &saved.ledger);
     let checking = Instant::now();
@@ -128,7 +139,7 @@ fn exactly_once_under_faults() {
         .timeline
         .entries
         .iter()
-        .filter(|(_, h)| matches!(h, plan::Happening::Skipped { .. }))
+        .filter(|(_, h)| matches!(h, timeline::Happening::Skipped { .. }))
         .count();
     let stats = cluster.proxy.stats();
     let _ = writeln!(
@@ -198,20 +209,22 @@ fn replay_a_saved_run() {
     );
 }
 
-/// The jobs of the cluster under test (see `harness::config`).
+/// The jobs of the cluster under test (see `harness::config`): `quick` and `parallel` swap their
+/// `overlap` between the two config versions.
 fn jobs() -> Vec<JobSpec> {
     vec![
-        job("quick", true, false),
-        job("parallel", false, false),
-        job(LONG_JOB, true, true),
+        job("quick", [true, false], false),
+        job("parallel", [false, true], false),
+        job(LONG_JOB, [true, true], true),
     ]
 }
 
-fn job(name: &str, skip: bool, long: bool) -> JobSpec {
+fn job(name: &str, skip: [bool; plan::VERSIONS], long: bool) -> JobSpec {
     JobSpec {
         name: name.to_string(),
         skip,
         period_ms: 1_000,
+        grace_ms: GRACE_S as i64 * 1000,
         long,
     }
 }

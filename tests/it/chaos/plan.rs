@@ -1,12 +1,14 @@
-//! The fault plan: a reproducible list of fault episodes drawn from a seed, and the timeline of what the
-//! harness actually did.
+//! The fault plan: a reproducible list of fault episodes drawn from a seed.
 //!
 //! The plan is pure data, generated before anything starts, so a seed always yields the same plan (and
 //! the plan is printed, so a failing run can be read without re-running it). What a seed cannot fix is
-//! timing: which worker holds the long job when "pause the holder" comes due is decided at run time. So
-//! the checker never reads the plan; it reads the [`Timeline`], the faults as executed, with real times.
+//! timing — which worker holds the long job or races a tick first when a fault comes due, how long a
+//! rollout's restarts take — so the checker never reads the plan, only the [`super::timeline`] of what
+//! the harness did. The faults themselves are described in [`super::faults`].
 
 use std::fmt;
+
+use super::faults::{Case, Fault, Ghost, ProxyMode, Target};
 
 /// Redis lock nodes.
 pub const NODES: usize = 5;
@@ -14,8 +16,11 @@ pub const NODES: usize = 5;
 pub const WORKERS: usize = 4;
 /// The lock node that workers reach through the latency/drop proxy.
 pub const PROXIED_NODE: usize = NODES - 1;
-/// The worker whose clock jumps during the run (the others keep a fixed offset).
+/// The worker whose clock steps during the run (away from w1's, and back), until it measures its offset
+/// to the nodes again.
 pub const JUMPER: usize = 3;
+/// Config versions the workers are rolled between.
+pub const VERSIONS: usize = 2;
 /// No more node faults than this at once: a minority of [`NODES`].
 const MAX_NODE_FAULTS: usize = 2;
 /// No more worker faults than this at once, so that at least two workers are always up.
@@ -24,6 +29,11 @@ const MAX_WORKER_FAULTS: usize = 2;
 const WARMUP_MS: u64 = 6_000;
 /// …and every fault has ended this long before the run ends, so the last ticks of the window run in calm.
 const CALM_END_MS: u64 = 9_000;
+/// What the plan reserves for one restart of a rollout, besides its gap (SIGTERM, exit, start, ready).
+const RESTART_MS: u64 = 600;
+/// No node fault begins or ends this close to a stall of every node (the stall stops and resumes the
+/// nodes that run when it begins).
+const STALL_MARGIN_MS: u64 = 200;
 
 /// SplitMix64 (Steele, Lea and Flood, 2014): tiny, and the same sequence for a seed on every platform and
 /// with every version of every crate, which is what a printed seed must promise.
@@ -57,134 +67,14 @@ impl SplitMix64 {
     pub fn chance(&mut self, per_mille: u64) -> bool {
         self.below(1000) < per_mille
     }
-}
 
-/// What the proxy in front of [`PROXIED_NODE`] does to traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum ProxyMode {
-    /// Forward as is.
-    Clean,
-    /// Delay each chunk by 0..=`max_ms`.
-    Slow { max_ms: u64 },
-    /// Delay as `Slow`, and close the connection on a chunk with probability `drop_per_mille`/1000.
-    Flaky { max_ms: u64, drop_per_mille: u64 },
-}
-
-impl ProxyMode {
-    pub fn is_clean(self) -> bool {
-        self == ProxyMode::Clean
-    }
-}
-
-impl fmt::Display for ProxyMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ProxyMode::Clean => write!(f, "clean"),
-            ProxyMode::Slow { max_ms } => write!(f, "slow (0-{max_ms} ms per chunk)"),
-            ProxyMode::Flaky {
-                max_ms,
-                drop_per_mille,
-            } => {
-                write!(
-                    f,
-                    "flaky (0-{max_ms} ms, drops {drop_per_mille}\u{2030} of chunks)"
-                )
-            }
+    /// `0..n` in a random order (Fisher–Yates).
+    pub fn permutation<const N: usize>(&mut self) -> [usize; N] {
+        let mut items: [usize; N] = std::array::from_fn(|i| i);
+        for i in (1..N).rev() {
+            items.swap(i, self.below(i as u64 + 1) as usize);
         }
-    }
-}
-
-/// Which worker a worker fault hits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Target {
-    Worker(usize),
-    /// Whichever live worker is running the long job when the fault comes due.
-    LongHolder,
-}
-
-/// One fault; each undoes itself after its duration (except a clock jump, which stays).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Fault {
-    /// SIGSTOP the worker, SIGCONT it after `ms`.
-    Pause { target: Target, ms: u64 },
-    /// SIGKILL the worker (its running jobs live on, orphaned, as after a real crash); start a new
-    /// process with the same config and id after `down_ms`.
-    Crash { target: Target, down_ms: u64 },
-    /// SIGKILL the node; restart it on the same port, with its append-only file, after `down_ms`.
-    KillNode { node: usize, down_ms: u64 },
-    /// SIGSTOP the node (connections hang, they are not refused); SIGCONT after `ms`.
-    HangNode { node: usize, ms: u64 },
-    /// Set the proxy's mode for `ms`, then back to clean.
-    Proxy { mode: ProxyMode, ms: u64 },
-    /// Step the worker's wall clock to `offset_ms` from real time (its monotonic clock is untouched).
-    Jump { worker: usize, offset_ms: i64 },
-}
-
-impl Fault {
-    /// How long the fault lasts (0 for a clock jump).
-    pub fn duration_ms(&self) -> u64 {
-        match *self {
-            Fault::Pause { ms, .. } | Fault::HangNode { ms, .. } | Fault::Proxy { ms, .. } => ms,
-            Fault::Crash { down_ms, .. } | Fault::KillNode { down_ms, .. } => down_ms,
-            Fault::Jump { .. } => 0,
-        }
-    }
-
-    fn is_worker_fault(&self) -> bool {
-        matches!(self, Fault::Pause { .. } | Fault::Crash { .. })
-    }
-
-    fn node(&self) -> Option<usize> {
-        match *self {
-            Fault::KillNode { node, .. } | Fault::HangNode { node, .. } => Some(node),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Fault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let target = |t: &Target| match t {
-            Target::Worker(w) => format!("w{w}"),
-            Target::LongHolder => "the long job's holder".to_string(),
-        };
-        match self {
-            Fault::Pause { target: t, ms } => write!(f, "pause {} for {ms} ms", target(t)),
-            Fault::Crash { target: t, down_ms } => {
-                write!(f, "crash {}, restart after {down_ms} ms", target(t))
-            }
-            Fault::KillNode { node, down_ms } => {
-                write!(f, "kill node {node}, restart after {down_ms} ms")
-            }
-            Fault::HangNode { node, ms } => write!(f, "hang node {node} for {ms} ms"),
-            Fault::Proxy { mode, ms } => write!(f, "proxy {mode} for {ms} ms"),
-            Fault::Jump { worker, offset_ms } => {
-                write!(f, "step w{worker}'s clock to {offset_ms:+} ms")
-            }
-        }
-    }
-}
-
-/// The deterministic cases that every run contains (when it is long enough), in a calm stretch of the
-/// plan so that nothing else decides their outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Case {
-    /// Pause the long job's holder right after its job started, until after the job's last write: the
-    /// lease expires, another worker takes the job over, and the paused holder's job — still running,
-    /// since nobody stopped it — writes late. The ledger must reject that write by its token.
-    StaleWriteRejected,
-    /// Pause the holder past its lease's TTL but resume it before its job's last write: once resumed,
-    /// the worker must see the lease lost and stop the job (`lease_lost`), so that last write never
-    /// happens.
-    LeaseLossStopsJob,
-}
-
-impl fmt::Display for Case {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Case::StaleWriteRejected => "stale write rejected",
-            Case::LeaseLossStopsJob => "lease loss stops the job",
-        })
+        items
     }
 }
 
@@ -231,127 +121,38 @@ impl Plan {
     ///
     /// Constraints, so that every fault stays within what the protocol claims to survive: at most
     /// [`MAX_NODE_FAULTS`] nodes down or hung at once (a minority; the degraded proxy is not counted, so
-    /// the checker sees a majority unusable only when that coincides with two node faults), at most
-    /// [`MAX_WORKER_FAULTS`] workers paused or crashed at once, one proxy phase at a time, only node
-    /// faults in the calm stretches around the deterministic cases, and nothing at the start and end of
-    /// the run.
+    /// the checker sees a majority unusable only when that coincides with two node faults), every node
+    /// stalled at once only for less than the TTL and never two such stalls together, at most
+    /// [`MAX_WORKER_FAULTS`] workers paused, crashed or restarting at once (a rollout restarts one at a
+    /// time), one proxy phase at a time, only node faults in the calm stretches around the deterministic
+    /// cases, and nothing at the start and end of the run.
     pub fn generate(seed: u64, secs: u64, timing: Timing) -> Plan {
         let mut rng = SplitMix64::new(seed);
         let total_ms = secs * 1000;
-        let skew = |rng: &mut SplitMix64| rng.between(1000, 3000) as i64;
-        let offsets = [0, skew(&mut rng), -skew(&mut rng), 0];
+        let ahead = rng.between(1000, 3000) as i64;
+        let behind = -(rng.between(1000, 3000) as i64);
+        let offsets = [0, ahead, behind, ahead];
         let mut episodes: Vec<Episode> = Vec::new();
-
-        // The deterministic cases first, each with a calm stretch that worker and proxy faults stay out of.
-        let mut calm: Vec<(u64, u64)> = Vec::new();
-        let cases = [
-            (
-                Case::StaleWriteRejected,
-                25,
-                timing.ttl_ms + timing.long_ms + 1_000,
-            ),
-            (Case::LeaseLossStopsJob, 60, timing.ttl_ms + 500),
-        ];
-        for (case, percent, pause_ms) in cases {
-            let at_ms = total_ms * percent / 100;
-            let (from, to) = (
-                at_ms.saturating_sub(3_000),
-                at_ms + pause_ms.max(timing.long_ms) + 2_000,
-            );
-            if from < WARMUP_MS || to + CALM_END_MS > total_ms || calm.iter().any(|c| c.1 > from) {
-                continue;
-            }
-            calm.push((from, to));
-            episodes.push(Episode {
-                at_ms,
-                fault: Fault::Pause {
-                    target: Target::LongHolder,
-                    ms: pause_ms,
-                },
-                case: Some(case),
-            });
-        }
-
-        // The jumper's clock steps every 12-20 s, outside the calm stretches, to a new offset in
-        // -3..=3 s at least 1 s away from the current one.
-        let mut offset_of_jumper = offsets[JUMPER];
-        let mut at = WARMUP_MS + rng.between(1_000, 6_000);
-        while at + CALM_END_MS < total_ms {
-            if let Some(&(_, to)) = calm.iter().find(|&&(from, to)| from <= at && at < to) {
-                at = to + 500;
-                continue;
-            }
-            let mut offset_ms = rng.between(0, 6_000) as i64 - 3_000;
-            if (offset_ms - offset_of_jumper).abs() < 1_000 {
-                offset_ms = if offset_of_jumper > 0 { -2_000 } else { 2_000 };
-            }
-            offset_of_jumper = offset_ms;
-            episodes.push(Episode {
-                at_ms: at,
-                fault: Fault::Jump {
-                    worker: JUMPER,
-                    offset_ms,
-                },
-                case: None,
-            });
-            at += rng.between(12_000, 20_000);
-        }
-
+        let calm = cases(&mut episodes, total_ms, timing);
+        rollouts(&mut rng, &mut episodes, &calm, total_ms, timing);
+        clock_steps(&mut rng, &mut episodes, &calm, total_ms, offsets[JUMPER]);
         let mut at = WARMUP_MS;
         loop {
             at += rng.between(400, 2_500);
             if at + CALM_END_MS >= total_ms {
                 break;
             }
-            let fault = match rng.below(90) {
-                0..=19 => Fault::KillNode {
-                    node: rng.below(NODES as u64) as usize,
-                    down_ms: rng.between(500, 6_000),
-                },
-                20..=39 => Fault::HangNode {
-                    node: rng.below(NODES as u64) as usize,
-                    ms: rng.between(300, 5_000),
-                },
-                40..=54 => {
-                    let max_ms = rng.between(20, 150);
-                    let mode = if rng.chance(500) {
-                        ProxyMode::Slow { max_ms }
-                    } else {
-                        ProxyMode::Flaky {
-                            max_ms,
-                            drop_per_mille: rng.between(20, 150),
-                        }
-                    };
-                    Fault::Proxy {
-                        mode,
-                        ms: rng.between(2_000, 10_000),
-                    }
-                }
-                55..=64 => Fault::Pause {
-                    target: Target::Worker(rng.below(WORKERS as u64) as usize),
-                    ms: rng.between(300, 4_000),
-                },
-                65..=74 => Fault::Pause {
-                    target: Target::LongHolder,
-                    ms: timing.ttl_ms + rng.between(200, timing.long_ms),
-                },
-                75..=81 => Fault::Crash {
-                    target: Target::Worker(rng.below(WORKERS as u64) as usize),
-                    down_ms: rng.between(500, 6_000),
-                },
-                _ => Fault::Crash {
-                    target: Target::LongHolder,
-                    down_ms: rng.between(500, 6_000),
-                },
-            };
             let episode = Episode {
                 at_ms: at,
-                fault,
+                fault: random_fault(&mut rng, timing),
                 case: None,
             };
             // A calm stretch keeps every worker and the proxy healthy (the takeover in a case needs a
             // live worker and a quorum); up to two node faults still leave a quorum.
-            let disturbs_case = !matches!(fault, Fault::KillNode { .. } | Fault::HangNode { .. });
+            let disturbs_case = !matches!(
+                episode.fault,
+                Fault::KillNode { .. } | Fault::HangNode { .. }
+            );
             if episode.end_ms() + CALM_END_MS > total_ms
                 || (disturbs_case && calm.iter().any(|&(from, to)| episode.overlaps(from, to)))
                 || !fits(&episodes, &episode)
@@ -374,37 +175,255 @@ impl Plan {
         let count =
             |pred: &dyn Fn(&Fault) -> bool| self.episodes.iter().filter(|e| pred(&e.fault)).count();
         format!(
-            "{} worker pauses ({} of the long job's holder), {} worker crashes, {} node kills, {} node hangs, \
+            "{} worker pauses ({} of the long job's holder), {} worker crashes ({} aimed at a race), \
+             {} rollouts, {} node kills, {} node hangs, {} stalls of every node, {} ghost contenders, \
              {} proxy phases, {} clock steps",
             count(&|f| matches!(f, Fault::Pause { .. })),
             count(&|f| matches!(f, Fault::Pause { target: Target::LongHolder, .. })),
             count(&|f| matches!(f, Fault::Crash { .. })),
+            count(&|f| matches!(f, Fault::Crash { target: Target::FirstRacer { .. }, .. })),
+            count(&|f| matches!(f, Fault::Rollout { .. })),
             count(&|f| matches!(f, Fault::KillNode { .. })),
             count(&|f| matches!(f, Fault::HangNode { .. })),
+            count(&|f| matches!(f, Fault::StallAll { .. })),
+            count(&|f| matches!(f, Fault::Ghost(_))),
             count(&|f| matches!(f, Fault::Proxy { .. })),
             count(&|f| matches!(f, Fault::Jump { .. })),
         )
     }
 }
 
-/// Whether `new` keeps the plan within its constraints, assuming a holder-targeted worker fault may hit
-/// any worker.
+/// The deterministic cases, each with a calm stretch that worker and proxy faults stay out of; returns
+/// the calm stretches.
+fn cases(episodes: &mut Vec<Episode>, total_ms: u64, timing: Timing) -> Vec<(u64, u64)> {
+    let mut calm: Vec<(u64, u64)> = Vec::new();
+    let cases = [
+        (
+            Case::StaleWriteRejected,
+            30,
+            timing.ttl_ms + timing.long_ms + 1_000,
+        ),
+        (Case::LeaseLossStopsJob, 65, timing.ttl_ms + 500),
+    ];
+    for (case, percent, pause_ms) in cases {
+        let at_ms = total_ms * percent / 100;
+        let (from, to) = (
+            at_ms.saturating_sub(3_000),
+            at_ms + pause_ms.max(timing.long_ms) + 2_000,
+        );
+        if from < WARMUP_MS || to + CALM_END_MS > total_ms || calm.iter().any(|c| c.1 > from) {
+            continue;
+        }
+        calm.push((from, to));
+        episodes.push(Episode {
+            at_ms,
+            fault: Fault::Pause {
+                target: Target::LongHolder,
+                ms: pause_ms,
+            },
+            case: Some(case),
+        });
+    }
+    calm
+}
+
+/// Rolling config changes outside the calm stretches: to version 1, back to 0, and so on. The first two
+/// come close together, so that even a short run rolls out and back.
+fn rollouts(
+    rng: &mut SplitMix64,
+    episodes: &mut Vec<Episode>,
+    calm: &[(u64, u64)],
+    total_ms: u64,
+    timing: Timing,
+) {
+    let mut version = 1;
+    let mut at = WARMUP_MS + rng.between(0, 1_500);
+    let mut done = 0;
+    while at + CALM_END_MS < total_ms {
+        let gap_ms = rng.between(300, 800);
+        let estimate_ms = WORKERS as u64 * (gap_ms + RESTART_MS) + timing.long_ms;
+        let end = at + estimate_ms;
+        if let Some(&(_, to)) = calm.iter().find(|&&(from, to)| at < to && from < end) {
+            at = to + 500;
+            continue;
+        }
+        if end + CALM_END_MS > total_ms {
+            break;
+        }
+        episodes.push(Episode {
+            at_ms: at,
+            fault: Fault::Rollout {
+                version,
+                order: rng.permutation(),
+                gap_ms,
+                estimate_ms,
+            },
+            case: None,
+        });
+        version = (version + 1) % VERSIONS;
+        done += 1;
+        at = end
+            + if done == 1 {
+                rng.between(2_000, 6_000)
+            } else {
+                rng.between(15_000, 45_000)
+            };
+    }
+}
+
+/// The jumper's clock steps every 12-20 s, outside the calm stretches: away from `home` (to an offset
+/// in -3..=3 s at least 1 s from it), then back, as NTP would step a clock that had wandered.
+fn clock_steps(
+    rng: &mut SplitMix64,
+    episodes: &mut Vec<Episode>,
+    calm: &[(u64, u64)],
+    total_ms: u64,
+    home: i64,
+) {
+    let mut away = false;
+    let mut at = WARMUP_MS + rng.between(1_000, 6_000);
+    while at + CALM_END_MS < total_ms {
+        if let Some(&(_, to)) = calm.iter().find(|&&(from, to)| from <= at && at < to) {
+            at = to + 500;
+            continue;
+        }
+        let offset_ms = if away {
+            home
+        } else {
+            let offset = rng.between(0, 6_000) as i64 - 3_000;
+            if (offset - home).abs() < 1_000 {
+                if home > 0 {
+                    -2_000
+                } else {
+                    2_000
+                }
+            } else {
+                offset
+            }
+        };
+        away = !away;
+        episodes.push(Episode {
+            at_ms: at,
+            fault: Fault::Jump {
+                worker: JUMPER,
+                offset_ms,
+            },
+            case: None,
+        });
+        at += rng.between(12_000, 20_000);
+    }
+}
+
+/// One fault of the random part of the plan.
+fn random_fault(rng: &mut SplitMix64, timing: Timing) -> Fault {
+    match rng.below(120) {
+        0..=19 => Fault::KillNode {
+            node: rng.below(NODES as u64) as usize,
+            down_ms: rng.between(500, 6_000),
+        },
+        20..=39 => Fault::HangNode {
+            node: rng.below(NODES as u64) as usize,
+            ms: rng.between(300, 5_000),
+        },
+        40..=54 => {
+            let max_ms = rng.between(20, 150);
+            let mode = if rng.chance(500) {
+                ProxyMode::Slow { max_ms }
+            } else {
+                ProxyMode::Flaky {
+                    max_ms,
+                    drop_per_mille: rng.between(20, 150),
+                }
+            };
+            Fault::Proxy {
+                mode,
+                ms: rng.between(2_000, 10_000),
+            }
+        }
+        55..=64 => Fault::Pause {
+            target: Target::Worker(rng.below(WORKERS as u64) as usize),
+            ms: rng.between(300, 4_000),
+        },
+        65..=74 => Fault::Pause {
+            target: Target::LongHolder,
+            ms: timing.ttl_ms + rng.between(200, timing.long_ms),
+        },
+        75..=81 => Fault::Crash {
+            target: Target::Worker(rng.below(WORKERS as u64) as usize),
+            down_ms: rng.between(500, 6_000),
+        },
+        82..=89 => Fault::Crash {
+            target: Target::LongHolder,
+            down_ms: rng.between(500, 6_000),
+        },
+        90..=97 => Fault::StallAll {
+            ms: rng.between(100, 1_500.min(timing.ttl_ms - 500)),
+        },
+        98..=109 => Fault::Ghost(ghost(rng, timing)),
+        _ => Fault::Crash {
+            target: Target::FirstRacer {
+                after_ms: rng.between(1, 20),
+            },
+            down_ms: rng.between(500, 6_000),
+        },
+    }
+}
+
+/// A ghost contender: its lease on 1 to 3 nodes (a minority or a majority), and in half the cases its
+/// claim on 1 or 2 of those (always a minority: a claim on a majority would be a grant).
+fn ghost(rng: &mut SplitMix64, timing: Timing) -> Ghost {
+    let job = rng.below(super::jobs().len() as u64) as usize;
+    let version = rng.below(VERSIONS as u64) as usize;
+    let nodes: [usize; NODES] = rng.permutation();
+    let leases = rng.between(1, 3) as usize;
+    let claims = if rng.chance(500) {
+        rng.between(1, leases.min(2) as u64) as usize
+    } else {
+        0
+    };
+    let mask = |nodes: &[usize]| nodes.iter().fold(0u8, |mask, n| mask | 1 << n);
+    Ghost {
+        job,
+        version,
+        leased: mask(&nodes[..leases]),
+        confirmed: mask(&nodes[..claims]),
+        ttl_ms: rng.between(500, timing.ttl_ms),
+        lead_ms: rng.between(20, 400),
+    }
+}
+
+/// Whether `new` keeps the plan within its constraints, assuming a worker fault aimed at run time may
+/// hit any worker.
 fn fits(episodes: &[Episode], new: &Episode) -> bool {
     let (from, to) = (new.at_ms, new.end_ms().max(new.at_ms + 1));
     let overlapping: Vec<&Episode> = episodes.iter().filter(|e| e.overlaps(from, to)).collect();
+    let stall_near = |e: &Episode, at: u64| {
+        matches!(e.fault, Fault::StallAll { .. })
+            && e.at_ms <= at + STALL_MARGIN_MS
+            && at <= e.end_ms() + STALL_MARGIN_MS
+    };
     match new.fault {
         Fault::KillNode { node, .. } | Fault::HangNode { node, .. } => {
             let busy: Vec<usize> = overlapping.iter().filter_map(|e| e.fault.node()).collect();
-            !busy.contains(&node) && busy.len() < MAX_NODE_FAULTS
+            !busy.contains(&node)
+                && busy.len() < MAX_NODE_FAULTS
+                && !episodes
+                    .iter()
+                    .any(|e| stall_near(e, from) || stall_near(e, to))
         }
+        Fault::StallAll { .. } => !episodes.iter().any(|e| {
+            matches!(e.fault, Fault::StallAll { .. }) && e.overlaps(from, to)
+                || e.fault.node().is_some()
+                    && [e.at_ms, e.end_ms()].iter().any(|&at| stall_near(new, at))
+        }),
         Fault::Pause { target, .. } | Fault::Crash { target, .. } => {
             let busy: Vec<&Episode> = overlapping
                 .iter()
                 .copied()
                 .filter(|e| e.fault.is_worker_fault())
                 .collect();
-            let same = |e: &&Episode| match (e.fault, target) {
-                (Fault::Pause { target: t, .. } | Fault::Crash { target: t, .. }, _) => t == target,
+            let same = |e: &&Episode| match e.fault {
+                Fault::Pause { target: t, .. } | Fault::Crash { target: t, .. } => t == target,
                 _ => false,
             };
             busy.len() < MAX_WORKER_FAULTS && !busy.iter().any(same)
@@ -412,7 +431,7 @@ fn fits(episodes: &[Episode], new: &Episode) -> bool {
         Fault::Proxy { .. } => !overlapping
             .iter()
             .any(|e| matches!(e.fault, Fault::Proxy { .. })),
-        Fault::Jump { .. } => true,
+        Fault::Jump { .. } | Fault::Ghost(_) | Fault::Rollout { .. } => true,
     }
 }
 
@@ -424,7 +443,7 @@ impl fmt::Display for Plan {
             .enumerate()
             .map(|(w, o)| {
                 if w == JUMPER {
-                    format!("w{w} {o:+} ms, then steps")
+                    format!("w{w} {o:+} ms (as w1), then steps away and back")
                 } else {
                     format!("w{w} {o:+} ms")
                 }
@@ -442,73 +461,6 @@ impl fmt::Display for Plan {
             writeln!(f, "  {:>7.1} s  {}{case}", e.at_ms as f64 / 1000.0, e.fault)?;
         }
         Ok(())
-    }
-}
-
-/// One thing the harness did (or saw), at a real time in Unix milliseconds.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Happening {
-    /// A worker process was spawned: the `instance`-th process overall, for worker `worker`.
-    WorkerSpawned {
-        worker: usize,
-        instance: usize,
-    },
-    WorkerStopped {
-        instance: usize,
-    },
-    WorkerContinued {
-        instance: usize,
-    },
-    /// SIGKILLed (its jobs, if any, live on).
-    WorkerKilled {
-        instance: usize,
-    },
-    /// Told to shut down at the end of the run.
-    WorkerShutdown {
-        instance: usize,
-    },
-    NodeDown {
-        node: usize,
-        hung: bool,
-    },
-    NodeUp {
-        node: usize,
-    },
-    /// The harness's probe saw the node answer slowly (or not at all) until `until` (see `probe`).
-    NodeStalled {
-        node: usize,
-        until: i64,
-    },
-    Proxy {
-        mode: ProxyMode,
-    },
-    /// A worker's wall-clock offset from real time, from now on (also the initial one).
-    Clock {
-        worker: usize,
-        offset_ms: i64,
-    },
-    /// A deterministic case began: `instance` was paused while running `run_id`.
-    CaseBegan {
-        case: Case,
-        instance: usize,
-        run_id: String,
-    },
-    /// A planned fault was not carried out, and why.
-    Skipped {
-        fault: Fault,
-        why: String,
-    },
-}
-
-/// What happened, in order of real time.
-#[derive(Debug, Clone, Default)]
-pub struct Timeline {
-    pub entries: Vec<(i64, Happening)>,
-}
-
-impl Timeline {
-    pub fn push(&mut self, at_ms: i64, happening: Happening) {
-        self.entries.push((at_ms, happening));
     }
 }
 
@@ -564,14 +516,63 @@ mod tests {
             }
             for e in &plan.episodes {
                 assert!(e.at_ms >= WARMUP_MS && e.end_ms() + CALM_END_MS <= 90_000);
+                if let Fault::StallAll { ms } = e.fault {
+                    assert!(
+                        ms < TIMING.ttl_ms,
+                        "seed {seed}: a stall as long as the TTL"
+                    );
+                    for other in &plan.episodes {
+                        let near = |at: u64| e.at_ms <= at + 200 && at <= e.end_ms() + 200;
+                        let stall = matches!(other.fault, Fault::StallAll { .. });
+                        assert!(
+                            other == e || !(stall && other.overlaps(e.at_ms, e.end_ms())),
+                            "seed {seed}: two stalls of every node at once"
+                        );
+                        assert!(
+                            other.fault.node().is_none()
+                                || !(near(other.at_ms) || near(other.end_ms())),
+                            "seed {seed}: a node fault begins or ends during a stall"
+                        );
+                    }
+                }
+                if let Fault::Ghost(ghost) = e.fault {
+                    let (leased, confirmed) = (ghost.leased, ghost.confirmed);
+                    assert!(
+                        confirmed & !leased == 0,
+                        "seed {seed}: a claim without a lease"
+                    );
+                    assert!(confirmed.count_ones() <= 2 && (1..=3).contains(&leased.count_ones()));
+                }
             }
+        }
+    }
+
+    /// A plan as long as the CI run's rolls the config out and back again.
+    #[test]
+    fn ci_plans_roll_out_and_back() {
+        for seed in 0..100 {
+            let plan = Plan::generate(seed, 75, TIMING);
+            let versions: Vec<usize> = plan
+                .episodes
+                .iter()
+                .filter_map(|e| match e.fault {
+                    Fault::Rollout { version, order, .. } => {
+                        let mut sorted = order;
+                        sorted.sort_unstable();
+                        assert_eq!(sorted, [0, 1, 2, 3], "seed {seed}");
+                        Some(version)
+                    }
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(versions, [1, 0], "seed {seed}");
         }
     }
 
     /// A short run (the CI default) still gets faults of every kind over a handful of seeds.
     #[test]
     fn short_plans_still_inject_every_kind_of_fault() {
-        let plans: Vec<Plan> = (0..5).map(|s| Plan::generate(s, 60, TIMING)).collect();
+        let plans: Vec<Plan> = (0..5).map(|s| Plan::generate(s, 75, TIMING)).collect();
         let any = |pred: &dyn Fn(&Fault) -> bool| {
             plans
                 .iter()
@@ -582,5 +583,14 @@ mod tests {
         assert!(any(&|f| matches!(f, Fault::Proxy { .. })));
         assert!(any(&|f| matches!(f, Fault::Crash { .. })));
         assert!(any(&|f| matches!(f, Fault::Jump { .. })));
+        assert!(any(&|f| matches!(f, Fault::StallAll { .. })));
+        assert!(any(&|f| matches!(f, Fault::Ghost(_))));
+        assert!(any(&|f| matches!(
+            f,
+            Fault::Crash {
+                target: Target::FirstRacer { .. },
+                ..
+            }
+        )));
     }
 }

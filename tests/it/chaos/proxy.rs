@@ -14,7 +14,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::plan::{ProxyMode, SplitMix64};
+use super::faults::ProxyMode;
+use super::plan::SplitMix64;
 
 /// Counters for the summary.
 #[derive(Debug, Default)]

@@ -3,18 +3,21 @@
 //! the checker changed and run again — without the cluster.
 //!
 //! Files: `run.json` (window, planned cases, timeline), `ledger.txt` (the ledger's entries as it wrote
-//! them), `w<worker>-<process>.log` (`<arrival ms> <event JSON>` per line), `w<worker>-<process>.bad`
-//! (lines that were not JSON, if any), and `report.txt`.
+//! them), `claims.txt` (the nodes' claim writes, see [`super::claims`]), `w<worker>-<process>.log`
+//! (`<arrival ms> <event JSON>` per line), `w<worker>-<process>.bad` (lines that were not JSON, if any),
+//! and `report.txt`.
 
 use std::path::Path;
 
 use serde_json::{json, Value};
 
 use super::checker::{self, Input};
+use super::claims::ClaimWrite;
 use super::facts::InstanceLog;
+use super::faults::Case;
 use super::ledger::Attempt;
-use super::plan::{Case, Happening, Timeline};
 use super::report::Report;
+use super::timeline::{Happening, Timeline};
 
 /// Everything [`checker::check`] reads, but the fixed job list and TTL.
 pub struct Saved {
@@ -23,6 +26,7 @@ pub struct Saved {
     pub timeline: Timeline,
     pub logs: Vec<InstanceLog>,
     pub ledger: Vec<Attempt>,
+    pub claims: Vec<ClaimWrite>,
 }
 
 impl Saved {
@@ -34,6 +38,7 @@ impl Saved {
             timeline: &self.timeline,
             logs: &self.logs,
             ledger: &self.ledger,
+            claims: &self.claims,
             planned_cases: &self.planned_cases,
         })
     }
@@ -47,6 +52,8 @@ impl Saved {
         std::fs::write(dir.join("run.json"), format!("{run:#}\n"))?;
         let ledger: String = self.ledger.iter().map(|a| a.line() + "\n").collect();
         std::fs::write(dir.join("ledger.txt"), ledger)?;
+        let claims: String = self.claims.iter().map(|c| c.line() + "\n").collect();
+        std::fs::write(dir.join("claims.txt"), claims)?;
         for log in &self.logs {
             let name = format!("w{}-{}", log.worker, log.instance);
             let events: String = log
@@ -77,6 +84,12 @@ impl Saved {
         let ledger = read("ledger.txt")?
             .lines()
             .map(Attempt::parse)
+            .collect::<Result<_, _>>()?;
+        // Runs saved before the claims were read have none.
+        let claims = std::fs::read_to_string(dir.join("claims.txt"))
+            .unwrap_or_default()
+            .lines()
+            .map(ClaimWrite::parse)
             .collect::<Result<_, _>>()?;
         let mut logs = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
@@ -120,6 +133,7 @@ impl Saved {
             timeline: Timeline { entries },
             logs,
             ledger,
+            claims,
         })
     }
 }

@@ -4,10 +4,12 @@
 use serde_json::{json, Value};
 
 use super::checker::{check, Input, JobSpec};
+use super::claims::ClaimWrite;
 use super::facts::InstanceLog;
 use super::ledger::{Attempt, Phase};
-use super::plan::{Happening, Timeline, WORKERS};
+use super::plan::WORKERS;
 use super::report::Report;
+use super::timeline::{Happening, Timeline};
 
 /// An arbitrary whole second, as Unix ms.
 const T0: i64 = 1_800_000_000_000;
@@ -24,6 +26,7 @@ struct Scenario {
     timeline: Timeline,
     logs: Vec<InstanceLog>,
     ledger: Vec<Attempt>,
+    claims: Vec<ClaimWrite>,
     runs: u64,
 }
 
@@ -44,6 +47,7 @@ impl Scenario {
                 Happening::WorkerSpawned {
                     worker,
                     instance: worker,
+                    config: 0,
                 },
             );
             logs.push(InstanceLog {
@@ -57,7 +61,57 @@ impl Scenario {
             timeline,
             logs,
             ledger: Vec::new(),
+            claims: Vec::new(),
             runs: 0,
+        }
+    }
+
+    /// Puts `instance` on config version `config` (version 1 runs `quick` with `overlap: allow`).
+    fn set_config(&mut self, instance: usize, config: usize) {
+        for (_, happening) in &mut self.timeline.entries {
+            if let Happening::WorkerSpawned {
+                instance: i,
+                config: c,
+                ..
+            } = happening
+            {
+                if *i == instance {
+                    *c = config;
+                }
+            }
+        }
+    }
+
+    /// Nodes `nodes` leased `tick` of `quick` to `claimant` right at the tick and confirmed it, as their
+    /// AOF would show.
+    fn confirm(&mut self, tick: i64, claimant: &str, nodes: &[usize]) {
+        let holder = Some(format!("{claimant}|1|{tick}|0123456789abcdef"));
+        for &node in nodes {
+            for lease_expires in [Some(tick + 1 + TTL), None] {
+                self.claims.push(ClaimWrite {
+                    node,
+                    job: "quick".into(),
+                    tick,
+                    holder: holder.clone(),
+                    lease_expires,
+                });
+            }
+        }
+    }
+
+    /// Every worker logs, for `tick` of `quick`, a no-quorum attempt ending at each of `attempts` (ms
+    /// after the tick), the last one giving up.
+    fn no_quorum(&mut self, tick: i64, attempts: &[i64]) {
+        for instance in 0..WORKERS {
+            for (n, &after) in attempts.iter().enumerate() {
+                let event = if n + 1 == attempts.len() {
+                    "tick.skipped"
+                } else {
+                    "tick.retrying"
+                };
+                let logged = json!({"event": event, "job": "quick", "tick": rfc3339(tick), "reason": "no_quorum"});
+                self.log(instance, tick + after, logged);
+            }
         }
     }
 
@@ -148,8 +202,9 @@ impl Scenario {
     fn check(&self) -> Report {
         let jobs = [JobSpec {
             name: "quick".into(),
-            skip: true,
+            skip: [true, false],
             period_ms: 1_000,
+            grace_ms: 5_000,
             long: false,
         }];
         check(&Input {
@@ -159,6 +214,7 @@ impl Scenario {
             timeline: &self.timeline,
             logs: &self.logs,
             ledger: &self.judged_ledger(),
+            claims: &self.claims,
             planned_cases: &[],
         })
     }
@@ -166,6 +222,15 @@ impl Scenario {
 
 fn token(tick: i64) -> u64 {
     tick as u64 * 1_000
+}
+
+/// Asserts that the run passed and that some explained miss names `reason`.
+fn passed_explaining(report: &Report, reason: &str) {
+    assert!(report.passed(), "{report}");
+    assert!(
+        report.reasons.keys().any(|r| r.contains(reason)),
+        "no miss explained by {reason:?}: {report}"
+    );
 }
 
 fn failed_with(report: &Report, needle: &str) -> bool {
@@ -197,7 +262,7 @@ fn checker_catches_a_duplicate() {
 }
 
 /// A tick that nobody ran while every worker and node was fine is an unexplained miss; the same miss
-/// while three nodes were down is explained.
+/// while three nodes were down for the whole grace, every attempt failing, is explained.
 #[test]
 fn checker_explains_misses_only_by_faults() {
     let mut scenario = Scenario::new();
@@ -214,15 +279,79 @@ fn checker_explains_misses_only_by_faults() {
         );
         scenario
             .timeline
-            .push(T0 + 4_500, Happening::NodeUp { node });
+            .push(T0 + 8_000, Happening::NodeUp { node });
     }
+    scenario.no_quorum(T0 + 4_000, &[200, 700, 1_700, 3_700]);
     let report = scenario.check();
-    assert!(report.passed(), "{report}");
+    passed_explaining(&report, "no quorum");
     assert_eq!(report.rows[0].explained, 1);
+}
+
+/// Giving up for want of a majority explains a miss only if every failed attempt within the tick's window
+/// met a majority of nodes out of reach: hung or stalled, confirmed for another claimant, or leased to a
+/// contender of the tick that was dead by then. A live contender's lease is no excuse.
+#[test]
+fn checker_requires_no_majority_at_every_attempt_within_the_window() {
+    let hung = |scenario: &mut Scenario, nodes: &[usize], from: i64, to: i64| {
+        for &node in nodes {
+            scenario
+                .timeline
+                .push(from, Happening::NodeDown { node, hung: true });
+            scenario.timeline.push(to, Happening::NodeUp { node });
+        }
+    };
+    let tick = T0 + 4_000;
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    scenario.no_quorum(tick, &[200, 700]);
+    let report = scenario.check();
     assert!(
-        report.reasons.keys().any(|r| r.contains("no quorum")),
-        "{report}"
+        failed_with(&report, "tick.retrying:no_quorum, tick.skipped:no_quorum"),
+        "nodes were fine: {report}"
     );
+
+    hung(&mut scenario, &[0, 1, 2, 3, 4], tick - 100, tick + 400);
+    let report = scenario.check();
+    assert!(report.passed(), "every node stalled: {report}");
+
+    // Two nodes hung, and a third confirmed the tick for another claimant (a ghost's partial claim).
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    hung(&mut scenario, &[0, 1], T0 + 3_500, T0 + 9_500);
+    scenario.no_quorum(tick, &[200, 700]);
+    let report = scenario.check();
+    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+    scenario.confirm(tick, "ghost-1/x", &[2]);
+    passed_explaining(&scenario.check(), "dead contender");
+
+    // Two nodes hung, and w1's lease of the tick on a third: an excuse only once w1 is dead (killed, or
+    // shut down with the lease kept for a retry).
+    for gone in [
+        Happening::WorkerKilled { instance: 1 },
+        Happening::WorkerShutdown { instance: 1 },
+    ] {
+        let mut scenario = Scenario::new();
+        scenario.quick_ticks(&[4]);
+        hung(&mut scenario, &[0, 1], T0 + 3_500, T0 + 9_500);
+        scenario.claims.push(ClaimWrite {
+            node: 2,
+            job: "quick".into(),
+            tick,
+            holder: Some(format!("w1/x|1|{tick}|0123456789abcdef")),
+            lease_expires: Some(tick + 1_995),
+        });
+        for instance in [0, 2, 3] {
+            let contended = json!({"event": "tick.skipped", "job": "quick", "tick": rfc3339(tick), "reason": "contended"});
+            scenario.log(instance, tick + 950, contended);
+        }
+        let lost = json!({"event": "tick.lost", "job": "quick", "tick": rfc3339(tick), "reason": "already_claimed"});
+        scenario.log(1, tick + 990, lost);
+        let report = scenario.check();
+        assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+        scenario.timeline.push(tick + 5, gone);
+        let report = scenario.check();
+        assert!(report.passed(), "{report}");
+    }
 }
 
 /// A miss while the previous run held the job is explained; a tick.lost while nothing held it is not.
@@ -236,15 +365,7 @@ fn checker_explains_a_miss_by_the_previous_run_only_while_it_runs() {
     for k in 6..10 {
         scenario.run(3, "quick", T0 + k * 1_000, token(T0 + k * 1_000), 10);
     }
-    let report = scenario.check();
-    assert!(report.passed(), "{report}");
-    assert!(
-        report
-            .reasons
-            .keys()
-            .any(|r| r.contains("another run held")),
-        "{report}"
-    );
+    passed_explaining(&scenario.check(), "another run held");
 }
 
 /// A stale write rejected while its worker was paused is expected; the same write from a worker that had
@@ -344,12 +465,7 @@ fn checker_excuses_a_slow_claim_only_under_faults() {
     scenario
         .timeline
         .push(T0 + 4_600, Happening::NodeUp { node: 0 });
-    let report = scenario.check();
-    assert!(report.passed(), "{report}");
-    assert!(
-        report.reasons.keys().any(|r| r.contains("still racing")),
-        "{report}"
-    );
+    passed_explaining(&scenario.check(), "still racing");
 }
 
 /// A write from a run whose worker died between `tick.won` and `run.started` is matched to the win and
@@ -379,4 +495,134 @@ fn checker_matches_a_run_whose_worker_died_before_logging_it() {
     let report = scenario.check();
     assert!(report.passed(), "{report}");
     assert_eq!(report.rows[0].run, 10, "{report}");
+}
+
+/// A worker killed in the middle of its claim (no outcome logged) no longer explains a miss by itself;
+/// it does when the nodes' AOF shows that claim confirmed on a majority: it was granted, and died.
+#[test]
+fn checker_excuses_a_claim_killed_mid_claim_only_if_it_was_granted() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    scenario
+        .timeline
+        .push(T0 + 4_005, Happening::WorkerKilled { instance: 1 });
+    assert!(failed_with(&scenario.check(), "UNEXPLAINED MISS"));
+
+    scenario.confirm(T0 + 4_000, "w1/dead", &[0, 1]);
+    assert!(
+        failed_with(&scenario.check(), "UNEXPLAINED MISS"),
+        "a minority of confirms"
+    );
+
+    scenario.confirm(T0 + 4_000, "w1/dead", &[4]);
+    passed_explaining(&scenario.check(), "granted to a claimant of w1");
+}
+
+/// In a rollout, the previous run holding the job's single lease key excuses only the workers that
+/// run the job with `overlap: skip`: one on `overlap: allow` takes a key per tick and had no excuse.
+#[test]
+fn checker_excuses_a_busy_skip_only_on_skip_configured_workers() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[3, 4]);
+    scenario.run(0, "quick", T0 + 3_000, token(T0 + 3_000), 1_500);
+    scenario.set_config(3, 1);
+    let report = scenario.check();
+    assert!(
+        failed_with(&report, "w3 (process #3, config v1) could have run it"),
+        "{report}"
+    );
+
+    scenario
+        .timeline
+        .push(T0 + 1_000, Happening::WorkerKilled { instance: 3 });
+    passed_explaining(&scenario.check(), "another run held");
+}
+
+/// A ghost contender's tick must run all the same; its lease on a majority of the job's single key
+/// excuses the ticks raced meanwhile.
+#[test]
+fn checker_expects_a_ghost_tick_to_run() {
+    let ghost = |tick: i64| Happening::Ghost {
+        job: "quick".into(),
+        tick,
+        key: "redcron:{quick}:lease".into(),
+        value: format!("ghost-1/x|1|{tick}|0123456789abcdef"),
+        ttl_ms: 2_000,
+        leased: vec![0, 1, 2],
+        confirmed: vec![0],
+    };
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[5]);
+    scenario.timeline.push(T0 + 4_800, ghost(T0 + 5_000));
+    let report = scenario.check();
+    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    scenario.timeline.push(T0 + 3_900, ghost(T0 + 5_000));
+    passed_explaining(&scenario.check(), "ghost contender");
+}
+
+/// One tick confirmed on a majority for two claimants (seen in the nodes' AOF) is a duplicate grant,
+/// even if only one of them ran it.
+#[test]
+fn checker_catches_a_double_grant_on_the_nodes() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[]);
+    scenario.confirm(T0 + 3_000, "w0/a", &[0, 1, 2]);
+    scenario.confirm(T0 + 3_000, "w3/b", &[2, 3, 4]);
+    let report = scenario.check();
+    assert!(
+        failed_with(&report, "DUPLICATE GRANT ON THE NODES"),
+        "{report}"
+    );
+}
+
+/// A later tick granted to a claimant that died before logging `tick.won` (its clock ran ahead after a
+/// step) takes the earlier ticks with it, as a logged win would: claims only grow.
+#[test]
+fn checker_counts_a_later_tick_granted_to_the_dead_as_claimed() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4, 5, 6]);
+    let (early, granted) = (T0 + 4_000, T0 + 6_000);
+    let holder = Some(format!("w3/ahead|1|{granted}|0123456789abcdef"));
+    for node in 0..3 {
+        for lease_expires in [Some(early + 1 + TTL), None] {
+            scenario.claims.push(ClaimWrite {
+                node,
+                job: "quick".into(),
+                tick: granted,
+                holder: holder.clone(),
+                lease_expires,
+            });
+        }
+    }
+    for tick in [early, early + 1_000] {
+        for instance in 0..3 {
+            let lost = json!({"event": "tick.lost", "job": "quick", "tick": rfc3339(tick), "reason": "already_claimed", "by": "w3"});
+            scenario.log(instance, tick + 5, lost);
+        }
+    }
+    assert!(failed_with(&scenario.check(), "UNEXPLAINED MISS"));
+
+    scenario
+        .timeline
+        .push(early + 20, Happening::WorkerKilled { instance: 3 });
+    let report = scenario.check();
+    passed_explaining(&report, "granted to a claimant of w3");
+    passed_explaining(&report, "claimed a later tick first");
+}
+
+/// A worker told to shut down skips a tick it wins: a tick the nodes granted to it is explained by that
+/// grant, as for a worker killed mid-claim.
+#[test]
+fn checker_excuses_a_tick_granted_to_a_worker_shutting_down() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    scenario.confirm(T0 + 4_000, "w1/stopping", &[0, 1, 4]);
+    assert!(failed_with(&scenario.check(), "UNEXPLAINED MISS"));
+    scenario
+        .timeline
+        .push(T0 + 4_005, Happening::WorkerShutdown { instance: 1 });
+    passed_explaining(&scenario.check(), "granted to a claimant of w1");
 }

@@ -169,6 +169,16 @@ impl RedisCluster {
         self.nodes[i].child.as_ref().map(Child::id)
     }
 
+    /// Whether node `i` runs and is not hung by [`Self::stop`].
+    pub fn is_serving(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some() && !self.nodes[i].stopped
+    }
+
+    /// Node `i`'s directory (its data, its append-only file, its log).
+    pub fn dir(&self, i: usize) -> &std::path::Path {
+        &self.nodes[i].dir
+    }
+
     /// Crashes node `i`: SIGKILL, and reap it. Its port refuses connections until [`Self::restart`].
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.nodes[i].child.take() {

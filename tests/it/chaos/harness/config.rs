@@ -1,4 +1,9 @@
-//! The workers' jobs file, and their clocks.
+//! The workers' jobs file, in its two versions, and their clocks.
+//!
+//! Version 1 is what a rolling config change deploys: every job's `timeout` and `command` differ (an
+//! extra argument the ledger ignores), and `quick` and `parallel` swap their `overlap` — which in the
+//! lock means a different lease key, so during a rollout two workers may race one tick on two keys.
+//! Each job's ledger scope follows its overlap (`job` for skip, `tick` for allow).
 
 use std::path::Path;
 
@@ -14,9 +19,10 @@ pub(super) fn faketime_spec(offset_ms: i64) -> String {
     )
 }
 
-/// The jobs file of worker `w`.
+/// The jobs file of worker `w` in config `version` (0 or 1).
 pub(super) fn config(
     worker: usize,
+    version: usize,
     nodes: &[String],
     ledger: &Path,
     breakage: Option<Breakage>,
@@ -32,20 +38,9 @@ pub(super) fn config(
     } else {
         ""
     };
-    format!(
-        r#"redis:
-  nodes: [{nodes}]
-lock:
-  ttl: {TTL_MS}ms
-  renew_every: {RENEW_MS}ms
-  node_timeout: 200ms
-  retry_delay: 100ms
-worker:
-  id: w{worker}
-  shutdown_grace: {SHUTDOWN_GRACE_S}s
-  clock_check_every: 1s
-jobs:
-  - name: quick
+    let jobs = match version {
+        0 => format!(
+            r#"  - name: quick
     schedule: "* * * * * *"
     command: ['{ledger}', start, job]
     misfire_grace: {GRACE_S}s
@@ -63,6 +58,46 @@ jobs:
     misfire_grace: {GRACE_S}s
     env: {{LD_PRELOAD: ""}}
 "#,
-        long_s = LONG_MS as f64 / 1000.0,
+            long_s = LONG_MS as f64 / 1000.0,
+        ),
+        _ => format!(
+            r#"  - name: quick
+    schedule: "* * * * * *"
+    overlap: allow
+    command: ['{ledger}', start, tick, rolled]
+    timeout: 20s
+    misfire_grace: {GRACE_S}s
+    env: {{LD_PRELOAD: ""}}
+  - name: parallel
+    schedule: "* * * * * *"
+    overlap: skip
+    command: ['{ledger}', start, job, rolled]
+    timeout: 20s
+    misfire_grace: {GRACE_S}s
+    env: {{LD_PRELOAD: ""}}
+  - name: {LONG_JOB}
+    schedule: "* * * * * *"
+    command: "{trap}{ledger} start job rolled && sleep {long_s} && {ledger} end job rolled"
+    timeout: 25s
+    misfire_grace: {GRACE_S}s
+    env: {{LD_PRELOAD: ""}}
+"#,
+            long_s = LONG_MS as f64 / 1000.0,
+        ),
+    };
+    format!(
+        r#"redis:
+  nodes: [{nodes}]
+lock:
+  ttl: {TTL_MS}ms
+  renew_every: {RENEW_MS}ms
+  node_timeout: 200ms
+  retry_delay: 100ms
+worker:
+  id: w{worker}
+  shutdown_grace: {SHUTDOWN_GRACE_S}s
+  clock_check_every: 1s
+jobs:
+{jobs}"#
     )
 }

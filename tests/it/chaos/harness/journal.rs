@@ -6,7 +6,7 @@
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -19,7 +19,6 @@ use crate::support::Worker;
 #[derive(Default)]
 pub struct Journal {
     state: Mutex<JournalState>,
-    changed: Condvar,
 }
 
 #[derive(Default)]
@@ -58,8 +57,6 @@ impl Journal {
                 _ => {}
             }
         }
-        drop(state);
-        self.changed.notify_all();
     }
 
     /// A long run in progress on one of `candidates`, started at or after `since`: `(instance, run id)`.
@@ -78,10 +75,24 @@ impl Journal {
             .map(|(id, (instance, _, _))| (*instance, (*id).clone()))
     }
 
-    /// Waits up to `timeout` for any new event.
-    pub(super) fn wait(&self, timeout: Duration) {
-        let state = self.lock();
-        let _ = self.changed.wait_timeout(state, timeout);
+    /// The offset to the nodes' clocks that `instance` last measured (`clock.offset`), 0 before it did.
+    pub(super) fn measured_offset(&self, instance: usize) -> i64 {
+        self.lock().events.get(instance).map_or(0, |events| {
+            events
+                .iter()
+                .rev()
+                .find(|(_, e)| e["event"] == "clock.offset")
+                .and_then(|(_, e)| e["offset_ms"].as_i64())
+                .unwrap_or(0)
+        })
+    }
+
+    /// Whether `instance` has logged an event named `name`.
+    pub(super) fn has(&self, instance: usize, name: &str) -> bool {
+        self.lock()
+            .events
+            .get(instance)
+            .is_some_and(|events| events.iter().any(|(_, e)| e["event"] == name))
     }
 
     pub(super) fn events(&self, instance: usize) -> Vec<(i64, Value)> {

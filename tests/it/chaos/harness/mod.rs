@@ -4,11 +4,15 @@
 //!
 //! - [`journal`]: each worker process's events, stamped with their real arrival time;
 //! - [`executor`]: the plan carried out, fault by fault, into the timeline;
-//! - [`config`]: the workers' jobs file and clocks.
+//! - [`rollout`]: a rolling config change, one worker at a time;
+//! - [`ghost`]: a crashed contender's keys, written straight into the nodes;
+//! - [`config`]: the workers' jobs file (two versions) and clocks.
 
 mod config;
 mod executor;
+mod ghost;
 mod journal;
+mod rollout;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,11 +23,13 @@ use serde_json::Value;
 
 use self::config::{config, faketime_spec};
 use self::journal::{follow, Journal};
+use super::claims::{self, ClaimWrite};
 use super::facts::InstanceLog;
 use super::ledger::Ledger;
-use super::plan::{Happening, Plan, Timeline, JUMPER, NODES, PROXIED_NODE, WORKERS};
+use super::plan::{Plan, JUMPER, NODES, PROXIED_NODE, VERSIONS, WORKERS};
 use super::probe::{Probe, Stall};
 use super::proxy::Proxy;
+use super::timeline::{Happening, Timeline};
 use crate::support::libfaketime;
 use crate::support::{Persistence, RedisCluster, TestDir, Worker};
 
@@ -36,8 +42,10 @@ const RENEW_MS: u64 = 600;
 pub const LONG_MS: u64 = 5_500;
 /// The workers' shutdown grace: running jobs may finish within it.
 const SHUTDOWN_GRACE_S: u64 = 15;
+/// A worker gets its shutdown grace, then its jobs' SIGTERM-to-SIGKILL grace, to exit after SIGTERM.
+const EXIT_LIMIT: Duration = Duration::from_secs(SHUTDOWN_GRACE_S + 15);
 /// The misfire grace of every job: above the largest clock offset (3 s), so late workers still race.
-const GRACE_S: u64 = 5;
+pub const GRACE_S: u64 = 5;
 
 /// Real time, Unix ms.
 pub fn now_ms() -> i64 {
@@ -85,7 +93,10 @@ pub struct Cluster {
     nodes: RedisCluster,
     pub proxy: Proxy,
     pub ledger: Ledger,
-    configs: Vec<PathBuf>,
+    /// Per worker, its jobs file in each config version.
+    configs: Vec<[PathBuf; VERSIONS]>,
+    /// Per worker, the config version its next process starts on.
+    versions: [usize; WORKERS],
     offsets: [i64; WORKERS],
     clock_file: PathBuf,
     instances: Vec<Instance>,
@@ -127,10 +138,12 @@ impl Cluster {
                     Some(Breakage::SplitQuorum) => urls[2..].to_vec(),
                     _ => urls.clone(),
                 };
-                dir.write(
-                    format!("w{w}.yaml"),
-                    config(w, &listed, ledger.script(), breakage),
-                )
+                std::array::from_fn(|version| {
+                    dir.write(
+                        format!("w{w}.v{version}.yaml"),
+                        config(w, version, &listed, ledger.script(), breakage),
+                    )
+                })
             })
             .collect();
         let clock_file = dir.join("w3.faketime");
@@ -142,6 +155,7 @@ impl Cluster {
             proxy,
             ledger,
             configs,
+            versions: [0; WORKERS],
             offsets: plan.offsets,
             clock_file,
             instances: Vec::new(),
@@ -182,9 +196,10 @@ impl Cluster {
         cluster
     }
 
-    /// Starts a process for `worker` with its clock.
+    /// Starts a process for `worker` with its clock, on its current config version.
     fn spawn(&mut self, worker: usize) -> usize {
-        let builder = Worker::builder(&self.configs[worker]);
+        let config = self.versions[worker];
+        let builder = Worker::builder(&self.configs[worker][config]);
         let builder = match worker {
             JUMPER => {
                 // The file, not FAKETIME (which would take precedence over it), so the clock can step.
@@ -208,8 +223,14 @@ impl Cluster {
         let builder = builder.env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
         let handle = Arc::new(builder.spawn());
         let instance = self.instances.len();
-        self.timeline
-            .push(now_ms(), Happening::WorkerSpawned { worker, instance });
+        self.timeline.push(
+            now_ms(),
+            Happening::WorkerSpawned {
+                worker,
+                instance,
+                config,
+            },
+        );
         let recorder = follow(Arc::clone(&handle), instance, Arc::clone(&self.journal));
         self.instances.push(Instance {
             worker,
@@ -237,6 +258,36 @@ impl Cluster {
             .iter()
             .rposition(|i| i.worker == worker && i.state == State::Running)
     }
+
+    /// Reports that `instance` did not exit within [`EXIT_LIMIT`] of `what`, and kills it.
+    fn kill_slow(&mut self, instance: usize, what: &str) {
+        self.slow_exits.push(format!(
+            "w{} (process #{instance}) did not exit within {} s of {what}",
+            self.instances[instance].worker,
+            EXIT_LIMIT.as_secs()
+        ));
+        self.signal(
+            instance,
+            libc::SIGKILL,
+            State::Killed,
+            Happening::WorkerKilled { instance },
+        );
+    }
+
+    /// Whether process `instance` has exited (its stdout closed).
+    fn exited(&self, instance: usize) -> bool {
+        self.instances[instance]
+            .recorder
+            .as_ref()
+            .is_none_or(|r| r.is_finished())
+    }
+
+    /// What each lock node confirmed, from its append-only file (read at the end of the run).
+    pub fn claim_writes(&self) -> Vec<ClaimWrite> {
+        (0..NODES)
+            .flat_map(|node| claims::read_aof(node, &self.nodes.dir(node).join("appendonlydir")))
+            .collect()
+    }
     /// Resumes paused workers and asks every live one to shut down (SIGTERM: running jobs finish within
     /// the grace), waits for them to exit, and for orphaned jobs of crashed workers to end.
     pub fn shut_down(&mut self) {
@@ -263,7 +314,7 @@ impl Cluster {
         }
         // A recorder ends when its worker's stdout closes. A worker gets its shutdown grace, then its
         // jobs' SIGTERM-to-SIGKILL grace, to exit; one that takes longer is killed and reported.
-        let deadline = Instant::now() + Duration::from_secs(SHUTDOWN_GRACE_S + 15);
+        let deadline = Instant::now() + EXIT_LIMIT;
         while Instant::now() < deadline
             && self
                 .instances
@@ -278,17 +329,7 @@ impl Cluster {
                 .as_ref()
                 .is_some_and(|r| !r.is_finished())
             {
-                self.slow_exits.push(format!(
-                    "w{} (process #{index}) did not exit within {} s of SIGTERM",
-                    self.instances[index].worker,
-                    SHUTDOWN_GRACE_S + 15
-                ));
-                self.signal(
-                    index,
-                    libc::SIGKILL,
-                    State::Killed,
-                    Happening::WorkerKilled { instance: index },
-                );
+                self.kill_slow(index, "SIGTERM");
             }
             if let Some(recorder) = self.instances[index].recorder.take() {
                 // A panic here was a non-JSON line, which the checker reports from the raw lines.

@@ -1,0 +1,318 @@
+//! What the lock nodes confirmed: every claim write, read back from each node's append-only file.
+//!
+//! The nodes run with `appendonly yes`, so their AOF holds every write they made, in order — the effects
+//! of the lock's scripts included (Redis 7 propagates a script as the writes it did). A claim write
+//! (`SET <prefix>:{<job>}:claim "<tick ms> <lease value>"`) is a node confirming a tick for one claimant
+//! (`<worker id>/<uuid>`, the lease value's first field); a claimant confirmed on a majority of nodes was
+//! granted the tick, whether or not it lived to say so. That is the evidence behind two of the checker's
+//! rules: no tick is confirmed on a majority for two claimants, and a tick nobody ran may be explained by
+//! a grant to a claimant that was killed or paused before it logged `tick.won`.
+//!
+//! Lease writes (`SET <prefix>:{<job>}:lease[:<tick>] <value> PXAT <expiry>`) are read too: a lease of a
+//! contender that died between its rounds blocks the others until that expiry, which is evidence for a
+//! tick nobody could claim in time.
+//!
+//! A claim in the older format (a plain tick) names no claimant; it is kept, but proves nothing about
+//! who. Writes before an AOF rewrite would be lost (a rewrite needs 64 MB; a run writes a few).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+use super::plan::NODES;
+
+/// One claim (or lease) write on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimWrite {
+    pub node: usize,
+    pub job: String,
+    /// The claimed tick (for a lease, the tick its value names), Unix ms.
+    pub tick: i64,
+    /// The lease value the tick was confirmed for (or the lease's value); `None` for a plain-number claim.
+    pub holder: Option<String>,
+    /// For a lease write, when the node expires it (Unix ms); `None` for a claim record.
+    pub lease_expires: Option<i64>,
+}
+
+impl ClaimWrite {
+    /// The claimant (`<worker id>/<uuid>`, or a ghost's), if the claim names one.
+    pub fn claimant(&self) -> Option<&str> {
+        self.holder.as_deref()?.split('|').next()
+    }
+
+    /// As saved in `claims.txt` (`<node> <job> <tick> <lease expiry or -> <holder or ->`);
+    /// [`ClaimWrite::parse`] reads it back.
+    pub fn line(&self) -> String {
+        format!(
+            "{} {} {} {} {}",
+            self.node,
+            self.job,
+            self.tick,
+            self.lease_expires
+                .map_or("-".to_string(), |e| e.to_string()),
+            self.holder.as_deref().unwrap_or("-")
+        )
+    }
+
+    pub fn parse(line: &str) -> Result<ClaimWrite, String> {
+        let fields: Vec<&str> = line.splitn(5, ' ').collect();
+        let [node, job, tick, expires, holder] = fields[..] else {
+            return Err(format!("claims entry with too few fields: {line:?}"));
+        };
+        let number = |text: &str| {
+            text.parse::<i64>()
+                .map_err(|_| format!("bad number {text:?} in {line:?}"))
+        };
+        Ok(ClaimWrite {
+            node: node.parse().map_err(|_| format!("bad node in {line:?}"))?,
+            job: job.to_string(),
+            tick: number(tick)?,
+            holder: (holder != "-").then(|| holder.to_string()),
+            lease_expires: if expires == "-" {
+                None
+            } else {
+                Some(number(expires)?)
+            },
+        })
+    }
+}
+
+/// The worker index of a claimant `w<k>/<uuid>`; `None` for a ghost's.
+pub fn worker_of(claimant: &str) -> Option<usize> {
+    claimant.split('/').next()?.strip_prefix('w')?.parse().ok()
+}
+
+/// Every claim and lease write in node `node`'s AOF directory (the incremental files, in the manifest's
+/// order). A tail cut short by a SIGKILL ends the reading.
+pub fn read_aof(node: usize, dir: &Path) -> Vec<ClaimWrite> {
+    let manifest = std::fs::read_to_string(dir.join("appendonly.aof.manifest")).unwrap_or_default();
+    let files: Vec<&str> = manifest
+        .lines()
+        .filter(|line| line.ends_with("type i"))
+        .filter_map(|line| line.split(' ').nth(1))
+        .collect();
+    let mut writes = Vec::new();
+    for file in files {
+        let bytes = std::fs::read(dir.join(file)).unwrap_or_default();
+        for command in Commands(&bytes) {
+            if let Some(write) = claim_or_lease(node, &command) {
+                writes.push(write);
+            }
+        }
+    }
+    writes
+}
+
+/// The write `command` makes, if it is a claim record's or a lease's `SET`.
+fn claim_or_lease(node: usize, command: &[String]) -> Option<ClaimWrite> {
+    let [set, key, value, rest @ ..] = command else {
+        return None;
+    };
+    if !set.eq_ignore_ascii_case("SET") {
+        return None;
+    }
+    let (_, after) = key.split_once(":{")?;
+    let (job, suffix) = after.split_once("}:")?;
+    let job = job.to_string();
+    if suffix == "claim" {
+        let (tick, holder) = match value.split_once(' ') {
+            Some((tick, holder)) => (tick, Some(holder.to_string())),
+            None => (value.as_str(), None),
+        };
+        return Some(ClaimWrite {
+            node,
+            job,
+            tick: tick.parse().ok()?,
+            holder,
+            lease_expires: None,
+        });
+    }
+    if suffix != "lease" && !suffix.starts_with("lease:") {
+        return None;
+    }
+    let expires = match rest {
+        [unit, at, ..] if unit.eq_ignore_ascii_case("PXAT") => at.parse().ok()?,
+        _ => return None,
+    };
+    Some(ClaimWrite {
+        node,
+        job,
+        tick: value.split('|').nth(2)?.parse().ok()?,
+        holder: Some(value.clone()),
+        lease_expires: Some(expires),
+    })
+}
+
+/// The commands of an AOF (RESP arrays of bulk strings), as text.
+struct Commands<'a>(&'a [u8]);
+
+impl Commands<'_> {
+    fn line(&mut self) -> Option<&[u8]> {
+        let end = self.0.windows(2).position(|w| w == b"\r\n")?;
+        let (line, rest) = self.0.split_at(end);
+        self.0 = &rest[2..];
+        Some(line)
+    }
+}
+
+impl Iterator for Commands<'_> {
+    type Item = Vec<String>;
+
+    fn next(&mut self) -> Option<Vec<String>> {
+        loop {
+            let header = self.line()?;
+            // Annotations (`#TS:…`) and anything but an array are skipped.
+            let Some(count) = header.strip_prefix(b"*") else {
+                continue;
+            };
+            let count: usize = std::str::from_utf8(count).ok()?.parse().ok()?;
+            let mut parts = Vec::with_capacity(count);
+            for _ in 0..count {
+                let length: usize = std::str::from_utf8(self.line()?.strip_prefix(b"$")?)
+                    .ok()?
+                    .parse()
+                    .ok()?;
+                let bytes = self.0.get(..length)?;
+                parts.push(String::from_utf8_lossy(bytes).into_owned());
+                self.0 = self.0.get(length + 2..)?;
+            }
+            return Some(parts);
+        }
+    }
+}
+
+/// Who confirmed each (job, tick), on which nodes; and who took its lease, where, until when.
+#[derive(Debug, Default)]
+pub struct Confirms {
+    by_tick: HashMap<(String, i64), BTreeMap<String, BTreeSet<usize>>>,
+    leases: HashMap<(String, i64), Vec<LeaseTaken>>,
+}
+
+/// A lease taken on a node: `(claimant, node, expiry)`.
+pub type LeaseTaken = (String, usize, i64);
+
+impl Confirms {
+    pub fn new(writes: &[ClaimWrite]) -> Confirms {
+        let mut confirms = Confirms::default();
+        for write in writes {
+            if let (Some(expires), Some(claimant)) = (write.lease_expires, write.claimant()) {
+                confirms
+                    .leases
+                    .entry((write.job.clone(), write.tick))
+                    .or_default()
+                    .push((claimant.to_string(), write.node, expires));
+            }
+        }
+        for write in writes.iter().filter(|w| w.lease_expires.is_none()) {
+            if let Some(claimant) = write.claimant() {
+                confirms
+                    .by_tick
+                    .entry((write.job.clone(), write.tick))
+                    .or_default()
+                    .entry(claimant.to_string())
+                    .or_default()
+                    .insert(write.node);
+            }
+        }
+        confirms
+    }
+
+    /// The claimants of `(job, tick)` with their nodes.
+    pub fn of(&self, job: &str, tick: i64) -> Vec<(&str, &BTreeSet<usize>)> {
+        self.by_tick
+            .get(&(job.to_string(), tick))
+            .map(|claimants| claimants.iter().map(|(c, n)| (c.as_str(), n)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The leases taken for `(job, tick)`: `(claimant, node, expiry)`, in the nodes' order of writing.
+    pub fn leases(&self, job: &str, tick: i64) -> &[LeaseTaken] {
+        self.leases
+            .get(&(job.to_string(), tick))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The claimants that confirmed `(job, tick)` on a majority of the nodes: granted it.
+    pub fn granted(&self, job: &str, tick: i64) -> Vec<&str> {
+        self.of(job, tick)
+            .into_iter()
+            .filter(|(_, nodes)| nodes.len() > NODES / 2)
+            .map(|(claimant, _)| claimant)
+            .collect()
+    }
+
+    /// The nodes that confirmed `(job, tick)` for a claimant that is not one of `worker`'s: a node confirms
+    /// one claimant per tick, so `worker` can never have them.
+    pub fn taken_from(&self, job: &str, tick: i64, worker: usize) -> BTreeSet<usize> {
+        self.of(job, tick)
+            .into_iter()
+            .filter(|(claimant, _)| worker_of(claimant) != Some(worker))
+            .flat_map(|(_, nodes)| nodes.iter().copied())
+            .collect()
+    }
+
+    /// Every (job, tick) confirmed on a majority for more than one claimant (what G1 forbids).
+    pub fn double_grants(&self) -> Vec<(String, i64, Vec<String>)> {
+        let mut found: Vec<(String, i64, Vec<String>)> = self
+            .by_tick
+            .iter()
+            .filter_map(|((job, tick), claimants)| {
+                let granted: Vec<String> = claimants
+                    .iter()
+                    .filter(|(_, nodes)| nodes.len() > NODES / 2)
+                    .map(|(c, nodes)| format!("{c} on nodes {nodes:?}"))
+                    .collect();
+                (granted.len() > 1).then(|| (job.clone(), *tick, granted))
+            })
+            .collect();
+        found.sort();
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A script's effects and a plain SET, as Redis 7 writes them, and a tail cut short.
+    #[test]
+    fn claim_writes_are_read_from_an_aof() {
+        let dir = crate::support::TestDir::new();
+        let aof = dir.path();
+        std::fs::write(
+            aof.join("appendonly.aof.manifest"),
+            "file appendonly.aof.1.base.rdb seq 1 type b\nfile appendonly.aof.1.incr.aof seq 1 type i\n",
+        )
+        .expect("writable");
+        let resp = |parts: &[&str]| {
+            let mut out = format!("*{}\r\n", parts.len());
+            for p in parts {
+                out += &format!("${}\r\n{p}\r\n", p.len());
+            }
+            out
+        };
+        let mut text = resp(&["SELECT", "0"]) + &resp(&["MULTI"]);
+        text += &resp(&[
+            "SET",
+            "redcron:{quick}:lease",
+            "w1/a|1|5000|ff",
+            "PXAT",
+            "7000",
+        ]);
+        text += &resp(&["SET", "redcron:{quick}:claim", "5000 w1/a|1|5000|ff"]);
+        text += &resp(&["EXEC"]);
+        text += &resp(&["SET", "redcron:{long}:claim", "6000"]);
+        text += "*3\r\n$3\r\nSET\r\n$5\r\nredc";
+        std::fs::write(aof.join("appendonly.aof.1.incr.aof"), text).expect("writable");
+        let writes = read_aof(2, aof);
+        assert_eq!(writes.len(), 3, "{writes:?}");
+        assert_eq!(writes[0].lease_expires, Some(7000));
+        assert_eq!(writes[1].claimant(), Some("w1/a"));
+        assert_eq!((writes[1].node, writes[1].tick), (2, 5000));
+        assert_eq!((writes[2].job.as_str(), &writes[2].holder), ("long", &None));
+        for write in &writes {
+            assert_eq!(ClaimWrite::parse(&write.line()).as_ref(), Ok(write));
+        }
+        assert_eq!(worker_of("w1/a"), Some(1));
+        assert_eq!(worker_of("ghost-3/b"), None);
+    }
+}
