@@ -25,7 +25,7 @@
 //! Environment:
 //! - `REDCRON_CHAOS_SECS`: length of the fault plan (default 75 s; the whole test takes 80–90 s).
 //! - `REDCRON_CHAOS_SEED`: the plan's seed (default: drawn from the clock; always printed).
-//! - `REDCRON_CHAOS_BREAK`: `split-quorum` or `ignore-sigterm` break the cluster on purpose (see
+//! - `REDCRON_CHAOS_BREAK`: `split-quorum` or `escape-stop` break the cluster on purpose (see
 //!   [`harness::Breakage`]); the test must then fail.
 //!
 //! Run it long: `REDCRON_CHAOS_SECS=600 cargo test --release --test it chaos -- --nocapture`.
@@ -77,7 +77,7 @@ fn exactly_once_under_faults() {
     });
     let breakage = std::env::var("REDCRON_CHAOS_BREAK").ok().map(|text| {
         Breakage::parse(&text).unwrap_or_else(|| {
-            panic!("REDCRON_CHAOS_BREAK={text:?}: expected split-quorum or ignore-sigterm")
+            panic!("REDCRON_CHAOS_BREAK={text:?}: expected split-quorum or escape-stop")
         })
     });
     let reproduce = format!(

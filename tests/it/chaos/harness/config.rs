@@ -33,10 +33,17 @@ pub(super) fn config(
         .collect::<Vec<_>>()
         .join(", ");
     let ledger = ledger.display();
-    let trap = if breakage == Some(Breakage::IgnoreSigterm) {
-        "trap '' TERM; "
-    } else {
-        ""
+    // The long job writes a start and an end; with `escape-stop` it runs in a session of its own, out of
+    // the reach of the worker's SIGTERM/SIGKILL to its process group.
+    let long_s = LONG_MS as f64 / 1000.0;
+    let long = |rolled: &str| {
+        let script =
+            format!("{ledger} start job{rolled} && sleep {long_s} && {ledger} end job{rolled}");
+        if breakage == Some(Breakage::EscapeStop) {
+            format!("setsid -w sh -c '{script}'")
+        } else {
+            script
+        }
     };
     let jobs = match version {
         0 => format!(
@@ -53,12 +60,12 @@ pub(super) fn config(
     env: {{LD_PRELOAD: ""}}
   - name: {LONG_JOB}
     schedule: "* * * * * *"
-    command: "{trap}{ledger} start job && sleep {long_s} && {ledger} end job"
+    command: "{long}"
     timeout: 30s
     misfire_grace: {GRACE_S}s
     env: {{LD_PRELOAD: ""}}
 "#,
-            long_s = LONG_MS as f64 / 1000.0,
+            long = long(""),
         ),
         _ => format!(
             r#"  - name: quick
@@ -77,12 +84,12 @@ pub(super) fn config(
     env: {{LD_PRELOAD: ""}}
   - name: {LONG_JOB}
     schedule: "* * * * * *"
-    command: "{trap}{ledger} start job rolled && sleep {long_s} && {ledger} end job rolled"
+    command: "{long}"
     timeout: 25s
     misfire_grace: {GRACE_S}s
     env: {{LD_PRELOAD: ""}}
 "#,
-            long_s = LONG_MS as f64 / 1000.0,
+            long = long(" rolled"),
         ),
     };
     format!(

@@ -58,16 +58,17 @@ pub enum Breakage {
     /// Workers 0-1 list nodes 0-2 and workers 2-3 list nodes 2-4: each counts a "majority" of 2 of its 3,
     /// which is what counting reachable instead of configured nodes does in a partition.
     SplitQuorum,
-    /// The long job ignores SIGTERM, so a worker that lost its lease cannot stop it for 10 s (its SIGKILL
-    /// grace): the job goes on without its lease, as if the lease-loss kill were missing.
-    IgnoreSigterm,
+    /// The long job escapes the worker's process group (`setsid`), so a worker that lost its lease cannot
+    /// stop it: the job goes on without its lease, as if the lease-loss stop were missing. (Ignoring
+    /// SIGTERM no longer does that: SIGKILL follows by the lease's deadline.)
+    EscapeStop,
 }
 
 impl Breakage {
     pub fn parse(text: &str) -> Option<Breakage> {
         match text {
             "split-quorum" => Some(Breakage::SplitQuorum),
-            "ignore-sigterm" => Some(Breakage::IgnoreSigterm),
+            "escape-stop" => Some(Breakage::EscapeStop),
             _ => None,
         }
     }
