@@ -152,8 +152,9 @@ impl JobConfig {
     }
 }
 
-/// FNV-1a, 64 bits: stable across platforms and releases, which a hash that workers compare must be.
-fn fnv1a(bytes: &[u8]) -> u64 {
+/// FNV-1a, 64 bits: stable across platforms and releases, which a hash that workers compare (or derive
+/// agreed timings from) must be.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
     })

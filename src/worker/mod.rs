@@ -183,7 +183,8 @@ struct Pending {
 /// retry costs one round trip per node however many jobs it carries.
 async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGuard>)>) {
     let mut settling = JoinSet::new();
-    let now = tokio::time::Instant::now();
+    let first_tick = batch.first().map_or(Tick(0), |(_, tick, _)| *tick);
+    let now = tokio::time::Instant::now() + stagger(&context, first_tick);
     let mut pending: Vec<Pending> = batch
         .into_iter()
         .map(|(job, tick, guard)| Pending {
@@ -255,6 +256,23 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
         }
     }
     while settling.join_next().await.is_some() {}
+}
+
+/// How long this worker waits before its first claim of a batch due at `tick`.
+///
+/// Workers on cluster time wake for a tick at the same instant, and contenders that reach the nodes at the
+/// same moment split their votes — with a node or two down, a split can last until the tick's window ends.
+/// So each worker starts after a delay of up to a quarter of `retry_delay`, drawn from a stable hash of
+/// (worker id, tick): usually one worker claims the tick's jobs alone and the others find them claimed, and
+/// which worker goes first changes from tick to tick. The embedded store has no contenders: no delay.
+fn stagger(context: &Context, tick: Tick) -> Duration {
+    if !matches!(context.store, LockStore::Redis(_)) {
+        return Duration::ZERO;
+    }
+    let spread = context.store.settings().retry_delay / 4;
+    let key = format!("{}\n{}", context.worker_id, tick.as_millis());
+    let fraction = (crate::config::fnv1a(key.as_bytes()) % 1_000_000) as f64 / 1_000_000.0;
+    spread.mul_f64(fraction)
 }
 
 /// Logs a retry of a tick whose outcome was not final.
