@@ -43,7 +43,10 @@
 //!   its reach:
 //!   killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and for 1 s
 //!   after), any node during a stall the probe measured, any node that confirmed this tick for another
-//!   claimant (a node confirms one claimant per tick, for ever: the nodes' AOF), and any node whose lease
+//!   claimant (a node confirms one claimant per tick, for ever: the nodes' AOF), any node on which a
+//!   ghost confirmed this tick or a later one (from its write on, for ever: a node's claim record only
+//!   grows, and it refuses every tick up to the one it holds — the AOF names the ghost's tick, not when
+//!   it was written, so the timeline's record of the ghost is the evidence), and any node whose lease
 //!   of this tick a dead contender held (a ghost, until its TTL; a claimant whose process was killed,
 //!   paused or told to shut down after it took the lease, until the lease's expiry in the AOF). A live
 //!   contender is no excuse: contenders that are alive must settle the tick between them.
@@ -216,7 +219,7 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         ),
         (
             "dead contender of the tick",
-            "a dead contender's lease or claim of the tick (and faults) left no majority until the tick's window closed",
+            "a dead contender's lease or claim of the tick (or a ghost's claim of a later one), and faults, left no majority until the tick's window closed",
         ),
         (
             "no quorum",
@@ -406,8 +409,9 @@ fn no_majority_in_window(
 }
 
 /// The nodes that `worker` could not have for `tick` besides faults, as `(node, from, to)`: those that
-/// confirmed the tick for another claimant (for ever), and those whose lease of the tick a dead contender
-/// held — a ghost, or a claimant whose process was killed, paused or told to shut down after it took the
+/// confirmed the tick for another claimant (for ever), those on which a ghost confirmed the tick or a
+/// later one (from the ghost's write, for ever), and those whose lease of the tick a dead contender held
+/// — a ghost, or a claimant whose process was killed, paused or told to shut down after it took the
 /// lease.
 fn unavailable(e: &Evidence<'_>, worker: usize, tick: i64) -> Vec<(usize, i64, i64)> {
     let facts = e.facts;
@@ -420,10 +424,15 @@ fn unavailable(e: &Evidence<'_>, worker: usize, tick: i64) -> Vec<(usize, i64, i
     for ghost in facts
         .ghosts
         .iter()
-        .filter(|g| g.job == e.job.name && g.tick == tick)
+        .filter(|g| g.job == e.job.name && g.tick >= tick)
     {
-        let until = ghost.at + ghost.ttl_ms as i64;
-        extra.extend(ghost.leased.iter().map(|&node| (node, ghost.at, until)));
+        // Its claim record refuses every tick up to its own, whatever lease key a worker takes; the
+        // timeline stamps the ghost once every node answered, so no earlier than its writes.
+        extra.extend(ghost.confirmed.iter().map(|&node| (node, ghost.at, NEVER)));
+        if ghost.tick == tick {
+            let until = ghost.at + ghost.ttl_ms as i64;
+            extra.extend(ghost.leased.iter().map(|&node| (node, ghost.at, until)));
+        }
     }
     for (claimant, node, expires) in e.confirms.leases(&e.job.name, tick) {
         let Some(owner) = worker_of(claimant) else {

@@ -563,6 +563,80 @@ fn checker_expects_a_ghost_tick_to_run() {
     passed_explaining(&scenario.check(), "ghost contender");
 }
 
+/// A ghost's claim of a later tick (its partial claim, on a minority) makes its nodes refuse every
+/// earlier tick from its write on, whatever lease key a worker takes: with one node hung besides, a
+/// worker on `overlap: allow` (which never meets the ghost's lease of the job's single key) that gave up
+/// for want of a majority is excused — but not by a ghost written after its attempts, nor by one that
+/// claimed an earlier tick.
+#[test]
+fn checker_counts_a_ghosts_claim_of_a_later_tick_as_out_of_reach() {
+    let tick = T0 + 4_000;
+    let with_ghost = |ghost: Option<(i64, i64)>| {
+        let mut scenario = Scenario::new();
+        scenario.quick_ticks(&[4]);
+        for instance in 0..WORKERS {
+            scenario.set_config(instance, 1);
+        }
+        for instance in [2, 3] {
+            scenario
+                .timeline
+                .push(T0 - 8_000, Happening::WorkerKilled { instance });
+        }
+        scenario.timeline.push(
+            tick - 1_276,
+            Happening::NodeDown {
+                node: 0,
+                hung: true,
+            },
+        );
+        scenario
+            .timeline
+            .push(tick + 2_370, Happening::NodeUp { node: 0 });
+        for instance in [0, 1] {
+            for (event, after) in [("tick.retrying", 215), ("tick.skipped", 792)] {
+                let logged = json!({"event": event, "job": "quick", "tick": rfc3339(tick), "reason": "no_quorum"});
+                scenario.log(instance, tick + after, logged);
+            }
+        }
+        if let Some((ghost_tick, written)) = ghost {
+            // What the saved run showed: lease (skip key) on 1, 3, 4, claim on 1, 3; the AOF has the
+            // ghost's tick but not when it was written.
+            scenario.confirm(ghost_tick, "ghost-1/x", &[1, 3]);
+            scenario.timeline.push(
+                tick + written,
+                Happening::Ghost {
+                    job: "quick".into(),
+                    tick: ghost_tick,
+                    key: "redcron:{quick}:lease".into(),
+                    value: format!("ghost-1/x|1|{ghost_tick}|0123456789abcdef"),
+                    ttl_ms: 1_484,
+                    leased: vec![1, 3, 4],
+                    confirmed: vec![1, 3],
+                },
+            );
+        }
+        scenario.check()
+    };
+    let report = with_ghost(None);
+    assert!(
+        failed_with(&report, "w1 (process #1, config v1) could have run it"),
+        "only node 0 hung: {report}"
+    );
+    let report = with_ghost(Some((tick + 3_000, 300)));
+    assert!(
+        failed_with(&report, "UNEXPLAINED MISS"),
+        "the ghost was written after the first attempt: {report}"
+    );
+    let report = with_ghost(Some((tick - 1_000, -462)));
+    assert!(
+        failed_with(&report, "UNEXPLAINED MISS"),
+        "the ghost claimed an earlier tick: {report}"
+    );
+    let report = with_ghost(Some((tick + 3_000, -462)));
+    passed_explaining(&report, "a ghost's claim of a later one");
+    assert_eq!(report.rows[0].explained, 1, "{report}");
+}
+
 /// One tick confirmed on a majority for two claimants (seen in the nodes' AOF) is a duplicate grant,
 /// even if only one of them ran it.
 #[test]
