@@ -334,11 +334,8 @@ async fn settle(
     outcome: ClaimOutcome,
 ) {
     match outcome {
-        ClaimOutcome::Won(lease) if context.shutdown.is_requested() => {
-            info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
-                  "Skipped: shutdown was requested while racing; releasing the claim's lease");
-            context.store.release(&lease).await;
-        }
+        // Also when shutdown was requested while racing: the tick is granted to this worker, so no other
+        // worker may run it; the run gets the shutdown grace like any running job.
         ClaimOutcome::Won(lease) => {
             info!(event = "tick.won", job = %job.name, tick = %tick, token = lease.token, "Won the tick");
             run::run(Arc::clone(&context), job, lease).await;
