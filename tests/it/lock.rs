@@ -417,9 +417,19 @@ async fn split_votes_converge_on_one_winner() {
         let tasks: Vec<_> = (0..10)
             .map(|i| {
                 let store = Arc::clone(&store);
-                tokio::spawn(
-                    async move { store.claim(&request(&format!("w{i}"), "split", tick)).await },
-                )
+                tokio::spawn(async move {
+                    // As the worker does: the same request again while the outcome is not final.
+                    let request = request(&format!("w{i}"), "split", tick);
+                    let mut outcome = store.claim(&request).await;
+                    for _ in 0..20 {
+                        let Some(wait) = outcome.retry_in() else {
+                            break;
+                        };
+                        tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+                        outcome = store.claim(&request).await;
+                    }
+                    outcome
+                })
             })
             .collect();
         let store = Arc::clone(&store);
