@@ -11,6 +11,7 @@ mod deploy;
 mod job_env;
 mod lease_stop;
 mod lock;
+mod model;
 mod schedule;
 mod support;
 mod worker;
