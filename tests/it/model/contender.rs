@@ -40,10 +40,17 @@ impl Spec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Phase {
     Round1(Tally1),
-    Round2 { token: u8, tally: Tally2 },
+    Round2 {
+        token: u8,
+        tally: Tally2,
+    },
     /// Lost an attempt that may be retried; `keep`: it led a split vote and kept its keys.
-    Waiting { keep: bool },
-    Won { token: u8 },
+    Waiting {
+        keep: bool,
+    },
+    Won {
+        token: u8,
+    },
     GaveUp,
     Crashed,
 }

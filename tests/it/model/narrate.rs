@@ -6,8 +6,8 @@
 use stateright::{Model, Path};
 
 use super::contender::{Overlap, Phase};
-use super::node::{Round1, Round2, Value};
 use super::network::{Kind, Msg};
+use super::node::{Round1, Round2, Value};
 use super::protocol::{Action, Answer, Protocol, State};
 
 /// The path as numbered lines, each an action and what it did.
@@ -18,7 +18,11 @@ pub fn narrate(model: &Protocol, path: Path<State, Action>) -> Vec<String> {
         let next = model
             .next_state(&state, action)
             .expect("every action of a path has a next state");
-        let mut line = format!("{:>2}. {}", step + 1, describe(model, &state, &next, action));
+        let mut line = format!(
+            "{:>2}. {}",
+            step + 1,
+            describe(model, &state, &next, action)
+        );
         for (c, (before, after)) in state.contenders.iter().zip(&next.contenders).enumerate() {
             if std::mem::discriminant(&before.phase) != std::mem::discriminant(&after.phase) {
                 line.push_str(&format!("; c{c} {}", phase(&after.phase)));
@@ -49,7 +53,11 @@ fn contenders(model: &Protocol) -> String {
                 Overlap::Skip => "skip",
                 Overlap::Allow => "allow",
             };
-            format!("c{c} = tick {} overlap {overlap} on key {}", spec.tick, key(spec.key()))
+            format!(
+                "c{c} = tick {} overlap {overlap} on key {}",
+                spec.tick,
+                key(spec.key())
+            )
         })
         .collect();
     format!("{} ({:?})", list.join(", "), model.config.version)
@@ -63,7 +71,10 @@ fn describe(model: &Protocol, before: &State, next: &State, action: Action) -> S
             answer,
         } => deliver(model, before, msg, expire, answer),
         Action::Timeout(c) => format!("c{c} stops waiting for its round (timeout)"),
-        Action::Retry(c) => format!("c{c} retries (attempt {})", next.contenders[usize::from(c)].attempt),
+        Action::Retry(c) => format!(
+            "c{c} retries (attempt {})",
+            next.contenders[usize::from(c)].attempt
+        ),
         Action::Crash(c) => format!("c{c} crashes"),
         Action::Restart(node) => format!("n{node} restarts EMPTY (no persistence)"),
     }

@@ -85,11 +85,16 @@ impl Network {
         })
     }
 
+    /// The requests to `node`, as bits in node 0's places.
+    pub fn of_node(&self, node: u8) -> u128 {
+        (self.0 >> node) & NODE_0
+    }
+
     /// The same set with node `old` renamed `order[old]`.
     pub fn renumber(&self, order: [u8; 3]) -> Network {
         let mut renamed = 0;
         for (old, new) in order.iter().enumerate() {
-            renamed |= ((self.0 >> old) & NODE_0) << new;
+            renamed |= self.of_node(old as u8) << new;
         }
         Network(renamed)
     }
@@ -105,13 +110,3 @@ const NODE_0: u128 = {
     }
     mask
 };
-
-/// The six ways to number three nodes.
-pub const ORDERS: [[u8; 3]; 6] = [
-    [0, 1, 2],
-    [0, 2, 1],
-    [1, 0, 2],
-    [1, 2, 0],
-    [2, 0, 1],
-    [2, 1, 0],
-];

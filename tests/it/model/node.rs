@@ -88,9 +88,7 @@ impl Node {
                 Version::V2 => held.value.contender != request.value.contender,
             };
             if foreign {
-                return Round1::Busy {
-                    holder: held.value,
-                };
+                return Round1::Busy { holder: held.value };
             }
         }
         self.leases[request.key] = Some(Held {
@@ -135,8 +133,7 @@ impl Node {
             Version::V1 => claim.tick > request.tick,
             Version::V2 => {
                 claim.tick > request.tick
-                    || (claim.tick == request.tick
-                        && claim.by.contender != request.value.contender)
+                    || (claim.tick == request.tick && claim.by.contender != request.value.contender)
             }
         }
     }
