@@ -14,14 +14,14 @@ pub struct Config {
     pub loss: bool,
     /// A contender may end a round before all answers are in (node_timeout, the deadline).
     pub timeouts: bool,
+    /// A contender may crash in a round or between attempts; its requests in flight still land. With
+    /// `loss` on, a crash adds nothing at the nodes (it is every later answer lost, and no further
+    /// step); it matters to liveness, where "one stays alive" is the premise.
     pub crashes: bool,
     /// One node may restart empty (once): the persistence assumption broken. A restart *with*
     /// persistence is no action of its own: the node keeps its keys, and the requests and answers it
     /// loses meanwhile are what delay and loss already are.
     pub empty_restart: bool,
-    /// Faults at most in one run: answers lost or read late, timeouts while an answer is still due,
-    /// crashes. Bounding them (not their kinds) keeps an exhaustive check within seconds.
-    pub faults: u8,
     /// Tokens start at tick × 10 (redcron: tick_ms × 1000); without it, at the highest fence + 1.
     pub token_floor: bool,
     /// The liveness configuration; see [`Config::live`].
@@ -39,7 +39,6 @@ impl Config {
             timeouts: true,
             crashes: true,
             empty_restart: false,
-            faults: 2,
             token_floor: true,
             fair: false,
         }
@@ -60,11 +59,9 @@ impl Config {
     /// With that, every path ends (messages are finite, attempts bounded), and `stateright` checks an
     /// `eventually` property in the states where no action is left, which is what the promise is about.
     pub fn live(version: Version, contenders: Vec<Spec>) -> Config {
-        let contenders_len = contenders.len() as u8;
         Config {
             loss: false,
             timeouts: false,
-            faults: contenders_len,
             fair: true,
             ..Config::faulty(version, contenders)
         }

@@ -42,8 +42,6 @@ pub struct State {
     /// In grant order.
     pub grants: [Option<Grant>; MAX_CONTENDERS],
     pub restarted: bool,
-    /// Faults so far; see [`Config::faults`].
-    pub faults: u8,
 }
 
 impl State {
@@ -95,7 +93,6 @@ impl Model for Protocol {
             network: Network::default(),
             grants: [None; MAX_CONTENDERS],
             restarted: false,
-            faults: 0,
         };
         for c in 0..MAX_CONTENDERS as u8 {
             if self.contenders().any(|configured| configured == c) {
@@ -109,7 +106,6 @@ impl Model for Protocol {
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
         let config = &self.config;
-        let fault = state.faults < config.faults;
         for msg in state.network.iter() {
             let expire: &[bool] = match (self.must_expire(state, msg), self.may_expire(state, msg))
             {
@@ -124,7 +120,7 @@ impl Model for Protocol {
                     expire,
                     answer: Answer::Read,
                 });
-                if awaited && config.loss && fault {
+                if awaited && config.loss {
                     actions.push(Action::Deliver {
                         msg,
                         expire,
@@ -133,7 +129,7 @@ impl Model for Protocol {
                 }
                 // Read late: with loss on, an answer lost and a timeout do the same to the nodes.
                 let live = !state.contenders[usize::from(msg.contender)].expired();
-                let late = config.timeouts && !config.loss && live && fault;
+                let late = config.timeouts && !config.loss && live;
                 if awaited && late && self.decisive(state, msg) {
                     actions.push(Action::Deliver {
                         msg,
@@ -149,9 +145,9 @@ impl Model for Protocol {
         let alive = alive.count();
         for c in self.contenders() {
             let contender = &state.contenders[usize::from(c)];
-            // A round with no answer left to come can only end by a timeout, which is no fault.
+            // A round with no answer left to come can only end by a timeout, also without slowness.
             let due = Self::due(state, c);
-            if contender.in_round() && ((config.timeouts && fault) || !due) {
+            if contender.in_round() && (config.timeouts || !due) {
                 actions.push(Action::Timeout(c));
             }
             let waiting = matches!(contender.phase, Phase::Waiting { .. });
@@ -160,7 +156,7 @@ impl Model for Protocol {
             }
             let last = alive <= 1;
             let crashable = contender.in_round() || waiting;
-            if config.crashes && fault && crashable && !(config.fair && last) {
+            if config.crashes && crashable && !(config.fair && last) {
                 actions.push(Action::Crash(c));
             }
         }
@@ -176,20 +172,13 @@ impl Model for Protocol {
                 msg,
                 expire,
                 answer,
-            } => {
-                state.faults += u8::from(answer != Answer::Read);
-                self.deliver(&mut state, msg, expire, answer)
-            }
-            Action::Timeout(c) => {
-                state.faults += u8::from(Self::due(last, c));
-                self.decide(&mut state, c, true)
-            }
+            } => self.deliver(&mut state, msg, expire, answer),
+            Action::Timeout(c) => self.decide(&mut state, c, true),
             Action::Retry(c) => match state.contenders[usize::from(c)].phase {
                 Phase::Waiting { keep } => self.retry(&mut state, c, keep),
                 _ => unreachable!("only a waiting contender retries"),
             },
             Action::Crash(c) => {
-                state.faults += 1;
                 let contender = &mut state.contenders[usize::from(c)];
                 contender.phase = Phase::Crashed;
                 contender.expired = contender.attempt + 1;
