@@ -1,4 +1,5 @@
-//! Model checks of the claim protocol, v1 (today's) against v2 (the spec), with `stateright`.
+//! Model checks of the claim protocol, v1 (the first release) against v2 (the
+//! protocol of `src/lock/`), with `stateright`.
 //!
 //! The protocol's promises are about every interleaving of messages, crashes and expiries, which no test
 //! against real nodes can enumerate. Here the checker does: `protocol.rs` is the model (3 nodes, 2–3

@@ -1,16 +1,16 @@
 //! One Redis node of the model: its keys for the one job, and the scripts that run atomically on it.
 //!
-//! The scripts are `ACQUIRE`, `CONFIRM` and `RELEASE` of `src/lock/scripts.rs` (v1) and of the v2 spec
-//! (`/work/briefs/protocol-v2.md`), written over small integers instead of strings so that the checker's
+//! The scripts are `ACQUIRE`, `CONFIRM` and `RELEASE` of the first release (v1, commit 9edae72) and of
+//! `src/lock/scripts.rs` (v2), written over small integers instead of strings so that the checker's
 //! states stay small. Each script is one function that the model calls when a request is delivered, which
 //! is exactly the atomicity Redis gives a Lua script.
 
 /// Which protocol the scripts and the client follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Version {
-    /// Today's protocol (branch `main`): the claim key holds a plain tick number.
+    /// The first release's protocol: the claim key holds a plain tick number.
     V1,
-    /// The spec's v2: the claim key holds the tick and the lease value that confirmed it.
+    /// The protocol of `src/lock/`: the claim key holds the tick and the lease value that confirmed it.
     V2,
 }
 
