@@ -8,6 +8,7 @@ mod cli;
 mod clock;
 mod config;
 mod deploy;
+mod docs;
 mod job_env;
 mod lease_stop;
 mod lock;

@@ -1,0 +1,91 @@
+//! The documents cite tests by name (`module::test_name`) as the evidence for what they promise, and the
+//! code by path (`worker::stagger`, `clock::boot`); a citation that was renamed or removed would leave a
+//! promise without evidence. Checked here, by name.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The modules of this test binary, whose `module::name` citations must resolve.
+const MODULES: &[&str] = &[
+    "bench_smoke",
+    "chaos",
+    "claims",
+    "cli",
+    "clock",
+    "config",
+    "deploy",
+    "job_env",
+    "lease_stop",
+    "lock",
+    "model",
+    "schedule",
+    "worker",
+];
+
+/// Every `module::name` in backticks in `text` whose module is one of [`MODULES`].
+fn citations(text: &str) -> BTreeSet<(String, String)> {
+    let mut found = BTreeSet::new();
+    for quoted in text.split('`').skip(1).step_by(2) {
+        let Some((module, name)) = quoted.split_once("::") else {
+            continue;
+        };
+        let is_ident =
+            |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if MODULES.contains(&module) && is_ident(name) {
+            found.insert((module.to_string(), name.to_string()));
+        }
+    }
+    found
+}
+
+/// The source of module `module` under `base` (`tests/it` or `src`): `<module>.rs` and every file under
+/// `<module>/`, empty if there is neither.
+fn module_source(base: &Path, module: &str) -> String {
+    let mut text = std::fs::read_to_string(base.join(format!("{module}.rs"))).unwrap_or_default();
+    if let Ok(entries) = std::fs::read_dir(base.join(module)) {
+        for entry in entries {
+            let path = entry.expect("directory entry").path();
+            if path.extension().is_some_and(|ext| ext == "rs") {
+                text += &std::fs::read_to_string(&path).expect("source file");
+            }
+        }
+    }
+    text
+}
+
+/// Whether `module::name` names a test of this binary, a function of the library, or a module file.
+fn resolves(root: &Path, module: &str, name: &str) -> bool {
+    let function = format!("fn {name}(");
+    module_source(&root.join("tests/it"), module).contains(&function)
+        || module_source(&root.join("src"), module).contains(&function)
+        || root
+            .join("src")
+            .join(module)
+            .join(format!("{name}.rs"))
+            .is_file()
+}
+
+#[test]
+fn every_test_the_documents_cite_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    let mut cited = 0;
+    for doc in ["README.md", "docs/protocol.md", "docs/model.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).expect("document");
+        for (module, name) in citations(&text) {
+            cited += 1;
+            if !resolves(root, &module, &name) {
+                missing.push(format!("{doc}: `{module}::{name}`"));
+            }
+        }
+    }
+    assert!(
+        cited > 10,
+        "the documents cite only {cited} tests: did the citation format change?"
+    );
+    assert!(
+        missing.is_empty(),
+        "cited tests or code that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
