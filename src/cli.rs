@@ -14,9 +14,9 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 
 use crate::config::{self, Config};
-use crate::lock::node::redact;
 use crate::logging::{self, LogFormat, LogOptions};
 use crate::shutdown::Shutdown;
+use crate::store::redis::node::redact;
 
 /// Exit code: the worker stopped gracefully, or the command succeeded.
 pub const EXIT_OK: u8 = 0;

@@ -11,7 +11,7 @@
 //! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
 //! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
 //! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, `worker.max_clock_offset` 500ms,
-//! `worker.clock_check_every` 60s, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
+//! `worker.clock_check_every` 60s, `history.keep_ticks` 200, `history.missed_lookback` 1h, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
 //! `enabled` true, no timeout, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
 //! see [`crate::lock::renewal_slack`]).
 
@@ -27,6 +27,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::history::HistorySettings;
 use crate::lock::{LockSettings, Overlap};
 use crate::schedule::Schedule;
 
@@ -45,6 +46,8 @@ pub struct Config {
     pub lock: LockSettings,
     /// This worker process's own settings.
     pub worker: WorkerConfig,
+    /// How much run history the store keeps, and how far back missed ticks are looked for.
+    pub history: HistorySettings,
     /// The jobs, in file order; names are unique.
     pub jobs: Vec<JobConfig>,
     /// The environment variables that the store's section (`redis:`) takes through `${VAR}`, such as
@@ -59,7 +62,7 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisConfig {
     /// `redis://` or `rediss://` URLs, as written (after `${VAR}` substitution); may hold passwords, so
-    /// display them only through [`crate::lock::node::redact`]. Each parses and names a distinct
+    /// display them only through [`crate::store::redis::node::redact`]. Each parses and names a distinct
     /// host and port; there is at least one.
     pub nodes: Vec<String>,
 }

@@ -12,8 +12,12 @@
 //!   cluster-wide identity of one scheduled instant.
 //! - [`clock`]: the boot clock that leases are measured on (it counts a host's suspend), and cluster
 //!   time, which ticks are scheduled on (this host's clock corrected by its offset to the Redis nodes').
-//! - [`lock`]: leases, tick claims and fencing tokens — the Redlock protocol on N Redis nodes, and the same
-//!   interface backed by process memory for a single host.
+//! - [`lock`]: what a claim asks and answers — leases, tick claims, fencing tokens, and the names the
+//!   protocol writes.
+//! - [`store`]: the one seam to where state lives — the Redlock protocol on N Redis nodes, or the
+//!   embedded single-host store — for claims, leases, history and membership.
+//! - [`history`]: each worker's account of each tick (who ran it, how it ended, or why not), and its merge.
+//! - [`membership`]: the workers' announcements and heartbeats.
 //! - [`process`]: the job's child process: spawn, stream its output into the log, stop it (SIGTERM, then
 //!   SIGKILL after a grace).
 //! - [`worker`]: the daemon: sleep until each tick, race, run the winner's job under a lease watchdog, and
@@ -25,9 +29,12 @@
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod history;
 pub mod lock;
 pub mod logging;
+pub mod membership;
 pub mod process;
 pub mod schedule;
 pub mod shutdown;
+pub mod store;
 pub mod worker;

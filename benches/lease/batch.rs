@@ -9,9 +9,9 @@
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use redcron::lock::redis::RedisStore;
 use redcron::lock::{ClaimOutcome, ClaimRequest, Overlap};
 use redcron::schedule::Tick;
+use redcron::store::redis::RedisStore;
 
 use super::cycle::settings;
 use super::nodes::Nodes;

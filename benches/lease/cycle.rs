@@ -11,9 +11,9 @@
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use redcron::lock::redis::RedisStore;
 use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap};
 use redcron::schedule::Tick;
+use redcron::store::redis::RedisStore;
 use tokio::sync::oneshot;
 
 use super::stats::Samples;

@@ -157,7 +157,7 @@ pub fn memory(pid: u32) -> (u64, u64) {
 
 /// The SHA-1s of redcron's scripts, in the order the counters use: acquire, confirm, renew, release.
 pub fn script_shas() -> Vec<String> {
-    use redcron::lock::scripts::{ACQUIRE, CONFIRM, RELEASE, RENEW};
+    use redcron::store::redis::scripts::{ACQUIRE, CONFIRM, RELEASE, RENEW};
     [&ACQUIRE, &CONFIRM, &RENEW, &RELEASE]
         .iter()
         .map(|s| s.get_hash().to_string())

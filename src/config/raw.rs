@@ -22,6 +22,7 @@ pub(crate) struct RawConfig {
     pub redis: Option<RawRedis>,
     pub lock: RawLock,
     pub worker: RawWorker,
+    pub history: RawHistory,
     /// The `jobs:` list and where it starts (`None` if the key is missing).
     pub jobs: Option<Spanned<Vec<RawJob>>>,
 }
@@ -49,6 +50,12 @@ pub(crate) struct RawWorker {
     pub shutdown_grace: Option<Spanned<String>>,
     pub max_clock_offset: Option<Spanned<String>>,
     pub clock_check_every: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct RawHistory {
+    pub keep_ticks: Option<Spanned<String>>,
+    pub missed_lookback: Option<Spanned<String>>,
 }
 
 #[derive(Debug)]
@@ -97,6 +104,10 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
         .take("worker")
         .and_then(|node| read_worker(node, report))
         .unwrap_or_default();
+    let history = top
+        .take("history")
+        .and_then(|node| read_history(node, report))
+        .unwrap_or_default();
     let jobs = top.take("jobs").map(|node| Spanned {
         value: read_jobs(node, report),
         mark: node.mark,
@@ -106,6 +117,7 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
         redis,
         lock,
         worker,
+        history,
         jobs,
     }
 }
@@ -144,6 +156,16 @@ fn read_lock(node: &Node, report: &mut Report) -> Option<RawLock> {
     };
     fields.finish(report);
     Some(lock)
+}
+
+fn read_history(node: &Node, report: &mut Report) -> Option<RawHistory> {
+    let mut fields = Fields::of(node, "history", report)?;
+    let history = RawHistory {
+        keep_ticks: fields.scalar("keep_ticks", report),
+        missed_lookback: fields.scalar("missed_lookback", report),
+    };
+    fields.finish(report);
+    Some(history)
 }
 
 fn read_worker(node: &Node, report: &mut Report) -> Option<RawWorker> {

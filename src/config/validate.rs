@@ -13,10 +13,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redis::IntoConnectionInfo as _;
 
-use super::raw::{RawConfig, RawLock, RawRedis, RawWorker, Spanned};
+use super::raw::{RawConfig, RawHistory, RawLock, RawRedis, RawWorker, Spanned};
 use super::yaml::Mark;
 use super::{Config, RedisConfig, Report, WorkerConfig};
-use crate::lock::{default_stop_grace, drift, node::redact, renewal_slack, LockSettings};
+use crate::history::HistorySettings;
+use crate::lock::{default_stop_grace, drift, renewal_slack, LockSettings};
+use crate::store::redis::node::redact;
 
 pub(super) const TOP: Mark = Mark { line: 1, column: 1 };
 
@@ -39,12 +41,14 @@ pub(crate) fn config(
         .as_ref()
         .and_then(|section| redis(section, report));
     let worker = worker(&raw.worker, report);
+    let history = history(&raw.history, report);
     let jobs = super::jobs::jobs(raw.jobs, &lock, &store_env_vars, report, now);
     Config {
         path: path.to_path_buf(),
         redis,
         lock,
         worker,
+        history,
         jobs,
         store_env_vars,
         warnings: Vec::new(),
@@ -276,6 +280,37 @@ fn node_address(url: &str) -> Result<String, String> {
         text.trim_end_matches(" - InvalidClientConfig").to_string()
     })?;
     Ok(format!("{host}:{port}"))
+}
+
+/// The largest `history.keep_ticks`: beyond it a job's history costs more node memory than it is worth.
+const MAX_KEEP_TICKS: usize = 100_000;
+
+fn history(raw: &RawHistory, report: &mut Report) -> HistorySettings {
+    let defaults = HistorySettings::default();
+    let keep_ticks = match &raw.keep_ticks {
+        None => defaults.keep_ticks,
+        Some(value) => match value.value.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_KEEP_TICKS).contains(&n) => n,
+            _ => {
+                let why = format!(
+                    "invalid keep_ticks {:?}: expected a whole number from 1 to {MAX_KEEP_TICKS}",
+                    value.value
+                );
+                report.error(value.mark, "history.keep_ticks", why);
+                defaults.keep_ticks
+            }
+        },
+    };
+    let missed_lookback = duration(
+        raw.missed_lookback.as_ref(),
+        "history.missed_lookback",
+        report,
+    )
+    .unwrap_or(defaults.missed_lookback);
+    HistorySettings {
+        keep_ticks,
+        missed_lookback,
+    }
 }
 
 fn worker(raw: &RawWorker, report: &mut Report) -> WorkerConfig {

@@ -1,20 +1,15 @@
 //! Leases, tick claims and fencing tokens.
 //!
-//! A [`LockStore`] answers one question for the worker: *may I run `(job, tick)`, and with which fencing
+//! A store ([`crate::store::Store`]) answers one question for the worker: *may I run `(job, tick)`, and with which fencing
 //! token?* Expected answers are values ([`ClaimOutcome`]), failures of the store itself are errors.
 //!
-//! Two stores implement it: [`redis`] (the Redlock protocol across N independent Redis nodes; the
-//! safety argument is in `docs/protocol.md` and beside each script in [`scripts`]) and [`memory`] (the
-//! same guarantees within one process, for a single host with no Redis configured). Both write the names
-//! of [`keys`].
+//! The stores of [`crate::store`] implement these answers: the Redlock protocol across N independent Redis
+//! nodes (its safety argument is in `docs/protocol.md` and beside each script), and the embedded store
+//! for a single host. Both write the names of [`keys`].
 
 pub mod keys;
-pub mod memory;
-pub mod node;
 pub mod quorum;
-pub mod redis;
-pub mod scripts;
-mod validity;
+pub(crate) mod validity;
 
 use std::time::Duration;
 
@@ -194,7 +189,7 @@ impl QuorumFailure {
 ///
 /// The lease is valid until [`Lease::deadline`], a point on this host's boot clock (`CLOCK_BOOTTIME`, which
 /// counts a suspend) that already accounts for the time the acquisition took and for clock drift. Once that deadline passes without a
-/// successful renewal the lease is lost for good: [`LockStore::renew`] never revives it.
+/// successful renewal the lease is lost for good: [`crate::store::Store::renew`] never revives it.
 #[derive(Debug, Clone)]
 pub struct Lease {
     pub job: String,
@@ -288,79 +283,5 @@ impl RenewError {
     /// Whether the lease is lost for good after this error (every variant but `Unconfirmed`).
     pub fn is_lost(&self) -> bool {
         !matches!(self, RenewError::Unconfirmed(_))
-    }
-}
-
-/// Failures of a store that are not expected outcomes (the store could not even be set up).
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("invalid Redis node URL {url}: {reason}")]
-    InvalidNode { url: String, reason: String },
-    #[error("{0} Redis nodes configured; at least one is needed")]
-    NoNodes(usize),
-}
-
-/// The store the worker races through: Redis nodes, or process memory on a single host.
-///
-/// An enum rather than a trait object: there are exactly two stores, and an enum keeps `async fn` plain.
-pub enum LockStore {
-    Redis(redis::RedisStore),
-    Memory(memory::MemoryStore),
-}
-
-impl LockStore {
-    /// Claims each `(job, tick)` in `requests`, answering in the same order.
-    ///
-    /// All claims go to each node as one pipelined round trip per protocol round, so a tick at which
-    /// 10,000 jobs are due costs the same number of round trips as a tick with one.
-    pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
-        match self {
-            LockStore::Redis(store) => store.claim_many(requests).await,
-            LockStore::Memory(store) => store.claim_many(requests),
-        }
-    }
-
-    /// Claims one `(job, tick)`.
-    pub async fn claim(&self, request: &ClaimRequest) -> ClaimOutcome {
-        let mut outcomes = self.claim_many(std::slice::from_ref(request)).await;
-        outcomes
-            .pop()
-            .unwrap_or(ClaimOutcome::AlreadyClaimed { by: None })
-    }
-
-    /// Extends the lease by a full TTL if a quorum still holds it and its deadline has not passed.
-    ///
-    /// On failure the lease is marked lost and every later call fails with [`RenewError::AlreadyLost`].
-    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
-        match self {
-            LockStore::Redis(store) => store.renew(lease).await,
-            LockStore::Memory(store) => store.renew(lease),
-        }
-    }
-
-    /// Releases the lease on every node where it is still this lease's value; the tick claim and the
-    /// fencing counter stay. Never deletes another holder's lease.
-    pub async fn release(&self, lease: &Lease) {
-        match self {
-            LockStore::Redis(store) => store.release(lease).await,
-            LockStore::Memory(store) => store.release(lease),
-        }
-    }
-
-    /// One `TIME` to every node, for the worker's clock offset; `None` for the embedded store, whose
-    /// only clock is this host's.
-    pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
-        match self {
-            LockStore::Redis(store) => Some(store.read_clocks().await),
-            LockStore::Memory(_) => None,
-        }
-    }
-
-    /// The lock settings this store was built with.
-    pub fn settings(&self) -> &LockSettings {
-        match self {
-            LockStore::Redis(store) => store.settings(),
-            LockStore::Memory(store) => store.settings(),
-        }
     }
 }

@@ -3,7 +3,7 @@
 //! Every worker computes the same ticks from the same schedule and sleeps until the earliest one — there is
 //! no polling loop and no drift accumulated from tick to tick, because each wake-up targets a scheduled
 //! instant, not "now plus an interval". All jobs due at one instant are claimed in one batch
-//! ([`LockStore::claim_many`]), which costs one pipelined round trip per node and round however many
+//! ([`Store::claim_many`]), which costs one pipelined round trip per node and round however many
 //! jobs are due. Runs that were won go on in their own tasks ([`run`]), each under a lease watchdog.
 
 mod agenda;
@@ -21,11 +21,10 @@ use tracing::{error, info, warn};
 
 use crate::clock::cluster::ClusterClock;
 use crate::config::{Config, JobConfig};
-use crate::lock::memory::MemoryStore;
-use crate::lock::redis::RedisStore;
-use crate::lock::{ClaimOutcome, ClaimRequest, Holder, LockStore, Overlap};
+use crate::lock::{ClaimOutcome, ClaimRequest, Holder, Overlap};
 use crate::schedule::Tick;
 use crate::shutdown::Shutdown;
+use crate::store::Store;
 
 use self::agenda::Agenda;
 
@@ -41,12 +40,12 @@ const NO_QUORUM_BACKOFF_MAX: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
     #[error("lock store: {0}")]
-    Store(#[from] crate::lock::StoreError),
+    Store(#[from] crate::store::StoreError),
 }
 
 /// What the worker shares with its runs.
 pub(crate) struct Context {
-    pub(crate) store: LockStore,
+    pub(crate) store: Store,
     /// Cluster time, which every tick is scheduled on (kept on the nodes' clocks by [`offset`]).
     pub(crate) clock: ClusterClock,
     pub(crate) worker_id: String,
@@ -65,21 +64,15 @@ pub(crate) struct Context {
 /// Redis nodes that are down at start or later do not stop the worker: it logs them and races again at the
 /// next tick.
 pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> {
-    let store = match &config.redis {
-        Some(redis) => LockStore::Redis(RedisStore::new(&redis.nodes, config.lock.clone())?),
-        None => {
-            warn!(
-                event = "worker.embedded_store",
-                "No redis section in the config: using the embedded single-host store. Ticks are claimed \
-                 in this process only; run a single worker, or configure Redis nodes to run several."
-            );
-            LockStore::Memory(MemoryStore::new(config.lock.clone()))
-        }
-    };
-    let nodes = match &store {
-        LockStore::Redis(redis) => redis.node_labels().join(","),
-        LockStore::Memory(_) => "embedded".to_string(),
-    };
+    let store = Store::open(&config)?;
+    if !store.is_shared() {
+        warn!(
+            event = "worker.embedded_store",
+            "No redis section in the config: using the embedded single-host store. Ticks are claimed \
+             in this process only; run a single worker, or configure Redis nodes to run several."
+        );
+    }
+    let nodes = store.describe();
     let jobs: Vec<JobConfig> = config
         .jobs
         .iter()
@@ -109,7 +102,7 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     // One task per batch of due ticks: it claims them and runs the ones won. The loop itself never waits
     // for Redis, so a slow race (retries, a hung node) cannot delay the next tick of another job.
     let mut races: JoinSet<()> = JoinSet::new();
-    let remember_claims = matches!(context.store, LockStore::Redis(_));
+    let remember_claims = context.store.is_shared();
     // The first ticks are scheduled on the measured cluster time (or on this host's clock, if the nodes
     // cannot be measured within about a second).
     let clock_task = offset::start(Arc::clone(&context), &config.worker).await;
@@ -266,7 +259,7 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
 /// (worker id, tick): usually one worker claims the tick's jobs alone and the others find them claimed, and
 /// which worker goes first changes from tick to tick. The embedded store has no contenders: no delay.
 fn stagger(context: &Context, tick: Tick) -> Duration {
-    if !matches!(context.store, LockStore::Redis(_)) {
+    if !context.store.is_shared() {
         return Duration::ZERO;
     }
     let spread = context.store.settings().retry_delay / 4;

@@ -19,7 +19,8 @@ use super::Context;
 use crate::clock::cluster::{estimate, Estimate};
 use crate::config::WorkerConfig;
 use crate::lock::quorum::quorum;
-use crate::lock::{LockStore, QuorumFailure};
+use crate::lock::QuorumFailure;
+use crate::store::Store;
 
 /// `TIME` rounds per measurement; each node's fastest exchange counts, so one slow answer (the first
 /// one waits for the connection) does not blur the offset.
@@ -60,7 +61,7 @@ pub(super) async fn start(context: Arc<Context>, worker: &WorkerConfig) -> Optio
 
 /// Up to [`ROUNDS`] rounds of `TIME` to every node (fewer if a round misses a majority); the offset
 /// from all their answers, or why there is none. `None` for the embedded store.
-async fn measure(store: &LockStore) -> Option<Result<Estimate, QuorumFailure>> {
+async fn measure(store: &Store) -> Option<Result<Estimate, QuorumFailure>> {
     let mut samples = Vec::new();
     let (mut configured, mut failures) = (0, Vec::new());
     for _ in 0..ROUNDS {

@@ -23,8 +23,9 @@ use tracing::{error, info, info_span, warn, Instrument};
 use super::env::job_environment;
 use super::Context;
 use crate::config::JobConfig;
-use crate::lock::{renew_when_left, Lease, LockStore, RenewError};
+use crate::lock::{renew_when_left, Lease, RenewError};
 use crate::process::{ChildSpec, ExitKind, ProcessError, RunningChild};
+use crate::store::Store;
 
 /// Why a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,14 +268,14 @@ type Renewing<'a> = Pin<Box<dyn Future<Output = (Lease, Result<(), RenewError>)>
 
 /// The lease of a run and its renewals: when the next one is due, and the one on its way.
 struct Renewer<'a> {
-    store: &'a LockStore,
+    store: &'a Store,
     lease: Lease,
     next_at: LeaseInstant,
     in_flight: Option<Renewing<'a>>,
 }
 
 impl<'a> Renewer<'a> {
-    fn new(store: &'a LockStore, lease: Lease) -> Renewer<'a> {
+    fn new(store: &'a Store, lease: Lease) -> Renewer<'a> {
         let next_at = on_schedule(store, &lease);
         Renewer {
             store,
@@ -327,7 +328,7 @@ impl<'a> Renewer<'a> {
 /// When `lease` is due for renewal: once it has `ttl − drift − renew_every` left, i.e. `renew_every`
 /// after the start of the claim or renewal that set its deadline, so that a renewal confirmed within
 /// `node_timeout` still leaves it the slack that `stop_grace` fits in.
-fn on_schedule(store: &LockStore, lease: &Lease) -> LeaseInstant {
+fn on_schedule(store: &Store, lease: &Lease) -> LeaseInstant {
     let left = renew_when_left(store.settings());
     lease_now() + lease.remaining().saturating_sub(left)
 }

@@ -6,9 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redcron::lock::redis::RedisStore;
-use redcron::lock::{scripts, ClaimOutcome, ClaimRequest, Lease, LockSettings, LockStore, Overlap};
+use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap};
 use redcron::schedule::Tick;
+use redcron::store::redis::scripts;
+use redcron::store::redis::RedisStore;
+use redcron::store::Store;
 
 use crate::support::{DelayProxy, RedisCluster, TestDir, Worker};
 
@@ -22,12 +24,12 @@ fn settings() -> LockSettings {
     }
 }
 
-fn store(urls: &[String]) -> LockStore {
-    LockStore::Redis(RedisStore::new(urls, settings()).expect("valid node URLs"))
+fn store(urls: &[String]) -> Store {
+    Store::Redis(RedisStore::new(urls, settings()).expect("valid node URLs"))
 }
 
 /// Waits until every node of a fresh store answers, so that the first claim does not race the connects.
-async fn warm(store: &LockStore) {
+async fn warm(store: &Store) {
     let _ = store
         .claim(&ClaimRequest::new(
             "warm",
@@ -42,7 +44,7 @@ async fn warm(store: &LockStore) {
 /// Claims `request` as the worker does: the same request again while the outcome is not final, after the
 /// delay the outcome asks for, for at most `patience`.
 async fn claim_until_final(
-    store: &LockStore,
+    store: &Store,
     request: &ClaimRequest,
     patience: Duration,
 ) -> ClaimOutcome {

@@ -6,11 +6,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redcron::lock::redis::RedisStore;
-use redcron::lock::{
-    ClaimOutcome, ClaimRequest, Lease, LockSettings, LockStore, Overlap, RenewError,
-};
+use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError};
 use redcron::schedule::Tick;
+use redcron::store::redis::RedisStore;
+use redcron::store::Store;
 
 use crate::support::{Persistence, RedisCluster};
 
@@ -35,8 +34,8 @@ fn race_settings() -> LockSettings {
     }
 }
 
-fn store(cluster: &RedisCluster, settings: LockSettings) -> LockStore {
-    LockStore::Redis(RedisStore::new(&cluster.urls(), settings).expect("valid node URLs"))
+fn store(cluster: &RedisCluster, settings: LockSettings) -> Store {
+    Store::Redis(RedisStore::new(&cluster.urls(), settings).expect("valid node URLs"))
 }
 
 /// A new claimant of `(job, tick)` for `worker`, with `overlap: skip`.
@@ -52,7 +51,7 @@ fn won(outcome: ClaimOutcome) -> Lease {
 }
 
 /// Waits until every node of a fresh store answers, so that the first claim does not race the connects.
-async fn warm(store: &LockStore) {
+async fn warm(store: &Store) {
     let _ = store.claim(&request("warm-up", "warm-up", 1)).await;
 }
 
@@ -162,7 +161,7 @@ fn contender_process() {
     let urls: Vec<String> = nodes.split(',').map(str::to_string).collect();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let store = Arc::new(LockStore::Redis(
+        let store = Arc::new(Store::Redis(
             RedisStore::new(&urls, race_settings()).expect("urls"),
         ));
         warm(&store).await;
@@ -500,7 +499,7 @@ async fn claims_survive_restarts_with_required_persistence() {
     assert!(b.token > a.token);
 }
 
-fn store_for(cluster: &RedisCluster) -> LockStore {
+fn store_for(cluster: &RedisCluster) -> Store {
     store(cluster, settings(2_000))
 }
 

@@ -1,7 +1,7 @@
 //! A contender of the model: one worker's chain of attempts at one (job, tick), and how it reads an attempt
 //! that did not win.
 //!
-//! The reading follows `lost_in_round1` / `lost_in_round2` of `src/lock/redis/claim.rs` for v1 and the
+//! The reading follows `lost_in_round1` / `lost_in_round2` of `src/store/redis/claim.rs` for v1 and the
 //! spec's "Classification when not won" for v2, reduced to what matters to the model: is the outcome
 //! final, and if not, does the contender keep its keys (it leads a split vote) or undo them. Pauses
 //! between attempts (`retry_delay`, jitter, the holder's remaining TTL) have no length here: a retry is an

@@ -1,7 +1,7 @@
 //! One Redis node of the model: its keys for the one job, and the scripts that run atomically on it.
 //!
 //! The scripts are `ACQUIRE`, `CONFIRM` and `RELEASE` of the first release (v1, commit 9edae72) and of
-//! `src/lock/scripts.rs` (v2), written over small integers instead of strings so that the checker's
+//! `src/store/redis/scripts.rs` (v2), written over small integers instead of strings so that the checker's
 //! states stay small. Each script is one function that the model calls when a request is delivered, which
 //! is exactly the atomicity Redis gives a Lua script.
 

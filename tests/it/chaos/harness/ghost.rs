@@ -56,7 +56,7 @@ return 'confirmed'
 "#;
 
 /// The lease key of `job` for `tick` (Unix ms): one per job with `overlap: skip`, one per tick with
-/// `allow` (as `claim_keys` in `src/lock/redis/mod.rs`).
+/// `allow` (as `claim_keys` in `src/store/redis/mod.rs`).
 pub fn lease_key(job: &str, skip: bool, tick: i64) -> String {
     if skip {
         format!("{KEY_PREFIX}:{{{job}}}:lease")

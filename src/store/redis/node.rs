@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Pipeline, Value};
 
-use super::StoreError;
+use crate::store::StoreError;
 
 /// The address of a node for logs and errors: the URL with any password replaced by `***`.
 ///
@@ -88,6 +88,9 @@ impl Node {
             }
             let mut load = redis::pipe();
             for source in super::scripts::sources() {
+                load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+            }
+            for source in super::history::sources() {
                 load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
             }
             load.query_async::<()>(&mut connection).await?;

@@ -9,9 +9,9 @@ use std::time::Instant;
 use futures_util::future::join_all;
 use redis::Value;
 
+use super::node::Node;
 use super::RedisStore;
 use crate::clock::cluster::{node_time_us, wall_now_us, Readings, Sample};
-use crate::lock::node::Node;
 
 impl RedisStore {
     /// Sends `TIME` to every node at once and returns every node's answer within `node_timeout`.

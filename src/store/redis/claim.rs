@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use super::reply::{parse_round1, parse_round2, Round1, Round2};
 use super::round::evalsha;
+use super::scripts;
 use super::{Attempt, RedisStore, Retry, Try};
 use crate::clock::boot::BootInstant;
 use crate::lock::keys::{attempt_value, claim_keys, token_floor, Holder};
 use crate::lock::quorum::{quorum, Vote};
-use crate::lock::{scripts, validity, ClaimOutcome, ClaimRequest, Lease, QuorumFailure};
+use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, QuorumFailure};
 
 impl RedisStore {
     /// One attempt at every request of the batch: round 1, then round 2 for those that reached a majority.

@@ -2,23 +2,31 @@
 //! Redis configured.
 //!
 //! One process is one node and one majority, so both rounds of a claim happen at once, under one mutex, with
-//! the rules of the Lua scripts ([`super::scripts`]) and the names of [`super::keys`]: a tick is confirmed
+//! the rules of the Lua scripts ([`crate::store::redis::scripts`]) and the names of [`crate::lock::keys`]: a tick is confirmed
 //! for one claimant only, tokens strictly increase, a lease expires after its TTL on the boot clock unless
 //! renewed, and a lost lease is never renewed. The answers are those a Redis cluster gives in the same
 //! situation. Nothing survives a restart of the process — which is why the tokens' floor comes from the
-//! tick ([`super::keys::token_floor`]): a restarted worker still hands out tokens above those of earlier
+//! tick ([`crate::lock::keys::token_floor`]): a restarted worker still hands out tokens above those of earlier
 //! ticks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::Utc;
 use std::sync::Mutex;
 
-use super::keys::{attempt_value, claim_keys, claimant_of, lease_key, token_floor, Holder};
-use super::{validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, QuorumFailure, RenewError};
 use crate::clock::boot::BootInstant;
+use crate::history::{self, Entry, HistorySettings, Query};
+use crate::lock::keys::{attempt_value, claim_keys, claimant_of, lease_key, token_floor, Holder};
+use crate::lock::{
+    validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, QuorumFailure, RenewError,
+};
+use crate::membership::{self, Member, HEARTBEAT_TTL};
+use crate::store::Read;
 
 /// Leases, claims and tokens in process memory.
 pub struct MemoryStore {
     settings: LockSettings,
+    history: HistorySettings,
     state: Mutex<State>,
 }
 
@@ -30,6 +38,10 @@ struct State {
     claims: HashMap<String, (i64, String)>,
     /// Per lease key: the holder's value and when it expires.
     leases: HashMap<String, (String, BootInstant)>,
+    /// Per job, per tick: the entries by id.
+    history: HashMap<String, BTreeMap<i64, HashMap<String, Entry>>>,
+    /// Per worker: its last announcement, stamped, and when its heartbeat expires.
+    members: HashMap<String, (Member, BootInstant)>,
 }
 
 impl MemoryStore {
@@ -37,6 +49,7 @@ impl MemoryStore {
     pub fn new(settings: LockSettings) -> MemoryStore {
         MemoryStore {
             settings,
+            history: HistorySettings::default(),
             state: Mutex::new(State::default()),
         }
     }
@@ -44,6 +57,83 @@ impl MemoryStore {
     /// The lock settings this store was built with.
     pub fn settings(&self) -> &LockSettings {
         &self.settings
+    }
+
+    /// The same store with `history` as its history bound.
+    pub fn with_history(self, history: HistorySettings) -> MemoryStore {
+        MemoryStore { history, ..self }
+    }
+
+    /// The history settings this store was built with.
+    pub fn history_settings(&self) -> &HistorySettings {
+        &self.history
+    }
+
+    /// Keeps `entries`, and the newest `keep_ticks` ticks of each job.
+    pub fn record(&self, entries: &[Entry]) {
+        let mut state = self.lock();
+        for entry in entries {
+            let ticks = state.history.entry(entry.job.clone()).or_default();
+            ticks
+                .entry(entry.tick)
+                .or_default()
+                .insert(entry.id(), entry.clone());
+            while ticks.len() > self.history.keep_ticks {
+                ticks.pop_first();
+            }
+        }
+    }
+
+    /// The entries of `query`, newest first.
+    pub fn history(&self, query: &Query) -> Read<Vec<Entry>> {
+        let state = self.lock();
+        let (since, until) = (
+            query.since.map_or(i64::MIN, |t| t.as_millis()),
+            query.until.map_or(i64::MAX, |t| t.as_millis()),
+        );
+        let entries = state.history.get(&query.job).into_iter().flat_map(|ticks| {
+            ticks
+                .range(since..=until)
+                .flat_map(|(_, entries)| entries.values().cloned())
+        });
+        let mut merged = history::merge([entries.collect::<Vec<_>>()]);
+        merged.truncate(query.limit);
+        Read {
+            value: merged,
+            missing: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Keeps `member`'s announcement, alive for [`HEARTBEAT_TTL`] (a stopped worker's: not alive).
+    pub fn announce(&self, member: &Member) {
+        let mut member = member.clone();
+        member.seen_at = Some(Utc::now());
+        let ttl = if member.state == "stopped" {
+            std::time::Duration::ZERO
+        } else {
+            HEARTBEAT_TTL
+        };
+        let expires = BootInstant::now() + ttl;
+        self.lock()
+            .members
+            .insert(member.id.clone(), (member, expires));
+    }
+
+    /// Every member announced to this process.
+    pub fn members(&self) -> Read<Vec<Member>> {
+        let now = BootInstant::now();
+        let state = self.lock();
+        let members = state.members.values().map(|(member, expires)| {
+            let mut member = member.clone();
+            member.alive = now < *expires;
+            member
+        });
+        Read {
+            value: membership::merge([members.collect::<Vec<_>>()]),
+            missing: Vec::new(),
+            skipped: Vec::new(),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -54,7 +144,7 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Claims every request; see [`super::LockStore::claim_many`].
+    /// Claims every request; see [`super::Store::claim_many`].
     pub fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         let mut state = self.lock();
         requests

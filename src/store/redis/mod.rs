@@ -20,8 +20,11 @@
 //! `time.rs` the nodes' clocks (`TIME`), for cluster time.
 
 mod claim;
+mod history;
+pub mod node;
 mod reply;
 mod round;
+pub mod scripts;
 mod time;
 
 use std::sync::Arc;
@@ -30,21 +33,21 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use tokio::time::Instant;
 
+use self::node::Node;
 use self::reply::{parse_integer, parse_set};
 use self::round::evalsha;
-use super::keys::{attempt_value, claim_keys, lease_key};
-use super::node::Node;
-use super::quorum::{quorum, Vote};
-use super::{
-    scripts, validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError,
-    StoreError,
-};
+use super::StoreError;
 use crate::clock::boot::BootInstant;
+use crate::history::HistorySettings;
+use crate::lock::keys::{attempt_value, claim_keys, lease_key};
+use crate::lock::quorum::{quorum, Vote};
+use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError};
 use crate::schedule::Tick;
 
 /// Leases, claims and fencing tokens on a majority of N independent Redis nodes.
 pub struct RedisStore {
     settings: LockSettings,
+    history: HistorySettings,
     nodes: Arc<Vec<Node>>,
 }
 
@@ -98,6 +101,7 @@ impl RedisStore {
         nodes.iter().for_each(Node::warm_up);
         Ok(RedisStore {
             settings,
+            history: HistorySettings::default(),
             nodes: Arc::new(nodes),
         })
     }
@@ -112,8 +116,18 @@ impl RedisStore {
         &self.settings
     }
 
+    /// The same store with `history` as its history bound.
+    pub fn with_history(self, history: HistorySettings) -> RedisStore {
+        RedisStore { history, ..self }
+    }
+
+    /// The history settings this store was built with.
+    pub fn history_settings(&self) -> &HistorySettings {
+        &self.history
+    }
+
     /// Claims every request, retrying split votes and ambiguous rounds up to `retries` more times; see
-    /// [`super::LockStore::claim_many`].
+    /// [`super::Store::claim_many`].
     ///
     /// A split vote (no holder with a majority) is broken in two ways. The contender with the most votes
     /// (ties to the smallest value, which every contender sees alike) keeps its keys and retries soon, so
@@ -249,7 +263,7 @@ impl RedisStore {
         ClaimOutcome::NoQuorum(self.quorum_failure(failures, granted, answered.into_iter()))
     }
 
-    /// Extends the lease if a majority still holds it, before its deadline; see [`super::LockStore::renew`].
+    /// Extends the lease if a majority still holds it, before its deadline; see [`super::Store::renew`].
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
         if lease.is_lost() {
             return Err(RenewError::AlreadyLost);

@@ -1,0 +1,242 @@
+//! Run history: each worker's account of each `(job, tick)` it took part in, kept by the store itself.
+//!
+//! An [`Entry`] is written by the worker that knows the fact — the winner its run (once when the job
+//! starts, again when it ends), a worker that skipped or gave up a tick its reason, the worker whose check
+//! found a tick unclaimed the miss — to every node, after the fact and off the claim's path. Each node keeps
+//! the entries of the newest [`HistorySettings::keep_ticks`] ticks of each job, so memory stays flat however
+//! long the cluster runs. A reader asks a majority and [`merge`]s: a minority of nodes that lost or never
+//! got an entry loses no history, as long as it reached a majority.
+//!
+//! Entries are JSON with stable field names (`docs/history.md`); readers ignore fields they do not know and
+//! tolerate missing ones, so workers of different versions share one history.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::schedule::Tick;
+
+/// How much history the store keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistorySettings {
+    /// The newest this many ticks of each job are kept on each node (with every worker's entries for them).
+    pub keep_ticks: usize,
+    /// How far back a worker that starts (or resumes) looks for ticks nobody claimed, to report them missed.
+    pub missed_lookback: Duration,
+}
+
+impl Default for HistorySettings {
+    fn default() -> Self {
+        HistorySettings {
+            keep_ticks: DEFAULT_KEEP_TICKS,
+            missed_lookback: DEFAULT_MISSED_LOOKBACK,
+        }
+    }
+}
+
+/// The default of [`HistorySettings::keep_ticks`].
+pub const DEFAULT_KEEP_TICKS: usize = 200;
+/// The default of [`HistorySettings::missed_lookback`].
+pub const DEFAULT_MISSED_LOOKBACK: Duration = Duration::from_secs(3600);
+
+/// What an entry says about its `(job, tick)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// This worker won the tick and ran (or is running) the job.
+    Run,
+    /// This worker did not run the tick, and says why (`reason`): `overlap`, `superseded`, `no_quorum`,
+    /// `contended`, `lease_expired`, `shutdown`, `paused`.
+    Skipped,
+    /// This worker raced and another claimant won (`by`), or the previous run held the job (`busy`).
+    Lost,
+    /// Nobody claimed the tick by the end of its window; written once, by the worker whose check claimed it.
+    Missed,
+    /// A kind written by a newer version of redcron.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Kind {
+    /// The stable name, as in the JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Run => "run",
+            Kind::Skipped => "skipped",
+            Kind::Lost => "lost",
+            Kind::Missed => "missed",
+            Kind::Unknown => "unknown",
+        }
+    }
+}
+
+/// One worker's account of one `(job, tick)`. Field names are stable (`docs/history.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub job: String,
+    /// The tick, milliseconds since the Unix epoch (UTC).
+    pub tick: i64,
+    /// The worker that wrote the entry.
+    pub worker: String,
+    pub kind: Kind,
+    /// Why the tick was skipped, lost or missed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The claimant that won the tick, where this worker learnt it (`lost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The fencing token of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<DateTime<Utc>>,
+    /// How the run ended: `success`, `failure`, `timeout`, `lease_lost`, `shutdown`, `spawn_failed`;
+    /// absent while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// The job's definition as the writer saw it ([`crate::config::JobConfig::fingerprint`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// When the writer wrote this version of the entry (its cluster time).
+    pub recorded_at: DateTime<Utc>,
+}
+
+impl Entry {
+    /// A new entry of `kind` by `worker` for `(job, tick)`, recorded now; the other fields empty.
+    pub fn new(job: &str, tick: Tick, worker: &str, kind: Kind, now: DateTime<Utc>) -> Entry {
+        Entry {
+            job: job.to_string(),
+            tick: tick.as_millis(),
+            worker: worker.to_string(),
+            kind,
+            reason: None,
+            by: None,
+            token: None,
+            run_id: None,
+            started_at: None,
+            ended_at: None,
+            outcome: None,
+            exit_code: None,
+            signal: None,
+            duration_ms: None,
+            fingerprint: None,
+            recorded_at: now,
+        }
+    }
+
+    /// The entry's identity in the store: one per (tick, worker, kind), so that a later version of the
+    /// same fact (a run that ended) replaces the earlier one.
+    pub fn id(&self) -> String {
+        format!("{}|{}|{}", self.tick, self.worker, self.kind.as_str())
+    }
+
+    /// The entry's tick.
+    pub fn tick(&self) -> Tick {
+        Tick(self.tick)
+    }
+
+    /// The entry as stored: one line of JSON.
+    pub fn to_json(&self) -> String {
+        // Serializing plain strings, numbers and timestamps cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads a stored entry; the error says what was wrong, for a warning that names the node.
+    pub fn from_json(text: &str) -> Result<Entry, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Whether `self` says more than `other` about the same fact: an ended run over a running one, then
+    /// the later version.
+    fn supersedes(&self, other: &Entry) -> bool {
+        (self.ended_at.is_some(), self.recorded_at) > (other.ended_at.is_some(), other.recorded_at)
+    }
+}
+
+/// Merges the entries read from several nodes: one per identity (the most complete version), newest tick
+/// first, then by worker and kind.
+pub fn merge(replicas: impl IntoIterator<Item = Vec<Entry>>) -> Vec<Entry> {
+    let mut by_id: HashMap<String, Entry> = HashMap::new();
+    for entry in replicas.into_iter().flatten() {
+        match by_id.get(&entry.id()) {
+            Some(kept) if !entry.supersedes(kept) => {}
+            _ => {
+                by_id.insert(entry.id(), entry);
+            }
+        }
+    }
+    let mut merged: Vec<Entry> = by_id.into_values().collect();
+    merged.sort_by(|a, b| {
+        b.tick
+            .cmp(&a.tick)
+            .then_with(|| a.worker.cmp(&b.worker))
+            .then_with(|| a.kind.as_str().cmp(b.kind.as_str()))
+    });
+    merged
+}
+
+/// Which entries to read: a job's, with ticks in `[since, until]`, at most `limit` entries, newest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Query {
+    pub job: String,
+    pub since: Option<Tick>,
+    pub until: Option<Tick>,
+    pub limit: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(seconds, 0).unwrap_or_default()
+    }
+
+    #[test]
+    fn an_ended_run_supersedes_the_running_one_whatever_the_order_of_nodes() {
+        let mut running = Entry::new("backup", Tick(1000), "w1", Kind::Run, at(1));
+        running.token = Some(7);
+        let mut ended = running.clone();
+        ended.ended_at = Some(at(5));
+        ended.outcome = Some("success".into());
+        ended.recorded_at = at(5);
+        for replicas in [
+            vec![vec![running.clone()], vec![ended.clone()]],
+            vec![vec![ended.clone()], vec![running.clone()]],
+        ] {
+            let merged = merge(replicas);
+            assert_eq!(merged, vec![ended.clone()]);
+        }
+    }
+
+    #[test]
+    fn merged_entries_are_newest_tick_first_and_distinct_per_worker_and_kind() {
+        let a = Entry::new("j", Tick(1000), "w1", Kind::Run, at(1));
+        let b = Entry::new("j", Tick(1000), "w2", Kind::Lost, at(1));
+        let c = Entry::new("j", Tick(2000), "w2", Kind::Run, at(2));
+        let merged = merge(vec![vec![a.clone(), b.clone()], vec![c.clone(), a.clone()]]);
+        assert_eq!(merged, vec![c, a, b]);
+    }
+
+    #[test]
+    fn entries_from_other_versions_are_read() {
+        let newer = r#"{"job":"j","tick":5,"worker":"w","kind":"retried","attempt":2,"recorded_at":"2026-11-23T10:00:00Z"}"#;
+        let entry = Entry::from_json(newer).expect("a newer kind and field are tolerated");
+        assert_eq!(entry.kind, Kind::Unknown);
+        let older = r#"{"job":"j","tick":5,"worker":"w","kind":"run","recorded_at":"2026-11-23T10:00:00Z"}"#;
+        assert!(Entry::from_json(older).is_ok());
+        assert!(Entry::from_json("not json").is_err());
+    }
+}

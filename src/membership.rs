@@ -1,0 +1,116 @@
+//! Membership: every worker announces itself to the store with a heartbeat that expires when it dies.
+//!
+//! A [`Member`] says who the worker is (id, host, pid, version), what it runs (its config's fingerprint and
+//! the runs under way) and how its clock stands. The store stamps each announcement with its own clock and
+//! keeps it for [`KEEP_DEAD`] after it expired, so that `redcron status` can show a worker that died and
+//! when it was last seen.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// How often a worker announces itself.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+/// How long an announcement lives: a worker that missed three heartbeats is dead.
+pub const HEARTBEAT_TTL: Duration = Duration::from_secs(15);
+/// How long the store keeps a dead worker's last announcement.
+pub const KEEP_DEAD: Duration = Duration::from_secs(24 * 3600);
+
+/// One run under way on a member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Running {
+    pub job: String,
+    /// Milliseconds since the Unix epoch.
+    pub tick: i64,
+    pub token: u64,
+}
+
+/// A worker's announcement. Field names are stable (`docs/history.md`); unknown fields are ignored and
+/// missing ones take their defaults, so workers of other versions never break `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: String,
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub pid: u32,
+    #[serde(default)]
+    pub version: String,
+    /// The fingerprint of the worker's whole schedule: equal on workers that run the same `jobs.yaml`.
+    #[serde(default)]
+    pub config_fingerprint: String,
+    /// This worker's clock minus the cluster's, in milliseconds, when measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_offset_ms: Option<i64>,
+    pub started_at: DateTime<Utc>,
+    #[serde(default)]
+    pub running: Vec<Running>,
+    /// `running`, or `stopped` in the last announcement of a worker that shut down.
+    #[serde(default = "running_state")]
+    pub state: String,
+    /// When the store last heard from it (the store's clock, set by the store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_at: Option<DateTime<Utc>>,
+    /// Whether its heartbeat had not expired when read (set by the store on reading).
+    #[serde(default)]
+    pub alive: bool,
+}
+
+fn running_state() -> String {
+    "running".to_string()
+}
+
+/// Merges the members read from several nodes: the latest announcement of each worker, alive if any node
+/// that has the latest says so; sorted by id.
+pub fn merge(replicas: impl IntoIterator<Item = Vec<Member>>) -> Vec<Member> {
+    let mut merged: Vec<Member> = Vec::new();
+    for member in replicas.into_iter().flatten() {
+        match merged.iter_mut().find(|m| m.id == member.id) {
+            None => merged.push(member),
+            Some(kept) if member.seen_at > kept.seen_at => *kept = member,
+            Some(kept) => kept.alive |= member.alive && member.seen_at == kept.seen_at,
+        }
+    }
+    merged.sort_by(|a, b| a.id.cmp(&b.id));
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: &str, seen: i64, alive: bool) -> Member {
+        Member {
+            id: id.into(),
+            host: "h".into(),
+            pid: 1,
+            version: "0".into(),
+            config_fingerprint: "f".into(),
+            clock_offset_ms: None,
+            started_at: DateTime::from_timestamp(0, 0).unwrap_or_default(),
+            running: vec![],
+            state: running_state(),
+            seen_at: DateTime::from_timestamp(seen, 0),
+            alive,
+        }
+    }
+
+    #[test]
+    fn the_latest_announcement_wins() {
+        let merged = merge(vec![
+            vec![member("a", 10, false), member("b", 5, true)],
+            vec![member("a", 20, true)],
+        ]);
+        assert_eq!(merged, vec![member("a", 20, true), member("b", 5, true)]);
+    }
+
+    #[test]
+    fn members_of_older_versions_are_read() {
+        let old = r#"{"id":"w1","started_at":"2026-11-23T10:00:00Z","future_field":[1,2]}"#;
+        let m: Member =
+            serde_json::from_str(old).expect("missing and unknown fields are tolerated");
+        assert_eq!(m.state, "running");
+        assert!(m.running.is_empty());
+    }
+}

@@ -1,0 +1,177 @@
+//! The store: the one seam between redcron and what it keeps its state in.
+//!
+//! The worker and the CLI talk to a [`Store`] — claims and leases ([`crate::lock`]), run history
+//! ([`crate::history`]) and membership ([`crate::membership`]) — obtained from [`Store::open`], and never ask
+//! which backend they hold. Each backend is one module:
+//! - [`redis`]: the Redlock protocol on N independent Redis nodes; every write goes to all nodes, every
+//!   answer needs a majority.
+//! - [`memory`]: the embedded single-host store, one process being one node and one majority.
+//!
+//! Adding a backend means adding its module, a variant here, and its section of the config.
+
+pub mod memory;
+pub mod redis;
+
+use crate::config::Config;
+use crate::history::{Entry, HistorySettings, Query};
+use crate::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, QuorumFailure, RenewError};
+use crate::membership::Member;
+
+/// Failures of a store that are not expected outcomes (the store could not even be set up).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid Redis node URL {url}: {reason}")]
+    InvalidNode { url: String, reason: String },
+    #[error("{0} Redis nodes configured; at least one is needed")]
+    NoNodes(usize),
+}
+
+/// What a read from the store found, and from how many nodes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Read<T> {
+    pub value: T,
+    /// The nodes that did not answer, and why (addresses without passwords); empty for the embedded store.
+    pub missing: Vec<(String, String)>,
+    /// Data that could not be read (a node returned garbage for an entry): skipped, with what was wrong.
+    pub skipped: Vec<String>,
+}
+
+/// The store the worker races through and the CLI reads from.
+///
+/// An enum rather than a trait object: a closed set of backends, and `async fn` stays plain.
+pub enum Store {
+    Redis(redis::RedisStore),
+    Memory(Box<memory::MemoryStore>),
+}
+
+impl Store {
+    /// The store `config` names: its `redis:` nodes, or the embedded store when there are none.
+    ///
+    /// Must be called inside a Tokio runtime. Fails only on settings that cannot name a store.
+    pub fn open(config: &Config) -> Result<Store, StoreError> {
+        let history = config.history.clone();
+        Ok(match &config.redis {
+            Some(redis) => Store::Redis(
+                redis::RedisStore::new(&redis.nodes, config.lock.clone())?.with_history(history),
+            ),
+            None => Store::Memory(Box::new(
+                memory::MemoryStore::new(config.lock.clone()).with_history(history),
+            )),
+        })
+    }
+
+    /// Whether other processes share this store: workers on other hosts may race for the same ticks.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Store::Redis(_))
+    }
+
+    /// What the store is, for logs: the nodes' addresses (without passwords), or `embedded`.
+    pub fn describe(&self) -> String {
+        match self {
+            Store::Redis(store) => store.node_labels().join(","),
+            Store::Memory(_) => "embedded".to_string(),
+        }
+    }
+
+    /// Claims each `(job, tick)` in `requests`, answering in the same order.
+    ///
+    /// All claims go to each node as one pipelined round trip per protocol round, so a tick at which
+    /// 10,000 jobs are due costs the same number of round trips as a tick with one.
+    pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
+        match self {
+            Store::Redis(store) => store.claim_many(requests).await,
+            Store::Memory(store) => store.claim_many(requests),
+        }
+    }
+
+    /// Claims one `(job, tick)`.
+    pub async fn claim(&self, request: &ClaimRequest) -> ClaimOutcome {
+        let mut outcomes = self.claim_many(std::slice::from_ref(request)).await;
+        outcomes
+            .pop()
+            .unwrap_or(ClaimOutcome::AlreadyClaimed { by: None })
+    }
+
+    /// Extends the lease by a full TTL if a quorum still holds it and its deadline has not passed.
+    ///
+    /// On failure the lease is marked lost and every later call fails with [`RenewError::AlreadyLost`].
+    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
+        match self {
+            Store::Redis(store) => store.renew(lease).await,
+            Store::Memory(store) => store.renew(lease),
+        }
+    }
+
+    /// Releases the lease on every node where it is still this lease's value; the tick claim and the
+    /// fencing counter stay. Never deletes another holder's lease.
+    pub async fn release(&self, lease: &Lease) {
+        match self {
+            Store::Redis(store) => store.release(lease).await,
+            Store::Memory(store) => store.release(lease),
+        }
+    }
+
+    /// One `TIME` to every node, for the worker's clock offset; `None` for the embedded store, whose
+    /// only clock is this host's.
+    pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
+        match self {
+            Store::Redis(store) => Some(store.read_clocks().await),
+            Store::Memory(_) => None,
+        }
+    }
+
+    /// Writes history entries to every node (one pipeline per node), each kept within the job's bound.
+    /// Fails when fewer than a majority took them: they may then be lost with that minority.
+    pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
+        match self {
+            Store::Redis(store) => store.record(entries).await,
+            Store::Memory(store) => {
+                store.record(entries);
+                Ok(())
+            }
+        }
+    }
+
+    /// The entries of `query`, read from a majority and merged ([`crate::history::merge`]).
+    pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+        match self {
+            Store::Redis(store) => store.history(query).await,
+            Store::Memory(store) => Ok(store.history(query)),
+        }
+    }
+
+    /// Announces `member` (stamped with the store's clock) for [`crate::membership::HEARTBEAT_TTL`].
+    pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
+        match self {
+            Store::Redis(store) => store.announce(member).await,
+            Store::Memory(store) => {
+                store.announce(member);
+                Ok(())
+            }
+        }
+    }
+
+    /// Every worker announced within [`crate::membership::KEEP_DEAD`], alive or not, read from a majority.
+    pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
+        match self {
+            Store::Redis(store) => store.members().await,
+            Store::Memory(store) => Ok(store.members()),
+        }
+    }
+
+    /// The lock settings this store was built with.
+    pub fn settings(&self) -> &LockSettings {
+        match self {
+            Store::Redis(store) => store.settings(),
+            Store::Memory(store) => store.settings(),
+        }
+    }
+
+    /// The history settings this store was built with.
+    pub fn history_settings(&self) -> &HistorySettings {
+        match self {
+            Store::Redis(store) => store.history_settings(),
+            Store::Memory(store) => store.history_settings(),
+        }
+    }
+}

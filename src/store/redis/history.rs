@@ -1,0 +1,357 @@
+//! Run history and membership on the Redis nodes: written to every node, read back from a majority.
+//!
+//! Per job, each node keeps three keys with the job's hash tag: `…:{<job>}:history` (a hash, entry id →
+//! entry JSON), `…:{<job>}:history:index` (a sorted set of entry ids by tick) and `…:{<job>}:history:ticks`
+//! (a sorted set of the ticks that have entries). [`RECORD`] writes entries and drops the oldest ticks past
+//! the bound in the same atomic step, so a node never holds more than `keep_ticks` ticks of a job. Members
+//! are `…:members` (a hash, worker id → `<seen ms> <JSON>`) and `…:members:expiry` (a sorted set of worker
+//! ids by heartbeat expiry); both stamped with the node's own `TIME`, so no worker's clock decides who is
+//! alive.
+//!
+//! None of this is on a claim's path: the worker writes entries after the facts, in the background.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::join_all;
+use redis::{Script, Value};
+
+use super::round::evalsha;
+use super::RedisStore;
+use crate::history::{self, Entry, Query};
+use crate::lock::quorum::quorum;
+use crate::lock::QuorumFailure;
+use crate::membership::{self, Member, HEARTBEAT_TTL, KEEP_DEAD};
+use crate::store::Read;
+
+/// The longest any history or membership exchange with one node may take. Longer than a claim's round:
+/// nothing waits on it but the background writer and the CLI.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Writes entries of one job and keeps the job's newest `keep` ticks.
+///
+/// KEYS: entries (hash), ticks (sorted set), index (sorted set). ARGV: keep, then `id, tick, json` per entry.
+/// Returns how many ticks were dropped.
+pub static RECORD: LazyLock<Script> = LazyLock::new(|| Script::new(RECORD_LUA));
+const RECORD_LUA: &str = r#"
+local keep = tonumber(ARGV[1])
+for i = 2, #ARGV, 3 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+  redis.call('ZADD', KEYS[3], ARGV[i + 1], ARGV[i])
+  redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i + 1])
+end
+local excess = redis.call('ZCARD', KEYS[2]) - keep
+if excess > 0 then
+  local old = redis.call('ZRANGE', KEYS[2], 0, excess - 1)
+  local newest_dropped = old[#old]
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', newest_dropped)
+  for j = 1, #ids, 500 do
+    redis.call('HDEL', KEYS[1], unpack(ids, j, math.min(j + 499, #ids)))
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', newest_dropped)
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, excess - 1)
+  return excess
+end
+return 0
+"#;
+
+/// Reads a job's entries with ticks in `[ARGV[1], ARGV[2]]`, newest first, at most `ARGV[3]` of them.
+///
+/// KEYS: entries, index. Returns the entries' JSON (an id whose entry is gone reads as `nil`, skipped).
+pub static HISTORY: LazyLock<Script> = LazyLock::new(|| Script::new(HISTORY_LUA));
+const HISTORY_LUA: &str = r#"
+local ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], ARGV[2], ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+if #ids == 0 then
+  return {}
+end
+return redis.call('HMGET', KEYS[1], unpack(ids))
+"#;
+
+/// Announces a worker: `<now ms> <json>` under its id, heartbeat expiry now + ttl; drops members dead for
+/// longer than `keep_dead`.
+///
+/// KEYS: members (hash), expiry (sorted set). ARGV: id, json, ttl ms, keep_dead ms.
+pub static ANNOUNCE: LazyLock<Script> = LazyLock::new(|| Script::new(ANNOUNCE_LUA));
+const ANNOUNCE_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', now) .. ' ' .. ARGV[2])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[4]))
+for i = 1, #dead do
+  redis.call('HDEL', KEYS[1], dead[i])
+  redis.call('ZREM', KEYS[2], dead[i])
+end
+return 1
+"#;
+
+/// Reads every member: `{now ms, value, expiry ms, value, expiry ms, …}` on the node's clock.
+///
+/// KEYS: members, expiry.
+pub static MEMBERS: LazyLock<Script> = LazyLock::new(|| Script::new(MEMBERS_LUA));
+const MEMBERS_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {string.format('%d', now)}
+local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+for i = 1, #all, 2 do
+  local value = redis.call('HGET', KEYS[1], all[i])
+  if value then
+    table.insert(out, value)
+    table.insert(out, all[i + 1])
+  end
+end
+return out
+"#;
+
+/// The sources of this module's scripts, for `SCRIPT LOAD` after a `NOSCRIPT`.
+pub(super) fn sources() -> [&'static str; 4] {
+    [RECORD_LUA, HISTORY_LUA, ANNOUNCE_LUA, MEMBERS_LUA]
+}
+
+/// A job's history keys: entries, ticks, index.
+fn history_keys(prefix: &str, job: &str) -> [String; 3] {
+    let base = format!("{prefix}:{{{job}}}:history");
+    [
+        base.clone(),
+        format!("{base}:ticks"),
+        format!("{base}:index"),
+    ]
+}
+
+/// The membership keys: members, expiry.
+fn member_keys(prefix: &str) -> [String; 2] {
+    let base = format!("{prefix}:members");
+    [base.clone(), format!("{base}:expiry")]
+}
+
+impl RedisStore {
+    /// Writes `entries` to every node, one script call per job in one pipeline per node; see
+    /// [`crate::store::Store::record`].
+    pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        let keep = self.history.keep_ticks.to_string();
+        let mut pipeline = redis::pipe();
+        for job in jobs {
+            let mut args: Vec<String> = vec![keep.clone()];
+            for entry in entries.iter().filter(|e| e.job == job) {
+                args.extend([entry.id(), entry.tick.to_string(), entry.to_json()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let keys = history_keys(&self.settings.key_prefix, job);
+            pipeline.add_command(evalsha(&RECORD, &keys, &args));
+        }
+        let answers = self.ask_all(&pipeline).await;
+        self.written_by_majority(answers)
+    }
+
+    /// The entries of `query`, read from every node that answers and merged; see
+    /// [`crate::store::Store::history`].
+    pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+        let since = query
+            .since
+            .map_or("-inf".to_string(), |t| t.as_millis().to_string());
+        let until = query
+            .until
+            .map_or("+inf".to_string(), |t| t.as_millis().to_string());
+        let limit = query.limit.to_string();
+        let [entries, _, index] = history_keys(&self.settings.key_prefix, &query.job);
+        let keys = [entries, index];
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(evalsha(&HISTORY, &keys, &[&since, &until, &limit]));
+        let answers = self.ask_all(&pipeline).await;
+        let mut skipped = Vec::new();
+        let read = self.read_majority(answers, |node, value| {
+            let mut entries = Vec::new();
+            for item in strings(value)? {
+                let Some(json) = item else { continue };
+                match Entry::from_json(&json) {
+                    Ok(entry) => entries.push(entry),
+                    Err(why) => skipped.push(format!("{node}: history entry skipped: {why}")),
+                }
+            }
+            Ok(entries)
+        })?;
+        let mut merged = history::merge(read.value);
+        merged.truncate(query.limit);
+        skipped.extend(read.skipped);
+        Ok(Read {
+            value: merged,
+            missing: read.missing,
+            skipped,
+        })
+    }
+
+    /// Announces `member` on every node; see [`crate::store::Store::announce`].
+    pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
+        let keys = member_keys(&self.settings.key_prefix);
+        let json = serde_json::to_string(member).unwrap_or_default();
+        let ttl = if member.state == "stopped" {
+            Duration::ZERO
+        } else {
+            HEARTBEAT_TTL
+        };
+        let (ttl, keep) = (
+            ttl.as_millis().to_string(),
+            KEEP_DEAD.as_millis().to_string(),
+        );
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(evalsha(&ANNOUNCE, &keys, &[&member.id, &json, &ttl, &keep]));
+        let answers = self.ask_all(&pipeline).await;
+        self.written_by_majority(answers)
+    }
+
+    /// Every member known to a majority, merged; see [`crate::store::Store::members`].
+    pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
+        let keys = member_keys(&self.settings.key_prefix);
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(evalsha(&MEMBERS, &keys, &[]));
+        let answers = self.ask_all(&pipeline).await;
+        let mut skipped = Vec::new();
+        let read = self.read_majority(answers, |node, value| {
+            let items: Vec<String> = strings(value)?.into_iter().flatten().collect();
+            let now: i64 = items
+                .first()
+                .and_then(|n| n.parse().ok())
+                .ok_or("no time in the reply")?;
+            let mut members = Vec::new();
+            for pair in items[1..].chunks(2) {
+                let [stored, expiry] = pair else { break };
+                match parse_member(stored, expiry, now) {
+                    Ok(member) => members.push(member),
+                    Err(why) => skipped.push(format!("{node}: member skipped: {why}")),
+                }
+            }
+            Ok(members)
+        })?;
+        skipped.extend(read.skipped);
+        Ok(Read {
+            value: membership::merge(read.value),
+            missing: read.missing,
+            skipped,
+        })
+    }
+
+    /// Sends `pipeline` to every node at once and waits for every answer, each bounded by
+    /// [`EXCHANGE_TIMEOUT`]: `(node label, its values or why it failed)`.
+    async fn ask_all(
+        &self,
+        pipeline: &redis::Pipeline,
+    ) -> Vec<(String, Result<Vec<Value>, String>)> {
+        let timeout = EXCHANGE_TIMEOUT.max(self.settings.node_timeout);
+        join_all(
+            self.nodes.iter().map(|node| async move {
+                (node.label.clone(), node.eval(pipeline, timeout).await)
+            }),
+        )
+        .await
+    }
+
+    /// `Ok` if a majority of the configured nodes ran every command without an error.
+    fn written_by_majority(
+        &self,
+        answers: Vec<(String, Result<Vec<Value>, String>)>,
+    ) -> Result<(), QuorumFailure> {
+        let mut failures = Vec::new();
+        for (node, answer) in answers {
+            let error = match answer {
+                Ok(values) => values.iter().find_map(|v| match v {
+                    Value::ServerError(e) => Some(format!("{e:?}")),
+                    _ => None,
+                }),
+                Err(why) => Some(why),
+            };
+            if let Some(why) = error {
+                failures.push((node, why));
+            }
+        }
+        let configured = self.nodes.len();
+        let granted = configured - failures.len();
+        if granted >= quorum(configured) {
+            return Ok(());
+        }
+        Err(QuorumFailure {
+            configured,
+            needed: quorum(configured),
+            granted,
+            failures,
+        })
+    }
+
+    /// Parses the one reply of each node that answered with `parse`; fails unless a majority of the
+    /// configured nodes gave a readable reply. Nodes that failed are named in `missing`.
+    fn read_majority<T>(
+        &self,
+        answers: Vec<(String, Result<Vec<Value>, String>)>,
+        mut parse: impl FnMut(&str, Value) -> Result<T, String>,
+    ) -> Result<Read<Vec<T>>, QuorumFailure> {
+        let mut values = Vec::new();
+        let mut missing = Vec::new();
+        for (node, answer) in answers {
+            let reply = answer.and_then(|values| {
+                values
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| "no reply".to_string())
+            });
+            match reply.and_then(|value| parse(&node, value)) {
+                Ok(value) => values.push(value),
+                Err(why) => missing.push((node, why)),
+            }
+        }
+        let configured = self.nodes.len();
+        if values.len() < quorum(configured) {
+            return Err(QuorumFailure {
+                configured,
+                needed: quorum(configured),
+                granted: values.len(),
+                failures: missing,
+            });
+        }
+        Ok(Read {
+            value: values,
+            missing,
+            skipped: Vec::new(),
+        })
+    }
+}
+
+/// An array reply as optional strings (`nil` items as `None`); a server error or another shape fails.
+fn strings(value: Value) -> Result<Vec<Option<String>>, String> {
+    match value {
+        Value::Array(items) => Ok(items
+            .into_iter()
+            .map(|item| match item {
+                Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+                Value::SimpleString(s) => Some(s),
+                Value::Int(n) => Some(n.to_string()),
+                _ => None,
+            })
+            .collect()),
+        Value::ServerError(e) => Err(format!("{e:?}")),
+        other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// One stored member (`<seen ms> <json>`) with its expiry, read at `now` on the node's clock.
+fn parse_member(stored: &str, expiry: &str, now: i64) -> Result<Member, String> {
+    let (seen, json) = stored
+        .split_once(' ')
+        .ok_or_else(|| format!("malformed value {stored:?}"))?;
+    let seen: i64 = seen
+        .parse()
+        .map_err(|_| format!("malformed time {seen:?}"))?;
+    let expiry: f64 = expiry
+        .parse()
+        .map_err(|_| format!("malformed expiry {expiry:?}"))?;
+    let mut member: Member = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen);
+    member.alive = expiry > now as f64;
+    Ok(member)
+}
