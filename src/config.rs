@@ -11,7 +11,7 @@
 //! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
 //! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
 //! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, `worker.max_clock_offset` 500ms,
-//! `worker.clock_check_every` 60s, `history.keep_ticks` 200, `history.missed_lookback` 1h, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
+//! `worker.clock_check_every` 60s, `worker.heartbeat_every` 5s, `history.keep_ticks` 200, `history.missed_lookback` 1h, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
 //! `enabled` true, no timeout, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
 //! see [`crate::lock::renewal_slack`]).
 
@@ -79,6 +79,9 @@ pub struct WorkerConfig {
     pub max_clock_offset: Duration,
     /// How often the worker measures its offset to the Redis nodes' clocks. Not zero.
     pub clock_check_every: Duration,
+    /// How often the worker announces itself to the store (`worker.heartbeat_every`); it counts as dead
+    /// after [`crate::membership::HEARTBEATS_MISSED`] missed announcements.
+    pub heartbeat_every: Duration,
 }
 
 /// One job.
@@ -151,6 +154,25 @@ impl JobConfig {
         field("overlap", &format!("{:?}", self.overlap));
         field("misfire_grace", &millis(Some(self.misfire_grace)));
         field("enabled", if self.enabled { "yes" } else { "no" });
+        format!("{:016x}", fnv1a(text.as_bytes()))
+    }
+}
+
+impl Config {
+    /// The fingerprint of the whole schedule: FNV-1a over every job's name and
+    /// [`JobConfig::fingerprint`], in name order. Equal on workers that run the same jobs, whatever the
+    /// order of the file or its other sections; `redcron status` marks workers whose fingerprint differs.
+    pub fn fingerprint(&self) -> String {
+        let mut jobs: Vec<(&str, String)> = self
+            .jobs
+            .iter()
+            .map(|job| (job.name.as_str(), job.fingerprint()))
+            .collect();
+        jobs.sort();
+        let text: String = jobs
+            .iter()
+            .map(|(name, fingerprint)| format!("{name}={fingerprint};"))
+            .collect();
         format!("{:016x}", fnv1a(text.as_bytes()))
     }
 }

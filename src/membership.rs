@@ -10,10 +10,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// How often a worker announces itself.
+/// How often a worker announces itself, unless `worker.heartbeat_every` says otherwise.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
-/// How long an announcement lives: a worker that missed three heartbeats is dead.
-pub const HEARTBEAT_TTL: Duration = Duration::from_secs(15);
+/// How many heartbeats a worker may miss before it counts as dead.
+pub const HEARTBEATS_MISSED: u32 = 3;
 /// How long the store keeps a dead worker's last announcement.
 pub const KEEP_DEAD: Duration = Duration::from_secs(24 * 3600);
 
@@ -40,12 +40,17 @@ pub struct Member {
     /// The fingerprint of the worker's whole schedule: equal on workers that run the same `jobs.yaml`.
     #[serde(default)]
     pub config_fingerprint: String,
-    /// This worker's clock minus the cluster's, in milliseconds, when measured.
+    /// Cluster time minus this worker's wall clock, in milliseconds, when measured (as the `clock.offset`
+    /// event reports it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_offset_ms: Option<i64>,
     pub started_at: DateTime<Utc>,
     #[serde(default)]
     pub running: Vec<Running>,
+    /// How often this worker announces itself, in milliseconds; it is dead after
+    /// [`HEARTBEATS_MISSED`] of them.
+    #[serde(default)]
+    pub heartbeat_ms: u64,
     /// `running`, or `stopped` in the last announcement of a worker that shut down.
     #[serde(default = "running_state")]
     pub state: String,
@@ -55,6 +60,21 @@ pub struct Member {
     /// Whether its heartbeat had not expired when read (set by the store on reading).
     #[serde(default)]
     pub alive: bool,
+}
+
+impl Member {
+    /// How long the store keeps this announcement alive: [`HEARTBEATS_MISSED`] heartbeats, none for a
+    /// worker that stopped.
+    pub fn ttl(&self) -> Duration {
+        if self.state == "stopped" {
+            return Duration::ZERO;
+        }
+        let every = match self.heartbeat_ms {
+            0 => HEARTBEAT_EVERY,
+            ms => Duration::from_millis(ms),
+        };
+        every * HEARTBEATS_MISSED
+    }
 }
 
 fn running_state() -> String {
@@ -90,6 +110,7 @@ mod tests {
             clock_offset_ms: None,
             started_at: DateTime::from_timestamp(0, 0).unwrap_or_default(),
             running: vec![],
+            heartbeat_ms: 1000,
             state: running_state(),
             seen_at: DateTime::from_timestamp(seen, 0),
             alive,

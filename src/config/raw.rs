@@ -50,6 +50,7 @@ pub(crate) struct RawWorker {
     pub shutdown_grace: Option<Spanned<String>>,
     pub max_clock_offset: Option<Spanned<String>>,
     pub clock_check_every: Option<Spanned<String>>,
+    pub heartbeat_every: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -175,6 +176,7 @@ fn read_worker(node: &Node, report: &mut Report) -> Option<RawWorker> {
         shutdown_grace: fields.scalar("shutdown_grace", report),
         max_clock_offset: fields.scalar("max_clock_offset", report),
         clock_check_every: fields.scalar("clock_check_every", report),
+        heartbeat_every: fields.scalar("heartbeat_every", report),
     };
     fields.finish(report);
     Some(worker)

@@ -343,11 +343,18 @@ fn worker(raw: &RawWorker, report: &mut Report) -> WorkerConfig {
         report,
     )
     .unwrap_or(Duration::from_secs(60));
+    let heartbeat_every = positive_duration(
+        raw.heartbeat_every.as_ref(),
+        "worker.heartbeat_every",
+        report,
+    )
+    .unwrap_or(crate::membership::HEARTBEAT_EVERY);
     WorkerConfig {
         id,
         shutdown_grace,
         max_clock_offset,
         clock_check_every,
+        heartbeat_every,
     }
 }
 

@@ -20,7 +20,7 @@ use crate::lock::keys::{attempt_value, claim_keys, claimant_of, lease_key, token
 use crate::lock::{
     validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, QuorumFailure, RenewError,
 };
-use crate::membership::{self, Member, HEARTBEAT_TTL};
+use crate::membership::{self, Member};
 use crate::store::Read;
 
 /// Leases, claims and tokens in process memory.
@@ -105,16 +105,11 @@ impl MemoryStore {
         }
     }
 
-    /// Keeps `member`'s announcement, alive for [`HEARTBEAT_TTL`] (a stopped worker's: not alive).
+    /// Keeps `member`'s announcement, alive for [`Member::ttl`].
     pub fn announce(&self, member: &Member) {
         let mut member = member.clone();
         member.seen_at = Some(Utc::now());
-        let ttl = if member.state == "stopped" {
-            std::time::Duration::ZERO
-        } else {
-            HEARTBEAT_TTL
-        };
-        let expires = BootInstant::now() + ttl;
+        let expires = BootInstant::now() + member.ttl();
         self.lock()
             .members
             .insert(member.id.clone(), (member, expires));

@@ -140,7 +140,7 @@ impl Store {
         }
     }
 
-    /// Announces `member` (stamped with the store's clock) for [`crate::membership::HEARTBEAT_TTL`].
+    /// Announces `member` (stamped with the store's clock), alive for [`Member::ttl`].
     pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
         match self {
             Store::Redis(store) => store.announce(member).await,

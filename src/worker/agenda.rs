@@ -12,6 +12,37 @@ use crate::config::JobConfig;
 use crate::lock::Overlap;
 use crate::schedule::Tick;
 
+/// The most passed-over ticks of one job that one call reports (the newest); a worker paused for an hour
+/// with an every-second job does not report 3,600 ticks one by one.
+const PASSED_PER_JOB: usize = 100;
+
+/// Why a due tick is not raced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Passed {
+    /// Older than the job's misfire grace.
+    Misfire,
+    /// Within the grace, but a later tick of the same `overlap: skip` job is due too: only that one is raced.
+    Superseded,
+}
+
+impl Passed {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Passed::Misfire => "misfire",
+            Passed::Superseded => "superseded",
+        }
+    }
+}
+
+/// What [`Agenda::take_due`] found due.
+#[derive(Debug, Default)]
+pub(super) struct Due {
+    /// The ticks to race: (job index, tick).
+    pub(super) race: Vec<(usize, Tick)>,
+    /// The ticks passed over, newest [`PASSED_PER_JOB`] per job: (job index, tick, why).
+    pub(super) passed: Vec<(usize, Tick, Passed)>,
+}
+
 /// The next tick of every job, ordered by time.
 pub(super) struct Agenda<'a> {
     jobs: &'a [JobConfig],
@@ -70,9 +101,9 @@ impl<'a> Agenda<'a> {
     /// grace are logged as skipped; of the others, a job with `overlap: allow` races every one, and a job
     /// with `overlap: skip` only the latest — as cron does after a missed run — logging the older ones as
     /// superseded.
-    pub(super) fn take_due(&mut self, now: chrono::DateTime<Utc>) -> Vec<(usize, Tick)> {
+    pub(super) fn take_due(&mut self, now: chrono::DateTime<Utc>) -> Due {
         let now_tick = Tick(now.timestamp_millis());
-        let mut taken = Vec::new();
+        let mut taken = Due::default();
         while let Some(entry) = self.due.first_entry() {
             if *entry.key() > now_tick {
                 break;
@@ -97,18 +128,30 @@ impl<'a> Agenda<'a> {
                           count = stale.len() as u64, late_ms = (now - last.to_utc()).num_milliseconds(),
                           "Skipped: the tick is older than the job's misfire grace");
                 }
+                let mut passed: Vec<(Tick, Passed)> =
+                    stale.iter().map(|t| (*t, Passed::Misfire)).collect();
                 match (job.overlap, fresh.split_last()) {
                     (_, None) => {}
-                    (Overlap::Allow, Some(_)) => taken.extend(fresh.iter().map(|t| (index, *t))),
+                    (Overlap::Allow, Some(_)) => {
+                        taken.race.extend(fresh.iter().map(|t| (index, *t)))
+                    }
                     (Overlap::Skip, Some((latest, older))) => {
                         if let Some(first) = older.first() {
                             warn!(event = "tick.skipped", job = %job.name, tick = %first, reason = "superseded",
                                   count = older.len() as u64, latest = %latest,
                                   "Skipped older ticks: the worker was late; racing only the latest");
                         }
-                        taken.push((index, *latest));
+                        passed.extend(older.iter().map(|t| (*t, Passed::Superseded)));
+                        taken.race.push((index, *latest));
                     }
                 }
+                let skip = passed.len().saturating_sub(PASSED_PER_JOB);
+                taken.passed.extend(
+                    passed
+                        .into_iter()
+                        .skip(skip)
+                        .map(|(tick, why)| (index, tick, why)),
+                );
                 if let Some(next) = next {
                     self.due.entry(next).or_default().push(index);
                 }
@@ -166,7 +209,9 @@ mod tests {
         ];
         let mut agenda = Agenda::new(&jobs, at(0) + chrono::Duration::milliseconds(500), false);
         assert_eq!(agenda.next_tick(), Some(tick(1)));
-        let taken = agenda.take_due(at(3) + chrono::Duration::milliseconds(100));
+        let taken = agenda
+            .take_due(at(3) + chrono::Duration::milliseconds(100))
+            .race;
         assert_eq!(
             taken,
             vec![(0, tick(1)), (0, tick(2)), (0, tick(3)), (1, tick(3))]
@@ -179,7 +224,9 @@ mod tests {
     fn ticks_past_the_grace_are_not_raced() {
         let jobs = [job("allow", Overlap::Allow, 2)];
         let mut agenda = Agenda::new(&jobs, at(0) + chrono::Duration::milliseconds(500), false);
-        let taken = agenda.take_due(at(5) + chrono::Duration::milliseconds(100));
+        let taken = agenda
+            .take_due(at(5) + chrono::Duration::milliseconds(100))
+            .race;
         assert_eq!(taken, vec![(0, tick(4)), (0, tick(5))]);
     }
 
@@ -192,7 +239,9 @@ mod tests {
             job("skip", Overlap::Skip, 2),
         ];
         let mut agenda = Agenda::new(&jobs, at(10) + chrono::Duration::milliseconds(500), true);
-        let taken = agenda.take_due(at(10) + chrono::Duration::milliseconds(500));
+        let taken = agenda
+            .take_due(at(10) + chrono::Duration::milliseconds(500))
+            .race;
         assert_eq!(taken, vec![(0, tick(9)), (0, tick(10)), (1, tick(10))]);
         let agenda = Agenda::new(&jobs, at(10) + chrono::Duration::milliseconds(500), false);
         assert_eq!(agenda.next_tick(), Some(tick(11)));

@@ -8,25 +8,31 @@
 
 mod agenda;
 mod env;
+mod heartbeat;
+mod missed;
 mod offset;
+mod recorder;
 mod run;
 
-use std::collections::{BTreeSet, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::Utc;
 use tokio::task::JoinSet;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::clock::cluster::ClusterClock;
 use crate::config::{Config, JobConfig};
+use crate::history::{Entry, Kind};
 use crate::lock::{ClaimOutcome, ClaimRequest, Holder, Overlap};
+use crate::membership::Running;
 use crate::schedule::Tick;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
 
 use self::agenda::Agenda;
+use self::recorder::Recorder;
 
 /// The longest single sleep: a worker re-reads the wall clock at least this often, so that a clock step
 /// (NTP, a VM resumed) moves its next wake-up with it.
@@ -57,6 +63,12 @@ pub(crate) struct Context {
     busy: Mutex<HashSet<String>>,
     /// (job, other worker, its fingerprint) already warned about by `note_other_definition`.
     definitions_seen: Mutex<HashSet<(String, String, String)>>,
+    /// The history writer: every fact about a tick goes to the store through it.
+    pub(crate) recorder: Recorder,
+    /// The runs under way on this worker, by run id (for the heartbeat).
+    running: Mutex<BTreeMap<String, Running>>,
+    /// The missed-tick checker, once started.
+    sentinel: OnceLock<missed::Sentinel>,
 }
 
 /// Runs the worker until `shutdown` is requested and every running job has ended and released its lease.
@@ -98,7 +110,19 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         store_env_vars: config.store_env_vars.clone(),
         busy: Mutex::new(HashSet::new()),
         definitions_seen: Mutex::new(HashSet::new()),
+        recorder: Recorder::new(),
+        running: Mutex::new(BTreeMap::new()),
+        sentinel: OnceLock::new(),
     });
+    let recorder_task = recorder::start(Arc::clone(&context));
+    let heartbeat = heartbeat::Heartbeat::start(
+        Arc::clone(&context),
+        heartbeat::Identity {
+            config_fingerprint: config.fingerprint(),
+            every: config.worker.heartbeat_every,
+            started_at: context.clock.now(),
+        },
+    );
     // One task per batch of due ticks: it claims them and runs the ones won. The loop itself never waits
     // for Redis, so a slow race (retries, a hung node) cannot delay the next tick of another job.
     let mut races: JoinSet<()> = JoinSet::new();
@@ -107,6 +131,12 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     // cannot be measured within about a second).
     let clock_task = offset::start(Arc::clone(&context), &config.worker).await;
     let clock = &context.clock;
+    let (sentinel, sentinel_task) = missed::Sentinel::start(
+        Arc::clone(&context),
+        jobs.clone(),
+        config.worker.max_clock_offset,
+    );
+    let _ = context.sentinel.set(sentinel);
     let mut agenda = Agenda::new(&jobs, clock.now(), remember_claims);
 
     while let Some(next) = agenda.next_tick() {
@@ -121,7 +151,15 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
             Some(_) = races.join_next() => continue,
         }
         let mut batch = Vec::new();
-        for (index, tick) in agenda.take_due(clock.now()) {
+        let due = agenda.take_due(clock.now());
+        for (index, tick, why) in due.passed {
+            let job = &jobs[index];
+            context.note(job, tick, Kind::Skipped, Some(why.as_str()), None);
+            if why == agenda::Passed::Misfire {
+                context.suspect(job, tick);
+            }
+        }
+        for (index, tick) in due.race {
             let job = &jobs[index];
             let guard = match job.overlap {
                 Overlap::Allow => None,
@@ -130,6 +168,7 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
                     None => {
                         info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
                               "Skipped: this worker is still running (or racing for) the previous tick");
+                        context.note(job, tick, Kind::Skipped, Some("overlap"), None);
                         continue;
                     }
                 },
@@ -149,6 +188,12 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     );
     while races.join_next().await.is_some() {}
     if let Some(task) = clock_task {
+        let _ = task.await;
+    }
+    let _ = sentinel_task.await;
+    heartbeat.stop().await;
+    context.recorder.close();
+    if let Some(task) = recorder_task {
         let _ = task.await;
     }
     info!(event = "worker.stopped", "Worker stopped");
@@ -203,6 +248,13 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
             for p in &pending {
                 info!(event = "tick.skipped", job = %p.job.name, tick = %p.request.tick, reason = "shutdown",
                       "Skipped: shutdown was requested while the tick was being raced");
+                context.note(
+                    &p.job,
+                    p.request.tick,
+                    Kind::Skipped,
+                    Some("shutdown"),
+                    None,
+                );
             }
             break;
         }
@@ -240,7 +292,7 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
             let retry_at =
                 context.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
             if retry_at >= give_up_at(&p.job, p.request.tick) {
-                give_up(&p, &outcome);
+                give_up(&context, &p, &outcome);
                 continue;
             }
             retrying(&p, &outcome, wait);
@@ -288,21 +340,29 @@ fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
     }
 }
 
-/// Logs a tick given up at the end of its grace, and why.
-fn give_up(p: &Pending, outcome: &ClaimOutcome) {
+/// Logs and records a tick given up at the end of its grace, and why, and has it checked for a miss (the
+/// cluster-wide ERROR, once, is `tick.missed`).
+fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
+    let reason = match outcome {
+        ClaimOutcome::NoQuorum(_) => "no_quorum",
+        ClaimOutcome::Contended { .. } => "contended",
+        _ => "lease_expired",
+    };
+    context.note(&p.job, p.request.tick, Kind::Skipped, Some(reason), None);
+    context.suspect(&p.job, p.request.tick);
     let (job, tick) = (&p.job.name, p.request.tick);
     match outcome {
         ClaimOutcome::NoQuorum(failure) => {
-            error!(event = "tick.skipped", job = %job, tick = %tick, reason = "no_quorum", error = %failure,
+            warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "no_quorum", error = %failure,
                    "Skipped: no majority of Redis nodes answered within the grace")
         }
         ClaimOutcome::Contended { holder, .. } => {
-            error!(event = "tick.skipped", job = %job, tick = %tick, reason = "contended",
+            warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "contended",
                    holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
                    "Skipped: another worker held this tick's lease without claiming it until the grace ended")
         }
         _ => {
-            error!(event = "tick.skipped", job = %job, tick = %tick, reason = "lease_expired",
+            warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "lease_expired",
                    "Skipped: every lease won for this tick expired before the job could start, until the grace ended")
         }
     }
@@ -337,6 +397,14 @@ async fn settle(
             info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",
                   by = by.as_ref().map_or("unknown", |by| by.worker.as_str()),
                   "Lost the tick: another worker claimed it");
+            let by = by.map(|by| by.worker);
+            context.note(
+                &job,
+                tick,
+                Kind::Lost,
+                Some("already_claimed"),
+                by.as_deref(),
+            );
         }
         ClaimOutcome::Busy { holder, ttl } => {
             info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "busy",
@@ -344,6 +412,8 @@ async fn settle(
                   holder_tick = %holder.as_ref().and_then(|h| h.tick).map_or(String::new(), |t| t.to_string()),
                   holder_ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis() as u64),
                   "Lost the tick: the previous run still holds the job");
+            let by = holder.map(|holder| holder.worker);
+            context.note(&job, tick, Kind::Skipped, Some("overlap"), by.as_deref());
         }
         ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
             // Never settled: `race` retries these until it gives up, and logs that.
@@ -353,6 +423,50 @@ async fn settle(
 }
 
 impl Context {
+    /// A history entry of `kind` by this worker for `(job, tick)`, stamped now (cluster time).
+    pub(crate) fn entry(&self, job: &JobConfig, tick: Tick, kind: Kind) -> Entry {
+        let mut entry = Entry::new(&job.name, tick, &self.worker_id, kind, self.clock.now());
+        entry.fingerprint = Some(job.fingerprint());
+        entry
+    }
+
+    /// Records that this worker did not run `(job, tick)`: `kind` with its reason and the other claimant.
+    fn note(
+        &self,
+        job: &JobConfig,
+        tick: Tick,
+        kind: Kind,
+        reason: Option<&str>,
+        by: Option<&str>,
+    ) {
+        let mut entry = self.entry(job, tick, kind);
+        entry.reason = reason.map(str::to_string);
+        entry.by = by.map(str::to_string);
+        self.recorder.note(entry);
+    }
+
+    /// Has `(job, tick)` checked for a miss once its window has ended.
+    fn suspect(&self, job: &JobConfig, tick: Tick) {
+        if let Some(sentinel) = self.sentinel.get() {
+            sentinel.suspect(job, tick);
+        }
+    }
+
+    /// The runs under way on this worker.
+    fn running_now(&self) -> Vec<Running> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.values().cloned().collect()
+    }
+
+    /// Marks a run under way (`Some`) or ended (`None`), for the heartbeat.
+    pub(crate) fn set_running(&self, run_id: &str, run: Option<Running>) {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        match run {
+            Some(run) => running.insert(run_id.to_string(), run),
+            None => running.remove(run_id),
+        };
+    }
+
     fn busy_count(&self) -> usize {
         self.busy.lock().map_or(0, |busy| busy.len())
     }

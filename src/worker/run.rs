@@ -23,7 +23,9 @@ use tracing::{error, info, info_span, warn, Instrument};
 use super::env::job_environment;
 use super::Context;
 use crate::config::JobConfig;
+use crate::history::Kind;
 use crate::lock::{renew_when_left, Lease, RenewError};
+use crate::membership::Running;
 use crate::process::{ChildSpec, ExitKind, ProcessError, RunningChild};
 use crate::store::Store;
 
@@ -71,6 +73,19 @@ async fn supervise(context: &Context, job: &JobConfig, lease: Lease, run_id: uui
         return;
     };
     let started = tokio::time::Instant::now();
+    // The run's history entry: written now (a run under way), and again with how it ended.
+    let mut entry = context.entry(job, lease.tick, Kind::Run);
+    entry.token = Some(lease.token);
+    entry.run_id = Some(run_id.to_string());
+    entry.started_at = Some(entry.recorded_at);
+    context.recorder.note(entry.clone());
+    let run_key = run_id.to_string();
+    let running = Running {
+        job: job.name.clone(),
+        tick: lease.tick.as_millis(),
+        token: lease.token,
+    };
+    context.set_running(&run_key, Some(running));
     let mut renewer = Renewer::new(&context.store, lease);
     let (exit, outcome) = match watch(context, job, &mut child, &mut renewer, started).await {
         Watched::Exited(exit) => {
@@ -88,8 +103,19 @@ async fn supervise(context: &Context, job: &JobConfig, lease: Lease, run_id: uui
         }
     };
     context.store.release(&renewer.lease).await;
+    context.set_running(&run_key, None);
     let duration_ms = started.elapsed().as_millis() as u64;
     let outcome = outcome.as_str();
+    entry.recorded_at = context.clock.now();
+    entry.ended_at = Some(entry.recorded_at);
+    entry.outcome = Some(outcome.to_string());
+    entry.duration_ms = Some(duration_ms);
+    match &exit {
+        Ok(ExitKind::Code(code)) => entry.exit_code = Some(*code),
+        Ok(ExitKind::Signal(signal)) => entry.signal = Some(*signal),
+        Err(err) => entry.reason = Some(err.to_string()),
+    }
+    context.recorder.note(entry);
     match exit {
         Ok(ExitKind::Code(code)) => {
             info!(
@@ -148,6 +174,10 @@ async fn start(
             "Lease lost before the job started: not starting it"
         );
         context.store.release(lease).await;
+        let mut entry = context.entry(job, lease.tick, Kind::Skipped);
+        entry.reason = Some("lease_expired".to_string());
+        entry.token = Some(lease.token);
+        context.recorder.note(entry);
         return None;
     }
     match RunningChild::spawn(&spec) {
@@ -159,6 +189,14 @@ async fn start(
             error!(event = "run.finished", outcome = Outcome::Failure.as_str(), error = %err, duration_ms = 0u64,
                    "Could not start the job");
             context.store.release(lease).await;
+            let mut entry = context.entry(job, lease.tick, Kind::Run);
+            entry.token = Some(lease.token);
+            entry.run_id = Some(run_id.to_string());
+            entry.outcome = Some(Outcome::Failure.as_str().to_string());
+            entry.reason = Some(format!("could not start: {err}"));
+            entry.ended_at = Some(entry.recorded_at);
+            entry.duration_ms = Some(0);
+            context.recorder.note(entry);
             None
         }
     }

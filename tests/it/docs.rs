@@ -14,6 +14,7 @@ const MODULES: &[&str] = &[
     "clock",
     "config",
     "deploy",
+    "history",
     "job_env",
     "lease_stop",
     "lock",

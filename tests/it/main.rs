@@ -9,6 +9,7 @@ mod clock;
 mod config;
 mod deploy;
 mod docs;
+mod history;
 mod job_env;
 mod lease_stop;
 mod lock;

@@ -22,7 +22,7 @@ use super::RedisStore;
 use crate::history::{self, Entry, Query};
 use crate::lock::quorum::quorum;
 use crate::lock::QuorumFailure;
-use crate::membership::{self, Member, HEARTBEAT_TTL, KEEP_DEAD};
+use crate::membership::{self, Member, KEEP_DEAD};
 use crate::store::Read;
 
 /// The longest any history or membership exchange with one node may take. Longer than a claim's round:
@@ -192,13 +192,8 @@ impl RedisStore {
     pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
         let keys = member_keys(&self.settings.key_prefix);
         let json = serde_json::to_string(member).unwrap_or_default();
-        let ttl = if member.state == "stopped" {
-            Duration::ZERO
-        } else {
-            HEARTBEAT_TTL
-        };
         let (ttl, keep) = (
-            ttl.as_millis().to_string(),
+            member.ttl().as_millis().to_string(),
             KEEP_DEAD.as_millis().to_string(),
         );
         let mut pipeline = redis::pipe();

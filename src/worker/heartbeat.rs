@@ -1,0 +1,123 @@
+//! Membership: the worker announces itself to the store every `worker.heartbeat_every`, until it stops.
+//!
+//! An announcement ([`Member`]) carries who the worker is, the fingerprint of its whole schedule (so that
+//! `redcron status` can point at a worker whose config differs), its clock offset and the runs under way.
+//! The store stamps it with its own clock and lets it expire after a few missed heartbeats, so a worker that
+//! dies disappears from the live members by itself. While the worker drains at shutdown it goes on
+//! announcing (`stopping`); its last announcement says `stopped`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use super::Context;
+use crate::membership::Member;
+
+/// The heartbeat task's handle: stop it, then announce the worker stopped.
+pub(crate) struct Heartbeat {
+    context: Arc<Context>,
+    member: Member,
+    stop: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// What a worker says about itself that does not change while it runs.
+pub(crate) struct Identity {
+    pub(crate) config_fingerprint: String,
+    pub(crate) every: Duration,
+    pub(crate) started_at: DateTime<Utc>,
+}
+
+impl Heartbeat {
+    /// Announces the worker now and every `identity.every` after.
+    pub(crate) fn start(context: Arc<Context>, identity: Identity) -> Heartbeat {
+        let member = Member {
+            id: context.worker_id.clone(),
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            config_fingerprint: identity.config_fingerprint,
+            clock_offset_ms: None,
+            started_at: identity.started_at,
+            running: Vec::new(),
+            heartbeat_ms: identity.every.as_millis() as u64,
+            state: "running".to_string(),
+            seen_at: None,
+            alive: true,
+        };
+        let stop = Arc::new(Notify::new());
+        let task = tokio::spawn(beat(
+            Arc::clone(&context),
+            member.clone(),
+            identity.every,
+            Arc::clone(&stop),
+        ));
+        Heartbeat {
+            context,
+            member,
+            stop,
+            task,
+        }
+    }
+
+    /// Stops the heartbeat and announces the worker `stopped` (not alive from now on).
+    pub(crate) async fn stop(self) {
+        self.stop.notify_one();
+        let _ = self.task.await;
+        let last = now_member(&self.context, &self.member, "stopped");
+        if let Err(failure) = self.context.store.announce(&last).await {
+            warn!(event = "worker.heartbeat_failed", error = %failure,
+                  "Could not announce that this worker stopped; it will show as dead once its heartbeat expires");
+        }
+    }
+}
+
+async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<Notify>) {
+    let mut failing = false;
+    loop {
+        let state = if context.shutdown.is_requested() {
+            "stopping"
+        } else {
+            "running"
+        };
+        match context
+            .store
+            .announce(&now_member(&context, &member, state))
+            .await
+        {
+            Ok(()) if failing => {
+                failing = false;
+                info!(
+                    event = "worker.heartbeat_recovered",
+                    "Announcing this worker to the store again"
+                );
+            }
+            Ok(()) => {}
+            Err(failure) if !failing => {
+                failing = true;
+                warn!(event = "worker.heartbeat_failed", error = %failure,
+                      "Could not announce this worker to a majority of nodes; `redcron status` may show it dead");
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.notified() => return,
+        }
+    }
+}
+
+/// `member` as it stands now: its state, clock offset and runs under way.
+fn now_member(context: &Context, member: &Member, state: &str) -> Member {
+    let mut member = member.clone();
+    member.state = state.to_string();
+    member.clock_offset_ms = context
+        .clock
+        .is_measured()
+        .then(|| context.clock.offset().num_milliseconds());
+    member.running = context.running_now();
+    member
+}

@@ -1,0 +1,252 @@
+//! Missed ticks: a dead man's switch inside the cluster, raised once per tick by one live worker.
+//!
+//! A tick that nobody ran, and that nobody skipped on purpose (`overlap`, `superseded`), is *missed*. A
+//! worker suspects a tick when it gave up racing it (no quorum, contended, its lease expired), when it finds
+//! it past its misfire grace (it was paused or late), and at start for the ticks since the last entry of each
+//! job (at most [`LOOKBACK_TICKS`], within `history.missed_lookback`): the ticks that ran out while every
+//! worker was down. Once the tick's window has ended (plus the largest allowed clock offset, and time for
+//! the winner's entry to land), the worker reads the tick's history from a majority. No run and no
+//! deliberate skip: it claims the tick's *alarm* — a claim of `(<job>:missed, tick)` through the same
+//! protocol, which a job name cannot collide with — and only the worker granted the alarm logs `tick.missed`
+//! (ERROR) and records the miss. G1 makes that at most once across the cluster.
+//!
+//! Alarms of one job are claimed in tick order, and G1′ refuses a tick's alarm once a later one was granted:
+//! a worker that suspects an older tick after another worker raised a newer one stays silent (reported in
+//! the docs as a limit: at most once, nearly always exactly once).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
+use tracing::{debug, error, warn};
+
+use super::{give_up_at, Context};
+use crate::config::JobConfig;
+use crate::history::{Entry, Kind, Query};
+use crate::lock::{ClaimOutcome, ClaimRequest, Overlap};
+use crate::schedule::Tick;
+
+/// The most ticks per job a starting worker looks back at.
+pub(crate) const LOOKBACK_TICKS: usize = 10;
+/// Time after a tick's window for its winner's history entry to reach the nodes.
+const ENTRY_SETTLE: Duration = Duration::from_secs(2);
+/// The wait before a check that found no majority is tried again.
+const RECHECK_AFTER: Duration = Duration::from_secs(5);
+
+/// The worker's handle on the missed-tick checker.
+pub(crate) struct Sentinel {
+    queue: mpsc::UnboundedSender<(JobConfig, Tick)>,
+}
+
+impl Sentinel {
+    /// Starts the checker for `jobs`; `max_clock_offset` is added to every window before a check.
+    pub(crate) fn start(
+        context: Arc<Context>,
+        jobs: Vec<JobConfig>,
+        max_clock_offset: Duration,
+    ) -> (Sentinel, tokio::task::JoinHandle<()>) {
+        let (queue, suspects) = mpsc::unbounded_channel();
+        let task = tokio::spawn(watch(context, jobs, suspects, max_clock_offset));
+        (Sentinel { queue }, task)
+    }
+
+    /// Asks for `tick` of `job` to be checked once its window has ended.
+    pub(crate) fn suspect(&self, job: &JobConfig, tick: Tick) {
+        let _ = self.queue.send((job.clone(), tick));
+    }
+}
+
+/// The checker: looks back at start, then checks each suspected tick when its window has ended, until
+/// shutdown.
+async fn watch(
+    context: Arc<Context>,
+    jobs: Vec<JobConfig>,
+    mut suspects: mpsc::UnboundedReceiver<(JobConfig, Tick)>,
+    max_clock_offset: Duration,
+) {
+    let margin = chrono::Duration::from_std(max_clock_offset + ENTRY_SETTLE).unwrap_or_default();
+    // When to check, and what: (job name, tick) → job.
+    let mut due: BTreeMap<DateTime<Utc>, BTreeMap<(String, Tick), JobConfig>> = BTreeMap::new();
+    for (job, tick) in look_back(&context, &jobs).await {
+        due.entry(context.clock.now())
+            .or_default()
+            .insert((job.name.clone(), tick), job);
+    }
+    loop {
+        let wait = due.keys().next().map_or(Duration::from_secs(3600), |at| {
+            (*at - context.clock.now()).to_std().unwrap_or_default()
+        });
+        tokio::select! {
+            () = context.shutdown.graceful() => return,
+            received = suspects.recv() => {
+                let Some((job, tick)) = received else { return };
+                let at = give_up_at(&job, tick) + margin;
+                due.entry(at).or_default().insert((job.name.clone(), tick), job);
+                continue;
+            }
+            () = tokio::time::sleep(wait) => {}
+        }
+        let now = context.clock.now();
+        let ready: Vec<_> = due.range(..=now).map(|(at, _)| *at).collect();
+        let mut batch: BTreeMap<(String, Tick), JobConfig> = BTreeMap::new();
+        for at in ready {
+            batch.extend(due.remove(&at).unwrap_or_default());
+        }
+        for ((_, tick), job) in check(&context, batch).await {
+            let lookback =
+                chrono::Duration::from_std(context.store.history_settings().missed_lookback)
+                    .unwrap_or_default();
+            if tick.to_utc() + lookback > now {
+                let at = now + chrono::Duration::from_std(RECHECK_AFTER).unwrap_or_default();
+                due.entry(at)
+                    .or_default()
+                    .insert((job.name.clone(), tick), job);
+            }
+        }
+    }
+}
+
+/// The ticks a starting worker suspects: per job, those after its newest history entry whose window has
+/// ended, within the look-back, newest [`LOOKBACK_TICKS`]. A job with no history at all is new: nothing.
+async fn look_back(context: &Context, jobs: &[JobConfig]) -> Vec<(JobConfig, Tick)> {
+    let now = context.clock.now();
+    let lookback = chrono::Duration::from_std(context.store.history_settings().missed_lookback)
+        .unwrap_or_default();
+    let mut suspects = Vec::new();
+    for job in jobs {
+        let query = Query {
+            job: job.name.clone(),
+            since: None,
+            until: None,
+            limit: 1,
+        };
+        let newest = match context.store.history(&query).await {
+            Ok(read) => match read.value.first() {
+                Some(entry) => entry.tick(),
+                None => continue,
+            },
+            Err(failure) => {
+                warn!(event = "tick.missed_check_failed", job = %job.name, error = %failure,
+                      "Could not read the job's history at start: ticks missed while no worker ran are not reported");
+                continue;
+            }
+        };
+        let from = newest.to_utc().max(now - lookback);
+        let mut ticks: Vec<Tick> = Vec::new();
+        let mut next = job.schedule.next_after(from);
+        while let Some(tick) = next.filter(|t| give_up_at(job, *t) <= now) {
+            ticks.push(tick);
+            next = job.schedule.next_after(tick.to_utc());
+            if ticks.len() > LOOKBACK_TICKS * 100 {
+                break;
+            }
+        }
+        let skip = ticks.len().saturating_sub(LOOKBACK_TICKS);
+        suspects.extend(ticks.into_iter().skip(skip).map(|tick| (job.clone(), tick)));
+    }
+    suspects
+}
+
+/// Checks `batch`; returns the suspects whose check could not be made (no majority) for a later try.
+async fn check(
+    context: &Context,
+    batch: BTreeMap<(String, Tick), JobConfig>,
+) -> Vec<((String, Tick), JobConfig)> {
+    let mut retry = Vec::new();
+    let mut by_job: BTreeMap<String, Vec<(Tick, JobConfig)>> = BTreeMap::new();
+    for ((name, tick), job) in batch {
+        by_job.entry(name).or_default().push((tick, job));
+    }
+    for (name, ticks) in by_job {
+        let (first, last) = match (ticks.first(), ticks.last()) {
+            (Some((first, _)), Some((last, _))) => (*first, *last),
+            _ => continue,
+        };
+        let query = Query {
+            job: name.clone(),
+            since: Some(first),
+            until: Some(last),
+            limit: 5_000,
+        };
+        let entries = match context.store.history(&query).await {
+            Ok(read) => read.value,
+            Err(failure) => {
+                debug!(event = "tick.missed_check_failed", job = %name, error = %failure,
+                       "Could not read the job's history to check for missed ticks; trying again");
+                retry.extend(
+                    ticks
+                        .into_iter()
+                        .map(|(tick, job)| ((name.clone(), tick), job)),
+                );
+                continue;
+            }
+        };
+        let accounted: BTreeSet<i64> = entries
+            .iter()
+            .filter(|entry| accounts_for(entry))
+            .map(|entry| entry.tick)
+            .collect();
+        for (tick, job) in ticks {
+            if accounted.contains(&tick.as_millis()) {
+                continue;
+            }
+            let claimed_by = entries
+                .iter()
+                .filter(|e| e.tick == tick.as_millis())
+                .find_map(|e| e.by.clone());
+            if !raise(context, &job, tick, claimed_by).await {
+                retry.push(((name.clone(), tick), job));
+            }
+        }
+    }
+    retry
+}
+
+/// Whether `entry` says what became of its tick: a run, a miss already raised, or a deliberate skip.
+fn accounts_for(entry: &Entry) -> bool {
+    match entry.kind {
+        Kind::Run | Kind::Missed => true,
+        Kind::Skipped => matches!(
+            entry.reason.as_deref(),
+            Some("overlap" | "superseded" | "paused")
+        ),
+        Kind::Lost | Kind::Unknown => false,
+    }
+}
+
+/// Claims the alarm of `(job, tick)`; the worker granted it logs and records the miss. Returns `false`
+/// when the claim could not be decided (no majority): check again later.
+async fn raise(context: &Context, job: &JobConfig, tick: Tick, claimed_by: Option<String>) -> bool {
+    let alarm = format!("{}:missed", job.name);
+    let request = ClaimRequest::new(
+        &context.worker_id,
+        &alarm,
+        tick,
+        Overlap::Allow,
+        &job.fingerprint(),
+    );
+    match context.store.claim(&request).await {
+        ClaimOutcome::Won(lease) => {
+            context.store.release(&lease).await;
+            let reason = if claimed_by.is_some() {
+                "no_run_recorded"
+            } else {
+                "unclaimed"
+            };
+            error!(event = "tick.missed", job = %job.name, tick = %tick, reason,
+                   claimed_by = claimed_by.as_deref().unwrap_or(""),
+                   window_ended_at = %give_up_at(job, tick).to_rfc3339(),
+                   "Missed: nobody ran this tick within its window");
+            let mut entry = context.entry(job, tick, Kind::Missed);
+            entry.reason = Some(reason.to_string());
+            entry.by = claimed_by;
+            context.recorder.note(entry);
+            true
+        }
+        ClaimOutcome::NoQuorum(_) | ClaimOutcome::Contended { .. } => false,
+        // Another worker raised it (or a later tick's alarm): at most once.
+        ClaimOutcome::AlreadyClaimed { .. } | ClaimOutcome::Busy { .. } => true,
+    }
+}

@@ -1,0 +1,253 @@
+//! Run history, membership and missed-tick alarms, written by real workers to real Redis nodes and read
+//! back through the library's store.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use redcron::history::{Entry, Kind, Query};
+use redcron::lock::LockSettings;
+use redcron::store::redis::RedisStore;
+use redcron::store::Store;
+
+use crate::support::{Persistence, RedisCluster, TestDir, Worker};
+use crate::worker::config;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Every entry of `job` on the cluster, read from a majority.
+fn history(cluster: &RedisCluster, job: &str) -> Vec<Entry> {
+    runtime().block_on(async {
+        let store = Store::Redis(
+            RedisStore::new(&cluster.urls(), LockSettings::default()).expect("valid node URLs"),
+        );
+        let query = Query {
+            job: job.to_string(),
+            since: None,
+            until: None,
+            limit: 5_000,
+        };
+        store
+            .history(&query)
+            .await
+            .expect("a majority answers")
+            .value
+    })
+}
+
+/// The run entries of `entries` by tick.
+fn runs(entries: &[Entry]) -> BTreeMap<i64, Vec<&Entry>> {
+    let mut runs: BTreeMap<i64, Vec<&Entry>> = BTreeMap::new();
+    for entry in entries.iter().filter(|e| e.kind == Kind::Run) {
+        runs.entry(entry.tick).or_default().push(entry);
+    }
+    runs
+}
+
+/// Two workers, three jobs every second — one that succeeds, one that fails, one that outlives its
+/// interval (`overlap: skip`): each tick that ran has exactly one run entry with its token and how it
+/// ended, and the ticks the long job could not take are recorded as skipped for overlap.
+#[test]
+fn runs_and_skips_are_recorded_on_the_nodes() {
+    let cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let dir = TestDir::new();
+    let jobs = [
+        "  - name: ok\n    schedule: \"* * * * * *\"\n    command: 'true'\n",
+        "  - name: fails\n    schedule: \"* * * * * *\"\n    command: 'exit 3'\n",
+        "  - name: slow\n    schedule: \"* * * * * *\"\n    command: 'sleep 2.5'\n",
+    ]
+    .concat();
+    let workers: Vec<Worker> = (0..2)
+        .map(|i| {
+            let yaml = config(&cluster, &format!("  id: w{i}\n"), &jobs);
+            Worker::spawn(dir.write(format!("w{i}.yaml"), yaml), &[])
+        })
+        .collect();
+    for worker in &workers {
+        worker
+            .wait_for_event("worker.started", Duration::from_secs(10))
+            .expect("worker started");
+    }
+    // Wait for events, not time: three finished slow runs take at least 7.5 s.
+    let finished = |job: &str| {
+        workers
+            .iter()
+            .flat_map(|w| w.events("run.finished"))
+            .filter(|e| e["job"] == job)
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while finished("slow") < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(workers); // SIGTERM: runs end, the writers flush their queues.
+
+    let ok = history(&cluster, "ok");
+    let ok_runs = runs(&ok);
+    assert!(
+        ok_runs.len() >= 5,
+        "ok: only {} runs recorded",
+        ok_runs.len()
+    );
+    for (tick, entries) in &ok_runs {
+        assert_eq!(entries.len(), 1, "ok at {tick}: {entries:?}");
+        let run = entries[0];
+        assert!(run.token.is_some() && run.run_id.is_some() && run.started_at.is_some());
+        if run.ended_at.is_some() {
+            assert_eq!(run.outcome.as_deref(), Some("success"), "{run:?}");
+            assert_eq!(run.exit_code, Some(0), "{run:?}");
+            assert!(run.duration_ms.is_some());
+        }
+    }
+    let fails = history(&cluster, "fails");
+    let ended: Vec<&Entry> = fails
+        .iter()
+        .filter(|e| e.kind == Kind::Run && e.ended_at.is_some())
+        .collect();
+    assert!(!ended.is_empty(), "no ended run of `fails`");
+    for run in ended {
+        assert_eq!(run.outcome.as_deref(), Some("failure"), "{run:?}");
+        assert_eq!(run.exit_code, Some(3), "{run:?}");
+    }
+    let slow = history(&cluster, "slow");
+    let skipped = slow
+        .iter()
+        .filter(|e| e.kind == Kind::Skipped && e.reason.as_deref() == Some("overlap"))
+        .count();
+    assert!(skipped >= 2, "slow: {skipped} overlap skips in {slow:#?}");
+    for entries in runs(&slow).values() {
+        assert_eq!(entries.len(), 1, "slow: {entries:?}");
+    }
+}
+
+/// Three workers paused (SIGSTOP) past a job's misfire grace, then resumed: the ticks nobody ran are
+/// reported as `tick.missed` exactly once across the three workers, and recorded as missed.
+#[test]
+fn a_tick_nobody_ran_is_reported_missed_once_across_the_cluster() {
+    let cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let dir = TestDir::new();
+    let jobs = "  - name: beat\n    schedule: \"* * * * * *\"\n    command: 'true'\n    misfire_grace: 1s\n";
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|i| {
+            let section = format!("  id: w{i}\n  max_clock_offset: 200ms\n");
+            let yaml = config(&cluster, &section, jobs);
+            Worker::spawn(dir.write(format!("w{i}.yaml"), yaml), &[])
+        })
+        .collect();
+    for worker in &workers {
+        worker
+            .wait_for_event("run.finished", Duration::from_secs(20))
+            .or_else(|| {
+                // Not every worker wins a run; any worker's run proves the cluster is running.
+                worker.wait_for_event("tick.lost", Duration::from_secs(10))
+            })
+            .expect("the cluster runs the job");
+    }
+    workers.iter_mut().for_each(Worker::stop);
+    std::thread::sleep(Duration::from_secs(5));
+    workers.iter_mut().for_each(Worker::cont);
+    let missed = |workers: &[Worker]| -> Vec<serde_json::Value> {
+        workers
+            .iter()
+            .flat_map(|w| w.events("tick.missed"))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while missed(&workers).len() < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Time for a duplicate to show up, if the alarm were not claimed.
+    std::thread::sleep(Duration::from_secs(4));
+    let all = missed(&workers);
+    drop(workers);
+    assert!(
+        all.len() >= 3,
+        "a 5 s pause should miss at least 3 ticks: {all:?}"
+    );
+    let mut ticks: Vec<String> = all
+        .iter()
+        .map(|e| e["tick"].as_str().unwrap_or_default().to_string())
+        .collect();
+    ticks.sort();
+    let before = ticks.len();
+    ticks.dedup();
+    assert_eq!(before, ticks.len(), "a tick reported missed twice: {all:?}");
+    for event in &all {
+        assert_eq!(event["level"], "ERROR", "{event}");
+    }
+    let recorded = history(&cluster, "beat")
+        .into_iter()
+        .filter(|e| e.kind == Kind::Missed)
+        .count();
+    assert!(recorded >= 3, "only {recorded} missed entries recorded");
+}
+
+/// Workers announce themselves: three are alive; one killed disappears from the live members once its
+/// heartbeat expires; one stopped gracefully says so at once.
+#[test]
+fn workers_announce_themselves_and_expire_when_they_die() {
+    let cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let dir = TestDir::new();
+    let jobs = "  - name: idle\n    schedule: \"0 0 1 1 *\"\n    command: 'true'\n";
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|i| {
+            let section = format!("  id: w{i}\n  heartbeat_every: 200ms\n");
+            let yaml = config(&cluster, &section, jobs);
+            Worker::spawn(dir.write(format!("w{i}.yaml"), yaml), &[])
+        })
+        .collect();
+    let members = || {
+        runtime().block_on(async {
+            let store = Store::Redis(
+                RedisStore::new(&cluster.urls(), LockSettings::default()).expect("URLs"),
+            );
+            store.members().await.expect("a majority answers").value
+        })
+    };
+    let wait_until = |what: &str, pred: &dyn Fn(&[redcron::membership::Member]) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = members();
+            if pred(&now) {
+                return now;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: {now:#?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let alive =
+        |m: &[redcron::membership::Member], id: &str| m.iter().any(|m| m.id == id && m.alive);
+    let all = wait_until("three live workers", &|m| {
+        ["w0", "w1", "w2"].iter().all(|id| alive(m, id))
+    });
+    let w0 = all.iter().find(|m| m.id == "w0").expect("w0");
+    assert_eq!(w0.pid, workers[0].pid());
+    assert!(!w0.config_fingerprint.is_empty() && !w0.version.is_empty());
+    workers[1].kill();
+    let after_kill = wait_until("w1 dead after its heartbeat expired", &|m| !alive(m, "w1"));
+    assert!(
+        after_kill.iter().any(|m| m.id == "w1"),
+        "a dead worker is still listed"
+    );
+    assert!(alive(&after_kill, "w0") && alive(&after_kill, "w2"));
+    workers[2].signal(libc::SIGTERM);
+    workers[2]
+        .wait_timeout(Duration::from_secs(20))
+        .expect("w2 stops");
+    let stopped = members();
+    let w2 = stopped.iter().find(|m| m.id == "w2").expect("w2 listed");
+    assert!(!w2.alive && w2.state == "stopped", "{w2:?}");
+}
