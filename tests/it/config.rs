@@ -193,7 +193,7 @@ fn unknown_fields() {
         lines[1]
     );
     let got = only_problem(&format!("{JOB}colour: blue\n"));
-    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `lock`, `worker`, `jobs`"), "{got}");
+    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `lock`, `worker`, `history`, `jobs`"), "{got}");
 }
 
 /// A bad cron expression points at the value and says which field is wrong.
@@ -567,4 +567,23 @@ fn empty_and_missing_files() {
             .starts_with("/nonexistent/jobs.yaml: cannot read the configuration file"),
         "{error}"
     );
+}
+
+/// `history:` and `worker.heartbeat_every`: defaults when absent; bad values name the line and field.
+#[test]
+fn history_and_heartbeat_settings() {
+    let config = ok(JOB);
+    assert_eq!(config.history.keep_ticks, 200);
+    assert_eq!(config.history.missed_lookback, Duration::from_secs(3600));
+    assert_eq!(config.worker.heartbeat_every, Duration::from_secs(5));
+    let config = ok(&format!(
+        "history:\n  keep_ticks: 50\n  missed_lookback: 10m\nworker:\n  heartbeat_every: 1s\n{JOB}"
+    ));
+    assert_eq!(config.history.keep_ticks, 50);
+    assert_eq!(config.history.missed_lookback, Duration::from_secs(600));
+    assert_eq!(config.worker.heartbeat_every, Duration::from_secs(1));
+    let got = only_problem(&format!("history:\n  keep_ticks: 0\n{JOB}"));
+    assert!(got.starts_with("jobs.yaml:2:15: history.keep_ticks: invalid keep_ticks \"0\""), "{got}");
+    let got = only_problem(&format!("worker:\n  heartbeat_every: 0s\n{JOB}"));
+    assert!(got.starts_with("jobs.yaml:2:20: worker.heartbeat_every:"), "{got}");
 }
