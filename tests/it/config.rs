@@ -583,7 +583,13 @@ fn history_and_heartbeat_settings() {
     assert_eq!(config.history.missed_lookback, Duration::from_secs(600));
     assert_eq!(config.worker.heartbeat_every, Duration::from_secs(1));
     let got = only_problem(&format!("history:\n  keep_ticks: 0\n{JOB}"));
-    assert!(got.starts_with("jobs.yaml:2:15: history.keep_ticks: invalid keep_ticks \"0\""), "{got}");
+    assert!(
+        got.starts_with("jobs.yaml:2:15: history.keep_ticks: invalid keep_ticks \"0\""),
+        "{got}"
+    );
     let got = only_problem(&format!("worker:\n  heartbeat_every: 0s\n{JOB}"));
-    assert!(got.starts_with("jobs.yaml:2:20: worker.heartbeat_every:"), "{got}");
+    assert!(
+        got.starts_with("jobs.yaml:2:20: worker.heartbeat_every:"),
+        "{got}"
+    );
 }

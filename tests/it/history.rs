@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redcron::history::{Entry, Kind, Query};
-use redcron::lock::LockSettings;
+use redcron::lock::{LockSettings, QuorumFailure};
 use redcron::store::redis::RedisStore;
-use redcron::store::Store;
+use redcron::store::{Read, Store};
 
 use crate::support::{Persistence, RedisCluster, TestDir, Worker};
 use crate::worker::config;
@@ -19,24 +19,29 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// The cluster's store, as a CLI would open it.
+fn store(cluster: &RedisCluster) -> Store {
+    Store::Redis(
+        RedisStore::new(&cluster.urls(), LockSettings::default()).expect("valid node URLs"),
+    )
+}
+
+/// Every entry of `job` on the cluster, read from every node that answers.
+fn read_history(cluster: &RedisCluster, job: &str) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+    let query = Query {
+        job: job.to_string(),
+        since: None,
+        until: None,
+        limit: 5_000,
+    };
+    runtime().block_on(async { store(cluster).history(&query).await })
+}
+
 /// Every entry of `job` on the cluster, read from a majority.
 fn history(cluster: &RedisCluster, job: &str) -> Vec<Entry> {
-    runtime().block_on(async {
-        let store = Store::Redis(
-            RedisStore::new(&cluster.urls(), LockSettings::default()).expect("valid node URLs"),
-        );
-        let query = Query {
-            job: job.to_string(),
-            since: None,
-            until: None,
-            limit: 5_000,
-        };
-        store
-            .history(&query)
-            .await
-            .expect("a majority answers")
-            .value
-    })
+    read_history(cluster, job)
+        .expect("a majority answers")
+        .value
 }
 
 /// The run entries of `entries` by tick.
@@ -210,12 +215,10 @@ fn workers_announce_themselves_and_expire_when_they_die() {
         })
         .collect();
     let members = || {
-        runtime().block_on(async {
-            let store = Store::Redis(
-                RedisStore::new(&cluster.urls(), LockSettings::default()).expect("URLs"),
-            );
-            store.members().await.expect("a majority answers").value
-        })
+        runtime()
+            .block_on(async { store(&cluster).members().await })
+            .expect("a majority answers")
+            .value
     };
     let wait_until = |what: &str, pred: &dyn Fn(&[redcron::membership::Member]) -> bool| {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -250,4 +253,42 @@ fn workers_announce_themselves_and_expire_when_they_die() {
     let stopped = members();
     let w2 = stopped.iter().find(|m| m.id == "w2").expect("w2 listed");
     assert!(!w2.alive && w2.state == "stopped", "{w2:?}");
+}
+
+/// History lives on every node and is read from a majority: a node killed and restarted empty (no
+/// persistence) loses none of it, and a node that is down is named as missing while the rest answer.
+#[test]
+fn history_survives_a_minority_of_nodes_lost() {
+    let mut cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let now = chrono::Utc::now();
+    let entries: Vec<Entry> = (0..20)
+        .map(|i| {
+            let tick = redcron::schedule::Tick(1_700_000_000_000 + i * 1000);
+            let mut entry = Entry::new("job", tick, "w1", Kind::Run, now);
+            entry.token = Some(i as u64 + 1);
+            entry
+        })
+        .collect();
+    runtime()
+        .block_on(async { store(&cluster).record(&entries).await })
+        .expect("written to a majority");
+    assert_eq!(history(&cluster, "job").len(), 20);
+    cluster.kill(0);
+    let without_one = read_history(&cluster, "job").expect("a majority answers");
+    assert_eq!(without_one.value.len(), 20);
+    assert_eq!(without_one.missing.len(), 1, "{:?}", without_one.missing);
+    assert!(without_one.missing[0]
+        .0
+        .contains(&cluster.port(0).to_string()));
+    cluster.restart(0);
+    cluster.kill(1);
+    // Node 0 came back empty: node 2 alone still has every entry, and the merge keeps them all.
+    assert_eq!(history(&cluster, "job").len(), 20);
+    cluster.kill(2);
+    let none = read_history(&cluster, "job");
+    let failure = none.expect_err("no majority");
+    assert_eq!(failure.granted, 1);
 }
