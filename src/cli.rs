@@ -14,6 +14,7 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 
 use crate::config::{self, Config};
+use crate::control::{self, Control};
 use crate::logging::{self, LogFormat, LogOptions};
 use crate::shutdown::Shutdown;
 use crate::store::redis::node::redact;
@@ -57,7 +58,8 @@ pub struct Args {
 #[derive(Debug, clap::Subcommand)]
 pub enum Action {
     /// Run the worker: race for every tick of every enabled job and run the ticks won, until
-    /// SIGINT/SIGTERM (a second signal stops running jobs at once).
+    /// SIGINT/SIGTERM (a second signal stops running jobs at once). SIGHUP, or a change of the config
+    /// file, reloads the jobs (a file with problems is logged and not applied).
     Run(ConfigArg),
     /// Check the config file: print every problem, or each job with its next 3 fire times.
     Check(CheckArgs),
@@ -134,14 +136,17 @@ fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
         tracing::warn!(event = "config.warning", "{warning}");
     }
     let shutdown = Shutdown::new();
-    shutdown
-        .install_signal_handler()
-        .context("cannot install the SIGINT/SIGTERM handler")?;
+    let control = Control::new(shutdown.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let result = runtime.block_on(crate::worker::run(config, shutdown.clone()));
+    let result = runtime.block_on(async {
+        control::install_signals(control.handle())
+            .context("cannot install the SIGINT/SIGTERM/SIGHUP handlers")?;
+        control::watch_file(control.handle(), path.to_path_buf());
+        anyhow::Ok(crate::worker::run(config, control).await)
+    })?;
     runtime.shutdown_timeout(Duration::from_secs(1));
     if shutdown.is_immediate() {
         return Ok(ExitCode::from(EXIT_STOPPED));

@@ -23,12 +23,15 @@
 //! - [`worker`]: the daemon: sleep until each tick, race, run the winner's job under a lease watchdog, and
 //!   shut down gracefully.
 //! - [`logging`]: JSON (or text) log events with stable names and top-level fields.
-//! - [`shutdown`]: the two-stage shutdown signal (graceful, then immediate).
+//! - [`shutdown`]: the two-stage shutdown signal (graceful, then immediate) that every task watches.
+//! - [`control`]: the worker's one control channel: reload, drain, stop (signals and the config file's
+//!   watcher send to it).
 //! - [`cli`]: the command line (`run`, `check`, `next`).
 
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod history;
 pub mod lock;
 pub mod logging;

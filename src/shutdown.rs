@@ -1,6 +1,6 @@
 //! The two-stage shutdown signal.
 //!
-//! The first request (SIGINT or SIGTERM) asks the worker to stop racing for ticks and to let running jobs
+//! The first request (SIGINT or SIGTERM, routed here by [`crate::control`]) asks the worker to stop racing for ticks and to let running jobs
 //! finish within their grace; the second asks it to stop the jobs now. Every long wait in the worker sits
 //! in a `select!` with one of these two futures, so nothing polls a flag.
 
@@ -39,12 +39,6 @@ impl Shutdown {
         self.requests.fetch_add(2, Ordering::SeqCst);
         self.graceful.cancel();
         self.immediate.cancel();
-    }
-
-    /// Routes SIGINT and SIGTERM (and SIGHUP, via ctrlc's `termination` feature) to [`Shutdown::request`].
-    pub fn install_signal_handler(&self) -> Result<(), ctrlc::Error> {
-        let shutdown = self.clone();
-        ctrlc::set_handler(move || shutdown.request())
     }
 
     /// Completes once a graceful (or immediate) shutdown has been requested.

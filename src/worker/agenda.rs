@@ -3,7 +3,7 @@
 //! Pure logic on a given `now` (no clock, no I/O), so the rules — the first tick after a start, what a late
 //! worker races, superseded and misfired ticks — are unit-tested with fixed times.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use chrono::Utc;
 use tracing::warn;
@@ -44,13 +44,13 @@ pub(super) struct Due {
 }
 
 /// The next tick of every job, ordered by time.
-pub(super) struct Agenda<'a> {
-    jobs: &'a [JobConfig],
+pub(super) struct Agenda {
+    jobs: Vec<JobConfig>,
     /// tick → indexes of the jobs due then.
     due: BTreeMap<Tick, Vec<usize>>,
 }
 
-impl<'a> Agenda<'a> {
+impl Agenda {
     /// Each job's first tick: the latest one within its misfire grace (a worker that comes up late still
     /// races for it; the claim stops it if someone ran it), or else the next one.
     ///
@@ -58,16 +58,16 @@ impl<'a> Agenda<'a> {
     /// process already ran a recent tick, so only ticks from now on are raced: at most once, even across
     /// restarts.
     pub(super) fn new(
-        jobs: &'a [JobConfig],
+        jobs: Vec<JobConfig>,
         now: chrono::DateTime<Utc>,
         remember_claims: bool,
-    ) -> Agenda<'a> {
+    ) -> Agenda {
         let mut agenda = Agenda {
             jobs,
             due: BTreeMap::new(),
         };
         let now_tick = Tick(now.timestamp_millis());
-        for (index, job) in jobs.iter().enumerate() {
+        for (index, job) in agenda.jobs.iter().enumerate() {
             let grace = if remember_claims {
                 chrono::Duration::from_std(job.misfire_grace).unwrap_or_default()
             } else {
@@ -89,6 +89,35 @@ impl<'a> Agenda<'a> {
             }
         }
         agenda
+    }
+
+    /// The agenda of `jobs` after a reload of the config: a job whose definition is unchanged keeps the
+    /// tick it waits for; a new or changed job starts from its next tick after `now`; a removed job is no
+    /// longer raced.
+    pub(super) fn reload(self, jobs: Vec<JobConfig>, now: chrono::DateTime<Utc>) -> Agenda {
+        let mut waiting: HashMap<(String, String), Tick> = HashMap::new();
+        for (tick, indexes) in &self.due {
+            for index in indexes {
+                let job = &self.jobs[*index];
+                waiting.insert((job.name.clone(), job.fingerprint()), *tick);
+            }
+        }
+        let mut agenda = Agenda {
+            jobs,
+            due: BTreeMap::new(),
+        };
+        for (index, job) in agenda.jobs.iter().enumerate() {
+            let kept = waiting.get(&(job.name.clone(), job.fingerprint())).copied();
+            if let Some(tick) = kept.or_else(|| job.schedule.next_after(now)) {
+                agenda.due.entry(tick).or_default().push(index);
+            }
+        }
+        agenda
+    }
+
+    /// The job at `index` (as [`Agenda::take_due`] names them).
+    pub(super) fn job(&self, index: usize) -> &JobConfig {
+        &self.jobs[index]
     }
 
     pub(super) fn next_tick(&self) -> Option<Tick> {
@@ -207,7 +236,11 @@ mod tests {
             job("allow", Overlap::Allow, 10),
             job("skip", Overlap::Skip, 10),
         ];
-        let mut agenda = Agenda::new(&jobs, at(0) + chrono::Duration::milliseconds(500), false);
+        let mut agenda = Agenda::new(
+            jobs.to_vec(),
+            at(0) + chrono::Duration::milliseconds(500),
+            false,
+        );
         assert_eq!(agenda.next_tick(), Some(tick(1)));
         let taken = agenda
             .take_due(at(3) + chrono::Duration::milliseconds(100))
@@ -223,7 +256,11 @@ mod tests {
     #[test]
     fn ticks_past_the_grace_are_not_raced() {
         let jobs = [job("allow", Overlap::Allow, 2)];
-        let mut agenda = Agenda::new(&jobs, at(0) + chrono::Duration::milliseconds(500), false);
+        let mut agenda = Agenda::new(
+            jobs.to_vec(),
+            at(0) + chrono::Duration::milliseconds(500),
+            false,
+        );
         let taken = agenda
             .take_due(at(5) + chrono::Duration::milliseconds(100))
             .race;
@@ -238,12 +275,20 @@ mod tests {
             job("allow", Overlap::Allow, 2),
             job("skip", Overlap::Skip, 2),
         ];
-        let mut agenda = Agenda::new(&jobs, at(10) + chrono::Duration::milliseconds(500), true);
+        let mut agenda = Agenda::new(
+            jobs.to_vec(),
+            at(10) + chrono::Duration::milliseconds(500),
+            true,
+        );
         let taken = agenda
             .take_due(at(10) + chrono::Duration::milliseconds(500))
             .race;
         assert_eq!(taken, vec![(0, tick(9)), (0, tick(10)), (1, tick(10))]);
-        let agenda = Agenda::new(&jobs, at(10) + chrono::Duration::milliseconds(500), false);
+        let agenda = Agenda::new(
+            jobs.to_vec(),
+            at(10) + chrono::Duration::milliseconds(500),
+            false,
+        );
         assert_eq!(agenda.next_tick(), Some(tick(11)));
     }
 }

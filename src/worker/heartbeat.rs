@@ -24,9 +24,9 @@ pub(crate) struct Heartbeat {
     task: tokio::task::JoinHandle<()>,
 }
 
-/// What a worker says about itself that does not change while it runs.
+/// What a worker says about itself that does not change while it runs (its config may: it is read at
+/// every heartbeat).
 pub(crate) struct Identity {
-    pub(crate) config_fingerprint: String,
     pub(crate) every: Duration,
     pub(crate) started_at: DateTime<Utc>,
 }
@@ -39,7 +39,7 @@ impl Heartbeat {
             host: gethostname::gethostname().to_string_lossy().into_owned(),
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            config_fingerprint: identity.config_fingerprint,
+            config_fingerprint: String::new(),
             clock_offset_ms: None,
             started_at: identity.started_at,
             running: Vec::new(),
@@ -119,5 +119,6 @@ fn now_member(context: &Context, member: &Member, state: &str) -> Member {
         .is_measured()
         .then(|| context.clock.offset().num_milliseconds());
     member.running = context.running_now();
+    member.config_fingerprint = context.config_fingerprint();
     member
 }

@@ -20,10 +20,11 @@ use std::time::Duration;
 
 use chrono::Utc;
 use tokio::task::JoinSet;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::clock::cluster::ClusterClock;
 use crate::config::{Config, JobConfig};
+use crate::control::{Control, Intent};
 use crate::history::{Entry, Kind};
 use crate::lock::{ClaimOutcome, ClaimRequest, Holder, Overlap};
 use crate::membership::Running;
@@ -69,13 +70,18 @@ pub(crate) struct Context {
     running: Mutex<BTreeMap<String, Running>>,
     /// The missed-tick checker, once started.
     sentinel: OnceLock<missed::Sentinel>,
+    /// The fingerprint of the config in force ([`Config::fingerprint`]), for the heartbeat.
+    config_fingerprint: Mutex<String>,
 }
 
-/// Runs the worker until `shutdown` is requested and every running job has ended and released its lease.
+/// Runs the worker until `control` asks it to drain and every running job has ended and released its
+/// lease; reloads the config file when `control` asks (see [`reload`]).
 ///
 /// Redis nodes that are down at start or later do not stop the worker: it logs them and races again at the
 /// next tick.
-pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> {
+pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError> {
+    let shutdown = control.shutdown().clone();
+    let mut config = config;
     let store = Store::open(&config)?;
     if !store.is_shared() {
         warn!(
@@ -85,12 +91,7 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         );
     }
     let nodes = store.describe();
-    let jobs: Vec<JobConfig> = config
-        .jobs
-        .iter()
-        .filter(|job| job.enabled)
-        .cloned()
-        .collect();
+    let jobs = enabled_jobs(&config);
     info!(
         event = "worker.started",
         config = %config.path.display(),
@@ -113,12 +114,12 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         recorder: Recorder::new(),
         running: Mutex::new(BTreeMap::new()),
         sentinel: OnceLock::new(),
+        config_fingerprint: Mutex::new(config.fingerprint()),
     });
     let recorder_task = recorder::start(Arc::clone(&context));
     let heartbeat = heartbeat::Heartbeat::start(
         Arc::clone(&context),
         heartbeat::Identity {
-            config_fingerprint: config.fingerprint(),
             every: config.worker.heartbeat_every,
             started_at: context.clock.now(),
         },
@@ -137,14 +138,25 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         config.worker.max_clock_offset,
     );
     let _ = context.sentinel.set(sentinel);
-    let mut agenda = Agenda::new(&jobs, clock.now(), remember_claims);
+    let mut agenda = Agenda::new(jobs, clock.now(), remember_claims);
 
-    while let Some(next) = agenda.next_tick() {
-        let wait = (next.to_utc() - clock.now())
-            .to_std()
-            .unwrap_or(Duration::ZERO);
+    loop {
+        let wait = agenda.next_tick().map_or(MAX_SLEEP, |next| {
+            (next.to_utc() - clock.now())
+                .to_std()
+                .unwrap_or(Duration::ZERO)
+        });
         tokio::select! {
-            _ = shutdown.graceful() => break,
+            intent = control.next() => match intent {
+                Intent::Drain => break,
+                Intent::Reload { why } => {
+                    if let Some(new) = reload(&context, &config, why) {
+                        agenda = agenda.reload(enabled_jobs(&new), clock.now());
+                        config = new;
+                    }
+                    continue;
+                }
+            },
             _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
             // A new clock offset moves the instant this sleep aims at: aim again.
             () = clock.moved() => continue,
@@ -153,14 +165,14 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
         let mut batch = Vec::new();
         let due = agenda.take_due(clock.now());
         for (index, tick, why) in due.passed {
-            let job = &jobs[index];
+            let job = agenda.job(index);
             context.note(job, tick, Kind::Skipped, Some(why.as_str()), None);
             if why == agenda::Passed::Misfire {
                 context.suspect(job, tick);
             }
         }
         for (index, tick) in due.race {
-            let job = &jobs[index];
+            let job = agenda.job(index);
             let guard = match job.overlap {
                 Overlap::Allow => None,
                 Overlap::Skip => match BusyGuard::try_new(&context, &job.name) {
@@ -198,6 +210,78 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), WorkerError> 
     }
     info!(event = "worker.stopped", "Worker stopped");
     Ok(())
+}
+
+/// The jobs of `config` that are raced.
+fn enabled_jobs(config: &Config) -> Vec<JobConfig> {
+    config
+        .jobs
+        .iter()
+        .filter(|job| job.enabled)
+        .cloned()
+        .collect()
+}
+
+/// Reads the config file again for a reload asked for by `why`. A file with problems changes nothing:
+/// each problem is logged (file:line:column) and `None` returned. A valid one is returned, and what
+/// changed is logged; store settings (nodes, lock, history) cannot change without a restart, and say so.
+fn reload(context: &Context, running: &Config, why: &'static str) -> Option<Config> {
+    let new = match crate::config::load(&running.path) {
+        Ok(new) => new,
+        Err(e) => {
+            for problem in e.problems() {
+                error!(event = "config.reload_failed", why, problem = %problem,
+                       "Config not reloaded: the file has a problem; the worker keeps the config it runs");
+            }
+            if e.problems().is_empty() {
+                error!(event = "config.reload_failed", why, problem = %e,
+                       "Config not reloaded: the file could not be read; the worker keeps the config it runs");
+            }
+            return None;
+        }
+    };
+    for warning in &new.warnings {
+        warn!(event = "config.warning", "{warning}");
+    }
+    if new.redis != running.redis
+        || new.lock != running.lock
+        || new.history != running.history
+        || new.worker != running.worker
+    {
+        warn!(event = "config.restart_needed", why,
+              "The store, lock, history or worker settings changed: they apply after a restart; jobs are reloaded now");
+    }
+    let names = |config: &Config| -> BTreeMap<String, String> {
+        enabled_jobs(config)
+            .iter()
+            .map(|job| (job.name.clone(), job.fingerprint()))
+            .collect()
+    };
+    let (before, after) = (names(running), names(&new));
+    let list = |names: Vec<&String>| {
+        names
+            .into_iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let added = list(after.keys().filter(|n| !before.contains_key(*n)).collect());
+    let removed = list(before.keys().filter(|n| !after.contains_key(*n)).collect());
+    let changed = list(
+        after
+            .iter()
+            .filter(|(n, f)| before.get(*n).is_some_and(|old| old != *f))
+            .map(|(n, _)| n)
+            .collect(),
+    );
+    *context
+        .config_fingerprint
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = new.fingerprint();
+    info!(event = "config.reloaded", why, added = %added, changed = %changed, removed = %removed,
+          jobs = after.len() as u64, fingerprint = %new.fingerprint(),
+          "Config reloaded: new and changed jobs take effect from their next tick; removed jobs are no longer raced; running jobs go on");
+    Some(new)
 }
 
 /// One tick being raced: the job, its claim request (one claimant, kept across retries), and when to
@@ -450,6 +534,12 @@ impl Context {
         if let Some(sentinel) = self.sentinel.get() {
             sentinel.suspect(job, tick);
         }
+    }
+
+    /// The fingerprint of the config in force.
+    fn config_fingerprint(&self) -> String {
+        let fingerprint = self.config_fingerprint.lock();
+        fingerprint.unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The runs under way on this worker.

@@ -19,6 +19,7 @@ const MODULES: &[&str] = &[
     "lease_stop",
     "lock",
     "model",
+    "reload",
     "schedule",
     "worker",
 ];

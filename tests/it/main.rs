@@ -14,6 +14,7 @@ mod job_env;
 mod lease_stop;
 mod lock;
 mod model;
+mod reload;
 mod schedule;
 mod support;
 mod worker;

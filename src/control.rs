@@ -1,0 +1,140 @@
+//! The worker's one control channel: every outside intent — reload the config, drain, stop now — arrives
+//! here, and the worker's loop takes it from one place ([`Control::next`]).
+//!
+//! As in mini-redis, the worker is handed its control instead of building it, so tests and the CLI drive
+//! the same loop. Signals are one source ([`install_signals`]: SIGINT and SIGTERM drain, a second one stops
+//! at once, SIGHUP reloads); the config file's watcher is another ([`watch_file`]). Draining and stopping
+//! also reach every task of the worker through the two-stage [`Shutdown`] they hold.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::shutdown::Shutdown;
+
+/// What the outside asks of the worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Intent {
+    /// Read the config file again (`why`: `SIGHUP`, `file changed`): apply it if it is valid, keep the
+    /// running config if it is not.
+    Reload { why: &'static str },
+    /// Stop taking ticks; let running jobs finish within the shutdown grace.
+    Drain,
+}
+
+/// The worker's end of the control channel.
+pub struct Control {
+    shutdown: Shutdown,
+    sender: mpsc::UnboundedSender<Intent>,
+    intents: mpsc::UnboundedReceiver<Intent>,
+}
+
+/// A handle that sends intents to the worker; cheap to clone.
+#[derive(Clone)]
+pub struct ControlHandle {
+    shutdown: Shutdown,
+    sender: mpsc::UnboundedSender<Intent>,
+}
+
+impl Control {
+    /// A control channel for a worker that stops through `shutdown`.
+    pub fn new(shutdown: Shutdown) -> Control {
+        let (sender, intents) = mpsc::unbounded_channel();
+        Control {
+            shutdown,
+            sender,
+            intents,
+        }
+    }
+
+    /// A handle to send intents with.
+    pub fn handle(&self) -> ControlHandle {
+        ControlHandle {
+            shutdown: self.shutdown.clone(),
+            sender: self.sender.clone(),
+        }
+    }
+
+    /// The shutdown every task of the worker watches.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
+    }
+
+    /// The next intent: a drain as soon as a shutdown was requested (and from then on), else the next
+    /// reload asked for.
+    pub async fn next(&mut self) -> Intent {
+        if self.shutdown.is_requested() {
+            return Intent::Drain;
+        }
+        tokio::select! {
+            () = self.shutdown.graceful() => Intent::Drain,
+            intent = self.intents.recv() => intent.unwrap_or(Intent::Drain),
+        }
+    }
+}
+
+impl ControlHandle {
+    /// Asks the worker to reload its config.
+    pub fn reload(&self, why: &'static str) {
+        let _ = self.sender.send(Intent::Reload { why });
+    }
+
+    /// Asks the worker to drain (the first request) or to stop at once (any later one).
+    pub fn stop(&self) {
+        self.shutdown.request();
+    }
+}
+
+/// Routes SIGINT and SIGTERM to [`ControlHandle::stop`] and SIGHUP to a reload, for as long as the
+/// runtime runs. Must be called inside a Tokio runtime.
+pub fn install_signals(handle: ControlHandle) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                Some(()) = interrupt.recv() => handle.stop(),
+                Some(()) = terminate.recv() => handle.stop(),
+                Some(()) = hangup.recv() => handle.reload("SIGHUP"),
+                else => return,
+            }
+        }
+    });
+    Ok(())
+}
+
+/// How often the config file is looked at.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Asks for a reload whenever the file at `path` changes: its contents, or the file it names (an editor's
+/// write-then-rename, a Kubernetes ConfigMap's symlink swap). A change is reported once, however it was
+/// made. Stops with the shutdown.
+pub fn watch_file(handle: ControlHandle, path: PathBuf) {
+    tokio::spawn(async move {
+        let mut seen = fingerprint(&path).await;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(WATCH_EVERY) => {}
+                () = handle.shutdown.graceful() => return,
+            }
+            // A file that cannot be read is being replaced: wait for its next readable version.
+            let Some(now) = fingerprint(&path).await else {
+                continue;
+            };
+            if seen != Some(now) {
+                seen = Some(now);
+                handle.reload("file changed");
+            }
+        }
+    });
+}
+
+/// What identifies the file's current version: a hash of its contents (`None` while it cannot be read, as
+/// in the middle of a replacement).
+async fn fingerprint(path: &std::path::Path) -> Option<u64> {
+    let bytes = tokio::fs::read(path).await.ok()?;
+    Some(crate::config::fnv1a(&bytes))
+}
