@@ -291,4 +291,37 @@ mod tests {
         );
         assert_eq!(agenda.next_tick(), Some(tick(11)));
     }
+
+    /// A reload keeps an unchanged job's pending tick (a worker that is late for it still races it),
+    /// starts a new or changed job at its next tick after the reload, and drops a removed job.
+    #[test]
+    fn a_reload_keeps_unchanged_jobs_ticks_and_starts_new_ones_at_their_next() {
+        let jobs = vec![
+            job("kept", Overlap::Skip, 10),
+            job("changed", Overlap::Skip, 10),
+            job("gone", Overlap::Skip, 10),
+        ];
+        let agenda = Agenda::new(jobs, at(0) + chrono::Duration::milliseconds(500), false);
+        assert_eq!(agenda.next_tick(), Some(tick(1)));
+        let reloaded = vec![
+            job("kept", Overlap::Skip, 10),
+            job("changed", Overlap::Allow, 10),
+            job("new", Overlap::Skip, 10),
+        ];
+        // The reload comes 2.5 s later: `kept` still waits for tick 1, the others start at tick 3.
+        let mut agenda = agenda.reload(reloaded, at(2) + chrono::Duration::milliseconds(500));
+        let due = agenda.take_due(at(3));
+        let named = |i: usize| agenda.job(i).name.clone();
+        let raced: Vec<(String, Tick)> = due.race.iter().map(|(i, t)| (named(*i), *t)).collect();
+        let kept = "kept".to_string();
+        let (changed, new) = ("changed".to_string(), "new".to_string());
+        assert_eq!(
+            raced,
+            vec![(kept.clone(), tick(3)), (changed, tick(3)), (new, tick(3))]
+        );
+        // Only `kept` had ticks 1 and 2 pending: superseded by tick 3, not lost without a trace.
+        let passed: Vec<(String, Tick)> =
+            due.passed.iter().map(|(i, t, _)| (named(*i), *t)).collect();
+        assert_eq!(passed, vec![(kept.clone(), tick(1)), (kept, tick(2))]);
+    }
 }
