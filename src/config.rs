@@ -109,6 +109,9 @@ pub struct JobConfig {
     pub overlap: Overlap,
     /// A tick this recent is still raced for by a worker that comes up (or resumes) late.
     pub misfire_grace: Duration,
+    /// A delay before each tick is raced, the same on every worker: a fraction of `jitter` drawn from a
+    /// hash of (job, tick) ([`JobConfig::jitter_for`]). Spreads a herd of jobs due at one instant.
+    pub jitter: Duration,
     /// A disabled job is checked and listed but never raced for.
     pub enabled: bool,
 }
@@ -153,8 +156,26 @@ impl JobConfig {
         field("stop_grace", &millis(Some(self.stop_grace)));
         field("overlap", &format!("{:?}", self.overlap));
         field("misfire_grace", &millis(Some(self.misfire_grace)));
+        if !self.jitter.is_zero() {
+            // Only when set, so that fingerprints of jobs without jitter stay what they were.
+            field("jitter", &millis(Some(self.jitter)));
+        }
         field("enabled", if self.enabled { "yes" } else { "no" });
         format!("{:016x}", fnv1a(text.as_bytes()))
+    }
+}
+
+impl JobConfig {
+    /// How long after `tick` the tick is raced: a fraction of `jitter` drawn from FNV-1a of (job, tick),
+    /// so that every worker computes the same delay without talking, and different ticks and jobs spread
+    /// over the whole `jitter`.
+    pub fn jitter_for(&self, tick: crate::schedule::Tick) -> Duration {
+        if self.jitter.is_zero() {
+            return Duration::ZERO;
+        }
+        let key = format!("{}\n{}", self.name, tick.as_millis());
+        let fraction = (fnv1a(key.as_bytes()) % 1_000_000) as f64 / 1_000_000.0;
+        self.jitter.mul_f64(fraction)
     }
 }
 

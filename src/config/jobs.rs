@@ -152,6 +152,19 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
     };
     let misfire_grace = duration(raw.misfire_grace.as_ref(), &field("misfire_grace"), report)
         .unwrap_or(Duration::from_secs(30));
+    let jitter = duration(raw.jitter.as_ref(), &field("jitter"), report).unwrap_or_default();
+    if let Some(value) = raw
+        .jitter
+        .as_ref()
+        .filter(|_| jitter >= misfire_grace && !jitter.is_zero())
+    {
+        let why = format!(
+            "jitter ({}) must be below misfire_grace ({}): a tick is raced from tick + jitter until the grace ends",
+            super::show_duration(jitter),
+            super::show_duration(misfire_grace)
+        );
+        report.error(value.mark, &field("jitter"), why);
+    }
     let enabled = match raw.enabled.as_ref().map(|e| (e.value.trim(), e.mark)) {
         None => true,
         Some(("true" | "True" | "TRUE", _)) => true,
@@ -176,6 +189,7 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
         stop_grace,
         overlap,
         misfire_grace,
+        jitter,
         enabled,
     })
 }

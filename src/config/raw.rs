@@ -74,6 +74,7 @@ pub(crate) struct RawJob {
     pub stop_grace: Option<Spanned<String>>,
     pub overlap: Option<Spanned<String>>,
     pub misfire_grace: Option<Spanned<String>>,
+    pub jitter: Option<Spanned<String>>,
     pub enabled: Option<Spanned<String>>,
 }
 
@@ -220,6 +221,7 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
         stop_grace: fields.scalar("stop_grace", report),
         overlap: fields.scalar("overlap", report),
         misfire_grace: fields.scalar("misfire_grace", report),
+        jitter: fields.scalar("jitter", report),
         enabled: fields.scalar("enabled", report),
     };
     fields.finish(report);

@@ -213,6 +213,7 @@ mod tests {
             stop_grace: Duration::from_secs(1),
             overlap,
             misfire_grace: Duration::from_secs(grace_secs),
+            jitter: Duration::ZERO,
             enabled: true,
         }
     }

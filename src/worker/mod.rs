@@ -317,9 +317,9 @@ async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGua
                 job.overlap,
                 &job.fingerprint(),
             ),
+            retry_at: now + job.jitter_for(tick),
             job,
             guard,
-            retry_at: now,
             backoff: NO_QUORUM_BACKOFF,
         })
         .collect();

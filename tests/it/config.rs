@@ -593,3 +593,29 @@ fn history_and_heartbeat_settings() {
         "{got}"
     );
 }
+
+/// `jitter`: part of the job's definition, the same delay for a (job, tick) wherever it is computed,
+/// spread over the whole jitter, and below the misfire grace.
+#[test]
+fn jitter_is_derived_from_the_job_and_tick() {
+    let config = ok(&format!("{JOB}    jitter: 10s\n"));
+    let job = &config.jobs[0];
+    assert_eq!(job.jitter, Duration::from_secs(10));
+    let again = ok(&format!("{JOB}    jitter: 10s\n"));
+    let delays: Vec<Duration> = (0..50)
+        .map(|i| redcron::schedule::Tick(1_700_000_000_000 + i * 60_000))
+        .map(|tick| {
+            assert_eq!(job.jitter_for(tick), again.jobs[0].jitter_for(tick));
+            job.jitter_for(tick)
+        })
+        .collect();
+    assert!(delays.iter().all(|d| *d < Duration::from_secs(10)));
+    assert!(delays.iter().any(|d| *d < Duration::from_secs(3)));
+    assert!(delays.iter().any(|d| *d > Duration::from_secs(7)));
+    assert_ne!(job.fingerprint(), ok(JOB).jobs[0].fingerprint());
+    let got = only_problem(&format!("{JOB}    misfire_grace: 5s\n    jitter: 5s\n"));
+    assert!(
+        got.contains("jobs[0].jitter: jitter (5s) must be below misfire_grace (5s)"),
+        "{got}"
+    );
+}

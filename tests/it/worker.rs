@@ -352,3 +352,61 @@ fn a_tick_survives_an_outage_shorter_than_its_grace() {
         "{runs:?}"
     );
 }
+
+/// `jitter`: three workers race each tick at tick + the same hash-derived delay, so every run starts no
+/// earlier than that delay after its tick, the delays differ from tick to tick, and each tick runs once.
+#[test]
+fn jitter_delays_each_tick_by_the_same_amount_on_every_worker() {
+    let cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let dir = TestDir::new();
+    let jobs = ledger_job("spread", "* * * * * *", &dir.ledger()) + "    jitter: 900ms\n";
+    let yaml = |i: usize| config(&cluster, &format!("  id: w{i}\n"), &jobs);
+    let parsed =
+        redcron::config::parse(&yaml(0), std::path::Path::new("jobs.yaml")).expect("valid");
+    let job = parsed.jobs[0].clone();
+    let workers: Vec<Worker> = (0..3)
+        .map(|i| Worker::spawn(dir.write(format!("w{i}.yaml"), yaml(i)), &[]))
+        .collect();
+    let started = |workers: &[Worker]| -> Vec<serde_json::Value> {
+        workers
+            .iter()
+            .flat_map(|w| w.events("run.started"))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while started(&workers).len() < 6 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let runs = started(&workers);
+    drop(workers);
+    assert!(runs.len() >= 6, "only {} runs", runs.len());
+    let mut delays = HashSet::new();
+    for run in &runs {
+        let tick = tick_time(run["tick"].as_str().expect("tick"));
+        let at = tick_time(run["timestamp"].as_str().expect("timestamp"));
+        let delay = job.jitter_for(redcron::schedule::Tick(tick.timestamp_millis()));
+        // Cluster time may differ from the log's wall clock by the measured offset (a few ms here).
+        assert!(
+            at + chrono::Duration::milliseconds(20)
+                >= tick + chrono::Duration::from_std(delay).expect("delay"),
+            "{} started at {at}, before its jitter of {delay:?}",
+            run["tick"]
+        );
+        delays.insert(delay);
+    }
+    assert!(
+        delays.len() > 1,
+        "every tick had the same delay: {delays:?}"
+    );
+    for ((name, tick), entries) in ledger(&dir) {
+        assert_eq!(
+            entries.len(),
+            1,
+            "{name} at {tick} ran {} times",
+            entries.len()
+        );
+    }
+}
