@@ -48,6 +48,8 @@ pub struct Config {
     pub worker: WorkerConfig,
     /// How much run history the store keeps, and how far back missed ticks are looked for.
     pub history: HistorySettings,
+    /// The alert hooks of jobs that name none of their own (`alerts:`).
+    pub alerts: Alerts,
     /// The jobs, in file order; names are unique.
     pub jobs: Vec<JobConfig>,
     /// The environment variables that the store's section (`redis:`) takes through `${VAR}`, such as
@@ -114,6 +116,8 @@ pub struct JobConfig {
     pub jitter: Duration,
     /// A disabled job is checked and listed but never raced for.
     pub enabled: bool,
+    /// The commands run when the job starts failing and when it recovers (its own, or `alerts:`'s).
+    pub alerts: Alerts,
 }
 
 impl JobConfig {
@@ -156,6 +160,17 @@ impl JobConfig {
         field("stop_grace", &millis(Some(self.stop_grace)));
         field("overlap", &format!("{:?}", self.overlap));
         field("misfire_grace", &millis(Some(self.misfire_grace)));
+        for (name, hook) in [
+            ("on_failure", &self.alerts.on_failure),
+            ("on_recovery", &self.alerts.on_recovery),
+        ] {
+            // Only when set, so that fingerprints of jobs without hooks stay what they were.
+            match hook {
+                Some(Command::Shell(script)) => field(name, script),
+                Some(Command::Argv(argv)) => argv.iter().for_each(|arg| field(name, arg)),
+                None => {}
+            }
+        }
         if !self.jitter.is_zero() {
             // Only when set, so that fingerprints of jobs without jitter stay what they were.
             field("jitter", &millis(Some(self.jitter)));
@@ -204,6 +219,22 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+/// Alert hooks: commands run, with the run's fields in their environment, when a job's runs start failing
+/// (the first failure after a success) and when they recover (the first success after a failure) — once
+/// per change, not once per failing run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Alerts {
+    pub on_failure: Option<Command>,
+    pub on_recovery: Option<Command>,
+}
+
+impl Alerts {
+    /// Whether any hook is set.
+    pub fn any(&self) -> bool {
+        self.on_failure.is_some() || self.on_recovery.is_some()
+    }
 }
 
 /// How a job's command is run.

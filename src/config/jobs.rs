@@ -10,16 +10,18 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
-use super::raw::{OneOrList, RawJob, Spanned};
+use super::raw::{OneOrList, RawAlerts, RawJob, Spanned};
 use super::validate::{duration, positive_duration, stop_grace, TOP};
 use super::yaml::{is_variable_name, Mark};
-use super::{Command, InheritEnv, JobConfig, Report};
+use super::{Alerts, Command, InheritEnv, JobConfig, Report};
 use crate::lock::{LockSettings, Overlap};
 use crate::schedule::Schedule;
 
 /// What every job is checked against: the lease's settings and the store's variables.
 struct Shared<'a> {
     lock: &'a LockSettings,
+    /// The `alerts:` defaults.
+    alerts: &'a Alerts,
     store_env_vars: &'a BTreeSet<String>,
     now: DateTime<Utc>,
 }
@@ -27,12 +29,14 @@ struct Shared<'a> {
 pub(super) fn jobs(
     raw: Option<Spanned<Vec<RawJob>>>,
     lock: &LockSettings,
+    alerts: &Alerts,
     store_env_vars: &BTreeSet<String>,
     report: &mut Report,
     now: DateTime<Utc>,
 ) -> Vec<JobConfig> {
     let shared = Shared {
         lock,
+        alerts,
         store_env_vars,
         now,
     };
@@ -178,7 +182,15 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
             true
         }
     };
+    let own = self::alerts(&raw.alerts, path, report);
+    let alerts = Alerts {
+        on_failure: own.on_failure.or_else(|| shared.alerts.on_failure.clone()),
+        on_recovery: own
+            .on_recovery
+            .or_else(|| shared.alerts.on_recovery.clone()),
+    };
     Some(JobConfig {
+        alerts,
         name: name?,
         schedule: schedule?,
         command: command?,
@@ -228,6 +240,20 @@ fn inherit_env(
             InheritEnv::Only(only)
         }
         OneOrList::Invalid => InheritEnv::All,
+    }
+}
+
+/// The hooks of `raw`, a section at `path` (`alerts` or `jobs[i]`).
+pub(super) fn alerts(raw: &RawAlerts, path: &str, report: &mut Report) -> Alerts {
+    let hook = |value: &Option<Spanned<OneOrList>>, name: &str, report: &mut Report| {
+        let field = format!("{path}.{name}");
+        value
+            .as_ref()
+            .and_then(|value| command(value, &field, report))
+    };
+    Alerts {
+        on_failure: hook(&raw.on_failure, "on_failure", report),
+        on_recovery: hook(&raw.on_recovery, "on_recovery", report),
     }
 }
 

@@ -23,6 +23,7 @@ pub(crate) struct RawConfig {
     pub lock: RawLock,
     pub worker: RawWorker,
     pub history: RawHistory,
+    pub alerts: RawAlerts,
     /// The `jobs:` list and where it starts (`None` if the key is missing).
     pub jobs: Option<Spanned<Vec<RawJob>>>,
 }
@@ -53,6 +54,13 @@ pub(crate) struct RawWorker {
     pub heartbeat_every: Option<Spanned<String>>,
 }
 
+/// Alert hooks: `alerts:` (the defaults) and each job's own.
+#[derive(Debug, Default)]
+pub(crate) struct RawAlerts {
+    pub on_failure: Option<Spanned<OneOrList>>,
+    pub on_recovery: Option<Spanned<OneOrList>>,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct RawHistory {
     pub keep_ticks: Option<Spanned<String>>,
@@ -61,6 +69,7 @@ pub(crate) struct RawHistory {
 
 #[derive(Debug)]
 pub(crate) struct RawJob {
+    pub alerts: RawAlerts,
     /// Where the job's entry starts (its first key), for "missing field" errors.
     pub mark: Mark,
     pub name: Option<Spanned<String>>,
@@ -110,6 +119,15 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
         .take("history")
         .and_then(|node| read_history(node, report))
         .unwrap_or_default();
+    let alerts = top
+        .take("alerts")
+        .and_then(|node| {
+            let mut fields = Fields::of(node, "alerts", report)?;
+            let alerts = read_alerts(&mut fields, "alerts", report);
+            fields.finish(report);
+            Some(alerts)
+        })
+        .unwrap_or_default();
     let jobs = top.take("jobs").map(|node| Spanned {
         value: read_jobs(node, report),
         mark: node.mark,
@@ -120,6 +138,7 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
         lock,
         worker,
         history,
+        alerts,
         jobs,
     }
 }
@@ -208,7 +227,9 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
         let expected = "`all`, `none` or a list of variable names";
         one_or_list(value, &format!("{path}.inherit_env"), expected, report)
     });
+    let alerts = read_alerts(&mut fields, path, report);
     let job = RawJob {
+        alerts,
         mark: fields.first_key_mark(),
         name: fields.scalar("name", report),
         schedule: fields.scalar("schedule", report),
@@ -226,6 +247,25 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
     };
     fields.finish(report);
     Some(job)
+}
+
+/// `on_failure` and `on_recovery` of a section at `path`: commands, like a job's `command`.
+fn read_alerts(fields: &mut Fields<'_>, path: &str, report: &mut Report) -> RawAlerts {
+    let expected = "a list of arguments or a shell command string";
+    let mut hook = |name: &'static str| {
+        let field = if path.is_empty() {
+            name.to_string()
+        } else {
+            format!("{path}.{name}")
+        };
+        fields
+            .take(name)
+            .map(|value| one_or_list(value, &field, expected, report))
+    };
+    RawAlerts {
+        on_failure: hook("on_failure"),
+        on_recovery: hook("on_recovery"),
+    }
 }
 
 /// One scalar or a list of scalars; anything else is reported as not what `expected` describes.

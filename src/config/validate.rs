@@ -42,13 +42,15 @@ pub(crate) fn config(
         .and_then(|section| redis(section, report));
     let worker = worker(&raw.worker, report);
     let history = history(&raw.history, report);
-    let jobs = super::jobs::jobs(raw.jobs, &lock, &store_env_vars, report, now);
+    let alerts = super::jobs::alerts(&raw.alerts, "alerts", report);
+    let jobs = super::jobs::jobs(raw.jobs, &lock, &alerts, &store_env_vars, report, now);
     Config {
         path: path.to_path_buf(),
         redis,
         lock,
         worker,
         history,
+        alerts,
         jobs,
         store_env_vars,
         warnings: Vec::new(),

@@ -214,6 +214,7 @@ mod tests {
             overlap,
             misfire_grace: Duration::from_secs(grace_secs),
             jitter: Duration::ZERO,
+            alerts: Default::default(),
             enabled: true,
         }
     }

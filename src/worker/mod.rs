@@ -7,6 +7,7 @@
 //! jobs are due. Runs that were won go on in their own tasks ([`run`]), each under a lease watchdog.
 
 mod agenda;
+mod alerts;
 mod env;
 mod heartbeat;
 mod missed;

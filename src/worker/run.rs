@@ -23,7 +23,7 @@ use tracing::{error, info, info_span, warn, Instrument};
 use super::env::job_environment;
 use super::Context;
 use crate::config::JobConfig;
-use crate::history::Kind;
+use crate::history::{Entry, Kind};
 use crate::lock::{renew_when_left, Lease, RenewError};
 use crate::membership::Running;
 use crate::process::{ChildSpec, ExitKind, ProcessError, RunningChild};
@@ -63,14 +63,25 @@ enum Watched {
 pub(crate) async fn run(context: Arc<Context>, job: JobConfig, lease: Lease) {
     let run_id = uuid::Uuid::new_v4();
     let span = info_span!("run", job = %job.name, tick = %lease.tick, run_id = %run_id, token = lease.token);
-    supervise(&context, &job, lease, run_id)
+    let ended = supervise(&context, &job, lease, run_id)
         .instrument(span)
         .await;
+    if let Some(ended) = ended {
+        super::alerts::after_run(Arc::clone(&context), job, ended);
+    }
 }
 
-async fn supervise(context: &Context, job: &JobConfig, lease: Lease, run_id: uuid::Uuid) {
-    let Some(mut child) = start(context, job, &lease, run_id).await else {
-        return;
+/// Runs the job to its end; returns the run's final history entry (also for a child that could not be
+/// started), or `None` if it was not run.
+async fn supervise(
+    context: &Context,
+    job: &JobConfig,
+    lease: Lease,
+    run_id: uuid::Uuid,
+) -> Option<Entry> {
+    let mut child = match start(context, job, &lease, run_id).await {
+        Ok(child) => child,
+        Err(ended) => return ended,
     };
     let started = tokio::time::Instant::now();
     // The run's history entry: written now (a run under way), and again with how it ended.
@@ -115,7 +126,7 @@ async fn supervise(context: &Context, job: &JobConfig, lease: Lease, run_id: uui
         Ok(ExitKind::Signal(signal)) => entry.signal = Some(*signal),
         Err(err) => entry.reason = Some(err.to_string()),
     }
-    context.recorder.note(entry);
+    context.recorder.note(entry.clone());
     match exit {
         Ok(ExitKind::Code(code)) => {
             info!(
@@ -136,16 +147,18 @@ async fn supervise(context: &Context, job: &JobConfig, lease: Lease, run_id: uui
             error!(event = "run.finished", outcome, error = %err, duration_ms, "Job finished")
         }
     }
+    Some(entry)
 }
 
-/// Spawns the child with its environment (see [`job_environment`]) and logs `run.started`; `None`
-/// (after releasing the lease and logging why) if it must not or could not start.
+/// Spawns the child with its environment (see [`job_environment`]) and logs `run.started`. If it must
+/// not start, releases the lease and logs why: `Err(None)`; if it could not start, also the run's final
+/// history entry: `Err(Some(entry))`.
 async fn start(
     context: &Context,
     job: &JobConfig,
     lease: &Lease,
     run_id: uuid::Uuid,
-) -> Option<RunningChild> {
+) -> Result<RunningChild, Option<Entry>> {
     let redcron = [
         ("REDCRON_JOB".to_string(), job.name.clone()),
         ("REDCRON_TICK".to_string(), lease.tick.to_string()),
@@ -178,12 +191,12 @@ async fn start(
         entry.reason = Some("lease_expired".to_string());
         entry.token = Some(lease.token);
         context.recorder.note(entry);
-        return None;
+        return Err(None);
     }
     match RunningChild::spawn(&spec) {
         Ok(child) => {
             info!(event = "run.started", pid = child.pid(), "Job started");
-            Some(child)
+            Ok(child)
         }
         Err(err) => {
             error!(event = "run.finished", outcome = Outcome::Failure.as_str(), error = %err, duration_ms = 0u64,
@@ -196,8 +209,8 @@ async fn start(
             entry.reason = Some(format!("could not start: {err}"));
             entry.ended_at = Some(entry.recorded_at);
             entry.duration_ms = Some(0);
-            context.recorder.note(entry);
-            None
+            context.recorder.note(entry.clone());
+            Err(Some(entry))
         }
     }
 }

@@ -619,3 +619,25 @@ fn jitter_is_derived_from_the_job_and_tick() {
         "{got}"
     );
 }
+
+/// Alert hooks: `alerts:` gives the defaults, a job's own hooks replace them one by one, and a bad
+/// hook names its field.
+#[test]
+fn alert_hooks_default_and_override() {
+    let config = ok(&format!(
+        "alerts:\n  on_failure: 'page fail'\n  on_recovery: [page, ok]\n{JOB}    on_failure: [mine]\n  - name: b\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n"
+    ));
+    let (a, b) = (&config.jobs[0].alerts, &config.jobs[1].alerts);
+    assert_eq!(a.on_failure, Some(Command::Argv(vec!["mine".into()])));
+    assert_eq!(
+        a.on_recovery,
+        Some(Command::Argv(vec!["page".into(), "ok".into()]))
+    );
+    assert_eq!(b.on_failure, Some(Command::Shell("page fail".into())));
+    assert!(ok(JOB).jobs[0].alerts.on_failure.is_none());
+    let got = only_problem(&format!("{JOB}    on_recovery: []\n"));
+    assert!(
+        got.starts_with("jobs.yaml:5:18: jobs[0].on_recovery: empty command"),
+        "{got}"
+    );
+}

@@ -410,3 +410,71 @@ fn jitter_delays_each_tick_by_the_same_amount_on_every_worker() {
         );
     }
 }
+
+/// Alert hooks with two workers: a job that fails for several ticks, then succeeds, alerts once when it
+/// starts failing and once when it recovers — whichever workers ran the ticks — with the run's fields in
+/// the hook's environment.
+#[test]
+fn alert_hooks_fire_once_per_change() {
+    let cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let dir = TestDir::new();
+    let flag = dir.write("failing", "");
+    let alerts = dir.join("alerts");
+    let hook = |kind: &str| {
+        format!(
+            "'echo {kind} $REDCRON_ALERT $REDCRON_OUTCOME $REDCRON_FAILURES $REDCRON_PREVIOUS_OUTCOME >> {}'",
+            alerts.display()
+        )
+    };
+    let jobs = format!(
+        "  - name: flaky\n    schedule: \"* * * * * *\"\n    command: 'test ! -e {}'\n    on_failure: {}\n    on_recovery: {}\n",
+        flag.display(),
+        hook("F"),
+        hook("R")
+    );
+    let workers: Vec<Worker> = (0..2)
+        .map(|i| {
+            Worker::spawn(
+                dir.write(
+                    format!("w{i}.yaml"),
+                    config(&cluster, &format!("  id: w{i}\n"), &jobs),
+                ),
+                &[],
+            )
+        })
+        .collect();
+    let finished = |workers: &[Worker], outcome: &str| {
+        workers
+            .iter()
+            .flat_map(|w| w.events("run.finished"))
+            .filter(|e| e["outcome"] == outcome)
+            .count()
+    };
+    let wait = |workers: &[Worker], outcome: &str, count: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while finished(workers, outcome) < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{count} runs with outcome {outcome}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait(&workers, "failure", 4);
+    std::fs::remove_file(&flag).expect("remove the flag");
+    wait(&workers, "success", 4);
+    // Time for a late or duplicate alert to show.
+    std::thread::sleep(Duration::from_secs(2));
+    drop(workers);
+    let lines: Vec<String> = std::fs::read_to_string(&alerts)
+        .expect("alerts were written")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert_eq!(lines[0], "F failure failure 1", "{lines:#?}");
+    assert_eq!(lines[1], "R recovery success 0 failure", "{lines:#?}");
+}
