@@ -22,7 +22,8 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use tracing::{debug, error, warn};
 
-use super::{give_up_at, Context};
+use super::race::give_up_at;
+use super::Context;
 use crate::config::JobConfig;
 use crate::history::{Entry, Kind, Query};
 use crate::lock::{ClaimOutcome, ClaimRequest, Overlap};

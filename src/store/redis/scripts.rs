@@ -1,12 +1,12 @@
 //! The Lua scripts of the protocol, each beside its safety argument.
 //!
-//! Per job, each node holds three keys (named in [`super::keys`]), all with the hash tag `{<job>}` so that
+//! Per job, each node holds three keys (named in [`crate::lock::keys`]), all with the hash tag `{<job>}` so that
 //! a node may be a Redis Cluster shard: the lease (`…:lease`, or `…:lease:<tick>` with `overlap: allow`),
 //! whose value is one attempt of one claimant, with a TTL; the fence counter (`…:fence`), the highest token
 //! this node has confirmed; and the claim record (`…:claim`), `<tick ms> <lease value>`: the highest tick
 //! this node has confirmed, and which attempt of which claimant confirmed it. A script runs atomically on
 //! its node, so each one is a compare-and-set on that node. Numbers travel as decimal strings: tokens stay
-//! below 2^53, where Lua's doubles are exact (see [`super::keys::token_floor`]).
+//! below 2^53, where Lua's doubles are exact (see [`crate::lock::keys::token_floor`]).
 //!
 //! The protocol as a whole — why a tick is granted at most once, why tokens increase — is argued in
 //! `docs/protocol.md`; each script's local invariant is stated beside it.

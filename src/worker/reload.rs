@@ -1,0 +1,71 @@
+//! A reload of the config file while the worker runs: check the new file, keep the old one if it has
+//! problems, and say what changed.
+
+use std::collections::BTreeMap;
+
+use tracing::{error, info, warn};
+
+use super::{enabled_jobs, Context};
+use crate::config::Config;
+
+/// Reads the config file again for a reload asked for by `why`. A file with problems changes nothing:
+/// each problem is logged (file:line:column) and `None` returned. A valid one is returned, and what
+/// changed is logged; store settings (nodes, lock, history) cannot change without a restart, and say so.
+pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> Option<Config> {
+    let new = match crate::config::load(&running.path) {
+        Ok(new) => new,
+        Err(e) => {
+            for problem in e.problems() {
+                error!(event = "config.reload_failed", why, problem = %problem,
+                       "Config not reloaded: the file has a problem; the worker keeps the config it runs");
+            }
+            if e.problems().is_empty() {
+                error!(event = "config.reload_failed", why, problem = %e,
+                       "Config not reloaded: the file could not be read; the worker keeps the config it runs");
+            }
+            return None;
+        }
+    };
+    for warning in &new.warnings {
+        warn!(event = "config.warning", "{warning}");
+    }
+    if new.redis != running.redis
+        || new.lock != running.lock
+        || new.history != running.history
+        || new.worker != running.worker
+    {
+        warn!(event = "config.restart_needed", why,
+              "The store, lock, history or worker settings changed: they apply after a restart; jobs are reloaded now");
+    }
+    let names = |config: &Config| -> BTreeMap<String, String> {
+        enabled_jobs(config)
+            .iter()
+            .map(|job| (job.name.clone(), job.fingerprint()))
+            .collect()
+    };
+    let (before, after) = (names(running), names(&new));
+    let list = |names: Vec<&String>| {
+        names
+            .into_iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let added = list(after.keys().filter(|n| !before.contains_key(*n)).collect());
+    let removed = list(before.keys().filter(|n| !after.contains_key(*n)).collect());
+    let changed = list(
+        after
+            .iter()
+            .filter(|(n, f)| before.get(*n).is_some_and(|old| old != *f))
+            .map(|(n, _)| n)
+            .collect(),
+    );
+    *context
+        .config_fingerprint
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = new.fingerprint();
+    info!(event = "config.reloaded", why, added = %added, changed = %changed, removed = %removed,
+          jobs = after.len() as u64, fingerprint = %new.fingerprint(),
+          "Config reloaded: new and changed jobs take effect from their next tick; removed jobs are no longer raced; running jobs go on");
+    Some(new)
+}
