@@ -169,7 +169,16 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let after = args.after.unwrap_or_else(Utc::now);
     let mut out = String::new();
     match &config.redis {
-        None => out.push_str("store: embedded, this process only (no `redis:` section)\n"),
+        None => {
+            let path = config
+                .embedded
+                .as_ref()
+                .map(|e| e.path.display().to_string());
+            out.push_str(&format!(
+                "store: embedded, database {} (shared by the workers of this host that use it)\n",
+                path.unwrap_or_default()
+            ));
+        }
         Some(redis) => {
             let nodes: Vec<String> = redis.nodes.iter().map(|url| redact(url)).collect();
             out.push_str(&format!(

@@ -11,7 +11,8 @@
 //! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
 //! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
 //! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, `worker.max_clock_offset` 500ms,
-//! `worker.clock_check_every` 60s, `worker.heartbeat_every` 5s, `history.keep_ticks` 200, `history.missed_lookback` 1h, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
+//! `worker.clock_check_every` 60s, `worker.heartbeat_every` 5s, `history.keep_ticks` 200, `history.missed_lookback` 1h, `embedded.path`
+//! `<key_prefix>.db` in `$STATE_DIRECTORY` or else beside the config file, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
 //! `enabled` true, no timeout, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
 //! see [`crate::lock::renewal_slack`]).
 
@@ -40,6 +41,8 @@ pub struct Config {
     pub path: PathBuf,
     /// Redis nodes; `None` means the embedded single-host store.
     pub redis: Option<RedisConfig>,
+    /// The embedded store's database; `Some` exactly when `redis` is `None`.
+    pub embedded: Option<EmbeddedConfig>,
     /// Lease parameters (`lock:` plus `redis.key_prefix`), checked against each other: `renew_every <
     /// ttl − drift − node_timeout`, `node_timeout <= ttl / 10`, `0 <= drift_factor < 0.5`,
     /// `retries <= 100`.
@@ -67,6 +70,16 @@ pub struct RedisConfig {
     /// display them only through [`crate::store::redis::node::redact`]. Each parses and names a distinct
     /// host and port; there is at least one.
     pub nodes: Vec<String>,
+}
+
+/// The embedded store (no `redis:` section): one SQLite database file that the workers of one host
+/// share.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddedConfig {
+    /// The database file, absolute: `embedded.path` (relative to the config file's directory), or by
+    /// default `<key_prefix>.db` in `$STATE_DIRECTORY` (systemd's `StateDirectory=`) if set, else in
+    /// the config file's directory.
+    pub path: PathBuf,
 }
 
 /// Settings of this worker process.
@@ -364,7 +377,14 @@ pub fn parse_with_env(
         .flat_map(|section| document.variables_under(section))
         .collect();
     let raw = raw::read(document.root.as_ref(), &mut report);
-    let mut config = validate::config(raw, path, &mut report, chrono::Utc::now(), store_env_vars);
+    let mut config = validate::config(
+        raw,
+        path,
+        &mut report,
+        chrono::Utc::now(),
+        store_env_vars,
+        env,
+    );
     if !report.problems.is_empty() {
         return Err(report.into_error());
     }

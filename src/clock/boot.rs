@@ -58,6 +58,27 @@ impl BootInstant {
     pub fn saturating_sub(self, duration: Duration) -> BootInstant {
         BootInstant(self.0.saturating_sub(duration))
     }
+
+    /// The time from boot to this instant: the same number in every process of this host (until it
+    /// reboots, see [`boot_id`]), so it can be stored where other processes read it.
+    pub fn since_boot(self) -> Duration {
+        self.0
+    }
+
+    /// The instant `since_boot` after this host's boot; the inverse of [`BootInstant::since_boot`].
+    pub fn from_since_boot(since_boot: Duration) -> BootInstant {
+        BootInstant(since_boot)
+    }
+}
+
+/// Where Linux keeps a random id of the current boot.
+pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// This host's boot id: the same in every process until the host reboots, then new. A point on the boot
+/// clock means something only together with the boot it was read in.
+pub fn boot_id() -> std::io::Result<String> {
+    let id = std::fs::read_to_string(BOOT_ID_PATH)?;
+    Ok(id.trim().to_string())
 }
 
 impl std::ops::Add<Duration> for BootInstant {
@@ -152,6 +173,15 @@ mod tests {
         assert!(b > a);
         assert!(b.saturating_duration_since(a) >= Duration::from_millis(5));
         assert_eq!(a.saturating_duration_since(b), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_boot_id_is_stable_within_a_boot() {
+        let id = boot_id().expect("a Linux host has a boot id");
+        assert_eq!(id.len(), 36, "{id}");
+        assert_eq!(boot_id().expect("read again"), id);
+        let now = BootInstant::now();
+        assert_eq!(BootInstant::from_since_boot(now.since_boot()), now);
     }
 
     #[tokio::test]

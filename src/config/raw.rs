@@ -20,6 +20,7 @@ pub(crate) struct Spanned<T> {
 #[derive(Debug, Default)]
 pub(crate) struct RawConfig {
     pub redis: Option<RawRedis>,
+    pub embedded: Option<RawEmbedded>,
     pub lock: RawLock,
     pub worker: RawWorker,
     pub history: RawHistory,
@@ -33,6 +34,13 @@ pub(crate) struct RawRedis {
     pub mark: Mark,
     pub nodes: Option<Spanned<Vec<Spanned<String>>>>,
     pub key_prefix: Option<Spanned<String>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct RawEmbedded {
+    /// Where the `embedded` key is written.
+    pub mark: Mark,
+    pub path: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +115,10 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
         return RawConfig::default();
     };
     let redis = top.take("redis").and_then(|node| read_redis(node, report));
+    let embedded_key = top.key_mark("embedded");
+    let embedded = top
+        .take("embedded")
+        .and_then(|node| read_embedded(node, embedded_key.unwrap_or(node.mark), report));
     let lock = top
         .take("lock")
         .and_then(|node| read_lock(node, report))
@@ -135,6 +147,7 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
     top.finish(report);
     RawConfig {
         redis,
+        embedded,
         lock,
         worker,
         history,
@@ -163,6 +176,13 @@ fn read_redis(node: &Node, report: &mut Report) -> Option<RawRedis> {
         nodes,
         key_prefix,
     })
+}
+
+fn read_embedded(node: &Node, key: Mark, report: &mut Report) -> Option<RawEmbedded> {
+    let mut fields = Fields::of(node, "embedded", report)?;
+    let path = fields.scalar("path", report);
+    fields.finish(report);
+    Some(RawEmbedded { mark: key, path })
 }
 
 fn read_lock(node: &Node, report: &mut Report) -> Option<RawLock> {
@@ -398,6 +418,12 @@ impl<'a> Fields<'a> {
     fn scalar(&mut self, name: &'static str, report: &mut Report) -> Option<Spanned<String>> {
         let node = self.take(name)?;
         scalar(node, &join(&self.path, name), report)
+    }
+
+    /// Where the key `name` is written, if it is.
+    fn key_mark(&self, name: &str) -> Option<Mark> {
+        let index = self.entries.iter().position(|(key, _)| *key == name)?;
+        Some(self.key_marks[index])
     }
 
     fn first_key_mark(&self) -> Mark {

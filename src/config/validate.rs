@@ -13,9 +13,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redis::IntoConnectionInfo as _;
 
-use super::raw::{RawConfig, RawHistory, RawLock, RawRedis, RawWorker, Spanned};
+use super::raw::{RawConfig, RawEmbedded, RawHistory, RawLock, RawRedis, RawWorker, Spanned};
 use super::yaml::Mark;
-use super::{Config, RedisConfig, Report, WorkerConfig};
+use super::{Config, EmbeddedConfig, RedisConfig, Report, WorkerConfig};
 use crate::history::HistorySettings;
 use crate::lock::{default_stop_grace, drift, renewal_slack, LockSettings};
 use crate::store::redis::node::redact;
@@ -29,6 +29,7 @@ pub(crate) fn config(
     report: &mut Report,
     now: DateTime<Utc>,
     store_env_vars: BTreeSet<String>,
+    env: &dyn Fn(&str) -> Option<String>,
 ) -> Config {
     let key_prefix = raw
         .redis
@@ -40,6 +41,21 @@ pub(crate) fn config(
         .redis
         .as_ref()
         .and_then(|section| redis(section, report));
+    let embedded = match (&raw.redis, &raw.embedded) {
+        (None, section) => Some(embedded(
+            section.as_ref(),
+            path,
+            &lock.key_prefix,
+            env,
+            report,
+        )),
+        (Some(_), Some(section)) => {
+            let why = "`embedded:` and `redis:` cannot both be given: workers claim ticks on the Redis nodes, or in a database file of this host; remove one";
+            report.error(section.mark, "embedded", why);
+            None
+        }
+        (Some(_), None) => None,
+    };
     let worker = worker(&raw.worker, report);
     let history = history(&raw.history, report);
     let alerts = super::jobs::alerts(&raw.alerts, "alerts", report);
@@ -47,6 +63,7 @@ pub(crate) fn config(
     Config {
         path: path.to_path_buf(),
         redis,
+        embedded,
         lock,
         worker,
         history,
@@ -282,6 +299,42 @@ fn node_address(url: &str) -> Result<String, String> {
         text.trim_end_matches(" - InvalidClientConfig").to_string()
     })?;
     Ok(format!("{host}:{port}"))
+}
+
+/// The embedded store's database file: `embedded.path`, relative to the config file's directory (so
+/// that workers started from anywhere with the same config share it), or else `<key_prefix>.db` in
+/// `$STATE_DIRECTORY` (set by systemd's `StateDirectory=`: `/etc` is no place for state), or else in the
+/// config file's directory. Made absolute, so that `check` and the logs name the file unambiguously.
+fn embedded(
+    raw: Option<&RawEmbedded>,
+    config_path: &Path,
+    key_prefix: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    report: &mut Report,
+) -> EmbeddedConfig {
+    let config_dir = config_path.parent().unwrap_or(Path::new(""));
+    let given = raw.and_then(|section| section.path.as_ref());
+    let path = match given {
+        Some(path) if path.value.trim().is_empty() || path.value.ends_with('/') => {
+            let why = format!(
+                "invalid path {:?}: expected a file name, such as /var/lib/redcron/redcron.db",
+                path.value
+            );
+            report.error(path.mark, "embedded.path", why);
+            config_dir.join(format!("{key_prefix}.db"))
+        }
+        Some(path) => config_dir.join(&path.value),
+        None => {
+            // systemd may list several directories, separated by colons: the first is this unit's own.
+            let state = env("STATE_DIRECTORY")
+                .and_then(|dirs| dirs.split(':').next().map(str::to_string))
+                .filter(|dir| !dir.is_empty());
+            let dir = state.map_or(config_dir.to_path_buf(), std::path::PathBuf::from);
+            dir.join(format!("{key_prefix}.db"))
+        }
+    };
+    let path = std::path::absolute(&path).unwrap_or(path);
+    EmbeddedConfig { path }
 }
 
 /// The largest `history.keep_ticks`: beyond it a job's history costs more node memory than it is worth.

@@ -5,11 +5,12 @@
 //! which backend they hold. Each backend is one module:
 //! - [`redis`]: the Redlock protocol on N independent Redis nodes; every write goes to all nodes, every
 //!   answer needs a majority.
-//! - [`memory`]: the embedded single-host store, one process being one node and one majority.
+//! - [`embedded`]: the embedded single-host store, one SQLite file being one node and one majority;
+//!   the worker processes of one host may share it.
 //!
 //! Adding a backend means adding its module, a variant here, and its section of the config.
 
-pub mod memory;
+pub mod embedded;
 pub mod redis;
 
 use crate::config::Config;
@@ -24,6 +25,11 @@ pub enum StoreError {
     InvalidNode { url: String, reason: String },
     #[error("{0} Redis nodes configured; at least one is needed")]
     NoNodes(usize),
+    #[error("embedded store {}: {reason}", path.display())]
+    Embedded {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 /// What a read from the store found, and from how many nodes.
@@ -41,22 +47,36 @@ pub struct Read<T> {
 /// An enum rather than a trait object: a closed set of backends, and `async fn` stays plain.
 pub enum Store {
     Redis(redis::RedisStore),
-    Memory(Box<memory::MemoryStore>),
+    Embedded(embedded::EmbeddedStore),
 }
 
 impl Store {
     /// The store `config` names: its `redis:` nodes, or the embedded store when there are none.
     ///
-    /// Must be called inside a Tokio runtime. Fails only on settings that cannot name a store.
+    /// Must be called inside a Tokio runtime. Fails on settings that cannot name a store, and on an
+    /// embedded store's database that cannot be opened (the error names its path).
     pub fn open(config: &Config) -> Result<Store, StoreError> {
         let history = config.history.clone();
         Ok(match &config.redis {
             Some(redis) => Store::Redis(
                 redis::RedisStore::new(&redis.nodes, config.lock.clone())?.with_history(history),
             ),
-            None => Store::Memory(Box::new(
-                memory::MemoryStore::new(config.lock.clone()).with_history(history),
-            )),
+            None => {
+                // Validation always sets `embedded` without `redis`; the fallback is its default.
+                let path = config.embedded.as_ref().map_or_else(
+                    || {
+                        config
+                            .path
+                            .with_file_name(format!("{}.db", config.lock.key_prefix))
+                    },
+                    |embedded| embedded.path.clone(),
+                );
+                Store::Embedded(embedded::EmbeddedStore::open(
+                    &path,
+                    config.lock.clone(),
+                    history,
+                )?)
+            }
         })
     }
 
@@ -65,11 +85,11 @@ impl Store {
         matches!(self, Store::Redis(_))
     }
 
-    /// What the store is, for logs: the nodes' addresses (without passwords), or `embedded`.
+    /// What the store is, for logs: the nodes' addresses (without passwords), or `embedded:<path>`.
     pub fn describe(&self) -> String {
         match self {
             Store::Redis(store) => store.node_labels().join(","),
-            Store::Memory(_) => "embedded".to_string(),
+            Store::Embedded(store) => format!("embedded:{}", store.path().display()),
         }
     }
 
@@ -80,7 +100,7 @@ impl Store {
     pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         match self {
             Store::Redis(store) => store.claim_many(requests).await,
-            Store::Memory(store) => store.claim_many(requests),
+            Store::Embedded(store) => store.claim_many(requests).await,
         }
     }
 
@@ -98,7 +118,7 @@ impl Store {
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
         match self {
             Store::Redis(store) => store.renew(lease).await,
-            Store::Memory(store) => store.renew(lease),
+            Store::Embedded(store) => store.renew(lease).await,
         }
     }
 
@@ -107,7 +127,7 @@ impl Store {
     pub async fn release(&self, lease: &Lease) {
         match self {
             Store::Redis(store) => store.release(lease).await,
-            Store::Memory(store) => store.release(lease),
+            Store::Embedded(store) => store.release(lease).await,
         }
     }
 
@@ -116,7 +136,7 @@ impl Store {
     pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
         match self {
             Store::Redis(store) => Some(store.read_clocks().await),
-            Store::Memory(_) => None,
+            Store::Embedded(_) => None,
         }
     }
 
@@ -125,10 +145,7 @@ impl Store {
     pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
         match self {
             Store::Redis(store) => store.record(entries).await,
-            Store::Memory(store) => {
-                store.record(entries);
-                Ok(())
-            }
+            Store::Embedded(store) => store.record(entries).await,
         }
     }
 
@@ -136,7 +153,7 @@ impl Store {
     pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
         match self {
             Store::Redis(store) => store.history(query).await,
-            Store::Memory(store) => Ok(store.history(query)),
+            Store::Embedded(store) => store.history(query).await,
         }
     }
 
@@ -144,10 +161,7 @@ impl Store {
     pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
         match self {
             Store::Redis(store) => store.announce(member).await,
-            Store::Memory(store) => {
-                store.announce(member);
-                Ok(())
-            }
+            Store::Embedded(store) => store.announce(member).await,
         }
     }
 
@@ -155,7 +169,7 @@ impl Store {
     pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
         match self {
             Store::Redis(store) => store.members().await,
-            Store::Memory(store) => Ok(store.members()),
+            Store::Embedded(store) => store.members().await,
         }
     }
 
@@ -163,7 +177,7 @@ impl Store {
     pub fn settings(&self) -> &LockSettings {
         match self {
             Store::Redis(store) => store.settings(),
-            Store::Memory(store) => store.settings(),
+            Store::Embedded(store) => store.settings(),
         }
     }
 
@@ -171,7 +185,7 @@ impl Store {
     pub fn history_settings(&self) -> &HistorySettings {
         match self {
             Store::Redis(store) => store.history_settings(),
-            Store::Memory(store) => store.history_settings(),
+            Store::Embedded(store) => store.history_settings(),
         }
     }
 }

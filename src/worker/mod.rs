@@ -87,11 +87,12 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     let shutdown = control.shutdown().clone();
     let mut config = config;
     let store = Store::open(&config)?;
-    if !store.is_shared() {
+    if let Some(embedded) = &config.embedded {
         warn!(
             event = "worker.embedded_store",
-            "No redis section in the config: using the embedded single-host store. Ticks are claimed \
-             in this process only; run a single worker, or configure Redis nodes to run several."
+            path = %embedded.path.display(),
+            "No redis section in the config: using the embedded store, a database file of this host. \
+             Workers on this host may share it; configure Redis nodes to run workers on several hosts."
         );
     }
     let nodes = store.describe();

@@ -193,7 +193,7 @@ fn unknown_fields() {
         lines[1]
     );
     let got = only_problem(&format!("{JOB}colour: blue\n"));
-    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `lock`, `worker`, `history`, `jobs`"), "{got}");
+    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `embedded`, `lock`, `worker`, `history`, `jobs`"), "{got}");
 }
 
 /// A bad cron expression points at the value and says which field is wrong.
@@ -639,5 +639,64 @@ fn alert_hooks_default_and_override() {
     assert!(
         got.starts_with("jobs.yaml:5:18: jobs[0].on_recovery: empty command"),
         "{got}"
+    );
+}
+
+/// The embedded store's database: `embedded.path` relative to the config file's directory; by default
+/// `<key_prefix>.db` in `$STATE_DIRECTORY` (systemd) or beside the config file; always absolute.
+#[test]
+fn embedded_path_and_its_default() {
+    let at = |text: &str, file: &str, env: &dyn Fn(&str) -> Option<String>| {
+        let config = parse_with_env(text, Path::new(file), env)
+            .unwrap_or_else(|e| panic!("expected a valid config, got:\n{e}"));
+        assert!(config.redis.is_none());
+        config.embedded.expect("the embedded store's settings").path
+    };
+    let cwd = std::env::current_dir().expect("a working directory");
+    let none = |_: &str| None;
+    assert_eq!(at(JOB, "jobs.yaml", &none), cwd.join("redcron.db"));
+    assert_eq!(
+        at(JOB, "/etc/redcron/jobs.yaml", &none),
+        Path::new("/etc/redcron/redcron.db")
+    );
+    let systemd = |name: &str| (name == "STATE_DIRECTORY").then(|| "/var/lib/redcron".to_string());
+    assert_eq!(
+        at(JOB, "/etc/redcron/jobs.yaml", &systemd),
+        Path::new("/var/lib/redcron/redcron.db")
+    );
+    let given = format!("embedded:\n  path: state/cron.db\n{JOB}");
+    assert_eq!(
+        at(&given, "/srv/jobs.yaml", &systemd),
+        Path::new("/srv/state/cron.db")
+    );
+    let absolute = format!("embedded: {{path: /data/cron.db}}\n{JOB}");
+    assert_eq!(
+        at(&absolute, "/srv/jobs.yaml", &none),
+        Path::new("/data/cron.db")
+    );
+    assert!(ok(&format!("redis: {{nodes: [redis://a:1]}}\n{JOB}"))
+        .embedded
+        .is_none());
+}
+
+/// `embedded:` with `redis:` is an error at the `embedded` key, and so is a path that names no file.
+#[test]
+fn embedded_with_redis_or_without_a_file_name_is_rejected() {
+    let both = only_problem(&format!(
+        "redis:\n  nodes: [redis://a:1]\nembedded:\n  path: cron.db\n{JOB}"
+    ));
+    assert!(
+        both.starts_with("jobs.yaml:3:1: embedded: `embedded:` and `redis:` cannot both be given"),
+        "{both}"
+    );
+    let dir = only_problem(&format!("embedded:\n  path: /var/lib/\n{JOB}"));
+    assert!(
+        dir.starts_with("jobs.yaml:2:9: embedded.path: invalid path"),
+        "{dir}"
+    );
+    let unknown = only_problem(&format!("embedded:\n  file: cron.db\n{JOB}"));
+    assert!(
+        unknown.starts_with("jobs.yaml:2:3: embedded.file: unknown field"),
+        "{unknown}"
     );
 }

@@ -1,0 +1,190 @@
+//! Claims, renewals and releases on the embedded store: the Lua scripts' rules
+//! ([`crate::store::redis::scripts`]) as SQL, each call one `BEGIN IMMEDIATE` transaction.
+//!
+//! A claim does `ACQUIRE`'s checks and `CONFIRM`'s writes at once: refused if another claimant confirmed
+//! this tick or a later one (the claim record), or holds the lease and it has not expired; else the fence
+//! counter goes to `max(fence + 1, token floor)`, the claim record to this tick and attempt, and the lease
+//! to this attempt for a TTL. Since the transaction holds the database's write lock from its first read to
+//! its commit, what it read is still true when it writes, in whichever process it runs — a tick is
+//! confirmed for one claimant only and tokens strictly increase. The time is read inside the transaction,
+//! after any wait for the lock, so a wait never shortens a lease below what the holder believes.
+
+use rusqlite::{params, OptionalExtension as _, Transaction};
+
+use super::{nanos, EmbeddedStore, Shared};
+use crate::clock::boot::BootInstant;
+use crate::lock::keys::{attempt_value, claim_keys, claimant_of, lease_key, token_floor, Holder};
+use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, RenewError};
+use crate::schedule::Tick;
+
+impl EmbeddedStore {
+    /// Claims every request in one transaction; see [`crate::store::Store::claim_many`]. A failed
+    /// transaction (the database busy or unwritable) answers `NoQuorum` for each, to be retried.
+    pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
+        if requests.is_empty() {
+            return Vec::new();
+        }
+        let owned = requests.to_vec();
+        let claimed = self
+            .write(move |shared, transaction| {
+                owned
+                    .iter()
+                    .map(|request| shared.claim(transaction, request))
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .await;
+        match claimed {
+            Ok(outcomes) => outcomes,
+            Err(failure) => requests
+                .iter()
+                .map(|_| ClaimOutcome::NoQuorum(failure.clone()))
+                .collect(),
+        }
+    }
+
+    /// Extends the lease by a full TTL if this attempt still holds it and it has not expired; see
+    /// [`crate::store::Store::renew`].
+    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
+        if lease.is_lost() {
+            return Err(RenewError::AlreadyLost);
+        }
+        if BootInstant::now() >= lease.deadline() {
+            lease.mark_lost();
+            return Err(RenewError::Expired);
+        }
+        let key = lease_key(&self.settings().key_prefix, lease);
+        let value = lease.value.clone();
+        let renewed = self
+            .write(move |shared, transaction| {
+                let now = BootInstant::now();
+                let expires = nanos(now + shared.settings.ttl);
+                let changed = transaction.execute(
+                    "UPDATE leases SET expires_ns = ?1
+                     WHERE key = ?2 AND value = ?3 AND boot_id = ?4 AND expires_ns > ?5",
+                    params![expires, key, value, shared.boot_id, nanos(now)],
+                )?;
+                Ok((changed == 1).then_some(now))
+            })
+            .await;
+        match renewed {
+            // As on Redis: a renewal confirmed after the deadline proves nothing about the time between.
+            Ok(Some(_)) if BootInstant::now() >= lease.deadline() => {
+                lease.mark_lost();
+                Err(RenewError::Expired)
+            }
+            Ok(Some(now)) => {
+                let ttl = self.settings().ttl;
+                let drift = validity::drift(ttl, self.settings().drift_factor);
+                lease.extend_to(now + ttl.saturating_sub(drift));
+                Ok(())
+            }
+            Ok(None) => {
+                lease.mark_lost();
+                let failure = self.shared.failure("lease not held".to_string());
+                Err(RenewError::NotHeld(failure))
+            }
+            Err(failure) => Err(RenewError::Unconfirmed(failure)),
+        }
+    }
+
+    /// Deletes the lease if it is still this lease's value (compare-and-delete); the claim record and the
+    /// fence counter stay. A failure is not reported: the lease then expires after its TTL.
+    pub async fn release(&self, lease: &Lease) {
+        let key = lease_key(&self.settings().key_prefix, lease);
+        let value = lease.value.clone();
+        let _ = self
+            .write(move |_, transaction| {
+                transaction.execute(
+                    "DELETE FROM leases WHERE key = ?1 AND value = ?2",
+                    params![key, value],
+                )
+            })
+            .await;
+    }
+}
+
+impl Shared {
+    /// Both rounds of one claim at once: `ACQUIRE`'s checks, then `CONFIRM`'s writes.
+    fn claim(
+        &self,
+        transaction: &Transaction,
+        request: &ClaimRequest,
+    ) -> rusqlite::Result<ClaimOutcome> {
+        let now = BootInstant::now();
+        let ttl = self.settings.ttl;
+        let tick = request.tick.as_millis();
+        let [lease_key, fence_key, claim_key] = claim_keys(
+            &self.settings.key_prefix,
+            &request.job,
+            request.tick,
+            request.overlap,
+        );
+        let record: Option<(i64, String)> = transaction
+            .prepare_cached("SELECT tick, value FROM claims WHERE key = ?1")?
+            .query_row([&claim_key], |row| Ok((row.get(0)?, row.get(1)?)))
+            .optional()?;
+        if let Some((claimed, value)) = record {
+            if claimed > tick || (claimed == tick && claimant_of(&value) != request.claimant) {
+                let mut by = Holder::from_value(&value);
+                by.tick = Some(Tick(claimed));
+                return Ok(ClaimOutcome::AlreadyClaimed { by: Some(by) });
+            }
+        }
+        let lease: Option<(String, String, i64)> = transaction
+            .prepare_cached("SELECT value, boot_id, expires_ns FROM leases WHERE key = ?1")?
+            .query_row([&lease_key], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .optional()?;
+        if let Some((value, boot_id, expires_ns)) = lease {
+            let left = self.left(&boot_id, expires_ns, now);
+            if let Some(left) = left.filter(|_| claimant_of(&value) != request.claimant) {
+                let holder = Holder::from_value(&value);
+                return Ok(if holder.tick == Some(request.tick) {
+                    ClaimOutcome::Contended {
+                        holder: Some(holder),
+                        retry_in: left.max(self.settings.retry_delay),
+                    }
+                } else {
+                    ClaimOutcome::Busy {
+                        holder: Some(holder),
+                        ttl: Some(left),
+                    }
+                });
+            }
+        }
+        let fence: Option<i64> = transaction
+            .prepare_cached("SELECT token FROM fences WHERE key = ?1")?
+            .query_row([&fence_key], |row| row.get(0))
+            .optional()?;
+        let fence = fence.and_then(|f| u64::try_from(f).ok()).unwrap_or(0);
+        let token = fence.saturating_add(1).max(token_floor(request.tick));
+        let value = attempt_value(&request.claimant, request.tick, &request.fingerprint);
+        transaction
+            .prepare_cached(
+                "INSERT INTO fences (key, token) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET token = max(token, excluded.token)",
+            )?
+            .execute(params![fence_key, i64::try_from(token).unwrap_or(i64::MAX)])?;
+        transaction
+            .prepare_cached(
+                "INSERT INTO claims (key, tick, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (key) DO UPDATE SET tick = excluded.tick, value = excluded.value",
+            )?
+            .execute(params![claim_key, tick, value])?;
+        transaction
+            .prepare_cached(
+                "INSERT INTO leases (key, value, boot_id, expires_ns) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value, boot_id = excluded.boot_id,
+                                                 expires_ns = excluded.expires_ns",
+            )?
+            .execute(params![lease_key, value, self.boot_id, nanos(now + ttl)])?;
+        let drift = validity::drift(ttl, self.settings.drift_factor);
+        Ok(ClaimOutcome::Won(Lease::new(
+            request,
+            token,
+            value,
+            now + ttl.saturating_sub(drift),
+        )))
+    }
+}

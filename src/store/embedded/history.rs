@@ -1,0 +1,172 @@
+//! Run history and membership on the embedded store, in the same shape as on the Redis nodes
+//! ([`crate::store::redis::history`]).
+//!
+//! History: one row per entry identity (job, tick, worker, kind), replaced by a later version of the same
+//! fact; each write keeps the newest `keep_ticks` ticks of its job, in the same transaction, so the file
+//! never holds more. Members: one row per worker, stamped with this host's wall clock when it announced
+//! (`seen_at`), alive until its heartbeat expires on the boot clock of the boot it announced in (a
+//! `stopped` announcement is not alive), and dropped once it has been dead for [`KEEP_DEAD`].
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rusqlite::params;
+
+use super::{nanos, EmbeddedStore};
+use crate::clock::boot::BootInstant;
+use crate::history::{self, Entry, Query};
+use crate::lock::QuorumFailure;
+use crate::membership::{self, Member, KEEP_DEAD};
+use crate::store::Read;
+
+impl EmbeddedStore {
+    /// Keeps `entries` and the newest `keep_ticks` ticks of each of their jobs; see
+    /// [`crate::store::Store::record`].
+    pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let entries = entries.to_vec();
+        self.write(move |shared, transaction| {
+            let mut insert = transaction.prepare_cached(
+                "INSERT INTO history (job, id, tick, entry) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (job, id) DO UPDATE SET tick = excluded.tick, entry = excluded.entry",
+            )?;
+            for entry in &entries {
+                insert.execute(params![entry.job, entry.id(), entry.tick, entry.to_json()])?;
+            }
+            let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
+            jobs.sort_unstable();
+            jobs.dedup();
+            let keep = i64::try_from(shared.history.keep_ticks).unwrap_or(i64::MAX);
+            for job in jobs {
+                // The newest tick past the bound, if any: it and every older tick go.
+                let mut oldest_dropped = transaction.prepare_cached(
+                    "SELECT tick FROM history WHERE job = ?1 GROUP BY tick ORDER BY tick DESC
+                     LIMIT 1 OFFSET ?2",
+                )?;
+                let cutoff: Option<i64> = oldest_dropped
+                    .query_map(params![job, keep], |row| row.get(0))?
+                    .next()
+                    .transpose()?;
+                if let Some(cutoff) = cutoff {
+                    transaction
+                        .prepare_cached("DELETE FROM history WHERE job = ?1 AND tick <= ?2")?
+                        .execute(params![job, cutoff])?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The entries of `query`, newest first; see [`crate::store::Store::history`]. An entry that does not
+    /// parse is skipped, and named in [`Read::skipped`].
+    pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+        let query = query.clone();
+        self.blocking(move |shared, connection| {
+            let since = query.since.map_or(i64::MIN, |t| t.as_millis());
+            let until = query.until.map_or(i64::MAX, |t| t.as_millis());
+            let mut select = connection.prepare_cached(
+                "SELECT tick, entry FROM history WHERE job = ?1 AND tick BETWEEN ?2 AND ?3
+                 ORDER BY tick DESC",
+            )?;
+            let mut rows = select.query(params![query.job, since, until])?;
+            let (mut entries, mut skipped) = (Vec::new(), Vec::new());
+            let mut last_tick = None;
+            // Whole ticks up to the limit, so that the merge's order (not the table's) picks the entries
+            // of the last tick that fits.
+            while let Some(row) = rows.next()? {
+                let tick: i64 = row.get(0)?;
+                if entries.len() >= query.limit && last_tick != Some(tick) {
+                    break;
+                }
+                last_tick = Some(tick);
+                let json: String = row.get(1)?;
+                match Entry::from_json(&json) {
+                    Ok(entry) => entries.push(entry),
+                    Err(why) => {
+                        skipped.push(format!("{}: history entry skipped: {why}", shared.label()))
+                    }
+                }
+            }
+            let mut merged = history::merge([entries]);
+            merged.truncate(query.limit);
+            Ok(Read {
+                value: merged,
+                missing: Vec::new(),
+                skipped,
+            })
+        })
+        .await
+    }
+
+    /// Keeps `member`'s announcement, stamped now, alive for [`Member::ttl`] (a `stopped` one: not
+    /// alive), and drops members dead for longer than [`KEEP_DEAD`]; see [`crate::store::Store::announce`].
+    pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
+        let member = member.clone();
+        self.write(move |shared, transaction| {
+            let ttl = member.ttl();
+            let seen_ms = Utc::now().timestamp_millis();
+            let expired_ms = seen_ms.saturating_add(millis(ttl));
+            let json = serde_json::to_string(&member).unwrap_or_default();
+            transaction
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO members (id, seen_ms, member, boot_id, expires_ns, expired_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?
+                .execute(params![
+                    member.id,
+                    seen_ms,
+                    json,
+                    shared.boot_id,
+                    nanos(BootInstant::now() + ttl),
+                    expired_ms
+                ])?;
+            transaction
+                .prepare_cached("DELETE FROM members WHERE expired_ms <= ?1")?
+                .execute([seen_ms.saturating_sub(millis(KEEP_DEAD))])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Every member announced within [`KEEP_DEAD`], alive or not, sorted by id; see
+    /// [`crate::store::Store::members`].
+    pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
+        self.blocking(|shared, connection| {
+            let now = BootInstant::now();
+            let kept_since = Utc::now()
+                .timestamp_millis()
+                .saturating_sub(millis(KEEP_DEAD));
+            let mut select = connection.prepare_cached(
+                "SELECT seen_ms, member, boot_id, expires_ns FROM members WHERE expired_ms > ?1",
+            )?;
+            let mut rows = select.query([kept_since])?;
+            let (mut members, mut skipped) = (Vec::new(), Vec::new());
+            while let Some(row) = rows.next()? {
+                let (seen_ms, json): (i64, String) = (row.get(0)?, row.get(1)?);
+                let (boot_id, expires_ns): (String, i64) = (row.get(2)?, row.get(3)?);
+                match serde_json::from_str::<Member>(&json) {
+                    Ok(mut member) => {
+                        member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen_ms);
+                        member.alive = shared.left(&boot_id, expires_ns, now).is_some();
+                        members.push(member);
+                    }
+                    Err(why) => skipped.push(format!("{}: member skipped: {why}", shared.label())),
+                }
+            }
+            Ok(Read {
+                value: membership::merge([members]),
+                missing: Vec::new(),
+                skipped,
+            })
+        })
+        .await
+    }
+}
+
+/// A duration in whole milliseconds, as stored.
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,241 @@
+//! The embedded store: claims, leases, fencing tokens, run history and membership in one SQLite database
+//! file, for the workers of a single host (a config without `redis:`).
+//!
+//! Why SQLite: its transactions are ACID across processes on one host (through the file's locks), so
+//! several workers on a host may share one database as they would share Redis nodes; all state is one
+//! file to back up, move or delete; and it is among the best-tested software there is, with a file
+//! format that stays readable across versions. `rusqlite`'s `bundled` feature compiles SQLite in, so
+//! neither the build nor the host needs a system package.
+//!
+//! One database is one node and one majority, so both rounds of a claim happen in one transaction, with
+//! the rules of the Lua scripts ([`crate::store::redis::scripts`]) and the names of [`crate::lock::keys`]
+//! ([`claim`]); the answers are those a Redis cluster gives in the same situation. Every claim, renewal
+//! and release is one `BEGIN IMMEDIATE` transaction, which takes the database's write lock before it
+//! reads, so two processes never decide on the same state. The journal is a write-ahead log (readers
+//! never wait for a writer) with `synchronous = FULL`: a claim is on disk before it is answered, since
+//! a claim record lost in a power cut would let its tick run again.
+//!
+//! What survives a restart (of a worker or of the host): the claim records and fencing counters, kept
+//! forever — a restarted worker, even one whose clock stepped back, never runs a claimed tick again, and
+//! its tokens keep rising — and the history and membership ([`history`]). Leases survive a worker's
+//! restart but not the host's: a lease's expiry is a point on `CLOCK_BOOTTIME` ([`crate::clock::boot`]),
+//! which every process of the host shares and which counts a suspend, stored with the boot's id, and a
+//! lease of another boot has expired.
+
+mod claim;
+mod history;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+
+use crate::clock::boot::{self, BootInstant};
+use crate::history::HistorySettings;
+use crate::lock::{LockSettings, QuorumFailure};
+use crate::store::StoreError;
+
+/// How long a transaction waits for another process's write lock before it fails (and the claim is
+/// retried like one that found no quorum). Far above a healthy transaction (one fsync), below a lease.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The schema this version writes (`PRAGMA user_version`).
+const SCHEMA_VERSION: i64 = 1;
+
+/// Per key, as in Redis: fence counters, claim records and leases (expiring on the boot clock of the
+/// boot they were taken in); history entries by job and id; members by id.
+const SCHEMA: &str = "
+CREATE TABLE fences (key TEXT PRIMARY KEY, token INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE claims (key TEXT PRIMARY KEY, tick INTEGER NOT NULL, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE leases (key TEXT PRIMARY KEY, value TEXT NOT NULL, boot_id TEXT NOT NULL,
+                     expires_ns INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE history (job TEXT NOT NULL, id TEXT NOT NULL, tick INTEGER NOT NULL, entry TEXT NOT NULL,
+                      PRIMARY KEY (job, id)) WITHOUT ROWID;
+CREATE INDEX history_by_tick ON history (job, tick);
+CREATE TABLE members (id TEXT PRIMARY KEY, seen_ms INTEGER NOT NULL, member TEXT NOT NULL,
+                      boot_id TEXT NOT NULL, expires_ns INTEGER NOT NULL,
+                      expired_ms INTEGER NOT NULL) WITHOUT ROWID;
+";
+
+/// Claims, leases, tokens, history and membership in one SQLite file that processes of one host share.
+pub struct EmbeddedStore {
+    shared: Arc<Shared>,
+}
+
+/// What the blocking calls of a store need, shared with the threads they run on.
+struct Shared {
+    settings: LockSettings,
+    history: HistorySettings,
+    path: PathBuf,
+    /// This host's boot id: a lease's expiry on the boot clock holds only in the boot it was taken in.
+    boot_id: String,
+    connection: Mutex<Connection>,
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates, with its directory) the database at `path`.
+    ///
+    /// Fails, naming the path, if the directory or the file cannot be created or written, if the file is
+    /// not a SQLite database, or if a newer redcron wrote it.
+    pub fn open(
+        path: &Path,
+        settings: LockSettings,
+        history: HistorySettings,
+    ) -> Result<EmbeddedStore, StoreError> {
+        let fail = |reason: String| StoreError::Embedded {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let boot_id = boot::boot_id().map_err(|e| {
+            fail(format!(
+                "cannot read this host's boot id from {}: {e}",
+                boot::BOOT_ID_PATH
+            ))
+        })?;
+        let mut connection =
+            Connection::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
+        prepare(&mut connection).map_err(fail)?;
+        Ok(EmbeddedStore {
+            shared: Arc::new(Shared {
+                settings,
+                history,
+                path: path.to_path_buf(),
+                boot_id,
+                connection: Mutex::new(connection),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// The lock settings this store was built with.
+    pub fn settings(&self) -> &LockSettings {
+        &self.shared.settings
+    }
+
+    /// The history settings this store was built with.
+    pub fn history_settings(&self) -> &HistorySettings {
+        &self.shared.history
+    }
+
+    /// Runs `work` in one `BEGIN IMMEDIATE` transaction on a blocking thread and commits it; a failure
+    /// (the database busy past [`BUSY_TIMEOUT`], a disk error) rolls it back and is told as the one
+    /// node's failure.
+    async fn write<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Shared, &Transaction) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, QuorumFailure> {
+        self.blocking(move |shared, connection| {
+            let transaction =
+                connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let value = work(shared, &transaction)?;
+            transaction.commit()?;
+            Ok(value)
+        })
+        .await
+    }
+
+    /// Runs `work` with the connection on a blocking thread (SQLite's calls block: on the disk, and on
+    /// other processes' locks), so that the runtime's threads never wait for them.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Shared, &mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, QuorumFailure> {
+        let shared = Arc::clone(&self.shared);
+        let joined = tokio::task::spawn_blocking(move || {
+            // A panic while holding the connection leaves no transaction open (dropping one rolls it
+            // back), so a poisoned lock is used as it is.
+            let mut connection = shared
+                .connection
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            work(&shared, &mut connection).map_err(|e| e.to_string())
+        })
+        .await;
+        joined
+            .unwrap_or_else(|e| Err(format!("the database call failed: {e}")))
+            .map_err(|why| self.shared.failure(why))
+    }
+}
+
+impl Shared {
+    /// `why` as the failure of this store's one node, named by its path.
+    fn failure(&self, why: String) -> QuorumFailure {
+        QuorumFailure {
+            configured: 1,
+            needed: 1,
+            granted: 0,
+            failures: vec![(self.label(), why)],
+        }
+    }
+
+    /// The database's path, to name it in failures.
+    fn label(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// How long a lease or heartbeat stored as `(boot_id, expires_ns)` has left at `now`; `None` once it
+    /// expired, or if it was stored in another boot.
+    fn left(&self, boot_id: &str, expires_ns: i64, now: BootInstant) -> Option<Duration> {
+        let expires = BootInstant::from_since_boot(Duration::from_nanos(
+            u64::try_from(expires_ns).unwrap_or(0),
+        ));
+        (boot_id == self.boot_id && expires > now).then(|| expires.saturating_duration_since(now))
+    }
+}
+
+/// A point on the boot clock as stored: nanoseconds since boot (an `i64` lasts 292 years of uptime).
+fn nanos(at: BootInstant) -> i64 {
+    i64::try_from(at.since_boot().as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// Sets the connection up (write-ahead log, full sync, busy timeout) and creates or checks the schema;
+/// the error says what is wrong with the file.
+fn prepare(connection: &mut Connection) -> Result<(), String> {
+    let not_usable = |e: rusqlite::Error| format!("not a usable SQLite database: {e}");
+    connection.busy_timeout(BUSY_TIMEOUT).map_err(not_usable)?;
+    // The first read of the file: one that is not a database fails here.
+    connection
+        .query_row("PRAGMA journal_mode = WAL", [], |row| {
+            row.get::<_, String>(0)
+        })
+        .map_err(not_usable)?;
+    if connection.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) {
+        return Err("the file is read-only to this user".to_string());
+    }
+    connection
+        .pragma_update(None, "synchronous", "FULL")
+        .map_err(not_usable)?;
+    let transaction = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(not_usable)?;
+    let version: i64 = transaction
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(not_usable)?;
+    match version {
+        0 => {
+            transaction.execute_batch(SCHEMA).map_err(not_usable)?;
+            transaction
+                .pragma_update(None, "user_version", SCHEMA_VERSION)
+                .map_err(not_usable)?;
+        }
+        SCHEMA_VERSION => {}
+        newer => {
+            return Err(format!(
+                "written by a newer redcron (schema {newer}; this one knows {SCHEMA_VERSION})"
+            ))
+        }
+    }
+    transaction.commit().map_err(not_usable)
+}
+
+#[cfg(test)]
+mod tests;

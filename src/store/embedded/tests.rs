@@ -1,0 +1,282 @@
+//! The embedded store's rules, each against a database file in a temporary directory: the memory store's
+//! tests, ported, and what persistence adds — a reopened store (a restarted worker) and a second
+//! connection to the same file (a second worker process) see the same claims, fences and leases.
+
+use std::time::Duration;
+
+use chrono::DateTime;
+use tempfile::TempDir;
+
+use super::EmbeddedStore;
+use crate::history::{Entry, HistorySettings, Kind, Query};
+use crate::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError};
+use crate::membership::Member;
+use crate::schedule::Tick;
+use crate::store::StoreError;
+
+fn open(dir: &TempDir, ttl_ms: u64) -> EmbeddedStore {
+    let settings = LockSettings {
+        ttl: Duration::from_millis(ttl_ms),
+        ..LockSettings::default()
+    };
+    let history = HistorySettings {
+        keep_ticks: 3,
+        ..HistorySettings::default()
+    };
+    EmbeddedStore::open(&dir.path().join("state/redcron.db"), settings, history)
+        .expect("the store opens")
+}
+
+fn store(ttl_ms: u64) -> (TempDir, EmbeddedStore) {
+    let dir = TempDir::new().expect("a temporary directory");
+    let store = open(&dir, ttl_ms);
+    (dir, store)
+}
+
+fn request(worker: &str, tick: i64) -> ClaimRequest {
+    ClaimRequest::new(worker, "job", Tick(tick), Overlap::Skip, "f")
+}
+
+async fn claim(store: &EmbeddedStore, worker: &str, tick: i64) -> ClaimOutcome {
+    store.claim_many(&[request(worker, tick)]).await.remove(0)
+}
+
+fn won(outcome: ClaimOutcome) -> Lease {
+    match outcome {
+        ClaimOutcome::Won(lease) => lease,
+        other => panic!("expected a lease, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn claims_once_and_tokens_increase() {
+    let (_dir, store) = store(1000);
+    let first = won(claim(&store, "a", 1_000).await);
+    let again = claim(&store, "b", 1_000).await;
+    assert!(matches!(again, ClaimOutcome::AlreadyClaimed { .. }));
+    let busy = claim(&store, "b", 2_000).await;
+    assert!(matches!(busy, ClaimOutcome::Busy { .. }));
+    store.release(&first).await;
+    let after = claim(&store, "b", 1_000).await;
+    assert!(matches!(after, ClaimOutcome::AlreadyClaimed { .. }));
+    let second = won(claim(&store, "b", 2_000).await);
+    assert!(second.token > first.token);
+}
+
+#[tokio::test]
+async fn expired_lease_is_lost_for_good_and_release_spares_the_next_holder() {
+    let (_dir, store) = store(100);
+    let mut a = won(claim(&store, "a", 1_000).await);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let b = won(claim(&store, "b", 2_000).await);
+    assert!(b.token > a.token);
+    assert_eq!(store.renew(&mut a).await, Err(RenewError::Expired));
+    assert_eq!(store.renew(&mut a).await, Err(RenewError::AlreadyLost));
+    store.release(&a).await;
+    let busy = claim(&store, "c", 3_000).await;
+    assert!(matches!(busy, ClaimOutcome::Busy { .. }));
+}
+
+#[tokio::test]
+async fn renewal_keeps_a_lease_past_its_ttl() {
+    let (_dir, store) = store(1_000);
+    let mut a = won(claim(&store, "a", 1_000).await);
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        store
+            .renew(&mut a)
+            .await
+            .expect("renewal within the validity");
+    }
+    assert!(a.is_valid());
+    let busy = claim(&store, "b", 2_000).await;
+    assert!(matches!(busy, ClaimOutcome::Busy { .. }));
+}
+
+/// Workers that disagree on `overlap` take different lease keys, but meet on the claim record: one
+/// (job, tick) is still granted once (finding 1 of the protocol review, on the embedded store).
+#[tokio::test]
+async fn workers_that_disagree_on_overlap_still_claim_a_tick_once() {
+    let (_dir, store) = store(1_000);
+    let skip = ClaimRequest::new("a", "job", Tick(1_000), Overlap::Skip, "f1");
+    let allow = ClaimRequest::new("b", "job", Tick(1_000), Overlap::Allow, "f2");
+    won(store.claim_many(&[skip]).await.remove(0));
+    match store.claim_many(&[allow]).await.remove(0) {
+        ClaimOutcome::AlreadyClaimed { by: Some(by) } => {
+            assert_eq!(by.worker, "a");
+            assert_eq!(by.fingerprint.as_deref(), Some("f1"));
+        }
+        other => panic!("expected AlreadyClaimed naming worker a, got {other:?}"),
+    }
+}
+
+/// A request claimed again continues its own claim: its own record does not count against it.
+#[tokio::test]
+async fn a_request_claimed_again_is_not_refused_by_its_own_record() {
+    let (_dir, store) = store(1_000);
+    let request = ClaimRequest::new("a", "job", Tick(1_000), Overlap::Skip, "f");
+    let first = won(store
+        .claim_many(std::slice::from_ref(&request))
+        .await
+        .remove(0));
+    store.release(&first).await;
+    let again = won(store.claim_many(&[request]).await.remove(0));
+    assert!(again.token > first.token);
+}
+
+/// A reopened store (a restarted worker) keeps the claims and the fence: an earlier tick stays claimed,
+/// the lease of the previous process still holds the job, and tokens go on rising.
+#[tokio::test]
+async fn claims_fences_and_leases_survive_a_reopen() {
+    let dir = TempDir::new().expect("a temporary directory");
+    let first = won(claim(&open(&dir, 60_000), "a", 5_000).await);
+    let store = open(&dir, 60_000);
+    let early = claim(&store, "b", 4_000).await;
+    assert!(
+        matches!(early, ClaimOutcome::AlreadyClaimed { .. }),
+        "{early:?}"
+    );
+    let busy = claim(&store, "b", 6_000).await;
+    assert!(matches!(busy, ClaimOutcome::Busy { .. }), "{busy:?}");
+    store.release(&first).await;
+    let next = won(claim(&store, "b", 6_000).await);
+    assert!(next.token > first.token);
+}
+
+/// Two stores on one file (two worker processes of a host) race for the same ticks: each tick is won
+/// once, and the tokens of the wins strictly increase.
+#[tokio::test]
+async fn two_connections_on_one_file_grant_each_tick_once() {
+    let dir = TempDir::new().expect("a temporary directory");
+    let (a, b) = (open(&dir, 60_000), open(&dir, 60_000));
+    let mut tokens = Vec::new();
+    for tick in 1..=20 {
+        let request = |worker| ClaimRequest::new(worker, "job", Tick(tick), Overlap::Allow, "f");
+        let (ra, rb) = ([request("a")], [request("b")]);
+        let (x, y) = tokio::join!(a.claim_many(&ra), b.claim_many(&rb));
+        let wins: Vec<Lease> = x
+            .into_iter()
+            .chain(y)
+            .filter_map(|outcome| match outcome {
+                ClaimOutcome::Won(lease) => Some(lease),
+                ClaimOutcome::AlreadyClaimed { .. } => None,
+                other => panic!("tick {tick}: unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(wins.len(), 1, "tick {tick} won {} times", wins.len());
+        tokens.push(wins[0].token);
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+/// A lease stored in another boot of the host has expired, whatever its time on the boot clock says.
+#[tokio::test]
+async fn a_lease_of_another_boot_has_expired() {
+    let (dir, store) = store(60_000);
+    won(claim(&store, "a", 1_000).await);
+    let file = rusqlite::Connection::open(dir.path().join("state/redcron.db")).expect("open");
+    file.execute("UPDATE leases SET boot_id = 'an-earlier-boot'", [])
+        .expect("update");
+    won(claim(&store, "b", 2_000).await);
+}
+
+/// A file that is not a database, or a directory that cannot be made, fails with the path named.
+#[test]
+fn an_unusable_file_is_an_error_that_names_it() {
+    let dir = TempDir::new().expect("a temporary directory");
+    let garbage = dir.path().join("garbage.db");
+    std::fs::write(&garbage, vec![b'x'; 8192]).expect("write");
+    let under_a_file = garbage.join("redcron.db");
+    for path in [garbage, under_a_file] {
+        let opened = EmbeddedStore::open(&path, LockSettings::default(), Default::default());
+        match opened {
+            Err(error @ StoreError::Embedded { .. }) => {
+                assert!(
+                    error.to_string().contains(&path.display().to_string()),
+                    "{error}"
+                );
+            }
+            Err(other) => panic!("{path:?}: unexpected error {other}"),
+            Ok(_) => panic!("{path:?} opened"),
+        }
+    }
+}
+
+fn entry(tick: i64, worker: &str, kind: Kind, second: i64) -> Entry {
+    let at = DateTime::from_timestamp(second, 0).expect("a time");
+    Entry::new("job", Tick(tick), worker, kind, at)
+}
+
+fn query(limit: usize) -> Query {
+    Query {
+        job: "job".into(),
+        since: None,
+        until: None,
+        limit,
+    }
+}
+
+/// History keeps the newest `keep_ticks` ticks (3 here), a later version of an entry replaces the
+/// earlier, reads are newest first within the limit, and all of it survives a reopen.
+#[tokio::test]
+async fn history_is_bounded_newest_first_and_survives_a_reopen() {
+    let dir = TempDir::new().expect("a temporary directory");
+    let store = open(&dir, 1_000);
+    for tick in 1..=5 {
+        let entries = [
+            entry(tick, "w1", Kind::Run, tick),
+            entry(tick, "w2", Kind::Lost, tick),
+        ];
+        store.record(&entries).await.expect("recorded");
+    }
+    let mut ended = entry(5, "w1", Kind::Run, 9);
+    ended.outcome = Some("success".into());
+    store.record(&[ended.clone()]).await.expect("recorded");
+    drop(store);
+    let store = open(&dir, 1_000);
+    let all = store.history(&query(100)).await.expect("read").value;
+    let ticks: Vec<i64> = all.iter().map(|e| e.tick).collect();
+    assert_eq!(ticks, [5, 5, 4, 4, 3, 3]);
+    assert_eq!(all[0], ended);
+    let three = store.history(&query(3)).await.expect("read").value;
+    let ids: Vec<String> = three.iter().map(Entry::id).collect();
+    assert_eq!(ids, ["5|w1|run", "5|w2|lost", "4|w1|run"]);
+    let mut window = query(100);
+    (window.since, window.until) = (Some(Tick(4)), Some(Tick(4)));
+    assert_eq!(store.history(&window).await.expect("read").value.len(), 2);
+}
+
+fn member(id: &str, state: &str) -> Member {
+    let mut member: Member = serde_json::from_str(&format!(
+        r#"{{"id":"{id}","started_at":"2026-11-23T10:00:00Z"}}"#
+    ))
+    .expect("a member");
+    member.state = state.to_string();
+    member
+}
+
+/// A running announcement is alive, a stopped one is not; both are listed, stamped, after a reopen.
+#[tokio::test]
+async fn members_are_alive_until_they_stop_and_survive_a_reopen() {
+    let dir = TempDir::new().expect("a temporary directory");
+    let store = open(&dir, 1_000);
+    store
+        .announce(&member("b", "running"))
+        .await
+        .expect("announced");
+    store
+        .announce(&member("a", "running"))
+        .await
+        .expect("announced");
+    store
+        .announce(&member("a", "stopped"))
+        .await
+        .expect("announced");
+    drop(store);
+    let members = open(&dir, 1_000).members().await.expect("read").value;
+    let seen: Vec<(&str, bool, bool)> = members
+        .iter()
+        .map(|m| (m.id.as_str(), m.alive, m.seen_at.is_some()))
+        .collect();
+    assert_eq!(seen, [("a", false, true), ("b", true, true)]);
+}
