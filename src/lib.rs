@@ -15,7 +15,7 @@
 //! - [`lock`]: what a claim asks and answers — leases, tick claims, fencing tokens, and the names the
 //!   protocol writes.
 //! - [`store`]: the one seam to where state lives — the Redlock protocol on N Redis nodes, or the
-//!   embedded single-host store — for claims, leases, history and membership.
+//!   embedded single-host store (a SQLite file) — for claims, leases, history and membership.
 //! - [`history`]: each worker's account of each tick (who ran it, how it ended, or why not), and its merge.
 //! - [`membership`]: the workers' announcements and heartbeats.
 //! - [`process`]: the job's child process: spawn, stream its output into the log, stop it (SIGTERM, then

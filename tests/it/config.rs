@@ -682,21 +682,22 @@ fn embedded_path_and_its_default() {
 /// `embedded:` with `redis:` is an error at the `embedded` key, and so is a path that names no file.
 #[test]
 fn embedded_with_redis_or_without_a_file_name_is_rejected() {
-    let both = only_problem(&format!(
-        "redis:\n  nodes: [redis://a:1]\nembedded:\n  path: cron.db\n{JOB}"
-    ));
-    assert!(
-        both.starts_with("jobs.yaml:3:1: embedded: `embedded:` and `redis:` cannot both be given"),
-        "{both}"
-    );
-    let dir = only_problem(&format!("embedded:\n  path: /var/lib/\n{JOB}"));
-    assert!(
-        dir.starts_with("jobs.yaml:2:9: embedded.path: invalid path"),
-        "{dir}"
-    );
-    let unknown = only_problem(&format!("embedded:\n  file: cron.db\n{JOB}"));
-    assert!(
-        unknown.starts_with("jobs.yaml:2:3: embedded.file: unknown field"),
-        "{unknown}"
-    );
+    let cases = [
+        (
+            "redis:\n  nodes: [redis://a:1]\nembedded:\n  path: cron.db\n",
+            "jobs.yaml:3:1: embedded: `embedded:` and `redis:` cannot both be given",
+        ),
+        (
+            "embedded:\n  path: /var/lib/\n",
+            "jobs.yaml:2:9: embedded.path: invalid path",
+        ),
+        (
+            "embedded:\n  file: cron.db\n",
+            "jobs.yaml:2:3: embedded.file: unknown field",
+        ),
+    ];
+    for (section, expected) in cases {
+        let got = only_problem(&format!("{section}{JOB}"));
+        assert!(got.starts_with(expected), "{got}");
+    }
 }

@@ -14,6 +14,7 @@ const MODULES: &[&str] = &[
     "clock",
     "config",
     "deploy",
+    "embedded",
     "history",
     "job_env",
     "lease_stop",

@@ -9,6 +9,7 @@ mod clock;
 mod config;
 mod deploy;
 mod docs;
+mod embedded;
 mod history;
 mod job_env;
 mod lease_stop;

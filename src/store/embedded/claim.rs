@@ -27,6 +27,7 @@ impl EmbeddedStore {
         let owned = requests.to_vec();
         let claimed = self
             .write(move |shared, transaction| {
+                shared.drop_expired_leases(transaction)?;
                 owned
                     .iter()
                     .map(|request| shared.claim(transaction, request))
@@ -104,6 +105,16 @@ impl EmbeddedStore {
 }
 
 impl Shared {
+    /// Deletes the leases that expired (or were taken in another boot), as Redis drops a key after its
+    /// TTL: those of crashed holders with `overlap: allow`, one per tick, would otherwise pile up. The
+    /// table holds the leases still held, so this costs little; expired leases count as absent anyway.
+    fn drop_expired_leases(&self, transaction: &Transaction) -> rusqlite::Result<()> {
+        transaction
+            .prepare_cached("DELETE FROM leases WHERE expires_ns <= ?1 OR boot_id != ?2")?
+            .execute(params![nanos(BootInstant::now()), self.boot_id])?;
+        Ok(())
+    }
+
     /// Both rounds of one claim at once: `ACQUIRE`'s checks, then `CONFIRM`'s writes.
     fn claim(
         &self,

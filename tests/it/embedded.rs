@@ -1,0 +1,235 @@
+//! The embedded store end to end: worker processes of the built binary on a database file with no Redis.
+//!
+//! What the file adds over process memory is what these prove: a restarted worker — even one whose wall
+//! clock stepped back across the restart — runs no tick again and hands out higher tokens; two worker
+//! processes sharing one file run each tick once; history outlives the process that wrote it; and a file
+//! that is not a database stops the worker with an error that names it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use redcron::history::{Entry, Kind, Query};
+use redcron::membership::Member;
+use redcron::schedule::Tick;
+use redcron::store::Store;
+
+use crate::support::{TestDir, Worker};
+use crate::worker::{ledger, ledger_job, tick_time};
+
+/// A config without `redis:`: the database is `redcron.db` beside it. Short leases, as in the other tests.
+fn config(id: &str, jobs: &str) -> String {
+    format!(
+        "lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
+         worker:\n  id: {id}\njobs:\n{jobs}"
+    )
+}
+
+/// Stops `worker` with SIGTERM and asserts a graceful exit (its leases released).
+fn stop(worker: &mut Worker) {
+    worker.signal(libc::SIGTERM);
+    let status = worker
+        .wait_timeout(Duration::from_secs(15))
+        .expect("the worker stops after SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", worker.stderr());
+}
+
+/// Waits until `worker` has logged `count` `run.finished` events.
+fn wait_for_runs(worker: &Worker, count: usize, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    while worker.events("run.finished").len() < count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fewer than {count} runs finished: {:?}",
+            worker.events("run.finished")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Asserts that every (job, tick) of the ledger ran once and that each job's tokens rise with its ticks;
+/// returns each run as (job, tick, token, worker), in tick order.
+fn runs_once_with_rising_tokens(dir: &TestDir) -> Vec<(String, DateTime<Utc>, u64, String)> {
+    let mut runs = Vec::new();
+    for ((job, tick), entries) in ledger(dir) {
+        assert_eq!(
+            entries.len(),
+            1,
+            "{job} {tick} ran {} times: {entries:?}",
+            entries.len()
+        );
+        let (token, worker) = entries[0].clone();
+        runs.push((job, tick_time(&tick), token, worker));
+    }
+    runs.sort_by_key(|(job, tick, _, _)| (job.clone(), *tick));
+    for pair in runs.windows(2) {
+        let [(job, tick, token, _), (next_job, next_tick, next_token, _)] = pair else {
+            continue;
+        };
+        assert!(
+            job != next_job || next_token > token,
+            "{job}: token {next_token} at {next_tick} after {token} at {tick}"
+        );
+    }
+    runs
+}
+
+/// A worker restarted with its wall clock 10 s behind (libfaketime) finds the ticks it already ran
+/// claimed in the database and runs none of them again; once its clock passes them it runs new ticks,
+/// with tokens above every earlier one.
+#[test]
+fn a_restart_with_the_clock_stepped_back_runs_no_tick_twice() {
+    let dir = TestDir::new();
+    let job = ledger_job("stepped", "* * * * * *", &dir.ledger());
+    let mut before = Worker::spawn(dir.write("before.yaml", config("before", &job)), &[]);
+    wait_for_runs(&before, 3, Duration::from_secs(20));
+    stop(&mut before);
+    let first = runs_once_with_rising_tokens(&dir);
+    let (last_tick, last_token) = first
+        .iter()
+        .map(|(_, tick, token, _)| (*tick, *token))
+        .max()
+        .expect("runs before the restart");
+
+    let mut after = Worker::builder(dir.write("after.yaml", config("after", &job)))
+        .faketime("-10s")
+        .spawn();
+    let lost = after
+        .wait_for(Duration::from_secs(15), |e| {
+            e["event"] == "tick.lost" && e["reason"] == "already_claimed"
+        })
+        .expect("the restarted worker meets the ticks it ran before as claimed");
+    assert_eq!(lost["by"], "before", "{lost}");
+    // 10 s until its clock is back where it was, with margins for a loaded machine.
+    wait_for_runs(&after, 2, Duration::from_secs(40));
+    stop(&mut after);
+
+    let runs = runs_once_with_rising_tokens(&dir);
+    let later: Vec<_> = runs.iter().filter(|run| run.3 == "after").collect();
+    assert!(later.len() >= 2, "{runs:?}");
+    for (_, tick, token, _) in later {
+        assert!(*tick > last_tick && *token > last_token, "{runs:?}");
+    }
+}
+
+/// Two worker processes with the same jobs on one database file race every tick: for ~8 s of two jobs
+/// every second (one `overlap: skip`, one `overlap: allow`), each tick runs exactly once, tokens rise, and
+/// both workers took part.
+#[test]
+fn two_workers_on_one_file_run_each_tick_once() {
+    let dir = TestDir::new();
+    let jobs = ledger_job("skip", "* * * * * *", &dir.ledger())
+        + &ledger_job("allow", "* * * * * *", &dir.ledger())
+        + "    overlap: allow\n";
+    let mut workers: Vec<Worker> = ["a", "b"]
+        .into_iter()
+        .map(|id| Worker::spawn(dir.write(format!("{id}.yaml"), config(id, &jobs)), &[]))
+        .collect();
+    for worker in &workers {
+        worker
+            .wait_for_event("worker.started", Duration::from_secs(10))
+            .expect("worker started");
+    }
+    let window_start = Utc::now() + chrono::Duration::seconds(1);
+    std::thread::sleep(Duration::from_secs(9));
+    let window_end = Utc::now() - chrono::Duration::seconds(2);
+    for worker in &mut workers {
+        stop(worker);
+    }
+
+    let runs = runs_once_with_rising_tokens(&dir);
+    let expected = (window_end - window_start).num_seconds();
+    for job in ["skip", "allow"] {
+        let seen = runs
+            .iter()
+            .filter(|(name, tick, _, _)| {
+                name == job && *tick >= window_start && *tick <= window_end
+            })
+            .count();
+        assert!(
+            seen as i64 >= expected,
+            "{job}: {seen} ticks run in a window of {expected} s: {runs:?}"
+        );
+    }
+    for worker in &workers {
+        let raced = |e: &Value| e["event"] == "tick.won" || e["event"] == "tick.lost";
+        let count = worker.logs().iter().filter(|e| raced(e)).count();
+        assert!(
+            count as i64 >= 2 * expected,
+            "a worker raced only {count} ticks"
+        );
+    }
+}
+
+/// History and membership written through the store outlive it: a store opened again on the same file
+/// (a restarted worker, or the command line reading) reads back the entries and the members.
+#[tokio::test]
+async fn history_survives_a_restart() {
+    let dir = TestDir::new();
+    let path = dir.write_config(&config(
+        "h",
+        &ledger_job("nightly", "@daily", &dir.ledger()),
+    ));
+    let config = redcron::config::load(&path).expect("a valid config");
+    let store = Store::open(&config).expect("the store opens");
+    assert_eq!(
+        store.describe(),
+        format!("embedded:{}", dir.join("redcron.db").display())
+    );
+    let mut run = Entry::new("nightly", Tick(2_000), "h", Kind::Run, Utc::now());
+    run.token = Some(2_000_000);
+    let lost = Entry::new("nightly", Tick(2_000), "other", Kind::Lost, Utc::now());
+    let older = Entry::new("nightly", Tick(1_000), "h", Kind::Run, Utc::now());
+    store
+        .record(&[older.clone(), run.clone(), lost.clone()])
+        .await
+        .expect("recorded");
+    let member: Member =
+        serde_json::from_str(r#"{"id":"h","started_at":"2026-11-23T10:00:00Z"}"#).expect("member");
+    store.announce(&member).await.expect("announced");
+    drop(store);
+
+    let store = Store::open(&config).expect("the store opens again");
+    let query = Query {
+        job: "nightly".into(),
+        since: None,
+        until: None,
+        limit: 10,
+    };
+    let read = store.history(&query).await.expect("history read");
+    assert_eq!(read.value, vec![run, lost, older]);
+    assert!(
+        read.missing.is_empty() && read.skipped.is_empty(),
+        "{read:?}"
+    );
+    let members = store.members().await.expect("members read").value;
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert!(
+        members[0].alive && members[0].seen_at.is_some(),
+        "{members:?}"
+    );
+}
+
+/// A database file that is not one stops the worker at start: exit 1, and the error names the file.
+#[test]
+fn a_worker_on_a_file_that_is_no_database_fails_naming_it() {
+    let dir = TestDir::new();
+    let database = dir.write("redcron.db", vec![b'x'; 8192]);
+    let path = dir.write_config(&config(
+        "broken",
+        &ledger_job("j", "* * * * * *", &dir.ledger()),
+    ));
+    let mut worker = Worker::spawn(path, &[]);
+    let status = worker
+        .wait_timeout(Duration::from_secs(10))
+        .expect("the worker exits");
+    assert_eq!(status.code(), Some(1), "{}", worker.stderr());
+    let failed = worker
+        .wait_for_event("worker.failed", Duration::from_secs(5))
+        .expect("worker.failed logged");
+    let error = failed["error"].as_str().unwrap_or_default();
+    let named = format!("embedded store {}: ", database.display());
+    assert!(error.contains(&named), "{failed}");
+    assert!(dir.ledger_lines().is_empty());
+}
