@@ -9,7 +9,7 @@
 //!
 //! One database is one node and one majority, so both rounds of a claim happen in one transaction, with
 //! the rules of the Lua scripts ([`crate::store::redis::scripts`]) and the names of [`crate::lock::keys`]
-//! ([`claim`]); the answers are those a Redis cluster gives in the same situation. Every claim, renewal
+//! (`claim.rs`); the answers are those a Redis cluster gives in the same situation. Every claim, renewal
 //! and release is one `BEGIN IMMEDIATE` transaction, which takes the database's write lock before it
 //! reads, so two processes never decide on the same state. The journal is a write-ahead log (readers
 //! never wait for a writer) with `synchronous = FULL`: a claim is on disk before it is answered, since
@@ -17,7 +17,7 @@
 //!
 //! What survives a restart (of a worker or of the host): the claim records and fencing counters, kept
 //! forever — a restarted worker, even one whose clock stepped back, never runs a claimed tick again, and
-//! its tokens keep rising — and the history and membership ([`history`]). Leases survive a worker's
+//! its tokens keep rising — and the history and membership (`history.rs`). Leases survive a worker's
 //! restart but not the host's: a lease's expiry is a point on `CLOCK_BOOTTIME` ([`crate::clock::boot`]),
 //! which every process of the host shares and which counts a suspend, stored with the boot's id, and a
 //! lease of another boot has expired.
