@@ -30,6 +30,7 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
         warn!(event = "config.warning", "{warning}");
     }
     if new.redis != running.redis
+        || new.embedded != running.embedded
         || new.lock != running.lock
         || new.history != running.history
         || new.worker != running.worker

@@ -77,7 +77,7 @@ fn runs_once_with_rising_tokens(dir: &TestDir) -> Vec<(String, DateTime<Utc>, u6
 
 /// A worker restarted with its wall clock 10 s behind (libfaketime) finds the ticks it already ran
 /// claimed in the database and runs none of them again; once its clock passes them it runs new ticks,
-/// with tokens above every earlier one.
+/// with tokens above every earlier one. The history of both processes' runs outlives them.
 #[test]
 fn a_restart_with_the_clock_stepped_back_runs_no_tick_twice() {
     let dir = TestDir::new();
@@ -111,6 +111,33 @@ fn a_restart_with_the_clock_stepped_back_runs_no_tick_twice() {
     for (_, tick, token, _) in later {
         assert!(*tick > last_tick && *token > last_token, "{runs:?}");
     }
+    // Both processes' history is in the file, read by a third: every run, by its worker, with its token.
+    let history = read_history(&dir.join("after.yaml"), "stepped");
+    for (_, tick, token, worker) in &runs {
+        let found = history.iter().any(|entry| {
+            entry.kind == Kind::Run
+                && entry.tick == tick.timestamp_millis()
+                && entry.token == Some(*token)
+                && &entry.worker == worker
+        });
+        assert!(found, "no run entry for {tick} by {worker}: {history:?}");
+    }
+}
+
+/// The history of `job` as a store opened on `config` reads it.
+fn read_history(config: &std::path::Path, job: &str) -> Vec<Entry> {
+    let config = redcron::config::load(config).expect("a valid config");
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(async {
+        let store = Store::open(&config).expect("the store opens");
+        let query = Query {
+            job: job.into(),
+            since: None,
+            until: None,
+            limit: 1_000,
+        };
+        store.history(&query).await.expect("history read").value
+    })
 }
 
 /// Two worker processes with the same jobs on one database file race every tick: for ~8 s of two jobs
