@@ -54,25 +54,16 @@ impl Agenda {
     /// Each job's first tick: the latest one within its misfire grace (a worker that comes up late still
     /// races for it; the claim stops it if someone ran it), or else the next one.
     ///
-    /// With the embedded store (`remember_claims == false`) there is nobody to ask whether an earlier
-    /// process already ran a recent tick, so only ticks from now on are raced: at most once, even across
-    /// restarts.
-    pub(super) fn new(
-        jobs: Vec<JobConfig>,
-        now: chrono::DateTime<Utc>,
-        remember_claims: bool,
-    ) -> Agenda {
+    /// Every store keeps its claims across restarts (the Redis nodes, the embedded store's file), so a
+    /// restarted worker that races a tick another process already ran finds it claimed.
+    pub(super) fn new(jobs: Vec<JobConfig>, now: chrono::DateTime<Utc>) -> Agenda {
         let mut agenda = Agenda {
             jobs,
             due: BTreeMap::new(),
         };
         let now_tick = Tick(now.timestamp_millis());
         for (index, job) in agenda.jobs.iter().enumerate() {
-            let grace = if remember_claims {
-                chrono::Duration::from_std(job.misfire_grace).unwrap_or_default()
-            } else {
-                chrono::Duration::zero()
-            };
+            let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
             let mut first = job
                 .schedule
                 .next_after(now - grace - chrono::Duration::milliseconds(1));
@@ -238,11 +229,10 @@ mod tests {
             job("allow", Overlap::Allow, 10),
             job("skip", Overlap::Skip, 10),
         ];
-        let mut agenda = Agenda::new(
-            jobs.to_vec(),
-            at(0) + chrono::Duration::milliseconds(500),
-            false,
-        );
+        let start = at(0) + chrono::Duration::milliseconds(500);
+        let mut agenda = Agenda::new(jobs.to_vec(), start);
+        // At start: the ticks within the grace (see `the_first_ticks_after_a_start`); then tick 1 is next.
+        agenda.take_due(start);
         assert_eq!(agenda.next_tick(), Some(tick(1)));
         let taken = agenda
             .take_due(at(3) + chrono::Duration::milliseconds(100))
@@ -258,11 +248,7 @@ mod tests {
     #[test]
     fn ticks_past_the_grace_are_not_raced() {
         let jobs = [job("allow", Overlap::Allow, 2)];
-        let mut agenda = Agenda::new(
-            jobs.to_vec(),
-            at(0) + chrono::Duration::milliseconds(500),
-            false,
-        );
+        let mut agenda = Agenda::new(jobs.to_vec(), at(0) + chrono::Duration::milliseconds(500));
         let taken = agenda
             .take_due(at(5) + chrono::Duration::milliseconds(100))
             .race;
@@ -270,27 +256,19 @@ mod tests {
     }
 
     /// At start, a worker races the ticks within the grace (every one with `allow`, the latest with
-    /// `skip`); with the embedded store, which remembers no claims across restarts, only ticks from now.
+    /// `skip`): every store remembers claims across restarts, so a tick another process ran is found
+    /// claimed.
     #[test]
     fn the_first_ticks_after_a_start() {
         let jobs = [
             job("allow", Overlap::Allow, 2),
             job("skip", Overlap::Skip, 2),
         ];
-        let mut agenda = Agenda::new(
-            jobs.to_vec(),
-            at(10) + chrono::Duration::milliseconds(500),
-            true,
-        );
+        let mut agenda = Agenda::new(jobs.to_vec(), at(10) + chrono::Duration::milliseconds(500));
         let taken = agenda
             .take_due(at(10) + chrono::Duration::milliseconds(500))
             .race;
         assert_eq!(taken, vec![(0, tick(9)), (0, tick(10)), (1, tick(10))]);
-        let agenda = Agenda::new(
-            jobs.to_vec(),
-            at(10) + chrono::Duration::milliseconds(500),
-            false,
-        );
         assert_eq!(agenda.next_tick(), Some(tick(11)));
     }
 
@@ -303,14 +281,14 @@ mod tests {
             job("changed", Overlap::Skip, 10),
             job("gone", Overlap::Skip, 10),
         ];
-        let agenda = Agenda::new(jobs, at(0) + chrono::Duration::milliseconds(500), false);
-        assert_eq!(agenda.next_tick(), Some(tick(1)));
+        let agenda = Agenda::new(jobs, at(0) + chrono::Duration::milliseconds(500));
+        assert_eq!(agenda.next_tick(), Some(tick(0)));
         let reloaded = vec![
             job("kept", Overlap::Skip, 10),
             job("changed", Overlap::Allow, 10),
             job("new", Overlap::Skip, 10),
         ];
-        // The reload comes 2.5 s later: `kept` still waits for tick 1, the others start at tick 3.
+        // The reload comes 2.5 s later: `kept` still waits for tick 0, the others start at tick 3.
         let mut agenda = agenda.reload(reloaded, at(2) + chrono::Duration::milliseconds(500));
         let due = agenda.take_due(at(3));
         let named = |i: usize| agenda.job(i).name.clone();
@@ -321,9 +299,10 @@ mod tests {
             raced,
             vec![(kept.clone(), tick(3)), (changed, tick(3)), (new, tick(3))]
         );
-        // Only `kept` had ticks 1 and 2 pending: superseded by tick 3, not lost without a trace.
+        // Only `kept` had ticks 0 to 2 pending: superseded by tick 3, not lost without a trace.
         let passed: Vec<(String, Tick)> =
             due.passed.iter().map(|(i, t, _)| (named(*i), *t)).collect();
-        assert_eq!(passed, vec![(kept.clone(), tick(1)), (kept, tick(2))]);
+        let pending = [tick(0), tick(1), tick(2)].map(|t| (kept.clone(), t));
+        assert_eq!(passed, pending.to_vec());
     }
 }

@@ -132,7 +132,6 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     // One task per batch of due ticks: it claims them and runs the ones won. The loop itself never waits
     // for Redis, so a slow race (retries, a hung node) cannot delay the next tick of another job.
     let mut races: JoinSet<()> = JoinSet::new();
-    let remember_claims = context.store.is_shared();
     // The first ticks are scheduled on the measured cluster time (or on this host's clock, if the nodes
     // cannot be measured within about a second).
     let clock_task = offset::start(Arc::clone(&context), &config.worker).await;
@@ -143,7 +142,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         config.worker.max_clock_offset,
     );
     let _ = context.sentinel.set(sentinel);
-    let mut agenda = Agenda::new(jobs, clock.now(), remember_claims);
+    let mut agenda = Agenda::new(jobs, clock.now());
 
     loop {
         let wait = agenda.next_tick().map_or(MAX_SLEEP, |next| {
