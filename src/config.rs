@@ -11,7 +11,7 @@
 //! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
 //! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
 //! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, `worker.max_clock_offset` 500ms,
-//! `worker.clock_check_every` 60s, `worker.heartbeat_every` 5s, `history.keep_ticks` 200, `history.missed_lookback` 1h, `embedded.path`
+//! `worker.clock_check_every` 60s, `worker.heartbeat_every` 5s, `worker.listen` none, `history.keep_ticks` 200, `history.missed_lookback` 1h, `embedded.path`
 //! `<key_prefix>.db` in `$STATE_DIRECTORY` or else beside the config file, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
 //! `enabled` true, no timeout, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
 //! see [`crate::lock::renewal_slack`]).
@@ -25,6 +25,7 @@ mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -97,6 +98,9 @@ pub struct WorkerConfig {
     /// How often the worker announces itself to the store (`worker.heartbeat_every`); it counts as dead
     /// after [`crate::membership::HEARTBEATS_MISSED`] missed announcements.
     pub heartbeat_every: Duration,
+    /// Where the worker serves `/metrics`, `/healthz` and `/readyz` (`worker.listen`); `None` (the
+    /// default): no listener. Never port 0.
+    pub listen: Option<SocketAddr>,
 }
 
 /// One job.

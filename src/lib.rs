@@ -18,6 +18,8 @@
 //!   embedded single-host store (a SQLite file) — for claims, leases, history and membership.
 //! - [`history`]: each worker's account of each tick (who ran it, how it ended, or why not), and its merge.
 //! - [`membership`]: the workers' announcements and heartbeats.
+//! - [`metrics`]: the worker's Prometheus metrics, one named function per fact; served with `/healthz`
+//!   and `/readyz` by the worker's optional HTTP listener (`worker.listen`).
 //! - [`process`]: the job's child process: spawn, stream its output into the log, stop it (SIGTERM, then
 //!   SIGKILL after a grace).
 //! - [`worker`]: the daemon: sleep until each tick, race, run the winner's job under a lease watchdog, and
@@ -36,6 +38,7 @@ pub mod history;
 pub mod lock;
 pub mod logging;
 pub mod membership;
+pub mod metrics;
 pub mod process;
 pub mod schedule;
 pub mod shutdown;

@@ -60,6 +60,7 @@ pub(crate) struct RawWorker {
     pub max_clock_offset: Option<Spanned<String>>,
     pub clock_check_every: Option<Spanned<String>>,
     pub heartbeat_every: Option<Spanned<String>>,
+    pub listen: Option<Spanned<String>>,
 }
 
 /// Alert hooks: `alerts:` (the defaults) and each job's own.
@@ -217,6 +218,7 @@ fn read_worker(node: &Node, report: &mut Report) -> Option<RawWorker> {
         max_clock_offset: fields.scalar("max_clock_offset", report),
         clock_check_every: fields.scalar("clock_check_every", report),
         heartbeat_every: fields.scalar("heartbeat_every", report),
+        listen: fields.scalar("listen", report),
     };
     fields.finish(report);
     Some(worker)

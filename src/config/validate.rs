@@ -7,6 +7,7 @@
 //! is wrong is reported and replaced by its default, so the checks after it still run.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -410,7 +411,25 @@ fn worker(raw: &RawWorker, report: &mut Report) -> WorkerConfig {
         max_clock_offset,
         clock_check_every,
         heartbeat_every,
+        listen: listen(raw.listen.as_ref(), report),
     }
+}
+
+/// `worker.listen`: an IP address and a port (`127.0.0.1:9464`, `0.0.0.0:9464`, `[::]:9464`), or none.
+/// A host name is refused rather than resolved: which interface a name lands on is not for a config
+/// check to guess.
+fn listen(value: Option<&Spanned<String>>, report: &mut Report) -> Option<SocketAddr> {
+    let value = value?;
+    let why = match value.value.trim().parse::<SocketAddr>() {
+        Ok(address) if address.port() != 0 => return Some(address),
+        Ok(_) => "port 0 would listen on a random port; name one, e.g. 127.0.0.1:9464",
+        Err(_) => {
+            "expected an IP address and a port, such as 127.0.0.1:9464, 0.0.0.0:9464 or [::]:9464"
+        }
+    };
+    let message = format!("invalid listen address {:?}: {why}", value.value);
+    report.error(value.mark, "worker.listen", message);
+    None
 }
 
 fn is_id_char(c: char) -> bool {

@@ -240,6 +240,7 @@ async fn raise(context: &Context, job: &JobConfig, tick: Tick, claimed_by: Optio
                    claimed_by = claimed_by.as_deref().unwrap_or(""),
                    window_ended_at = %give_up_at(job, tick).to_rfc3339(),
                    "Missed: nobody ran this tick within its window");
+            context.metrics.tick_missed(&job.name);
             let mut entry = context.entry(job, tick, Kind::Missed);
             entry.reason = Some(reason.to_string());
             entry.by = claimed_by;

@@ -9,13 +9,15 @@
 //! Files: `agenda.rs` which ticks are due; `race.rs` the race for a batch and what becomes of each tick;
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
 //! `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
-//! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file. Outside intent
+//! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `http.rs` the
+//! `/metrics`, `/healthz` and `/readyz` listener. Outside intent
 //! (reload, drain, stop) arrives through one [`Control`].
 
 mod agenda;
 mod alerts;
 mod env;
 mod heartbeat;
+mod http;
 mod missed;
 mod offset;
 mod race;
@@ -52,6 +54,11 @@ const MAX_SLEEP: Duration = Duration::from_secs(30);
 pub enum WorkerError {
     #[error("lock store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("cannot listen on {address} (worker.listen): {source}")]
+    Listen {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// What the worker shares with its runs.
@@ -76,6 +83,8 @@ pub(crate) struct Context {
     sentinel: OnceLock<missed::Sentinel>,
     /// The fingerprint of the config in force ([`Config::fingerprint`]), for the heartbeat.
     config_fingerprint: Mutex<String>,
+    /// What `/metrics` serves: each fact is recorded where it is logged.
+    pub(crate) metrics: crate::metrics::Metrics,
 }
 
 /// Runs the worker until `control` asks it to drain and every running job has ended and released its
@@ -95,6 +104,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
              Workers on this host may share it; configure Redis nodes to run workers on several hosts."
         );
     }
+    let listener = http::bind(config.worker.listen).await?;
     let nodes = store.describe();
     let jobs = enabled_jobs(&config);
     info!(
@@ -120,7 +130,9 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         running: Mutex::new(BTreeMap::new()),
         sentinel: OnceLock::new(),
         config_fingerprint: Mutex::new(config.fingerprint()),
+        metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
     });
+    let server = http::Server::start(listener, &context, &config.worker);
     let recorder_task = recorder::start(Arc::clone(&context));
     let heartbeat = heartbeat::Heartbeat::start(
         Arc::clone(&context),
@@ -212,6 +224,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     if let Some(task) = recorder_task {
         let _ = task.await;
     }
+    server.stop().await;
     info!(event = "worker.stopped", "Worker stopped");
     Ok(())
 }
@@ -243,6 +256,10 @@ impl Context {
         reason: Option<&str>,
         by: Option<&str>,
     ) {
+        if kind == Kind::Skipped {
+            let reason = reason.unwrap_or("unknown");
+            self.metrics.tick_skipped(&job.name, reason);
+        }
         let mut entry = self.entry(job, tick, kind);
         entry.reason = reason.map(str::to_string);
         entry.by = by.map(str::to_string);

@@ -114,6 +114,7 @@ impl ClockTask {
         let estimate = match result {
             Ok(estimate) => estimate,
             Err(failure) => {
+                self.context.metrics.clock_unmeasured(&failure);
                 if self.reporter.failed() {
                     let fallback = if clock.is_measured() {
                         "last_offset"
@@ -129,6 +130,7 @@ impl ClockTask {
             }
         };
         clock.set(&estimate);
+        self.context.metrics.clock_measured(&estimate);
         let notes = self.reporter.measured(&estimate, Instant::now());
         let (offset_ms, error_ms) = (millis(estimate.offset_us), millis_up(estimate.error_us));
         if let Some(failed_checks) = notes.recovered {

@@ -86,7 +86,9 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Opt
             pending.into_iter().partition(|p| p.retry_at <= now);
         pending = waiting;
         let requests: Vec<ClaimRequest> = ready.iter().map(|p| p.request.clone()).collect();
+        let claimed_at = std::time::Instant::now();
         let outcomes = context.store.claim_many(&requests).await;
+        context.metrics.claimed(claimed_at.elapsed());
         for (mut p, outcome) in ready.into_iter().zip(outcomes) {
             context.note_other_definition(&p.job, p.request.tick, outcome.other());
             let wait = match &outcome {

@@ -104,6 +104,7 @@ async fn write(context: &Context, batch: Vec<Entry>) {
     };
     tokio::time::sleep(RETRY_AFTER).await;
     if let Err(failure) = context.store.record(&batch).await {
+        context.metrics.history_write_failed();
         warn!(event = "history.write_failed", entries = batch.len() as u64, error = %failure,
               first_error = %first,
               "History entries not written to a majority of nodes: they may be missing from `redcron history`");

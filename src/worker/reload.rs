@@ -19,6 +19,7 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
                 error!(event = "config.reload_failed", why, problem = %problem,
                        "Config not reloaded: the file has a problem; the worker keeps the config it runs");
             }
+            context.metrics.config_reloaded(false);
             if e.problems().is_empty() {
                 error!(event = "config.reload_failed", why, problem = %e,
                        "Config not reloaded: the file could not be read; the worker keeps the config it runs");
@@ -61,6 +62,8 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
             .map(|(n, _)| n)
             .collect(),
     );
+    context.metrics.config_reloaded(true);
+    after.keys().for_each(|job| context.metrics.add_job(job));
     *context
         .config_fingerprint
         .lock()

@@ -26,6 +26,7 @@ use crate::config::JobConfig;
 use crate::history::{Entry, Kind};
 use crate::lock::{renew_when_left, Lease, RenewError};
 use crate::membership::Running;
+use crate::metrics::Metrics;
 use crate::process::{ChildSpec, ExitKind, ProcessError, RunningChild};
 use crate::store::Store;
 
@@ -89,6 +90,9 @@ async fn supervise(
     entry.token = Some(lease.token);
     entry.run_id = Some(run_id.to_string());
     entry.started_at = Some(entry.recorded_at);
+    context
+        .metrics
+        .run_started(&job.name, lease.tick, entry.recorded_at);
     context.recorder.note(entry.clone());
     let run_key = run_id.to_string();
     let running = Running {
@@ -97,7 +101,7 @@ async fn supervise(
         token: lease.token,
     };
     context.set_running(&run_key, Some(running));
-    let mut renewer = Renewer::new(&context.store, lease);
+    let mut renewer = Renewer::new(context, lease);
     let (exit, outcome) = match watch(context, job, &mut child, &mut renewer, started).await {
         Watched::Exited(exit) => {
             let success = matches!(&exit, Ok(kind) if kind.success());
@@ -127,6 +131,9 @@ async fn supervise(
         Err(err) => entry.reason = Some(err.to_string()),
     }
     context.recorder.note(entry.clone());
+    context
+        .metrics
+        .run_finished(&job.name, outcome, started.elapsed());
     match exit {
         Ok(ExitKind::Code(code)) => {
             info!(
@@ -186,6 +193,8 @@ async fn start(
             error = "lease deadline (less stop_grace) passed before the job could start",
             "Lease lost before the job started: not starting it"
         );
+        context.metrics.lease_lost(&job.name);
+        context.metrics.tick_skipped(&job.name, "lease_expired");
         context.store.release(lease).await;
         let mut entry = context.entry(job, lease.tick, Kind::Skipped);
         entry.reason = Some("lease_expired".to_string());
@@ -201,6 +210,10 @@ async fn start(
         Err(err) => {
             error!(event = "run.finished", outcome = Outcome::Failure.as_str(), error = %err, duration_ms = 0u64,
                    "Could not start the job");
+            let failure = Outcome::Failure.as_str();
+            context
+                .metrics
+                .run_finished(&job.name, failure, Duration::ZERO);
             context.store.release(lease).await;
             let mut entry = context.entry(job, lease.tick, Kind::Run);
             entry.token = Some(lease.token);
@@ -245,6 +258,7 @@ async fn watch(
                 error!(event = "lease.expiring", remaining_ms = renewer.lease.remaining().as_millis() as u64,
                        stop_grace_ms = job.stop_grace.as_millis() as u64,
                        "Lease not renewed by stop_grace before its deadline: stopping the job so that it is gone by then");
+                context.metrics.lease_lost(&job.name);
                 return stop(Outcome::LeaseLost);
             }
             () = tokio::time::sleep_until(timeout.unwrap_or(far)), if timeout.is_some() => {
@@ -320,16 +334,19 @@ type Renewing<'a> = Pin<Box<dyn Future<Output = (Lease, Result<(), RenewError>)>
 /// The lease of a run and its renewals: when the next one is due, and the one on its way.
 struct Renewer<'a> {
     store: &'a Store,
+    metrics: &'a Metrics,
     lease: Lease,
     next_at: LeaseInstant,
     in_flight: Option<Renewing<'a>>,
 }
 
 impl<'a> Renewer<'a> {
-    fn new(store: &'a Store, lease: Lease) -> Renewer<'a> {
+    fn new(context: &'a Context, lease: Lease) -> Renewer<'a> {
+        let (store, metrics) = (&context.store, &context.metrics);
         let next_at = on_schedule(store, &lease);
         Renewer {
             store,
+            metrics,
             lease,
             next_at,
             in_flight: None,
@@ -365,11 +382,13 @@ impl<'a> Renewer<'a> {
                 let remaining = self.lease.remaining();
                 warn!(event = "lease.renew_failed", error = %failure, remaining_ms = remaining.as_millis() as u64,
                       "Renewal not confirmed by a majority; retrying until the lease's deadline");
+                self.metrics.lease_renew_failed(&self.lease.job);
                 self.next_at = lease_now() + (remaining / 4).max(Duration::from_millis(20));
                 Renewal::Unconfirmed
             }
             Err(lost) => {
                 error!(event = "lease.lost", error = %lost, "Lease lost: the job is stopped");
+                self.metrics.lease_lost(&self.lease.job);
                 Renewal::Lost
             }
         }

@@ -1,0 +1,248 @@
+//! The worker's HTTP listener (`worker.listen`, off by default): `/metrics`, `/healthz`, `/readyz`.
+//!
+//! Served by axum on hyper — the tokio project's HTTP stack, so no HTTP is parsed here — in the worker's
+//! own runtime. The address is bound before the worker starts, so a port in use stops it at once with an
+//! error naming the address. The listener answers until the worker has stopped: while running jobs drain
+//! after a shutdown request, `/metrics` still shows them end and `/readyz` says the worker is shutting
+//! down. What is ready is decided by [`verdict`], which is pure, so its rules are tested without nodes:
+//! - `/healthz`: 200 while the process runs (its runtime answers).
+//! - `/readyz`: 200 when a majority of the store's nodes answers `TIME` now (one read, as the clock
+//!   check makes; the embedded store is always there), this host's offset to their clocks is within
+//!   `worker.max_clock_offset`, and no shutdown was requested — the config is loaded, as the worker
+//!   runs. Otherwise 503, with the reason in one line.
+//! - `/metrics`: [`crate::metrics::Metrics::encode`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{Context, WorkerError};
+use crate::clock::cluster::{estimate, Estimate, Readings, TooFewSamples};
+use crate::config::{show_duration, WorkerConfig};
+use crate::metrics::Metrics;
+
+/// The longest a `/readyz` waits for the nodes (each is bounded by `lock.node_timeout` already).
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long requests under way may take to finish once the worker has stopped.
+const STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// Binds `address`, if any; a failure (the port is taken, the address is not this host's) names it.
+pub(super) async fn bind(address: Option<SocketAddr>) -> Result<Option<TcpListener>, WorkerError> {
+    let Some(address) = address else {
+        return Ok(None);
+    };
+    match TcpListener::bind(address).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(source) => Err(WorkerError::Listen { address, source }),
+    }
+}
+
+/// The listener's task, if `worker.listen` is set.
+pub(super) struct Server {
+    serving: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+/// What the handlers read.
+struct Probe {
+    context: Arc<Context>,
+    max_clock_offset: Duration,
+}
+
+impl Server {
+    /// Serves on `listener` (bound by [`bind`]) until [`Server::stop`].
+    pub(super) fn start(
+        listener: Option<TcpListener>,
+        context: &Arc<Context>,
+        worker: &WorkerConfig,
+    ) -> Server {
+        let Some(listener) = listener else {
+            return Server { serving: None };
+        };
+        let address = listener
+            .local_addr()
+            .map_or_else(|e| e.to_string(), |a| a.to_string());
+        info!(event = "worker.listening", address = %address,
+              "Serving /metrics, /healthz and /readyz");
+        let probe = Arc::new(Probe {
+            context: Arc::clone(context),
+            max_clock_offset: worker.max_clock_offset,
+        });
+        let router = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .with_state(probe);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone().cancelled_owned();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, router).with_graceful_shutdown(stopped);
+            if let Err(error) = serve.await {
+                warn!(event = "worker.listener_failed", address = %address, error = %error,
+                      "The metrics and health listener stopped; the worker goes on without it");
+            }
+        });
+        Server {
+            serving: Some((stop, task)),
+        }
+    }
+
+    /// Stops listening; requests under way get [`STOP_GRACE`] to finish.
+    pub(super) async fn stop(self) {
+        let Some((stop, mut task)) = self.serving else {
+            return;
+        };
+        stop.cancel();
+        if tokio::time::timeout(STOP_GRACE, &mut task).await.is_err() {
+            task.abort();
+        }
+    }
+}
+
+async fn metrics(State(probe): State<Arc<Probe>>) -> impl IntoResponse {
+    let text = probe.context.metrics.encode();
+    ([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], text)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(probe): State<Arc<Probe>>) -> (StatusCode, String) {
+    let context = &probe.context;
+    let readings = if context.shutdown.is_requested() {
+        None
+    } else {
+        match tokio::time::timeout(READY_TIMEOUT, context.store.read_clocks()).await {
+            Ok(readings) => readings.map(Ok),
+            Err(_) => Some(Err(())),
+        }
+    };
+    let shutting_down = context.shutdown.is_requested();
+    match verdict(shutting_down, readings, probe.max_clock_offset) {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+    }
+}
+
+/// Whether the worker is ready, or why not (one line): `readings` of the nodes' clocks (`None`: the
+/// embedded store, or a shutdown; `Err`: no answer within [`READY_TIMEOUT`]).
+fn verdict(
+    shutting_down: bool,
+    readings: Option<Result<Readings, ()>>,
+    max_clock_offset: Duration,
+) -> Result<(), String> {
+    if shutting_down {
+        return Err("shutting down: no new ticks are taken".to_string());
+    }
+    let readings = match readings {
+        None => return Ok(()),
+        Some(Ok(readings)) => readings,
+        Some(Err(())) => {
+            let waited = show_duration(READY_TIMEOUT);
+            return Err(format!(
+                "the store's nodes did not answer TIME within {waited}"
+            ));
+        }
+    };
+    let Estimate { offset_us, .. } = estimate(&readings.samples, readings.configured)
+        .map_err(|too_few| no_majority(too_few, &readings))?;
+    let offset = Duration::from_micros(offset_us.unsigned_abs());
+    if offset > max_clock_offset {
+        return Err(format!(
+            "clock offset {}{} to the store's nodes is above worker.max_clock_offset ({})",
+            if offset_us < 0 { "-" } else { "" },
+            show_duration(offset),
+            show_duration(max_clock_offset)
+        ));
+    }
+    Ok(())
+}
+
+fn no_majority(too_few: TooFewSamples, readings: &Readings) -> String {
+    let failures: Vec<String> = readings
+        .failures
+        .iter()
+        .map(|(node, why)| format!("{node}: {}", why.replace(['\r', '\n'], " ")))
+        .collect();
+    format!(
+        "no majority of the store's nodes answers: {too_few} ({})",
+        failures.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::cluster::{wall_now_us, Sample};
+
+    /// Readings in which the nodes `answering` (of 3) are `offset_ms` ahead of this host.
+    fn readings(answering: &[usize], offset_ms: i64) -> Option<Result<Readings, ()>> {
+        let samples = answering
+            .iter()
+            .map(|&node| Sample {
+                node,
+                sent_us: wall_now_us(),
+                rtt: Duration::ZERO,
+                node_us: wall_now_us() + offset_ms * 1000,
+            })
+            .collect();
+        let failures = (0..3)
+            .filter(|node| !answering.contains(node))
+            .map(|node| {
+                (
+                    format!("127.0.0.1:700{node}"),
+                    "timed out\nafter 50ms".to_string(),
+                )
+            })
+            .collect();
+        Some(Ok(Readings {
+            configured: 3,
+            samples,
+            failures,
+        }))
+    }
+
+    #[test]
+    fn ready_with_a_majority_within_the_offset() {
+        let max = Duration::from_millis(500);
+        assert_eq!(verdict(false, readings(&[0, 1, 2], 0), max), Ok(()));
+        assert_eq!(verdict(false, readings(&[0, 2], 100), max), Ok(()));
+        assert_eq!(verdict(false, None, max), Ok(()), "the embedded store");
+    }
+
+    #[test]
+    fn not_ready_says_why_in_one_line() {
+        let max = Duration::from_millis(500);
+        let no_majority = verdict(false, readings(&[2], 0), max).expect_err("one of three");
+        assert!(
+            no_majority.starts_with("no majority of the store's nodes answers: 1 of 3"),
+            "{no_majority}"
+        );
+        assert!(
+            no_majority.contains("127.0.0.1:7000: timed out after 50ms"),
+            "{no_majority}"
+        );
+        let far = verdict(false, readings(&[0, 1, 2], -2000), max).expect_err("2 s off");
+        assert!(far.starts_with("clock offset -"), "{far}");
+        assert!(
+            far.ends_with("above worker.max_clock_offset (500ms)"),
+            "{far}"
+        );
+        let silent = verdict(false, Some(Err(())), max).expect_err("no answer");
+        assert!(silent.contains("did not answer"), "{silent}");
+        let stopping = verdict(true, readings(&[0, 1, 2], 0), max).expect_err("shutting down");
+        assert!(stopping.starts_with("shutting down"), "{stopping}");
+        for reason in [no_majority, far, silent, stopping] {
+            assert!(!reason.contains('\n'), "{reason:?}");
+        }
+    }
+}
