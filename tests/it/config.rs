@@ -569,6 +569,31 @@ fn empty_and_missing_files() {
     );
 }
 
+/// `worker.listen`: off by default; an IP address and a port; anything else names the line and field.
+#[test]
+fn listen_address() {
+    assert_eq!(ok(JOB).worker.listen, None);
+    for address in ["127.0.0.1:9464", "0.0.0.0:9464", "[::]:9464"] {
+        let config = ok(&format!("worker:\n  listen: \"{address}\"\n{JOB}"));
+        assert_eq!(
+            config.worker.listen,
+            Some(address.parse().expect("an address"))
+        );
+    }
+    let got = only_problem(&format!("worker:\n  listen: localhost:9464\n{JOB}"));
+    assert!(
+        got.starts_with("jobs.yaml:2:11: worker.listen: invalid listen address \"localhost:9464\": expected an IP address and a port"),
+        "{got}"
+    );
+    let got = only_problem(&format!("worker:\n  listen: 127.0.0.1:0\n{JOB}"));
+    assert!(
+        got.contains("port 0 would listen on a random port"),
+        "{got}"
+    );
+    let got = only_problem(&format!("worker:\n  listen: 9464\n{JOB}"));
+    assert!(got.starts_with("jobs.yaml:2:11: worker.listen:"), "{got}");
+}
+
 /// `history:` and `worker.heartbeat_every`: defaults when absent; bad values name the line and field.
 #[test]
 fn history_and_heartbeat_settings() {

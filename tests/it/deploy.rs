@@ -262,6 +262,102 @@ fn redis_nodes_use_the_persistence_the_protocol_requires() {
     );
 }
 
+/// Kubernetes probes the workers' `/healthz` (liveness) and `/readyz` (readiness) on the port the jobs
+/// ConfigMap makes them listen on; deploy/prometheus/ loads its alert rules, keeps redcron's own `job`
+/// label, and every rule is well formed, covers the alerts an operator needs, and names only metrics that
+/// the worker exports.
+#[test]
+fn probes_and_alert_rules_match_what_the_worker_serves() {
+    let config_map = &yaml_documents(&deploy_dir().join("kubernetes/jobs-configmap.yaml"))[0];
+    let kube_jobs = jobs(
+        config_map["data"]["jobs.yaml"]
+            .as_str()
+            .expect("data.jobs.yaml"),
+    );
+    let listen = kube_jobs
+        .worker
+        .listen
+        .expect("the ConfigMap sets worker.listen");
+    let deployment = &yaml_documents(&deploy_dir().join("kubernetes/worker-deployment.yaml"))[0];
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let ports = container["ports"].as_vec().expect("container ports");
+    let metrics_port = ports
+        .iter()
+        .find(|port| port["name"].as_str() == Some("metrics"))
+        .expect("a port named metrics");
+    assert_eq!(
+        metrics_port["containerPort"].as_i64(),
+        Some(i64::from(listen.port()))
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"].as_str(), Some(path), "{probe}");
+        assert_eq!(get["port"].as_str(), Some("metrics"), "{probe}");
+    }
+
+    let prometheus = &yaml_documents(&deploy_dir().join("prometheus/prometheus.yml"))[0];
+    let rule_files = prometheus["rule_files"].as_vec().expect("rule_files");
+    assert_eq!(rule_files, &vec![Yaml::String("alerts.yml".to_owned())]);
+    let scrape = &prometheus["scrape_configs"][0];
+    assert_eq!(scrape["job_name"].as_str(), Some("redcron"));
+    assert_eq!(scrape["honor_labels"].as_bool(), Some(true));
+
+    // Every metric name the worker exports, with the suffixes of its type.
+    let exported = redcron::metrics::Metrics::new(["job"]).encode();
+    let families = prometheus_parse::Scrape::parse(exported.lines().map(|l| Ok(l.to_owned())))
+        .expect("the worker's metrics parse")
+        .docs;
+    let names: BTreeSet<String> = families
+        .keys()
+        .flat_map(|family| {
+            ["", "_total", "_bucket", "_sum", "_count"].map(|suffix| format!("{family}{suffix}"))
+        })
+        .collect();
+    let alerts = &yaml_documents(&deploy_dir().join("prometheus/alerts.yml"))[0];
+    let rules = alerts["groups"][0]["rules"]
+        .as_vec()
+        .expect("groups[0].rules");
+    let mut alert_names = BTreeSet::new();
+    for rule in rules {
+        let alert = rule["alert"].as_str().expect("every rule is an alert");
+        let expr = rule["expr"].as_str().expect("expr");
+        if let Err(error) = promql_parser::parser::parse(expr) {
+            panic!("{alert}: expr is not PromQL: {error}\n{expr}");
+        }
+        let severity = rule["labels"]["severity"].as_str();
+        assert!(
+            matches!(severity, Some("warning" | "critical")),
+            "{alert}: {severity:?}"
+        );
+        assert!(
+            rule["annotations"]["summary"].as_str().is_some(),
+            "{alert}: summary"
+        );
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("redcron_") {
+                assert!(
+                    names.contains(word),
+                    "{alert}: the worker exports no {word}"
+                );
+            }
+        }
+        alert_names.insert(alert.to_owned());
+    }
+    for needed in [
+        "RedcronJobFailing",
+        "RedcronTicksMissed",
+        "RedcronNoQuorum",
+        "RedcronStoreNodeDown",
+        "RedcronClockOffsetHigh",
+        "RedcronNoLiveWorker",
+    ] {
+        assert!(
+            alert_names.contains(needed),
+            "no {needed} in {alert_names:?}"
+        );
+    }
+}
+
 /// Each recipe gives a stopping worker longer than its `shutdown_grace` plus its jobs' `stop_grace`
 /// before SIGKILL, so that running jobs can finish (or be stopped) and leases are released; and the jobs
 /// files parse with the variables each recipe sets.

@@ -19,6 +19,7 @@ const MODULES: &[&str] = &[
     "job_env",
     "lease_stop",
     "lock",
+    "metrics",
     "model",
     "reload",
     "schedule",

@@ -14,6 +14,7 @@ mod history;
 mod job_env;
 mod lease_stop;
 mod lock;
+mod metrics;
 mod model;
 mod reload;
 mod schedule;

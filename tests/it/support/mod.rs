@@ -111,6 +111,15 @@ impl Drop for TestDir {
     }
 }
 
+/// A loopback port that was free a moment ago (the caller retries if someone else takes it first).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
+    listener
+        .local_addr()
+        .expect("a bound socket has an address")
+        .port()
+}
+
 /// Panics unless `program` is on PATH, saying which Debian package provides it.
 pub fn require_program(program: &str, package: &str) {
     let found = std::env::var_os("PATH")

@@ -278,7 +278,7 @@ impl RedisCluster {
 
     fn start_on_free_port(&mut self, i: usize) {
         for _ in 0..5 {
-            self.nodes[i].port = free_port();
+            self.nodes[i].port = super::free_port();
             match self.try_start(i) {
                 Ok(()) => return,
                 Err(log) if log.contains("Address already in use") => continue,
@@ -397,15 +397,6 @@ fn make_certificate(dir: &std::path::Path) {
         status.success(),
         "openssl could not make a test certificate"
     );
-}
-
-/// A port that was free a moment ago (the caller retries if someone else takes it first).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
-    listener
-        .local_addr()
-        .expect("a bound socket has an address")
-        .port()
 }
 
 /// Whether the server at `url` answers PING (not LOADING, not silence) within `timeout`.
