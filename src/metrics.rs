@@ -171,7 +171,7 @@ impl Metrics {
         let last_success = Family::default();
         registry.register_with_unit(
             "redcron_last_success_timestamp",
-            "When this worker last ended a run of the job successfully (Unix time, cluster clock)",
+            "When this worker last ended a run of the job successfully (Unix time, this host's clock)",
             Unit::Seconds,
             last_success.clone(),
         );
@@ -213,7 +213,8 @@ impl Metrics {
         metrics
     }
 
-    /// Starts the counters of `job` at zero (runs by outcome, misses, lease failures).
+    /// Starts the counters of `job` at zero (runs by outcome, misses, lease failures); for the jobs of
+    /// the config at start and of each reload.
     pub fn add_job(&self, job: &str) {
         for outcome in OUTCOMES {
             let _ = self.runs.get_or_create(&run(job, outcome));

@@ -15,11 +15,11 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
     let new = match crate::config::load(&running.path) {
         Ok(new) => new,
         Err(e) => {
+            context.metrics.config_reloaded(false);
             for problem in e.problems() {
                 error!(event = "config.reload_failed", why, problem = %problem,
                        "Config not reloaded: the file has a problem; the worker keeps the config it runs");
             }
-            context.metrics.config_reloaded(false);
             if e.problems().is_empty() {
                 error!(event = "config.reload_failed", why, problem = %e,
                        "Config not reloaded: the file could not be read; the worker keeps the config it runs");

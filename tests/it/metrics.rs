@@ -267,6 +267,57 @@ fn the_listener_answers_until_the_worker_has_stopped() {
     );
 }
 
+/// `redcron_config_reloads_total` counts each reload by result — a file with a problem as `failure`, a
+/// good one as `success` — and the counters of a job added by the reload start at zero.
+#[test]
+fn reloads_are_counted_by_result() {
+    let dir = TestDir::new();
+    let job = |name: &str| {
+        format!("  - name: {name}\n    schedule: \"* * * * * *\"\n    command: 'true'\n")
+    };
+    let path = dir.join("w.yaml");
+    let (worker, port) = listening_worker(&dir, "w", |port| {
+        format!("worker:\n  listen: 127.0.0.1:{port}\njobs:\n{}", job("a"))
+    });
+    let yaml = std::fs::read_to_string(&path).expect("the worker's config");
+    // Replaced by rename, as an editor does, so that the worker never reads half a file.
+    let replace = |text: String| {
+        let temp = dir.write("w.yaml.tmp", text);
+        std::fs::rename(temp, &path).expect("rename");
+    };
+    let timeout = Duration::from_secs(30);
+    replace(format!("{yaml}    colour: blue\n"));
+    worker
+        .wait_for_event("config.reload_failed", timeout)
+        .expect("the broken file is refused");
+    replace(format!("{yaml}{}", job("b")));
+    worker
+        .wait_for_event("config.reloaded", timeout)
+        .expect("the good file is reloaded");
+
+    let metrics = scrape(port);
+    let reloads = |result| {
+        value(
+            &metrics,
+            "redcron_config_reloads_total",
+            &[("result", result)],
+        )
+    };
+    let failed = worker.events("config.reload_failed").len() as f64;
+    let reloaded = worker.events("config.reloaded").len() as f64;
+    assert_eq!(
+        (reloads("failure"), reloads("success")),
+        (Some(failed), Some(reloaded))
+    );
+    assert_eq!(
+        (failed, reloaded),
+        (1.0, 1.0),
+        "one reload per version of the file"
+    );
+    let labels = [("job", "b"), ("outcome", "failure")];
+    assert_eq!(value(&metrics, "redcron_runs_total", &labels), Some(0.0));
+}
+
 /// A `worker.listen` port that another process holds: the worker exits 1 and names the address.
 #[test]
 fn a_port_in_use_stops_the_worker() {
