@@ -97,118 +97,101 @@ impl Metrics {
     /// failures) and the config reloads start at zero, so that an alert on their increase sees the
     /// first one.
     pub fn new<'a>(jobs: impl IntoIterator<Item = &'a str>) -> Metrics {
-        let mut registry = Registry::default();
-        let runs = Family::default();
-        registry.register(
+        let mut metrics = Metrics {
+            registry: Registry::default(),
+            runs: Family::default(),
+            run_duration: Family::new_with_constructor(|| Histogram::new(RUN_BUCKETS)),
+            schedule_lag: Family::new_with_constructor(|| Histogram::new(LAG_BUCKETS)),
+            ticks_skipped: Family::default(),
+            ticks_missed: Family::default(),
+            lease_renew_failures: Family::default(),
+            lease_lost: Family::default(),
+            claim_duration: Histogram::new(CLAIM_BUCKETS),
+            store_nodes_up: Gauge::default(),
+            store_nodes_configured: Gauge::default(),
+            clock_offset: Seconds::default(),
+            last_success: Family::default(),
+            config_reloads: Family::default(),
+            history_write_failures: Counter::default(),
+        };
+        let (m, seconds) = (&mut metrics, Unit::Seconds);
+        let r = &mut m.registry;
+        r.register(
             "redcron_runs",
             "Runs this worker ran, by job and outcome",
-            runs.clone(),
+            m.runs.clone(),
         );
-        let run_duration: Histograms = Family::new_with_constructor(|| Histogram::new(RUN_BUCKETS));
-        registry.register_with_unit(
+        let help = "How long runs took, from the child's start to its end";
+        r.register_with_unit(
             "redcron_run_duration",
-            "How long runs took, from the child's start to its end",
-            Unit::Seconds,
-            run_duration.clone(),
+            help,
+            seconds.clone(),
+            m.run_duration.clone(),
         );
-        let schedule_lag: Histograms = Family::new_with_constructor(|| Histogram::new(LAG_BUCKETS));
-        registry.register_with_unit(
+        let help = "From a tick (cluster time) to the start of its run on this worker";
+        r.register_with_unit(
             "redcron_schedule_lag",
-            "From a tick (cluster time) to the start of its run on this worker",
-            Unit::Seconds,
-            schedule_lag.clone(),
+            help,
+            seconds.clone(),
+            m.schedule_lag.clone(),
         );
-        let ticks_skipped = Family::default();
-        registry.register(
-            "redcron_ticks_skipped",
-            "Ticks this worker recorded as skipped, by job and reason (as in the run history)",
-            ticks_skipped.clone(),
-        );
-        let ticks_missed = Family::default();
-        registry.register(
-            "redcron_ticks_missed",
-            "Ticks nobody ran, counted by the one worker that raised tick.missed",
-            ticks_missed.clone(),
-        );
-        let lease_renew_failures = Family::default();
-        registry.register(
+        let help =
+            "Ticks this worker recorded as skipped, by job and reason (as in the run history)";
+        r.register("redcron_ticks_skipped", help, m.ticks_skipped.clone());
+        let help = "Ticks nobody ran, counted by the one worker that raised tick.missed";
+        r.register("redcron_ticks_missed", help, m.ticks_missed.clone());
+        let help = "Lease renewals that a majority did not confirm (retried until the deadline)";
+        r.register(
             "redcron_lease_renew_failures",
-            "Lease renewals that a majority did not confirm (retried until the deadline)",
-            lease_renew_failures.clone(),
+            help,
+            m.lease_renew_failures.clone(),
         );
-        let lease_lost = Family::default();
-        registry.register(
-            "redcron_lease_lost",
-            "Leases lost: a run stopped, or not started, because its lease was gone or expiring",
-            lease_lost.clone(),
-        );
-        let claim_duration = Histogram::new(CLAIM_BUCKETS);
-        registry.register_with_unit(
+        let help =
+            "Leases lost: a run stopped, or not started, because its lease was gone or expiring";
+        r.register("redcron_lease_lost", help, m.lease_lost.clone());
+        let help =
+            "How long one claim of the ticks due at one instant took (both rounds, every node)";
+        r.register_with_unit(
             "redcron_claim_duration",
-            "How long one claim of a batch of due ticks took (both protocol rounds, on every node)",
-            Unit::Seconds,
-            claim_duration.clone(),
+            help,
+            seconds.clone(),
+            m.claim_duration.clone(),
         );
-        let store_nodes_up = Gauge::default();
-        registry.register(
-            "redcron_store_nodes_up",
-            "Store nodes that answered the last clock check (0 with the embedded store)",
-            store_nodes_up.clone(),
-        );
-        let store_nodes_configured = Gauge::default();
-        registry.register(
+        let help = "Store nodes that answered the last clock check (0 with the embedded store)";
+        r.register("redcron_store_nodes_up", help, m.store_nodes_up.clone());
+        let help = "Store nodes configured (0 with the embedded store)";
+        r.register(
             "redcron_store_nodes_configured",
-            "Store nodes configured (0 with the embedded store)",
-            store_nodes_configured.clone(),
+            help,
+            m.store_nodes_configured.clone(),
         );
-        let clock_offset = Seconds::default();
-        registry.register_with_unit(
+        let help = "The store nodes' clock minus this host's, at the last good clock check";
+        r.register_with_unit(
             "redcron_clock_offset",
-            "The store nodes' clock minus this host's, at the last good clock check",
-            Unit::Seconds,
-            clock_offset.clone(),
+            help,
+            seconds.clone(),
+            m.clock_offset.clone(),
         );
-        let last_success = Family::default();
-        registry.register_with_unit(
+        let help = "When this worker last ended a run of the job successfully (Unix time, this host's clock)";
+        r.register_with_unit(
             "redcron_last_success_timestamp",
-            "When this worker last ended a run of the job successfully (Unix time, this host's clock)",
-            Unit::Seconds,
-            last_success.clone(),
+            help,
+            seconds,
+            m.last_success.clone(),
         );
-        let config_reloads = Family::default();
-        registry.register(
-            "redcron_config_reloads",
-            "Config reloads, by result (success, failure)",
-            config_reloads.clone(),
-        );
-        let history_write_failures = Counter::default();
-        registry.register(
+        let help = "Config reloads, by result (success, failure)";
+        r.register("redcron_config_reloads", help, m.config_reloads.clone());
+        let help = "History writes that a majority of the nodes did not take, after a retry";
+        r.register(
             "redcron_history_write_failures",
-            "History writes that a majority of the nodes did not take, after a retry",
-            history_write_failures.clone(),
+            help,
+            m.history_write_failures.clone(),
         );
         for result in ["success", "failure"] {
-            let _ = config_reloads.get_or_create(&ResultLabel {
+            let _ = metrics.config_reloads.get_or_create(&ResultLabel {
                 result: result.to_string(),
             });
         }
-        let metrics = Metrics {
-            registry,
-            runs,
-            run_duration,
-            schedule_lag,
-            ticks_skipped,
-            ticks_missed,
-            lease_renew_failures,
-            lease_lost,
-            claim_duration,
-            store_nodes_up,
-            store_nodes_configured,
-            clock_offset,
-            last_success,
-            config_reloads,
-            history_write_failures,
-        };
         jobs.into_iter().for_each(|job| metrics.add_job(job));
         metrics
     }
