@@ -81,6 +81,10 @@ const SCAN_STEP_SECS: i64 = 6 * 3600;
 /// Bound on the steps of one search (offset changes crossed plus repeated wall-clock times skipped).
 const MAX_STEPS: usize = 100_000;
 
+/// How far back [`Schedule::last_at_or_before`] looks: well beyond the longest gap of an expression that
+/// fires at all (`0 0 29 2 *` can be 8 years apart, 2096 to 2104).
+const LOOK_BACK_LIMIT: chrono::Duration = chrono::Duration::days(50 * 366);
+
 /// A job's schedule: a cron expression in a time zone.
 ///
 /// Expressions have 5 fields (`minute hour day-of-month month day-of-week`, firing at second 0), or 6
@@ -196,6 +200,38 @@ impl Schedule {
     pub fn ticks_after(&self, after: DateTime<Utc>) -> impl Iterator<Item = Tick> + '_ {
         let first = self.next_after(after);
         std::iter::successors(first, move |tick| self.next_after(tick.to_utc()))
+    }
+
+    /// The last fire time at or before `at`, or `None` if there is none in the 50 years before it.
+    ///
+    /// A bisection over [`Schedule::next_after`] (about 60 calls), so a sparse schedule costs no more
+    /// than a dense one.
+    pub fn last_at_or_before(&self, at: DateTime<Utc>) -> Option<Tick> {
+        let target = Tick(at.timestamp_millis());
+        let fires_by_target =
+            |from: DateTime<Utc>| self.next_after(from).is_some_and(|t| t <= target);
+        // Find `low` with a tick in (low, at]: look back 1 s, 2 s, 4 s, … up to the bound.
+        let mut window = chrono::Duration::seconds(1);
+        let mut low = at.checked_sub_signed(window)?;
+        while !fires_by_target(low) {
+            if window > LOOK_BACK_LIMIT {
+                return None;
+            }
+            window = window * 2;
+            low = at.checked_sub_signed(window)?;
+        }
+        // Invariant: a tick in (low, at], none in (high, at]. Ticks fall on whole seconds, so once the
+        // two are a second apart the first tick after `low` is the last one by `at`.
+        let mut high = at;
+        while high - low > chrono::Duration::seconds(1) {
+            let middle = low + (high - low) / 2;
+            if fires_by_target(middle) {
+                low = middle;
+            } else {
+                high = middle;
+            }
+        }
+        self.next_after(low)
     }
 
     /// The tick as a date-time in this schedule's time zone.

@@ -456,3 +456,49 @@ fn elapsed_time_follows_the_hour_field() {
         assert!(!schedule(expr, BERLIN).follows_elapsed_time(), "{expr}");
     }
 }
+
+/// `last_at_or_before` is the inverse of `next_after`: the tick itself when `at` is one, else the one
+/// before; dense, sparse and DST-shifted schedules alike, and `None` for one that never fired.
+#[test]
+fn last_at_or_before_finds_the_previous_tick() {
+    let last = |expr: &str, tz: Tz, when: &str| {
+        let schedule = schedule(expr, tz);
+        schedule
+            .last_at_or_before(at(when))
+            .map(|t| schedule.format_tick(t))
+    };
+    let some = |s: &str| Some(s.to_string());
+    assert_eq!(
+        last("* * * * * *", BERLIN, "2026-03-01T10:00:00.500Z"),
+        some("2026-03-01T11:00:00+01:00")
+    );
+    assert_eq!(
+        last("*/5 * * * *", Tz::UTC, "2026-03-01T10:05:00Z"),
+        some("2026-03-01T10:05:00+00:00")
+    );
+    assert_eq!(
+        last("*/5 * * * *", Tz::UTC, "2026-03-01T10:04:59.999Z"),
+        some("2026-03-01T10:00:00+00:00")
+    );
+    assert_eq!(
+        last("0 0 1 1 *", Tz::UTC, "2026-12-31T23:59:59Z"),
+        some("2026-01-01T00:00:00+00:00")
+    );
+    // The skipped 02:30 of the spring-forward night fires at 03:00 CEST (see the DST rule).
+    assert_eq!(
+        last("30 2 * * *", BERLIN, "2026-03-29T03:10:00+02:00"),
+        some("2026-03-29T03:00:00+02:00")
+    );
+    assert_eq!(
+        last("0 0 29 2 *", Tz::UTC, "2028-02-28T00:00:00Z"),
+        some("2024-02-29T00:00:00+00:00")
+    );
+    // The same instants as `next_after` finds, going the other way.
+    let every = schedule("7,13 */3 * * *", NEW_YORK);
+    for tick in every.ticks_after(at("2026-11-01T00:00:00Z")).take(40) {
+        assert_eq!(every.last_at_or_before(tick.to_utc()), Some(tick));
+        let before = tick.to_utc() - chrono::Duration::milliseconds(1);
+        let previous = every.last_at_or_before(before).expect("an earlier tick");
+        assert_eq!(every.next_after(previous.to_utc()), Some(tick));
+    }
+}
