@@ -1,9 +1,20 @@
-//! The command line: `run`, `check` and `next`, the log options, and the exit codes.
+//! The command line: `run`, `check` and `next`, the log options, and the exit codes; the commands that read
+//! the store — `status`, `history`, `explain` — each in a module of its own under `cli/`.
 //!
 //! Kept out of `main.rs` so that the binary stays a few lines and the flags live next to what they do.
 //! Everything the operator needs is here: `--help` documents each flag and the exit codes, `check`
 //! reports every problem of a config file at once, and `next` shows exactly which instants a job fires
 //! at (in its own time zone) — the quickest way to see the DST rule at work.
+
+mod explain;
+mod history;
+mod read;
+mod render;
+mod status;
+
+pub use self::explain::ExplainArgs;
+pub use self::history::HistoryArgs;
+pub use self::status::StatusArgs;
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -25,6 +36,9 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILURE: u8 = 1;
 /// Exit code: the configuration or the command line is wrong; nothing was run.
 pub const EXIT_USAGE: u8 = 2;
+/// Exit code: the store could not be reached: fewer than a majority of its nodes answered (`status`,
+/// `history`, `explain`).
+pub const EXIT_NO_MAJORITY: u8 = 3;
 /// Exit code: a second SIGINT/SIGTERM stopped the worker (and its jobs) at once.
 pub const EXIT_STOPPED: u8 = 130;
 
@@ -33,6 +47,7 @@ Exit codes:
   0    success; for `run`, stopped gracefully after SIGINT/SIGTERM
   1    runtime failure
   2    bad configuration or usage (every problem is printed as file:line:column: field: message)
+  3    the store could not be reached: no majority of its nodes answered (status, history, explain)
   130  stopped at once by a second SIGINT/SIGTERM
 
 In the config file, ${VAR} is replaced from the environment and $$ is a literal $.";
@@ -65,6 +80,13 @@ pub enum Action {
     Check(CheckArgs),
     /// Print the next fire times of one job, one RFC 3339 timestamp per line in the job's time zone.
     Next(NextArgs),
+    /// Show the workers (alive, config, runs under way) and each job's next tick, last run, failures
+    /// in a row, last success, and whether it is overdue.
+    Status(StatusArgs),
+    /// List the run history, newest first: runs, and ticks skipped, lost or missed, with why.
+    History(HistoryArgs),
+    /// Tell one tick's story: who raced, who won with which token, how it ended, or why nobody ran it.
+    Explain(ExplainArgs),
 }
 
 /// Which config file to read.
@@ -115,6 +137,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Action::Run(config) => run_worker(&args, &config.config),
         Action::Check(check_args) => check(check_args),
         Action::Next(next_args) => next(next_args),
+        Action::Status(status_args) => status::run(status_args),
+        Action::History(history_args) => history::run(history_args),
+        Action::Explain(explain_args) => explain::run(explain_args),
     }
 }
 
@@ -214,6 +239,8 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         // What `job.config_differs` compares between workers: equal on every host once a rollout is done.
         out.push_str(&format!("  fingerprint: {}\n", job.fingerprint()));
     }
+    // What each worker announces as its `config_fingerprint`, and `status` compares.
+    out.push_str(&format!("config fingerprint: {}\n", config.fingerprint()));
     for warning in &config.warnings {
         out.push_str(&format!("warning: {warning}\n"));
     }
@@ -233,19 +260,9 @@ fn next(args: &NextArgs) -> anyhow::Result<ExitCode> {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
-    let Some(job) = config.jobs.iter().find(|job| job.name == args.job) else {
-        let known: Vec<&str> = config.jobs.iter().map(|job| job.name.as_str()).collect();
-        let known = if known.is_empty() {
-            "none".to_string()
-        } else {
-            known.join(", ")
-        };
-        say_error(&format!(
-            "no job named {:?} in {}; known jobs: {known}",
-            args.job,
-            config.path.display()
-        ));
-        return Ok(ExitCode::from(EXIT_USAGE));
+    let job = match find_job(&config, &args.job) {
+        Ok(job) => job,
+        Err(code) => return Ok(code),
     };
     let after = args.after.unwrap_or_else(Utc::now);
     let mut out = String::new();
@@ -255,6 +272,30 @@ fn next(args: &NextArgs) -> anyhow::Result<ExitCode> {
     }
     emit(&out)?;
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// The job named `name`, or an error naming the jobs that exist, and the exit code for it.
+fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a config::JobConfig, ExitCode> {
+    if let Some(job) = config.jobs.iter().find(|job| job.name == name) {
+        return Ok(job);
+    }
+    let known: Vec<&str> = config.jobs.iter().map(|job| job.name.as_str()).collect();
+    let known = if known.is_empty() {
+        "none".to_string()
+    } else {
+        known.join(", ")
+    };
+    say_error(&format!(
+        "no job named {name:?} in {}; known jobs: {known}",
+        config.path.display()
+    ));
+    Err(ExitCode::from(EXIT_USAGE))
+}
+
+/// Prints why the store could not be read, and gives the documented exit code for it.
+fn read_failed(error: &read::ReadError) -> ExitCode {
+    say_error(&error.to_string());
+    ExitCode::from(error.exit_code())
 }
 
 /// Loads the config, or prints every problem and gives the exit code for it.

@@ -244,6 +244,7 @@ job half-hourly: \"*/30 * * * *\" in Europe/Berlin (disabled)
   next: 2026-10-25T01:00:00+02:00
   next: 2026-10-25T01:30:00+02:00
   fingerprint: 29395a3c9d921e7a
+config fingerprint: f52062c652fd329e
 warning: jobs.yaml:2:10: redis.nodes: 2 nodes: a quorum needs 2 of them, so only 0 may fail, no more than with 1 node; use an odd number
 jobs.yaml: OK, 2 jobs, 1 warning
 ";
@@ -335,6 +336,7 @@ fn help_lists_exit_codes() {
         "Exit codes:",
         "  1    runtime failure",
         "  2    bad configuration or usage",
+        "  3    the store could not be reached: no majority",
         "  130  stopped at once",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
@@ -466,4 +468,37 @@ fn check_prints_a_fingerprint_that_follows_the_definition() {
     );
     assert_eq!(base, same);
     assert_ne!(base, allow);
+}
+
+/// `check` prints the config's fingerprint — what each worker announces and `status` compares: the same
+/// whatever the jobs' order and the settings outside `jobs:`, another when a job is renamed or changed.
+#[test]
+fn check_prints_a_config_fingerprint_of_the_whole_schedule() {
+    let fingerprint = |yaml: &str| {
+        let dir = TestDir::new();
+        dir.write("jobs.yaml", yaml);
+        let (code, stdout, stderr) = output(redcron(dir.path()).arg("check"));
+        assert_eq!(code, 0, "{stderr}");
+        stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("config fingerprint: "))
+            .unwrap_or_else(|| panic!("no config fingerprint in {stdout}"))
+            .to_string()
+    };
+    let a = "  - name: a\n    schedule: \"@hourly\"\n    command: [\"true\"]\n";
+    let b = "  - name: b\n    schedule: \"@daily\"\n    command: [\"true\"]\n";
+    let base = fingerprint(&format!("jobs:\n{a}{b}"));
+    assert_eq!(
+        base,
+        fingerprint(&format!("worker:\n  shutdown_grace: 5s\njobs:\n{b}{a}"))
+    );
+    assert_ne!(
+        base,
+        fingerprint(&format!("jobs:\n{a}{}", b.replace("name: b", "name: c")))
+    );
+    assert_ne!(
+        base,
+        fingerprint(&format!("jobs:\n{a}{}", b.replace("@daily", "@weekly")))
+    );
+    assert_ne!(base, fingerprint(&format!("jobs:\n{a}")));
 }

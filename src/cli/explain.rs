@@ -1,0 +1,355 @@
+//! `redcron explain JOB TICK`: one tick's story across the cluster.
+//!
+//! Every entry the workers wrote for `(job, tick)` is read from a majority of the nodes and told as a story:
+//! who raced, who won with which token, how the run ended — or why nobody ran it (the skips with their
+//! reasons, a `missed` entry), or that no entry exists at all, with a hint at why. A tick that is not an
+//! instant of the job's schedule is said to be so, with the nearest ticks before and after it.
+
+use std::process::ExitCode;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::read::{Notes, Reader};
+use super::render::{duration_ms, instant};
+use super::status::SETTLE;
+use super::{find_job, load, parse_instant, render, ConfigArg};
+use crate::config::{show_duration, JobConfig};
+use crate::history::{Entry, HistorySettings, Kind, Query};
+use crate::schedule::Tick;
+
+/// The most entries read for one tick (a few per worker).
+const ENTRIES_PER_TICK: usize = 1000;
+
+/// Arguments of `explain`.
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    /// The job's name.
+    #[arg(value_name = "JOB")]
+    pub job: String,
+    /// The tick, RFC 3339 (e.g. 2026-11-23T10:00:00Z, as `history` prints it).
+    #[arg(value_name = "TICK", value_parser = parse_instant)]
+    pub tick: DateTime<Utc>,
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Print JSON (field names in docs/history.md) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How a tick ended up, in one word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Verdict {
+    /// A worker ran it and the run ended.
+    Ran,
+    /// A worker runs it now.
+    Running,
+    /// Entries account for it, none of them a run.
+    NotRun,
+    /// Its misfire window has not ended yet (or it lies ahead): workers may still race it.
+    NotYet,
+    /// Its window has ended and no entry accounts for it.
+    NoEntry,
+}
+
+/// What `explain` reports. Field names are stable (docs/history.md).
+#[derive(Debug, Serialize)]
+pub(super) struct Explanation {
+    pub job: String,
+    pub tick: DateTime<Utc>,
+    /// The tick in milliseconds since the Unix epoch, as in the entries.
+    pub tick_ms: i64,
+    /// Whether the tick is an instant of the job's schedule.
+    pub on_schedule: bool,
+    /// The job's nearest ticks strictly before and after it.
+    pub previous_tick: Option<DateTime<Utc>>,
+    pub next_tick: Option<DateTime<Utc>>,
+    pub verdict: Verdict,
+    /// The workers that raced for the tick: they ran it, lost it, or failed to win it.
+    pub raced: Vec<String>,
+    /// The `run` entries (one, unless something is badly wrong).
+    pub runs: Vec<Entry>,
+    /// Every entry of the tick, as stored.
+    pub entries: Vec<Entry>,
+    /// The story, one sentence a line.
+    pub story: Vec<String>,
+    /// What may explain a tick nobody accounted for.
+    pub hint: Option<String>,
+    #[serde(flatten)]
+    pub notes: Notes,
+}
+
+/// Carries out `explain`.
+pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
+    let config = match load(&args.config.config) {
+        Ok(config) => config,
+        Err(code) => return Ok(code),
+    };
+    let job = match find_job(&config, &args.job) {
+        Ok(job) => job,
+        Err(code) => return Ok(code),
+    };
+    let tick = Tick(args.tick.timestamp_millis());
+    let queries = [
+        Query {
+            job: job.name.clone(),
+            since: Some(tick),
+            until: Some(tick),
+            limit: ENTRIES_PER_TICK,
+        },
+        // Whether the history reaches back before this tick at all, for the hint.
+        Query {
+            job: job.name.clone(),
+            since: None,
+            until: Some(Tick(tick.0 - 1)),
+            limit: 1,
+        },
+    ];
+    let read = Reader::open(&config).and_then(|mut reader| {
+        let histories = reader.histories(&queries)?;
+        Ok((histories, reader.notes()))
+    });
+    let (mut histories, notes) = match read {
+        Ok(read) => read,
+        Err(error) => return Ok(super::read_failed(&error)),
+    };
+    let earlier = histories.pop().is_some_and(|before| !before.is_empty());
+    let entries = histories.pop().unwrap_or_default();
+    let facts = Facts {
+        job,
+        tick,
+        now: Utc::now(),
+        history: &config.history,
+        earlier,
+    };
+    let explanation = explain(&facts, entries, notes);
+    render::deliver(
+        &explanation,
+        &explanation.notes,
+        args.json,
+        render::explanation,
+    )
+}
+
+/// What the story of a tick depends on besides its entries.
+pub(super) struct Facts<'a> {
+    pub job: &'a JobConfig,
+    pub tick: Tick,
+    pub now: DateTime<Utc>,
+    pub history: &'a HistorySettings,
+    /// Whether the store holds entries of the job from before this tick.
+    pub earlier: bool,
+}
+
+/// The story of `facts.tick` told by its `entries`.
+pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> Explanation {
+    let (job, tick) = (facts.job, facts.tick);
+    let schedule = &job.schedule;
+    let on_schedule = schedule.last_at_or_before(tick.to_utc()) == Some(tick);
+    let previous_tick = schedule.last_at_or_before(Tick(tick.0 - 1).to_utc());
+    let next_tick = schedule.next_after(tick.to_utc());
+    let mut story = vec![format!(
+        "{} at {} ({} in {})",
+        job.name,
+        instant(tick.to_utc()),
+        schedule.format_tick(tick),
+        schedule.timezone().name()
+    )];
+    if !on_schedule {
+        let show = |t: Option<Tick>| t.map_or("none".to_string(), |t| instant(t.to_utc()));
+        story.push(format!(
+            "{} is not a tick of {} ({schedule}); the nearest are {} before and {} after",
+            instant(tick.to_utc()),
+            job.name,
+            show(previous_tick),
+            show(next_tick)
+        ));
+    }
+    let raced: Vec<String> = entries
+        .iter()
+        .filter(|e| raced_for_it(e))
+        .map(|e| e.worker.clone())
+        .fold(Vec::new(), |mut workers, worker| {
+            if !workers.contains(&worker) {
+                workers.push(worker);
+            }
+            workers
+        });
+    if !raced.is_empty() {
+        story.push(format!(
+            "raced by {} worker{}: {}",
+            raced.len(),
+            if raced.len() == 1 { "" } else { "s" },
+            raced.join(", ")
+        ));
+    }
+    let runs: Vec<Entry> = entries
+        .iter()
+        .filter(|e| e.kind == Kind::Run)
+        .cloned()
+        .collect();
+    if runs.len() > 1 {
+        story.push(format!(
+            "{} workers recorded a run of this one tick: each (job, tick) should run once",
+            runs.len()
+        ));
+    }
+    story.extend(runs.iter().map(describe));
+    story.extend(entries.iter().filter(|e| e.kind != Kind::Run).map(describe));
+    let window_ends =
+        tick.to_utc() + chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
+    let settled = window_ends + chrono::Duration::from_std(SETTLE).unwrap_or_default();
+    let verdict = if let Some(run) = runs.first() {
+        if run.ended_at.is_some() {
+            Verdict::Ran
+        } else {
+            Verdict::Running
+        }
+    } else if facts.now < settled {
+        Verdict::NotYet
+    } else if !entries.is_empty() {
+        Verdict::NotRun
+    } else {
+        Verdict::NoEntry
+    };
+    let mut hint = None;
+    match verdict {
+        Verdict::NotYet if facts.now < tick.to_utc() => {
+            story.push("not yet: the tick lies ahead".to_string())
+        }
+        Verdict::NotYet => story.push(format!(
+            "not yet: its misfire window is open until {}; workers may still race it",
+            instant(window_ends)
+        )),
+        Verdict::NotRun => story.push("nobody ran it".to_string()),
+        Verdict::NoEntry => {
+            story.push("no entry: nobody accounted for this tick".to_string());
+            hint = Some(no_entry_hint(facts));
+        }
+        Verdict::Ran | Verdict::Running => {}
+    }
+    Explanation {
+        job: job.name.clone(),
+        tick: tick.to_utc(),
+        tick_ms: tick.0,
+        on_schedule,
+        previous_tick: previous_tick.map(Tick::to_utc),
+        next_tick: next_tick.map(Tick::to_utc),
+        verdict,
+        raced,
+        runs,
+        entries,
+        story,
+        hint,
+        notes,
+    }
+}
+
+/// Whether the entry's worker took part in the race: it ran the tick, lost it, or could not win it.
+fn raced_for_it(entry: &Entry) -> bool {
+    match entry.kind {
+        Kind::Run | Kind::Lost => true,
+        Kind::Skipped => matches!(
+            entry.reason.as_deref(),
+            Some("no_quorum" | "contended" | "lease_expired")
+        ),
+        Kind::Missed | Kind::Unknown => false,
+    }
+}
+
+/// One entry as a sentence.
+fn describe(entry: &Entry) -> String {
+    let worker = &entry.worker;
+    match entry.kind {
+        Kind::Run => {
+            let mut text = format!("{worker} won it");
+            if let Some(token) = entry.token {
+                text.push_str(&format!(" with token {token}"));
+            }
+            if let Some(run_id) = &entry.run_id {
+                text.push_str(&format!(" (run {run_id})"));
+            }
+            if let Some(started) = entry.started_at {
+                text.push_str(&format!(", started {}", instant(started)));
+            }
+            match (entry.ended_at, entry.outcome.as_deref()) {
+                (Some(ended), outcome) => {
+                    text.push_str(&format!(", ended {}", instant(ended)));
+                    text.push_str(&format!(": {}", outcome.unwrap_or("unknown outcome")));
+                }
+                (None, _) => text.push_str(", still running"),
+            }
+            if let Some(code) = entry.exit_code {
+                text.push_str(&format!(", exit code {code}"));
+            }
+            if let Some(signal) = entry.signal {
+                text.push_str(&format!(", killed by signal {signal}"));
+            }
+            if let Some(ms) = entry.duration_ms {
+                text.push_str(&format!(", after {}", duration_ms(ms)));
+            }
+            text
+        }
+        Kind::Lost => {
+            let mut text = format!("{worker} lost it");
+            if let Some(by) = &entry.by {
+                text.push_str(&format!(" to {by}"));
+            }
+            if let Some(reason) = &entry.reason {
+                text.push_str(&format!(": {}", why(reason)));
+            }
+            text
+        }
+        Kind::Skipped => format!(
+            "{worker} skipped it: {}",
+            why(entry.reason.as_deref().unwrap_or("no reason given"))
+        ),
+        Kind::Missed => format!(
+            "{worker} found nobody had claimed it by the end of its misfire window: missed{}",
+            entry
+                .reason
+                .as_ref()
+                .map_or(String::new(), |reason| format!(" ({})", why(reason)))
+        ),
+        Kind::Unknown => format!("{worker} wrote an entry of a kind this version does not know"),
+    }
+}
+
+/// A reason of the history entries, for a person.
+fn why(reason: &str) -> String {
+    let text = match reason {
+        "already_claimed" => "another worker had claimed it",
+        "busy" => "the previous run still held the job (overlap: skip)",
+        "overlap" => "its previous run was still going on this worker (overlap: skip)",
+        "superseded" => "a later tick was already due (overlap: skip)",
+        "misfire" => "it was older than its misfire grace when the worker got to it",
+        "no_quorum" => "no majority of the nodes answered within its misfire grace",
+        "contended" => "another worker held its lease without claiming it until the grace ran out",
+        "lease_expired" => "the lease expired before the job could start (a paused process)",
+        "shutdown" => "the worker was shutting down",
+        "paused" => "the job or the worker was paused",
+        other => return other.to_string(),
+    };
+    format!("{reason}: {text}")
+}
+
+/// Why a tick whose window ended may have no entry at all.
+fn no_entry_hint(facts: &Facts<'_>) -> String {
+    if facts.earlier {
+        format!(
+            "no worker recorded it: none was alive, or every one was down, paused or cut off from a \
+             majority of the nodes until its misfire window ({}) ended; a worker that comes back reports \
+             such ticks as missed only within history.missed_lookback ({})",
+            show_duration(facts.job.misfire_grace),
+            show_duration(facts.history.missed_lookback)
+        )
+    } else {
+        format!(
+            "the store holds nothing of {} before this tick: the tick predates the job's first recorded \
+             tick, or the store already dropped it (it keeps the newest {} ticks of each job, \
+             history.keep_ticks)",
+            facts.job.name, facts.history.keep_ticks
+        )
+    }
+}

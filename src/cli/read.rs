@@ -1,0 +1,172 @@
+//! Reading the store for `status`, `history` and `explain`: one bounded session, and what it could not read.
+//!
+//! A command opens the store of its config ([`Store::open`], so it reads what the workers write, whatever
+//! the backend), reads from a majority of the nodes, and keeps a note of every node that did not answer and
+//! every stored item that could not be parsed, for the warnings on stderr and the JSON's `missing_nodes` and
+//! `skipped`. No majority is an error with its own exit code ([`super::EXIT_NO_MAJORITY`]); every read of a
+//! command together is bounded by [`COMMAND_TIMEOUT`], so a command never waits forever, however the nodes
+//! misbehave (each exchange with one node is bounded by the store as well).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::history::{Entry, Query};
+use crate::lock::QuorumFailure;
+use crate::membership::Member;
+use crate::store::{Read, Store, StoreError};
+
+/// The longest a command waits for the store, all its reads together.
+pub(super) const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a command could not read the store.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReadError {
+    /// Fewer than a majority of the nodes answered: nothing read can be trusted to be complete.
+    #[error("the store could not be reached: no majority: {} of {} nodes answered, {} needed; unreachable: {}", .0.granted, .0.configured, .0.needed, unreachable(&.0.failures))]
+    NoMajority(QuorumFailure),
+    #[error("the store did not answer within {} s", COMMAND_TIMEOUT.as_secs())]
+    Timeout,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+impl ReadError {
+    /// The documented exit code for this failure.
+    pub(super) fn exit_code(&self) -> u8 {
+        match self {
+            ReadError::NoMajority(_) => super::EXIT_NO_MAJORITY,
+            ReadError::Timeout | ReadError::Store(_) | ReadError::Runtime(_) => super::EXIT_FAILURE,
+        }
+    }
+}
+
+fn unreachable(failures: &[(String, String)]) -> String {
+    let nodes: Vec<String> = failures
+        .iter()
+        .map(|(node, why)| format!("{node} ({why})"))
+        .collect();
+    nodes.join(", ")
+}
+
+/// A node that did not answer a read, and why; the address never shows a password.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(super) struct MissingNode {
+    pub node: String,
+    pub error: String,
+}
+
+/// What a command's reads could not see. Part of every report's JSON (`store`, `missing_nodes`, `skipped`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub(super) struct Notes {
+    /// The nodes' addresses (without passwords), or `embedded`.
+    pub store: String,
+    /// The nodes that did not answer; the answer came from the others, a majority.
+    pub missing_nodes: Vec<MissingNode>,
+    /// Stored items that could not be read (garbage on a node), each naming its node.
+    pub skipped: Vec<String>,
+    /// Whether other processes share this store; if not, no worker's records can be seen from here.
+    #[serde(skip)]
+    pub shared: bool,
+}
+
+/// One command's session with the store: a runtime, the store, a deadline, and the notes so far.
+pub(super) struct Reader {
+    runtime: tokio::runtime::Runtime,
+    store: Store,
+    deadline: Instant,
+    missing: BTreeMap<String, String>,
+    skipped: Vec<String>,
+}
+
+impl Reader {
+    /// Opens the store `config` names; nothing is read yet.
+    pub(super) fn open(config: &Config) -> Result<Reader, ReadError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(ReadError::Runtime)?;
+        let store = {
+            let _inside = runtime.enter();
+            Store::open(config)?
+        };
+        Ok(Reader {
+            runtime,
+            store,
+            deadline: Instant::now() + COMMAND_TIMEOUT,
+            missing: BTreeMap::new(),
+            skipped: Vec::new(),
+        })
+    }
+
+    /// Every worker the store knows, alive or dead.
+    pub(super) fn members(&mut self) -> Result<Vec<Member>, ReadError> {
+        let store = &self.store;
+        let read = bounded(&self.runtime, self.deadline, store.members())?
+            .map_err(ReadError::NoMajority)?;
+        Ok(self.note(read))
+    }
+
+    /// The entries of each query, in the order of `queries`, all read at once.
+    pub(super) fn histories(&mut self, queries: &[Query]) -> Result<Vec<Vec<Entry>>, ReadError> {
+        let store = &self.store;
+        let reads = bounded(
+            &self.runtime,
+            self.deadline,
+            join_all(queries.iter().map(|query| store.history(query))),
+        )?;
+        let mut histories = Vec::with_capacity(reads.len());
+        for read in reads {
+            let read = read.map_err(ReadError::NoMajority)?;
+            histories.push(self.note(read));
+        }
+        Ok(histories)
+    }
+
+    /// What the reads so far could not see.
+    pub(super) fn notes(&self) -> Notes {
+        Notes {
+            store: self.store.describe(),
+            missing_nodes: self
+                .missing
+                .iter()
+                .map(|(node, error)| MissingNode {
+                    node: node.clone(),
+                    error: error.clone(),
+                })
+                .collect(),
+            skipped: self.skipped.clone(),
+            shared: self.store.is_shared(),
+        }
+    }
+
+    /// Keeps the notes of `read` and gives its value.
+    fn note<T>(&mut self, read: Read<T>) -> T {
+        self.missing.extend(read.missing);
+        for skipped in read.skipped {
+            if !self.skipped.contains(&skipped) {
+                self.skipped.push(skipped);
+            }
+        }
+        read.value
+    }
+}
+
+/// Runs `read` on `runtime`, giving up at `deadline`.
+fn bounded<T>(
+    runtime: &tokio::runtime::Runtime,
+    deadline: Instant,
+    read: impl Future<Output = T>,
+) -> Result<T, ReadError> {
+    // The timer must be made inside the runtime, hence the `async` block.
+    runtime
+        .block_on(async { tokio::time::timeout_at(deadline, read).await })
+        .map_err(|_| ReadError::Timeout)
+}

@@ -1,0 +1,301 @@
+//! How `status`, `history` and `explain` print what they found: plain-text tables for a person, or JSON.
+//!
+//! Kept apart from the reading and the reasoning so that the reports are plain values (serialized as they
+//! are for `--json`) and the tables can change without touching either. Tables are aligned plain text:
+//! columns two spaces apart, times in UTC as RFC 3339 (what `explain` takes), no colours, no crate.
+
+use std::process::ExitCode;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use super::explain::Explanation;
+use super::read::Notes;
+use super::status::Status;
+use super::{emit, say, EXIT_OK};
+use crate::history::{Entry, Kind};
+
+/// Prints the warnings of `notes` to stderr, then `report` to stdout: as JSON with `json`, else as
+/// `human` renders it.
+pub(super) fn deliver<T: Serialize>(
+    report: &T,
+    notes: &Notes,
+    json: bool,
+    human: impl FnOnce(&T) -> String,
+) -> anyhow::Result<ExitCode> {
+    for warning in warnings(notes) {
+        say(&format!("warning: {warning}"));
+    }
+    let text = if json {
+        let mut text = serde_json::to_string_pretty(report)?;
+        text.push('\n');
+        text
+    } else {
+        human(report)
+    };
+    emit(&text)?;
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// One line per node that did not answer and per item that could not be read.
+fn warnings(notes: &Notes) -> Vec<String> {
+    let mut lines = Vec::new();
+    if !notes.shared {
+        lines.push(
+            "no `redis:` section: the embedded store lives inside each worker process, so this \
+             command sees no worker's history or announcements"
+                .to_string(),
+        );
+    }
+    for missing in &notes.missing_nodes {
+        lines.push(format!(
+            "node {} did not answer ({}); answered from a majority of the others",
+            missing.node, missing.error
+        ));
+    }
+    lines.extend(notes.skipped.iter().cloned());
+    lines
+}
+
+/// `status` as two tables, workers then jobs.
+pub(super) fn status(status: &Status) -> String {
+    let mut out = format!(
+        "store: {}\nconfig: {}, fingerprint {}\n\n",
+        status.notes.store, status.config.path, status.config.fingerprint
+    );
+    let mut workers = Table::new(&[
+        "WORKER",
+        "STATE",
+        "LAST SEEN",
+        "HOST",
+        "PID",
+        "VERSION",
+        "OFFSET",
+        "CONFIG",
+        "RUNNING",
+    ]);
+    for worker in &status.workers {
+        let m = &worker.member;
+        let state = match (m.alive, m.state.as_str()) {
+            (true, _) => "alive".to_string(),
+            (false, "stopped") => "stopped".to_string(),
+            (false, _) => "dead".to_string(),
+        };
+        let config = match (worker.runs_this_config, worker.config_differs) {
+            _ if m.config_fingerprint.is_empty() => "?".to_string(),
+            (true, false) => format!("{} (this config)", m.config_fingerprint),
+            (true, true) => format!("{} (this config, DIFFERS)", m.config_fingerprint),
+            (false, true) => format!("{} DIFFERS", m.config_fingerprint),
+            (false, false) => m.config_fingerprint.clone(),
+        };
+        let running: Vec<String> = m
+            .running
+            .iter()
+            .map(|r| format!("{}@{}#{}", r.job, instant_ms(r.tick), r.token))
+            .collect();
+        workers.row(vec![
+            m.id.clone(),
+            state,
+            m.seen_at.map_or("-".to_string(), |t| ago(status.now, t)),
+            m.host.clone(),
+            m.pid.to_string(),
+            m.version.clone(),
+            m.clock_offset_ms
+                .map_or("-".to_string(), |ms| format!("{ms:+}ms")),
+            config,
+            or_dash(running.join(" ")),
+        ]);
+    }
+    if status.workers.is_empty() {
+        out.push_str("no workers announced in the last 24 hours\n");
+    } else {
+        out.push_str(&workers.render());
+    }
+    out.push('\n');
+    let mut jobs = Table::new(&[
+        "JOB",
+        "SCHEDULE",
+        "NEXT TICK",
+        "LAST RUN",
+        "ON",
+        "TOKEN",
+        "OUTCOME",
+        "DURATION",
+        "FAILS",
+        "LAST SUCCESS",
+        "NOTE",
+    ]);
+    for job in &status.jobs {
+        let run = job.last_run.as_ref();
+        let mut notes = Vec::new();
+        if !job.enabled {
+            notes.push("disabled".to_string());
+        }
+        if let Some(overdue) = &job.overdue {
+            notes.push(format!("OVERDUE: no entry for {}", instant(overdue.tick)));
+        }
+        jobs.row(vec![
+            job.name.clone(),
+            format!("{} {}", job.schedule, job.timezone),
+            job.next_tick.map_or("-".to_string(), instant),
+            run.map_or("-".to_string(), |r| instant_ms(r.tick)),
+            run.map_or("-".to_string(), |r| r.worker.clone()),
+            run.and_then(|r| r.token)
+                .map_or("-".to_string(), |t| t.to_string()),
+            run.map_or("-".to_string(), outcome),
+            run.and_then(|r| r.duration_ms)
+                .map_or("-".to_string(), duration_ms),
+            job.failures_in_a_row.to_string(),
+            job.last_success
+                .as_ref()
+                .map_or("-".to_string(), |r| instant_ms(r.tick)),
+            or_dash(notes.join(", ")),
+        ]);
+    }
+    out.push_str(&jobs.render());
+    out
+}
+
+/// History entries as a table, in the order given.
+pub(super) fn entries(entries: &[Entry]) -> String {
+    if entries.is_empty() {
+        return "no entries\n".to_string();
+    }
+    let mut table = Table::new(&[
+        "TICK", "JOB", "KIND", "WORKER", "TOKEN", "OUTCOME", "EXIT", "DURATION", "DETAIL",
+    ]);
+    for e in entries {
+        let (outcome_text, detail) = match e.kind {
+            Kind::Run => (outcome(e), e.run_id.clone().unwrap_or_default()),
+            _ => {
+                let by = e.by.as_ref().map(|by| format!("by {by}"));
+                let parts: Vec<String> = e.reason.iter().cloned().chain(by).collect();
+                ("-".to_string(), parts.join(" "))
+            }
+        };
+        let exit = match (e.exit_code, e.signal) {
+            (Some(code), _) => code.to_string(),
+            (None, Some(signal)) => format!("signal {signal}"),
+            (None, None) => "-".to_string(),
+        };
+        table.row(vec![
+            instant_ms(e.tick),
+            e.job.clone(),
+            e.kind.as_str().to_string(),
+            e.worker.clone(),
+            e.token.map_or("-".to_string(), |t| t.to_string()),
+            outcome_text,
+            exit,
+            e.duration_ms.map_or("-".to_string(), duration_ms),
+            or_dash(detail),
+        ]);
+    }
+    table.render()
+}
+
+/// `explain`: the story, a hint, then the entries.
+pub(super) fn explanation(explanation: &Explanation) -> String {
+    let mut out = String::new();
+    for line in &explanation.story {
+        out.push_str(line);
+        out.push('\n');
+    }
+    if let Some(hint) = &explanation.hint {
+        out.push_str(&format!("hint: {hint}\n"));
+    }
+    if !explanation.entries.is_empty() {
+        out.push('\n');
+        out.push_str(&entries(&explanation.entries));
+    }
+    out
+}
+
+/// A run's outcome, or `running` while it has none.
+fn outcome(run: &Entry) -> String {
+    match (&run.outcome, run.ended_at) {
+        (Some(outcome), _) => outcome.clone(),
+        (None, None) => "running".to_string(),
+        (None, Some(_)) => "?".to_string(),
+    }
+}
+
+/// An instant as RFC 3339 in UTC, with milliseconds only when it has any: `2026-11-23T10:00:00Z`.
+pub(super) fn instant(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+/// [`instant`] of milliseconds since the Unix epoch, as the entries hold ticks.
+fn instant_ms(ms: i64) -> String {
+    DateTime::from_timestamp_millis(ms).map_or_else(|| ms.to_string(), instant)
+}
+
+/// A duration in milliseconds as a person reads it: `850ms`, `1.288s`, `2m 5s`.
+pub(super) fn duration_ms(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        format!("{}.{:03}s", ms / 1000, ms % 1000)
+    } else {
+        humantime::format_duration(std::time::Duration::from_secs(ms / 1000)).to_string()
+    }
+}
+
+/// How long before `now` `then` was: `4s ago` (on this host's clock; `0s ago` if `then` is ahead of it).
+fn ago(now: DateTime<Utc>, then: DateTime<Utc>) -> String {
+    let secs = (now - then).num_seconds().max(0).unsigned_abs();
+    format!(
+        "{} ago",
+        humantime::format_duration(std::time::Duration::from_secs(secs))
+    )
+}
+
+fn or_dash(text: String) -> String {
+    if text.is_empty() {
+        "-".to_string()
+    } else {
+        text
+    }
+}
+
+/// An aligned plain-text table.
+struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(headers: &[&str]) -> Table {
+        Table {
+            rows: vec![headers.iter().map(|h| h.to_string()).collect()],
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Every column as wide as its widest cell, two spaces apart, no trailing spaces.
+    fn render(&self) -> String {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..columns)
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .filter_map(|row| row.get(c))
+                    .map(|cell| cell.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        for row in &self.rows {
+            let mut line = String::new();
+            for (cell, width) in row.iter().zip(&widths) {
+                line.push_str(cell);
+                line.extend(std::iter::repeat_n(' ', width - cell.chars().count() + 2));
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
