@@ -25,7 +25,7 @@ jobs:
 "#;
 
 /// `redcron` with `args`, run in `dir` with a clean environment for its own variables.
-fn redcron(dir: &Path) -> Command {
+pub(crate) fn redcron(dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_redcron"));
     command
         .current_dir(dir)
@@ -35,7 +35,7 @@ fn redcron(dir: &Path) -> Command {
     command
 }
 
-fn output(command: &mut Command) -> (i32, String, String) {
+pub(crate) fn output(command: &mut Command) -> (i32, String, String) {
     let Output {
         status,
         stdout,

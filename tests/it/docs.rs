@@ -16,6 +16,7 @@ const MODULES: &[&str] = &[
     "deploy",
     "embedded",
     "history",
+    "inspect",
     "job_env",
     "lease_stop",
     "lock",

@@ -11,6 +11,7 @@ mod deploy;
 mod docs;
 mod embedded;
 mod history;
+mod inspect;
 mod job_env;
 mod lease_stop;
 mod lock;
