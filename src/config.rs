@@ -209,6 +209,17 @@ impl JobConfig {
         let fraction = (fnv1a(key.as_bytes()) % 1_000_000) as f64 / 1_000_000.0;
         self.jitter.mul_f64(fraction)
     }
+
+    /// When `tick`'s window ends — the job's next tick or the end of its misfire grace, whichever comes
+    /// first: workers race the tick no longer, a miss is looked for after it, and `redcron status` counts
+    /// a tick with no entry by then as overdue.
+    pub fn window_end(&self, tick: crate::schedule::Tick) -> chrono::DateTime<chrono::Utc> {
+        let grace = chrono::Duration::from_std(self.misfire_grace).unwrap_or_default();
+        match self.schedule.next_after(tick.to_utc()) {
+            Some(next) => next.to_utc().min(tick.to_utc() + grace),
+            None => tick.to_utc() + grace,
+        }
+    }
 }
 
 impl Config {

@@ -47,7 +47,7 @@ pub(super) enum Verdict {
     Running,
     /// Entries account for it, none of them a run.
     NotRun,
-    /// Its misfire window has not ended yet (or it lies ahead): workers may still race it.
+    /// Its window has not ended yet (or it lies ahead): workers may still race it.
     NotYet,
     /// Its window has ended and no entry accounts for it.
     NoEntry,
@@ -197,8 +197,7 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
     }
     story.extend(runs.iter().map(describe));
     story.extend(entries.iter().filter(|e| e.kind != Kind::Run).map(describe));
-    let window_ends =
-        tick.to_utc() + chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
+    let window_ends = job.window_end(tick);
     let settled = window_ends + chrono::Duration::from_std(SETTLE).unwrap_or_default();
     let verdict = if let Some(run) = runs.first() {
         if run.ended_at.is_some() {
@@ -219,7 +218,7 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
             story.push("not yet: the tick lies ahead".to_string())
         }
         Verdict::NotYet => story.push(format!(
-            "not yet: its misfire window is open until {}; workers may still race it",
+            "not yet: its window is open until {}; workers may still race it",
             instant(window_ends)
         )),
         Verdict::NotRun => story.push("nobody ran it".to_string()),
@@ -289,6 +288,9 @@ fn describe(entry: &Entry) -> String {
             if let Some(ms) = entry.duration_ms {
                 text.push_str(&format!(", after {}", duration_ms(ms)));
             }
+            if let Some(reason) = &entry.reason {
+                text.push_str(&format!(" ({reason})"));
+            }
             text
         }
         Kind::Lost => {
@@ -302,15 +304,23 @@ fn describe(entry: &Entry) -> String {
             text
         }
         Kind::Skipped => format!(
-            "{worker} skipped it: {}",
-            why(entry.reason.as_deref().unwrap_or("no reason given"))
+            "{worker} skipped it: {}{}",
+            why(entry.reason.as_deref().unwrap_or("no reason given")),
+            entry
+                .by
+                .as_ref()
+                .map_or(String::new(), |by| format!(" (held by {by})"))
         ),
         Kind::Missed => format!(
-            "{worker} found nobody had claimed it by the end of its misfire window: missed{}",
+            "{worker} raised the alarm: missed, nobody ran it within its window{}{}",
             entry
                 .reason
                 .as_ref()
-                .map_or(String::new(), |reason| format!(" ({})", why(reason)))
+                .map_or(String::new(), |reason| format!(" ({})", why(reason))),
+            entry
+                .by
+                .as_ref()
+                .map_or(String::new(), |by| format!(", claimed by {by}"))
         ),
         Kind::Unknown => format!("{worker} wrote an entry of a kind this version does not know"),
     }
@@ -320,15 +330,18 @@ fn describe(entry: &Entry) -> String {
 fn why(reason: &str) -> String {
     let text = match reason {
         "already_claimed" => "another worker had claimed it",
-        "busy" => "the previous run still held the job (overlap: skip)",
-        "overlap" => "its previous run was still going on this worker (overlap: skip)",
+        "overlap" => "the job's previous run still held it (overlap: skip)",
         "superseded" => "a later tick was already due (overlap: skip)",
-        "misfire" => "it was older than its misfire grace when the worker got to it",
-        "no_quorum" => "no majority of the nodes answered within its misfire grace",
-        "contended" => "another worker held its lease without claiming it until the grace ran out",
+        "misfire" => "it was past its misfire grace when the worker got to it",
+        "no_quorum" => "no majority of the nodes answered within its window",
+        "contended" => "another worker held its lease without claiming it until its window ended",
         "lease_expired" => "the lease expired before the job could start (a paused process)",
         "shutdown" => "the worker was shutting down",
         "paused" => "the job or the worker was paused",
+        "unclaimed" => "nobody claimed it within its window",
+        "no_run_recorded" => {
+            "it was claimed, but no run was recorded: the winner died before starting it"
+        }
         other => return other.to_string(),
     };
     format!("{reason}: {text}")
@@ -339,8 +352,8 @@ fn no_entry_hint(facts: &Facts<'_>) -> String {
     if facts.earlier {
         format!(
             "no worker recorded it: none was alive, or every one was down, paused or cut off from a \
-             majority of the nodes until its misfire window ({}) ended; a worker that comes back reports \
-             such ticks as missed only within history.missed_lookback ({})",
+             majority of the nodes until its window ended (misfire_grace {}); a worker that comes back \
+             reports such ticks as missed only within history.missed_lookback ({})",
             show_duration(facts.job.misfire_grace),
             show_duration(facts.history.missed_lookback)
         )

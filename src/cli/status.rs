@@ -3,8 +3,8 @@
 //! Reads the members and each job's recent history from a majority of the nodes ([`super::read`]), then
 //! works out — without I/O, so it is unit-tested — what an operator asks first: which workers are alive and
 //! which run another config than most of them, and for each job its next tick, its last run, how many runs
-//! failed in a row, its last success, and whether it is *overdue*: its newest tick whose misfire window has
-//! ended has no entry at all, so nobody accounted for it (no worker alive, or all of them stuck).
+//! failed in a row, its last success, and whether it is *overdue*: its newest tick whose window has ended
+//! has no entry at all, so nobody accounted for it (no worker alive, or all of them stuck).
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -23,7 +23,7 @@ use crate::membership::Member;
 /// last success of most jobs (the store keeps `history.keep_ticks` ticks per job anyway).
 pub(super) const ENTRIES_PER_JOB: usize = 2000;
 
-/// A tick's misfire window is taken as ended this long after `misfire_grace`, for the workers' history
+/// A tick's window is taken as ended this long after [`JobConfig::window_end`], for the workers' history
 /// writes (made after the fact, in the background) to land.
 pub(super) const SETTLE: Duration = Duration::from_secs(5);
 
@@ -85,7 +85,7 @@ pub(super) struct JobStatus {
     pub failures_in_a_row: usize,
     /// The `run` entry of the newest run that succeeded.
     pub last_success: Option<Entry>,
-    /// Set when the newest tick whose misfire window has ended has no entry at all.
+    /// Set when the newest tick whose window has ended has no entry at all.
     pub overdue: Option<Overdue>,
 }
 
@@ -101,7 +101,7 @@ pub(super) struct RunningNow {
 pub(super) struct Overdue {
     /// The tick nobody accounted for.
     pub tick: DateTime<Utc>,
-    /// When its misfire window ended (the tick plus `misfire_grace`).
+    /// When its window ended: the job's next tick or the end of its `misfire_grace`, whichever came first.
     pub window_ended_at: DateTime<Utc>,
 }
 
@@ -238,21 +238,26 @@ fn job_status(
     }
 }
 
-/// The newest tick of an enabled `job` whose misfire window (plus [`SETTLE`]) has ended by `now`, if no
-/// entry accounts for it.
+/// The newest tick of an enabled `job` whose window ([`JobConfig::window_end`], plus [`SETTLE`]) has ended
+/// by `now`, if no entry accounts for it.
 fn overdue(job: &JobConfig, entries: &[Entry], now: DateTime<Utc>) -> Option<Overdue> {
     if !job.enabled {
         return None;
     }
-    let grace = chrono::Duration::from_std(job.misfire_grace).ok()?;
-    let settle = chrono::Duration::from_std(SETTLE).ok()?;
-    let tick = job.schedule.last_at_or_before(now - grace - settle)?;
+    let ended_by = now - chrono::Duration::from_std(SETTLE).ok()?;
+    let mut tick = job.schedule.last_at_or_before(ended_by)?;
+    // Windows end in tick order, and only the few ticks of the last misfire grace can still be open.
+    while job.window_end(tick) > ended_by {
+        tick = job
+            .schedule
+            .last_at_or_before(tick.to_utc() - chrono::Duration::milliseconds(1))?;
+    }
     if entries.iter().any(|e| e.tick == tick.as_millis()) {
         return None;
     }
     Some(Overdue {
         tick: tick.to_utc(),
-        window_ended_at: tick.to_utc() + grace,
+        window_ended_at: job.window_end(tick),
     })
 }
 

@@ -196,11 +196,7 @@ fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
 /// When a tick that has not been settled stops being raced: at the job's next tick or the end of its
 /// misfire grace, whichever comes first.
 pub(super) fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
-    let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
-    match job.schedule.next_after(tick.to_utc()) {
-        Some(next) => next.to_utc().min(tick.to_utc() + grace),
-        None => tick.to_utc() + grace,
-    }
+    job.window_end(tick)
 }
 
 /// Acts on a final claim outcome: runs a won tick, logs a lost one.

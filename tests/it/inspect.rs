@@ -424,7 +424,7 @@ fn explain_tells_one_ticks_story() {
     assert_eq!(code, 0);
     for part in [
         "w1 skipped it: no_quorum",
-        "w2 found nobody had claimed it",
+        "w2 raised the alarm: missed, nobody ran it within its window (unclaimed: nobody claimed it",
         "nobody ran it",
     ] {
         assert!(stdout.contains(part), "{part:?} not in:\n{stdout}");
