@@ -4,7 +4,8 @@
 //! works out — without I/O, so it is unit-tested — what an operator asks first: which workers are alive and
 //! which run another config than most of them, and for each job its next tick, its last run, how many runs
 //! failed in a row, its last success, and whether it is *overdue*: its newest tick whose window has ended
-//! has no entry at all, so nobody accounted for it (no worker alive, or all of them stuck).
+//! has no entry at all, so nobody accounted for it (no worker alive, or all of them stuck), while earlier
+//! ticks had entries (a job with none is new).
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -85,7 +86,7 @@ pub(super) struct JobStatus {
     pub failures_in_a_row: usize,
     /// The `run` entry of the newest run that succeeded.
     pub last_success: Option<Entry>,
-    /// Set when the newest tick whose window has ended has no entry at all.
+    /// Set when the newest tick whose window has ended has no entry at all, though an earlier tick has.
     pub overdue: Option<Overdue>,
 }
 
@@ -239,7 +240,7 @@ fn job_status(
 }
 
 /// The newest tick of an enabled `job` whose window ([`JobConfig::window_end`], plus [`SETTLE`]) has ended
-/// by `now`, if no entry accounts for it.
+/// by `now`, if no entry accounts for it while an earlier tick has one.
 fn overdue(job: &JobConfig, entries: &[Entry], now: DateTime<Utc>) -> Option<Overdue> {
     if !job.enabled {
         return None;
@@ -252,7 +253,10 @@ fn overdue(job: &JobConfig, entries: &[Entry], now: DateTime<Utc>) -> Option<Ove
             .schedule
             .last_at_or_before(tick.to_utc() - chrono::Duration::milliseconds(1))?;
     }
-    if entries.iter().any(|e| e.tick == tick.as_millis()) {
+    // No entry before it: the job is new (or its history is gone), and nobody was expected to account
+    // for its ticks yet — as the workers' own miss check treats it.
+    let served_before = entries.iter().any(|e| e.tick < tick.as_millis());
+    if !served_before || entries.iter().any(|e| e.tick == tick.as_millis()) {
         return None;
     }
     Some(Overdue {
@@ -356,5 +360,8 @@ mod tests {
         let overdue = later.overdue.as_ref().expect("600 s has no entry");
         assert_eq!(overdue.tick, at(600));
         assert_eq!(overdue.window_ended_at, at(630));
+        // A job with no entry before that tick is new: nobody was expected to account for it.
+        let new = &status(&config, vec![], &[vec![]], at(660), Notes::default()).jobs[0];
+        assert!(new.overdue.is_none());
     }
 }

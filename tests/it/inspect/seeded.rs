@@ -1,0 +1,211 @@
+//! The commands on a history and membership seeded through the store: tables, JSON, usage errors.
+
+use super::{hourly_tick, hourly_tick_at, line, show, Fixture, OTHER_CONFIG};
+use redcron::schedule::Tick;
+
+/// `status`: alive, stopped and other-config workers marked; each job's last run, failures in a row, last
+/// success; a job whose newest ended tick has no entry is overdue, a disabled one is not.
+#[test]
+fn status_shows_workers_and_jobs() {
+    let fixture = Fixture::new();
+    let ticks = fixture.seed();
+    let ours = fixture.fingerprint();
+    let (code, stdout, stderr) = fixture.run(&["status"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    assert!(stdout.contains(&format!("fingerprint {ours}")), "{stdout}");
+    let w1 = line(&stdout, "w1");
+    assert!(
+        w1.contains("alive") && w1.contains(&format!("{ours} (this config)")),
+        "{w1}"
+    );
+    assert!(line(&stdout, "w2").contains(&format!("hourly@{}#9", show(hourly_tick()))));
+    assert!(line(&stdout, "w3").contains(&format!("{OTHER_CONFIG} DIFFERS")));
+    assert!(line(&stdout, "w4").contains("stopped"));
+    let archive = line(&stdout, "archive");
+    for part in [
+        show(ticks[0]).as_str(),
+        " w2 ",
+        " 4 ",
+        "failure",
+        "1.250s",
+        " 3 ",
+        show(ticks[3]).as_str(),
+    ] {
+        assert!(archive.contains(part), "{part:?} not in {archive}");
+    }
+    assert!(
+        line(&stdout, "hourly").contains("OVERDUE: no entry for"),
+        "{stdout}"
+    );
+    let idle = line(&stdout, "idle");
+    assert!(
+        idle.contains("disabled") && !idle.contains("OVERDUE"),
+        "{idle}"
+    );
+
+    let json = fixture.json(&["status"]);
+    assert_eq!(json["config"]["fingerprint"], ours.as_str());
+    assert_eq!(json["config_majority"], ours.as_str());
+    assert_eq!(json["missing_nodes"], serde_json::json!([]));
+    let workers = json["workers"].as_array().expect("workers");
+    let flags: Vec<(&str, bool, bool, bool)> = workers
+        .iter()
+        .map(|w| {
+            let flag = |name: &str| w[name].as_bool().expect("a bool");
+            (
+                w["id"].as_str().expect("id"),
+                flag("alive"),
+                flag("config_differs"),
+                flag("runs_this_config"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        flags,
+        [
+            ("w1", true, false, true),
+            ("w2", true, false, true),
+            ("w3", true, true, false),
+            ("w4", false, false, true)
+        ]
+    );
+    assert_eq!(workers[0]["host"], "host-w1");
+    assert_eq!(workers[0]["clock_offset_ms"], -3);
+    let jobs = json["jobs"].as_array().expect("jobs");
+    let archive = &jobs[0];
+    assert_eq!(archive["last_run"]["token"], 4);
+    assert_eq!(archive["last_run"]["tick"], ticks[0].as_millis());
+    assert_eq!(archive["failures_in_a_row"], 3);
+    assert_eq!(archive["last_success"]["tick"], ticks[3].as_millis());
+    assert!(archive["overdue"].is_null());
+    assert!(jobs[1]["overdue"]["tick"].is_string(), "{}", jobs[1]);
+    assert_eq!(jobs[1]["running"][0]["worker"], "w2");
+    assert!(jobs[2]["overdue"].is_null());
+}
+
+/// `history`: every job's entries merged newest first, `--job`, `--limit`, `--since` (an instant or a
+/// duration back); an unknown job or a limit out of range is a usage error.
+#[test]
+fn history_lists_entries_newest_first() {
+    let fixture = Fixture::new();
+    let ticks = fixture.seed();
+    let (code, stdout, stderr) = fixture.run(&["history", "--limit", "5"]);
+    assert_eq!(code, 0, "{stderr}");
+    let rows: Vec<&str> = stdout.lines().skip(1).collect();
+    assert_eq!(rows.len(), 5, "{stdout}");
+    assert!(rows[0].starts_with(&show(hourly_tick())), "{stdout}");
+    assert!(
+        rows[2].starts_with(&format!("{}  archive  lost     w1", show(ticks[0]))),
+        "{stdout}"
+    );
+    assert!(
+        rows[3].contains("run") && rows[3].contains("failure") && rows[3].contains("run-4"),
+        "{stdout}"
+    );
+
+    let json = fixture.json(&["history", "--job", "archive"]);
+    let entries = json["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 8);
+    let order: Vec<i64> = entries
+        .iter()
+        .map(|e| e["tick"].as_i64().expect("tick"))
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] >= w[1]), "{order:?}");
+    assert_eq!(entries[7]["outcome"], "success");
+    assert_eq!(entries[3]["signal"], 15);
+
+    let since = show(ticks[1]);
+    let json = fixture.json(&["history", "--job", "archive", "--since", &since]);
+    assert_eq!(json["entries"].as_array().expect("entries").len(), 5);
+    let json = fixture.json(&["history", "--since", "1h"]);
+    assert_eq!(json["entries"], serde_json::json!([]));
+    let (code, stdout, _) = fixture.run(&["history", "--job", "idle"]);
+    assert_eq!((code, stdout.as_str()), (0, "no entries\n"));
+
+    let (code, _, stderr) = fixture.run(&["history", "--job", "nope"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("no job named \"nope\"")
+            && stderr.contains("known jobs: archive, hourly, idle"),
+        "{stderr}"
+    );
+    for limit in ["0", "5001"] {
+        let (code, _, stderr) = fixture.run(&["history", "--limit", limit]);
+        assert_eq!(code, 2, "{stderr}");
+    }
+    let (code, _, stderr) = fixture.run(&["history", "--since", "yesterday"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("is neither an RFC 3339 timestamp"),
+        "{stderr}"
+    );
+}
+
+/// `explain`: a run's story (who raced, who won with which token, how it ended), a tick nobody ran (the
+/// skips and the miss), a tick with no entry at all (a hint), a tick off the schedule (the nearest ones),
+/// an unknown job and a malformed tick (usage errors).
+#[test]
+fn explain_tells_one_ticks_story() {
+    let fixture = Fixture::new();
+    let ticks = fixture.seed();
+    let (code, stdout, stderr) = fixture.run(&["explain", "archive", &show(ticks[0])]);
+    assert_eq!(code, 0, "{stderr}");
+    for part in [
+        "raced by 3 workers: w1, w2, w3",
+        "w2 won it with token 4 (run run-4)",
+        ": failure, exit code 3, after 1.250s",
+        "w1 lost it to w2: already_claimed",
+    ] {
+        assert!(stdout.contains(part), "{part:?} not in:\n{stdout}");
+    }
+    let json = fixture.json(&["explain", "archive", &show(ticks[1])]);
+    assert_eq!(json["verdict"], "ran");
+    assert_eq!(json["on_schedule"], true);
+    assert_eq!(json["runs"][0]["outcome"], "timeout");
+    assert_eq!(json["entries"].as_array().expect("entries").len(), 2);
+
+    let (code, stdout, _) = fixture.run(&["explain", "hourly", &show(hourly_tick())]);
+    assert_eq!(code, 0);
+    for part in [
+        "w1 skipped it: no_quorum",
+        "w2 raised the alarm: missed, nobody ran it within its window (unclaimed: nobody claimed it",
+        "nobody ran it",
+    ] {
+        assert!(stdout.contains(part), "{part:?} not in:\n{stdout}");
+    }
+    let json = fixture.json(&["explain", "hourly", &show(hourly_tick_at(6))]);
+    assert_eq!(json["verdict"], "no_entry");
+    assert!(json["story"]
+        .to_string()
+        .contains("no entry: nobody accounted for this tick"));
+    assert!(json["hint"]
+        .as_str()
+        .expect("a hint")
+        .contains("no worker recorded it"));
+
+    let between = Tick(hourly_tick().as_millis() - 1_800_000);
+    let (code, stdout, _) = fixture.run(&["explain", "hourly", &show(between)]);
+    assert_eq!(code, 0);
+    let expected = format!(
+        "{} is not a tick of hourly (\"0 * * * *\" in UTC); the nearest are {} before and {} after",
+        show(between),
+        show(hourly_tick_at(4)),
+        show(hourly_tick())
+    );
+    assert!(stdout.contains(&expected), "{expected:?} not in:\n{stdout}");
+
+    let (code, _, stderr) = fixture.run(&["explain", "nightly", "2026-01-01T00:00:00Z"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("no job named \"nightly\"")
+            && stderr.contains("known jobs: archive, hourly, idle"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = fixture.run(&["explain", "archive", "yesterday"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("expected an RFC 3339 timestamp"),
+        "{stderr}"
+    );
+}
