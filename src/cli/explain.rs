@@ -12,10 +12,11 @@ use serde::Serialize;
 
 use super::read::{Notes, Reader};
 use super::render::{duration_ms, instant};
-use super::status::SETTLE;
+use super::status::{alive, SETTLE};
 use super::{find_job, load, parse_instant, render, ConfigArg};
 use crate::config::{show_duration, JobConfig};
 use crate::history::{Entry, HistorySettings, Kind, Query};
+use crate::membership::Member;
 use crate::schedule::Tick;
 
 /// The most entries read for one tick (a few per worker).
@@ -45,6 +46,8 @@ pub(super) enum Verdict {
     Ran,
     /// A worker runs it now.
     Running,
+    /// A worker started it, and is no longer alive: the run's end will never be recorded.
+    Unfinished,
     /// Entries account for it, none of them a run.
     NotRun,
     /// Its window has not ended yet (or it lies ahead): workers may still race it.
@@ -108,9 +111,10 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     ];
     let read = Reader::open(&config).and_then(|mut reader| {
         let histories = reader.histories(&queries)?;
-        Ok((histories, reader.notes()))
+        let members = reader.members()?;
+        Ok((histories, members, reader.notes()))
     });
-    let (mut histories, notes) = match read {
+    let (mut histories, members, notes) = match read {
         Ok(read) => read,
         Err(error) => return Ok(super::read_failed(&error)),
     };
@@ -122,6 +126,7 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         now: Utc::now(),
         history: &config.history,
         earlier,
+        members: &members,
     };
     let explanation = explain(&facts, entries, notes);
     render::deliver(
@@ -140,6 +145,8 @@ pub(super) struct Facts<'a> {
     pub history: &'a HistorySettings,
     /// Whether the store holds entries of the job from before this tick.
     pub earlier: bool,
+    /// The workers the store knows, to tell a run under way from one whose worker died.
+    pub members: &'a [Member],
 }
 
 /// The story of `facts.tick` told by its `entries`.
@@ -149,13 +156,14 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
     let on_schedule = schedule.last_at_or_before(tick.to_utc()) == Some(tick);
     let previous_tick = schedule.last_at_or_before(Tick(tick.0 - 1).to_utc());
     let next_tick = schedule.next_after(tick.to_utc());
-    let mut story = vec![format!(
-        "{} at {} ({} in {})",
-        job.name,
-        instant(tick.to_utc()),
-        schedule.format_tick(tick),
-        schedule.timezone().name()
-    )];
+    let mut story = vec![format!("{} at {}", job.name, instant(tick.to_utc()))];
+    if schedule.timezone() != chrono_tz::UTC {
+        story[0].push_str(&format!(
+            " ({} in {})",
+            schedule.format_tick(tick),
+            schedule.timezone().name()
+        ));
+    }
     if !on_schedule {
         let show = |t: Option<Tick>| t.map_or("none".to_string(), |t| instant(t.to_utc()));
         story.push(format!(
@@ -202,8 +210,11 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
     let verdict = if let Some(run) = runs.first() {
         if run.ended_at.is_some() {
             Verdict::Ran
-        } else {
+        } else if alive(facts.members, &run.worker) {
             Verdict::Running
+        } else {
+            story.push(gone(facts.members, &run.worker));
+            Verdict::Unfinished
         }
     } else if facts.now < settled {
         Verdict::NotYet
@@ -226,7 +237,7 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
             story.push("no entry: nobody accounted for this tick".to_string());
             hint = Some(no_entry_hint(facts));
         }
-        Verdict::Ran | Verdict::Running => {}
+        Verdict::Ran | Verdict::Running | Verdict::Unfinished => {}
     }
     Explanation {
         job: job.name.clone(),
@@ -242,6 +253,21 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
         story,
         hint,
         notes,
+    }
+}
+
+/// Why the run of `worker`, which is not alive, will never end in the history.
+fn gone(members: &[Member], worker: &str) -> String {
+    match members
+        .iter()
+        .find(|m| m.id == worker)
+        .and_then(|m| m.seen_at)
+    {
+        Some(seen) => format!(
+            "{worker} is no longer alive (last seen {}): the run's end will not be recorded",
+            instant(seen)
+        ),
+        None => format!("{worker} is unknown to the store: the run's end will not be recorded"),
     }
 }
 
@@ -277,7 +303,7 @@ fn describe(entry: &Entry) -> String {
                     text.push_str(&format!(", ended {}", instant(ended)));
                     text.push_str(&format!(": {}", outcome.unwrap_or("unknown outcome")));
                 }
-                (None, _) => text.push_str(", still running"),
+                (None, _) => text.push_str(", no end recorded yet"),
             }
             if let Some(code) = entry.exit_code {
                 text.push_str(&format!(", exit code {code}"));
@@ -309,7 +335,7 @@ fn describe(entry: &Entry) -> String {
             entry
                 .by
                 .as_ref()
-                .map_or(String::new(), |by| format!(" (held by {by})"))
+                .map_or(String::new(), |by| format!(", held by {by}"))
         ),
         Kind::Missed => format!(
             "{worker} raised the alarm: missed, nobody ran it within its window{}{}",

@@ -142,7 +142,11 @@ pub(super) fn status(status: &Status) -> String {
             run.map_or("-".to_string(), |r| r.worker.clone()),
             run.and_then(|r| r.token)
                 .map_or("-".to_string(), |t| t.to_string()),
-            run.map_or("-".to_string(), outcome),
+            match run {
+                Some(_) if job.unfinished => "unfinished".to_string(),
+                Some(run) => outcome(run),
+                None => "-".to_string(),
+            },
             run.and_then(|r| r.duration_ms)
                 .map_or("-".to_string(), duration_ms),
             job.failures_in_a_row.to_string(),
@@ -219,9 +223,15 @@ fn outcome(run: &Entry) -> String {
     }
 }
 
-/// An instant as RFC 3339 in UTC, with milliseconds only when it has any: `2026-11-23T10:00:00Z`.
+/// An instant as RFC 3339 in UTC, with milliseconds only when it has any: `2026-11-23T10:00:00Z`,
+/// `2026-11-23T10:00:00.012Z`.
 pub(super) fn instant(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+    let format = if at.timestamp_subsec_millis() == 0 {
+        SecondsFormat::Secs
+    } else {
+        SecondsFormat::Millis
+    };
+    at.to_rfc3339_opts(format, true)
 }
 
 /// [`instant`] of milliseconds since the Unix epoch, as the entries hold ticks.

@@ -80,6 +80,9 @@ pub(super) struct JobStatus {
     pub next_tick: Option<DateTime<Utc>>,
     /// The `run` entry of the newest tick that was run (ended or still running).
     pub last_run: Option<Entry>,
+    /// The last run has no end, and its worker is no longer alive: it died or was cut off during the run,
+    /// and the run's end will never be recorded.
+    pub unfinished: bool,
     /// The runs under way now, as the live workers announce them.
     pub running: Vec<RunningNow>,
     /// Ended runs in a row, newest first, whose outcome is not `success` (within the history read).
@@ -225,7 +228,11 @@ fn job_status(
                 })
         })
         .collect();
+    let unfinished = last_run
+        .as_ref()
+        .is_some_and(|run| run.ended_at.is_none() && !alive(members, &run.worker));
     JobStatus {
+        unfinished,
         name: job.name.clone(),
         schedule: job.schedule.expression().to_string(),
         timezone: job.schedule.timezone().name().to_string(),
@@ -237,6 +244,11 @@ fn job_status(
         last_success,
         overdue: overdue(job, entries, now),
     }
+}
+
+/// Whether `worker` announced itself lately.
+pub(super) fn alive(members: &[Member], worker: &str) -> bool {
+    members.iter().any(|m| m.id == worker && m.alive)
 }
 
 /// The newest tick of an enabled `job` whose window ([`JobConfig::window_end`], plus [`SETTLE`]) has ended

@@ -132,8 +132,8 @@ impl Fixture {
     ///
     /// `archive`: 4 yearly ticks — success by w1; failure by w2 (w1 lost to it); timeout by w1 (w3 skipped:
     /// overlap); failure by w2 (w1 and w3 lost): three failures in a row since the last success. `hourly`:
-    /// one old tick that nobody ran (w1 no quorum, w2 missed). Workers: w1, w2 on this config (w2 running
-    /// `hourly`), w3 on another, w4 stopped.
+    /// one old tick that nobody ran (w1 no quorum, w2 missed), and before it a run by w4 that never ended.
+    /// Workers: w1, w2 on this config (w2 running `hourly`), w3 on another, w4 stopped.
     fn seed(&self) -> Vec<Tick> {
         let ticks = Fixture::archive_ticks();
         let run = |tick: Tick, worker: &str, token: u64, outcome: &str| {
@@ -160,6 +160,8 @@ impl Fixture {
                 entry
             };
         let hourly_tick = hourly_tick();
+        let mut unfinished = Entry::new("hourly", hourly_tick_at(-1), "w4", Kind::Run, Utc::now());
+        unfinished.token = Some(8);
         self.record(&[
             run(ticks[3], "w1", 1, "success"),
             run(ticks[2], "w2", 2, "failure"),
@@ -199,6 +201,7 @@ impl Fixture {
                 None,
             ),
             other("hourly", hourly_tick, "w2", Kind::Missed, "unclaimed", None),
+            unfinished,
         ]);
         let ours = self.fingerprint();
         let member = |id: &str, fingerprint: &str| Member {

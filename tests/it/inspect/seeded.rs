@@ -3,8 +3,9 @@
 use super::{hourly_tick, hourly_tick_at, line, show, Fixture, OTHER_CONFIG};
 use redcron::schedule::Tick;
 
-/// `status`: alive, stopped and other-config workers marked; each job's last run, failures in a row, last
-/// success; a job whose newest ended tick has no entry is overdue, a disabled one is not.
+/// `status`: alive, stopped and other-config workers marked; each job's last run (unfinished when its
+/// worker died), failures in a row, last success; a job whose newest ended tick has no entry is overdue, a
+/// disabled one is not.
 #[test]
 fn status_shows_workers_and_jobs() {
     let fixture = Fixture::new();
@@ -34,6 +35,8 @@ fn status_shows_workers_and_jobs() {
     ] {
         assert!(archive.contains(part), "{part:?} not in {archive}");
     }
+    assert!(line(&stdout, "hourly").contains(" w4 "), "{stdout}");
+    assert!(line(&stdout, "hourly").contains(" unfinished "), "{stdout}");
     assert!(
         line(&stdout, "hourly").contains("OVERDUE: no entry for"),
         "{stdout}"
@@ -80,6 +83,8 @@ fn status_shows_workers_and_jobs() {
     assert_eq!(archive["last_success"]["tick"], ticks[3].as_millis());
     assert!(archive["overdue"].is_null());
     assert!(jobs[1]["overdue"]["tick"].is_string(), "{}", jobs[1]);
+    assert_eq!(jobs[1]["unfinished"], true);
+    assert_eq!(archive["unfinished"], false);
     assert_eq!(jobs[1]["running"][0]["worker"], "w2");
     assert!(jobs[2]["overdue"].is_null());
 }
@@ -142,9 +147,9 @@ fn history_lists_entries_newest_first() {
     );
 }
 
-/// `explain`: a run's story (who raced, who won with which token, how it ended), a tick nobody ran (the
-/// skips and the miss), a tick with no entry at all (a hint), a tick off the schedule (the nearest ones),
-/// an unknown job and a malformed tick (usage errors).
+/// `explain`: a run's story (who raced, who won with which token, how it ended), a run whose worker died,
+/// a tick nobody ran (the skips and the miss), a tick with no entry at all (a hint), a tick off the
+/// schedule (the nearest ones), an unknown job and a malformed tick (usage errors).
 #[test]
 fn explain_tells_one_ticks_story() {
     let fixture = Fixture::new();
@@ -174,6 +179,14 @@ fn explain_tells_one_ticks_story() {
     ] {
         assert!(stdout.contains(part), "{part:?} not in:\n{stdout}");
     }
+    let json = fixture.json(&["explain", "hourly", &show(hourly_tick_at(-1))]);
+    assert_eq!(json["verdict"], "unfinished");
+    assert!(
+        json["story"]
+            .to_string()
+            .contains("w4 is no longer alive (last seen"),
+        "{json}"
+    );
     let json = fixture.json(&["explain", "hourly", &show(hourly_tick_at(6))]);
     assert_eq!(json["verdict"], "no_entry");
     assert!(json["story"]
