@@ -28,7 +28,8 @@
 //! - [`shutdown`]: the two-stage shutdown signal (graceful, then immediate) that every task watches.
 //! - [`control`]: the worker's one control channel: reload, drain, stop (signals and the config file's
 //!   watcher send to it).
-//! - [`cli`]: the command line (`run`, `check`, `next`).
+//! - [`cli`]: the command line (`run`, `check`, `next`, and `status`, `history`, `explain`, which read the
+//!   store).
 
 pub mod cli;
 pub mod clock;

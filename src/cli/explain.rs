@@ -228,11 +228,18 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
         Verdict::NotYet if facts.now < tick.to_utc() => {
             story.push("not yet: the tick lies ahead".to_string())
         }
-        Verdict::NotYet => story.push(format!(
+        Verdict::NotYet if facts.now < window_ends => story.push(format!(
             "not yet: its window is open until {}; workers may still race it",
             instant(window_ends)
         )),
+        Verdict::NotYet => story.push(format!(
+            "not yet: its window closed at {}, and the workers' entries may still be landing",
+            instant(window_ends)
+        )),
         Verdict::NotRun => story.push("nobody ran it".to_string()),
+        Verdict::NoEntry if !on_schedule => {
+            story.push("no entry: no worker races an instant that is not a tick".to_string())
+        }
         Verdict::NoEntry => {
             story.push("no entry: nobody accounted for this tick".to_string());
             hint = Some(no_entry_hint(facts));
