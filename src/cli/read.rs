@@ -32,6 +32,10 @@ pub(super) enum ReadError {
     NoMajority(QuorumFailure),
     #[error("the store did not answer within {} s", COMMAND_TIMEOUT.as_secs())]
     Timeout,
+    /// The embedded store's database does not exist: no worker has run with this config on this host.
+    #[error("the embedded store {} does not exist: no worker has run with this config on this host \
+             (or embedded.path names another file)", .0.display())]
+    NoDatabase(std::path::PathBuf),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot start the async runtime: {0}")]
@@ -43,7 +47,10 @@ impl ReadError {
     pub(super) fn exit_code(&self) -> u8 {
         match self {
             ReadError::NoMajority(_) => super::EXIT_NO_MAJORITY,
-            ReadError::Timeout | ReadError::Store(_) | ReadError::Runtime(_) => super::EXIT_FAILURE,
+            ReadError::Timeout
+            | ReadError::NoDatabase(_)
+            | ReadError::Store(_)
+            | ReadError::Runtime(_) => super::EXIT_FAILURE,
         }
     }
 }
@@ -72,9 +79,6 @@ pub(super) struct Notes {
     pub missing_nodes: Vec<MissingNode>,
     /// Stored items that could not be read (garbage on a node), each naming its node.
     pub skipped: Vec<String>,
-    /// Whether other processes share this store; if not, no worker's records can be seen from here.
-    #[serde(skip)]
-    pub shared: bool,
 }
 
 /// One command's session with the store: a runtime, the store, a deadline, and the notes so far.
@@ -87,8 +91,14 @@ pub(super) struct Reader {
 }
 
 impl Reader {
-    /// Opens the store `config` names; nothing is read yet.
+    /// Opens the store `config` names; nothing is read yet. An embedded store's database must exist:
+    /// reading never creates one.
     pub(super) fn open(config: &Config) -> Result<Reader, ReadError> {
+        if let Some(embedded) = config.embedded.as_ref().filter(|_| config.redis.is_none()) {
+            if !embedded.path.exists() {
+                return Err(ReadError::NoDatabase(embedded.path.clone()));
+            }
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -143,7 +153,6 @@ impl Reader {
                 })
                 .collect(),
             skipped: self.skipped.clone(),
-            shared: self.store.is_shared(),
         }
     }
 

@@ -40,13 +40,6 @@ pub(super) fn deliver<T: Serialize>(
 /// One line per node that did not answer and per item that could not be read.
 fn warnings(notes: &Notes) -> Vec<String> {
     let mut lines = Vec::new();
-    if !notes.shared {
-        lines.push(
-            "no `redis:` section: the embedded store lives inside each worker process, so this \
-             command sees no worker's history or announcements"
-                .to_string(),
-        );
-    }
     for missing in &notes.missing_nodes {
         lines.push(format!(
             "node {} did not answer ({}); answered from a majority of the others",

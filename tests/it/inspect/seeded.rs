@@ -1,6 +1,7 @@
 //! The commands on a history and membership seeded through the store: tables, JSON, usage errors.
 
 use super::{hourly_tick, hourly_tick_at, line, show, Fixture, OTHER_CONFIG};
+use redcron::history::{Entry, Kind};
 use redcron::schedule::Tick;
 
 /// `status`: alive, stopped and other-config workers marked; each job's last run (unfinished when its
@@ -221,4 +222,55 @@ fn explain_tells_one_ticks_story() {
         stderr.contains("expected an RFC 3339 timestamp"),
         "{stderr}"
     );
+}
+
+/// The embedded store: the commands read its database file as they read Redis nodes; before any worker
+/// made one, they say so (exit 1) and create none.
+#[test]
+fn the_embedded_store_is_read_from_its_file() {
+    let dir = crate::support::TestDir::new();
+    let config = dir.write_config(
+        "embedded:\n  path: state/redcron.db\njobs:\n  - name: nightly\n    schedule: \"@daily\"\n    command: [\"true\"]\n",
+    );
+    let (code, _, stderr) = super::inspect(&dir, &config, &["history"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("state/redcron.db does not exist: no worker has run with this config"),
+        "{stderr}"
+    );
+    assert!(!dir.join("state/redcron.db").exists());
+
+    let loaded = redcron::config::load(&config).expect("a valid config");
+    let tick = loaded.jobs[0]
+        .schedule
+        .last_at_or_before(chrono::Utc::now())
+        .expect("a day before");
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(async {
+        let store = redcron::store::Store::open(&loaded).expect("the database opens");
+        let mut run = Entry::new("nightly", tick, "host-1", Kind::Run, chrono::Utc::now());
+        run.token = Some(12);
+        run.outcome = Some("success".to_string());
+        run.ended_at = Some(chrono::Utc::now());
+        store.record(&[run]).await.expect("recorded");
+    });
+    let (code, stdout, stderr) = super::inspect(&dir, &config, &["history"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    let row = line(&stdout, &show(tick));
+    assert!(
+        row.contains("nightly") && row.contains("host-1") && row.contains("success"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = super::inspect(&dir, &config, &["status", "--json"]);
+    assert_eq!(code, 0);
+    let status = super::parse(&stdout);
+    assert!(
+        status["store"]
+            .as_str()
+            .expect("store")
+            .starts_with("embedded:"),
+        "{status}"
+    );
+    assert_eq!(status["jobs"][0]["last_run"]["token"], 12);
 }
