@@ -10,7 +10,7 @@ use redcron::store::redis::RedisStore;
 use redcron::store::{Read, Store};
 
 use crate::support::{Persistence, RedisCluster, TestDir, Worker};
-use crate::worker::config;
+use crate::worker::{config, start_workers};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -69,17 +69,7 @@ fn runs_and_skips_are_recorded_on_the_nodes() {
         "  - name: slow\n    schedule: \"* * * * * *\"\n    command: 'sleep 2.5'\n",
     ]
     .concat();
-    let workers: Vec<Worker> = (0..2)
-        .map(|i| {
-            let yaml = config(&cluster, &format!("  id: w{i}\n"), &jobs);
-            Worker::spawn(dir.write(format!("w{i}.yaml"), yaml), &[])
-        })
-        .collect();
-    for worker in &workers {
-        worker
-            .wait_for_event("worker.started", Duration::from_secs(10))
-            .expect("worker started");
-    }
+    let workers = start_workers(&cluster, &dir, 2, "", &jobs);
     // Wait for events, not time: three finished slow runs take at least 7.5 s.
     let finished = |job: &str| {
         workers

@@ -14,6 +14,29 @@ pub(crate) fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -
     )
 }
 
+/// `n` workers `w0`, `w1`, … on `cluster`, each with its own `w<i>.yaml` in `dir` (`worker_section` after
+/// its id), each started: its `worker.started` logged.
+pub(crate) fn start_workers(
+    cluster: &RedisCluster,
+    dir: &TestDir,
+    n: usize,
+    worker_section: &str,
+    jobs: &str,
+) -> Vec<Worker> {
+    let workers: Vec<Worker> = (0..n)
+        .map(|i| {
+            let yaml = config(cluster, &format!("  id: w{i}\n{worker_section}"), jobs);
+            Worker::spawn(dir.write(format!("w{i}.yaml"), yaml), &[])
+        })
+        .collect();
+    for worker in &workers {
+        worker
+            .wait_for_event("worker.started", Duration::from_secs(10))
+            .expect("worker started");
+    }
+    workers
+}
+
 /// A job that appends `$REDCRON_JOB $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID` to the ledger.
 pub(crate) fn ledger_job(name: &str, schedule: &str, ledger: &std::path::Path) -> String {
     format!(
@@ -59,20 +82,7 @@ fn three_workers_run_each_tick_exactly_once() {
     let dir = TestDir::new();
     let jobs = ledger_job("every-second", "* * * * * *", &dir.ledger())
         + &ledger_job("other", "* * * * * *", &dir.ledger());
-    let workers: Vec<Worker> = (0..3)
-        .map(|i| {
-            let path = dir.write(
-                format!("w{i}.yaml"),
-                config(&cluster, &format!("  id: w{i}\n"), &jobs),
-            );
-            Worker::spawn(path, &[])
-        })
-        .collect();
-    for worker in &workers {
-        worker
-            .wait_for_event("worker.started", Duration::from_secs(10))
-            .expect("worker started");
-    }
+    let workers = start_workers(&cluster, &dir, 3, "", &jobs);
     let window_start = chrono::Utc::now() + chrono::Duration::seconds(1);
     std::thread::sleep(Duration::from_secs(15));
     let window_end = chrono::Utc::now() - chrono::Duration::seconds(2);

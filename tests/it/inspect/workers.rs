@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::{inspect, parse};
-use crate::support::{RedisCluster, TestDir, Worker};
-use crate::worker::config;
+use crate::support::{RedisCluster, TestDir};
+use crate::worker::start_workers;
 
 /// One job that succeeds, one that fails, one that times out, one that outlives its interval.
 const JOBS: &str = r#"  - name: ok
@@ -44,21 +44,7 @@ fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<
 fn what_three_workers_did_is_told_by_history_and_explain() {
     let cluster = RedisCluster::start(3);
     let dir = TestDir::new();
-    let mut workers: Vec<Worker> = (0..3)
-        .map(|i| {
-            let yaml = config(
-                &cluster,
-                &format!("  id: w{i}\n  heartbeat_every: 1s\n"),
-                JOBS,
-            );
-            Worker::spawn(dir.write(format!("w{i}.yaml"), yaml), &[])
-        })
-        .collect();
-    for worker in &workers {
-        worker
-            .wait_for_event("worker.started", Duration::from_secs(10))
-            .expect("worker started");
-    }
+    let mut workers = start_workers(&cluster, &dir, 3, "  heartbeat_every: 1s\n", JOBS);
     let cli_config = dir.join("w0.yaml");
     let json = |args: &[&str]| {
         let mut args = args.to_vec();
