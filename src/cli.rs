@@ -11,6 +11,7 @@ mod history;
 mod read;
 mod render;
 mod status;
+mod story;
 
 pub use self::explain::ExplainArgs;
 pub use self::history::HistoryArgs;

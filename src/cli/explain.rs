@@ -11,10 +11,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::read::{Notes, Reader};
-use super::render::{duration_ms, instant};
+use super::render::instant;
 use super::status::{alive, SETTLE};
+use super::story::{describe, gone, no_entry_hint};
 use super::{find_job, load, parse_instant, render, ConfigArg};
-use crate::config::{show_duration, JobConfig};
+use crate::config::JobConfig;
 use crate::history::{Entry, HistorySettings, Kind, Query};
 use crate::membership::Member;
 use crate::schedule::Tick;
@@ -263,21 +264,6 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
     }
 }
 
-/// Why the run of `worker`, which is not alive, will never end in the history.
-fn gone(members: &[Member], worker: &str) -> String {
-    match members
-        .iter()
-        .find(|m| m.id == worker)
-        .and_then(|m| m.seen_at)
-    {
-        Some(seen) => format!(
-            "{worker} is no longer alive (last seen {}): the run's end will not be recorded",
-            instant(seen)
-        ),
-        None => format!("{worker} is unknown to the store: the run's end will not be recorded"),
-    }
-}
-
 /// Whether the entry's worker took part in the race: it ran the tick, lost it, or could not win it.
 fn raced_for_it(entry: &Entry) -> bool {
     match entry.kind {
@@ -287,115 +273,5 @@ fn raced_for_it(entry: &Entry) -> bool {
             Some("no_quorum" | "contended" | "lease_expired")
         ),
         Kind::Missed | Kind::Unknown => false,
-    }
-}
-
-/// One entry as a sentence.
-fn describe(entry: &Entry) -> String {
-    let worker = &entry.worker;
-    match entry.kind {
-        Kind::Run => {
-            let mut text = format!("{worker} won it");
-            if let Some(token) = entry.token {
-                text.push_str(&format!(" with token {token}"));
-            }
-            if let Some(run_id) = &entry.run_id {
-                text.push_str(&format!(" (run {run_id})"));
-            }
-            if let Some(started) = entry.started_at {
-                text.push_str(&format!(", started {}", instant(started)));
-            }
-            match (entry.ended_at, entry.outcome.as_deref()) {
-                (Some(ended), outcome) => {
-                    text.push_str(&format!(", ended {}", instant(ended)));
-                    text.push_str(&format!(": {}", outcome.unwrap_or("unknown outcome")));
-                }
-                (None, _) => text.push_str(", no end recorded yet"),
-            }
-            if let Some(code) = entry.exit_code {
-                text.push_str(&format!(", exit code {code}"));
-            }
-            if let Some(signal) = entry.signal {
-                text.push_str(&format!(", killed by signal {signal}"));
-            }
-            if let Some(ms) = entry.duration_ms {
-                text.push_str(&format!(", after {}", duration_ms(ms)));
-            }
-            if let Some(reason) = &entry.reason {
-                text.push_str(&format!(" ({reason})"));
-            }
-            text
-        }
-        Kind::Lost => {
-            let mut text = format!("{worker} lost it");
-            if let Some(by) = &entry.by {
-                text.push_str(&format!(" to {by}"));
-            }
-            if let Some(reason) = &entry.reason {
-                text.push_str(&format!(": {}", why(reason)));
-            }
-            text
-        }
-        Kind::Skipped => format!(
-            "{worker} skipped it: {}{}",
-            why(entry.reason.as_deref().unwrap_or("no reason given")),
-            entry
-                .by
-                .as_ref()
-                .map_or(String::new(), |by| format!(", held by {by}"))
-        ),
-        Kind::Missed => format!(
-            "{worker} raised the alarm: missed, nobody ran it within its window{}{}",
-            entry
-                .reason
-                .as_ref()
-                .map_or(String::new(), |reason| format!(" ({})", why(reason))),
-            entry
-                .by
-                .as_ref()
-                .map_or(String::new(), |by| format!(", claimed by {by}"))
-        ),
-        Kind::Unknown => format!("{worker} wrote an entry of a kind this version does not know"),
-    }
-}
-
-/// A reason of the history entries, for a person.
-fn why(reason: &str) -> String {
-    let text = match reason {
-        "already_claimed" => "another worker had claimed it",
-        "overlap" => "the job's previous run still held it (overlap: skip)",
-        "superseded" => "a later tick was already due (overlap: skip)",
-        "misfire" => "it was past its misfire grace when the worker got to it",
-        "no_quorum" => "no majority of the nodes answered within its window",
-        "contended" => "another worker held its lease without claiming it until its window ended",
-        "lease_expired" => "the lease expired before the job could start (a paused process)",
-        "shutdown" => "the worker was shutting down",
-        "paused" => "the job or the worker was paused",
-        "unclaimed" => "nobody claimed it within its window",
-        "no_run_recorded" => {
-            "it was claimed, but no run was recorded: the winner died before starting it"
-        }
-        other => return other.to_string(),
-    };
-    format!("{reason}: {text}")
-}
-
-/// Why a tick whose window ended may have no entry at all.
-fn no_entry_hint(facts: &Facts<'_>) -> String {
-    if facts.earlier {
-        format!(
-            "no worker recorded it: none was alive, or every one was down, paused or cut off from a \
-             majority of the nodes until its window ended (misfire_grace {}); a worker that comes back \
-             reports such ticks as missed only within history.missed_lookback ({})",
-            show_duration(facts.job.misfire_grace),
-            show_duration(facts.history.missed_lookback)
-        )
-    } else {
-        format!(
-            "the store holds nothing of {} before this tick: the tick predates the job's first recorded \
-             tick, or the store already dropped it (it keeps the newest {} ticks of each job, \
-             history.keep_ticks)",
-            facts.job.name, facts.history.keep_ticks
-        )
     }
 }
