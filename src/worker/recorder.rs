@@ -3,8 +3,9 @@
 //! The race and the runs hand their entries to [`Recorder::note`], which never waits: the entry goes into a
 //! bounded queue, and one task writes what has queued up in one call to [`crate::store::Store::record`]
 //! (one pipeline per node, however many entries). A job's start therefore never waits for history, and a
-//! slow or failed write costs history, never a run. A write that a majority did not take is tried once
-//! more; what is lost is logged. At shutdown the queue is written out before the worker exits.
+//! slow or failed write costs history, never a run. A write that a majority did not take is kept and
+//! tried again (1 s, doubling up to 30 s) until it is taken; only beyond 10,000 waiting entries, or at
+//! shutdown, are entries dropped, and that is logged. At shutdown the queue is written out before the worker exits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,8 +21,10 @@ use crate::history::Entry;
 const QUEUE: usize = 10_000;
 /// The most entries written in one call.
 const BATCH: usize = 1_000;
-/// The wait before a write that a majority did not take is tried again.
+/// The first wait before a write that a majority did not take is tried again; it doubles up to
+/// [`RETRY_MAX`].
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The worker's handle on the history writer.
 pub(crate) struct Recorder {
@@ -56,7 +59,8 @@ impl Recorder {
     }
 }
 
-/// Starts the writer of `context.recorder`; it returns after [`Recorder::close`], once the queue is written.
+/// Starts the writer of `context.recorder`; it returns after [`Recorder::close`], once the queue is written
+/// (or, with no majority, tried once more).
 pub(crate) fn start(context: Arc<Context>) -> Option<tokio::task::JoinHandle<()>> {
     let mut queue = context
         .recorder
@@ -65,48 +69,86 @@ pub(crate) fn start(context: Arc<Context>) -> Option<tokio::task::JoinHandle<()>
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .take()?;
     Some(tokio::spawn(async move {
+        // Entries a majority has not taken yet: kept (up to `QUEUE`) and tried again with a growing
+        // pause, so that a run that ended during an outage of the nodes is still in the history after it.
+        let mut unwritten: Vec<Entry> = Vec::new();
+        let mut backoff = RETRY_AFTER;
         loop {
             let mut batch = Vec::new();
+            let retry = tokio::time::sleep(backoff);
             tokio::select! {
                 received = queue.recv_many(&mut batch, BATCH) => {
                     if received == 0 {
                         return;
                     }
-                    write(&context, batch).await;
                 }
+                () = retry, if !unwritten.is_empty() => {}
                 () = context.recorder.closing.notified() => {
                     while let Ok(entry) = queue.try_recv() {
                         batch.push(entry);
                     }
-                    write(&context, batch).await;
+                    unwritten.extend(batch);
+                    if !write(&context, &mut unwritten).await {
+                        give_up(&context, &unwritten);
+                    }
                     return;
                 }
+            }
+            unwritten.extend(batch);
+            if write(&context, &mut unwritten).await {
+                backoff = RETRY_AFTER;
+            } else {
+                backoff = (backoff * 2).min(RETRY_MAX);
             }
         }
     }))
 }
 
-/// Writes one batch, once more after [`RETRY_AFTER`] if a majority did not take it.
-async fn write(context: &Context, batch: Vec<Entry>) {
+/// Writes `unwritten` in batches; `true` once all are written (then `unwritten` is empty). Beyond
+/// [`QUEUE`] entries the oldest are dropped and counted.
+async fn write(context: &Context, unwritten: &mut Vec<Entry>) -> bool {
+    let excess = unwritten.len().saturating_sub(QUEUE);
+    if excess > 0 {
+        unwritten.drain(..excess);
+        context
+            .recorder
+            .dropped
+            .fetch_add(excess as u64, Ordering::Relaxed);
+    }
     let dropped = context.recorder.dropped.swap(0, Ordering::Relaxed);
     if dropped > 0 {
         warn!(
             event = "history.dropped",
             entries = dropped,
-            "History entries dropped: the writer could not keep up with the queue"
+            "History entries dropped: the writer fell too far behind (the nodes were unreachable for long)"
         );
     }
-    if batch.is_empty() {
-        return;
+    while !unwritten.is_empty() {
+        let take = unwritten.len().min(BATCH);
+        match context.store.record(&unwritten[..take]).await {
+            Ok(()) => {
+                unwritten.drain(..take);
+            }
+            Err(failure) => {
+                context.metrics.history_write_failed();
+                warn!(event = "history.write_failed", entries = unwritten.len() as u64, error = %failure,
+                      "History entries not written to a majority of nodes yet; trying again");
+                return false;
+            }
+        }
     }
-    let Err(first) = context.store.record(&batch).await else {
-        return;
-    };
-    tokio::time::sleep(RETRY_AFTER).await;
-    if let Err(failure) = context.store.record(&batch).await {
-        context.metrics.history_write_failed();
-        warn!(event = "history.write_failed", entries = batch.len() as u64, error = %failure,
-              first_error = %first,
-              "History entries not written to a majority of nodes: they may be missing from `redcron history`");
-    }
+    true
+}
+
+/// Logs the entries a stopping worker could not write.
+fn give_up(context: &Context, unwritten: &[Entry]) {
+    context
+        .recorder
+        .dropped
+        .fetch_add(unwritten.len() as u64, Ordering::Relaxed);
+    warn!(
+        event = "history.dropped",
+        entries = unwritten.len() as u64,
+        "History entries dropped at shutdown: no majority of nodes took them"
+    );
 }

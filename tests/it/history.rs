@@ -282,3 +282,56 @@ fn history_survives_a_minority_of_nodes_lost() {
     let failure = none.expect_err("no majority");
     assert_eq!(failure.granted, 1);
 }
+
+/// A run whose lease is lost (every node down) is stopped, and its end — written while no node answers —
+/// is kept and reaches the history once the nodes are back: `explain` tells `lease_lost`.
+#[test]
+fn a_run_that_lost_its_lease_is_in_the_history_after_the_outage() {
+    let mut cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let dir = TestDir::new();
+    // Every second, `overlap: skip`: one run at a time, the first one is the one that loses its lease.
+    let jobs = "  - name: long\n    schedule: \"* * * * * *\"\n    command: 'sleep 60'\n";
+    let path = dir.write("w0.yaml", config(&cluster, "  id: w0\n", jobs));
+    let worker = Worker::spawn(&path, &[]);
+    let started = worker
+        .wait_for(Duration::from_secs(20), |e| e["event"] == "run.started")
+        .expect("the job starts");
+    let tick = started["tick"].as_str().expect("tick").to_string();
+    for node in 0..3 {
+        cluster.kill(node);
+    }
+    let finished = worker
+        .wait_for(Duration::from_secs(20), |e| e["event"] == "run.finished")
+        .expect("the run is stopped");
+    assert_eq!(finished["outcome"], "lease_lost", "{finished}");
+    // Long enough for several writes of the run's end to fail: it must be kept, not dropped.
+    std::thread::sleep(Duration::from_secs(8));
+    for node in 0..3 {
+        cluster.restart(node);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ended = history(&cluster, "long")
+            .into_iter()
+            .any(|e| e.kind == Kind::Run && e.outcome.as_deref() == Some("lease_lost"));
+        if ended {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lost run never reached the history"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, stdout, stderr) = crate::cli::output(
+        crate::cli::redcron(dir.path())
+            .args(["explain", "long", &tick, "-c"])
+            .arg(&path),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("lease_lost"), "{stdout}");
+    drop(worker);
+}
