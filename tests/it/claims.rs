@@ -213,6 +213,50 @@ async fn a_partial_confirmation_of_a_crashed_contender_does_not_take_the_tick() 
     store.release(&lease).await;
 }
 
+/// A split vote while a node hangs, so that every round that could still win waits `node_timeout` for
+/// it: the contender that leads the vote keeps its keys and wins on its next round, and a contender that
+/// lost the vote does not come back first to take the nodes freed meanwhile (here a crashed contender's
+/// lease that expired) and overturn the lead. (Chaos seed 1795433209025223823: with one node hung and one
+/// down, four live workers took turns leading 2–2 splits — each loser back after `retry_delay`, before
+/// the leader's next round — until the tick's window closed, and nobody ran it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_vote_under_a_hung_node_goes_to_its_leader() {
+    let mut cluster = RedisCluster::start(5);
+    // A loser used to come back `retry_delay` plus jitter (1–2 s) after its round; the leader's next round
+    // starts `node_timeout` (2.5 s, node 4 hangs) plus `retry_delay / 4` after its first began. One retry
+    // per call: the leader must win on that next round.
+    let slow = LockSettings {
+        ttl: Duration::from_secs(10),
+        renew_every: Duration::from_secs(3),
+        node_timeout: Duration::from_millis(2_500),
+        retry_delay: Duration::from_millis(1_000),
+        retries: 1,
+        ..LockSettings::default()
+    };
+    let open =
+        || Store::Redis(RedisStore::new(&cluster.urls(), slow.clone()).expect("valid node URLs"));
+    let (leader, loser) = (open(), open());
+    warm(&leader).await;
+    warm(&loser).await;
+    cluster.stop(4);
+    // A contender that crashed in its round 1 holds nodes 2 and 3 for 600 ms; its value sorts after `b`.
+    leave_crashed_contender(&cluster, 11_000, &[2, 3], None, Duration::from_millis(600));
+    let led = ClaimRequest::new("b", "report", Tick(11_000), Overlap::Skip, "f");
+    // `a` sorts before `b`: had it come back while nodes 2 and 3 were free, it would lead the next split.
+    let lost = ClaimRequest::new("a", "report", Tick(11_000), Overlap::Skip, "f");
+    let (first, second) = tokio::join!(leader.claim(&led), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        claim_until_final(&loser, &lost, Duration::from_secs(20)).await
+    });
+    cluster.cont(4);
+    let lease = won(first);
+    match second {
+        ClaimOutcome::AlreadyClaimed { by: Some(by) } => assert_eq!(by.worker, "b"),
+        other => panic!("expected the tick to be taken by `b`, got {other:?}"),
+    }
+    leader.release(&lease).await;
+}
+
 /// Finding 1 end to end: two worker processes run two versions of one job (`overlap: skip` with one
 /// command, `overlap: allow` with another) against the same nodes. Every tick runs once, and the workers
 /// log `job.config_differs`. (v1: 42 duplicate starts in 63 ticks.)

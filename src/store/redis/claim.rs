@@ -80,8 +80,12 @@ impl RedisStore {
                     .max(token_floor(requests[index].tick));
                 confirming.push((index, token));
             } else {
-                results[index] =
-                    Some(self.lost_in_round1(node_answers, &tries[index], &values[index]));
+                results[index] = Some(self.lost_in_round1(
+                    node_answers,
+                    &tries[index],
+                    &values[index],
+                    tries.len(),
+                ));
             }
         }
         if !confirming.is_empty() {
@@ -177,12 +181,14 @@ impl RedisStore {
     /// majority is left for us, and the job is busy when another tick's run holds it on the rest. `claimed`
     /// answers from fewer nodes are leftovers of an attempt that may never have been granted (a contender
     /// that crashed during its round 2): they do not make the tick taken. A contender of the same tick
-    /// holding the lease is waited out: it confirms, gives up, or its lease expires.
+    /// holding the lease is waited out: it confirms, gives up, or its lease expires. `batch` is the number
+    /// of requests in this attempt.
     fn lost_in_round1(
         &self,
         answers: &[(usize, Round1)],
         attempt: &Try<'_>,
         ours: &str,
+        batch: usize,
     ) -> Attempt {
         let configured = self.nodes.len();
         let spare = configured - quorum(configured);
@@ -247,20 +253,18 @@ impl RedisStore {
                 };
             }
             // A split vote. Every contender sees the same holders on the same nodes, so they agree on the
-            // leader, which keeps its keys and retries soon while the others undo and retry later.
+            // leader, which keeps its keys and retries soon while the others undo and keep away until it
+            // has had its next round.
             let leads = contenders.iter().all(|(value, (count, _))| {
                 granted > *count || (granted == *count && ours < *value)
             });
-            let retry = if leads && attempt.may_keep {
-                Retry::Soon(ours.to_string())
-            } else {
-                Retry::Later
+            let (retry, retry_in) = match (leads, attempt.may_keep) {
+                (true, true) => (Retry::Soon(ours.to_string()), self.settings.retry_delay),
+                (true, false) => (Retry::Later, self.settings.retry_delay),
+                (false, _) => (Retry::Yield, self.yield_delay(batch)),
             };
             return Attempt::Lost {
-                outcome: ClaimOutcome::Contended {
-                    holder,
-                    retry_in: self.settings.retry_delay,
-                },
+                outcome: ClaimOutcome::Contended { holder, retry_in },
                 retry,
             };
         }
@@ -320,6 +324,19 @@ impl RedisStore {
             outcome: ClaimOutcome::NoQuorum(failure),
             retry: Retry::Later,
         }
+    }
+
+    /// How long a contender that lost a split vote keeps away (before jitter): until the leader has
+    /// finished the round it is in — which waits up to `node_timeout` for a node that does not answer,
+    /// plus the nodes' time for a batch of `commands` (the leader's batch is taken to be like ours) — and
+    /// started its next one `retry_delay / 4` later, with the rest of `retry_delay` to spare.
+    ///
+    /// A loser that came back after `retry_delay` alone, while the leader still waited for a hung node,
+    /// took the nodes the others had freed before the leader could, and led the next split in its place
+    /// if its value sorted first: with one node hung and one down, four workers took turns leading 2–2
+    /// splits until the tick's window closed (`claims::a_split_vote_under_a_hung_node_goes_to_its_leader`).
+    pub(super) fn yield_delay(&self, commands: usize) -> Duration {
+        batch_budget(self.settings.node_timeout, commands) + self.settings.retry_delay
     }
 
     /// A [`QuorumFailure`] naming each failed node, and each node that had not answered (`answered` lists

@@ -76,9 +76,12 @@ enum Retry {
     /// Not within this call: the outcome is final, or (too many nodes failed) only worth retrying after
     /// a backoff that the caller chooses.
     No,
-    /// A split vote that another contender leads, a contender between its rounds, or an ambiguous round 2:
+    /// A contender between its rounds, an ambiguous round 2, or a split vote we lead on our last attempt:
     /// undo, and retry after the delay plus jitter.
     Later,
+    /// A split vote that another contender leads: undo, and retry only once the leader has had its next
+    /// round to pick up the nodes we free ([`RedisStore::yield_delay`]), plus jitter.
+    Yield,
     /// A split vote that we lead: keep our keys (this value) and retry soon.
     Soon(String),
 }
@@ -131,8 +134,9 @@ impl RedisStore {
     ///
     /// A split vote (no holder with a majority) is broken in two ways. The contender with the most votes
     /// (ties to the smallest value, which every contender sees alike) keeps its keys and retries soon, so
-    /// it picks up the nodes the others free; the others undo and retry after `retry_delay` plus random
-    /// jitter, by which time they usually find the leader holding a majority and stop.
+    /// it picks up the nodes the others free; the others undo and retry after the leader's next round
+    /// ([`RedisStore::yield_delay`]) plus random jitter, by which time they usually find the leader
+    /// holding a majority and stop.
     pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
         // Per pending request: when it may go again, how many attempts are left, and a value it kept.
@@ -164,9 +168,11 @@ impl RedisStore {
             // One retry time per kind for the whole batch, so that its retries travel together again (one
             // round trip per node) instead of one by one at scattered instants. The random jitter breaks
             // the symmetry between contenders; it need not differ between the jobs of one contender.
-            let base = self.settings.retry_delay;
-            let soon = Instant::now() + base / 4;
-            let later = Instant::now() + base + base.mul_f64(rand::rng().random::<f64>());
+            let (base, done) = (self.settings.retry_delay, Instant::now());
+            let jitter = base.mul_f64(rand::rng().random::<f64>());
+            let soon = done + base / 4;
+            let later = done + base + jitter;
+            let yielded = done + self.yield_delay(batch.len()) + jitter;
             for ((index, _, left, _), result) in ready.into_iter().zip(results) {
                 match result {
                     Attempt::Won(lease) => outcomes[index] = Some(ClaimOutcome::Won(lease)),
@@ -181,6 +187,12 @@ impl RedisStore {
                         ..
                     } if left > 0 => {
                         pending.push((index, later, left - 1, None));
+                    }
+                    Attempt::Lost {
+                        retry: Retry::Yield,
+                        ..
+                    } if left > 0 => {
+                        pending.push((index, yielded, left - 1, None));
                     }
                     Attempt::Lost { outcome, .. } => outcomes[index] = Some(outcome),
                 }

@@ -31,7 +31,7 @@
 //! Run it long: `REDCRON_CHAOS_SECS=600 cargo test --release --test it chaos -- --nocapture`.
 //!
 //! Every run saves its material ([`saved`]) in its test directory, which is kept (and printed) when the
-//! test fails; `REDCRON_CHAOS_REPLAY=<dir> cargo test --test it chaos::replay -- --ignored --nocapture`
+//! test fails, or always with `REDCRON_CHAOS_KEEP=1`; `REDCRON_CHAOS_REPLAY=<dir> cargo test --test it chaos::replay -- --ignored --nocapture`
 //! runs the checker on it again.
 
 mod checker;
@@ -183,6 +183,12 @@ fn exactly_once_under_faults() {
         println!(
             "chaos: could not save the run in {}: {e}",
             cluster.dir.path().display()
+        );
+    }
+    if std::env::var_os("REDCRON_CHAOS_KEEP").is_some() {
+        println!(
+            "chaos: keeping the run's files in {}",
+            cluster.dir.keep().display()
         );
     }
     assert!(

@@ -83,6 +83,14 @@ impl TestDir {
         }
     }
 
+    /// Keeps the directory after the test, whatever its outcome; returns its path.
+    pub fn keep(&mut self) -> &Path {
+        if let Some(dir) = self.dir.take() {
+            let _ = dir.keep();
+        }
+        &self.path
+    }
+
     /// The ledger file that test jobs append to, one line per run (e.g. `echo "$REDCRON_TOKEN" >> …`).
     pub fn ledger(&self) -> PathBuf {
         self.join("ledger")
