@@ -179,6 +179,9 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
     if let Some(reason) = granted_to_the_dead(e, tick) {
         return Ok(reason);
     }
+    if let Some(reason) = split_confirmations(e, tick) {
+        return Ok(reason);
+    }
     let mut reasons: Vec<Result<&'static str, String>> = Vec::new();
     for worker in 0..WORKERS {
         reasons.push(excuse(e, worker, tick));
@@ -247,16 +250,45 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
 fn granted_to_the_dead(e: &Evidence<'_>, tick: i64) -> Option<String> {
     let (worker, _) = dead_grant(e, tick)?;
     Some(format!(
-        "granted to a claimant of w{worker} that was killed, paused or shut down mid-claim (confirmed \
-         on a majority of the nodes' AOF, no tick.won)"
+        "granted to a claimant of w{worker} that was killed, paused or shut down mid-claim, or that \
+         gave the tick up before its late confirmations reached a majority (confirmed on a majority of \
+         the nodes' AOF, no tick.won)"
     ))
+}
+
+/// The tick was confirmed for two or more claimants on different nodes (the nodes' AOF), none on a
+/// majority, so that no new claimant can reach one (each node confirms one claimant per tick for good),
+/// and each of them that still could — with every node left — belongs to a worker that was down, dead or
+/// paused then. That takes two round 2s at once: claimants on different lease keys (workers on two
+/// versions of `overlap` during a rollout) or a crash in round 2 (`docs/protocol.md`, G4).
+fn split_confirmations(e: &Evidence<'_>, tick: i64) -> Option<String> {
+    let claimants = e.confirms.of(&e.job.name, tick);
+    let majority = NODES / 2 + 1;
+    if claimants.len() < 2 || claimants.iter().any(|(_, nodes)| nodes.len() >= majority) {
+        return None;
+    }
+    let confirmed: usize = claimants.iter().map(|(_, nodes)| nodes.len()).sum();
+    let free = NODES - confirmed;
+    let could_still_win_and_ran = |(claimant, nodes): &(&str, &BTreeSet<usize>)| {
+        nodes.len() + free >= majority
+            && worker_of(claimant).is_none_or(|worker| excuse(e, worker, tick).is_err())
+    };
+    let stuck = free < majority && !claimants.iter().any(could_still_win_and_ran);
+    stuck.then(|| {
+        format!(
+            "split confirmations: {} claimants confirmed the tick on different nodes, none on a majority, and those that could still reach one were down (two round 2s at once: a rollout's two lease keys, or a crash in round 2)",
+            claimants.len()
+        )
+    })
 }
 
 /// A claimant that the nodes' AOF shows confirmed on a majority for `tick`, whose worker logged no
 /// `tick.won` for it and was killed, paused or told to shut down (a worker that wins a tick once shutdown
 /// is requested does not start it) while racing it — that is, after the claimant's first lease was written
-/// (its expiry in the AOF less the TTL), within a claim's length or the grace: its worker, and when it
-/// died (its confirms were sent by then).
+/// (its expiry in the AOF less the TTL), within a claim's length or the grace — or gave the tick up
+/// (`tick.skipped` with `no_quorum` or `contended`: its round 2 went unanswered until the window closed,
+/// and its confirmations landed on stalled nodes after that): its worker, and when it died or gave up
+/// (its confirms were sent by then).
 fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
     let facts = e.facts;
     let leases = e.confirms.leases(&e.job.name, tick);
@@ -280,8 +312,16 @@ fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
                     let shut_down = Some(life.end).filter(|&end| from <= end && end <= to);
                     life.disturbances_in(from, to).into_iter().chain(shut_down)
                 })
-                .min()?;
-            Some((worker, died))
+                .min();
+            let gave_up = facts
+                .instances_of(worker)
+                .flat_map(|(instance, _)| {
+                    ["tick.skipped:no_quorum", "tick.skipped:contended"]
+                        .into_iter()
+                        .flat_map(move |label| facts.logged_at(instance, &e.job.name, tick, label))
+                })
+                .min();
+            Some((worker, died.or(gave_up)?))
         })
 }
 
