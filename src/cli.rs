@@ -1,5 +1,6 @@
 //! The command line: `run`, `check` and `next`, the log options, and the exit codes; the commands that read
-//! the store — `status`, `history`, `explain` — each in a module of its own under `cli/`.
+//! the store — `status`, `history`, `explain` — and those that act through it — `pause`, `resume` — each in
+//! a module of its own under `cli/`.
 //!
 //! Kept out of `main.rs` so that the binary stays a few lines and the flags live next to what they do.
 //! Everything the operator needs is here: `--help` documents each flag and the exit codes, `check`
@@ -8,6 +9,7 @@
 
 mod explain;
 mod history;
+mod pause;
 mod read;
 mod render;
 mod status;
@@ -15,6 +17,7 @@ mod story;
 
 pub use self::explain::ExplainArgs;
 pub use self::history::HistoryArgs;
+pub use self::pause::{PauseArgs, ResumeArgs};
 pub use self::status::StatusArgs;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -38,7 +41,7 @@ pub const EXIT_FAILURE: u8 = 1;
 /// Exit code: the configuration or the command line is wrong; nothing was run.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the store could not be reached: fewer than a majority of its nodes answered (`status`,
-/// `history`, `explain`).
+/// `history`, `explain`), or took the change (`pause`, `resume`).
 pub const EXIT_NO_MAJORITY: u8 = 3;
 /// Exit code: a second SIGINT/SIGTERM stopped the worker (and its jobs) at once.
 pub const EXIT_STOPPED: u8 = 130;
@@ -49,6 +52,7 @@ Exit codes:
   1    runtime failure
   2    bad configuration or usage (every problem is printed as file:line:column: field: message)
   3    the store could not be reached: no majority of its nodes answered (status, history, explain)
+       or took the change (pause, resume: the job may then still run, or stay paused)
   130  stopped at once by a second SIGINT/SIGTERM
 
 In the config file, ${VAR} is replaced from the environment and $$ is a literal $.";
@@ -88,6 +92,11 @@ pub enum Action {
     History(HistoryArgs),
     /// Tell one tick's story: who raced, who won with which token, how it ended, or why nobody ran it.
     Explain(ExplainArgs),
+    /// Pause a job through the lock: no tick of it starts anywhere until `resume` (or until --for
+    /// ends); its ticks are recorded as skipped (paused). Runs under way go on.
+    Pause(PauseArgs),
+    /// Resume a paused job: its next tick runs.
+    Resume(ResumeArgs),
 }
 
 /// Which config file to read.
@@ -141,6 +150,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Action::Status(status_args) => status::run(status_args),
         Action::History(history_args) => history::run(history_args),
         Action::Explain(explain_args) => explain::run(explain_args),
+        Action::Pause(pause_args) => pause::pause(pause_args),
+        Action::Resume(resume_args) => pause::resume(resume_args),
     }
 }
 

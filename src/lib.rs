@@ -12,8 +12,8 @@
 //!   cluster-wide identity of one scheduled instant.
 //! - [`clock`]: the boot clock that leases are measured on (it counts a host's suspend), and cluster
 //!   time, which ticks are scheduled on (this host's clock corrected by its offset to the Redis nodes').
-//! - [`lock`]: what a claim asks and answers — leases, tick claims, fencing tokens, and the names the
-//!   protocol writes.
+//! - [`lock`]: what a claim asks and answers — leases, tick claims and their series, pauses, fencing
+//!   tokens, and the names the protocol writes.
 //! - [`store`]: the one seam to where state lives — the Redlock protocol on N Redis nodes, or the
 //!   embedded single-host store (a SQLite file) — for claims, leases, history and membership.
 //! - [`history`]: each worker's account of each tick (who ran it, how it ended, or why not), and its merge.
@@ -28,8 +28,8 @@
 //! - [`shutdown`]: the two-stage shutdown signal (graceful, then immediate) that every task watches.
 //! - [`control`]: the worker's one control channel: reload, drain, stop (signals and the config file's
 //!   watcher send to it).
-//! - [`cli`]: the command line (`run`, `check`, `next`, and `status`, `history`, `explain`, which read the
-//!   store).
+//! - [`cli`]: the command line (`run`, `check`, `next`; `status`, `history`, `explain`, which read the
+//!   store; `pause` and `resume`, which act through the lock).
 
 pub mod cli;
 pub mod clock;

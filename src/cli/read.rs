@@ -1,4 +1,5 @@
-//! Reading the store for `status`, `history` and `explain`: one bounded session, and what it could not read.
+//! Reading the store for `status`, `history` and `explain` — and writing it for `pause`, `resume` and
+//! `trigger`: one bounded session, and what it could not read.
 //!
 //! A command opens the store of its config ([`Store::open`], so it reads what the workers write, whatever
 //! the backend), reads from a majority of the nodes, and keeps a note of every node that did not answer and
@@ -17,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::history::{Entry, Query};
-use crate::lock::QuorumFailure;
+use crate::lock::{Pause, PauseRead, QuorumFailure};
 use crate::membership::Member;
 use crate::store::{Read, Store, StoreError};
 
@@ -138,6 +139,27 @@ impl Reader {
             histories.push(self.note(read));
         }
         Ok(histories)
+    }
+
+    /// The pause of each of `jobs`, in order.
+    pub(super) fn pauses(&mut self, jobs: &[String]) -> Result<Vec<Option<PauseRead>>, ReadError> {
+        let store = &self.store;
+        let read = bounded(&self.runtime, self.deadline, store.pauses(jobs))?
+            .map_err(ReadError::NoMajority)?;
+        Ok(self.note(read))
+    }
+
+    /// Pauses `job` on a majority of the nodes.
+    pub(super) fn pause(&mut self, job: &str, pause: &Pause) -> Result<(), ReadError> {
+        let store = &self.store;
+        bounded(&self.runtime, self.deadline, store.pause(job, pause))?
+            .map_err(ReadError::NoMajority)
+    }
+
+    /// Resumes `job` on a majority of the nodes; whether a node held a pause.
+    pub(super) fn resume(&mut self, job: &str) -> Result<bool, ReadError> {
+        let store = &self.store;
+        bounded(&self.runtime, self.deadline, store.resume(job))?.map_err(ReadError::NoMajority)
     }
 
     /// What the reads so far could not see.

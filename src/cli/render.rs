@@ -124,6 +124,22 @@ pub(super) fn status(status: &Status) -> String {
         if !job.enabled {
             notes.push("disabled".to_string());
         }
+        if let Some(read) = &job.paused {
+            let until = read
+                .pause
+                .until
+                .map_or(String::new(), |t| format!(" until {}", instant(t)));
+            let reason = match read.pause.reason.as_str() {
+                "" => String::new(),
+                reason => format!(": {reason}"),
+            };
+            notes.push(format!(
+                "PAUSED{until} by {}{reason} (on {} node{})",
+                read.pause.by,
+                read.nodes,
+                super::plural(read.nodes)
+            ));
+        }
         if let Some(overdue) = &job.overdue {
             notes.push(format!("OVERDUE: no entry for {}", instant(overdue.tick)));
         }

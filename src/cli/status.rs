@@ -2,8 +2,8 @@
 //!
 //! Reads the members and each job's recent history from a majority of the nodes ([`super::read`]), then
 //! works out — without I/O, so it is unit-tested — what an operator asks first: which workers are alive and
-//! which run another config than most of them, and for each job its next tick, its last run, how many runs
-//! failed in a row, its last success, and whether it is *overdue*: its newest tick whose window has ended
+//! which run another config than most of them, and for each job whether it is paused, its next tick, its
+//! last run, how many runs failed in a row, its last success, and whether it is *overdue*: its newest tick whose window has ended
 //! has no entry at all, so nobody accounted for it (no worker alive, or all of them stuck), while earlier
 //! ticks had entries (a job with none is new).
 
@@ -18,6 +18,7 @@ use super::read::{Notes, Reader};
 use super::{load, render, ConfigArg};
 use crate::config::{Config, JobConfig};
 use crate::history::{Entry, Kind, Query};
+use crate::lock::PauseRead;
 use crate::membership::Member;
 
 /// How many entries of each job `status` reads, newest first: enough for the failures in a row and the
@@ -77,6 +78,8 @@ pub(super) struct JobStatus {
     pub schedule: String,
     pub timezone: String,
     pub enabled: bool,
+    /// The job's pause (`redcron pause`), with on how many nodes it stands; `null` when not paused.
+    pub paused: Option<PauseRead>,
     pub next_tick: Option<DateTime<Utc>>,
     /// The `run` entry of the newest tick that was run (ended or still running).
     pub last_run: Option<Entry>,
@@ -128,13 +131,18 @@ pub(super) fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
             })
             .collect();
         let histories = reader.histories(&queries)?;
-        Ok((members, histories, reader.notes()))
+        let names: Vec<String> = config.jobs.iter().map(|job| job.name.clone()).collect();
+        let pauses = reader.pauses(&names)?;
+        Ok((members, histories, pauses, reader.notes()))
     });
-    let (members, histories, notes) = match read {
+    let (members, histories, pauses, notes) = match read {
         Ok(read) => read,
         Err(error) => return Ok(super::read_failed(&error)),
     };
-    let status = status(&config, members, &histories, Utc::now(), notes);
+    let mut status = status(&config, members, &histories, Utc::now(), notes);
+    for (job, paused) in status.jobs.iter_mut().zip(pauses) {
+        job.paused = paused;
+    }
     render::deliver(&status, &status.notes, args.json, render::status)
 }
 
@@ -237,6 +245,7 @@ fn job_status(
         schedule: job.schedule.expression().to_string(),
         timezone: job.schedule.timezone().name().to_string(),
         enabled: job.enabled,
+        paused: None,
         next_tick: job.schedule.next_after(now).map(|t| t.to_utc()),
         last_run,
         running,

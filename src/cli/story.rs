@@ -105,7 +105,7 @@ fn why(reason: &str) -> String {
         "contended" => "another worker held its lease without claiming it until its window ended",
         "lease_expired" => "the lease expired before the job could start (a paused process)",
         "shutdown" => "the worker was shutting down",
-        "paused" => "the job or the worker was paused",
+        "paused" => "the job was paused (redcron pause)",
         "unclaimed" => "nobody claimed it within its window",
         "no_run_recorded" => {
             "it was claimed, but no run was recorded: the winner died before starting it"

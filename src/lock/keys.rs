@@ -5,36 +5,56 @@
 //! - A **claimant** is one worker's chain of attempts at one `(job, tick)`: `<worker id>/<uuid>`, made once
 //!   ([`super::ClaimRequest::new`]) and reused by every retry of that tick. Each node confirms at most one
 //!   claimant per `(job, tick)`, ever; that is the whole of G1 (see `docs/protocol.md`).
-//! - A **lease value** is one attempt of a claimant: `<claimant>|<attempt>|<tick ms>|<fingerprint>`. The
-//!   attempt number is unique in the process, so an undo of an old attempt never deletes a newer one; the tick
-//!   tells a contender for the same tick (wait it out) from the previous run still holding the job (skip);
-//!   the fingerprint tells which workers disagree on the job's definition.
-//! - A **claim record** is `<tick ms> <lease value>`: the highest tick this node confirmed, and who did.
+//! - A **lease value** is one attempt of a claimant: `<claimant>|<attempt>|<tick ms>|<fingerprint>`, and
+//!   `|<series tag>` for a claim outside the schedule ([`Series::tag`]). The attempt number is unique in the
+//!   process, so an undo of an old attempt never deletes a newer one; the tick and series tell a contender
+//!   for the same tick (wait it out) from another run still holding the job (skip); the fingerprint tells
+//!   which workers disagree on the job's definition.
+//! - A **claim record** is `<tick ms> <lease value>`: the highest tick this node confirmed in the record's
+//!   series, and who did.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{FencingToken, Overlap};
+use super::{FencingToken, Overlap, Series};
 use crate::schedule::Tick;
 
-/// The three keys of one claim on every node: lease, fence counter, claim record.
+/// The four keys of one claim on every node: lease, fence counter, claim record, pause.
 ///
-/// The lease key depends on `overlap` (one per job with `skip`, one per tick with `allow`); the fence and the
-/// claim do not, so workers that disagree on `overlap` (a rollout) still meet on the claim record.
-pub fn claim_keys(prefix: &str, job: &str, tick: Tick, overlap: Overlap) -> [String; 3] {
-    let lease = match overlap {
-        Overlap::Skip => format!("{prefix}:{{{job}}}:lease"),
-        Overlap::Allow => format!("{prefix}:{{{job}}}:lease:{}", tick.as_millis()),
+/// The lease key depends on `overlap` (one per job with `skip`, shared by every series; one per tick and
+/// series instance with `allow`); the fence does not, and the claim record depends on the series only
+/// ([`Series::key_suffix`]), so workers that disagree on `overlap` (a rollout) still meet on the claim
+/// record. The pause key (`…:paused`) is the job's, whatever the series.
+pub fn claim_keys(
+    prefix: &str,
+    job: &str,
+    tick: Tick,
+    overlap: Overlap,
+    series: &Series,
+) -> [String; 4] {
+    let suffix = series.key_suffix(tick);
+    let lease = match (overlap, series) {
+        (Overlap::Skip, _) => format!("{prefix}:{{{job}}}:lease"),
+        (Overlap::Allow, Series::Schedule) => {
+            format!("{prefix}:{{{job}}}:lease:{}", tick.as_millis())
+        }
+        (Overlap::Allow, _) => format!("{prefix}:{{{job}}}:lease{suffix}"),
     };
     [
         lease,
         format!("{prefix}:{{{job}}}:fence"),
-        format!("{prefix}:{{{job}}}:claim"),
+        format!("{prefix}:{{{job}}}:claim{suffix}"),
+        pause_key(prefix, job),
     ]
+}
+
+/// The key that pauses `job` on a node ([`super::Pause`]).
+pub fn pause_key(prefix: &str, job: &str) -> String {
+    format!("{prefix}:{{{job}}}:paused")
 }
 
 /// The lease key of a granted lease (the first of its [`claim_keys`]).
 pub(crate) fn lease_key(prefix: &str, lease: &super::Lease) -> String {
-    let [key, _, _] = claim_keys(prefix, &lease.job, lease.tick, lease.overlap);
+    let [key, ..] = claim_keys(prefix, &lease.job, lease.tick, lease.overlap, &lease.series);
     key
 }
 
@@ -55,11 +75,20 @@ pub(crate) fn new_claimant(worker_id: &str) -> String {
     format!("{worker_id}/{}", uuid::Uuid::new_v4().simple())
 }
 
-/// The lease value of a new attempt of `claimant`.
-pub(crate) fn attempt_value(claimant: &str, tick: Tick, fingerprint: &str) -> String {
+/// The lease value of a new attempt of `claimant` in `series`.
+pub(crate) fn attempt_value(
+    claimant: &str,
+    tick: Tick,
+    fingerprint: &str,
+    series: &Series,
+) -> String {
     static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
     let attempt = ATTEMPTS.fetch_add(1, Ordering::Relaxed);
-    format!("{claimant}|{attempt}|{}|{fingerprint}", tick.as_millis())
+    let value = format!("{claimant}|{attempt}|{}|{fingerprint}", tick.as_millis());
+    match series.tag() {
+        Some(tag) => format!("{value}|{tag}"),
+        None => value,
+    }
 }
 
 /// The claimant part of a lease value (the whole value for a value written before claimants existed).
@@ -80,6 +109,8 @@ pub struct Holder {
     pub tick: Option<Tick>,
     /// Its fingerprint of the job's definition, if the value says.
     pub fingerprint: Option<String>,
+    /// The series of its claim (the schedule unless the value says otherwise).
+    pub series: Series,
 }
 
 impl Holder {
@@ -90,6 +121,7 @@ impl Holder {
         let _attempt = fields.next();
         let tick = fields.next().and_then(|tick| tick.parse().ok()).map(Tick);
         let fingerprint = fields.next().map(str::to_string);
+        let series = Series::from_tag(fields.next());
         let worker = claimant
             .rsplit_once('/')
             .map_or(claimant.as_str(), |(worker, _)| worker)
@@ -99,7 +131,14 @@ impl Holder {
             claimant,
             tick,
             fingerprint,
+            series,
         }
+    }
+
+    /// Whether this holder is a claimant of the same claim instance as `tick` in `series`: a contender,
+    /// rather than another run holding the job.
+    pub fn contends_for(&self, tick: Tick, series: &Series) -> bool {
+        self.tick == Some(tick) && &self.series == series
     }
 
     /// Reads a claim record (`<tick ms> <lease value>`); a bare number (written before claimants existed)
@@ -119,7 +158,12 @@ mod tests {
     #[test]
     fn values_round_trip_through_holder() {
         let claimant = new_claimant("web-1");
-        let value = attempt_value(&claimant, Tick(1_000), "00ff00ff00ff00ff");
+        let value = attempt_value(
+            &claimant,
+            Tick(1_000),
+            "00ff00ff00ff00ff",
+            &Series::Schedule,
+        );
         assert_eq!(claimant_of(&value), claimant);
         let holder = Holder::from_value(&value);
         assert_eq!(holder.worker, "web-1");
@@ -134,8 +178,8 @@ mod tests {
     fn attempts_of_one_claimant_differ() {
         let claimant = new_claimant("w");
         assert_ne!(
-            attempt_value(&claimant, Tick(1), "f"),
-            attempt_value(&claimant, Tick(1), "f")
+            attempt_value(&claimant, Tick(1), "f", &Series::Schedule),
+            attempt_value(&claimant, Tick(1), "f", &Series::Schedule)
         );
     }
 
@@ -148,5 +192,33 @@ mod tests {
         let garbage = Holder::from_value("||x|");
         assert_eq!(garbage.tick, None);
         assert_eq!(claimant_of("a|b"), "a");
+    }
+
+    #[test]
+    fn series_travel_in_values_and_keys() {
+        let trigger = Series::Trigger("9f".to_string());
+        let value = attempt_value("w/1", Tick(7), "f", &trigger);
+        let holder = Holder::from_value(&value);
+        assert!(holder.contends_for(Tick(7), &trigger));
+        assert!(!holder.contends_for(Tick(7), &Series::Schedule));
+        assert_eq!(Holder::from_value("w/1|2|7|f").series, Series::Schedule);
+        let skip = claim_keys("p", "j", Tick(7), Overlap::Skip, &trigger);
+        assert_eq!(
+            skip,
+            [
+                "p:{j}:lease",
+                "p:{j}:fence",
+                "p:{j}:claim:trigger:9f",
+                "p:{j}:paused"
+            ]
+        );
+        let allow = claim_keys("p", "j", Tick(7), Overlap::Allow, &Series::Retry(2));
+        assert_eq!(allow[0], "p:{j}:lease:retry:7:2");
+        assert_eq!(allow[2], "p:{j}:claim:retry:7:2");
+        let schedule = claim_keys("p", "j", Tick(7), Overlap::Allow, &Series::Schedule);
+        assert_eq!(
+            schedule[..3],
+            ["p:{j}:lease:7", "p:{j}:fence", "p:{j}:claim"]
+        );
     }
 }

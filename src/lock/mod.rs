@@ -8,7 +8,9 @@
 //! for a single host. Both write the names of [`keys`].
 
 pub mod keys;
+pub mod pause;
 pub mod quorum;
+pub mod series;
 pub(crate) mod validity;
 
 use std::time::Duration;
@@ -17,6 +19,8 @@ use crate::clock::boot::BootInstant;
 use crate::schedule::Tick;
 
 pub use keys::Holder;
+pub use pause::{Pause, PauseRead};
+pub use series::Series;
 pub use validity::{
     default_stop_grace, drift, renew_when_left, renewal_slack, validity, MAX_DEFAULT_STOP_GRACE,
 };
@@ -80,10 +84,21 @@ pub struct ClaimRequest {
     pub fingerprint: String,
     /// `<worker id>/<uuid>`, unique to this request.
     pub claimant: String,
+    /// The series of the claim ([`Series`]): the schedule unless set by [`ClaimRequest::in_series`].
+    pub series: Series,
+    /// For a claim outside the schedule: the end of its window (cluster time, milliseconds). The nodes
+    /// refuse a claim of it after this instant on their clocks, and drop its claim record
+    /// [`ONE_OFF_RECORD_KEEP`] later.
+    pub not_after: Option<Tick>,
 }
 
+/// How long the claim record of a trigger or a retry outlives the end of its window on each node: no
+/// claim of it is granted after its window (the nodes refuse), so the record is needed only until then;
+/// the margin covers a node clock that steps back.
+pub const ONE_OFF_RECORD_KEEP: Duration = Duration::from_secs(3600);
+
 impl ClaimRequest {
-    /// A new claimant of `(job, tick)` for worker `worker_id`.
+    /// A new claimant of `(job, tick)` for worker `worker_id`, in the schedule's series.
     pub fn new(
         worker_id: &str,
         job: &str,
@@ -97,7 +112,25 @@ impl ClaimRequest {
             overlap,
             fingerprint: fingerprint.to_string(),
             claimant: keys::new_claimant(worker_id),
+            series: Series::Schedule,
+            not_after: None,
         }
+    }
+
+    /// The same request in `series` (a trigger or a retry), claimable until `not_after` (cluster time).
+    pub fn in_series(self, series: Series, not_after: Tick) -> ClaimRequest {
+        ClaimRequest {
+            series,
+            not_after: Some(not_after),
+            ..self
+        }
+    }
+
+    /// When the nodes drop this request's claim record (milliseconds, cluster time), if they do.
+    pub(crate) fn record_expires_at(&self) -> Option<i64> {
+        let keep = i64::try_from(ONE_OFF_RECORD_KEEP.as_millis()).unwrap_or(i64::MAX);
+        self.not_after
+            .map(|not_after| not_after.as_millis().saturating_add(keep))
     }
 }
 
@@ -133,6 +166,9 @@ pub enum ClaimOutcome {
     /// No majority of the configured nodes answered in time; the reasons name each failed node. Not final:
     /// retry the same request.
     NoQuorum(QuorumFailure),
+    /// The job is paused (`redcron pause`) on so many nodes that no majority is left for this claim: the
+    /// tick is skipped. Final.
+    Paused(Pause),
 }
 
 impl ClaimOutcome {
@@ -144,7 +180,8 @@ impl ClaimOutcome {
             ClaimOutcome::NoQuorum(_) => Some(Duration::ZERO),
             ClaimOutcome::Won(_)
             | ClaimOutcome::AlreadyClaimed { .. }
-            | ClaimOutcome::Busy { .. } => None,
+            | ClaimOutcome::Busy { .. }
+            | ClaimOutcome::Paused(_) => None,
         }
     }
 
@@ -155,7 +192,7 @@ impl ClaimOutcome {
             ClaimOutcome::Busy { holder, .. } | ClaimOutcome::Contended { holder, .. } => {
                 holder.as_ref()
             }
-            ClaimOutcome::Won(_) | ClaimOutcome::NoQuorum(_) => None,
+            ClaimOutcome::Won(_) | ClaimOutcome::NoQuorum(_) | ClaimOutcome::Paused(_) => None,
         }
     }
 }
@@ -195,6 +232,8 @@ pub struct Lease {
     pub job: String,
     pub tick: Tick,
     pub overlap: Overlap,
+    /// The series of the claim this lease was granted for.
+    pub series: Series,
     /// The fencing token of this run.
     pub token: FencingToken,
     /// The value stored on each node ([`keys`]): unique per attempt, so that renew and release only ever
@@ -215,6 +254,7 @@ impl Lease {
             job: request.job.clone(),
             tick: request.tick,
             overlap: request.overlap,
+            series: request.series.clone(),
             token,
             value,
             deadline,

@@ -15,7 +15,9 @@ pub mod redis;
 
 use crate::config::Config;
 use crate::history::{Entry, HistorySettings, Query};
-use crate::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, QuorumFailure, RenewError};
+use crate::lock::{
+    ClaimOutcome, ClaimRequest, Lease, LockSettings, Pause, PauseRead, QuorumFailure, RenewError,
+};
 use crate::membership::Member;
 
 /// Failures of a store that are not expected outcomes (the store could not even be set up).
@@ -170,6 +172,38 @@ impl Store {
         match self {
             Store::Redis(store) => store.members().await,
             Store::Embedded(store) => store.members().await,
+        }
+    }
+
+    /// Pauses `job` on every node (until `pause.until`, when each node drops it by itself, or until
+    /// [`Store::resume`]). Fails when fewer than a majority took it: the job may then still run. Once it
+    /// succeeded, no claim of the job is granted whose confirmation had not reached a node of that majority
+    /// before the pause did (`docs/protocol.md`, *Pause*); runs under way go on.
+    pub async fn pause(&self, job: &str, pause: &Pause) -> Result<(), QuorumFailure> {
+        match self {
+            Store::Redis(store) => store.pause(job, pause).await,
+            Store::Embedded(store) => store.pause(job, pause).await,
+        }
+    }
+
+    /// Deletes `job`'s pause on every node; `Ok(true)` if a node held one. Fails when fewer than a
+    /// majority took the deletion: the job may then stay paused.
+    pub async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
+        match self {
+            Store::Redis(store) => store.resume(job).await,
+            Store::Embedded(store) => store.resume(job).await,
+        }
+    }
+
+    /// The pause of each of `jobs` (in order), read from a majority: the one found on the most nodes, and
+    /// on how many.
+    pub async fn pauses(
+        &self,
+        jobs: &[String],
+    ) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
+        match self {
+            Store::Redis(store) => store.pauses(jobs).await,
+            Store::Embedded(store) => store.pauses(jobs).await,
         }
     }
 

@@ -248,7 +248,10 @@ async fn raise(context: &Context, job: &JobConfig, tick: Tick, claimed_by: Optio
             true
         }
         ClaimOutcome::NoQuorum(_) | ClaimOutcome::Contended { .. } => false,
-        // Another worker raised it (or a later tick's alarm): at most once.
-        ClaimOutcome::AlreadyClaimed { .. } | ClaimOutcome::Busy { .. } => true,
+        // Another worker raised it (or a later tick's alarm): at most once. No alarm is ever paused (no job
+        // name holds the `:` of its pseudo-job's), so `Paused` cannot come; it would settle it too.
+        ClaimOutcome::AlreadyClaimed { .. }
+        | ClaimOutcome::Busy { .. }
+        | ClaimOutcome::Paused(_) => true,
     }
 }

@@ -236,6 +236,13 @@ async fn settle(
             let by = holder.map(|holder| holder.worker);
             context.note(&job, tick, Kind::Skipped, Some("overlap"), by.as_deref());
         }
+        ClaimOutcome::Paused(pause) => {
+            info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "paused",
+                  paused_by = %pause.by, paused_reason = %pause.reason,
+                  paused_until = %pause.until.map_or(String::new(), |until| until.to_rfc3339()),
+                  "Skipped: the job is paused (redcron pause)");
+            context.note(&job, tick, Kind::Skipped, Some("paused"), None);
+        }
         ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
             // Never settled: `race` retries these until it gives up, and logs that.
         }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap};
+use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, Series};
 use redcron::schedule::Tick;
 use redcron::store::redis::scripts;
 use redcron::store::redis::RedisStore;
@@ -312,4 +312,66 @@ fn a_rollout_that_changes_overlap_runs_each_tick_once() {
     assert!(twice.is_empty(), "ticks that ran twice: {twice:?}");
     let differs = differs.expect("a job.config_differs event from one of the workers");
     assert_eq!(differs["job"], "rollout");
+}
+
+/// Series are independent: a trigger claimed at a time later than a pending scheduled tick does not make
+/// that tick unclaimable (each series has its own claim records), while it shares the job's lease (the
+/// scheduled tick is busy while the trigger's run holds it, `overlap: skip`) and its fence (the tick's token
+/// is above the trigger's). Each trigger request and retry attempt is granted once.
+#[tokio::test]
+async fn a_trigger_later_than_a_pending_tick_leaves_the_tick_claimable() {
+    let cluster = RedisCluster::start(3);
+    let store = store(&cluster.urls());
+    warm(&store).await;
+    let window = Tick(chrono::Utc::now().timestamp_millis() + 60_000);
+    let trigger = |worker: &str| {
+        ClaimRequest::new(worker, "report", Tick(9_000), Overlap::Skip, "f")
+            .in_series(Series::Trigger("t1".to_string()), window)
+    };
+    let triggered = won(store.claim(&trigger("a")).await);
+    let scheduled = ClaimRequest::new("b", "report", Tick(5_000), Overlap::Skip, "f");
+    let busy = store.claim(&scheduled).await;
+    assert!(matches!(busy, ClaimOutcome::Busy { .. }), "{busy:?}");
+    store.release(&triggered).await;
+    let again = claim_until_final(&store, &trigger("c"), Duration::from_secs(5)).await;
+    assert!(
+        matches!(again, ClaimOutcome::AlreadyClaimed { .. }),
+        "{again:?}"
+    );
+    let tick = won(claim_until_final(&store, &scheduled, Duration::from_secs(5)).await);
+    assert!(
+        tick.token > triggered.token,
+        "{} after {}",
+        tick.token,
+        triggered.token
+    );
+    store.release(&tick).await;
+    let retry = |worker: &str| {
+        ClaimRequest::new(worker, "report", Tick(5_000), Overlap::Skip, "f")
+            .in_series(Series::Retry(1), window)
+    };
+    let retried = won(store.claim(&retry("d")).await);
+    assert!(retried.token > tick.token);
+    store.release(&retried).await;
+    let twice = claim_until_final(&store, &retry("e"), Duration::from_secs(5)).await;
+    assert!(
+        matches!(twice, ClaimOutcome::AlreadyClaimed { .. }),
+        "{twice:?}"
+    );
+    // The one-off claim records expire after their window; the schedule's record is kept.
+    let ttl: i64 = cluster.query(
+        0,
+        redis::cmd("PTTL").arg("redcron:{report}:claim:trigger:t1"),
+    );
+    assert!(ttl > 3_600_000, "PTTL {ttl}");
+    let kept: i64 = cluster.query(0, redis::cmd("PTTL").arg("redcron:{report}:claim"));
+    assert_eq!(kept, -1);
+    // A claim whose window has ended on the nodes' clocks is refused.
+    let late = ClaimRequest::new("f", "report", Tick(5_000), Overlap::Skip, "f")
+        .in_series(Series::Retry(2), Tick(1));
+    let refused = store.claim(&late).await;
+    assert!(
+        matches!(refused, ClaimOutcome::AlreadyClaimed { by: None }),
+        "{refused:?}"
+    );
 }

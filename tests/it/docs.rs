@@ -22,6 +22,7 @@ const MODULES: &[&str] = &[
     "lock",
     "metrics",
     "model",
+    "pause",
     "reload",
     "schedule",
     "worker",

@@ -38,7 +38,7 @@ fn read_history(cluster: &RedisCluster, job: &str) -> Result<Read<Vec<Entry>>, Q
 }
 
 /// Every entry of `job` on the cluster, read from a majority.
-fn history(cluster: &RedisCluster, job: &str) -> Vec<Entry> {
+pub(crate) fn history(cluster: &RedisCluster, job: &str) -> Vec<Entry> {
     read_history(cluster, job)
         .expect("a majority answers")
         .value

@@ -17,6 +17,7 @@ mod lease_stop;
 mod lock;
 mod metrics;
 mod model;
+mod pause;
 mod reload;
 mod schedule;
 mod support;

@@ -1,8 +1,10 @@
 //! Claims, renewals and releases on the embedded store: the Lua scripts' rules
 //! ([`crate::store::redis::scripts`]) as SQL, each call one `BEGIN IMMEDIATE` transaction.
 //!
-//! A claim does `ACQUIRE`'s checks and `CONFIRM`'s writes at once: refused if another claimant confirmed
-//! this tick or a later one (the claim record), or holds the lease and it has not expired; else the fence
+//! A claim does `ACQUIRE`'s checks and `CONFIRM`'s writes at once: refused if the job is paused (its row in
+//! `paused`, until it expires), if a trigger's or retry's window has ended (on this host's wall clock), if
+//! another claimant confirmed this tick or a later one (the claim record of the claim's series), or holds
+//! the lease and it has not expired; else the fence
 //! counter goes to `max(fence + 1, token floor)`, the claim record to this tick and attempt, and the lease
 //! to this attempt for a TTL. Since the transaction holds the database's write lock from its first read to
 //! its commit, what it read is still true when it writes, in whichever process it runs — a tick is
@@ -11,7 +13,7 @@
 
 use rusqlite::{params, OptionalExtension as _, Transaction};
 
-use super::{nanos, EmbeddedStore, Shared};
+use super::{nanos, now_ms, EmbeddedStore, Shared};
 use crate::clock::boot::BootInstant;
 use crate::lock::keys::{attempt_value, claim_keys, claimant_of, lease_key, token_floor, Holder};
 use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, RenewError};
@@ -105,13 +107,21 @@ impl EmbeddedStore {
 }
 
 impl Shared {
-    /// Deletes the leases that expired (or were taken in another boot), as Redis drops a key after its
-    /// TTL: those of crashed holders with `overlap: allow`, one per tick, would otherwise pile up. The
-    /// table holds the leases still held, so this costs little; expired leases count as absent anyway.
+    /// Deletes the leases that expired (or were taken in another boot), the claim records of triggers and
+    /// retries past their expiry, and pauses that ended, as Redis drops a key after its TTL: those of
+    /// crashed holders with `overlap: allow`, one per tick, and the one-off claim records would otherwise
+    /// pile up. The tables hold little beyond what is live, so this costs little; expired rows count as
+    /// absent anyway.
     fn drop_expired_leases(&self, transaction: &Transaction) -> rusqlite::Result<()> {
         transaction
             .prepare_cached("DELETE FROM leases WHERE expires_ns <= ?1 OR boot_id != ?2")?
             .execute(params![nanos(BootInstant::now()), self.boot_id])?;
+        transaction
+            .prepare_cached("DELETE FROM claims WHERE expires_ms <= ?1")?
+            .execute([now_ms()])?;
+        transaction
+            .prepare_cached("DELETE FROM paused WHERE until_ms <= ?1")?
+            .execute([now_ms()])?;
         Ok(())
     }
 
@@ -124,12 +134,19 @@ impl Shared {
         let now = BootInstant::now();
         let ttl = self.settings.ttl;
         let tick = request.tick.as_millis();
-        let [lease_key, fence_key, claim_key] = claim_keys(
+        let [lease_key, fence_key, claim_key, _] = claim_keys(
             &self.settings.key_prefix,
             &request.job,
             request.tick,
             request.overlap,
+            &request.series,
         );
+        if let Some(pause) = self.pause_of(transaction, &request.job)? {
+            return Ok(ClaimOutcome::Paused(pause));
+        }
+        if request.not_after.is_some_and(|t| now_ms() > t.as_millis()) {
+            return Ok(ClaimOutcome::AlreadyClaimed { by: None });
+        }
         let record: Option<(i64, String)> = transaction
             .prepare_cached("SELECT tick, value FROM claims WHERE key = ?1")?
             .query_row([&claim_key], |row| Ok((row.get(0)?, row.get(1)?)))
@@ -151,7 +168,7 @@ impl Shared {
             let left = self.left(&boot_id, expires_ns, now);
             if let Some(left) = left.filter(|_| claimant_of(&value) != request.claimant) {
                 let holder = Holder::from_value(&value);
-                return Ok(if holder.tick == Some(request.tick) {
+                return Ok(if holder.contends_for(request.tick, &request.series) {
                     ClaimOutcome::Contended {
                         holder: Some(holder),
                         retry_in: left.max(self.settings.retry_delay),
@@ -170,7 +187,12 @@ impl Shared {
             .optional()?;
         let fence = fence.and_then(|f| u64::try_from(f).ok()).unwrap_or(0);
         let token = fence.saturating_add(1).max(token_floor(request.tick));
-        let value = attempt_value(&request.claimant, request.tick, &request.fingerprint);
+        let value = attempt_value(
+            &request.claimant,
+            request.tick,
+            &request.fingerprint,
+            &request.series,
+        );
         transaction
             .prepare_cached(
                 "INSERT INTO fences (key, token) VALUES (?1, ?2)
@@ -179,10 +201,11 @@ impl Shared {
             .execute(params![fence_key, i64::try_from(token).unwrap_or(i64::MAX)])?;
         transaction
             .prepare_cached(
-                "INSERT INTO claims (key, tick, value) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (key) DO UPDATE SET tick = excluded.tick, value = excluded.value",
+                "INSERT INTO claims (key, tick, value, expires_ms) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (key) DO UPDATE SET tick = excluded.tick, value = excluded.value,
+                                                 expires_ms = excluded.expires_ms",
             )?
-            .execute(params![claim_key, tick, value])?;
+            .execute(params![claim_key, tick, value, request.record_expires_at()])?;
         transaction
             .prepare_cached(
                 "INSERT INTO leases (key, value, boot_id, expires_ns) VALUES (?1, ?2, ?3, ?4)

@@ -15,8 +15,11 @@
 //! never wait for a writer) with `synchronous = FULL`: a claim is on disk before it is answered, since
 //! a claim record lost in a power cut would let its tick run again.
 //!
+//! Pauses (`pause.rs`) are rows that expire on this host's wall clock, as a Redis key with a TTL expires on
+//! the node's; every claim reads its job's row in its transaction.
+//!
 //! What survives a restart (of a worker or of the host): the claim records and fencing counters, kept
-//! forever — a restarted worker, even one whose clock stepped back, never runs a claimed tick again, and
+//! forever (those of triggers and retries until an hour after their window) — a restarted worker, even one whose clock stepped back, never runs a claimed tick again, and
 //! its tokens keep rising — and the history and membership (`history.rs`). Leases survive a worker's
 //! restart but not the host's: a lease's expiry is a point on `CLOCK_BOOTTIME` ([`crate::clock::boot`]),
 //! which every process of the host shares and which counts a suspend, stored with the boot's id, and a
@@ -24,6 +27,7 @@
 
 mod claim;
 mod history;
+mod pause;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -41,7 +45,7 @@ use crate::store::StoreError;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The schema this version writes (`PRAGMA user_version`).
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// Per key, as in Redis: fence counters, claim records and leases (expiring on the boot clock of the
 /// boot they were taken in); history entries by job and id; members by id.
@@ -56,6 +60,16 @@ CREATE INDEX history_by_tick ON history (job, tick);
 CREATE TABLE members (id TEXT PRIMARY KEY, seen_ms INTEGER NOT NULL, member TEXT NOT NULL,
                       boot_id TEXT NOT NULL, expires_ns INTEGER NOT NULL,
                       expired_ms INTEGER NOT NULL) WITHOUT ROWID;
+";
+
+/// Schema 2 over schema 1: pauses (until the wall-clock instant `until_ms`, or for ever), trigger requests
+/// (dropped at `expires_ms`), and the expiry of the claim records of triggers and retries (`NULL` for the
+/// schedule's, kept for ever).
+const SCHEMA_2: &str = "
+CREATE TABLE paused (job TEXT PRIMARY KEY, value TEXT NOT NULL, until_ms INTEGER) WITHOUT ROWID;
+CREATE TABLE triggers (id TEXT PRIMARY KEY, job TEXT NOT NULL, request TEXT NOT NULL,
+                       expires_ms INTEGER NOT NULL) WITHOUT ROWID;
+ALTER TABLE claims ADD COLUMN expires_ms INTEGER;
 ";
 
 /// Claims, leases, tokens, history and membership in one SQLite file that processes of one host share.
@@ -192,6 +206,12 @@ impl Shared {
     }
 }
 
+/// This host's wall clock in milliseconds since the epoch: what pauses, trigger requests and the windows
+/// of one-off claims expire on (as Redis expires keys on its own clock).
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
 /// A point on the boot clock as stored: nanoseconds since boot (an `i64` lasts 292 years of uptime).
 fn nanos(at: BootInstant) -> i64 {
     i64::try_from(at.since_boot().as_nanos()).unwrap_or(i64::MAX)
@@ -221,8 +241,12 @@ fn prepare(connection: &mut Connection) -> Result<(), String> {
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(not_usable)?;
     match version {
-        0 => {
-            transaction.execute_batch(SCHEMA).map_err(not_usable)?;
+        0 | 1 => {
+            // A new file gets schema 1 first, so that every file reaches the same schema the same way.
+            if version == 0 {
+                transaction.execute_batch(SCHEMA).map_err(not_usable)?;
+            }
+            transaction.execute_batch(SCHEMA_2).map_err(not_usable)?;
             transaction
                 .pragma_update(None, "user_version", SCHEMA_VERSION)
                 .map_err(not_usable)?;

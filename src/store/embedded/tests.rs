@@ -9,7 +9,7 @@ use tempfile::TempDir;
 
 use super::EmbeddedStore;
 use crate::history::{Entry, HistorySettings, Kind, Query};
-use crate::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError};
+use crate::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError, Series};
 use crate::membership::Member;
 use crate::schedule::Tick;
 use crate::store::StoreError;
@@ -279,4 +279,38 @@ async fn members_are_alive_until_they_stop_and_survive_a_reopen() {
         .map(|m| (m.id.as_str(), m.alive, m.seen_at.is_some()))
         .collect();
     assert_eq!(seen, [("a", false, true), ("b", true, true)]);
+}
+
+/// A trigger claimed at a time later than a pending scheduled tick leaves that tick claimable, shares the
+/// job's lease (`overlap: skip`) and its fence, and is claimed once; a retry attempt likewise.
+#[tokio::test]
+async fn series_have_their_own_claims_and_share_lease_and_fence() {
+    let (_dir, store) = store(60_000);
+    let far = chrono::Utc::now().timestamp_millis() + 60_000;
+    let trigger =
+        |worker: &str| request(worker, 5_000).in_series(Series::Trigger("t1".into()), Tick(far));
+    let first = won(store.claim_many(&[trigger("a")]).await.remove(0));
+    let again = store.claim_many(&[trigger("b")]).await.remove(0);
+    assert!(
+        matches!(again, ClaimOutcome::AlreadyClaimed { .. }),
+        "{again:?}"
+    );
+    // The scheduled tick before it is busy (one lease), not claimed.
+    let busy = claim(&store, "c", 1_000).await;
+    assert!(matches!(busy, ClaimOutcome::Busy { .. }), "{busy:?}");
+    store.release(&first).await;
+    let scheduled = won(claim(&store, "c", 1_000).await);
+    assert!(scheduled.token > first.token, "the fence is shared");
+    store.release(&scheduled).await;
+    let retry = request("d", 1_000).in_series(Series::Retry(1), Tick(far));
+    let retried = won(store.claim_many(&[retry]).await.remove(0));
+    assert!(retried.token > scheduled.token);
+    // A one-off claim past its window is refused.
+    store.release(&retried).await;
+    let late = request("e", 1_000).in_series(Series::Retry(2), Tick(1));
+    let refused = store.claim_many(&[late]).await.remove(0);
+    assert!(
+        matches!(refused, ClaimOutcome::AlreadyClaimed { by: None }),
+        "{refused:?}"
+    );
 }

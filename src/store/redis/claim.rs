@@ -10,7 +10,7 @@ use super::{Attempt, RedisStore, Retry, Try};
 use crate::clock::boot::BootInstant;
 use crate::lock::keys::{attempt_value, claim_keys, token_floor, Holder};
 use crate::lock::quorum::{quorum, Vote};
-use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, QuorumFailure};
+use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, Pause, QuorumFailure};
 
 impl RedisStore {
     /// One attempt at every request of the batch: round 1, then round 2 for those that reached a majority.
@@ -22,17 +22,29 @@ impl RedisStore {
             .iter()
             .map(|t| {
                 t.value.clone().unwrap_or_else(|| {
-                    attempt_value(&t.request.claimant, t.request.tick, &t.request.fingerprint)
+                    let r = t.request;
+                    attempt_value(&r.claimant, r.tick, &r.fingerprint, &r.series)
                 })
             })
             .collect();
-        let keys: Vec<[String; 3]> = requests
+        let keys: Vec<[String; 4]> = requests
             .iter()
-            .map(|r| claim_keys(&settings.key_prefix, &r.job, r.tick, r.overlap))
+            .map(|r| claim_keys(&settings.key_prefix, &r.job, r.tick, r.overlap, &r.series))
             .collect();
         let ticks: Vec<String> = requests
             .iter()
             .map(|r| r.tick.as_millis().to_string())
+            .collect();
+        // The window of a one-off claim, and when its record expires (`0`: none), as the scripts take them.
+        let windows: Vec<(String, String)> = requests
+            .iter()
+            .map(|r| {
+                let not_after = r.not_after.map_or(0, |t| t.as_millis());
+                (
+                    not_after.to_string(),
+                    r.record_expires_at().unwrap_or(0).to_string(),
+                )
+            })
             .collect();
 
         // The stopwatch starts before the first SET can reach any node, so the validity computed from it
@@ -43,7 +55,13 @@ impl RedisStore {
             pipeline.add_command(evalsha(
                 &scripts::ACQUIRE,
                 &keys[index],
-                &[&values[index], &ttl_ms, &ticks[index], &request.claimant],
+                &[
+                    &values[index],
+                    &ttl_ms,
+                    &ticks[index],
+                    &request.claimant,
+                    &windows[index].0,
+                ],
             ));
         }
         let answers = self
@@ -55,7 +73,7 @@ impl RedisStore {
                 |answer| match answer {
                     Round1::Ok { .. } => Vote::Granted,
                     Round1::Failed(why) => Vote::Failed(why.clone()),
-                    Round1::Claimed(_) | Round1::Busy { .. } => Vote::Refused,
+                    Round1::Claimed(_) | Round1::Busy { .. } | Round1::Paused(_) => Vote::Refused,
                 },
             )
             .await;
@@ -99,6 +117,8 @@ impl RedisStore {
                         &token.to_string(),
                         &ticks[index],
                         &requests[index].claimant,
+                        &windows[index].0,
+                        &windows[index].1,
                     ],
                 ));
             }
@@ -113,7 +133,7 @@ impl RedisStore {
                     Round2::Failed,
                     |answer| match answer {
                         Round2::Ok => Vote::Granted,
-                        Round2::Lost | Round2::Claimed(_) => Vote::Refused,
+                        Round2::Lost | Round2::Claimed(_) | Round2::Paused(_) => Vote::Refused,
                         Round2::Failed(why) => Vote::Failed(why.clone()),
                     },
                 )
@@ -178,7 +198,8 @@ impl RedisStore {
     /// Classifies a request that could not go on to round 2.
     ///
     /// Only what is certain is final: the tick is taken when so many nodes answered `claimed` that no
-    /// majority is left for us, and the job is busy when another tick's run holds it on the rest. `claimed`
+    /// majority is left for us, the job is paused when the pause (with claims) leaves none, and the job is
+    /// busy when another tick's run holds it on the rest. `claimed`
     /// answers from fewer nodes are leftovers of an attempt that may never have been granted (a contender
     /// that crashed during its round 2): they do not make the tick taken. A contender of the same tick
     /// holding the lease is waited out: it confirms, gives up, or its lease expires. `batch` is the number
@@ -192,17 +213,19 @@ impl RedisStore {
     ) -> Attempt {
         let configured = self.nodes.len();
         let spare = configured - quorum(configured);
-        let tick = attempt.request.tick;
+        let (tick, series) = (attempt.request.tick, &attempt.request.series);
         let mut claimed: Vec<Option<&Holder>> = Vec::new();
+        let mut paused: Vec<&Pause> = Vec::new();
         // value → (nodes, smallest pttl) for same-tick contenders, and the other ticks' holders.
         let mut contenders: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
         let mut others: Vec<(Holder, i64)> = Vec::new();
         for (_, answer) in answers {
             match answer {
                 Round1::Claimed(by) => claimed.push(by.as_ref()),
+                Round1::Paused(pause) => paused.push(pause),
                 Round1::Busy { value, pttl_ms } => {
                     let holder = Holder::from_value(value);
-                    if holder.tick == Some(tick) {
+                    if holder.contends_for(tick, series) {
                         let entry = contenders.entry(value.as_str()).or_insert((0, *pttl_ms));
                         entry.0 += 1;
                         entry.1 = entry.1.min(*pttl_ms);
@@ -220,7 +243,14 @@ impl RedisStore {
                 retry: Retry::No,
             };
         }
-        if !others.is_empty() && others.len() + claimed.len() > spare {
+        let paused_outcome = || Attempt::Lost {
+            outcome: ClaimOutcome::Paused(paused[0].clone()),
+            retry: Retry::No,
+        };
+        if paused.len() > spare {
+            return paused_outcome();
+        }
+        if !others.is_empty() && others.len() + claimed.len() + paused.len() > spare {
             let (holder, pttl) = others.swap_remove(0);
             return Attempt::Lost {
                 outcome: ClaimOutcome::Busy {
@@ -229,6 +259,11 @@ impl RedisStore {
                 },
                 retry: Retry::No,
             };
+        }
+        // Paused on some nodes and claimed on the others that refused (leftovers, or a pause under way):
+        // no majority is left for us, and the pause is what the operator asked for.
+        if !paused.is_empty() && paused.len() + claimed.len() > spare {
+            return paused_outcome();
         }
         let granted = answers
             .iter()
@@ -306,15 +341,33 @@ impl RedisStore {
                 _ => None,
             })
             .collect();
-        if claimed.len() > configured - quorum(configured) {
+        let paused = answers.iter().find_map(|(_, a)| match a {
+            Round2::Paused(pause) => Some(pause),
+            _ => None,
+        });
+        let refused = answers
+            .iter()
+            .filter(|(_, a)| matches!(a, Round2::Paused(_)))
+            .count();
+        let spare = configured - quorum(configured);
+        if claimed.len() > spare {
             let by = claimed.into_iter().flatten().next().cloned();
             return Attempt::Lost {
                 outcome: ClaimOutcome::AlreadyClaimed { by },
                 retry: Retry::No,
             };
         }
+        // The pause reached nodes between our rounds: no majority is left, and the claim is refused for
+        // good (see CONFIRM).
+        if let Some(pause) = paused.filter(|_| refused + claimed.len() > spare) {
+            return Attempt::Lost {
+                outcome: ClaimOutcome::Paused(pause.clone()),
+                retry: Retry::No,
+            };
+        }
         let failures = answers.iter().filter_map(|(node, answer)| match answer {
             Round2::Ok => None,
+            Round2::Paused(_) => Some((*node, "the job is paused".to_string())),
             Round2::Lost => Some((*node, "lease lost before confirmation".to_string())),
             Round2::Claimed(_) => Some((*node, "claimed by another claimant".to_string())),
             Round2::Failed(why) => Some((*node, why.clone())),

@@ -235,7 +235,7 @@ impl RedisStore {
 
     /// Sends `pipeline` to every node at once and waits for every answer, each bounded by
     /// [`EXCHANGE_TIMEOUT`]: `(node label, its values or why it failed)`.
-    async fn ask_all(
+    pub(super) async fn ask_all(
         &self,
         pipeline: &redis::Pipeline,
     ) -> Vec<(String, Result<Vec<Value>, String>)> {
@@ -249,7 +249,7 @@ impl RedisStore {
     }
 
     /// `Ok` if a majority of the configured nodes ran every command without an error.
-    fn written_by_majority(
+    pub(super) fn written_by_majority(
         &self,
         answers: Vec<(String, Result<Vec<Value>, String>)>,
     ) -> Result<(), QuorumFailure> {
@@ -281,7 +281,7 @@ impl RedisStore {
 
     /// Parses the one reply of each node that answered with `parse`; fails unless a majority of the
     /// configured nodes gave a readable reply. Nodes that failed are named in `missing`.
-    fn read_majority<T>(
+    pub(super) fn read_majority<T>(
         &self,
         answers: Vec<(String, Result<Vec<Value>, String>)>,
         mut parse: impl FnMut(&str, Value) -> Result<T, String>,
@@ -318,7 +318,7 @@ impl RedisStore {
 }
 
 /// An array reply as optional strings (`nil` items as `None`); a server error or another shape fails.
-fn strings(value: Value) -> Result<Vec<Option<String>>, String> {
+pub(super) fn strings(value: Value) -> Result<Vec<Option<String>>, String> {
     match value {
         Value::Array(items) => Ok(items
             .into_iter()

@@ -17,11 +17,13 @@
 //!
 //! Files: this one holds the store's API; `claim.rs` the two rounds of a claim and the reading of a lost
 //! one; `round.rs` how one pipeline goes to every node; `reply.rs` the parsing of the scripts' replies;
-//! `time.rs` the nodes' clocks (`TIME`), for cluster time.
+//! `time.rs` the nodes' clocks (`TIME`), for cluster time; `history.rs` run history and membership;
+//! `pause.rs` pauses.
 
 mod claim;
 mod history;
 pub mod node;
+mod pause;
 mod reply;
 mod round;
 pub mod scripts;
@@ -211,13 +213,14 @@ impl RedisStore {
     /// [`RedisStore::claim_many`].
     pub async fn acquire_lease(&self, worker_id: &str, resource: &str) -> ClaimOutcome {
         let request = ClaimRequest::new(worker_id, resource, Tick(0), Overlap::Skip, "");
-        let [key, _, _] = claim_keys(
+        let [key, ..] = claim_keys(
             &self.settings.key_prefix,
             resource,
             request.tick,
             request.overlap,
+            &request.series,
         );
-        let value = attempt_value(&request.claimant, request.tick, "");
+        let value = attempt_value(&request.claimant, request.tick, "", &request.series);
         let start = BootInstant::now();
         let mut pipeline = redis::pipe();
         pipeline

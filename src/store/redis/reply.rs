@@ -3,6 +3,7 @@
 use redis::Value;
 
 use crate::lock::keys::Holder;
+use crate::lock::Pause;
 
 /// What one node answered to round 1 of one claim.
 #[derive(Debug)]
@@ -10,7 +11,10 @@ pub(super) enum Round1 {
     Ok {
         fence: u64,
     },
-    /// Another claimant confirmed this tick or a later one here (`None`: a record that names nobody).
+    /// The job is paused here.
+    Paused(Pause),
+    /// Another claimant confirmed this tick or a later one here (`None`: a record that names nobody, or a
+    /// claim whose window has ended).
     Claimed(Option<Holder>),
     /// Another claimant's attempt holds the lease here: its value, and what remains of its TTL.
     Busy {
@@ -26,6 +30,8 @@ pub(super) enum Round2 {
     Ok,
     /// Our lease is not held here any more.
     Lost,
+    /// The job is paused here.
+    Paused(Pause),
     /// Another claimant confirmed this tick or a later one here.
     Claimed(Option<Holder>),
     Failed(String),
@@ -59,7 +65,7 @@ fn fields(value: Value) -> Result<Vec<String>, String> {
     }
 }
 
-/// Parses round 1's `{"ok", fence}` / `{"claimed", record}` / `{"busy", holder, pttl}`.
+/// Parses round 1's `{"ok", fence}` / `{"paused", pause}` / `{"claimed", record}` / `{"busy", holder, pttl}`.
 pub(super) fn parse_round1(value: Value) -> Round1 {
     let fields = match fields(value) {
         Ok(fields) => fields,
@@ -70,6 +76,7 @@ pub(super) fn parse_round1(value: Value) -> Round1 {
             Ok(fence) => Round1::Ok { fence },
             Err(_) => Round1::Failed(format!("bad fence counter {fence:?}")),
         },
+        [status, pause] if status == "paused" => Round1::Paused(Pause::from_value(pause)),
         [status, record] if status == "claimed" => Round1::Claimed(Holder::from_record(record)),
         [status, holder, pttl] if status == "busy" => Round1::Busy {
             value: holder.clone(),
@@ -79,7 +86,7 @@ pub(super) fn parse_round1(value: Value) -> Round1 {
     }
 }
 
-/// Parses round 2's `{"ok"}` / `{"lost"}` / `{"claimed", record}`.
+/// Parses round 2's `{"ok"}` / `{"lost"}` / `{"paused", pause}` / `{"claimed", record}`.
 pub(super) fn parse_round2(value: Value) -> Round2 {
     let fields = match fields(value) {
         Ok(fields) => fields,
@@ -88,6 +95,7 @@ pub(super) fn parse_round2(value: Value) -> Round2 {
     match fields.as_slice() {
         [status] if status == "ok" => Round2::Ok,
         [status] if status == "lost" => Round2::Lost,
+        [status, pause] if status == "paused" => Round2::Paused(Pause::from_value(pause)),
         [status, record] if status == "claimed" => Round2::Claimed(Holder::from_record(record)),
         _ => Round2::Failed(format!("unexpected reply {fields:?}")),
     }

@@ -7,7 +7,7 @@
 
 mod faults;
 mod seeded;
-mod workers;
+pub(crate) mod workers;
 
 use std::path::{Path, PathBuf};
 
@@ -259,11 +259,11 @@ fn line<'a>(table: &'a str, first: &str) -> &'a str {
 }
 
 /// `redcron <args> -c <config>`, run in `dir`: exit code, stdout, stderr.
-fn inspect(dir: &TestDir, config: &Path, args: &[&str]) -> (i32, String, String) {
+pub(crate) fn inspect(dir: &TestDir, config: &Path, args: &[&str]) -> (i32, String, String) {
     output(redcron(dir.path()).args(args).arg("-c").arg(config))
 }
 
 /// A command's `--json` output.
-fn parse(stdout: &str) -> Value {
+pub(crate) fn parse(stdout: &str) -> Value {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"))
 }

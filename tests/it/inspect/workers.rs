@@ -26,7 +26,11 @@ const JOBS: &str = r#"  - name: ok
 "#;
 
 /// Polls `probe` every 200 ms until it gives a value; panics with `what` after `timeout`.
-fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(found) = probe() {

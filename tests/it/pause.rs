@@ -1,0 +1,297 @@
+//! `redcron pause` and `resume` through the lock: the `Paused` outcome of a claim on real nodes — also for a
+//! claim whose round 2 lands after the pause — and three real workers that start nothing while a job is
+//! paused, record its ticks as skipped (`paused`), and run its next tick once it is resumed or its `--for`
+//! ran out.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redcron::history::{Entry, Kind};
+use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap, Pause};
+use redcron::schedule::Tick;
+use redcron::store::redis::{scripts, RedisStore};
+use redcron::store::Store;
+
+use crate::history::history;
+use crate::inspect::workers::wait_for;
+use crate::inspect::{inspect, parse};
+use crate::support::{DelayProxy, RedisCluster, TestDir, Worker};
+use crate::worker::{ledger, ledger_job, start_workers, tick_time};
+
+fn store(urls: &[String], settings: LockSettings) -> Store {
+    Store::Redis(RedisStore::new(urls, settings).expect("valid node URLs"))
+}
+
+fn request(worker: &str, tick: i64) -> ClaimRequest {
+    ClaimRequest::new(worker, "report", Tick(tick), Overlap::Skip, "f")
+}
+
+fn pause(for_ms: Option<i64>) -> Pause {
+    Pause {
+        until: for_ms.map(|ms| Utc::now() + chrono::Duration::milliseconds(ms)),
+        by: "ops@test".to_string(),
+        reason: "migration".to_string(),
+    }
+}
+
+fn assert_paused(outcome: &ClaimOutcome) {
+    match outcome {
+        ClaimOutcome::Paused(pause) => {
+            assert_eq!(
+                (pause.by.as_str(), pause.reason.as_str()),
+                ("ops@test", "migration")
+            )
+        }
+        other => panic!("expected Paused, got {other:?}"),
+    }
+}
+
+/// A pause on a majority refuses every claim, and leaves no claim record behind (the refused tick stays
+/// claimable); a pause on a minority of nodes stops nothing; after `resume` the tick is granted.
+#[tokio::test]
+async fn a_paused_job_is_granted_nowhere_until_resumed() {
+    let cluster = RedisCluster::start(3);
+    let store = store(&cluster.urls(), LockSettings::default());
+    store
+        .pause("report", &pause(None))
+        .await
+        .expect("a majority took the pause");
+    assert_paused(&store.claim(&request("a", 1_000)).await);
+    for node in 0..3 {
+        assert_eq!(cluster.get(node, "redcron:{report}:claim"), None);
+        assert!(cluster.get(node, "redcron:{report}:paused").is_some());
+    }
+    let read = store.pauses(&["report".to_string()]).await.expect("read");
+    assert_eq!(read.value[0].as_ref().map(|r| r.nodes), Some(3));
+    assert!(store.resume("report").await.expect("resumed"));
+    // Paused on one node only (a pause that did not reach a majority): claims go on.
+    cluster.query::<()>(
+        2,
+        redis::cmd("SET").arg("redcron:{report}:paused").arg("0|x|"),
+    );
+    match store.claim(&request("a", 1_000)).await {
+        ClaimOutcome::Won(lease) => store.release(&lease).await,
+        other => panic!("expected the refused tick to be granted after resume, got {other:?}"),
+    }
+}
+
+/// `--for`: the pause carries a TTL on every node and ends by itself.
+#[tokio::test]
+async fn a_pause_for_a_while_expires_on_every_node() {
+    let cluster = RedisCluster::start(3);
+    let store = store(&cluster.urls(), LockSettings::default());
+    store
+        .pause("report", &pause(Some(1_000)))
+        .await
+        .expect("paused");
+    assert_paused(&store.claim(&request("a", 1_000)).await);
+    for node in 0..3 {
+        let pttl: i64 = cluster.query(node, redis::cmd("PTTL").arg("redcron:{report}:paused"));
+        assert!(pttl > 0 && pttl <= 1_000, "node {node}: PTTL {pttl}");
+    }
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    assert!(matches!(
+        store.claim(&request("a", 1_000)).await,
+        ClaimOutcome::Won(_)
+    ));
+}
+
+/// A claim between its rounds when the pause reaches the nodes: its round 1 ran before the pause, its
+/// round 2 (held back by a proxy in front of every node) lands after it, and is refused — the claim is not
+/// granted, and no node records it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_that_lands_between_the_rounds_refuses_the_confirmation() {
+    let cluster = RedisCluster::start(3);
+    let proxies: Vec<DelayProxy> = (0..3)
+        .map(|node| {
+            let confirm = scripts::CONFIRM.get_hash();
+            DelayProxy::start(cluster.port(node), confirm, Duration::from_millis(1_000))
+        })
+        .collect();
+    // Round 2 may take the proxy's delay: a node timeout above it, and a lease that outlives both.
+    let slow = LockSettings {
+        ttl: Duration::from_secs(30),
+        node_timeout: Duration::from_secs(3),
+        ..LockSettings::default()
+    };
+    let claimant = store(
+        &proxies.iter().map(DelayProxy::url).collect::<Vec<_>>(),
+        slow,
+    );
+    let operator = store(&cluster.urls(), LockSettings::default());
+    let warm = ClaimRequest::new("warm", "warm-up", Tick(1), Overlap::Skip, "f");
+    let _ = claimant.claim(&warm).await;
+    proxies.iter().for_each(|proxy| proxy.delay_next(1));
+    let claim = tokio::spawn(async move { claimant.claim(&request("a", 5_000)).await });
+    wait_for(
+        "every node's CONFIRM held back",
+        Duration::from_secs(10),
+        || proxies.iter().all(|p| p.delayed() == 1).then_some(()),
+    );
+    operator
+        .pause("report", &pause(None))
+        .await
+        .expect("paused");
+    let outcome = claim.await.expect("the claim task");
+    assert_paused(&outcome);
+    for node in 0..3 {
+        assert_eq!(
+            cluster.get(node, "redcron:{report}:claim"),
+            None,
+            "node {node}"
+        );
+    }
+}
+
+/// Three nodes and `n` workers racing `tick`, a ledger job every second; the config for the commands.
+fn every_second(n: usize) -> (RedisCluster, TestDir, Vec<Worker>, PathBuf) {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let job = ledger_job("tick", "* * * * * *", &dir.ledger());
+    let workers = start_workers(&cluster, &dir, n, "", &job);
+    let cli = dir.join("w0.yaml");
+    (cluster, dir, workers, cli)
+}
+
+/// Three workers: a job every second runs until `redcron pause`; from the moment the command returns no
+/// tick starts on any worker, each tick is in the history as skipped (paused), `status` shows the pause;
+/// after `redcron resume` the next tick runs.
+#[test]
+fn three_workers_start_nothing_while_paused_and_run_again_after_resume() {
+    let (cluster, dir, workers, cli) = every_second(3);
+    wait_for("two runs", Duration::from_secs(20), || {
+        (ledger(&dir).len() >= 2).then_some(())
+    });
+
+    let (code, stdout, stderr) = inspect(&dir, &cli, &["pause", "tick", "--reason", "migration"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let paused_at = Utc::now();
+    assert!(
+        stdout.starts_with("paused tick until `redcron resume`"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("on 3 of 3 nodes): migration"), "{stdout}");
+    std::thread::sleep(Duration::from_millis(4_500));
+    let (_, status, _) = inspect(&dir, &cli, &["status", "--json"]);
+    let status = parse(&status);
+    assert_eq!(status["jobs"][0]["paused"]["reason"], "migration");
+    let (code, stdout, _) = inspect(&dir, &cli, &["resume", "tick"]);
+    assert_eq!(
+        (code, stdout.as_str()),
+        (0, "resumed tick: its next tick runs\n")
+    );
+    let resumed_at = Utc::now();
+
+    let started_while_paused =
+        |runs: &std::collections::BTreeMap<(String, String), Vec<(u64, String)>>| {
+            runs.keys()
+                .map(|(_, tick)| tick_time(tick))
+                .filter(|tick| {
+                    *tick > paused_at + chrono::Duration::milliseconds(50) && *tick < resumed_at
+                })
+                .collect::<Vec<_>>()
+        };
+    let after = wait_for("a run after resume", Duration::from_secs(10), || {
+        let runs = ledger(&dir);
+        runs.keys()
+            .map(|(_, tick)| tick_time(tick))
+            .find(|tick| *tick > resumed_at)
+    });
+    assert!(
+        started_while_paused(&ledger(&dir)).is_empty(),
+        "ran while paused: {:?}",
+        ledger(&dir)
+    );
+    let entries = history(&cluster, "tick");
+    let mut skipped = 0;
+    for second in 2..5 {
+        let tick = (paused_at + chrono::Duration::seconds(second)).timestamp() * 1000;
+        let of_tick: Vec<&Entry> = entries.iter().filter(|e| e.tick == tick).collect();
+        assert!(
+            of_tick
+                .iter()
+                .all(|e| e.kind == Kind::Skipped && e.reason.as_deref() == Some("paused")),
+            "tick {tick}: {of_tick:?}"
+        );
+        skipped += of_tick.len();
+    }
+    assert!(
+        skipped >= 3,
+        "ticks while paused recorded as skipped (paused): {skipped}"
+    );
+    assert!(
+        !entries.iter().any(|e| e.kind == Kind::Missed),
+        "no tick was missed"
+    );
+    assert!(
+        after < resumed_at + chrono::Duration::seconds(3),
+        "the next tick ran: {after}"
+    );
+    drop(workers);
+}
+
+/// `pause --for 2s` ends by itself: nothing starts for two seconds, then the job runs again.
+#[test]
+fn a_pause_for_two_seconds_ends_by_itself() {
+    let (_cluster, dir, _workers, cli) = every_second(1);
+    let (code, stdout, stderr) = inspect(&dir, &cli, &["pause", "tick", "--for", "2s"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let paused_at = Utc::now();
+    let until = DateTime::parse_from_rfc3339(stdout.split_whitespace().nth(3).expect("until"))
+        .expect("an RFC 3339 end")
+        .to_utc();
+    let after = wait_for(
+        "a run after the pause ended",
+        Duration::from_secs(10),
+        || {
+            ledger(&dir)
+                .keys()
+                .map(|(_, tick)| tick_time(tick))
+                .find(|tick| *tick > until)
+        },
+    );
+    let during: Vec<DateTime<Utc>> = ledger(&dir)
+        .keys()
+        .map(|(_, tick)| tick_time(tick))
+        .filter(|tick| *tick > paused_at + chrono::Duration::milliseconds(50) && *tick < until)
+        .collect();
+    assert!(during.is_empty(), "ran while paused: {during:?}");
+    assert!(
+        after <= until + chrono::Duration::seconds(2),
+        "{after} after {until}"
+    );
+}
+
+/// Bad input and faults: an unknown job names the jobs there are (exit 2), a bad `--for` says what is
+/// expected (exit 2), no majority of nodes taking the pause is exit 3 naming the nodes, `resume` of a job
+/// that is not paused says so.
+#[test]
+fn pause_errors_are_clear_and_no_majority_exits_3() {
+    let mut cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let config = dir.write_config(&crate::worker::config(
+        &cluster,
+        "  id: cli\n",
+        &ledger_job("tick", "@yearly", &dir.ledger()),
+    ));
+    let (code, _, stderr) = inspect(&dir, &config, &["pause", "nope"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("no job named \"nope\"") && stderr.contains("known jobs: tick"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = inspect(&dir, &config, &["pause", "tick", "--for", "soon"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("\"soon\" is not a duration"), "{stderr}");
+    let (code, stdout, _) = inspect(&dir, &config, &["resume", "tick"]);
+    assert_eq!((code, stdout.as_str()), (0, "tick was not paused\n"));
+    cluster.kill(1);
+    cluster.kill(2);
+    let (code, _, stderr) = inspect(&dir, &config, &["pause", "tick"]);
+    assert_eq!(code, 3, "{stderr}");
+    assert!(
+        stderr.contains("no majority: 1 of 3 nodes") && stderr.contains(&cluster.url(2)),
+        "{stderr}"
+    );
+}
