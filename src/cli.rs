@@ -1,6 +1,6 @@
 //! The command line: `run`, `check` and `next`, the log options, and the exit codes; the commands that read
-//! the store — `status`, `history`, `explain` — and those that act through it — `pause`, `resume` — each in
-//! a module of its own under `cli/`.
+//! the store — `status`, `history`, `explain` — and those that act through it — `pause`, `resume`,
+//! `trigger` — each in a module of its own under `cli/`.
 //!
 //! Kept out of `main.rs` so that the binary stays a few lines and the flags live next to what they do.
 //! Everything the operator needs is here: `--help` documents each flag and the exit codes, `check`
@@ -14,11 +14,13 @@ mod read;
 mod render;
 mod status;
 mod story;
+mod trigger;
 
 pub use self::explain::ExplainArgs;
 pub use self::history::HistoryArgs;
 pub use self::pause::{PauseArgs, ResumeArgs};
 pub use self::status::StatusArgs;
+pub use self::trigger::TriggerArgs;
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -41,8 +43,12 @@ pub const EXIT_FAILURE: u8 = 1;
 /// Exit code: the configuration or the command line is wrong; nothing was run.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the store could not be reached: fewer than a majority of its nodes answered (`status`,
-/// `history`, `explain`), or took the change (`pause`, `resume`).
+/// `history`, `explain`), or took the change (`pause`, `resume`, `trigger`).
 pub const EXIT_NO_MAJORITY: u8 = 3;
+/// Exit code of `trigger`: no run came of the request within its `--timeout` (no live worker runs the job,
+/// the job is paused, another run held it the whole time), or, with `--wait`, the run's worker died before
+/// recording its end.
+pub const EXIT_NO_RUN: u8 = 4;
 /// Exit code: a second SIGINT/SIGTERM stopped the worker (and its jobs) at once.
 pub const EXIT_STOPPED: u8 = 130;
 
@@ -52,7 +58,12 @@ Exit codes:
   1    runtime failure
   2    bad configuration or usage (every problem is printed as file:line:column: field: message)
   3    the store could not be reached: no majority of its nodes answered (status, history, explain)
-       or took the change (pause, resume: the job may then still run, or stay paused)
+       or took the change (pause, resume: the job may then still run, or stay paused; trigger: the
+       request may still run once)
+  4    trigger: no run came of the request within --timeout (no live worker runs the job, it is
+       paused, or another run held it throughout), or with --wait its worker died during the run
+  trigger --wait exits with the job's exit code (128+N if signal N ended it, 1 if it could not start);
+       use --json to tell it from redcron's own codes
   130  stopped at once by a second SIGINT/SIGTERM
 
 In the config file, ${VAR} is replaced from the environment and $$ is a literal $.";
@@ -97,6 +108,9 @@ pub enum Action {
     Pause(PauseArgs),
     /// Resume a paused job: its next tick runs.
     Resume(ResumeArgs),
+    /// Run a job once now, on whichever live worker claims it through the lock (exactly one), obeying
+    /// its overlap rule; prints the run's id, or with --wait its outcome.
+    Trigger(TriggerArgs),
 }
 
 /// Which config file to read.
@@ -152,6 +166,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Action::Explain(explain_args) => explain::run(explain_args),
         Action::Pause(pause_args) => pause::pause(pause_args),
         Action::Resume(resume_args) => pause::resume(resume_args),
+        Action::Trigger(trigger_args) => trigger::run(trigger_args),
     }
 }
 
@@ -268,12 +283,8 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn next(args: &NextArgs) -> anyhow::Result<ExitCode> {
-    let config = match load(&args.config.config) {
-        Ok(config) => config,
-        Err(code) => return Ok(code),
-    };
-    let job = match find_job(&config, &args.job) {
-        Ok(job) => job,
+    let (_, job) = match load_job(&args.config, &args.job) {
+        Ok(found) => found,
         Err(code) => return Ok(code),
     };
     let after = args.after.unwrap_or_else(Utc::now);
@@ -284,6 +295,14 @@ fn next(args: &NextArgs) -> anyhow::Result<ExitCode> {
     }
     emit(&out)?;
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// The config of `arg` and its job named `name`; or, printed, every problem of the file or an error naming
+/// the jobs that exist, and the exit code for it.
+fn load_job(arg: &ConfigArg, name: &str) -> Result<(Config, config::JobConfig), ExitCode> {
+    let config = load(&arg.config)?;
+    let job = find_job(&config, name)?.clone();
+    Ok((config, job))
 }
 
 /// The job named `name`, or an error naming the jobs that exist, and the exit code for it.
@@ -302,6 +321,15 @@ fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a config::JobConfig,
         config.path.display()
     ));
     Err(ExitCode::from(EXIT_USAGE))
+}
+
+/// Who runs this command, for the pauses and trigger requests it writes: `$USER@host`.
+fn operator() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".to_string());
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("{user}@{host}")
 }
 
 /// Prints why the store could not be read, and gives the documented exit code for it.

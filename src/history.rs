@@ -16,6 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::lock::Series;
 use crate::schedule::Tick;
 
 /// How much history the store keeps.
@@ -109,6 +110,13 @@ pub struct Entry {
     /// The job's definition as the writer saw it ([`crate::config::JobConfig::fingerprint`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
+    /// The `redcron trigger` request this entry is about (its tick is the request's time); absent for the
+    /// schedule's ticks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
+    /// The retry attempt (1, 2, …) this entry is about; absent for a tick's first run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
     /// When the writer wrote this version of the entry (its cluster time).
     pub recorded_at: DateTime<Utc>,
 }
@@ -132,14 +140,36 @@ impl Entry {
             signal: None,
             duration_ms: None,
             fingerprint: None,
+            trigger: None,
+            attempt: None,
             recorded_at: now,
         }
     }
 
-    /// The entry's identity in the store: one per (tick, worker, kind), so that a later version of the
-    /// same fact (a run that ended) replaces the earlier one.
+    /// The same entry, about `series`: a trigger request's or a retry attempt's.
+    pub fn in_series(mut self, series: &Series) -> Entry {
+        self.trigger = series.trigger().map(str::to_string);
+        self.attempt = Some(series.attempt()).filter(|attempt| *attempt > 0);
+        self
+    }
+
+    /// The series this entry is about.
+    pub fn series(&self) -> Series {
+        match (&self.trigger, self.attempt) {
+            (Some(id), _) => Series::Trigger(id.clone()),
+            (None, Some(attempt)) if attempt > 0 => Series::Retry(attempt),
+            _ => Series::Schedule,
+        }
+    }
+
+    /// The entry's identity in the store: one per (tick, worker, kind) — and series, for a trigger's or a
+    /// retry's — so that a later version of the same fact (a run that ended) replaces the earlier one.
     pub fn id(&self) -> String {
-        format!("{}|{}|{}", self.tick, self.worker, self.kind.as_str())
+        let id = format!("{}|{}|{}", self.tick, self.worker, self.kind.as_str());
+        match self.series().tag() {
+            Some(tag) => format!("{id}|{tag}"),
+            None => id,
+        }
     }
 
     /// The entry's tick.
@@ -166,7 +196,7 @@ impl Entry {
 }
 
 /// Merges the entries read from several nodes: one per identity (the most complete version), newest tick
-/// first, then by worker and kind.
+/// first, then by worker and kind, the latest attempt first.
 pub fn merge(replicas: impl IntoIterator<Item = Vec<Entry>>) -> Vec<Entry> {
     let mut by_id: HashMap<String, Entry> = HashMap::new();
     for entry in replicas.into_iter().flatten() {
@@ -183,6 +213,8 @@ pub fn merge(replicas: impl IntoIterator<Item = Vec<Entry>>) -> Vec<Entry> {
             .cmp(&a.tick)
             .then_with(|| a.worker.cmp(&b.worker))
             .then_with(|| a.kind.as_str().cmp(b.kind.as_str()))
+            .then_with(|| b.attempt.cmp(&a.attempt))
+            .then_with(|| a.trigger.cmp(&b.trigger))
     });
     merged
 }

@@ -18,6 +18,8 @@
 //!   embedded single-host store (a SQLite file) — for claims, leases, history and membership.
 //! - [`history`]: each worker's account of each tick (who ran it, how it ended, or why not), and its merge.
 //! - [`membership`]: the workers' announcements and heartbeats.
+//! - [`trigger`]: `redcron trigger`'s requests for one extra run now, which the workers claim through the
+//!   lock.
 //! - [`metrics`]: the worker's Prometheus metrics, one named function per fact; served with `/healthz`
 //!   and `/readyz` by the worker's optional HTTP listener (`worker.listen`).
 //! - [`process`]: the job's child process: spawn, stream its output into the log, stop it (SIGTERM, then
@@ -44,4 +46,5 @@ pub mod process;
 pub mod schedule;
 pub mod shutdown;
 pub mod store;
+pub mod trigger;
 pub mod worker;

@@ -14,7 +14,7 @@ use super::read::{Notes, Reader};
 use super::render::instant;
 use super::status::{alive, SETTLE};
 use super::story::{describe, gone, no_entry_hint};
-use super::{find_job, load, parse_instant, render, ConfigArg};
+use super::{load_job, parse_instant, render, ConfigArg};
 use crate::config::JobConfig;
 use crate::history::{Entry, HistorySettings, Kind, Query};
 use crate::membership::Member;
@@ -86,12 +86,8 @@ pub(super) struct Explanation {
 
 /// Carries out `explain`.
 pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
-    let config = match load(&args.config.config) {
-        Ok(config) => config,
-        Err(code) => return Ok(code),
-    };
-    let job = match find_job(&config, &args.job) {
-        Ok(job) => job,
+    let (config, job) = match load_job(&args.config, &args.job) {
+        Ok(found) => found,
         Err(code) => return Ok(code),
     };
     let tick = Tick(args.tick.timestamp_millis());
@@ -122,7 +118,7 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let earlier = histories.pop().is_some_and(|before| !before.is_empty());
     let entries = histories.pop().unwrap_or_default();
     let facts = Facts {
-        job,
+        job: &job,
         tick,
         now: Utc::now(),
         history: &config.history,

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::read::{Notes, Reader};
 use super::render::instant;
-use super::{find_job, load, render, ConfigArg};
+use super::{load_job, operator, render, ConfigArg};
 use crate::lock::{Pause, PauseRead};
 
 /// The longest `--for`: a pause meant to last longer is a pause until `resume`.
@@ -98,12 +98,8 @@ fn change(
     json: bool,
     write: impl FnOnce(&mut Reader, &str) -> Result<Option<bool>, super::read::ReadError>,
 ) -> anyhow::Result<ExitCode> {
-    let config = match load(&config.config) {
-        Ok(config) => config,
-        Err(code) => return Ok(code),
-    };
-    let job = match find_job(&config, name) {
-        Ok(job) => job.name.clone(),
+    let (config, job) = match load_job(config, name) {
+        Ok((config, job)) => (config, job.name),
         Err(code) => return Ok(code),
     };
     let configured_nodes = config.redis.as_ref().map_or(1, |redis| redis.nodes.len());
@@ -172,15 +168,6 @@ fn text(report: &PauseReport) -> String {
 /// When a pause of `duration` from `now` ends.
 fn until(now: DateTime<Utc>, duration: Duration) -> DateTime<Utc> {
     now + chrono::Duration::from_std(duration).unwrap_or_default()
-}
-
-/// Who runs this command: `$USER@host`.
-fn operator() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".to_string());
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    format!("{user}@{host}")
 }
 
 /// `--for`: a duration above zero and at most a year.

@@ -21,6 +21,7 @@ use crate::history::{Entry, Query};
 use crate::lock::{Pause, PauseRead, QuorumFailure};
 use crate::membership::Member;
 use crate::store::{Read, Store, StoreError};
+use crate::trigger::TriggerRequest;
 
 /// The longest a command waits for the store, all its reads together.
 pub(super) const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -160,6 +161,25 @@ impl Reader {
     pub(super) fn resume(&mut self, job: &str) -> Result<bool, ReadError> {
         let store = &self.store;
         bounded(&self.runtime, self.deadline, store.resume(job))?.map_err(ReadError::NoMajority)
+    }
+
+    /// Writes a trigger request to a majority of the nodes.
+    pub(super) fn request_trigger(&mut self, request: &TriggerRequest) -> Result<(), ReadError> {
+        let store = &self.store;
+        bounded(&self.runtime, self.deadline, store.request_trigger(request))?
+            .map_err(ReadError::NoMajority)
+    }
+
+    /// Gives the next reads [`COMMAND_TIMEOUT`] again, for a command that waits for a run between reads.
+    pub(super) fn renew_deadline(&mut self) {
+        self.deadline = Instant::now() + COMMAND_TIMEOUT;
+    }
+
+    /// Sleeps `wait` (between the reads of a command that waits for a run).
+    pub(super) fn sleep(&self, wait: Duration) {
+        // The timer must be made inside the runtime, hence the `async` block.
+        self.runtime
+            .block_on(async { tokio::time::sleep(wait).await });
     }
 
     /// What the reads so far could not see.

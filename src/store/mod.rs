@@ -19,6 +19,7 @@ use crate::lock::{
     ClaimOutcome, ClaimRequest, Lease, LockSettings, Pause, PauseRead, QuorumFailure, RenewError,
 };
 use crate::membership::Member;
+use crate::trigger::TriggerRequest;
 
 /// Failures of a store that are not expected outcomes (the store could not even be set up).
 #[derive(Debug, thiserror::Error)]
@@ -204,6 +205,32 @@ impl Store {
         match self {
             Store::Redis(store) => store.pauses(jobs).await,
             Store::Embedded(store) => store.pauses(jobs).await,
+        }
+    }
+
+    /// Writes a trigger request to every node (`redcron trigger`). Fails when fewer than a majority took
+    /// it: it may then still run (once), if a worker reads it from a node that has it.
+    pub async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
+        match self {
+            Store::Redis(store) => store.request_trigger(request).await,
+            Store::Embedded(store) => store.request_trigger(request).await,
+        }
+    }
+
+    /// Every trigger request the nodes keep (those not past their window plus
+    /// [`crate::trigger::KEEP_AFTER_WINDOW`]), read from a majority and merged, oldest first.
+    pub async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
+        match self {
+            Store::Redis(store) => store.triggers().await,
+            Store::Embedded(store) => store.triggers().await,
+        }
+    }
+
+    /// Deletes a handled trigger request on every node, in the background (what is missed expires).
+    pub fn forget_trigger(&self, id: &str) {
+        match self {
+            Store::Redis(store) => store.forget_trigger(id),
+            Store::Embedded(store) => store.forget_trigger(id),
         }
     }
 

@@ -26,7 +26,7 @@ use super::race::give_up_at;
 use super::Context;
 use crate::config::JobConfig;
 use crate::history::{Entry, Kind, Query};
-use crate::lock::{ClaimOutcome, ClaimRequest, Overlap};
+use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Series};
 use crate::schedule::Tick;
 
 /// The most ticks per job a starting worker looks back at.
@@ -205,8 +205,12 @@ async fn check(
     retry
 }
 
-/// Whether `entry` says what became of its tick: a run, a miss already raised, or a deliberate skip.
+/// Whether `entry` says what became of its tick: a run, a miss already raised, or a deliberate skip — not
+/// an entry of a trigger request whose time happens to be the tick's.
 fn accounts_for(entry: &Entry) -> bool {
+    if entry.trigger.is_some() {
+        return false;
+    }
     match entry.kind {
         Kind::Run | Kind::Missed => true,
         Kind::Skipped => matches!(
@@ -241,7 +245,7 @@ async fn raise(context: &Context, job: &JobConfig, tick: Tick, claimed_by: Optio
                    window_ended_at = %give_up_at(job, tick).to_rfc3339(),
                    "Missed: nobody ran this tick within its window");
             context.metrics.tick_missed(&job.name);
-            let mut entry = context.entry(job, tick, Kind::Missed);
+            let mut entry = context.entry(job, tick, &Series::Schedule, Kind::Missed);
             entry.reason = Some(reason.to_string());
             entry.by = claimed_by;
             context.recorder.note(entry);

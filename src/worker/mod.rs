@@ -9,8 +9,8 @@
 //! Files: `agenda.rs` which ticks are due; `race.rs` the race for a batch and what becomes of each tick;
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
 //! `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
-//! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `http.rs` the
-//! `/metrics`, `/healthz` and `/readyz` listener. Outside intent
+//! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `triggers.rs` the
+//! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener. Outside intent
 //! (reload, drain, stop) arrives through one [`Control`].
 
 mod agenda;
@@ -24,6 +24,7 @@ mod race;
 mod recorder;
 mod reload;
 mod run;
+mod triggers;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -36,7 +37,7 @@ use crate::clock::cluster::ClusterClock;
 use crate::config::{Config, JobConfig};
 use crate::control::{Control, Intent};
 use crate::history::{Entry, Kind};
-use crate::lock::{Holder, Overlap};
+use crate::lock::{Holder, Overlap, Series};
 use crate::membership::Running;
 use crate::schedule::Tick;
 use crate::shutdown::Shutdown;
@@ -83,6 +84,8 @@ pub(crate) struct Context {
     sentinel: OnceLock<missed::Sentinel>,
     /// The fingerprint of the config in force ([`Config::fingerprint`]), for the heartbeat.
     config_fingerprint: Mutex<String>,
+    /// The enabled jobs of the config in force, for the trigger requests.
+    jobs: Mutex<Vec<JobConfig>>,
     /// What `/metrics` serves: each fact is recorded where it is logged.
     pub(crate) metrics: crate::metrics::Metrics,
 }
@@ -130,6 +133,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         running: Mutex::new(BTreeMap::new()),
         sentinel: OnceLock::new(),
         config_fingerprint: Mutex::new(config.fingerprint()),
+        jobs: Mutex::new(jobs.clone()),
         metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
     });
     let server = http::Server::start(listener, &context, &config.worker);
@@ -154,6 +158,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         config.worker.max_clock_offset,
     );
     let _ = context.sentinel.set(sentinel);
+    let triggers_task = triggers::start(Arc::clone(&context));
     let mut agenda = Agenda::new(jobs, clock.now());
 
     loop {
@@ -167,6 +172,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                 Intent::Drain => break,
                 Intent::Reload { why } => {
                     if let Some(new) = reload::reload(&context, &config, why) {
+                        context.set_jobs(enabled_jobs(&new));
                         agenda = agenda.reload(enabled_jobs(&new), clock.now());
                         config = new;
                     }
@@ -182,7 +188,14 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         let due = agenda.take_due(clock.now());
         for (index, tick, why) in due.passed {
             let job = agenda.job(index);
-            context.note(job, tick, Kind::Skipped, Some(why.as_str()), None);
+            context.note(
+                job,
+                tick,
+                &Series::Schedule,
+                Kind::Skipped,
+                Some(why.as_str()),
+                None,
+            );
             if why == agenda::Passed::Misfire {
                 context.suspect(job, tick);
             }
@@ -196,12 +209,19 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                     None => {
                         info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
                               "Skipped: this worker is still running (or racing for) the previous tick");
-                        context.note(job, tick, Kind::Skipped, Some("overlap"), None);
+                        context.note(
+                            job,
+                            tick,
+                            &Series::Schedule,
+                            Kind::Skipped,
+                            Some("overlap"),
+                            None,
+                        );
                         continue;
                     }
                 },
             };
-            batch.push((job.clone(), tick, guard));
+            batch.push(race::Due::scheduled(job, tick, guard));
         }
         if !batch.is_empty() {
             races.spawn(race::race(Arc::clone(&context), batch));
@@ -219,6 +239,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         let _ = task.await;
     }
     let _ = sentinel_task.await;
+    let _ = triggers_task.await;
     heartbeat.stop().await;
     context.recorder.close();
     if let Some(task) = recorder_task {
@@ -240,18 +261,20 @@ fn enabled_jobs(config: &Config) -> Vec<JobConfig> {
 }
 
 impl Context {
-    /// A history entry of `kind` by this worker for `(job, tick)`, stamped now (cluster time).
-    pub(crate) fn entry(&self, job: &JobConfig, tick: Tick, kind: Kind) -> Entry {
+    /// A history entry of `kind` by this worker for `(job, tick)` in `series`, stamped now (cluster time).
+    pub(crate) fn entry(&self, job: &JobConfig, tick: Tick, series: &Series, kind: Kind) -> Entry {
         let mut entry = Entry::new(&job.name, tick, &self.worker_id, kind, self.clock.now());
         entry.fingerprint = Some(job.fingerprint());
-        entry
+        entry.in_series(series)
     }
 
-    /// Records that this worker did not run `(job, tick)`: `kind` with its reason and the other claimant.
+    /// Records that this worker did not run `(job, tick)` of `series`: `kind` with its reason and the other
+    /// claimant.
     fn note(
         &self,
         job: &JobConfig,
         tick: Tick,
+        series: &Series,
         kind: Kind,
         reason: Option<&str>,
         by: Option<&str>,
@@ -260,7 +283,7 @@ impl Context {
             let reason = reason.unwrap_or("unknown");
             self.metrics.tick_skipped(&job.name, reason);
         }
-        let mut entry = self.entry(job, tick, kind);
+        let mut entry = self.entry(job, tick, series, kind);
         entry.reason = reason.map(str::to_string);
         entry.by = by.map(str::to_string);
         self.recorder.note(entry);
@@ -271,6 +294,16 @@ impl Context {
         if let Some(sentinel) = self.sentinel.get() {
             sentinel.suspect(job, tick);
         }
+    }
+
+    /// The enabled jobs of the config in force.
+    fn jobs(&self) -> Vec<JobConfig> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the enabled jobs after a reload.
+    fn set_jobs(&self, jobs: Vec<JobConfig>) {
+        *self.jobs.lock().unwrap_or_else(|p| p.into_inner()) = jobs;
     }
 
     /// The fingerprint of the config in force.

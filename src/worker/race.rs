@@ -1,37 +1,87 @@
-//! The race for a batch of due ticks: claim them together, retry what is not final with the same
+//! The race for a batch of due claims: claim them together, retry what is not final with the same
 //! claimant, and settle each final outcome — run what was won, record what was not.
 //!
-//! Ticks due at one instant travel in one batch (one pipelined round trip per node and round). Each tick
-//! keeps its claimant across retries, so a retry continues the claim instead of competing with it. What a
-//! worker learns about a tick it did not run (lost to another claimant, skipped for overlap, given up at
-//! the end of its window) goes to the history, and a tick given up is checked for a miss.
+//! A claim is a scheduled tick, a trigger request or a retry attempt ([`Series`]). Claims due at one instant
+//! travel in one batch (one pipelined round trip per node and round). Each keeps its claimant across
+//! retries, so a retry continues the claim instead of competing with it. What a worker learns about a claim
+//! it did not run (lost to another claimant, skipped for overlap or a pause, given up at the end of its
+//! window) goes to the history, and a scheduled tick given up is checked for a miss. A trigger or a retry
+//! that finds the job busy (`overlap: skip`) waits for it, retrying every [`BUSY_RETRY`] until its window
+//! ends, since it asks for a run *besides* the schedule's.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use tokio::task::JoinSet;
-use tracing::{info, warn};
+use tracing::{info, info_span, warn, Instrument as _, Span};
 
 use super::{run, BusyGuard, Context};
 use crate::config::JobConfig;
 use crate::history::Kind;
-use crate::lock::{ClaimOutcome, ClaimRequest};
+use crate::lock::{ClaimOutcome, ClaimRequest, Series};
 use crate::schedule::Tick;
 
 /// The first wait before a tick that found no quorum is raced again; it doubles up to the maximum.
 const NO_QUORUM_BACKOFF: Duration = Duration::from_millis(250);
 const NO_QUORUM_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How often a trigger or a retry that found the job busy claims it again.
+const BUSY_RETRY: Duration = Duration::from_secs(1);
 
-/// One tick being raced: the job, its claim request (one claimant, kept across retries), and when to
+/// One claim to race: a scheduled tick, a trigger request or a retry attempt.
+pub(super) struct Due {
+    pub(super) job: JobConfig,
+    pub(super) tick: Tick,
+    pub(super) series: Series,
+    /// The job marked busy on this worker (`overlap: skip`, scheduled ticks) while it is raced and run.
+    pub(super) guard: Option<BusyGuard>,
+    /// When it stops being raced (cluster time): the tick's window, the trigger's, the retry's.
+    pub(super) until: DateTime<Utc>,
+    /// How long after the batch's start it is first claimed (the job's jitter).
+    pub(super) delay: Duration,
+}
+
+impl Due {
+    /// A scheduled tick: raced after the job's jitter, until its window ends ([`give_up_at`]).
+    pub(super) fn scheduled(job: &JobConfig, tick: Tick, guard: Option<BusyGuard>) -> Due {
+        Due {
+            job: job.clone(),
+            tick,
+            series: Series::Schedule,
+            guard,
+            until: give_up_at(job, tick),
+            delay: job.jitter_for(tick),
+        }
+    }
+}
+
+/// One claim being raced: the job, its claim request (one claimant, kept across retries), and when to
 /// try again.
 struct Pending {
     job: JobConfig,
     request: ClaimRequest,
     guard: Option<BusyGuard>,
+    until: DateTime<Utc>,
     retry_at: tokio::time::Instant,
     /// The next wait after a `NoQuorum` (doubles up to [`NO_QUORUM_BACKOFF_MAX`]).
     backoff: Duration,
+}
+
+impl Pending {
+    /// The span of this claim's events: its trigger or retry attempt, if it is one.
+    fn span(&self) -> Span {
+        series_span(&self.request.series)
+    }
+}
+
+/// A span that adds `trigger` (the request's id) or `attempt` to the events of a claim outside the
+/// schedule, and to its run's.
+pub(super) fn series_span(series: &Series) -> Span {
+    match series {
+        Series::Schedule => Span::none(),
+        Series::Trigger(id) => info_span!("claim", trigger = %id),
+        Series::Retry(attempt) => info_span!("claim", attempt = *attempt),
+    }
 }
 
 /// Claims a batch of due ticks (one pipelined round trip per node and round) and settles each outcome in
@@ -42,24 +92,32 @@ struct Pending {
 /// request, so the retry continues this worker's claim instead of competing with it, until the job's
 /// misfire grace ends or its next tick is due. Ticks retried at one instant travel together again, so a
 /// retry costs one round trip per node however many jobs it carries.
-pub(super) async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Option<BusyGuard>)>) {
+pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
     let mut settling = JoinSet::new();
-    let first_tick = batch.first().map_or(Tick(0), |(_, tick, _)| *tick);
+    let first_tick = batch.first().map_or(Tick(0), |due| due.tick);
     let now = tokio::time::Instant::now() + stagger(&context, first_tick);
     let mut pending: Vec<Pending> = batch
         .into_iter()
-        .map(|(job, tick, guard)| Pending {
-            request: ClaimRequest::new(
+        .map(|due| {
+            let request = ClaimRequest::new(
                 &context.worker_id,
-                &job.name,
-                tick,
-                job.overlap,
-                &job.fingerprint(),
-            ),
-            retry_at: now + job.jitter_for(tick),
-            job,
-            guard,
-            backoff: NO_QUORUM_BACKOFF,
+                &due.job.name,
+                due.tick,
+                due.job.overlap,
+                &due.job.fingerprint(),
+            );
+            let request = match due.series {
+                Series::Schedule => request,
+                series => request.in_series(series, Tick(due.until.timestamp_millis())),
+            };
+            Pending {
+                request,
+                retry_at: now + due.delay,
+                job: due.job,
+                guard: due.guard,
+                until: due.until,
+                backoff: NO_QUORUM_BACKOFF,
+            }
         })
         .collect();
     while let Some(ready_at) = pending.iter().map(|p| p.retry_at).min() {
@@ -69,15 +127,12 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Opt
         }
         if context.shutdown.is_requested() {
             for p in &pending {
-                info!(event = "tick.skipped", job = %p.job.name, tick = %p.request.tick, reason = "shutdown",
-                      "Skipped: shutdown was requested while the tick was being raced");
-                context.note(
-                    &p.job,
-                    p.request.tick,
-                    Kind::Skipped,
-                    Some("shutdown"),
-                    None,
-                );
+                p.span().in_scope(|| {
+                    info!(event = "tick.skipped", job = %p.job.name, tick = %p.request.tick, reason = "shutdown",
+                          "Skipped: shutdown was requested while the tick was being raced")
+                });
+                let (tick, series) = (p.request.tick, &p.request.series);
+                context.note(&p.job, tick, series, Kind::Skipped, Some("shutdown"), None);
             }
             break;
         }
@@ -102,25 +157,26 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<(JobConfig, Tick, Opt
                     p.backoff = (p.backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
                     Some(wait)
                 }
+                // A trigger or a retry waits for the run that holds the job.
+                ClaimOutcome::Busy { .. } if p.request.series != Series::Schedule => {
+                    Some(BUSY_RETRY)
+                }
                 other => other.retry_in(),
             };
             let Some(wait) = wait else {
-                settling.spawn(settle(
-                    Arc::clone(&context),
-                    p.job,
-                    p.request.tick,
-                    p.guard,
-                    outcome,
-                ));
+                let span = p.span();
+                let (tick, series) = (p.request.tick, p.request.series);
+                let settled = settle(Arc::clone(&context), p.job, tick, series, p.guard, outcome);
+                settling.spawn(settled.instrument(span));
                 continue;
             };
             let retry_at =
                 context.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
-            if retry_at >= give_up_at(&p.job, p.request.tick) {
-                give_up(&context, &p, &outcome);
+            if retry_at >= p.until {
+                p.span().in_scope(|| give_up(&context, &p, &outcome));
                 continue;
             }
-            retrying(&p, &outcome, wait);
+            p.span().in_scope(|| retrying(&p, &outcome, wait));
             p.retry_at = tokio::time::Instant::now() + wait;
             pending.push(p);
         }
@@ -158,6 +214,11 @@ fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
                   holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()), retry_in_ms,
                   "Another worker holds the lease for this tick without having claimed it; racing again once it has decided or its lease expired")
         }
+        ClaimOutcome::Busy { holder, .. } => {
+            info!(event = "tick.retrying", job = %job, tick = %tick, reason = "busy",
+                  holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()), retry_in_ms,
+                  "Another run holds the job; claiming again once it has ended")
+        }
         _ => {
             warn!(event = "tick.retrying", job = %job, tick = %tick, reason = "lease_expired",
                   retry_in_ms, "Won the tick, but the lease expired before the job could start (was this process paused?); claiming it again")
@@ -165,16 +226,21 @@ fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
     }
 }
 
-/// Logs and records a tick given up at the end of its grace, and why, and has it checked for a miss (the
-/// cluster-wide ERROR, once, is `tick.missed`).
+/// Logs and records a claim given up at the end of its window, and why, and has a scheduled tick checked
+/// for a miss (the cluster-wide ERROR, once, is `tick.missed`).
 fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
     let reason = match outcome {
         ClaimOutcome::NoQuorum(_) => "no_quorum",
         ClaimOutcome::Contended { .. } => "contended",
+        ClaimOutcome::Busy { .. } => "overlap",
         _ => "lease_expired",
     };
-    context.note(&p.job, p.request.tick, Kind::Skipped, Some(reason), None);
-    context.suspect(&p.job, p.request.tick);
+    let (tick, series) = (p.request.tick, &p.request.series);
+    let by = outcome.other().map(|holder| holder.worker.as_str());
+    context.note(&p.job, tick, series, Kind::Skipped, Some(reason), by);
+    if *series == Series::Schedule {
+        context.suspect(&p.job, tick);
+    }
     let (job, tick) = (&p.job.name, p.request.tick);
     match outcome {
         ClaimOutcome::NoQuorum(failure) => {
@@ -185,6 +251,11 @@ fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
             warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "contended",
                    holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
                    "Skipped: another worker held this tick's lease without claiming it until the grace ended")
+        }
+        ClaimOutcome::Busy { holder, .. } => {
+            info!(event = "tick.skipped", job = %job, tick = %tick, reason = "overlap",
+                  holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
+                  "Skipped: another run held the job until the window ended")
         }
         _ => {
             warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "lease_expired",
@@ -199,14 +270,21 @@ pub(super) fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
     job.window_end(tick)
 }
 
-/// Acts on a final claim outcome: runs a won tick, logs a lost one.
+/// Acts on a final claim outcome: runs a won tick, logs a lost one. A trigger request that was won, or
+/// refused for a pause, is handled: it is deleted from the store.
 async fn settle(
     context: Arc<Context>,
     job: JobConfig,
     tick: Tick,
+    series: Series,
     guard: Option<BusyGuard>,
     outcome: ClaimOutcome,
 ) {
+    if let (Some(id), ClaimOutcome::Won(_) | ClaimOutcome::Paused(_)) = (series.trigger(), &outcome)
+    {
+        context.store.forget_trigger(id);
+    }
+    let series = &series;
     match outcome {
         // Also when shutdown was requested while racing: the tick is granted to this worker, so no other
         // worker may run it; the run gets the shutdown grace like any running job.
@@ -219,13 +297,8 @@ async fn settle(
                   by = by.as_ref().map_or("unknown", |by| by.worker.as_str()),
                   "Lost the tick: another worker claimed it");
             let by = by.map(|by| by.worker);
-            context.note(
-                &job,
-                tick,
-                Kind::Lost,
-                Some("already_claimed"),
-                by.as_deref(),
-            );
+            let reason = Some("already_claimed");
+            context.note(&job, tick, series, Kind::Lost, reason, by.as_deref());
         }
         ClaimOutcome::Busy { holder, ttl } => {
             info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "busy",
@@ -234,14 +307,21 @@ async fn settle(
                   holder_ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis() as u64),
                   "Lost the tick: the previous run still holds the job");
             let by = holder.map(|holder| holder.worker);
-            context.note(&job, tick, Kind::Skipped, Some("overlap"), by.as_deref());
+            context.note(
+                &job,
+                tick,
+                series,
+                Kind::Skipped,
+                Some("overlap"),
+                by.as_deref(),
+            );
         }
         ClaimOutcome::Paused(pause) => {
             info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "paused",
                   paused_by = %pause.by, paused_reason = %pause.reason,
                   paused_until = %pause.until.map_or(String::new(), |until| until.to_rfc3339()),
                   "Skipped: the job is paused (redcron pause)");
-            context.note(&job, tick, Kind::Skipped, Some("paused"), None);
+            context.note(&job, tick, series, Kind::Skipped, Some("paused"), None);
         }
         ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
             // Never settled: `race` retries these until it gives up, and logs that.

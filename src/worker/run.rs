@@ -86,7 +86,7 @@ async fn supervise(
     };
     let started = tokio::time::Instant::now();
     // The run's history entry: written now (a run under way), and again with how it ended.
-    let mut entry = context.entry(job, lease.tick, Kind::Run);
+    let mut entry = context.entry(job, lease.tick, &lease.series, Kind::Run);
     entry.token = Some(lease.token);
     entry.run_id = Some(run_id.to_string());
     entry.started_at = Some(entry.recorded_at);
@@ -166,13 +166,16 @@ async fn start(
     lease: &Lease,
     run_id: uuid::Uuid,
 ) -> Result<RunningChild, Option<Entry>> {
-    let redcron = [
+    let mut redcron = vec![
         ("REDCRON_JOB".to_string(), job.name.clone()),
         ("REDCRON_TICK".to_string(), lease.tick.to_string()),
         ("REDCRON_FENCING_TOKEN".to_string(), lease.token.to_string()),
         ("REDCRON_RUN_ID".to_string(), run_id.to_string()),
         ("REDCRON_WORKER_ID".to_string(), context.worker_id.clone()),
     ];
+    if let Some(id) = lease.series.trigger() {
+        redcron.push(("REDCRON_TRIGGER".to_string(), id.to_string()));
+    }
     let spec = ChildSpec {
         command: job.command.clone(),
         env: job_environment(
@@ -196,7 +199,7 @@ async fn start(
         context.metrics.lease_lost(&job.name);
         context.metrics.tick_skipped(&job.name, "lease_expired");
         context.store.release(lease).await;
-        let mut entry = context.entry(job, lease.tick, Kind::Skipped);
+        let mut entry = context.entry(job, lease.tick, &lease.series, Kind::Skipped);
         entry.reason = Some("lease_expired".to_string());
         entry.token = Some(lease.token);
         context.recorder.note(entry);
@@ -215,7 +218,7 @@ async fn start(
                 .metrics
                 .run_finished(&job.name, failure, Duration::ZERO);
             context.store.release(lease).await;
-            let mut entry = context.entry(job, lease.tick, Kind::Run);
+            let mut entry = context.entry(job, lease.tick, &lease.series, Kind::Run);
             entry.token = Some(lease.token);
             entry.run_id = Some(run_id.to_string());
             entry.outcome = Some(Outcome::Failure.as_str().to_string());

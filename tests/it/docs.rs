@@ -25,6 +25,7 @@ const MODULES: &[&str] = &[
     "pause",
     "reload",
     "schedule",
+    "trigger",
     "worker",
 ];
 

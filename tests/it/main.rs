@@ -21,4 +21,5 @@ mod pause;
 mod reload;
 mod schedule;
 mod support;
+mod trigger;
 mod worker;

@@ -28,6 +28,7 @@
 mod claim;
 mod history;
 mod pause;
+mod triggers;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -123,6 +124,13 @@ impl EmbeddedStore {
                 connection: Mutex::new(connection),
             }),
         })
+    }
+
+    /// Another handle on the same store (the same connection), for a write in the background.
+    fn clone_handle(&self) -> EmbeddedStore {
+        EmbeddedStore {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// The database file.

@@ -18,7 +18,7 @@
 //! Files: this one holds the store's API; `claim.rs` the two rounds of a claim and the reading of a lost
 //! one; `round.rs` how one pipeline goes to every node; `reply.rs` the parsing of the scripts' replies;
 //! `time.rs` the nodes' clocks (`TIME`), for cluster time; `history.rs` run history and membership;
-//! `pause.rs` pauses.
+//! `pause.rs` pauses; `triggers.rs` trigger requests.
 
 mod claim;
 mod history;
@@ -28,6 +28,7 @@ mod reply;
 mod round;
 pub mod scripts;
 mod time;
+mod triggers;
 
 use std::sync::Arc;
 

@@ -1,0 +1,107 @@
+//! Trigger requests: `redcron trigger JOB` asks for one extra run of a job now.
+//!
+//! The command writes a [`TriggerRequest`] to every node of the store (a majority must take it); every live
+//! worker reads the requests once a second (one read per node) and claims each request of a job it runs
+//! through the lock, as a claim of the request's own series ([`crate::lock::Series::Trigger`]) whose tick is
+//! the request's time. Exactly one worker wins each request (G1); it runs the job with `REDCRON_TRIGGER`
+//! set, records the run in the history under the request's id (the command reads its outcome there), and
+//! deletes the request. A request that nobody handles ends with its window (`not_after`); the store drops it
+//! [`KEEP_AFTER_WINDOW`] later, so requests never pile up.
+//!
+//! Polling rather than a wake-up (Redis pub/sub): a poll cannot miss a message while a connection is being
+//! re-opened, needs no connection of its own per node, and costs one small read per node and second, while
+//! a trigger waits at most a second for it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::schedule::Tick;
+
+/// How long the store keeps a request after its window ended (for a worker that read it late to find it
+/// claimed, not gone). Its claim records last longer still ([`crate::lock::ONE_OFF_RECORD_KEEP`]).
+pub const KEEP_AFTER_WINDOW: Duration = Duration::from_secs(60);
+
+/// How long a trigger may wait to be claimed, unless `--timeout` says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One `redcron trigger` request. Field names are stable (`docs/history.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TriggerRequest {
+    /// Unique per request: 32 hex digits.
+    pub id: String,
+    pub job: String,
+    /// When the command asked (its host's clock): the run's tick (`REDCRON_TICK`).
+    pub requested_at: DateTime<Utc>,
+    /// Until when workers may claim it (cluster time); after it, the nodes refuse.
+    pub not_after: DateTime<Utc>,
+    /// Who asked: `user@host`.
+    #[serde(default)]
+    pub by: String,
+}
+
+impl TriggerRequest {
+    /// A new request for `job` at `now`, to be claimed within `timeout`.
+    pub fn new(job: &str, now: DateTime<Utc>, timeout: Duration, by: &str) -> TriggerRequest {
+        TriggerRequest {
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            job: job.to_string(),
+            requested_at: now,
+            not_after: now + chrono::Duration::from_std(timeout).unwrap_or_default(),
+            by: by.to_string(),
+        }
+    }
+
+    /// The tick of the run it asks for: the request's time in milliseconds.
+    pub fn tick(&self) -> Tick {
+        Tick(self.requested_at.timestamp_millis())
+    }
+
+    /// When the store drops the request, in milliseconds since the epoch.
+    pub fn expires_at_ms(&self) -> i64 {
+        let keep = i64::try_from(KEEP_AFTER_WINDOW.as_millis()).unwrap_or(i64::MAX);
+        self.not_after.timestamp_millis().saturating_add(keep)
+    }
+
+    /// The request as stored: one line of JSON.
+    pub fn to_json(&self) -> String {
+        // Serializing strings and timestamps cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads a stored request; the error says what was wrong, for a warning that names the node.
+    pub fn from_json(text: &str) -> Result<TriggerRequest, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
+/// The requests read from several nodes, each once (by id), oldest first: a request that reached any node
+/// that answered is handled, so one that reached only a minority (a `trigger` that exited 3) may still run
+/// — once, since its claim is one.
+pub fn merge(replicas: impl IntoIterator<Item = Vec<TriggerRequest>>) -> Vec<TriggerRequest> {
+    let mut all: Vec<TriggerRequest> = replicas.into_iter().flatten().collect();
+    all.sort_by(|a, b| (a.requested_at, &a.id).cmp(&(b.requested_at, &b.id)));
+    all.dedup_by(|a, b| a.id == b.id);
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_merge_once_each_oldest_first() {
+        let now = DateTime::from_timestamp_millis(1_795_436_805_123).unwrap_or_default();
+        let a = TriggerRequest::new("j", now, DEFAULT_TIMEOUT, "ops@vm");
+        let b = TriggerRequest::new("j", now - chrono::Duration::seconds(1), DEFAULT_TIMEOUT, "");
+        assert_eq!(
+            TriggerRequest::from_json(&a.to_json()).ok(),
+            Some(a.clone())
+        );
+        assert_eq!(a.tick(), Tick(1_795_436_805_123));
+        assert_eq!(a.expires_at_ms(), 1_795_436_805_123 + 90_000);
+        let merged = merge([vec![a.clone(), b.clone()], vec![a.clone()]]);
+        assert_eq!(merged, [b, a]);
+    }
+}

@@ -1,0 +1,96 @@
+//! The trigger requests of `redcron trigger`: read from the store once a second, each raced once by this
+//! worker, as a claim of the request's own series — so exactly one worker in the cluster runs it, obeying the
+//! job's `overlap` rule, with a token above every earlier run's (see [`crate::trigger`]).
+//!
+//! A request is raced by every live worker that runs its job (enabled, in the config in force) while its
+//! window lasts; this worker remembers the requests it raced until their window is over, so a request that
+//! another worker won but has not deleted yet is not raced twice here.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::task::JoinSet;
+use tracing::{info, warn};
+
+use super::race::{self, Due};
+use super::Context;
+use crate::lock::Series;
+use crate::trigger::{TriggerRequest, KEEP_AFTER_WINDOW};
+
+/// How often the requests are read.
+pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// Starts the poller; it returns at shutdown, once the requests it races have been settled.
+pub(super) fn start(context: Arc<Context>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(poll(context))
+}
+
+async fn poll(context: Arc<Context>) {
+    // Request id → the end of its window: raced here already.
+    let mut raced: HashMap<String, DateTime<Utc>> = HashMap::new();
+    let mut races: JoinSet<()> = JoinSet::new();
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = context.shutdown.graceful() => break,
+            () = tokio::time::sleep(POLL_EVERY) => {}
+            Some(_) = races.join_next() => continue,
+        }
+        let requests = match context.store.triggers().await {
+            Ok(read) => {
+                failing = false;
+                read.value
+            }
+            Err(failure) => {
+                if !failing {
+                    warn!(event = "trigger.poll_failed", error = %failure,
+                          "Trigger requests could not be read from a majority of nodes; retrying every second");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        let now = context.clock.now();
+        let keep = chrono::Duration::from_std(KEEP_AFTER_WINDOW).unwrap_or_default();
+        raced.retain(|_, until| *until + keep > now);
+        let batch = due(&context, requests, &mut raced, now);
+        if !batch.is_empty() {
+            races.spawn(race::race(Arc::clone(&context), batch));
+        }
+    }
+    while races.join_next().await.is_some() {}
+}
+
+/// The requests of `requests` to race now: of a job this worker runs, in their window, not raced yet.
+fn due(
+    context: &Context,
+    requests: Vec<TriggerRequest>,
+    raced: &mut HashMap<String, DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Vec<Due> {
+    let jobs = context.jobs();
+    let mut batch = Vec::new();
+    for request in requests {
+        if request.not_after <= now || raced.contains_key(&request.id) {
+            continue;
+        }
+        let Some(job) = jobs.iter().find(|job| job.name == request.job) else {
+            continue;
+        };
+        info!(event = "trigger.received", job = %job.name, trigger = %request.id, tick = %request.tick(),
+              requested_by = %request.by, not_after = %request.not_after.to_rfc3339(),
+              "A trigger request for this job: claiming it");
+        raced.insert(request.id.clone(), request.not_after);
+        batch.push(Due {
+            job: job.clone(),
+            tick: request.tick(),
+            series: Series::Trigger(request.id),
+            guard: None,
+            until: request.not_after,
+            delay: Duration::ZERO,
+        });
+    }
+    batch
+}
