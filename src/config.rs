@@ -13,11 +13,12 @@
 //! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, `worker.max_clock_offset` 500ms,
 //! `worker.clock_check_every` 60s, `worker.heartbeat_every` 5s, `worker.listen` none, `history.keep_ticks` 200, `history.missed_lookback` 1h, `embedded.path`
 //! `<key_prefix>.db` in `$STATE_DIRECTORY` or else beside the config file, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
-//! `enabled` true, no timeout, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
+//! `enabled` true, no timeout, `retries` 0 (`retry_backoff` 10s, `retry_backoff_max` 10m), `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
 //! see [`crate::lock::renewal_slack`]).
 
 mod jobs;
 mod raw;
+mod retry;
 mod validate;
 
 pub use validate::show as show_duration;
@@ -135,6 +136,20 @@ pub struct JobConfig {
     pub enabled: bool,
     /// The commands run when the job starts failing and when it recovers (its own, or `alerts:`'s).
     pub alerts: Alerts,
+    /// How a failed run is tried again (`retries`, `retry_backoff`, `retry_backoff_max`).
+    pub retry: RetryPolicy,
+}
+
+/// How a job's failed run is tried again: up to `retries` more attempts, attempt `k` waiting
+/// [`RetryPolicy::delay`] after the one before it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// How many more attempts after a run that failed (`failure`, `timeout`); 0 to 100, default 0.
+    pub retries: u32,
+    /// The wait before the first retry; it doubles for each later one. Above zero, default 10 s.
+    pub backoff: Duration,
+    /// The longest wait before a retry. At least `backoff`, default 10 min.
+    pub backoff_max: Duration,
 }
 
 impl JobConfig {
@@ -191,6 +206,12 @@ impl JobConfig {
         if !self.jitter.is_zero() {
             // Only when set, so that fingerprints of jobs without jitter stay what they were.
             field("jitter", &millis(Some(self.jitter)));
+        }
+        if self.retry.retries > 0 {
+            // Only when set, so that fingerprints of jobs without retries stay what they were.
+            field("retries", &self.retry.retries.to_string());
+            field("retry_backoff", &millis(Some(self.retry.backoff)));
+            field("retry_backoff_max", &millis(Some(self.retry.backoff_max)));
         }
         field("enabled", if self.enabled { "yes" } else { "no" });
         format!("{:016x}", fnv1a(text.as_bytes()))

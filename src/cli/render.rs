@@ -178,7 +178,7 @@ pub(super) fn entries(entries: &[Entry]) -> String {
         "TICK", "JOB", "KIND", "WORKER", "TOKEN", "OUTCOME", "EXIT", "DURATION", "DETAIL",
     ]);
     for e in entries {
-        let (outcome_text, detail) = match e.kind {
+        let (outcome_text, mut detail) = match e.kind {
             Kind::Run => (outcome(e), e.run_id.clone().unwrap_or_default()),
             _ => {
                 let by = e.by.as_ref().map(|by| format!("by {by}"));
@@ -186,6 +186,10 @@ pub(super) fn entries(entries: &[Entry]) -> String {
                 ("-".to_string(), parts.join(" "))
             }
         };
+        // A trigger's or a retry's entry says so first.
+        if let Some(tag) = e.series().tag() {
+            detail = format!("{tag} {detail}").trim_end().to_string();
+        }
         let exit = match (e.exit_code, e.signal) {
             (Some(code), _) => code.to_string(),
             (None, Some(signal)) => format!("signal {signal}"),

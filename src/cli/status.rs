@@ -213,7 +213,13 @@ fn job_status(
     members: &[Member],
     now: DateTime<Utc>,
 ) -> JobStatus {
-    let mut runs = entries.iter().filter(|e| e.kind == Kind::Run);
+    // One run per tick: its last attempt (the merged entries have it first).
+    let mut seen = std::collections::HashSet::new();
+    let runs: Vec<&Entry> = entries
+        .iter()
+        .filter(|e| e.kind == Kind::Run && seen.insert(e.tick))
+        .collect();
+    let mut runs = runs.into_iter();
     let last_run = runs.clone().next().cloned();
     let succeeded = |e: &&Entry| e.outcome.as_deref() == Some("success");
     let failures_in_a_row = runs

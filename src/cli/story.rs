@@ -31,6 +31,9 @@ pub(super) fn describe(entry: &Entry) -> String {
     match entry.kind {
         Kind::Run => {
             let mut text = format!("{worker} won it");
+            if let Some(tag) = entry.series().tag() {
+                text.push_str(&format!(" ({tag})"));
+            }
             if let Some(token) = entry.token {
                 text.push_str(&format!(" with token {token}"));
             }

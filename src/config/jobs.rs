@@ -189,8 +189,10 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
             .on_recovery
             .or_else(|| shared.alerts.on_recovery.clone()),
     };
+    let retry = super::retry::policy(raw, path, report);
     Some(JobConfig {
         alerts,
+        retry,
         name: name?,
         schedule: schedule?,
         command: command?,

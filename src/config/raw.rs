@@ -93,6 +93,9 @@ pub(crate) struct RawJob {
     pub overlap: Option<Spanned<String>>,
     pub misfire_grace: Option<Spanned<String>>,
     pub jitter: Option<Spanned<String>>,
+    pub retries: Option<Spanned<String>>,
+    pub retry_backoff: Option<Spanned<String>>,
+    pub retry_backoff_max: Option<Spanned<String>>,
     pub enabled: Option<Spanned<String>>,
 }
 
@@ -265,6 +268,9 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
         overlap: fields.scalar("overlap", report),
         misfire_grace: fields.scalar("misfire_grace", report),
         jitter: fields.scalar("jitter", report),
+        retries: fields.scalar("retries", report),
+        retry_backoff: fields.scalar("retry_backoff", report),
+        retry_backoff_max: fields.scalar("retry_backoff_max", report),
         enabled: fields.scalar("enabled", report),
     };
     fields.finish(report);

@@ -104,23 +104,7 @@ fn lock(raw: &RawLock, key_prefix: Option<&Spanned<String>>, report: &mut Report
         },
     };
     let renew_every = renew_every(raw, ttl, node_timeout, drift_factor, report);
-    let retries = match &raw.retries {
-        None => defaults.retries,
-        Some(value) => match value.value.trim().parse::<u32>() {
-            Ok(retries) if retries <= 100 => retries,
-            _ => {
-                report.error(
-                    value.mark,
-                    "lock.retries",
-                    format!(
-                        "invalid retries {:?}: expected a whole number from 0 to 100",
-                        value.value
-                    ),
-                );
-                defaults.retries
-            }
-        },
-    };
+    let retries = retries(raw.retries.as_ref(), "lock.retries", report).unwrap_or(defaults.retries);
     let retry_delay = duration(raw.retry_delay.as_ref(), "lock.retry_delay", report)
         .unwrap_or(defaults.retry_delay);
     let key_prefix = match key_prefix {
@@ -473,6 +457,27 @@ pub(super) fn duration(
                     value.value
                 ),
             );
+            None
+        }
+    }
+}
+
+/// A whole number of retries, from 0 to 100 (`lock.retries`, a job's `retries`); `None` when absent or
+/// invalid (reported).
+pub(super) fn retries(
+    value: Option<&Spanned<String>>,
+    field: &str,
+    report: &mut Report,
+) -> Option<u32> {
+    let value = value?;
+    match value.value.trim().parse::<u32>() {
+        Ok(retries) if retries <= 100 => Some(retries),
+        _ => {
+            let why = format!(
+                "invalid retries {:?}: expected a whole number from 0 to 100",
+                value.value
+            );
+            report.error(value.mark, field, why);
             None
         }
     }

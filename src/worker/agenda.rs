@@ -206,6 +206,7 @@ mod tests {
             misfire_grace: Duration::from_secs(grace_secs),
             jitter: Duration::ZERO,
             alerts: Default::default(),
+            retry: Default::default(),
             enabled: true,
         }
     }

@@ -5,7 +5,8 @@
 //! history (a majority) and compares the latest one before this tick with this one. A failure after a
 //! success (or after no run at all) is the *first failure*; a success after a failure is the *recovery*;
 //! anything else alerts nobody. Since each tick runs on one worker, each change is alerted by one worker,
-//! wherever the runs happened. Runs stopped by a shutdown count for neither. The hook runs with the job's
+//! wherever the runs happened. With `retries`, only a tick's final attempt is a run here: a failure that
+//! is retried alerts nobody ([`super::retry`]). Runs stopped by a shutdown count for neither. The hook runs with the job's
 //! environment rules (`inherit_env`, `env`, never the store's variables) plus the run's fields, off the
 //! run's path, for at most [`HOOK_TIMEOUT`].
 
@@ -104,7 +105,8 @@ async fn earlier_runs(context: &Context, job: &JobConfig, tick: Tick) -> Option<
                 return None;
             }
         };
-        // One run per tick: merged entries are newest first, and a tick's run entry is one per worker.
+        // One run per tick: merged entries are newest first, a tick's run entry is one per worker, and of a
+        // tick's attempts (retries, on one worker) the last comes first: its outcome is the tick's.
         let mut seen = std::collections::BTreeSet::new();
         let runs: Vec<Option<String>> = entries
             .into_iter()

@@ -9,7 +9,7 @@
 //! Files: `agenda.rs` which ticks are due; `race.rs` the race for a batch and what becomes of each tick;
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
 //! `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
-//! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `triggers.rs` the
+//! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `retry.rs` the retries of a failed run; `triggers.rs` the
 //! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener. Outside intent
 //! (reload, drain, stop) arrives through one [`Control`].
 
@@ -23,6 +23,7 @@ mod offset;
 mod race;
 mod recorder;
 mod reload;
+mod retry;
 mod run;
 mod triggers;
 

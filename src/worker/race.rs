@@ -290,7 +290,13 @@ async fn settle(
         // worker may run it; the run gets the shutdown grace like any running job.
         ClaimOutcome::Won(lease) => {
             info!(event = "tick.won", job = %job.name, tick = %tick, token = lease.token, "Won the tick");
-            run::run(Arc::clone(&context), job, lease).await;
+            let ended = run::run(Arc::clone(&context), &job, lease).await;
+            // This worker no longer runs the job: its next ticks are raced here again meanwhile.
+            drop(guard);
+            if let Some(ended) = ended {
+                super::retry::after_run(context, job, tick, series.clone(), ended).await;
+            }
+            return;
         }
         ClaimOutcome::AlreadyClaimed { by } => {
             info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",

@@ -60,16 +60,14 @@ enum Watched {
     Stop { outcome: Outcome, now: bool },
 }
 
-/// Runs `job` under `lease` and releases it.
-pub(crate) async fn run(context: Arc<Context>, job: JobConfig, lease: Lease) {
+/// Runs `job` under `lease` and releases it; returns the run's final history entry, or `None` if it was
+/// not run (for the retries and the alert hooks, [`super::retry::after_run`]).
+pub(crate) async fn run(context: Arc<Context>, job: &JobConfig, lease: Lease) -> Option<Entry> {
     let run_id = uuid::Uuid::new_v4();
     let span = info_span!("run", job = %job.name, tick = %lease.tick, run_id = %run_id, token = lease.token);
-    let ended = supervise(&context, &job, lease, run_id)
+    supervise(&context, job, lease, run_id)
         .instrument(span)
-        .await;
-    if let Some(ended) = ended {
-        super::alerts::after_run(Arc::clone(&context), job, ended);
-    }
+        .await
 }
 
 /// Runs the job to its end; returns the run's final history entry (also for a child that could not be
@@ -90,9 +88,12 @@ async fn supervise(
     entry.token = Some(lease.token);
     entry.run_id = Some(run_id.to_string());
     entry.started_at = Some(entry.recorded_at);
-    context
-        .metrics
-        .run_started(&job.name, lease.tick, entry.recorded_at);
+    if lease.series.attempt() == 0 {
+        // The schedule lag of a retry would be its backoff.
+        context
+            .metrics
+            .run_started(&job.name, lease.tick, entry.recorded_at);
+    }
     context.recorder.note(entry.clone());
     let run_key = run_id.to_string();
     let running = Running {
@@ -176,6 +177,8 @@ async fn start(
     if let Some(id) = lease.series.trigger() {
         redcron.push(("REDCRON_TRIGGER".to_string(), id.to_string()));
     }
+    let attempt = lease.series.attempt().to_string();
+    redcron.push(("REDCRON_ATTEMPT".to_string(), attempt));
     let spec = ChildSpec {
         command: job.command.clone(),
         env: job_environment(

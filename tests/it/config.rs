@@ -177,7 +177,7 @@ fn yaml_syntax_error() {
 /// Unknown fields are errors at the key, listing what is allowed; all of them are reported.
 #[test]
 fn unknown_fields() {
-    let problems = problems("lock:\n  tll: 30s\njobs:\n  - name: a\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n    retries: 2\n");
+    let problems = problems("lock:\n  tll: 30s\njobs:\n  - name: a\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n    retry: 2\n");
     let lines: Vec<String> = problems.iter().map(Problem::to_string).collect();
     assert_eq!(lines.len(), 2, "{lines:#?}");
     assert!(
@@ -188,7 +188,7 @@ fn unknown_fields() {
         lines[0]
     );
     assert!(
-        lines[1].starts_with("jobs.yaml:7:5: jobs[0].retries: unknown field `retries`"),
+        lines[1].starts_with("jobs.yaml:7:5: jobs[0].retry: unknown field `retry`"),
         "{}",
         lines[1]
     );

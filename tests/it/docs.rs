@@ -24,6 +24,7 @@ const MODULES: &[&str] = &[
     "model",
     "pause",
     "reload",
+    "retries",
     "schedule",
     "trigger",
     "worker",

@@ -33,7 +33,8 @@ fn environment_of(worker: &Worker, dir: &TestDir, job: &str) -> BTreeMap<String,
         .collect()
 }
 
-const REDCRON_VARS: [&str; 5] = [
+const REDCRON_VARS: [&str; 6] = [
+    "REDCRON_ATTEMPT",
     "REDCRON_JOB",
     "REDCRON_TICK",
     "REDCRON_FENCING_TOKEN",

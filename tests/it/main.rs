@@ -19,6 +19,7 @@ mod metrics;
 mod model;
 mod pause;
 mod reload;
+mod retries;
 mod schedule;
 mod support;
 mod trigger;

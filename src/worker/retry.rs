@@ -1,0 +1,90 @@
+//! Retries of a failed run: `retries: N` more attempts, each claimed through the lock as attempt `k` of
+//! the same tick ([`Series::Retry`]), so exactly one worker runs it, with a token above the failed run's.
+//!
+//! The worker that ran the tick decides, once the run ended: a run that ended in `failure` (a non-zero exit,
+//! or a job that could not start) or `timeout` is tried again, until an attempt succeeds or `retries` more
+//! attempts have run. A run that lost its lease is not (the lock took the job away, not the job failed, and
+//! another worker may already hold it), nor one stopped by a shutdown. Attempt `k` waits
+//! [`crate::config::RetryPolicy::delay`] after the attempt before it ended, then is raced like a trigger:
+//! while another run holds the job (`overlap: skip`) it waits for it, within the job's `misfire_grace`.
+//! Only the final outcome reaches the alert hooks. The wait lives in this worker: if it dies or shuts down
+//! before the retry, the retry is lost (recorded as skipped, `shutdown`, when it shuts down).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::race::{self, series_span, Due};
+use super::Context;
+use crate::config::JobConfig;
+use crate::history::{Entry, Kind};
+use crate::lock::Series;
+use crate::schedule::Tick;
+
+/// Whether a run that ended with `outcome` is tried again.
+fn retried(outcome: &str) -> bool {
+    matches!(outcome, "failure" | "timeout")
+}
+
+/// After a run of `(job, tick)` in `series` ended (`ended`, its final entry): waits and races the next
+/// attempt if the run failed and attempts are left (done once that attempt — and any after it — is
+/// settled), else hands the final outcome to the alert hooks.
+///
+/// A boxed future rather than an `async fn`: the race runs the attempt, which comes back here when it
+/// ended, and the compiler cannot infer the `Send` of a future that contains itself.
+pub(super) fn after_run(
+    context: Arc<Context>,
+    job: JobConfig,
+    tick: Tick,
+    series: Series,
+    ended: Entry,
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(retry(context, job, tick, series, ended))
+}
+
+async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series, ended: Entry) {
+    let attempt = series.attempt();
+    let failed = ended.outcome.as_deref().is_some_and(retried);
+    // Triggers are not retried: the operator asked for one run, and `trigger --wait` reports its outcome.
+    let again = failed && series.trigger().is_none() && attempt < job.retry.retries;
+    if !again {
+        if failed && attempt > 0 && series.trigger().is_none() {
+            warn!(event = "run.retries_exhausted", job = %job.name, tick = %tick, attempts = attempt + 1,
+                  "The job failed on every attempt; no retry is left");
+        }
+        super::alerts::after_run(context, job, ended);
+        return;
+    }
+    let next = Series::Retry(attempt + 1);
+    let wait = job.retry.delay(attempt + 1);
+    let span = series_span(&next);
+    span.in_scope(|| {
+        info!(event = "run.retry_scheduled", job = %job.name, tick = %tick,
+              outcome = ended.outcome.as_deref().unwrap_or(""), retry_in_ms = wait.as_millis() as u64,
+              "The run failed: trying again after the backoff");
+    });
+    tokio::select! {
+        () = tokio::time::sleep(wait) => {}
+        () = context.shutdown.graceful() => {
+            span.in_scope(|| {
+                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
+                      "Skipped: shutdown was requested while the retry waited for its backoff");
+            });
+            context.note(&job, tick, &next, Kind::Skipped, Some("shutdown"), None);
+            return;
+        }
+    }
+    let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
+    let due = Due {
+        until: context.clock.now() + grace,
+        job,
+        tick,
+        series: next,
+        guard: None,
+        delay: Duration::ZERO,
+    };
+    race::race(context, vec![due]).await;
+}

@@ -1,0 +1,149 @@
+//! `retries` and `retry_backoff`: real workers retry a failed run through the lock — each attempt claimed
+//! as its own series of the same tick, with `REDCRON_ATTEMPT`, a token above the attempt before, after the
+//! doubling backoff — until it succeeds or gives up after N, and the alert hook hears the final outcome only.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use redcron::history::Kind;
+
+use crate::history::history;
+use crate::inspect::workers::wait_for;
+use crate::support::{RedisCluster, TestDir};
+use crate::worker::start_workers;
+
+/// A job every 10 s that appends `<job> <tick> <attempt> <token> <start> <end>` to the ledger and fails
+/// unless `succeed_at` attempts have been made (never, with `None`).
+fn job(dir: &TestDir, name: &str, succeed_at: Option<u32>, retries: &str) -> String {
+    let test = succeed_at.map_or("false".to_string(), |n| {
+        format!("[ \"$REDCRON_ATTEMPT\" -ge {n} ]")
+    });
+    format!(
+        "  - name: {name}\n    schedule: \"*/10 * * * * *\"\n{retries}    on_failure: 'echo \"$REDCRON_JOB $REDCRON_TICK\" >> {alerts}'\n    \
+         command: 'start=$(date +%s.%N); sleep 0.2; echo \"$REDCRON_JOB $REDCRON_TICK $REDCRON_ATTEMPT $REDCRON_FENCING_TOKEN $start $(date +%s.%N)\" >> {ledger}; {test}'\n",
+        alerts = dir.join("alerts").display(),
+        ledger = dir.ledger().display(),
+    )
+}
+
+/// One attempt as the ledger has it.
+#[derive(Debug)]
+struct Attempt {
+    attempt: u32,
+    token: u64,
+    start: f64,
+    end: f64,
+}
+
+/// The ledger's attempts of `job` by tick, in attempt order.
+fn attempts(dir: &TestDir, job: &str) -> BTreeMap<String, Vec<Attempt>> {
+    let mut ticks: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
+    for line in dir.ledger_lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [name, tick, attempt, token, start, end] = fields[..] else {
+            panic!("bad ledger line {line:?}")
+        };
+        if name != job {
+            continue;
+        }
+        let number = |text: &str| text.parse::<f64>().expect("a number");
+        ticks.entry(tick.to_string()).or_default().push(Attempt {
+            attempt: attempt.parse().expect("an attempt"),
+            token: token.parse().expect("a token"),
+            start: number(start),
+            end: number(end),
+        });
+    }
+    ticks
+        .values_mut()
+        .for_each(|a| a.sort_by_key(|a| a.attempt));
+    ticks
+}
+
+/// Two workers: a job that succeeds at its third attempt runs attempts 0, 1, 2 of its first tick, each
+/// after the backoff (500 ms, then 1 s) and with a higher token, and alerts nobody; a job that always fails
+/// gives up after `retries: 2` (attempts 0 to 2), and its failure hook runs once for the tick.
+#[test]
+fn failed_runs_are_retried_with_backoff_until_success_or_the_last_attempt() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let jobs = job(
+        &dir,
+        "recovers",
+        Some(2),
+        "    retries: 5\n    retry_backoff: 500ms\n",
+    ) + &job(
+        &dir,
+        "gives-up",
+        None,
+        "    retries: 2\n    retry_backoff: 300ms\n",
+    );
+    let workers = start_workers(&cluster, &dir, 2, "", &jobs);
+    let exhausted = wait_for(
+        "the retries of gives-up exhausted",
+        Duration::from_secs(40),
+        || {
+            workers
+                .iter()
+                .flat_map(|w| w.events("run.retries_exhausted"))
+                .next()
+        },
+    );
+    assert_eq!(exhausted["attempts"], 3);
+    let tick = exhausted["tick"].as_str().expect("a tick").to_string();
+    let recovered = wait_for("recovers succeeded", Duration::from_secs(20), || {
+        let ticks = attempts(&dir, "recovers");
+        let (tick, done) = ticks.into_iter().next()?;
+        (done.len() == 3).then_some((tick, done))
+    });
+    std::thread::sleep(Duration::from_secs(2));
+
+    let (_, runs) = &recovered;
+    assert_eq!(
+        runs.iter().map(|a| a.attempt).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    for (before, after) in runs.iter().zip(&runs[1..]) {
+        assert!(after.token > before.token, "{runs:?}");
+    }
+    let waited = |k: usize| runs[k].start - runs[k - 1].end;
+    assert!(waited(1) >= 0.5 && waited(2) >= 1.0, "backoff: {runs:?}");
+    assert_eq!(
+        attempts(&dir, "recovers")[&recovered.0].len(),
+        3,
+        "no attempt after the success"
+    );
+    // The events' `tick` is written as `REDCRON_TICK` is.
+    let given_up = &attempts(&dir, "gives-up")[&tick];
+    assert_eq!(
+        given_up.iter().map(|a| a.attempt).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    assert!(
+        given_up[2].start - given_up[1].end >= 0.6,
+        "backoff doubles: {given_up:?}"
+    );
+
+    // The history: one entry per attempt; the alert hook ran for the final failure of gives-up only.
+    let entries = history(&cluster, "recovers");
+    let attempts_recorded: Vec<Option<u32>> = entries
+        .iter()
+        .filter(|e| {
+            e.kind == Kind::Run && e.tick == entries.iter().map(|e| e.tick).min().unwrap_or(0)
+        })
+        .map(|e| e.attempt)
+        .collect();
+    assert_eq!(
+        attempts_recorded,
+        [Some(2), Some(1), None],
+        "latest attempt first"
+    );
+    let alerts = std::fs::read_to_string(dir.join("alerts")).unwrap_or_default();
+    assert!(!alerts.contains("recovers"), "{alerts}");
+    assert_eq!(
+        alerts.lines().filter(|l| l.starts_with("gives-up")).count(),
+        1,
+        "{alerts}"
+    );
+    drop(workers);
+}
