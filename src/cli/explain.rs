@@ -3,7 +3,8 @@
 //! Every entry the workers wrote for `(job, tick)` is read from a majority of the nodes and told as a story:
 //! who raced, who won with which token, how the run ended — or why nobody ran it (the skips with their
 //! reasons, a `missed` entry), or that no entry exists at all, with a hint at why. A tick that is not an
-//! instant of the job's schedule is said to be so, with the nearest ticks before and after it.
+//! instant of the job's schedule is said to be so, with the nearest ticks before and after it — unless its
+//! entries are those of a `redcron trigger` request, whose run's tick is the request's time.
 
 use std::process::ExitCode;
 
@@ -66,6 +67,8 @@ pub(super) struct Explanation {
     pub tick_ms: i64,
     /// Whether the tick is an instant of the job's schedule.
     pub on_schedule: bool,
+    /// The `redcron trigger` request whose run this instant is, when its entries say so.
+    pub trigger: Option<String>,
     /// The job's nearest ticks strictly before and after it.
     pub previous_tick: Option<DateTime<Utc>>,
     pub next_tick: Option<DateTime<Utc>>,
@@ -161,7 +164,18 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
             schedule.timezone().name()
         ));
     }
-    if !on_schedule {
+    // A trigger's run has the request's time as its tick: an instant off the schedule, by design.
+    let trigger = entries.iter().find_map(|e| e.trigger.clone());
+    if let Some(id) = &trigger {
+        story.push(format!(
+            "an extra run asked for by `redcron trigger` (request {id}){}",
+            if on_schedule {
+                ""
+            } else {
+                ", not a tick of the schedule"
+            }
+        ));
+    } else if !on_schedule {
         let show = |t: Option<Tick>| t.map_or("none".to_string(), |t| instant(t.to_utc()));
         story.push(format!(
             "{} is not a tick of {} ({schedule}); the nearest are {} before and {} after",
@@ -248,6 +262,7 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
         tick: tick.to_utc(),
         tick_ms: tick.0,
         on_schedule,
+        trigger,
         previous_tick: previous_tick.map(Tick::to_utc),
         next_tick: next_tick.map(Tick::to_utc),
         verdict,

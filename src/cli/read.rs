@@ -163,6 +163,14 @@ impl Reader {
         bounded(&self.runtime, self.deadline, store.resume(job))?.map_err(ReadError::NoMajority)
     }
 
+    /// The trigger requests the nodes hold (each once, oldest first), claimed or not.
+    pub(super) fn triggers(&mut self) -> Result<Vec<TriggerRequest>, ReadError> {
+        let store = &self.store;
+        let read = bounded(&self.runtime, self.deadline, store.triggers())?
+            .map_err(ReadError::NoMajority)?;
+        Ok(self.note(read))
+    }
+
     /// Writes a trigger request to a majority of the nodes.
     pub(super) fn request_trigger(&mut self, request: &TriggerRequest) -> Result<(), ReadError> {
         let store = &self.store;

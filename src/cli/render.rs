@@ -143,6 +143,14 @@ pub(super) fn status(status: &Status) -> String {
         if let Some(overdue) = &job.overdue {
             notes.push(format!("OVERDUE: no entry for {}", instant(overdue.tick)));
         }
+        for request in &job.pending_triggers {
+            notes.push(format!(
+                "TRIGGERED at {} by {} (waiting for a worker until {})",
+                instant(request.requested_at),
+                or_dash(request.by.clone()),
+                instant(request.not_after)
+            ));
+        }
         jobs.row(vec![
             job.name.clone(),
             format!("{} {}", job.schedule, job.timezone),

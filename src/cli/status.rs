@@ -20,6 +20,7 @@ use crate::config::{Config, JobConfig};
 use crate::history::{Entry, Kind, Query};
 use crate::lock::PauseRead;
 use crate::membership::Member;
+use crate::trigger::TriggerRequest;
 
 /// How many entries of each job `status` reads, newest first: enough for the failures in a row and the
 /// last success of most jobs (the store keeps `history.keep_ticks` ticks per job anyway).
@@ -94,6 +95,8 @@ pub(super) struct JobStatus {
     pub last_success: Option<Entry>,
     /// Set when the newest tick whose window has ended has no entry at all, though an earlier tick has.
     pub overdue: Option<Overdue>,
+    /// `redcron trigger` requests of the job that no worker has run yet and that may still be claimed.
+    pub pending_triggers: Vec<TriggerRequest>,
 }
 
 #[derive(Debug, Serialize)]
@@ -133,15 +136,18 @@ pub(super) fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         let histories = reader.histories(&queries)?;
         let names: Vec<String> = config.jobs.iter().map(|job| job.name.clone()).collect();
         let pauses = reader.pauses(&names)?;
-        Ok((members, histories, pauses, reader.notes()))
+        let triggers = reader.triggers()?;
+        Ok((members, histories, pauses, triggers, reader.notes()))
     });
-    let (members, histories, pauses, notes) = match read {
+    let (members, histories, pauses, triggers, notes) = match read {
         Ok(read) => read,
         Err(error) => return Ok(super::read_failed(&error)),
     };
-    let mut status = status(&config, members, &histories, Utc::now(), notes);
-    for (job, paused) in status.jobs.iter_mut().zip(pauses) {
+    let now = Utc::now();
+    let mut status = status(&config, members, &histories, now, notes);
+    for ((job, paused), entries) in status.jobs.iter_mut().zip(pauses).zip(&histories) {
         job.paused = paused;
+        job.pending_triggers = pending_triggers(&job.name, &triggers, entries, now);
     }
     render::deliver(&status, &status.notes, args.json, render::status)
 }
@@ -258,7 +264,29 @@ fn job_status(
         failures_in_a_row,
         last_success,
         overdue: overdue(job, entries, now),
+        pending_triggers: Vec::new(),
     }
+}
+
+/// The requests of `triggers` for `job` still waiting for a run at `now`: within their window, and with
+/// no run of theirs in the job's `entries` (the worker that wins a request deletes it, but a node that
+/// missed the delete still holds it).
+fn pending_triggers(
+    job: &str,
+    triggers: &[TriggerRequest],
+    entries: &[Entry],
+    now: DateTime<Utc>,
+) -> Vec<TriggerRequest> {
+    triggers
+        .iter()
+        .filter(|request| request.job == job && request.not_after > now)
+        .filter(|request| {
+            !entries
+                .iter()
+                .any(|e| e.kind == Kind::Run && e.trigger.as_deref() == Some(request.id.as_str()))
+        })
+        .cloned()
+        .collect()
 }
 
 /// Whether `worker` announced itself lately.
@@ -390,5 +418,22 @@ mod tests {
         // A job with no entry before that tick is new: nobody was expected to account for it.
         let new = &status(&config, vec![], &[vec![]], at(660), Notes::default()).jobs[0];
         assert!(new.overdue.is_none());
+    }
+
+    #[test]
+    fn a_trigger_is_pending_until_its_run_is_recorded_or_its_window_ends() {
+        let requested =
+            TriggerRequest::new("every-minute", at(600), Duration::from_secs(30), "ops@vm");
+        let other_job = TriggerRequest::new("other", at(600), Duration::from_secs(30), "ops@vm");
+        let triggers = [requested.clone(), other_job];
+        let pending =
+            |entries: &[Entry], now| pending_triggers("every-minute", &triggers, entries, now);
+        assert_eq!(pending(&[], at(610)), std::slice::from_ref(&requested));
+        // Its window has ended: nobody will claim it any more (`trigger` exited 4).
+        assert!(pending(&[], at(630)).is_empty());
+        // A worker ran it (and a node that missed the delete still holds the request).
+        let mut ran = run(600, "success");
+        ran.trigger = Some(requested.id.clone());
+        assert!(pending(&[ran], at(610)).is_empty());
     }
 }

@@ -117,6 +117,20 @@ fn two_commands_and_three_workers_give_one_run_per_request() {
             .count();
         assert_eq!(started, 1, "run.started with trigger {id}");
     }
+    // `explain` tells the request's run as such, not as an instant off the schedule.
+    let requested_at = runs[0]["request"]["requested_at"].as_str().expect("a time");
+    let (code, stdout, stderr) = inspect(&dir, &cli, &["explain", "adhoc", requested_at, "--json"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let explained = parse(&stdout);
+    assert_eq!(explained["verdict"], "ran", "{explained}");
+    assert_eq!(explained["trigger"], ids[0].as_str(), "{explained}");
+    assert!(
+        explained["story"][1]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("an extra run asked for by `redcron trigger`"),
+        "{explained}"
+    );
 
     let (code, stdout, stderr) = inspect(&dir, &cli, &["pause", "adhoc"]);
     assert_eq!(code, 0, "{stdout}{stderr}");
@@ -142,6 +156,35 @@ fn a_trigger_nobody_claims_fails_after_its_timeout() {
     let jobs = job(&dir)
         + "  - name: off\n    schedule: \"@yearly\"\n    command: 'true'\n    enabled: false\n";
     let config_path = dir.write_config(&config(&cluster, "  id: cli\n", &jobs));
+    // While a request waits for a worker, `status` lists it.
+    let mut waiting = redcron(dir.path())
+        .args(["trigger", "adhoc", "--timeout", "5m", "-c"])
+        .arg(&config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run redcron trigger");
+    let pending = (0..100).find_map(|_| {
+        let (code, stdout, stderr) = inspect(&dir, &config_path, &["status", "--json"]);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        let status = parse(&stdout);
+        let pending = status["jobs"][0]["pending_triggers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if pending.is_empty() {
+            std::thread::sleep(Duration::from_millis(100));
+            return None;
+        }
+        Some(pending)
+    });
+    let _ = waiting.kill();
+    let _ = waiting.wait();
+    let pending = pending.expect("status lists the waiting request");
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["job"], "adhoc");
+    let (_, text, _) = inspect(&dir, &config_path, &["status"]);
+    assert!(text.contains("TRIGGERED at"), "{text}");
     let started = std::time::Instant::now();
     let (code, stdout, stderr) =
         inspect(&dir, &config_path, &["trigger", "adhoc", "--timeout", "2s"]);
