@@ -220,8 +220,16 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     };
     let after = args.after.unwrap_or_else(Utc::now);
     let mut out = String::new();
-    match &config.redis {
-        None => {
+    match (&config.redis, &config.etcd) {
+        (None, Some(etcd)) => {
+            out.push_str(&format!(
+                "store: etcd, {} endpoint{}: {}\n",
+                etcd.endpoints.len(),
+                if etcd.endpoints.len() == 1 { "" } else { "s" },
+                etcd.endpoints.join(", ")
+            ));
+        }
+        (None, None) => {
             let path = config
                 .embedded
                 .as_ref()
@@ -231,7 +239,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
                 path.unwrap_or_default()
             ));
         }
-        Some(redis) => {
+        (Some(redis), _) => {
             let nodes: Vec<String> = redis.nodes.iter().map(|url| redact(url)).collect();
             out.push_str(&format!(
                 "store: {} Redis nodes: {}\n",

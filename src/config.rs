@@ -16,6 +16,7 @@
 //! `enabled` true, no timeout, `retries` 0 (`retry_backoff` 10s, `retry_backoff_max` 10m), `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
 //! see [`crate::lock::renewal_slack`]).
 
+mod etcd;
 mod jobs;
 mod raw;
 mod retry;
@@ -41,11 +42,13 @@ use yaml::Mark;
 pub struct Config {
     /// The file it was read from.
     pub path: PathBuf,
-    /// Redis nodes; `None` means the embedded single-host store.
+    /// Redis nodes; `None` means another store.
     pub redis: Option<RedisConfig>,
-    /// The embedded store's database; `Some` exactly when `redis` is `None`.
+    /// The etcd cluster; `None` means another store. Never given together with `redis`.
+    pub etcd: Option<EtcdConfig>,
+    /// The embedded store's database; `Some` exactly when `redis` and `etcd` are both `None`.
     pub embedded: Option<EmbeddedConfig>,
-    /// Lease parameters (`lock:` plus `redis.key_prefix`), checked against each other: `renew_every <
+    /// Lease parameters (`lock:` plus the store's `key_prefix`), checked against each other: `renew_every <
     /// ttl − drift − node_timeout`, `node_timeout <= ttl / 10`, `0 <= drift_factor < 0.5`,
     /// `retries <= 100`.
     pub lock: LockSettings,
@@ -57,7 +60,7 @@ pub struct Config {
     pub alerts: Alerts,
     /// The jobs, in file order; names are unique.
     pub jobs: Vec<JobConfig>,
-    /// The environment variables that the store's section (`redis:`) takes through `${VAR}`, such as
+    /// The environment variables that the store's section (`redis:`, `etcd:`) takes through `${VAR}`, such as
     /// a password: never passed to a job unless the job's `env` names them.
     pub store_env_vars: BTreeSet<String>,
     /// Problems that do not stop the worker but that an operator should see (e.g. an even node count),
@@ -74,7 +77,23 @@ pub struct RedisConfig {
     pub nodes: Vec<String>,
 }
 
-/// The embedded store (no `redis:` section): one SQLite database file that the workers of one host
+/// The etcd cluster of the store (`etcd:`), with the settings etcd's own clients take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EtcdConfig {
+    /// `http://host:port` or `https://host:port` of the cluster's members (client URLs), as written; at
+    /// least one, each distinct, all of one scheme.
+    pub endpoints: Vec<String>,
+    /// etcd's user name and password (`username`, `password`), when the cluster has auth enabled.
+    pub user: Option<(String, String)>,
+    /// The CA that signed the members' certificates (`trusted_ca_file`, absolute); without it, https
+    /// endpoints are verified against the Mozilla roots. Only with https endpoints.
+    pub trusted_ca_file: Option<PathBuf>,
+    /// A client certificate and its key (`cert_file`, `key_file`, absolute), for clusters that require
+    /// client certificates. Both or neither; only with https endpoints.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// The embedded store (no `redis:` or `etcd:` section): one SQLite database file that the workers of one host
 /// share.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmbeddedConfig {
@@ -368,7 +387,7 @@ fn display_lines(problems: &[Problem]) -> String {
 
 /// The top-level sections that configure the lock store: the variables their `${VAR}` take are the
 /// store's secrets, kept from jobs.
-const STORE_SECTIONS: &[&str] = &["redis"];
+const STORE_SECTIONS: &[&str] = &["redis", "etcd"];
 
 /// Reads and validates the configuration file at `path`, taking `${VAR}` from the process environment.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {

@@ -20,6 +20,7 @@ pub(crate) struct Spanned<T> {
 #[derive(Debug, Default)]
 pub(crate) struct RawConfig {
     pub redis: Option<RawRedis>,
+    pub etcd: Option<RawEtcd>,
     pub embedded: Option<RawEmbedded>,
     pub lock: RawLock,
     pub worker: RawWorker,
@@ -34,6 +35,20 @@ pub(crate) struct RawRedis {
     pub mark: Mark,
     pub nodes: Option<Spanned<Vec<Spanned<String>>>>,
     pub key_prefix: Option<Spanned<String>>,
+}
+
+/// `etcd:`: the cluster's endpoints, TLS and auth, with the names of etcd's own client config file.
+#[derive(Debug)]
+pub(crate) struct RawEtcd {
+    /// Where the `etcd` key is written.
+    pub mark: Mark,
+    pub endpoints: Option<Spanned<Vec<Spanned<String>>>>,
+    pub key_prefix: Option<Spanned<String>>,
+    pub username: Option<Spanned<String>>,
+    pub password: Option<Spanned<String>>,
+    pub trusted_ca_file: Option<Spanned<String>>,
+    pub cert_file: Option<Spanned<String>>,
+    pub key_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug)]
@@ -119,6 +134,10 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
         return RawConfig::default();
     };
     let redis = top.take("redis").and_then(|node| read_redis(node, report));
+    let etcd_key = top.key_mark("etcd");
+    let etcd = top
+        .take("etcd")
+        .and_then(|node| read_etcd(node, etcd_key.unwrap_or(node.mark), report));
     let embedded_key = top.key_mark("embedded");
     let embedded = top
         .take("embedded")
@@ -151,6 +170,7 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
     top.finish(report);
     RawConfig {
         redis,
+        etcd,
         embedded,
         lock,
         worker,
@@ -162,23 +182,47 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
 
 fn read_redis(node: &Node, report: &mut Report) -> Option<RawRedis> {
     let mut fields = Fields::of(node, "redis", report)?;
-    let nodes = fields.take("nodes").and_then(|list| {
-        let items = seq(list, "redis.nodes", report)?;
-        let urls = items
-            .iter()
-            .enumerate()
-            .filter_map(|(i, item)| scalar(item, &format!("redis.nodes[{i}]"), report));
-        Some(Spanned {
-            value: urls.collect(),
-            mark: list.mark,
-        })
-    });
+    let nodes = fields
+        .take("nodes")
+        .and_then(|list| scalars(list, "redis.nodes", report));
     let key_prefix = fields.scalar("key_prefix", report);
     fields.finish(report);
     Some(RawRedis {
         mark: node.mark,
         nodes,
         key_prefix,
+    })
+}
+
+fn read_etcd(node: &Node, key: Mark, report: &mut Report) -> Option<RawEtcd> {
+    let mut fields = Fields::of(node, "etcd", report)?;
+    let endpoints = fields
+        .take("endpoints")
+        .and_then(|list| scalars(list, "etcd.endpoints", report));
+    let etcd = RawEtcd {
+        mark: key,
+        endpoints,
+        key_prefix: fields.scalar("key_prefix", report),
+        username: fields.scalar("username", report),
+        password: fields.scalar("password", report),
+        trusted_ca_file: fields.scalar("trusted_ca_file", report),
+        cert_file: fields.scalar("cert_file", report),
+        key_file: fields.scalar("key_file", report),
+    };
+    fields.finish(report);
+    Some(etcd)
+}
+
+/// A list of single values (`redis.nodes`, `etcd.endpoints`), each with its position.
+fn scalars(list: &Node, path: &str, report: &mut Report) -> Option<Spanned<Vec<Spanned<String>>>> {
+    let items = seq(list, path, report)?;
+    let values = items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| scalar(item, &format!("{path}[{i}]"), report));
+    Some(Spanned {
+        value: values.collect(),
+        mark: list.mark,
     })
 }
 

@@ -32,30 +32,42 @@ pub(crate) fn config(
     store_env_vars: BTreeSet<String>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Config {
-    let key_prefix = raw
-        .redis
-        .as_ref()
-        .and_then(|redis| redis.key_prefix.as_ref());
-    let lock = lock(&raw.lock, key_prefix, report);
-    // No `redis:` is legal: the worker warns at start that it uses the embedded store.
+    // The store's section names the key prefix: `redis.key_prefix` or `etcd.key_prefix`.
+    let key_prefix = match (&raw.redis, &raw.etcd) {
+        (Some(redis), _) => redis.key_prefix.as_ref().map(|p| (p, "redis.key_prefix")),
+        (None, Some(etcd)) => etcd.key_prefix.as_ref().map(|p| (p, "etcd.key_prefix")),
+        (None, None) => None,
+    };
+    let lock = lock(&raw.lock, key_prefix, raw.etcd.is_some(), report);
+    // No store section is legal: the worker warns at start that it uses the embedded store.
     let redis = raw
         .redis
         .as_ref()
         .and_then(|section| redis(section, report));
-    let embedded = match (&raw.redis, &raw.embedded) {
-        (None, section) => Some(embedded(
+    let etcd = match (&raw.redis, &raw.etcd) {
+        (_, None) => None,
+        (None, Some(section)) => super::etcd::etcd(section, path, report),
+        (Some(_), Some(section)) => {
+            let why = "`etcd:` and `redis:` cannot both be given: workers claim ticks in one store; remove one";
+            report.error(section.mark, "etcd", why);
+            None
+        }
+    };
+    let embedded = match (raw.redis.is_some() || raw.etcd.is_some(), &raw.embedded) {
+        (false, section) => Some(embedded(
             section.as_ref(),
             path,
             &lock.key_prefix,
             env,
             report,
         )),
-        (Some(_), Some(section)) => {
-            let why = "`embedded:` and `redis:` cannot both be given: workers claim ticks on the Redis nodes, or in a database file of this host; remove one";
+        (true, Some(section)) => {
+            let other = if raw.redis.is_some() { "redis" } else { "etcd" };
+            let why = format!("`embedded:` and `{other}:` cannot both be given: workers claim ticks in one store (the {other} cluster, or a database file of this host); remove one");
             report.error(section.mark, "embedded", why);
             None
         }
-        (Some(_), None) => None,
+        (true, None) => None,
     };
     let worker = worker(&raw.worker, report);
     let history = history(&raw.history, report);
@@ -64,6 +76,7 @@ pub(crate) fn config(
     Config {
         path: path.to_path_buf(),
         redis,
+        etcd,
         embedded,
         lock,
         worker,
@@ -75,11 +88,24 @@ pub(crate) fn config(
     }
 }
 
-fn lock(raw: &RawLock, key_prefix: Option<&Spanned<String>>, report: &mut Report) -> LockSettings {
+/// The lock settings; `key_prefix` is the store section's, with its field name. With `etcd` (an etcd
+/// store) `node_timeout` defaults to [`super::etcd::DEFAULT_NODE_TIMEOUT`] (at most `ttl/10`), and the
+/// key prefix may hold `/`.
+fn lock(
+    raw: &RawLock,
+    key_prefix: Option<(&Spanned<String>, &str)>,
+    etcd: bool,
+    report: &mut Report,
+) -> LockSettings {
     let defaults = LockSettings::default();
     let ttl = positive_duration(raw.ttl.as_ref(), "lock.ttl", report).unwrap_or(defaults.ttl);
+    let default_node_timeout = if etcd {
+        super::etcd::DEFAULT_NODE_TIMEOUT.min(ttl / 10)
+    } else {
+        defaults.node_timeout
+    };
     let node_timeout = positive_duration(raw.node_timeout.as_ref(), "lock.node_timeout", report)
-        .unwrap_or(defaults.node_timeout);
+        .unwrap_or(default_node_timeout);
     if node_timeout * 10 > ttl {
         let why = format!(
             "node_timeout ({}) must be at most a tenth of ttl ({}): a round may wait node_timeout for a node, and that time is subtracted from the lease's validity",
@@ -107,20 +133,28 @@ fn lock(raw: &RawLock, key_prefix: Option<&Spanned<String>>, report: &mut Report
     let retries = retries(raw.retries.as_ref(), "lock.retries", report).unwrap_or(defaults.retries);
     let retry_delay = duration(raw.retry_delay.as_ref(), "lock.retry_delay", report)
         .unwrap_or(defaults.retry_delay);
+    let allowed = if etcd { "_.:-/" } else { "_.:-" };
     let key_prefix = match key_prefix {
         None => defaults.key_prefix,
-        Some(prefix)
+        Some((prefix, _))
             if !prefix.value.is_empty()
                 && prefix
                     .value
                     .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c)) =>
+                    .all(|c| c.is_ascii_alphanumeric() || allowed.contains(c)) =>
         {
             prefix.value.clone()
         }
-        Some(prefix) => {
-            let why = format!("invalid key_prefix {:?}: use letters, digits and `_ . : -` (braces would change Redis hash slots)", prefix.value);
-            report.error(prefix.mark, "redis.key_prefix", why);
+        Some((prefix, field)) => {
+            let why = if etcd {
+                format!(
+                    "invalid key_prefix {:?}: use letters, digits and `_ . : - /`",
+                    prefix.value
+                )
+            } else {
+                format!("invalid key_prefix {:?}: use letters, digits and `_ . : -` (braces would change Redis hash slots)", prefix.value)
+            };
+            report.error(prefix.mark, field, why);
             defaults.key_prefix
         }
     };

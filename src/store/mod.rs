@@ -5,12 +5,15 @@
 //! which backend they hold. Each backend is one module:
 //! - [`redis`]: the Redlock protocol on N independent Redis nodes; every write goes to all nodes, every
 //!   answer needs a majority.
+//! - [`etcd`]: an etcd cluster; every claim is one transaction, totally ordered by etcd's Raft log, and
+//!   its revision is the fencing token.
 //! - [`embedded`]: the embedded single-host store, one SQLite file being one node and one majority;
 //!   the worker processes of one host may share it.
 //!
 //! Adding a backend means adding its module, a variant here, and its section of the config.
 
 pub mod embedded;
+pub mod etcd;
 pub mod redis;
 
 use crate::config::Config;
@@ -28,6 +31,8 @@ pub enum StoreError {
     InvalidNode { url: String, reason: String },
     #[error("{0} Redis nodes configured; at least one is needed")]
     NoNodes(usize),
+    #[error("etcd store: {reason}")]
+    Etcd { reason: String },
     #[error("embedded store {}: {reason}", path.display())]
     Embedded {
         path: std::path::PathBuf,
@@ -50,16 +55,23 @@ pub struct Read<T> {
 /// An enum rather than a trait object: a closed set of backends, and `async fn` stays plain.
 pub enum Store {
     Redis(redis::RedisStore),
+    /// Boxed: the client's state is large next to the other variants.
+    Etcd(Box<etcd::EtcdStore>),
     Embedded(embedded::EmbeddedStore),
 }
 
 impl Store {
-    /// The store `config` names: its `redis:` nodes, or the embedded store when there are none.
+    /// The store `config` names: its `redis:` nodes, its `etcd:` cluster, or else the embedded store.
     ///
     /// Must be called inside a Tokio runtime. Fails on settings that cannot name a store, and on an
-    /// embedded store's database that cannot be opened (the error names its path).
+    /// embedded store's database that cannot be opened, or an etcd TLS file that cannot be read (the
+    /// error names its path).
     pub fn open(config: &Config) -> Result<Store, StoreError> {
         let history = config.history.clone();
+        if let Some(etcd) = &config.etcd {
+            let store = etcd::EtcdStore::new(etcd, config.lock.clone(), history)?;
+            return Ok(Store::Etcd(Box::new(store)));
+        }
         Ok(match &config.redis {
             Some(redis) => Store::Redis(
                 redis::RedisStore::new(&redis.nodes, config.lock.clone())?.with_history(history),
@@ -85,13 +97,15 @@ impl Store {
 
     /// Whether other processes share this store: workers on other hosts may race for the same ticks.
     pub fn is_shared(&self) -> bool {
-        matches!(self, Store::Redis(_))
+        matches!(self, Store::Redis(_) | Store::Etcd(_))
     }
 
-    /// What the store is, for logs: the nodes' addresses (without passwords), or `embedded:<path>`.
+    /// What the store is, for logs: the nodes' addresses (without passwords), `etcd:<endpoints>`, or
+    /// `embedded:<path>`.
     pub fn describe(&self) -> String {
         match self {
             Store::Redis(store) => store.node_labels().join(","),
+            Store::Etcd(store) => format!("etcd:{}", store.endpoints().join(",")),
             Store::Embedded(store) => format!("embedded:{}", store.path().display()),
         }
     }
@@ -103,6 +117,7 @@ impl Store {
     pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         match self {
             Store::Redis(store) => store.claim_many(requests).await,
+            Store::Etcd(store) => store.claim_many(requests).await,
             Store::Embedded(store) => store.claim_many(requests).await,
         }
     }
@@ -121,6 +136,7 @@ impl Store {
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
         match self {
             Store::Redis(store) => store.renew(lease).await,
+            Store::Etcd(store) => store.renew(lease).await,
             Store::Embedded(store) => store.renew(lease).await,
         }
     }
@@ -130,16 +146,17 @@ impl Store {
     pub async fn release(&self, lease: &Lease) {
         match self {
             Store::Redis(store) => store.release(lease).await,
+            Store::Etcd(store) => store.release(lease).await,
             Store::Embedded(store) => store.release(lease).await,
         }
     }
 
     /// One `TIME` to every node, for the worker's clock offset; `None` for the embedded store, whose
-    /// only clock is this host's.
+    /// only clock is this host's, and for etcd, which has no clock to read (workers keep their own).
     pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
         match self {
             Store::Redis(store) => Some(store.read_clocks().await),
-            Store::Embedded(_) => None,
+            Store::Etcd(_) | Store::Embedded(_) => None,
         }
     }
 
@@ -148,6 +165,7 @@ impl Store {
     pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
         match self {
             Store::Redis(store) => store.record(entries).await,
+            Store::Etcd(store) => store.record(entries).await,
             Store::Embedded(store) => store.record(entries).await,
         }
     }
@@ -156,6 +174,7 @@ impl Store {
     pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
         match self {
             Store::Redis(store) => store.history(query).await,
+            Store::Etcd(store) => store.history(query).await,
             Store::Embedded(store) => store.history(query).await,
         }
     }
@@ -164,6 +183,7 @@ impl Store {
     pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
         match self {
             Store::Redis(store) => store.announce(member).await,
+            Store::Etcd(store) => store.announce(member).await,
             Store::Embedded(store) => store.announce(member).await,
         }
     }
@@ -172,6 +192,7 @@ impl Store {
     pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
         match self {
             Store::Redis(store) => store.members().await,
+            Store::Etcd(store) => store.members().await,
             Store::Embedded(store) => store.members().await,
         }
     }
@@ -238,6 +259,7 @@ impl Store {
     pub fn settings(&self) -> &LockSettings {
         match self {
             Store::Redis(store) => store.settings(),
+            Store::Etcd(store) => store.settings(),
             Store::Embedded(store) => store.settings(),
         }
     }
@@ -246,6 +268,7 @@ impl Store {
     pub fn history_settings(&self) -> &HistorySettings {
         match self {
             Store::Redis(store) => store.history_settings(),
+            Store::Etcd(store) => store.history_settings(),
             Store::Embedded(store) => store.history_settings(),
         }
     }

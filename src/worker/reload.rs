@@ -31,6 +31,7 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
         warn!(event = "config.warning", "{warning}");
     }
     if new.redis != running.redis
+        || new.etcd != running.etcd
         || new.embedded != running.embedded
         || new.lock != running.lock
         || new.history != running.history

@@ -1,0 +1,76 @@
+//! How a snapshot of the claim record and the lease key answers a claim ([`super::decide`]): the same
+//! answers as the Lua scripts give on a Redis node in the same situation.
+
+use std::time::Duration;
+
+use super::{decide, Seen, Snapshot};
+use crate::lock::{ClaimOutcome, ClaimRequest, Overlap};
+use crate::schedule::Tick;
+
+fn request(tick: i64) -> ClaimRequest {
+    ClaimRequest::new("w1", "job", Tick(tick), Overlap::Skip, "f")
+}
+
+fn key(value: &str) -> Option<Seen> {
+    Some(Seen {
+        value: value.to_string(),
+        mod_revision: 7,
+    })
+}
+
+fn answer(
+    request: &ClaimRequest,
+    claim: Option<Seen>,
+    lease: Option<Seen>,
+) -> Option<ClaimOutcome> {
+    decide(
+        request,
+        &Snapshot { claim, lease },
+        Duration::from_millis(100),
+    )
+}
+
+#[test]
+fn a_free_job_may_be_taken() {
+    assert!(answer(&request(1_000), None, None).is_none());
+    assert!(answer(&request(2_000), key("1000 w2/a|1|1000|f"), None).is_none());
+}
+
+#[test]
+fn this_tick_or_a_later_one_claimed_by_another_is_final() {
+    let r = request(2_000);
+    for record in ["2000 w2/b|1|2000|f", "3000 w2/b|1|3000|f", "garbage"] {
+        let outcome = answer(&r, key(record), None);
+        assert!(
+            matches!(outcome, Some(ClaimOutcome::AlreadyClaimed { .. })),
+            "{record}: {outcome:?}"
+        );
+    }
+    match answer(&r, key("3000 w2/b|1|3000|f"), None) {
+        Some(ClaimOutcome::AlreadyClaimed { by: Some(by) }) => {
+            assert_eq!((by.worker.as_str(), by.tick), ("w2", Some(Tick(3_000))));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn our_own_record_and_lease_are_ours_to_go_on_from() {
+    let r = request(2_000);
+    let ours = format!("{}|1|2000|f", r.claimant);
+    let record = format!("2000 {ours}");
+    assert!(answer(&r, key(&record), key(&ours)).is_none());
+}
+
+#[test]
+fn another_ticks_run_makes_the_job_busy_and_a_same_tick_holder_contended() {
+    let r = request(2_000);
+    assert!(matches!(
+        answer(&r, key("1000 w2/b|1|1000|f"), key("w2/b|1|1000|f")),
+        Some(ClaimOutcome::Busy { .. })
+    ));
+    assert!(matches!(
+        answer(&r, None, key("w3/c|4|2000|f")),
+        Some(ClaimOutcome::Contended { .. })
+    ));
+}

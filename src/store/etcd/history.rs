@@ -1,0 +1,291 @@
+//! Run history and membership on etcd, in the same shape as on the Redis nodes
+//! ([`crate::store::redis`]'s `history.rs`).
+//!
+//! History: one key per entry, `<prefix>:{<job>}:history/<tick>/<entry id>` (the tick as 20 digits that
+//! sort as it does), holding the entry's JSON; a later version of the same fact replaces it. After each
+//! write the job's oldest ticks past `keep_ticks` are deleted with one range delete, so etcd never holds
+//! more than the bound for long (a write and its trim are two requests: a worker that dies between them
+//! leaves the excess to the next write). Members: `<prefix>:members/<id>` holds `<seen ms> <JSON>`
+//! (stamped with the announcing worker's wall clock: etcd has no clock to read), and
+//! `<prefix>:members-alive/<id>` is bound to an etcd lease with the heartbeat's TTL, kept alive by each
+//! announcement: a worker is alive exactly while etcd keeps that key. Records older than [`KEEP_DEAD`] are
+//! dropped by the next announcement.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use etcd_client::{DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+
+use super::{sortable, EtcdStore};
+use crate::history::{self, Entry, Query};
+use crate::lock::QuorumFailure;
+use crate::membership::{self, Member, KEEP_DEAD};
+use crate::store::Read;
+
+/// The longest a history or membership request may take: nothing waits on it but the background writer
+/// and the CLI (as on Redis).
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most operations etcd takes in one transaction (its `--max-txn-ops` default).
+const MAX_TXN_OPS: usize = 128;
+
+impl EtcdStore {
+    /// Writes `entries` and keeps the newest `keep_ticks` ticks of each of their jobs; see
+    /// [`crate::store::Store::record`].
+    pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
+        for chunk in entries.chunks(MAX_TXN_OPS) {
+            let puts: Vec<TxnOp> = chunk
+                .iter()
+                .map(|entry| TxnOp::put(self.entry_key(entry), entry.to_json(), None))
+                .collect();
+            let txn = Txn::new().and_then(puts);
+            self.call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
+                .await
+                .map_err(|why| self.failure(why))?;
+        }
+        let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        for job in jobs {
+            self.trim(job).await.map_err(|why| self.failure(why))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the job's entries of every tick older than its newest `keep_ticks`.
+    async fn trim(&self, job: &str) -> Result<(), String> {
+        let base = self.history_base(job);
+        let keys = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Key, SortOrder::Descend);
+        let prefix = base.clone();
+        let listed = self
+            .call(EXCHANGE_TIMEOUT, |mut c| async move {
+                c.get(prefix, Some(keys)).await
+            })
+            .await?;
+        let mut ticks: Vec<&[u8]> = listed
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key().get(base.len()..base.len() + 20))
+            .collect();
+        ticks.dedup();
+        let keep = self.history.keep_ticks;
+        let Some(newest_dropped) = ticks.get(keep) else {
+            return Ok(());
+        };
+        // Every key of a tick up to the newest dropped one: `…/<tick>/…` sorts below `…/<tick>0`.
+        let end = format!("{base}{}0", String::from_utf8_lossy(newest_dropped));
+        let range = DeleteOptions::new().with_range(end);
+        self.call(EXCHANGE_TIMEOUT, |mut c| async move {
+            c.delete(base, Some(range)).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// The entries of `query`, newest first; see [`crate::store::Store::history`]. An entry that does not
+    /// parse is skipped, and named in [`Read::skipped`].
+    pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+        let base = self.history_base(&query.job);
+        let from = format!(
+            "{base}{}",
+            sortable(query.since.map_or(i64::MIN, |t| t.as_millis()))
+        );
+        let to = format!(
+            "{base}{}0",
+            sortable(query.until.map_or(i64::MAX, |t| t.as_millis()))
+        );
+        let range = GetOptions::new()
+            .with_range(to)
+            .with_sort(SortTarget::Key, SortOrder::Descend);
+        let answer = self
+            .call(EXCHANGE_TIMEOUT, |mut c| async move {
+                c.get(from, Some(range)).await
+            })
+            .await
+            .map_err(|why| self.failure(why))?;
+        let (mut entries, mut skipped) = (Vec::new(), Vec::new());
+        let mut last_tick = None;
+        // Whole ticks up to the limit, so that the merge's order picks the entries of the last tick.
+        for kv in answer.kvs() {
+            let tick = kv.key().get(base.len()..base.len() + 20);
+            if entries.len() >= query.limit && last_tick != tick {
+                break;
+            }
+            last_tick = tick;
+            match kv
+                .value_str()
+                .map_err(|e| e.to_string())
+                .and_then(|json| Entry::from_json(json).map_err(|e| e.to_string()))
+            {
+                Ok(entry) => entries.push(entry),
+                Err(why) => skipped.push(format!("etcd: history entry skipped: {why}")),
+            }
+        }
+        let mut merged = history::merge([entries]);
+        merged.truncate(query.limit);
+        Ok(Read {
+            value: merged,
+            missing: Vec::new(),
+            skipped,
+        })
+    }
+
+    /// Keeps `member`'s announcement, stamped now, alive for [`Member::ttl`] (a `stopped` one: not
+    /// alive), and drops members not heard from for [`KEEP_DEAD`]; see [`crate::store::Store::announce`].
+    pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
+        let seen_ms = Utc::now().timestamp_millis();
+        let json = serde_json::to_string(member).unwrap_or_default();
+        let record = self.member_key("members", &member.id);
+        let alive_key = self.member_key("members-alive", &member.id);
+        let mut ops = vec![TxnOp::put(record, format!("{seen_ms} {json}"), None)];
+        let known = self.lock_members().get(&member.id).copied();
+        if member.ttl().is_zero() {
+            ops.push(TxnOp::delete(alive_key, None));
+            if let Some(id) = self.lock_members().remove(&member.id) {
+                self.revoke_later(id);
+            }
+        } else if !self.keep_alive(known).await {
+            let ttl = Self::lease_seconds(member.ttl());
+            let id = self
+                .call(EXCHANGE_TIMEOUT, |mut c| async move {
+                    c.lease_grant(ttl, None).await
+                })
+                .await
+                .map_err(|why| self.failure(why))?
+                .id();
+            self.lock_members().insert(member.id.clone(), id);
+            ops.push(TxnOp::put(
+                alive_key,
+                "",
+                Some(PutOptions::new().with_lease(id)),
+            ));
+        }
+        let txn = Txn::new().and_then(ops);
+        self.call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
+            .await
+            .map_err(|why| self.failure(why))?;
+        self.drop_dead(seen_ms)
+            .await
+            .map_err(|why| self.failure(why))
+    }
+
+    /// Whether etcd lease `id` (a member's) was still alive and is renewed now.
+    async fn keep_alive(&self, id: Option<i64>) -> bool {
+        let Some(id) = id else {
+            return false;
+        };
+        let answer = self
+            .call(EXCHANGE_TIMEOUT, |mut c| async move {
+                let (_keeper, mut answers) = c.lease_keep_alive(id).await?;
+                answers.message().await
+            })
+            .await;
+        matches!(answer, Ok(Some(answer)) if answer.ttl() > 0)
+    }
+
+    /// Deletes the records of members last heard from more than [`KEEP_DEAD`] before `now_ms`.
+    async fn drop_dead(&self, now_ms: i64) -> Result<(), String> {
+        let cutoff =
+            now_ms.saturating_sub(i64::try_from(KEEP_DEAD.as_millis()).unwrap_or(i64::MAX));
+        let (records, _) = self.read_members().await?;
+        let dead: Vec<TxnOp> = records
+            .iter()
+            .filter(|(_, seen_ms, _)| *seen_ms < cutoff)
+            .map(|(key, _, _)| TxnOp::delete(key.as_str(), None))
+            .take(MAX_TXN_OPS)
+            .collect();
+        if dead.is_empty() {
+            return Ok(());
+        }
+        let txn = Txn::new().and_then(dead);
+        self.call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
+            .await
+            .map(|_| ())
+    }
+
+    /// Every member announced within [`KEEP_DEAD`], alive or not, sorted by id; see
+    /// [`crate::store::Store::members`].
+    pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
+        let (records, alive) = self.read_members().await.map_err(|why| self.failure(why))?;
+        let (mut members, mut skipped) = (Vec::new(), Vec::new());
+        for (_, seen_ms, json) in records {
+            match serde_json::from_str::<Member>(&json) {
+                Ok(mut member) => {
+                    member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen_ms);
+                    member.alive = alive.contains(&member.id);
+                    members.push(member);
+                }
+                Err(why) => skipped.push(format!("etcd: member skipped: {why}")),
+            }
+        }
+        Ok(Read {
+            value: membership::merge([members]),
+            missing: Vec::new(),
+            skipped,
+        })
+    }
+
+    /// The member records (`(key, seen ms, JSON)`) and the ids whose heartbeat key etcd still keeps.
+    async fn read_members(&self) -> Result<(Vec<(String, i64, String)>, Vec<String>), String> {
+        let records = self.member_key("members", "");
+        let alive = self.member_key("members-alive", "");
+        let txn = Txn::new().and_then([
+            TxnOp::get(records.as_str(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(
+                alive.as_str(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            ),
+        ]);
+        let answer = self
+            .call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
+            .await?;
+        let mut found = (Vec::new(), Vec::new());
+        for (index, response) in answer.op_responses().into_iter().enumerate() {
+            let etcd_client::TxnOpResponse::Get(get) = response else {
+                continue;
+            };
+            for kv in get.kvs() {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                if index == 1 {
+                    found.1.push(key[alive.len()..].to_string());
+                    continue;
+                }
+                let text = String::from_utf8_lossy(kv.value());
+                let (seen, json) = text.split_once(' ').unwrap_or(("0", ""));
+                found
+                    .0
+                    .push((key, seen.parse().unwrap_or(0), json.to_string()));
+            }
+        }
+        Ok(found)
+    }
+
+    /// `<prefix>:{<job>}:history/`: the job's history keys start with it.
+    fn history_base(&self, job: &str) -> String {
+        format!("{}:{{{job}}}:history/", self.settings.key_prefix)
+    }
+
+    fn entry_key(&self, entry: &Entry) -> String {
+        format!(
+            "{}{}/{}",
+            self.history_base(&entry.job),
+            sortable(entry.tick),
+            entry.id()
+        )
+    }
+
+    /// `<prefix>:<kind>/<id>` (with an empty id: the prefix of every member's key).
+    fn member_key(&self, kind: &str, id: &str) -> String {
+        format!("{}:{kind}/{id}", self.settings.key_prefix)
+    }
+
+    fn lock_members(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, i64>> {
+        // A panic while holding the map leaves it whole (every use is one call on it).
+        self.members
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

@@ -1,0 +1,108 @@
+//! Renewals and releases on etcd: a granted lease is an etcd lease with the lock's TTL, to which the claim
+//! bound the job's lease key (and nothing else).
+//!
+//! A renewal is one keep-alive: the leader restarts the etcd lease's TTL and answers with it, or answers
+//! TTL 0 once the lease expired or was revoked — then the key is gone, and the lease is lost for good, as
+//! etcd decided. The worker's deadline moves to `renew start + ttl − drift` only if the answer came
+//! before the old deadline: the leader restarted the TTL after the renewal started, so the deadline
+//! ends before etcd's expiry (under the bounded drift rate), as on Redis. A release revokes the etcd
+//! lease, which deletes exactly the keys bound to it: this attempt's lease key, never another holder's.
+//! The claim record stays.
+
+use super::EtcdStore;
+use crate::clock::boot::BootInstant;
+use crate::lock::{validity, Lease, RenewError};
+
+impl EtcdStore {
+    /// Extends the lease by a full TTL if etcd still holds it, before its deadline; see
+    /// [`crate::store::Store::renew`].
+    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
+        if lease.is_lost() {
+            return Err(RenewError::AlreadyLost);
+        }
+        let start = BootInstant::now();
+        if start >= lease.deadline() {
+            lease.mark_lost();
+            return Err(RenewError::Expired);
+        }
+        let Some(id) = self.etcd_lease(&lease.value) else {
+            lease.mark_lost();
+            let failure = self.failure("no etcd lease known for this lease".to_string());
+            return Err(RenewError::NotHeld(failure));
+        };
+        // A renewal confirmed after the deadline proves nothing about the time in between.
+        let budget = lease
+            .deadline()
+            .saturating_duration_since(start)
+            .min(self.settings.node_timeout);
+        let answer = self
+            .call(budget, |mut client| async move {
+                let (_keeper, mut answers) = client.lease_keep_alive(id).await?;
+                answers.message().await
+            })
+            .await;
+        let expired = BootInstant::now() >= lease.deadline();
+        match answer {
+            Ok(Some(answer)) if answer.ttl() > 0 && !expired => {
+                let ttl = self.settings.ttl;
+                let drift = validity::drift(ttl, self.settings.drift_factor);
+                lease.extend_to(start + ttl.saturating_sub(drift));
+                Ok(())
+            }
+            Ok(Some(answer)) if answer.ttl() <= 0 => {
+                lease.mark_lost();
+                let why = "lease not held: etcd expired or revoked it".to_string();
+                Err(RenewError::NotHeld(self.failure(why)))
+            }
+            _ if expired => {
+                lease.mark_lost();
+                Err(RenewError::Expired)
+            }
+            Ok(_) => Err(RenewError::Unconfirmed(self.failure(
+                "the keep-alive stream closed without an answer".to_string(),
+            ))),
+            Err(why) => Err(RenewError::Unconfirmed(self.failure(why))),
+        }
+    }
+
+    /// Revokes the lease's etcd lease (deleting its lease key), also after the lease was lost (the worker
+    /// releases every lease it won); the claim record stays. Returns after an
+    /// answer or `node_timeout`; a revoke still under way goes on in the background, bounded by the TTL
+    /// (after which etcd has expired the lease anyway).
+    pub async fn release(&self, lease: &Lease) {
+        let Some(id) = self.forget(&lease.value) else {
+            return;
+        };
+        let Ok(client) = self.client().await else {
+            return;
+        };
+        let bound = self.settings.ttl;
+        let revoke = tokio::spawn(async move {
+            let mut client = client;
+            let _ = tokio::time::timeout(bound, client.lease_revoke(id)).await;
+        });
+        let _ = tokio::time::timeout(self.settings.node_timeout, revoke).await;
+    }
+
+    /// Remembers the etcd lease of a granted lease, by its value.
+    pub(super) fn remember(&self, value: &str, id: i64) {
+        self.lock_leases().insert(value.to_string(), id);
+    }
+
+    /// The etcd lease of a granted lease.
+    fn etcd_lease(&self, value: &str) -> Option<i64> {
+        self.lock_leases().get(value).copied()
+    }
+
+    /// Forgets a lease that is released or lost; returns its etcd lease.
+    fn forget(&self, value: &str) -> Option<i64> {
+        self.lock_leases().remove(value)
+    }
+
+    fn lock_leases(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, i64>> {
+        // A panic while holding the map leaves it whole (every use is one call on it).
+        self.leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

@@ -1,0 +1,215 @@
+//! The etcd store: claims, leases, fencing tokens, run history and membership in an etcd cluster.
+//!
+//! etcd replicates every write through Raft and orders all of them by one revision, so the store needs no
+//! majority logic of its own and no clock: a claim of `(job, T)` is one transaction that writes the job's
+//! claim record (`<T> <lease value>`, the names of [`crate::lock::keys`]) and its lease key (bound to an
+//! etcd lease with the lock's TTL) only if both are unchanged since they were read and the record said
+//! that no other claimant confirmed `T` or a later tick (`claim.rs`). The revision of that write is the
+//! fencing token: strictly increasing in grant order across all workers and jobs, and kept through any
+//! restart by the Raft log. Renewals are etcd keep-alives, a release revokes the etcd lease (which deletes
+//! only the keys bound to it: this attempt's), and a lease is lost only as etcd decides (`lease.rs`).
+//! History and membership are keys under the same prefix (`history.rs`). The argument, its assumptions
+//! and limits are in `docs/protocol.md`, *The etcd store*.
+//!
+//! The client is the `etcd-client` crate: the maintained Rust client of etcd's v3 gRPC API (on tonic),
+//! with TLS (rustls), user/password auth with token refresh, and requests balanced over the endpoints.
+//! Its build script compiles etcd's `.proto` files with protoc; the `protoc-bin-vendored` crate brings
+//! one, so a build needs no protoc package (`.cargo/config.toml`).
+
+mod claim;
+mod history;
+mod lease;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use tokio::sync::OnceCell;
+
+use super::StoreError;
+use crate::config::EtcdConfig;
+use crate::history::HistorySettings;
+use crate::lock::quorum::quorum;
+use crate::lock::{LockSettings, QuorumFailure};
+
+/// Claims, leases, tokens, history and membership in one etcd cluster.
+pub struct EtcdStore {
+    settings: LockSettings,
+    history: HistorySettings,
+    endpoints: Vec<String>,
+    options: ConnectOptions,
+    /// Connected on first use, and again after a failed connect: a worker starts while etcd is down.
+    client: OnceCell<Client>,
+    /// The etcd lease of each granted lease, by lease value (unique per attempt), for renew and release.
+    leases: Mutex<HashMap<String, i64>>,
+    /// The etcd lease that keeps each announced member alive, by worker id.
+    members: Mutex<HashMap<String, i64>>,
+}
+
+impl EtcdStore {
+    /// Prepares the store for the cluster `config` names; it connects on first use.
+    ///
+    /// Fails, naming the file, if a TLS file cannot be read.
+    pub fn new(
+        config: &EtcdConfig,
+        settings: LockSettings,
+        history: HistorySettings,
+    ) -> Result<EtcdStore, StoreError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let keepalive = settings.node_timeout.max(Duration::from_secs(1));
+        let mut options = ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(keepalive)
+            .with_keep_alive(keepalive, keepalive)
+            .with_keep_alive_while_idle(true)
+            .with_auto_token_refresh(true);
+        if let Some((user, password)) = &config.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        if config.endpoints.iter().any(|e| e.starts_with("https://")) {
+            options = options.with_tls(tls(config)?);
+        }
+        Ok(EtcdStore {
+            settings,
+            history,
+            endpoints: config.endpoints.clone(),
+            options,
+            client: OnceCell::new(),
+            leases: Mutex::new(HashMap::new()),
+            members: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The endpoints, as configured.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The lock settings this store was built with.
+    pub fn settings(&self) -> &LockSettings {
+        &self.settings
+    }
+
+    /// The history settings this store was built with.
+    pub fn history_settings(&self) -> &HistorySettings {
+        &self.history
+    }
+
+    /// The connected client; connects (and authenticates) first if no connect has succeeded yet.
+    async fn client(&self) -> Result<Client, String> {
+        let connect = || async {
+            let connecting = Client::connect(&self.endpoints, Some(self.options.clone()));
+            match tokio::time::timeout(
+                self.settings.node_timeout.max(Duration::from_secs(1)),
+                connecting,
+            )
+            .await
+            {
+                Ok(Ok(client)) => Ok(client),
+                Ok(Err(e)) => Err(format!("cannot connect: {e}")),
+                Err(_) => Err("cannot connect: timed out".to_string()),
+            }
+        };
+        self.client.get_or_try_init(connect).await.cloned()
+    }
+
+    /// Runs one request with a connected client, bounded by `limit`; an error says what went wrong.
+    async fn call<T, F, Fut>(&self, limit: Duration, request: F) -> Result<T, String>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        // Connecting has its own bound: a first connect (TLS, auth) may take longer than one request.
+        let client = self.client().await?;
+        tokio::time::timeout(limit, async { request(client).await.map_err(describe) })
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {} ms", limit.as_millis())))
+    }
+
+    /// `why` as the failure of the cluster: etcd answers for its majority, so one failure stands for all.
+    fn failure(&self, why: String) -> QuorumFailure {
+        QuorumFailure {
+            configured: self.endpoints.len(),
+            needed: quorum(self.endpoints.len()),
+            granted: 0,
+            failures: vec![(format!("etcd {}", self.endpoints.join(",")), why)],
+        }
+    }
+
+    /// The etcd lease TTL for a lock or heartbeat of `ttl`: whole seconds, rounded up (etcd may raise it
+    /// to its own minimum, which only lengthens it).
+    fn lease_seconds(ttl: Duration) -> i64 {
+        i64::try_from(ttl.as_millis().div_ceil(1000))
+            .unwrap_or(i64::MAX)
+            .max(1)
+    }
+
+    /// Revokes etcd lease `id` in the background, bounded by the TTL (after which it is gone anyway).
+    fn revoke_later(&self, id: i64) {
+        let Some(client) = self.client.get().cloned() else {
+            return;
+        };
+        let bound = self.settings.ttl;
+        tokio::spawn(async move {
+            let mut client = client;
+            let _ = tokio::time::timeout(bound, client.lease_revoke(id)).await;
+        });
+    }
+}
+
+/// An etcd client error in one line (gRPC statuses by their message, as etcd words them).
+fn describe(error: etcd_client::Error) -> String {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            format!("{:?}: {}", status.code(), status.message())
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The TLS options of `config`: its CA (else the Mozilla roots) and its client certificate, if any.
+fn tls(config: &EtcdConfig) -> Result<TlsOptions, StoreError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| StoreError::Etcd {
+            reason: format!("cannot read {}: {e}", path.display()),
+        })
+    };
+    let mut tls = TlsOptions::new();
+    tls = match &config.trusted_ca_file {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+        None => tls.with_webpki_roots(),
+    };
+    if let Some((cert, key)) = &config.client_identity {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(tls)
+}
+
+/// A tick as a key part that sorts as the tick does: 20 digits of the tick shifted to be non-negative.
+fn sortable(tick: i64) -> String {
+    format!("{:020}", (i128::from(tick) - i128::from(i64::MIN)) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{sortable, EtcdStore};
+    use std::time::Duration;
+
+    #[test]
+    fn ticks_sort_as_key_parts() {
+        let ticks = [i64::MIN, -5, 0, 1, 999, 1_000, 1_800_000_000_000, i64::MAX];
+        let keys: Vec<String> = ticks.iter().map(|t| sortable(*t)).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+        assert!(keys.iter().all(|k| k.len() == 20));
+    }
+
+    #[test]
+    fn lease_ttls_round_up_to_whole_seconds() {
+        assert_eq!(EtcdStore::lease_seconds(Duration::from_millis(300)), 1);
+        assert_eq!(EtcdStore::lease_seconds(Duration::from_millis(2_000)), 2);
+        assert_eq!(EtcdStore::lease_seconds(Duration::from_millis(2_001)), 3);
+        assert_eq!(EtcdStore::lease_seconds(Duration::ZERO), 1);
+    }
+}
