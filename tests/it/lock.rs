@@ -1,6 +1,10 @@
-//! The lease, claim and token protocol against real `redis-server` nodes.
+//! The lease, claim and token protocol against real stores.
 //!
-//! Every claim in `docs/protocol.md` has a test here; each test says which.
+//! Every claim in `docs/protocol.md` has a test here; each test says which. The tests that take a
+//! [`Backend`] are one suite, run on 5 Redis nodes (`lock::redis::…`) and on a 3-member etcd cluster
+//! (`lock::etcd::…`) by [`on_every_store!`](crate::on_every_store); the others are about Redis nodes
+//! (a minority down or hung, a node restarted empty, persistence, TLS), and the etcd cluster's own
+//! faults are in `tests/it/etcd.rs`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,7 +15,19 @@ use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
 
-use crate::support::{Persistence, RedisCluster};
+use crate::support::{store_on, Backend, Persistence, RedisCluster};
+
+crate::on_every_store!(
+    async: [
+        acquire_renew_release,
+        two_hundred_contenders_one_winner,
+        successive_leases_have_strictly_increasing_tokens,
+        expired_holder_cannot_renew_or_release_the_next_holder,
+        renewal_after_the_deadline_never_revives,
+        a_claimed_tick_is_never_granted_again,
+    ],
+    sync: [contenders_in_three_processes_one_winner],
+);
 
 /// Settings for tests: a short TTL so expiry tests are quick, the default node timeout.
 fn settings(ttl_ms: u64) -> LockSettings {
@@ -55,18 +71,22 @@ async fn warm(store: &Store) {
     let _ = store.claim(&request("warm-up", "warm-up", 1)).await;
 }
 
-/// Happy path on 5 nodes: acquire, renew, release; validity is positive and below the TTL.
-#[tokio::test]
-async fn acquire_renew_release_on_five_nodes() {
-    let cluster = RedisCluster::start(5);
-    let store = store(&cluster, settings(2_000));
+/// Happy path: acquire, renew, release; validity is positive and below the TTL; the token is above the
+/// tick's floor on Redis, and is the claim's revision (above zero) on etcd.
+async fn acquire_renew_release(backend: Backend) {
+    let cluster = backend.start();
+    let store = cluster.store(settings(2_000));
     warm(&store).await;
     let mut lease = won(store.claim(&request("w1", "report", 1_000)).await);
     assert!(lease.is_valid());
     assert!(lease.remaining() > Duration::ZERO && lease.remaining() < Duration::from_millis(2_000));
+    let floor = match backend {
+        Backend::Redis => 1_000 * 1000,
+        Backend::Etcd => 1,
+    };
     assert!(
-        lease.token >= 1_000 * 1000,
-        "token {} is below the tick's floor",
+        lease.token >= floor,
+        "token {} is below {floor}",
         lease.token
     );
     let before = lease.deadline();
@@ -82,10 +102,9 @@ async fn acquire_renew_release_on_five_nodes() {
 }
 
 /// 200 contenders (tasks) race for the same (job, tick): exactly one lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_hundred_contenders_one_winner() {
-    let cluster = RedisCluster::start(5);
-    let store = Arc::new(store(&cluster, race_settings()));
+async fn two_hundred_contenders_one_winner(backend: Backend) {
+    let cluster = backend.start();
+    let store = Arc::new(cluster.store(race_settings()));
     warm(&store).await;
     let tasks: Vec<_> = (0..200)
         .map(|i| {
@@ -111,9 +130,8 @@ async fn two_hundred_contenders_one_winner() {
 }
 
 /// The same race with contenders in 3 separate processes (this test binary re-run as a contender).
-#[test]
-fn contenders_in_three_processes_one_winner() {
-    let cluster = RedisCluster::start(5);
+fn contenders_in_three_processes_one_winner(backend: Backend) {
+    let cluster = backend.start();
     let exe = std::env::current_exe().expect("test binary path");
     let children: Vec<_> = (0..3)
         .map(|_| {
@@ -125,7 +143,7 @@ fn contenders_in_three_processes_one_winner() {
                     "--nocapture",
                     "--test-threads=1",
                 ])
-                .env("REDCRON_TEST_CONTENDER_NODES", cluster.urls().join(","))
+                .env("REDCRON_TEST_CONTENDER_STORE", cluster.spec())
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .expect("spawn contender process")
@@ -155,15 +173,17 @@ fn contenders_in_three_processes_one_winner() {
 #[test]
 #[ignore = "run by contenders_in_three_processes_one_winner"]
 fn contender_process() {
-    let Ok(nodes) = std::env::var("REDCRON_TEST_CONTENDER_NODES") else {
+    let Ok(spec) = std::env::var("REDCRON_TEST_CONTENDER_STORE") else {
         return;
     };
-    let urls: Vec<String> = nodes.split(',').map(str::to_string).collect();
+    let backend = if spec.starts_with("etcd|") {
+        Backend::Etcd
+    } else {
+        Backend::Redis
+    };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let store = Arc::new(Store::Redis(
-            RedisStore::new(&urls, race_settings()).expect("urls"),
-        ));
+        let store = Arc::new(store_on(&spec, backend.adapt(race_settings())));
         warm(&store).await;
         // Start together: at the next 300 ms boundary of the wall clock, which all three processes share.
         let now = std::time::SystemTime::now()
@@ -201,10 +221,9 @@ fn contender_process() {
 }
 
 /// 100 successive leases of one job from contending tasks: tokens strictly increase, no two equal.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn successive_leases_have_strictly_increasing_tokens() {
-    let cluster = RedisCluster::start(5);
-    let store = Arc::new(store(&cluster, race_settings()));
+async fn successive_leases_have_strictly_increasing_tokens(backend: Backend) {
+    let cluster = backend.start();
+    let store = Arc::new(cluster.store(race_settings()));
     warm(&store).await;
     let mut tokens = Vec::new();
     for tick in 1..=100 {
@@ -313,13 +332,12 @@ async fn hung_nodes_cost_one_node_timeout() {
 
 /// Expiry: A stops renewing and its lease expires; B acquires the next tick with a higher token; A's renew
 /// fails and stays failed; A's release leaves B's lease alone.
-#[tokio::test]
-async fn expired_holder_cannot_renew_or_release_the_next_holder() {
-    let cluster = RedisCluster::start(5);
-    let store = store(&cluster, settings(300));
+async fn expired_holder_cannot_renew_or_release_the_next_holder(backend: Backend) {
+    let cluster = backend.start();
+    let store = cluster.store(settings(300));
     warm(&store).await;
     let mut a = won(store.claim(&request("a", "exp", 1_000)).await);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(backend.expiry(store.settings().ttl)).await;
     let mut b = won(store.claim(&request("b", "exp", 2_000)).await);
     assert!(b.token > a.token);
     assert!(store.renew(&mut a).await.expect_err("A expired").is_lost());
@@ -338,22 +356,19 @@ async fn expired_holder_cannot_renew_or_release_the_next_holder() {
 
 /// A renewal that reaches a majority only after the deadline does not revive the lease, even when the
 /// keys are still there: here the majority is hung until after the deadline.
-#[tokio::test]
-async fn renewal_after_the_deadline_never_revives() {
-    let mut cluster = RedisCluster::start(3);
-    let store = store(&cluster, settings(400));
+async fn renewal_after_the_deadline_never_revives(backend: Backend) {
+    let mut cluster = backend.start();
+    let store = cluster.store(settings(400));
     warm(&store).await;
     let mut lease = won(store.claim(&request("a", "revive", 1_000)).await);
-    cluster.stop(0);
-    cluster.stop(1);
+    let stopped = cluster.stop_majority();
     let first = store.renew(&mut lease).await.expect_err("majority hung");
     assert!(
         !first.is_lost(),
         "a timeout before the deadline is not yet a loss: {first:?}"
     );
     tokio::time::sleep(lease.remaining() + Duration::from_millis(10)).await;
-    cluster.cont(0);
-    cluster.cont(1);
+    cluster.cont(&stopped);
     assert!(store
         .renew(&mut lease)
         .await
@@ -364,10 +379,9 @@ async fn renewal_after_the_deadline_never_revives() {
 
 /// Tick claim: A acquires (job, T) and releases; B's acquire of (job, T) answers already claimed, and
 /// (job, T+1) works. The claim also outlives the lease's expiry.
-#[tokio::test]
-async fn a_claimed_tick_is_never_granted_again() {
-    let cluster = RedisCluster::start(5);
-    let store = store(&cluster, settings(300));
+async fn a_claimed_tick_is_never_granted_again(backend: Backend) {
+    let cluster = backend.start();
+    let store = cluster.store(settings(300));
     warm(&store).await;
     let a = won(store.claim(&request("a", "claim", 5_000)).await);
     store.release(&a).await;
@@ -380,7 +394,8 @@ async fn a_claimed_tick_is_never_granted_again() {
         ClaimOutcome::AlreadyClaimed { .. }
     ));
     let b = won(store.claim(&request("b", "claim", 6_000)).await);
-    tokio::time::sleep(Duration::from_millis(400)).await; // b's lease expires unreleased
+    // b's lease expires unreleased.
+    tokio::time::sleep(backend.expiry(store.settings().ttl)).await;
     assert!(matches!(
         store.claim(&request("c", "claim", 6_000)).await,
         ClaimOutcome::AlreadyClaimed { .. }
@@ -405,7 +420,7 @@ async fn split_votes_converge_on_one_winner() {
         (2, "ghost-b/2|1|1000|x"),
         (3, "ghost-b/2|1|1000|x"),
     ] {
-        let mut set = redis::cmd("SET");
+        let mut set = ::redis::cmd("SET");
         set.arg("redcron:{split}:lease")
             .arg(holder)
             .arg("PX")

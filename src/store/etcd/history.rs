@@ -147,7 +147,7 @@ impl EtcdStore {
             if let Some(id) = self.lock_members().remove(&member.id) {
                 self.revoke_later(id);
             }
-        } else if !self.keep_alive(known).await {
+        } else if !self.renew_member(known).await {
             let ttl = Self::lease_seconds(member.ttl());
             let id = self
                 .call(EXCHANGE_TIMEOUT, |mut c| async move {
@@ -173,17 +173,11 @@ impl EtcdStore {
     }
 
     /// Whether etcd lease `id` (a member's) was still alive and is renewed now.
-    async fn keep_alive(&self, id: Option<i64>) -> bool {
-        let Some(id) = id else {
-            return false;
-        };
-        let answer = self
-            .call(EXCHANGE_TIMEOUT, |mut c| async move {
-                let (_keeper, mut answers) = c.lease_keep_alive(id).await?;
-                answers.message().await
-            })
-            .await;
-        matches!(answer, Ok(Some(answer)) if answer.ttl() > 0)
+    async fn renew_member(&self, id: Option<i64>) -> bool {
+        match id {
+            Some(id) => self.keep_alive(id, EXCHANGE_TIMEOUT).await == Ok(true),
+            None => false,
+        }
     }
 
     /// Deletes the records of members last heard from more than [`KEEP_DEAD`] before `now_ms`.

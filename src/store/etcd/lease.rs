@@ -35,33 +35,25 @@ impl EtcdStore {
             .deadline()
             .saturating_duration_since(start)
             .min(self.settings.node_timeout);
-        let answer = self
-            .call(budget, |mut client| async move {
-                let (_keeper, mut answers) = client.lease_keep_alive(id).await?;
-                answers.message().await
-            })
-            .await;
+        let answer = self.keep_alive(id, budget).await;
         let expired = BootInstant::now() >= lease.deadline();
-        match answer {
-            Ok(Some(answer)) if answer.ttl() > 0 && !expired => {
+        match (answer, expired) {
+            (Ok(false), _) => {
+                lease.mark_lost();
+                let why = "lease not held: etcd expired or revoked it".to_string();
+                Err(RenewError::NotHeld(self.failure(why)))
+            }
+            (_, true) => {
+                lease.mark_lost();
+                Err(RenewError::Expired)
+            }
+            (Ok(true), false) => {
                 let ttl = self.settings.ttl;
                 let drift = validity::drift(ttl, self.settings.drift_factor);
                 lease.extend_to(start + ttl.saturating_sub(drift));
                 Ok(())
             }
-            Ok(Some(answer)) if answer.ttl() <= 0 => {
-                lease.mark_lost();
-                let why = "lease not held: etcd expired or revoked it".to_string();
-                Err(RenewError::NotHeld(self.failure(why)))
-            }
-            _ if expired => {
-                lease.mark_lost();
-                Err(RenewError::Expired)
-            }
-            Ok(_) => Err(RenewError::Unconfirmed(self.failure(
-                "the keep-alive stream closed without an answer".to_string(),
-            ))),
-            Err(why) => Err(RenewError::Unconfirmed(self.failure(why))),
+            (Err(why), false) => Err(RenewError::Unconfirmed(self.failure(why))),
         }
     }
 

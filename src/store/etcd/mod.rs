@@ -146,6 +146,22 @@ impl EtcdStore {
             .max(1)
     }
 
+    /// One keep-alive of etcd lease `id`, bounded by `limit`: `Ok(true)` if etcd restarted its TTL,
+    /// `Ok(false)` if the lease is gone (expired or revoked: etcd answered TTL 0).
+    async fn keep_alive(&self, id: i64, limit: Duration) -> Result<bool, String> {
+        self.call(limit, |mut client| async move {
+            // The client reads the first answer itself, and fails with this error on TTL 0.
+            match client.lease_keep_alive(id).await {
+                Ok(_) => Ok(true),
+                Err(etcd_client::Error::LeaseKeepAliveError(why)) if why == "lease not found" => {
+                    Ok(false)
+                }
+                Err(other) => Err(other),
+            }
+        })
+        .await
+    }
+
     /// Revokes etcd lease `id` in the background, bounded by the TTL (after which it is gone anyway).
     fn revoke_later(&self, id: i64) {
         let Some(client) = self.client.get().cloned() else {

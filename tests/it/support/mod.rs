@@ -1,4 +1,5 @@
-//! Test support: real `redis-server` nodes, real worker processes, and sandbox directories.
+//! Test support: real `redis-server` nodes, real etcd clusters, real worker processes, and sandbox
+//! directories.
 //!
 //! Modelled on redis-rs's `redis-test` helper and cargo's testsuite: every test starts from a fresh
 //! [`TestDir`], starts the [`RedisCluster`] and [`Worker`]s it needs, and everything it started is killed
@@ -11,8 +12,10 @@
 
 mod children;
 mod delay_proxy;
+mod etcd;
 mod redis;
 mod selftest;
+mod stores;
 mod worker;
 
 use std::path::{Path, PathBuf};
@@ -21,7 +24,11 @@ use std::path::{Path, PathBuf};
 #[allow(unused_imports)]
 pub use self::delay_proxy::DelayProxy;
 #[allow(unused_imports)]
+pub use self::etcd::EtcdCluster;
+#[allow(unused_imports)]
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
+#[allow(unused_imports)]
+pub use self::stores::{store_on, Backend, Cluster};
 #[allow(unused_imports)]
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};
 

@@ -1,0 +1,293 @@
+//! [`EtcdCluster`]: one etcd cluster of N members (3 by default) on free loopback ports, to crash and
+//! revive.
+//!
+//! The etcd store's argument is about members that crash, hang and come back, and about the leader
+//! changing under a claim, so each member can be killed (SIGKILL), hung (SIGSTOP), continued, and
+//! restarted on its ports and data directory; [`EtcdCluster::leader`] says which member leads. As for
+//! Redis nodes, the cluster counts as started only once every member reports itself healthy (`/health`:
+//! a leader exists), a cluster that never does fails the test with the members' logs, and every member
+//! is killed on drop. Elections are fast (heartbeat 50 ms, election timeout 500 ms), so a test waits
+//! about a second for a new leader, and etcd's shortest lease TTL is one second.
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::children;
+
+/// How long a starting cluster (or a restarted member) may take to report itself healthy.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// N `etcd` members of one cluster, all killed on drop.
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+}
+
+struct Member {
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+    stopped: bool,
+}
+
+impl EtcdCluster {
+    /// A cluster of three members.
+    pub fn start() -> EtcdCluster {
+        EtcdCluster::with_members(3)
+    }
+
+    /// A cluster of `n` members; waits until every member is healthy, panics (with the logs) otherwise.
+    pub fn with_members(n: usize) -> EtcdCluster {
+        super::require_program("etcd", "etcd-server");
+        let dir = tempfile::Builder::new()
+            .prefix("redcron-etcd-")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        let ports = free_ports(2 * n);
+        let mut cluster = EtcdCluster {
+            members: (0..n)
+                .map(|i| Member {
+                    client_port: ports[2 * i],
+                    peer_port: ports[2 * i + 1],
+                    child: None,
+                    stopped: false,
+                })
+                .collect(),
+            dir,
+        };
+        for i in 0..n {
+            cluster.spawn(i, true);
+        }
+        cluster.wait_healthy((0..n).collect());
+        cluster
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// `http://127.0.0.1:<client port>` of member `i`.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// Every member's endpoint, in order: what `etcd.endpoints` of a `jobs.yaml` lists.
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// The endpoints as a YAML flow list.
+    pub fn endpoints_yaml(&self) -> String {
+        let quoted: Vec<String> = self
+            .endpoints()
+            .iter()
+            .map(|e| format!("\"{e}\""))
+            .collect();
+        format!("[{}]", quoted.join(", "))
+    }
+
+    /// The member that leads now, as far as a serving member says (waits up to 10 s for one).
+    pub fn leader(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            for i in (0..self.len()).filter(|i| self.is_serving(*i)) {
+                if let Some((me, leader)) = self.status(i) {
+                    if me == leader && leader != "0" {
+                        return i;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "no etcd leader within 10 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether member `i` runs and is not hung.
+    pub fn is_serving(&self, i: usize) -> bool {
+        self.members[i].child.is_some() && !self.members[i].stopped
+    }
+
+    /// Crashes member `i` (SIGKILL, and reap it); its ports refuse connections until [`Self::restart`].
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            children::kill_and_reap(&mut child);
+        }
+        self.members[i].stopped = false;
+    }
+
+    /// Hangs member `i` (SIGSTOP): connections are accepted but get no answer.
+    pub fn stop(&mut self, i: usize) {
+        let pid = self.members[i]
+            .child
+            .as_ref()
+            .map(Child::id)
+            .unwrap_or_else(|| panic!("member {i} is not running"));
+        children::signal(pid, libc::SIGSTOP);
+        self.members[i].stopped = true;
+    }
+
+    /// Resumes a member hung by [`Self::stop`].
+    pub fn cont(&mut self, i: usize) {
+        if let Some(child) = &self.members[i].child {
+            children::signal(child.id(), libc::SIGCONT);
+        }
+        self.members[i].stopped = false;
+    }
+
+    /// Kills member `i` if it runs and starts it again on its ports and data directory; waits until it
+    /// is healthy (it rejoins with its data and catches up from the leader).
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i, false);
+        self.wait_healthy(vec![i]);
+    }
+
+    /// Every member's log.
+    pub fn logs(&self) -> String {
+        (0..self.len())
+            .map(|i| {
+                let log = std::fs::read_to_string(self.member_dir(i).join("etcd.log"));
+                format!("--- etcd member {i}:\n{}", log.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    fn member_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("m{i}"))
+    }
+
+    fn spawn(&mut self, i: usize, new: bool) {
+        let dir = self.member_dir(i);
+        std::fs::create_dir_all(&dir).expect("cannot create a member directory");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("etcd.log"))
+            .expect("cannot create a log file");
+        let peers: Vec<String> = (0..self.len())
+            .map(|m| format!("m{m}=http://127.0.0.1:{}", self.members[m].peer_port))
+            .collect();
+        let (client, peer) = (
+            self.endpoint(i),
+            format!("http://127.0.0.1:{}", self.members[i].peer_port),
+        );
+        let mut command = Command::new("etcd");
+        command
+            .args(["--name", &format!("m{i}")])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &peers.join(",")])
+            .args(["--initial-cluster-token", "redcron-test"])
+            .args([
+                "--initial-cluster-state",
+                if new { "new" } else { "existing" },
+            ])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--logger", "zap", "--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("cannot duplicate a file handle"))
+            .stderr(log);
+        let child = children::spawn(command).unwrap_or_else(|e| panic!("cannot run etcd: {e}"));
+        self.members[i].child = Some(child);
+        self.members[i].stopped = false;
+    }
+
+    /// Waits until each of `members` answers `/health` with a leader; panics with the logs otherwise.
+    fn wait_healthy(&mut self, members: Vec<usize>) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        for i in members {
+            loop {
+                if let Some(child) = self.members[i].child.as_mut() {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        panic!("etcd member {i} exited ({status}):\n{}", self.logs());
+                    }
+                }
+                if http(self.members[i].client_port, "GET /health", "")
+                    .is_some_and(|body| body.contains("\"health\":\"true\""))
+                {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd member {i} not healthy within {READY_TIMEOUT:?}:\n{}",
+                    self.logs()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Member `i`'s own id and the leader's id, from its status (`None` if it does not answer).
+    fn status(&self, i: usize) -> Option<(String, String)> {
+        let body = http(
+            self.members[i].client_port,
+            "POST /v3/maintenance/status",
+            "{}",
+        )?;
+        let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let me = status["header"]["member_id"].as_str()?.to_string();
+        let leader = status["leader"].as_str()?.to_string();
+        Some((me, leader))
+    }
+}
+
+impl Drop for EtcdCluster {
+    /// Kills every member, hung ones included, and reaps them.
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            if let Some(mut child) = member.child.take() {
+                children::kill_and_reap(&mut child);
+            }
+        }
+    }
+}
+
+/// One HTTP/1.0 request to a member's client port (etcd's JSON gateway); the body of a 200 answer.
+fn http(port: u16, request_line: &str, body: &str) -> Option<String> {
+    let timeout = Duration::from_millis(500);
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&address, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream.set_write_timeout(Some(timeout)).ok()?;
+    let request = format!(
+        "{request_line} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.0 200")
+        .then(|| body.to_string())
+        .or_else(|| head.starts_with("HTTP/1.1 200").then(|| body.to_string()))
+}
+
+/// `n` distinct ports that were free a moment ago (bound together, so no two are equal).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| {
+            l.local_addr()
+                .expect("a bound socket has an address")
+                .port()
+        })
+        .collect()
+}
