@@ -15,6 +15,7 @@ const MODULES: &[&str] = &[
     "config",
     "deploy",
     "embedded",
+    "etcd",
     "history",
     "inspect",
     "job_env",

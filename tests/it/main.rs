@@ -1,5 +1,5 @@
-//! redcron's integration tests: one binary, a module per area, real `redis-server` nodes and real worker
-//! processes started by [`support`].
+//! redcron's integration tests: one binary, a module per area, real `redis-server` nodes, real etcd
+//! clusters and real worker processes started by [`support`].
 
 mod bench_smoke;
 mod chaos;
@@ -10,6 +10,7 @@ mod config;
 mod deploy;
 mod docs;
 mod embedded;
+mod etcd;
 mod history;
 mod inspect;
 mod job_env;

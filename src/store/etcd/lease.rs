@@ -58,9 +58,9 @@ impl EtcdStore {
     }
 
     /// Revokes the lease's etcd lease (deleting its lease key), also after the lease was lost (the worker
-    /// releases every lease it won); the claim record stays. Returns after an
-    /// answer or `node_timeout`; a revoke still under way goes on in the background, bounded by the TTL
-    /// (after which etcd has expired the lease anyway).
+    /// releases every lease it won); the claim record stays. Returns once etcd answered, or after
+    /// `node_timeout`; a revoke that failed (a member gone, an election) is tried again in the background
+    /// until etcd answers, bounded by the TTL (after which etcd has expired the lease anyway).
     pub async fn release(&self, lease: &Lease) {
         let Some(id) = self.forget(&lease.value) else {
             return;
@@ -68,11 +68,7 @@ impl EtcdStore {
         let Ok(client) = self.client().await else {
             return;
         };
-        let bound = self.settings.ttl;
-        let revoke = tokio::spawn(async move {
-            let mut client = client;
-            let _ = tokio::time::timeout(bound, client.lease_revoke(id)).await;
-        });
+        let revoke = tokio::spawn(revoke(client, id, self.settings.ttl));
         let _ = tokio::time::timeout(self.settings.node_timeout, revoke).await;
     }
 
@@ -97,4 +93,22 @@ impl EtcdStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Revokes etcd lease `id` until etcd answers (done, or the lease is already gone), for at most `bound`.
+pub(super) async fn revoke(mut client: etcd_client::Client, id: i64, bound: std::time::Duration) {
+    let retries = async {
+        loop {
+            match client.lease_revoke(id).await {
+                Ok(_) => return,
+                Err(etcd_client::Error::GRpcStatus(status))
+                    if status.message().contains("lease not found") =>
+                {
+                    return
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(bound, retries).await;
 }

@@ -162,16 +162,13 @@ impl EtcdStore {
         .await
     }
 
-    /// Revokes etcd lease `id` in the background, bounded by the TTL (after which it is gone anyway).
+    /// Revokes etcd lease `id` in the background, retried until etcd answers, bounded by the TTL (after
+    /// which it is gone anyway).
     fn revoke_later(&self, id: i64) {
         let Some(client) = self.client.get().cloned() else {
             return;
         };
-        let bound = self.settings.ttl;
-        tokio::spawn(async move {
-            let mut client = client;
-            let _ = tokio::time::timeout(bound, client.lease_revoke(id)).await;
-        });
+        tokio::spawn(lease::revoke(client, id, self.settings.ttl));
     }
 }
 
