@@ -193,7 +193,7 @@ fn unknown_fields() {
         lines[1]
     );
     let got = only_problem(&format!("{JOB}colour: blue\n"));
-    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `embedded`, `lock`, `worker`, `history`, `alerts`, `jobs`"), "{got}");
+    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `etcd`, `embedded`, `lock`, `worker`, `history`, `alerts`, `jobs`"), "{got}");
 }
 
 /// A bad cron expression points at the value and says which field is wrong.
@@ -725,4 +725,89 @@ fn embedded_with_redis_or_without_a_file_name_is_rejected() {
         let got = only_problem(&format!("{section}{JOB}"));
         assert!(got.starts_with(expected), "{got}");
     }
+}
+
+/// `etcd:` as etcd's clients write it: endpoints, user and password (`${VAR}` kept from jobs), TLS files
+/// relative to the config file; the node timeout defaults to 500 ms, and the key prefix may hold `/`.
+#[test]
+fn etcd_section_reads_back() {
+    let config = ok(&format!(
+        "etcd:\n  endpoints: [https://10.0.0.1:2379, \"https://etcd-2:2379\"]\n  key_prefix: /redcron/prod\n  \
+         username: cron\n  password: \"${{REDIS_PASSWORD}}\"\n  trusted_ca_file: tls/ca.pem\n  \
+         cert_file: /etc/etcd/client.pem\n  key_file: /etc/etcd/client-key.pem\n{JOB}"
+    ));
+    let etcd = config.etcd.as_ref().expect("an etcd section");
+    assert_eq!(
+        etcd.endpoints,
+        ["https://10.0.0.1:2379", "https://etcd-2:2379"]
+    );
+    assert_eq!(etcd.user, Some(("cron".to_string(), "s3cret".to_string())));
+    let ca = etcd.trusted_ca_file.as_ref().expect("a CA file");
+    assert!(ca.is_absolute() && ca.ends_with("tls/ca.pem"), "{ca:?}");
+    assert!(etcd.client_identity.is_some());
+    assert!(config.redis.is_none() && config.embedded.is_none());
+    assert_eq!(config.lock.key_prefix, "/redcron/prod");
+    assert_eq!(config.lock.node_timeout, Duration::from_millis(500));
+    assert_eq!(
+        config.store_env_vars,
+        BTreeSet::from(["REDIS_PASSWORD".to_string()])
+    );
+}
+
+/// One store per config, and each etcd setting checked with its line, column and field.
+#[test]
+fn etcd_section_problems_name_their_field() {
+    let cases = [
+        (
+            "redis:\n  nodes: [redis://a:1]\netcd:\n  endpoints: [http://b:2379]\n",
+            "jobs.yaml:3:1: etcd: `etcd:` and `redis:` cannot both be given",
+        ),
+        (
+            "etcd:\n  endpoints: [http://b:2379]\nembedded:\n  path: cron.db\n",
+            "jobs.yaml:3:1: embedded: `embedded:` and `etcd:` cannot both be given",
+        ),
+        (
+            "etcd:\n  key_prefix: x\n",
+            "jobs.yaml:1:1: etcd.endpoints: missing field",
+        ),
+        (
+            "etcd:\n  endpoints: [http://b]\n",
+            "jobs.yaml:2:15: etcd.endpoints[0]: invalid etcd endpoint \"http://b\": missing port",
+        ),
+        (
+            "etcd:\n  endpoints: [http://b:1, \"b:1\"]\n",
+            "jobs.yaml:2:27: etcd.endpoints[1]: b:1 is already etcd.endpoints[0]",
+        ),
+        (
+            "etcd:\n  endpoints: [http://b:1, https://c:1]\n",
+            "jobs.yaml:2:14: etcd.endpoints: endpoints mix http:// and https://",
+        ),
+        (
+            "etcd:\n  endpoints: [http://b:1]\n  trusted_ca_file: ca.pem\n",
+            "jobs.yaml:3:20: etcd.trusted_ca_file: trusted_ca_file needs https:// endpoints",
+        ),
+        (
+            "etcd:\n  endpoints: [https://b:1]\n  cert_file: c.pem\n",
+            "jobs.yaml:3:14: etcd.cert_file: missing `key_file`",
+        ),
+        (
+            "etcd:\n  endpoints: [https://b:1]\n  password: x\n",
+            "jobs.yaml:3:13: etcd.password: missing `username`",
+        ),
+        (
+            "etcd:\n  endpoints: [http://b:1]\n  key_prefix: \"{x}\"\n",
+            "jobs.yaml:3:15: etcd.key_prefix: invalid key_prefix",
+        ),
+        (
+            "etcd:\n  endpoints: [http://b:1]\n  user: x\n",
+            "jobs.yaml:3:3: etcd.user: unknown field",
+        ),
+    ];
+    let wrong: Vec<String> = cases
+        .iter()
+        .map(|(section, expected)| (only_problem(&format!("{section}{JOB}")), expected))
+        .filter(|(got, expected)| !got.starts_with(*expected))
+        .map(|(got, expected)| format!("got      {got}\nexpected {expected}"))
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

@@ -1,9 +1,10 @@
-//! The worker end to end: the built binary, real Redis nodes, jobs that write a ledger.
+//! The worker end to end: the built binary, real Redis nodes (and a real etcd cluster), jobs that write
+//! a ledger.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use crate::support::{Persistence, RedisCluster, TestDir, Worker};
+use crate::support::{EtcdCluster, Persistence, RedisCluster, TestDir, Worker};
 
 /// A config with the cluster's nodes, short leases and `jobs` (YAML list items, already indented).
 pub(crate) fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
@@ -23,10 +24,22 @@ pub(crate) fn start_workers(
     worker_section: &str,
     jobs: &str,
 ) -> Vec<Worker> {
+    start_workers_with(dir, n, |id| {
+        config(cluster, &format!("{id}{worker_section}"), jobs)
+    })
+}
+
+/// `n` workers `w0`, `w1`, … with the config `yaml(worker section with their id)`, each in its own
+/// `w<i>.yaml` in `dir`, each started: its `worker.started` logged.
+pub(crate) fn start_workers_with(
+    dir: &TestDir,
+    n: usize,
+    yaml: impl Fn(&str) -> String,
+) -> Vec<Worker> {
     let workers: Vec<Worker> = (0..n)
         .map(|i| {
-            let yaml = config(cluster, &format!("  id: w{i}\n{worker_section}"), jobs);
-            Worker::spawn(dir.write(format!("w{i}.yaml"), yaml), &[])
+            let text = yaml(&format!("  id: w{i}\n"));
+            Worker::spawn(dir.write(format!("w{i}.yaml"), text), &[])
         })
         .collect();
     for worker in &workers {
@@ -79,10 +92,30 @@ fn three_workers_run_each_tick_exactly_once() {
         .nodes(5)
         .persistence(Persistence::None)
         .start();
+    three_workers_each_tick_once(|worker, jobs| config(&cluster, worker, jobs));
+}
+
+/// The same on a 3-member etcd cluster: each tick exactly once, tokens (etcd revisions) rising per job.
+#[test]
+fn three_workers_on_etcd_run_each_tick_exactly_once() {
+    let cluster = EtcdCluster::start();
+    let endpoints = cluster.endpoints_yaml();
+    three_workers_each_tick_once(|worker, jobs| {
+        format!(
+            "etcd:\n  endpoints: {endpoints}\nlock:\n  ttl: 5s\n  renew_every: 1s\n  node_timeout: 500ms\n  \
+             retry_delay: 50ms\nworker:\n{worker}jobs:\n{jobs}"
+        )
+    });
+}
+
+/// 3 workers with the config `config(worker section, jobs)` makes, two jobs every second for ~15 s:
+/// every tick in the window appears in the ledger exactly once, tokens strictly increase per job, and
+/// more than one worker has won.
+fn three_workers_each_tick_once(config: impl Fn(&str, &str) -> String) {
     let dir = TestDir::new();
     let jobs = ledger_job("every-second", "* * * * * *", &dir.ledger())
         + &ledger_job("other", "* * * * * *", &dir.ledger());
-    let workers = start_workers(&cluster, &dir, 3, "", &jobs);
+    let workers = start_workers_with(&dir, 3, |worker| config(worker, &jobs));
     let window_start = chrono::Utc::now() + chrono::Duration::seconds(1);
     std::thread::sleep(Duration::from_secs(15));
     let window_end = chrono::Utc::now() - chrono::Duration::seconds(2);
