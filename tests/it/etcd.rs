@@ -177,3 +177,104 @@ async fn the_leader_killed_during_claims_grants_each_tick_once() {
         "tokens out of order: {tokens:?}"
     );
 }
+
+/// Not a check: prints the claim latency (claim of a new tick, then release; one contender) on 5 Redis
+/// nodes and on 3 etcd members of this machine, for the README. `cargo test --test it
+/// etcd::claim_latency -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, run by hand"]
+async fn claim_latency() {
+    for backend in [Backend::Redis, Backend::Etcd] {
+        let cluster = backend.start();
+        let store = cluster.store(settings());
+        let mut claims = Vec::new();
+        let mut releases = Vec::new();
+        for tick in 1..=300 {
+            let started = Instant::now();
+            let lease = won(store.claim(&request("w", "latency", tick * 1_000)).await);
+            claims.push(started.elapsed());
+            let started = Instant::now();
+            store.release(&lease).await;
+            releases.push(started.elapsed());
+        }
+        let percentile = |samples: &mut Vec<Duration>, p: usize| {
+            samples.sort();
+            samples[(samples.len() * p / 100).min(samples.len() - 1)].as_secs_f64() * 1e3
+        };
+        println!(
+            "{backend:?}: claim p50 {:.2} ms p99 {:.2} ms; release p50 {:.2} ms p99 {:.2} ms",
+            percentile(&mut claims, 50),
+            percentile(&mut claims, 99),
+            percentile(&mut releases, 50),
+            percentile(&mut releases, 99)
+        );
+    }
+}
+
+/// TLS and auth as etcd users set them up: a member that serves clients over TLS only and requires a
+/// client certificate, with auth enabled; a store built from a `jobs.yaml` whose `etcd:` names the CA,
+/// the client certificate and key, and a user whose password comes from `${ETCD_PASSWORD}` claims,
+/// renews and releases; a wrong password is a failure that says so, never a grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_work_over_tls_with_a_client_certificate_and_a_password() {
+    use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
+
+    let cluster = EtcdCluster::with_tls();
+    let (ca, cert, key) = cluster.certificate();
+    let read = |path: &std::path::Path| std::fs::read(path).expect("certificate file");
+    let tls = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(read(&ca)))
+        .identity(Identity::from_pem(read(&cert), read(&key)));
+    let mut admin = etcd_client::Client::connect(
+        cluster.endpoints(),
+        Some(ConnectOptions::new().with_tls(tls)),
+    )
+    .await
+    .expect("connect as the administrator");
+    admin
+        .user_add("root", "s3cret", None)
+        .await
+        .expect("add root");
+    admin
+        .user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+    admin.auth_enable().await.expect("enable auth");
+
+    let dir = crate::support::TestDir::new();
+    let store_with = |password: &str| {
+        let yaml = format!(
+            "etcd:\n  endpoints: {}\n  username: root\n  password: \"${{ETCD_PASSWORD}}\"\n  \
+             trusted_ca_file: {}\n  cert_file: {}\n  key_file: {}\nlock:\n  ttl: 4s\n  \
+             node_timeout: 400ms\njobs:\n  - {{name: a, schedule: \"* * * * *\", command: [\"true\"]}}\n",
+            cluster.endpoints_yaml(),
+            ca.display(),
+            cert.display(),
+            key.display()
+        );
+        let password = password.to_string();
+        let env = move |name: &str| (name == "ETCD_PASSWORD").then(|| password.clone());
+        let config = redcron::config::parse_with_env(&yaml, &dir.join("jobs.yaml"), &env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(config.store_env_vars.contains("ETCD_PASSWORD"));
+        Store::open(&config).expect("the TLS files are readable")
+    };
+    let store = store_with("s3cret");
+    let mut lease = won(claim_until_final(&store, &request("w", "tls", 1_000)).await);
+    renew_until_confirmed(&store, &mut lease).await;
+    store.release(&lease).await;
+    let again = store.claim(&request("v", "tls", 1_000)).await;
+    assert!(
+        matches!(again, ClaimOutcome::AlreadyClaimed { .. }),
+        "{again:?}"
+    );
+
+    let wrong = store_with("wrong").claim(&request("w", "tls", 2_000)).await;
+    match wrong {
+        ClaimOutcome::NoQuorum(failure) => {
+            let text = failure.to_string();
+            assert!(text.contains("authentication failed"), "{text}");
+        }
+        other => panic!("a wrong password must not claim: {other:?}"),
+    }
+}

@@ -7,7 +7,9 @@
 //! Redis nodes, the cluster counts as started only once every member reports itself healthy (`/health`:
 //! a leader exists), a cluster that never does fails the test with the members' logs, and every member
 //! is killed on drop. Elections are fast (heartbeat 50 ms, election timeout 500 ms), so a test waits
-//! about a second for a new leader, and etcd's shortest lease TTL is one second.
+//! about a second for a new leader, and etcd's shortest lease TTL is one second. A cluster may serve its
+//! clients over TLS only, requiring client certificates ([`EtcdCluster::with_tls`]); health is read
+//! from each member's plain-HTTP metrics port either way.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -24,11 +26,13 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct EtcdCluster {
     members: Vec<Member>,
     dir: tempfile::TempDir,
+    tls: bool,
 }
 
 struct Member {
     client_port: u16,
     peer_port: u16,
+    metrics_port: u16,
     child: Option<Child>,
     stopped: bool,
 }
@@ -41,22 +45,45 @@ impl EtcdCluster {
 
     /// A cluster of `n` members; waits until every member is healthy, panics (with the logs) otherwise.
     pub fn with_members(n: usize) -> EtcdCluster {
+        EtcdCluster::new(n, false)
+    }
+
+    /// One member that serves its clients over TLS only (a self-signed certificate for 127.0.0.1, made
+    /// with `openssl`: [`Self::certificate`]) and requires a client certificate signed by it.
+    pub fn with_tls() -> EtcdCluster {
+        EtcdCluster::new(1, true)
+    }
+
+    /// The CA of a TLS cluster (`ca.pem`), and a certificate it signed for 127.0.0.1 with its key
+    /// (`cert.pem`, `key.pem`): the member's own, and a client certificate it accepts.
+    pub fn certificate(&self) -> (PathBuf, PathBuf, PathBuf) {
+        let path = |name: &str| self.dir.path().join(name);
+        (path("ca.pem"), path("cert.pem"), path("key.pem"))
+    }
+
+    fn new(n: usize, tls: bool) -> EtcdCluster {
         super::require_program("etcd", "etcd-server");
         let dir = tempfile::Builder::new()
             .prefix("redcron-etcd-")
             .tempdir()
             .expect("cannot create a temporary directory");
-        let ports = free_ports(2 * n);
+        if tls {
+            super::require_program("openssl", "openssl");
+            make_certificates(dir.path());
+        }
+        let ports = free_ports(3 * n);
         let mut cluster = EtcdCluster {
             members: (0..n)
                 .map(|i| Member {
-                    client_port: ports[2 * i],
-                    peer_port: ports[2 * i + 1],
+                    client_port: ports[3 * i],
+                    peer_port: ports[3 * i + 1],
+                    metrics_port: ports[3 * i + 2],
                     child: None,
                     stopped: false,
                 })
                 .collect(),
             dir,
+            tls,
         };
         for i in 0..n {
             cluster.spawn(i, true);
@@ -69,9 +96,10 @@ impl EtcdCluster {
         self.members.len()
     }
 
-    /// `http://127.0.0.1:<client port>` of member `i`.
+    /// `http://127.0.0.1:<client port>` of member `i` (`https://` for a TLS cluster).
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.members[i].client_port)
     }
 
     /// Every member's endpoint, in order: what `etcd.endpoints` of a `jobs.yaml` lists.
@@ -199,9 +227,24 @@ impl EtcdCluster {
             ])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "warn"])
+            .args([
+                "--listen-metrics-urls",
+                &format!("http://127.0.0.1:{}", self.members[i].metrics_port),
+            ])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("cannot duplicate a file handle"))
             .stderr(log);
+        if self.tls {
+            let (ca, cert, key) = self.certificate();
+            command
+                .arg("--cert-file")
+                .arg(&cert)
+                .arg("--key-file")
+                .arg(&key)
+                .arg("--trusted-ca-file")
+                .arg(&ca)
+                .arg("--client-cert-auth");
+        }
         let child = children::spawn(command).unwrap_or_else(|e| panic!("cannot run etcd: {e}"));
         self.members[i].child = Some(child);
         self.members[i].stopped = false;
@@ -217,7 +260,7 @@ impl EtcdCluster {
                         panic!("etcd member {i} exited ({status}):\n{}", self.logs());
                     }
                 }
-                if http(self.members[i].client_port, "GET /health", "")
+                if http(self.members[i].metrics_port, "GET /health", "")
                     .is_some_and(|body| body.contains("\"health\":\"true\""))
                 {
                     break;
@@ -290,4 +333,68 @@ fn free_ports(n: usize) -> Vec<u16> {
                 .port()
         })
         .collect()
+}
+
+/// A CA (`ca.pem`) and a certificate it signed for 127.0.0.1, for servers and clients alike (`cert.pem`,
+/// `key.pem`), in `dir`: rustls refuses a self-signed certificate used as its own CA.
+fn make_certificates(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("cannot run openssl");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=redcron test CA",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "cert.csr",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .expect("cannot write the extensions file");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "cert.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca-key.pem",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "cert.pem",
+    ]);
 }
