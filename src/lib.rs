@@ -14,8 +14,9 @@
 //!   time, which ticks are scheduled on (this host's clock corrected by its offset to the Redis nodes').
 //! - [`lock`]: what a claim asks and answers — leases, tick claims and their series, pauses, fencing
 //!   tokens, and the names the protocol writes.
-//! - [`store`]: the one seam to where state lives — the Redlock protocol on N Redis nodes, or the
-//!   embedded single-host store (a SQLite file) — for claims, leases, history and membership.
+//! - [`store`]: the one seam to where state lives — the Redlock protocol on N Redis nodes, one
+//!   transaction per claim in an etcd cluster, or the embedded single-host store (a SQLite file) — for
+//!   claims, leases, history and membership.
 //! - [`history`]: each worker's account of each tick (who ran it, how it ended, or why not), and its merge.
 //! - [`membership`]: the workers' announcements and heartbeats.
 //! - [`trigger`]: `redcron trigger`'s requests for one extra run now, which the workers claim through the

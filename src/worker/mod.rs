@@ -104,8 +104,8 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         warn!(
             event = "worker.embedded_store",
             path = %embedded.path.display(),
-            "No redis section in the config: using the embedded store, a database file of this host. \
-             Workers on this host may share it; configure Redis nodes to run workers on several hosts."
+            "No redis or etcd section in the config: using the embedded store, a database file of this host. \
+             Workers on this host may share it; configure Redis nodes or an etcd cluster to run workers on several hosts."
         );
     }
     let listener = http::bind(config.worker.listen).await?;
