@@ -295,6 +295,20 @@ impl Lease {
     pub(crate) fn mark_lost(&mut self) {
         self.lost = true;
     }
+
+    /// The start of a renewal (now, on the boot clock), or why there is nothing to renew: the lease was
+    /// lost, or its deadline has passed (then it is marked lost). Every store's renewal begins here.
+    pub(crate) fn start_renewal(&mut self) -> Result<BootInstant, RenewError> {
+        if self.lost {
+            return Err(RenewError::AlreadyLost);
+        }
+        let start = BootInstant::now();
+        if start >= self.deadline {
+            self.lost = true;
+            return Err(RenewError::Expired);
+        }
+        Ok(start)
+    }
 }
 
 /// Why a renewal failed.

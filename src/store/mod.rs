@@ -50,6 +50,20 @@ pub struct Read<T> {
     pub skipped: Vec<String>,
 }
 
+impl Read<Vec<Entry>> {
+    /// A single store's answer to a history query: `entries` merged ([`crate::history::merge`]), the
+    /// newest `limit` of them, with the entries that could not be read.
+    pub(crate) fn newest(entries: Vec<Entry>, limit: usize, skipped: Vec<String>) -> Self {
+        let mut merged = crate::history::merge([entries]);
+        merged.truncate(limit);
+        Read {
+            value: merged,
+            missing: Vec::new(),
+            skipped,
+        }
+    }
+}
+
 /// The store the worker races through and the CLI reads from.
 ///
 /// An enum rather than a trait object: a closed set of backends, and `async fn` stays plain.

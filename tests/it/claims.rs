@@ -12,7 +12,7 @@ use redcron::store::redis::scripts;
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
 
-use crate::support::{DelayProxy, RedisCluster, TestDir, Worker};
+use crate::support::{won, DelayProxy, RedisCluster, TestDir, Worker};
 
 fn settings() -> LockSettings {
     LockSettings {
@@ -57,13 +57,6 @@ async fn claim_until_final(
             }
             _ => return outcome,
         }
-    }
-}
-
-fn won(outcome: ClaimOutcome) -> Lease {
-    match outcome {
-        ClaimOutcome::Won(lease) => lease,
-        other => panic!("expected a lease, got {other:?}"),
     }
 }
 

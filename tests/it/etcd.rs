@@ -12,7 +12,7 @@ use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap};
 use redcron::schedule::Tick;
 use redcron::store::Store;
 
-use crate::support::{store_on, Backend, EtcdCluster};
+use crate::support::{store_on, won, Backend, EtcdCluster};
 
 /// How long a test gives a claim to become final: an election (0.5–1 s here) plus reconnects, with a
 /// margin for a loaded machine.
@@ -59,13 +59,6 @@ async fn renew_until_confirmed(store: &Store, lease: &mut Lease) {
         assert!(!e.is_lost(), "the lease was lost: {e}");
         assert!(Instant::now() < deadline, "no renewal confirmed: {e}");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn won(outcome: ClaimOutcome) -> Lease {
-    match outcome {
-        ClaimOutcome::Won(lease) => lease,
-        other => panic!("expected a lease, got {other:?}"),
     }
 }
 

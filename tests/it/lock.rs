@@ -10,12 +10,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError};
+use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap, RenewError};
 use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
 
-use crate::support::{store_on, Backend, Persistence, RedisCluster};
+use crate::support::{store_on, won, Backend, Persistence, RedisCluster};
 
 crate::on_every_store!(
     async: [
@@ -57,13 +57,6 @@ fn store(cluster: &RedisCluster, settings: LockSettings) -> Store {
 /// A new claimant of `(job, tick)` for `worker`, with `overlap: skip`.
 fn request(worker: &str, job: &str, tick: i64) -> ClaimRequest {
     ClaimRequest::new(worker, job, Tick(tick), Overlap::Skip, "test")
-}
-
-fn won(outcome: ClaimOutcome) -> Lease {
-    match outcome {
-        ClaimOutcome::Won(lease) => lease,
-        other => panic!("expected a lease, got {other:?}"),
-    }
 }
 
 /// Waits until every node of a fresh store answers, so that the first claim does not race the connects.

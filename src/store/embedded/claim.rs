@@ -48,13 +48,7 @@ impl EmbeddedStore {
     /// Extends the lease by a full TTL if this attempt still holds it and it has not expired; see
     /// [`crate::store::Store::renew`].
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
-        if lease.is_lost() {
-            return Err(RenewError::AlreadyLost);
-        }
-        if BootInstant::now() >= lease.deadline() {
-            lease.mark_lost();
-            return Err(RenewError::Expired);
-        }
+        lease.start_renewal()?;
         let key = lease_key(&self.settings().key_prefix, lease);
         let value = lease.value.clone();
         let renewed = self

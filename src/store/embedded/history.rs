@@ -14,7 +14,7 @@ use rusqlite::params;
 
 use super::{nanos, EmbeddedStore};
 use crate::clock::boot::BootInstant;
-use crate::history::{self, Entry, Query};
+use crate::history::{Entry, Query};
 use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
 use crate::store::Read;
@@ -90,13 +90,7 @@ impl EmbeddedStore {
                     }
                 }
             }
-            let mut merged = history::merge([entries]);
-            merged.truncate(query.limit);
-            Ok(Read {
-                value: merged,
-                missing: Vec::new(),
-                skipped,
-            })
+            Ok(Read::newest(entries, query.limit, skipped))
         })
         .await
     }

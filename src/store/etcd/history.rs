@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use etcd_client::{DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 
 use super::{sortable, EtcdStore};
-use crate::history::{self, Entry, Query};
+use crate::history::{Entry, Query};
 use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
 use crate::store::Read;
@@ -124,13 +124,7 @@ impl EtcdStore {
                 Err(why) => skipped.push(format!("etcd: history entry skipped: {why}")),
             }
         }
-        let mut merged = history::merge([entries]);
-        merged.truncate(query.limit);
-        Ok(Read {
-            value: merged,
-            missing: Vec::new(),
-            skipped,
-        })
+        Ok(Read::newest(entries, query.limit, skipped))
     }
 
     /// Keeps `member`'s announcement, stamped now, alive for [`Member::ttl`] (a `stopped` one: not

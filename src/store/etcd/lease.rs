@@ -17,14 +17,7 @@ impl EtcdStore {
     /// Extends the lease by a full TTL if etcd still holds it, before its deadline; see
     /// [`crate::store::Store::renew`].
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
-        if lease.is_lost() {
-            return Err(RenewError::AlreadyLost);
-        }
-        let start = BootInstant::now();
-        if start >= lease.deadline() {
-            lease.mark_lost();
-            return Err(RenewError::Expired);
-        }
+        let start = lease.start_renewal()?;
         let Some(id) = self.etcd_lease(&lease.value) else {
             lease.mark_lost();
             let failure = self.failure("no etcd lease known for this lease".to_string());

@@ -281,14 +281,7 @@ impl RedisStore {
 
     /// Extends the lease if a majority still holds it, before its deadline; see [`super::Store::renew`].
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
-        if lease.is_lost() {
-            return Err(RenewError::AlreadyLost);
-        }
-        let start = BootInstant::now();
-        if start >= lease.deadline() {
-            lease.mark_lost();
-            return Err(RenewError::Expired);
-        }
+        let start = lease.start_renewal()?;
         let settings = &self.settings;
         let key = lease_key(&settings.key_prefix, lease);
         let mut pipeline = redis::pipe();

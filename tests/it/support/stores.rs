@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use redcron::config::EtcdConfig;
 use redcron::history::HistorySettings;
-use redcron::lock::LockSettings;
+use redcron::lock::{ClaimOutcome, Lease, LockSettings};
 use redcron::store::etcd::EtcdStore;
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
@@ -122,6 +122,14 @@ impl Cluster {
                 Cluster::Etcd(cluster) => cluster.cont(i),
             }
         }
+    }
+}
+
+/// The lease of a won claim; panics on any other outcome.
+pub fn won(outcome: ClaimOutcome) -> Lease {
+    match outcome {
+        ClaimOutcome::Won(lease) => lease,
+        other => panic!("expected a lease, got {other:?}"),
     }
 }
 
