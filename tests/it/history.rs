@@ -335,3 +335,72 @@ fn a_run_that_lost_its_lease_is_in_the_history_after_the_outage() {
     assert!(stdout.contains("lease_lost"), "{stdout}");
     drop(worker);
 }
+
+crate::on_every_store!(async: [the_store_keeps_the_newest_ticks_and_the_members], sync: []);
+
+/// Through the store alone, the same on Redis and on etcd: entries of 5 ticks by two workers, with
+/// `keep_ticks: 3`, read back as the newest 3 ticks, newest first, within the limit; a later version of
+/// an entry replaces the earlier one; a member announced is alive, and listed but dead once it announced
+/// that it stopped.
+async fn the_store_keeps_the_newest_ticks_and_the_members(backend: crate::support::Backend) {
+    use redcron::history::HistorySettings;
+    use redcron::membership::Member;
+    use redcron::schedule::Tick;
+
+    let cluster = backend.start();
+    let history = HistorySettings {
+        keep_ticks: 3,
+        ..HistorySettings::default()
+    };
+    let settings = backend.adapt(LockSettings::default());
+    let store = crate::support::store_keeping(&cluster.spec(), settings, history);
+    let now = chrono::Utc::now();
+    let mut entries = Vec::new();
+    for tick in 1..=5 {
+        for worker in ["w1", "w2"] {
+            entries.push(Entry::new(
+                "kept",
+                Tick(tick * 1_000),
+                worker,
+                Kind::Lost,
+                now,
+            ));
+        }
+    }
+    store.record(&entries).await.expect("recorded");
+    let mut ended = Entry::new("kept", Tick(5_000), "w1", Kind::Lost, now);
+    ended.reason = Some("already_claimed".to_string());
+    ended.recorded_at = now + chrono::Duration::seconds(1);
+    store.record(&[ended]).await.expect("recorded");
+    let query = |limit| Query {
+        job: "kept".to_string(),
+        since: None,
+        until: None,
+        limit,
+    };
+    let read = store.history(&query(100)).await.expect("read").value;
+    let ticks: Vec<i64> = read.iter().map(|e| e.tick).collect();
+    assert_eq!(
+        ticks,
+        [5_000, 5_000, 4_000, 4_000, 3_000, 3_000],
+        "{read:#?}"
+    );
+    let newest = read.iter().find(|e| e.worker == "w1").expect("w1's entry");
+    assert_eq!(newest.reason.as_deref(), Some("already_claimed"));
+    assert_eq!(store.history(&query(3)).await.expect("read").value.len(), 3);
+
+    let member: Member = serde_json::from_value(serde_json::json!({
+        "id": "w1", "started_at": now, "heartbeat_ms": 1000
+    }))
+    .expect("a member");
+    store.announce(&member).await.expect("announced");
+    let members = store.members().await.expect("read").value;
+    assert!(members.len() == 1 && members[0].alive, "{members:#?}");
+    let stopped = Member {
+        state: "stopped".to_string(),
+        ..member
+    };
+    store.announce(&stopped).await.expect("announced");
+    let members = store.members().await.expect("read").value;
+    assert!(members.len() == 1 && !members[0].alive, "{members:#?}");
+}

@@ -135,10 +135,19 @@ pub fn won(outcome: ClaimOutcome) -> Lease {
 
 /// A store for the cluster `spec` names ([`Cluster::spec`]).
 pub fn store_on(spec: &str, settings: LockSettings) -> Store {
+    store_keeping(spec, settings, HistorySettings::default())
+}
+
+/// [`store_on`] with `history` as the store's history bound.
+pub fn store_keeping(spec: &str, settings: LockSettings, history: HistorySettings) -> Store {
     let (kind, list) = spec.split_once('|').expect("a cluster spec is kind|list");
     let addresses: Vec<String> = list.split(',').map(str::to_string).collect();
     match kind {
-        "redis" => Store::Redis(RedisStore::new(&addresses, settings).expect("valid node URLs")),
+        "redis" => Store::Redis(
+            RedisStore::new(&addresses, settings)
+                .expect("valid node URLs")
+                .with_history(history),
+        ),
         "etcd" => {
             let config = EtcdConfig {
                 endpoints: addresses,
@@ -146,8 +155,7 @@ pub fn store_on(spec: &str, settings: LockSettings) -> Store {
                 trusted_ca_file: None,
                 client_identity: None,
             };
-            let store = EtcdStore::new(&config, settings, HistorySettings::default())
-                .expect("no TLS files to read");
+            let store = EtcdStore::new(&config, settings, history).expect("no TLS files to read");
             Store::Etcd(Box::new(store))
         }
         other => panic!("unknown store kind {other}"),
