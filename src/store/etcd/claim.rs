@@ -84,7 +84,8 @@ impl EtcdStore {
         let value = attempt_value(&request.claimant, request.tick, &request.fingerprint);
         let mut granted = None;
         for _ in 0..=settings.retries {
-            if let Some(outcome) = decide(request, &snapshot, settings.retry_delay) {
+            let released = |value: &str| self.was_released(value);
+            if let Some(outcome) = decide(request, &snapshot, settings.retry_delay, &released) {
                 if let Some(id) = granted {
                     self.revoke_later(id);
                 }
@@ -248,11 +249,14 @@ fn seen(get: &GetResponse) -> Result<Option<Seen>, String> {
 /// free); busy if another tick's run holds the lease key; contended if another claimant of this tick
 /// holds it (a plain lease of the same name; a claim writes record and lease at once, so a claimant of
 /// this tick with the lease also has the record). Our own claimant's record or lease is ours to go on
-/// from: a retry is idempotent.
+/// from: a retry is idempotent. A lease key that holds a lease this process `released` (its run ended;
+/// the revoke waits for an election) is as free as a deleted one: the compare-and-swap binds the key to
+/// the new etcd lease, so the late revoke deletes nothing.
 pub(super) fn decide(
     request: &ClaimRequest,
     snapshot: &Snapshot,
     retry_delay: std::time::Duration,
+    released: &dyn Fn(&str) -> bool,
 ) -> Option<ClaimOutcome> {
     let tick = request.tick.as_millis();
     if let Some(record) = &snapshot.claim {
@@ -273,7 +277,7 @@ pub(super) fn decide(
         }
     }
     let lease = snapshot.lease.as_ref()?;
-    if claimant_of(&lease.value) == request.claimant {
+    if claimant_of(&lease.value) == request.claimant || released(&lease.value) {
         return None;
     }
     let holder = Holder::from_value(&lease.value);

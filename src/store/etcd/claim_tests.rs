@@ -27,6 +27,7 @@ fn answer(
         request,
         &Snapshot { claim, lease },
         Duration::from_millis(100),
+        &|value| value == "w9/r|1|1000|f",
     )
 }
 
@@ -73,4 +74,10 @@ fn another_ticks_run_makes_the_job_busy_and_a_same_tick_holder_contended() {
         answer(&r, None, key("w3/c|4|2000|f")),
         Some(ClaimOutcome::Contended { .. })
     ));
+}
+
+#[test]
+fn a_lease_this_process_released_is_free_while_its_revoke_waits() {
+    let r = request(2_000);
+    assert!(answer(&r, key("1000 w9/r|1|1000|f"), key("w9/r|1|1000|f")).is_none());
 }

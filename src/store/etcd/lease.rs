@@ -9,6 +9,9 @@
 //! lease, which deletes exactly the keys bound to it: this attempt's lease key, never another holder's.
 //! The claim record stays.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
 use super::EtcdStore;
 use crate::clock::boot::BootInstant;
 use crate::lock::{validity, Lease, RenewError};
@@ -61,8 +64,19 @@ impl EtcdStore {
         let Ok(client) = self.client().await else {
             return;
         };
-        let revoke = tokio::spawn(revoke(client, id, self.settings.ttl));
+        let released = Arc::clone(&self.released);
+        lock(&released).insert(lease.value.clone());
+        let (value, bound) = (lease.value.clone(), self.settings.ttl);
+        let revoke = tokio::spawn(async move {
+            revoke(client, id, bound).await;
+            lock(&released).remove(&value);
+        });
         let _ = tokio::time::timeout(self.settings.node_timeout, revoke).await;
+    }
+
+    /// Whether this process released the lease of `value` and etcd has not applied the revoke yet.
+    pub(super) fn was_released(&self, value: &str) -> bool {
+        lock(&self.released).contains(value)
     }
 
     /// Remembers the etcd lease of a granted lease, by its value.
@@ -86,6 +100,13 @@ impl EtcdStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The set of released values; a panic while holding it leaves it whole (every use is one call on it).
+fn lock(released: &Mutex<HashSet<String>>) -> MutexGuard<'_, HashSet<String>> {
+    released
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Revokes etcd lease `id` until etcd answers (done, or the lease is already gone), for at most `bound`.

@@ -20,9 +20,9 @@ mod claim;
 mod history;
 mod lease;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
@@ -46,6 +46,9 @@ pub struct EtcdStore {
     leases: Mutex<HashMap<String, i64>>,
     /// The etcd lease that keeps each announced member alive, by worker id.
     members: Mutex<HashMap<String, i64>>,
+    /// Lease values this process released whose revoke etcd has not applied yet (during an election):
+    /// their runs have ended, so this process may take the job's lease key over from them.
+    released: Arc<Mutex<HashSet<String>>>,
 }
 
 impl EtcdStore {
@@ -79,6 +82,7 @@ impl EtcdStore {
             client: OnceCell::new(),
             leases: Mutex::new(HashMap::new()),
             members: Mutex::new(HashMap::new()),
+            released: Arc::new(Mutex::new(HashSet::new())),
         })
     }
 
