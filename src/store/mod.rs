@@ -218,6 +218,7 @@ impl Store {
     pub async fn pause(&self, job: &str, pause: &Pause) -> Result<(), QuorumFailure> {
         match self {
             Store::Redis(store) => store.pause(job, pause).await,
+            Store::Etcd(store) => store.pause(job, pause).await,
             Store::Embedded(store) => store.pause(job, pause).await,
         }
     }
@@ -227,6 +228,7 @@ impl Store {
     pub async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
         match self {
             Store::Redis(store) => store.resume(job).await,
+            Store::Etcd(store) => store.resume(job).await,
             Store::Embedded(store) => store.resume(job).await,
         }
     }
@@ -239,6 +241,7 @@ impl Store {
     ) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
         match self {
             Store::Redis(store) => store.pauses(jobs).await,
+            Store::Etcd(store) => store.pauses(jobs).await,
             Store::Embedded(store) => store.pauses(jobs).await,
         }
     }
@@ -248,6 +251,7 @@ impl Store {
     pub async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
         match self {
             Store::Redis(store) => store.request_trigger(request).await,
+            Store::Etcd(store) => store.request_trigger(request).await,
             Store::Embedded(store) => store.request_trigger(request).await,
         }
     }
@@ -257,6 +261,7 @@ impl Store {
     pub async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
         match self {
             Store::Redis(store) => store.triggers().await,
+            Store::Etcd(store) => store.triggers().await,
             Store::Embedded(store) => store.triggers().await,
         }
     }
@@ -265,6 +270,7 @@ impl Store {
     pub fn forget_trigger(&self, id: &str) {
         match self {
             Store::Redis(store) => store.forget_trigger(id),
+            Store::Etcd(store) => store.forget_trigger(id),
             Store::Embedded(store) => store.forget_trigger(id),
         }
     }

@@ -1,49 +1,37 @@
-//! Claims on etcd: read the job's claim record and lease key, decide, and write both in one transaction
-//! that holds only if neither changed since the read.
+//! Claims on etcd: read the claim's keys, decide, and write the claim record and the lease key in one
+//! transaction that holds only if none of the keys read changed since.
 //!
-//! One claim is three requests: a read of both keys (a read-only transaction: one linearizable snapshot),
-//! an etcd lease grant with the lock's TTL (only when the tick is free), and the compare-and-swap:
+//! One claim is three requests: a read of its keys (`snapshot.rs`: the series' claim record, the job's
+//! lease key and pause, a trigger's request key), an etcd lease grant with the lock's TTL (only when the
+//! claim may be taken), and the compare-and-swap:
 //!
 //! ```text
-//! if   mod_revision(claim) == seen  and  mod_revision(lease) == seen       (0: the key does not exist)
+//! if   mod_revision(k) == seen(k)  for every key read                      (0: the key does not exist)
 //! then put claim = "<T> <value>";  put lease = <value> bound to the etcd lease
-//! else get claim; get lease                                                (decide again on what is there)
+//! else get every key read                                                  (decide again on what is there)
 //! ```
 //!
-//! The read said that no other claimant confirmed `T` or a later tick and that no other claimant holds the
-//! lease key; the compares make that still true when the writes apply, since etcd applies transactions
-//! one at a time in revision order. So a record of `T` is written for one claimant only (G1), the
-//! record's tick never goes down (G1′), and the revision of the write — the token — is above that of
-//! every grant before it (G2), with no clock in the argument. A transaction whose answer is lost is
-//! settled by reading the record back: ours (this attempt's value) is a grant, with the record's
-//! `mod_revision` as its token.
+//! The read said that the job is not paused, that no other claimant confirmed `T` or a later tick in the
+//! series and that no other claimant holds the lease key; the compares make that still true when the
+//! writes apply, since etcd applies transactions one at a time in revision order. So a record of `T` is
+//! written for one claimant only (G1), the record's tick never goes down (G1′), nothing is granted once a
+//! pause is committed, and the revision of the write — the token — is above that of every grant before it
+//! in every series (G2), with no clock in the argument. A transaction whose answer is lost is settled by
+//! reading the record back: ours (this attempt's value) is a grant, with the record's `mod_revision` as
+//! its token.
 //!
-//! Issue 10's `paused` key goes beside the two keys: read it in [`EtcdStore::read`], refuse in
-//! [`decide`], and compare its `mod_revision` in [`EtcdStore::write`], so a pause between the read and the
-//! write fails the transaction like any other change.
+//! The record of a trigger or a retry attempt (a one-off instance, [`crate::lock::Series`]) is bound to an
+//! etcd lease of its window plus [`crate::lock::ONE_OFF_RECORD_KEEP`], so etcd drops it by itself; why
+//! that cannot let a second claimant in is argued in `docs/protocol.md`, *The etcd store*.
 
-use etcd_client::{Compare, CompareOp, GetResponse, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use futures_util::future::join_all;
 
+use super::snapshot::{decide, record_value, Keys, Snapshot};
 use super::EtcdStore;
 use crate::clock::boot::BootInstant;
-use crate::lock::keys::{attempt_value, claim_keys, claimant_of, Holder};
+use crate::lock::keys::{attempt_value, Holder};
 use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease};
-use crate::schedule::Tick;
-
-/// A key as read: its value and the revision of its last write.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Seen {
-    pub value: String,
-    pub mod_revision: i64,
-}
-
-/// The job's claim record and lease key, as one snapshot.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct Snapshot {
-    pub claim: Option<Seen>,
-    pub lease: Option<Seen>,
-}
 
 /// What the compare-and-swap did.
 enum Written {
@@ -51,6 +39,13 @@ enum Written {
     Applied(i64),
     /// Refused: the keys changed since they were read; this is what they hold now.
     Changed(Snapshot),
+}
+
+/// The etcd leases one claim was granted: the lock's, and the one-off record's.
+#[derive(Clone, Copy)]
+struct Granted {
+    lease: i64,
+    record: Option<i64>,
 }
 
 impl EtcdStore {
@@ -63,13 +58,7 @@ impl EtcdStore {
     /// write up to `retries` more times.
     async fn claim(&self, request: &ClaimRequest) -> ClaimOutcome {
         let settings = &self.settings;
-        let keys = claim_keys(
-            &settings.key_prefix,
-            &request.job,
-            request.tick,
-            request.overlap,
-        );
-        let (lease_key, claim_key) = (&keys[0], &keys[2]);
+        let keys = Keys::of(&settings.key_prefix, request);
         // The stopwatch starts before the etcd lease can be granted, so the validity computed from it
         // never outlives the lease on the leader's clock (under the bounded drift rate).
         let start = BootInstant::now();
@@ -77,61 +66,59 @@ impl EtcdStore {
             + settings
                 .ttl
                 .saturating_sub(validity::drift(settings.ttl, settings.drift_factor));
-        let mut snapshot = match self.read(claim_key, lease_key).await {
+        let mut snapshot = match self.read(&keys).await {
             Ok(snapshot) => snapshot,
             Err(why) => return ClaimOutcome::NoQuorum(self.failure(why)),
         };
-        let value = attempt_value(&request.claimant, request.tick, &request.fingerprint);
-        let mut granted = None;
+        let value = attempt_value(
+            &request.claimant,
+            request.tick,
+            &request.fingerprint,
+            &request.series,
+        );
+        let mut granted: Option<Granted> = None;
         for _ in 0..=settings.retries {
             let released = |value: &str| self.was_released(value);
             if let Some(outcome) = decide(request, &snapshot, settings.retry_delay, &released) {
-                if let Some(id) = granted {
-                    self.revoke_later(id);
-                }
+                self.unused(granted);
                 return outcome;
             }
-            let id = match granted {
-                Some(id) => id,
-                None => {
-                    let ttl = Self::lease_seconds(settings.ttl);
-                    let grant = self
-                        .call(settings.node_timeout, |mut c| async move {
-                            c.lease_grant(ttl, None).await
-                        })
-                        .await;
-                    match grant {
-                        Ok(answer) => *granted.insert(answer.id()),
-                        Err(why) => return ClaimOutcome::NoQuorum(self.failure(why)),
-                    }
-                }
+            let ids = match granted {
+                Some(ids) => ids,
+                None => match self.grant(request).await {
+                    Ok(ids) => *granted.insert(ids),
+                    Err(why) => return ClaimOutcome::NoQuorum(self.failure(why)),
+                },
             };
-            let written = self
-                .write(claim_key, lease_key, &snapshot, request.tick, &value, id)
-                .await;
+            let written = self.write(&keys, &snapshot, request, &value, ids).await;
             snapshot = match written {
                 Ok(Written::Applied(revision)) => {
-                    return self.won(request, revision, value, id, deadline)
+                    return self.won(request, revision, value, ids.lease, deadline)
                 }
                 Ok(Written::Changed(now)) => now,
                 // The answer was lost: the writes may or may not have applied. What the record holds says.
-                Err(why) => match self.read(claim_key, lease_key).await {
+                Err(why) => match self.read(&keys).await {
                     Ok(now) => match &now.claim {
                         Some(record) if record.value == record_value(request.tick, &value) => {
-                            return self.won(request, record.mod_revision, value, id, deadline);
+                            return self.won(
+                                request,
+                                record.mod_revision,
+                                value,
+                                ids.lease,
+                                deadline,
+                            );
                         }
                         _ => now,
                     },
                     Err(_) => {
-                        self.revoke_later(id);
+                        // The record's etcd lease is left to expire: the write may have bound it.
+                        self.revoke_later(ids.lease);
                         return ClaimOutcome::NoQuorum(self.failure(why));
                     }
                 },
             };
         }
-        if let Some(id) = granted {
-            self.revoke_later(id);
-        }
+        self.unused(granted);
         // The keys kept changing under us (other workers' claims of this job): not final, try again.
         ClaimOutcome::Contended {
             holder: snapshot
@@ -139,6 +126,50 @@ impl EtcdStore {
                 .as_ref()
                 .map(|lease| Holder::from_value(&lease.value)),
             retry_in: settings.retry_delay,
+        }
+    }
+
+    /// The etcd leases a claim of `request` binds: one with the lock's TTL for the lease key, and for a
+    /// one-off instance one for its record, of its window plus [`crate::lock::ONE_OFF_RECORD_KEEP`]
+    /// (a duration from the request's tick, so no clock is read).
+    async fn grant(&self, request: &ClaimRequest) -> Result<Granted, String> {
+        let lease = self.grant_lease(self.settings.ttl).await?;
+        let keep = request
+            .record_expires_at()
+            .map(|expires| expires.saturating_sub(request.tick.as_millis()).max(0));
+        let record = match keep {
+            None => None,
+            Some(ms) => {
+                let keep = std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+                match self.grant_lease(keep).await {
+                    Ok(id) => Some(id),
+                    Err(why) => {
+                        self.revoke_later(lease);
+                        return Err(why);
+                    }
+                }
+            }
+        };
+        Ok(Granted { lease, record })
+    }
+
+    /// One etcd lease of `ttl` (whole seconds, rounded up).
+    pub(super) async fn grant_lease(&self, ttl: std::time::Duration) -> Result<i64, String> {
+        let ttl = Self::lease_seconds(ttl);
+        self.call(self.settings.node_timeout, |mut c| async move {
+            c.lease_grant(ttl, None).await
+        })
+        .await
+        .map(|answer| answer.id())
+    }
+
+    /// Revokes the etcd leases of a claim that bound nothing (no write applied).
+    fn unused(&self, granted: Option<Granted>) {
+        if let Some(ids) = granted {
+            self.revoke_later(ids.lease);
+            if let Some(record) = ids.record {
+                self.revoke_later(record);
+            }
         }
     }
 
@@ -162,38 +193,50 @@ impl EtcdStore {
         ClaimOutcome::Won(Lease::new(request, token, value, deadline))
     }
 
-    /// The claim record and the lease key, read in one read-only transaction (one linearizable snapshot).
-    pub(super) async fn read(&self, claim_key: &str, lease_key: &str) -> Result<Snapshot, String> {
-        let txn = Txn::new().and_then([TxnOp::get(claim_key, None), TxnOp::get(lease_key, None)]);
+    /// The claim's keys, read in one read-only transaction (one linearizable snapshot).
+    async fn read(&self, keys: &Keys) -> Result<Snapshot, String> {
+        let txn = keys.read();
         let answer = self
             .call(self.settings.node_timeout, |mut c| async move {
                 c.txn(txn).await
             })
             .await?;
-        snapshot(&answer.op_responses())
+        Snapshot::from_responses(keys, answer.op_responses().as_slice())
     }
 
     /// The compare-and-swap of a claim (see the module's doc).
     async fn write(
         &self,
-        claim_key: &str,
-        lease_key: &str,
+        keys: &Keys,
         seen: &Snapshot,
-        tick: Tick,
+        request: &ClaimRequest,
         value: &str,
-        id: i64,
+        ids: Granted,
     ) -> Result<Written, String> {
-        let revision = |seen: &Option<Seen>| seen.as_ref().map_or(0, |s| s.mod_revision);
+        let revision =
+            |seen: &Option<super::snapshot::Seen>| seen.as_ref().map_or(0, |s| s.mod_revision);
+        let seen_revisions = [&seen.claim, &seen.lease, &seen.paused, &seen.anchor].map(revision);
+        let compares: Vec<Compare> = keys
+            .all()
+            .zip(seen_revisions)
+            .map(|(key, seen)| Compare::mod_revision(key, CompareOp::Equal, seen))
+            .collect();
+        let record_options = ids.record.map(|id| PutOptions::new().with_lease(id));
         let txn = Txn::new()
-            .when([
-                Compare::mod_revision(claim_key, CompareOp::Equal, revision(&seen.claim)),
-                Compare::mod_revision(lease_key, CompareOp::Equal, revision(&seen.lease)),
-            ])
+            .when(compares)
             .and_then([
-                TxnOp::put(claim_key, record_value(tick, value), None),
-                TxnOp::put(lease_key, value, Some(PutOptions::new().with_lease(id))),
+                TxnOp::put(
+                    keys.claim.as_str(),
+                    record_value(request.tick, value),
+                    record_options,
+                ),
+                TxnOp::put(
+                    keys.lease.as_str(),
+                    value,
+                    Some(PutOptions::new().with_lease(ids.lease)),
+                ),
             ])
-            .or_else([TxnOp::get(claim_key, None), TxnOp::get(lease_key, None)]);
+            .or_else(keys.gets());
         let answer = self
             .call(self.settings.node_timeout, |mut c| async move {
                 c.txn(txn).await
@@ -203,97 +246,6 @@ impl EtcdStore {
             let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
             return Ok(Written::Applied(revision));
         }
-        snapshot(&answer.op_responses()).map(Written::Changed)
+        Snapshot::from_responses(keys, answer.op_responses().as_slice()).map(Written::Changed)
     }
 }
-
-/// The claim record of `tick` for attempt `value`: `<tick ms> <value>`, as on the Redis nodes.
-fn record_value(tick: Tick, value: &str) -> String {
-    format!("{} {value}", tick.as_millis())
-}
-
-/// The two gets of a read (or of a refused compare-and-swap).
-fn snapshot(responses: &[TxnOpResponse]) -> Result<Snapshot, String> {
-    let one = |response: Option<&TxnOpResponse>| -> Result<Option<Seen>, String> {
-        let Some(TxnOpResponse::Get(get)) = response else {
-            return Err("unexpected transaction answer".to_string());
-        };
-        seen(get)
-    };
-    Ok(Snapshot {
-        claim: one(responses.first())?,
-        lease: one(responses.get(1))?,
-    })
-}
-
-/// The one key a get asked for, if it exists.
-fn seen(get: &GetResponse) -> Result<Option<Seen>, String> {
-    get.kvs()
-        .first()
-        .map(|kv| {
-            let value = kv
-                .value_str()
-                .map_err(|e| format!("a key holds no text: {e}"))?;
-            Ok(Seen {
-                value: value.to_string(),
-                mod_revision: kv.mod_revision(),
-            })
-        })
-        .transpose()
-}
-
-/// The final or waiting outcome the snapshot gives `request`, or `None` when it may take the tick.
-///
-/// The rules of the Lua scripts (`crate::store::redis::scripts`): refused if another claimant confirmed
-/// this tick or a later one (a record that does not parse counts as claimed: nothing proves the tick
-/// free); busy if another tick's run holds the lease key; contended if another claimant of this tick
-/// holds it (a plain lease of the same name; a claim writes record and lease at once, so a claimant of
-/// this tick with the lease also has the record). Our own claimant's record or lease is ours to go on
-/// from: a retry is idempotent. A lease key that holds a lease this process `released` (its run ended;
-/// the revoke waits for an election) is as free as a deleted one: the compare-and-swap binds the key to
-/// the new etcd lease, so the late revoke deletes nothing.
-pub(super) fn decide(
-    request: &ClaimRequest,
-    snapshot: &Snapshot,
-    retry_delay: std::time::Duration,
-    released: &dyn Fn(&str) -> bool,
-) -> Option<ClaimOutcome> {
-    let tick = request.tick.as_millis();
-    if let Some(record) = &snapshot.claim {
-        let parsed = record
-            .value
-            .split_once(' ')
-            .and_then(|(claimed, value)| Some((claimed.parse::<i64>().ok()?, value)));
-        match parsed {
-            Some((claimed, value))
-                if claimed < tick
-                    || (claimed == tick && claimant_of(value) == request.claimant) => {}
-            Some((claimed, value)) => {
-                let mut by = Holder::from_value(value);
-                by.tick = Some(Tick(claimed));
-                return Some(ClaimOutcome::AlreadyClaimed { by: Some(by) });
-            }
-            None => return Some(ClaimOutcome::AlreadyClaimed { by: None }),
-        }
-    }
-    let lease = snapshot.lease.as_ref()?;
-    if claimant_of(&lease.value) == request.claimant || released(&lease.value) {
-        return None;
-    }
-    let holder = Holder::from_value(&lease.value);
-    Some(if holder.tick == Some(request.tick) {
-        ClaimOutcome::Contended {
-            holder: Some(holder),
-            retry_in: retry_delay,
-        }
-    } else {
-        ClaimOutcome::Busy {
-            holder: Some(holder),
-            ttl: None,
-        }
-    })
-}
-
-#[cfg(test)]
-#[path = "claim_tests.rs"]
-mod tests;

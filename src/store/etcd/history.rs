@@ -24,10 +24,10 @@ use crate::store::Read;
 
 /// The longest a history or membership request may take: nothing waits on it but the background writer
 /// and the CLI (as on Redis).
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most operations etcd takes in one transaction (its `--max-txn-ops` default).
-const MAX_TXN_OPS: usize = 128;
+pub(super) const MAX_TXN_OPS: usize = 128;
 
 impl EtcdStore {
     /// Writes `entries` and keeps the newest `keep_ticks` ticks of each of their jobs; see

@@ -19,6 +19,9 @@
 mod claim;
 mod history;
 mod lease;
+mod pause;
+mod snapshot;
+mod triggers;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;

@@ -1,10 +1,10 @@
-//! How a snapshot of the claim record and the lease key answers a claim ([`super::decide`]): the same
-//! answers as the Lua scripts give on a Redis node in the same situation.
+//! How a snapshot of a claim's keys answers it ([`super::decide`]): the same answers as the Lua scripts
+//! give on a Redis node in the same situation.
 
 use std::time::Duration;
 
 use super::{decide, Seen, Snapshot};
-use crate::lock::{ClaimOutcome, ClaimRequest, Overlap};
+use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Pause, Series};
 use crate::schedule::Tick;
 
 fn request(tick: i64) -> ClaimRequest {
@@ -25,7 +25,11 @@ fn answer(
 ) -> Option<ClaimOutcome> {
     decide(
         request,
-        &Snapshot { claim, lease },
+        &Snapshot {
+            claim,
+            lease,
+            ..Snapshot::default()
+        },
         Duration::from_millis(100),
         &|value| value == "w9/r|1|1000|f",
     )
@@ -80,4 +84,50 @@ fn another_ticks_run_makes_the_job_busy_and_a_same_tick_holder_contended() {
 fn a_lease_this_process_released_is_free_while_its_revoke_waits() {
     let r = request(2_000);
     assert!(answer(&r, key("1000 w9/r|1|1000|f"), key("w9/r|1|1000|f")).is_none());
+}
+
+#[test]
+fn a_pause_refuses_before_anything_else() {
+    let r = request(2_000);
+    let pause = Pause {
+        until: None,
+        by: "ops@vm".to_string(),
+        reason: "migration".to_string(),
+    };
+    let snapshot = Snapshot {
+        paused: key(&pause.to_value()),
+        ..Snapshot::default()
+    };
+    match decide(&r, &snapshot, Duration::from_millis(100), &|_| false) {
+        Some(ClaimOutcome::Paused(found)) => assert_eq!(found, pause),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_trigger_is_claimable_only_while_its_request_stands() {
+    let r = request(2_000).in_series(Series::Trigger("ab".into()), Tick(9_000));
+    let with = |anchor| Snapshot {
+        anchor,
+        ..Snapshot::default()
+    };
+    let free = |snapshot: &Snapshot| decide(&r, snapshot, Duration::ZERO, &|_| false);
+    assert!(free(&with(key("{}"))).is_none());
+    assert!(matches!(
+        free(&with(None)),
+        Some(ClaimOutcome::AlreadyClaimed { by: None })
+    ));
+}
+
+#[test]
+fn another_series_of_the_same_tick_holding_the_lease_makes_the_job_busy() {
+    let retry = request(2_000).in_series(Series::Retry(1), Tick(9_000));
+    assert!(matches!(
+        answer(&retry, None, key("w3/c|4|2000|f")),
+        Some(ClaimOutcome::Busy { .. })
+    ));
+    assert!(matches!(
+        answer(&retry, None, key("w3/c|4|2000|f|retry:1")),
+        Some(ClaimOutcome::Contended { .. })
+    ));
 }

@@ -1,0 +1,91 @@
+//! Pauses on etcd: the job's `…:{<job>}:paused` key, written by `redcron pause` and deleted by
+//! `redcron resume`, read by every claim of the job in its snapshot and compared in its transaction
+//! (`snapshot.rs`), and read by `redcron status`.
+//!
+//! A pause with an end (`--for`) is bound to an etcd lease of that duration, so etcd deletes it by itself
+//! when the lease expires, measured by etcd rather than by any host's wall clock; a pause without end is
+//! a plain key. A new pause replaces the old one (and its lease binding).
+
+use chrono::Utc;
+use etcd_client::{PutOptions, Txn, TxnOp, TxnOpResponse};
+
+use super::history::{EXCHANGE_TIMEOUT, MAX_TXN_OPS};
+use super::EtcdStore;
+use crate::lock::keys::pause_key;
+use crate::lock::{Pause, PauseRead, QuorumFailure};
+use crate::store::Read;
+
+impl EtcdStore {
+    /// Writes the pause, bound to an etcd lease of its duration if it has one; see
+    /// [`crate::store::Store::pause`].
+    pub async fn pause(&self, job: &str, pause: &Pause) -> Result<(), QuorumFailure> {
+        let key = pause_key(&self.settings.key_prefix, job);
+        let options = match pause.left(Utc::now()) {
+            Some(left) => {
+                let id = self
+                    .grant_lease(left.max(std::time::Duration::from_millis(1)))
+                    .await
+                    .map_err(|why| self.failure(why))?;
+                Some(PutOptions::new().with_lease(id))
+            }
+            None => None,
+        };
+        let value = pause.to_value();
+        self.call(EXCHANGE_TIMEOUT, |mut c| async move {
+            c.put(key, value, options).await
+        })
+        .await
+        .map(|_| ())
+        .map_err(|why| self.failure(why))
+    }
+
+    /// Deletes the pause; whether there was one; see [`crate::store::Store::resume`].
+    pub async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
+        let key = pause_key(&self.settings.key_prefix, job);
+        self.call(EXCHANGE_TIMEOUT, |mut c| async move {
+            c.delete(key, None).await
+        })
+        .await
+        .map(|answer| answer.deleted() > 0)
+        .map_err(|why| self.failure(why))
+    }
+
+    /// The pause of each of `jobs`, in order, read in read-only transactions; see
+    /// [`crate::store::Store::pauses`]. A pause stands on every member: it is in the cluster's committed
+    /// state, which each member applies.
+    pub async fn pauses(
+        &self,
+        jobs: &[String],
+    ) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
+        let mut value = Vec::with_capacity(jobs.len());
+        for chunk in jobs.chunks(MAX_TXN_OPS) {
+            let gets: Vec<TxnOp> = chunk
+                .iter()
+                .map(|job| TxnOp::get(pause_key(&self.settings.key_prefix, job), None))
+                .collect();
+            let txn = Txn::new().and_then(gets);
+            let answer = self
+                .call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
+                .await
+                .map_err(|why| self.failure(why))?;
+            for response in answer.op_responses() {
+                let found = match response {
+                    TxnOpResponse::Get(get) => get
+                        .kvs()
+                        .first()
+                        .map(|kv| Pause::from_value(&String::from_utf8_lossy(kv.value()))),
+                    _ => None,
+                };
+                value.push(found.map(|pause| PauseRead {
+                    pause,
+                    nodes: self.endpoints.len(),
+                }));
+            }
+        }
+        Ok(Read {
+            value,
+            missing: Vec::new(),
+            skipped: Vec::new(),
+        })
+    }
+}

@@ -1,0 +1,183 @@
+//! What a claim on etcd reads and decides on: the keys of one claim instance as one snapshot, and the
+//! answer that snapshot gives ([`decide`]) — the rules of the Lua scripts on a Redis node.
+//!
+//! A claim reads up to four keys in one read-only transaction (one linearizable snapshot): the series'
+//! claim record, the job's lease key, its pause (`…:paused`), and for a trigger its *anchor*, the request
+//! key that `redcron trigger` wrote (`triggers.rs`). The compare-and-swap then compares the
+//! `mod_revision` of every one of them (0: absent), so a pause, a claim or a forgotten request between
+//! the read and the write fails the transaction like any other change.
+
+use etcd_client::{GetResponse, Txn, TxnOp, TxnOpResponse};
+
+use crate::lock::keys::{claim_keys, claimant_of, Holder};
+use crate::lock::{ClaimOutcome, ClaimRequest, Pause, Series};
+use crate::schedule::Tick;
+
+/// A key as read: its value and the revision of its last write.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Seen {
+    pub value: String,
+    pub mod_revision: i64,
+}
+
+/// The keys one claim reads and compares.
+#[derive(Debug, Clone)]
+pub(super) struct Keys {
+    pub claim: String,
+    pub lease: String,
+    pub paused: String,
+    /// A trigger's request key: the claim is refused once it is gone (handled or expired).
+    pub anchor: Option<String>,
+}
+
+impl Keys {
+    /// The keys of `request` under `prefix` ([`claim_keys`], and the request key of a trigger).
+    pub fn of(prefix: &str, request: &ClaimRequest) -> Keys {
+        let [lease, _fence, claim, paused] = claim_keys(
+            prefix,
+            &request.job,
+            request.tick,
+            request.overlap,
+            &request.series,
+        );
+        let anchor = match &request.series {
+            Series::Trigger(id) => Some(super::triggers::request_key(prefix, id)),
+            Series::Schedule | Series::Retry(_) => None,
+        };
+        Keys {
+            claim,
+            lease,
+            paused,
+            anchor,
+        }
+    }
+
+    /// The keys in the order a read (or a refused compare-and-swap) gets them.
+    pub fn all(&self) -> impl Iterator<Item = &str> {
+        [&self.claim, &self.lease, &self.paused]
+            .into_iter()
+            .chain(&self.anchor)
+            .map(String::as_str)
+    }
+
+    /// A get of each key, in [`Keys::all`]'s order.
+    pub fn gets(&self) -> Vec<TxnOp> {
+        self.all().map(|key| TxnOp::get(key, None)).collect()
+    }
+
+    /// The read of all keys as one read-only transaction.
+    pub fn read(&self) -> Txn {
+        Txn::new().and_then(self.gets())
+    }
+}
+
+/// The keys of one claim, as one snapshot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Snapshot {
+    pub claim: Option<Seen>,
+    pub lease: Option<Seen>,
+    pub paused: Option<Seen>,
+    pub anchor: Option<Seen>,
+}
+
+impl Snapshot {
+    /// The gets of a read (or of a refused compare-and-swap) of `keys`.
+    pub fn from_responses(keys: &Keys, responses: &[TxnOpResponse]) -> Result<Snapshot, String> {
+        let one = |index: usize| -> Result<Option<Seen>, String> {
+            let Some(TxnOpResponse::Get(get)) = responses.get(index) else {
+                return Err("unexpected transaction answer".to_string());
+            };
+            seen(get)
+        };
+        Ok(Snapshot {
+            claim: one(0)?,
+            lease: one(1)?,
+            paused: one(2)?,
+            anchor: if keys.anchor.is_some() { one(3)? } else { None },
+        })
+    }
+}
+
+/// The one key a get asked for, if it exists.
+fn seen(get: &GetResponse) -> Result<Option<Seen>, String> {
+    get.kvs()
+        .first()
+        .map(|kv| {
+            let value = kv
+                .value_str()
+                .map_err(|e| format!("a key holds no text: {e}"))?;
+            Ok(Seen {
+                value: value.to_string(),
+                mod_revision: kv.mod_revision(),
+            })
+        })
+        .transpose()
+}
+
+/// The claim record of `tick` for attempt `value`: `<tick ms> <value>`, as on the Redis nodes.
+pub(super) fn record_value(tick: Tick, value: &str) -> String {
+    format!("{} {value}", tick.as_millis())
+}
+
+/// The final or waiting outcome the snapshot gives `request`, or `None` when it may take the tick.
+///
+/// The rules of the Lua scripts (`crate::store::redis::scripts`): refused while the job is paused;
+/// refused if another claimant confirmed this tick or a later one in the series (a record that does not
+/// parse counts as claimed: nothing proves the tick free); a trigger whose request key is gone (handled,
+/// or expired) is refused as claimed; busy if another claim instance holds the lease key; contended if
+/// another claimant of this instance holds it (a claim writes record and lease at once, so a claimant of
+/// this instance with the lease also has the record). Our own claimant's record or lease is ours to go on
+/// from: a retry is idempotent. A lease key that holds a lease this process `released` (its run ended;
+/// the revoke waits for an election) is as free as a deleted one: the compare-and-swap binds the key to
+/// the new etcd lease, so the late revoke deletes nothing.
+pub(super) fn decide(
+    request: &ClaimRequest,
+    snapshot: &Snapshot,
+    retry_delay: std::time::Duration,
+    released: &dyn Fn(&str) -> bool,
+) -> Option<ClaimOutcome> {
+    if let Some(paused) = &snapshot.paused {
+        return Some(ClaimOutcome::Paused(Pause::from_value(&paused.value)));
+    }
+    let tick = request.tick.as_millis();
+    if let Some(record) = &snapshot.claim {
+        let parsed = record
+            .value
+            .split_once(' ')
+            .and_then(|(claimed, value)| Some((claimed.parse::<i64>().ok()?, value)));
+        match parsed {
+            Some((claimed, value))
+                if claimed < tick
+                    || (claimed == tick && claimant_of(value) == request.claimant) => {}
+            Some((claimed, value)) => {
+                let mut by = Holder::from_value(value);
+                by.tick = Some(Tick(claimed));
+                return Some(ClaimOutcome::AlreadyClaimed { by: Some(by) });
+            }
+            None => return Some(ClaimOutcome::AlreadyClaimed { by: None }),
+        }
+    }
+    if request.series.trigger().is_some() && snapshot.anchor.is_none() {
+        return Some(ClaimOutcome::AlreadyClaimed { by: None });
+    }
+    let lease = snapshot.lease.as_ref()?;
+    if claimant_of(&lease.value) == request.claimant || released(&lease.value) {
+        return None;
+    }
+    let holder = Holder::from_value(&lease.value);
+    Some(if holder.contends_for(request.tick, &request.series) {
+        ClaimOutcome::Contended {
+            holder: Some(holder),
+            retry_in: retry_delay,
+        }
+    } else {
+        ClaimOutcome::Busy {
+            holder: Some(holder),
+            ttl: None,
+        }
+    })
+}
+
+#[cfg(test)]
+#[path = "snapshot_tests.rs"]
+mod tests;
