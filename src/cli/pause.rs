@@ -102,7 +102,12 @@ fn change(
         Ok((config, job)) => (config, job.name),
         Err(code) => return Ok(code),
     };
-    let configured_nodes = config.redis.as_ref().map_or(1, |redis| redis.nodes.len());
+    // An etcd pause is in the cluster's committed state, which every member applies.
+    let configured_nodes = match (&config.redis, &config.etcd) {
+        (Some(redis), _) => redis.nodes.len(),
+        (None, Some(etcd)) => etcd.endpoints.len(),
+        (None, None) => 1,
+    };
     let done = Reader::open(&config).and_then(|mut reader| {
         let was_paused = write(&mut reader, &job)?;
         let paused = reader.pauses(std::slice::from_ref(&job))?.pop().flatten();

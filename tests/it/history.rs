@@ -12,7 +12,7 @@ use redcron::store::{Read, Store};
 use crate::support::{Persistence, RedisCluster, TestDir, Worker};
 use crate::worker::{config, start_workers};
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -13,11 +13,10 @@ use redcron::schedule::Tick;
 use redcron::store::redis::{scripts, RedisStore};
 use redcron::store::Store;
 
-use crate::history::history;
 use crate::inspect::workers::wait_for;
 use crate::inspect::{inspect, parse};
-use crate::support::{DelayProxy, RedisCluster, TestDir, Worker};
-use crate::worker::{ledger, ledger_job, start_workers, tick_time};
+use crate::support::{Backend, Cluster, DelayProxy, RedisCluster, TestDir, Worker};
+use crate::worker::{ledger, ledger_job, start_workers_with, tick_time};
 
 fn store(urls: &[String], settings: LockSettings) -> Store {
     Store::Redis(RedisStore::new(urls, settings).expect("valid node URLs"))
@@ -68,7 +67,9 @@ async fn a_paused_job_is_granted_nowhere_until_resumed() {
     // Paused on one node only (a pause that did not reach a majority): claims go on.
     cluster.query::<()>(
         2,
-        redis::cmd("SET").arg("redcron:{report}:paused").arg("0|x|"),
+        ::redis::cmd("SET")
+            .arg("redcron:{report}:paused")
+            .arg("0|x|"),
     );
     match store.claim(&request("a", 1_000)).await {
         ClaimOutcome::Won(lease) => store.release(&lease).await,
@@ -87,7 +88,7 @@ async fn a_pause_for_a_while_expires_on_every_node() {
         .expect("paused");
     assert_paused(&store.claim(&request("a", 1_000)).await);
     for node in 0..3 {
-        let pttl: i64 = cluster.query(node, redis::cmd("PTTL").arg("redcron:{report}:paused"));
+        let pttl: i64 = cluster.query(node, ::redis::cmd("PTTL").arg("redcron:{report}:paused"));
         assert!(pttl > 0 && pttl <= 1_000, "node {node}: PTTL {pttl}");
     }
     tokio::time::sleep(Duration::from_millis(1_300)).await;
@@ -144,22 +145,22 @@ async fn a_pause_that_lands_between_the_rounds_refuses_the_confirmation() {
     }
 }
 
-/// Three nodes and `n` workers racing `tick`, a ledger job every second; the config for the commands.
-fn every_second(n: usize) -> (RedisCluster, TestDir, Vec<Worker>, PathBuf) {
-    let cluster = RedisCluster::start(3);
+/// `backend`'s cluster and `n` workers racing `tick`, a ledger job every second; the config for the
+/// commands.
+fn every_second(backend: Backend, n: usize) -> (Cluster, TestDir, Vec<Worker>, PathBuf) {
+    let cluster = backend.start();
     let dir = TestDir::new();
     let job = ledger_job("tick", "* * * * * *", &dir.ledger());
-    let workers = start_workers(&cluster, &dir, n, "", &job);
+    let workers = start_workers_with(&dir, n, |worker| cluster.config(worker, &job));
     let cli = dir.join("w0.yaml");
     (cluster, dir, workers, cli)
 }
 
 /// Three workers: a job every second runs until `redcron pause`; from the moment the command returns no
 /// tick starts on any worker, each tick is in the history as skipped (paused), `status` shows the pause;
-/// after `redcron resume` the next tick runs.
-#[test]
-fn three_workers_start_nothing_while_paused_and_run_again_after_resume() {
-    let (cluster, dir, workers, cli) = every_second(3);
+/// after `redcron resume` the next tick runs. On Redis and on etcd.
+fn three_workers_start_nothing_while_paused_and_run_again_after_resume(backend: Backend) {
+    let (cluster, dir, workers, cli) = every_second(backend, 3);
     wait_for("two runs", Duration::from_secs(20), || {
         (ledger(&dir).len() >= 2).then_some(())
     });
@@ -171,7 +172,11 @@ fn three_workers_start_nothing_while_paused_and_run_again_after_resume() {
         stdout.starts_with("paused tick until `redcron resume`"),
         "{stdout}"
     );
-    assert!(stdout.contains("on 3 of 3 nodes): migration"), "{stdout}");
+    let nodes = cluster.len();
+    assert!(
+        stdout.contains(&format!("on {nodes} of {nodes} nodes): migration")),
+        "{stdout}"
+    );
     std::thread::sleep(Duration::from_millis(4_500));
     let (_, status, _) = inspect(&dir, &cli, &["status", "--json"]);
     let status = parse(&status);
@@ -203,7 +208,7 @@ fn three_workers_start_nothing_while_paused_and_run_again_after_resume() {
         "ran while paused: {:?}",
         ledger(&dir)
     );
-    let entries = history(&cluster, "tick");
+    let entries = cluster.history("tick");
     let mut skipped = 0;
     for second in 2..5 {
         let tick = (paused_at + chrono::Duration::seconds(second)).timestamp() * 1000;
@@ -231,10 +236,10 @@ fn three_workers_start_nothing_while_paused_and_run_again_after_resume() {
     drop(workers);
 }
 
-/// `pause --for 2s` ends by itself: nothing starts for two seconds, then the job runs again.
-#[test]
-fn a_pause_for_two_seconds_ends_by_itself() {
-    let (_cluster, dir, _workers, cli) = every_second(1);
+/// `pause --for 2s` ends by itself: nothing starts for two seconds, then the job runs again. On Redis and
+/// on etcd (where an etcd lease of 2 s holds the pause).
+fn a_pause_for_two_seconds_ends_by_itself(backend: Backend) {
+    let (_cluster, dir, _workers, cli) = every_second(backend, 1);
     let (code, stdout, stderr) = inspect(&dir, &cli, &["pause", "tick", "--for", "2s"]);
     assert_eq!(code, 0, "{stdout}{stderr}");
     let paused_at = Utc::now();
@@ -295,3 +300,11 @@ fn pause_errors_are_clear_and_no_majority_exits_3() {
         "{stderr}"
     );
 }
+
+crate::on_every_store!(
+    async: [],
+    sync: [
+        three_workers_start_nothing_while_paused_and_run_again_after_resume,
+        a_pause_for_two_seconds_ends_by_itself,
+    ],
+);

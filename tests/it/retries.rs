@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use redcron::history::Kind;
 
-use crate::history::history;
 use crate::inspect::workers::wait_for;
-use crate::support::{RedisCluster, TestDir};
-use crate::worker::start_workers;
+use crate::support::{Backend, TestDir};
+use crate::worker::start_workers_with;
 
 /// A job every 10 s that appends `<job> <tick> <attempt> <token> <start> <end>` to the ledger and fails
 /// unless `succeed_at` attempts have been made (never, with `None`).
@@ -62,10 +61,10 @@ fn attempts(dir: &TestDir, job: &str) -> BTreeMap<String, Vec<Attempt>> {
 
 /// Two workers: a job that succeeds at its third attempt runs attempts 0, 1, 2 of its first tick, each
 /// after the backoff (500 ms, then 1 s) and with a higher token, and alerts nobody; a job that always fails
-/// gives up after `retries: 2` (attempts 0 to 2), and its failure hook runs once for the tick.
-#[test]
-fn failed_runs_are_retried_with_backoff_until_success_or_the_last_attempt() {
-    let cluster = RedisCluster::start(3);
+/// gives up after `retries: 2` (attempts 0 to 2), and its failure hook runs once for the tick. On Redis
+/// and on etcd.
+fn failed_runs_are_retried_with_backoff_until_success_or_the_last_attempt(backend: Backend) {
+    let cluster = backend.start();
     let dir = TestDir::new();
     let jobs = job(
         &dir,
@@ -78,7 +77,7 @@ fn failed_runs_are_retried_with_backoff_until_success_or_the_last_attempt() {
         None,
         "    retries: 2\n    retry_backoff: 300ms\n",
     );
-    let workers = start_workers(&cluster, &dir, 2, "", &jobs);
+    let workers = start_workers_with(&dir, 2, |worker| cluster.config(worker, &jobs));
     let exhausted = wait_for(
         "the retries of gives-up exhausted",
         Duration::from_secs(40),
@@ -125,7 +124,7 @@ fn failed_runs_are_retried_with_backoff_until_success_or_the_last_attempt() {
     );
 
     // The history: one entry per attempt; the alert hook ran for the final failure of gives-up only.
-    let entries = history(&cluster, "recovers");
+    let entries = cluster.history("recovers");
     let attempts_recorded: Vec<Option<u32>> = entries
         .iter()
         .filter(|e| {
@@ -147,3 +146,8 @@ fn failed_runs_are_retried_with_backoff_until_success_or_the_last_attempt() {
     );
     drop(workers);
 }
+
+crate::on_every_store!(
+    async: [],
+    sync: [failed_runs_are_retried_with_backoff_until_success_or_the_last_attempt],
+);

@@ -10,10 +10,9 @@ use redcron::history::Kind;
 use serde_json::Value;
 
 use crate::cli::redcron;
-use crate::history::history;
 use crate::inspect::{inspect, parse};
-use crate::support::{RedisCluster, TestDir};
-use crate::worker::{config, start_workers};
+use crate::support::{Backend, RedisCluster, TestDir};
+use crate::worker::{config, start_workers_with};
 
 /// A job that never fires by schedule, and writes `<trigger> start|end <time>` around a second's sleep.
 fn job(dir: &TestDir) -> String {
@@ -38,12 +37,12 @@ fn trigger(dir: &TestDir, config: &std::path::Path) -> std::process::Child {
 /// Three workers, two commands triggering the same job at once: each request runs exactly once, on one
 /// worker, the two runs one after the other (the second waited for the first's lease), each with its
 /// request's id in `REDCRON_TRIGGER` and the `trigger` field of its log events, the second's token above the
-/// first's. Then, paused, a trigger is refused at once (exit 4).
-#[test]
-fn two_commands_and_three_workers_give_one_run_per_request() {
-    let cluster = RedisCluster::start(3);
+/// first's. Then, paused, a trigger is refused at once (exit 4). On Redis and on etcd.
+fn two_commands_and_three_workers_give_one_run_per_request(backend: Backend) {
+    let cluster = backend.start();
     let dir = TestDir::new();
-    let workers = start_workers(&cluster, &dir, 3, "", &job(&dir));
+    let job = job(&dir);
+    let workers = start_workers_with(&dir, 3, |worker| cluster.config(worker, &job));
     let cli = dir.join("w0.yaml");
     let commands = [trigger(&dir, &cli), trigger(&dir, &cli)];
     let mut runs = Vec::new();
@@ -99,7 +98,7 @@ fn two_commands_and_three_workers_give_one_run_per_request() {
     };
     assert!(second > first, "tokens {first} then {second}");
     // One run entry per request in the history, and its events carry the request's id.
-    let entries = history(&cluster, "adhoc");
+    let entries = cluster.history("adhoc");
     for id in &ids {
         let of_request: Vec<_> = entries
             .iter()
@@ -204,3 +203,8 @@ fn a_trigger_nobody_claims_fails_after_its_timeout() {
     assert_eq!(code, 2);
     assert!(stderr.contains("at least 1s"), "{stderr}");
 }
+
+crate::on_every_store!(
+    async: [],
+    sync: [two_commands_and_three_workers_give_one_run_per_request],
+);

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use crate::support::{EtcdCluster, Persistence, RedisCluster, TestDir, Worker};
+use crate::support::{etcd_config, EtcdCluster, Persistence, RedisCluster, TestDir, Worker};
 
 /// A config with the cluster's nodes, short leases and `jobs` (YAML list items, already indented).
 pub(crate) fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
@@ -103,12 +103,7 @@ fn three_workers_run_each_tick_exactly_once() {
 fn three_workers_on_etcd_run_each_tick_exactly_once() {
     let mut cluster = EtcdCluster::start();
     let endpoints = cluster.endpoints_yaml();
-    let config = |worker: &str, jobs: &str| {
-        format!(
-            "etcd:\n  endpoints: {endpoints}\nlock:\n  ttl: 5s\n  renew_every: 1s\n  node_timeout: 500ms\n  \
-             retry_delay: 50ms\nworker:\n{worker}jobs:\n{jobs}"
-        )
-    };
+    let config = |worker: &str, jobs: &str| etcd_config(&endpoints, worker, jobs);
     let kill_the_leader = || {
         let leader = cluster.leader();
         cluster.kill(leader);

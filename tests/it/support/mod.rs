@@ -28,7 +28,7 @@ pub use self::etcd::EtcdCluster;
 #[allow(unused_imports)]
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
 #[allow(unused_imports)]
-pub use self::stores::{store_keeping, store_on, won, Backend, Cluster};
+pub use self::stores::{etcd_config, store_keeping, store_on, won, Backend, Cluster};
 #[allow(unused_imports)]
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};
 

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use redcron::config::EtcdConfig;
-use redcron::history::HistorySettings;
+use redcron::history::{Entry, HistorySettings, Query};
 use redcron::lock::{ClaimOutcome, Lease, LockSettings};
 use redcron::store::etcd::EtcdStore;
 use redcron::store::redis::RedisStore;
@@ -95,6 +95,42 @@ impl Cluster {
         }
     }
 
+    /// A worker's `jobs.yaml` on this cluster: `worker_section` (YAML under `worker:`, already indented)
+    /// and `jobs` (YAML list items), with short leases — on etcd as short as its whole-second leases
+    /// and Raft commits on a loaded machine allow.
+    pub fn config(&self, worker_section: &str, jobs: &str) -> String {
+        match self {
+            Cluster::Redis(cluster) => crate::worker::config(cluster, worker_section, jobs),
+            Cluster::Etcd(cluster) => etcd_config(&cluster.endpoints_yaml(), worker_section, jobs),
+        }
+    }
+
+    /// How many nodes (or members) the cluster has.
+    pub fn len(&self) -> usize {
+        match self {
+            Cluster::Redis(cluster) => cluster.len(),
+            Cluster::Etcd(cluster) => cluster.len(),
+        }
+    }
+
+    /// Every history entry of `job`, as a CLI reads it from this cluster.
+    pub fn history(&self, job: &str) -> Vec<Entry> {
+        let query = Query {
+            job: job.to_string(),
+            since: None,
+            until: None,
+            limit: 5_000,
+        };
+        crate::history::runtime().block_on(async {
+            let store = self.store(LockSettings::default());
+            store
+                .history(&query)
+                .await
+                .expect("the store answers")
+                .value
+        })
+    }
+
     /// Hangs (SIGSTOP) a majority: Redis nodes 0..N/2+1; on etcd the leader and one more member, so
     /// that the member left cannot answer for the cluster.
     pub fn stop_majority(&mut self) -> Vec<usize> {
@@ -123,6 +159,14 @@ impl Cluster {
             }
         }
     }
+}
+
+/// A worker's `jobs.yaml` on the etcd members `endpoints` (a YAML list): see [`Cluster::config`].
+pub fn etcd_config(endpoints: &str, worker_section: &str, jobs: &str) -> String {
+    format!(
+        "etcd:\n  endpoints: {endpoints}\nlock:\n  ttl: 5s\n  renew_every: 1s\n  node_timeout: 500ms\n  \
+         retry_delay: 50ms\nworker:\n{worker_section}jobs:\n{jobs}"
+    )
 }
 
 /// The lease of a won claim; panics on any other outcome.
