@@ -1,0 +1,140 @@
+//! Series, pauses and trigger requests on a real etcd cluster, at the store: what the etcd store does in
+//! its own way (etcd leases instead of TTLs on node clocks, a trigger's claim anchored on its request
+//! key). The worker-level pause, trigger and retry tests run on both stores (`pause.rs`, `trigger.rs`,
+//! `retries.rs`).
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use etcd_client::{Client, LeaseTimeToLiveOptions};
+use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap, Pause, Series};
+use redcron::schedule::Tick;
+use redcron::store::Store;
+use redcron::trigger::TriggerRequest;
+
+use crate::support::{won, Backend, Cluster};
+
+fn request(worker: &str, tick: Tick) -> ClaimRequest {
+    ClaimRequest::new(worker, "job", tick, Overlap::Skip, "f")
+}
+
+/// Polls `check` every 100 ms until it holds, for at most `limit`.
+async fn eventually(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what} within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The TTL etcd gave the lease that key `key` is bound to (`None`: bound to none).
+async fn lease_ttl(endpoints: &[String], key: &str) -> Option<i64> {
+    let mut client = Client::connect(endpoints, None).await.expect("connect");
+    let got = client.get(key, None).await.expect("get");
+    let lease = got.kvs().first().expect("the key exists").lease();
+    if lease == 0 {
+        return None;
+    }
+    let options = LeaseTimeToLiveOptions::new();
+    let answer = client
+        .lease_time_to_live(lease, Some(options))
+        .await
+        .expect("lease TTL");
+    Some(answer.granted_ttl())
+}
+
+/// A trigger's claim is won once, with a token above the schedule's, and its record is bound to an etcd
+/// lease of its window + 1 h (etcd forgets it by itself); once the request is forgotten no other claimant
+/// gets it, and a trigger that was never requested (or has expired) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_trigger_is_claimed_once_while_its_request_stands() {
+    let cluster = Backend::Etcd.start();
+    let Cluster::Etcd(etcd) = &cluster else {
+        unreachable!("an etcd cluster")
+    };
+    let store: Store = cluster.store(LockSettings::default());
+    let now = Utc::now();
+    let scheduled = won(store
+        .claim(&request("a", Tick(now.timestamp_millis() - 1_000)))
+        .await);
+    store.release(&scheduled).await;
+
+    let trigger = TriggerRequest::new("job", now, Duration::from_secs(30), "ops@test");
+    store.request_trigger(&trigger).await.expect("requested");
+    let listed = store.triggers().await.expect("read").value;
+    assert_eq!(listed, [trigger.clone()]);
+    let series = Series::Trigger(trigger.id.clone());
+    let not_after = Tick(trigger.not_after.timestamp_millis());
+    let claim = |worker| request(worker, trigger.tick()).in_series(series.clone(), not_after);
+    let lease = won(store.claim(&claim("b")).await);
+    assert!(
+        lease.token > scheduled.token,
+        "{lease:?} after {scheduled:?}"
+    );
+    let record = format!("redcron:{{job}}:claim:trigger:{}", trigger.id);
+    let ttl = lease_ttl(&etcd.endpoints(), &record)
+        .await
+        .expect("a lease");
+    assert!((3_600 + 30..=3_600 + 31).contains(&ttl), "record TTL {ttl}");
+    store.release(&lease).await;
+
+    store.forget_trigger(&trigger.id);
+    eventually("the request deleted", Duration::from_secs(10), async || {
+        store
+            .triggers()
+            .await
+            .is_ok_and(|read| read.value.is_empty())
+    })
+    .await;
+    match store.claim(&claim("c")).await {
+        ClaimOutcome::AlreadyClaimed { by: Some(by) } => assert_eq!(by.worker, "b"),
+        other => panic!("expected the record to refuse, got {other:?}"),
+    }
+    let never = request("c", trigger.tick()).in_series(Series::Trigger("0ff".into()), not_after);
+    assert!(matches!(
+        store.claim(&never).await,
+        ClaimOutcome::AlreadyClaimed { by: None }
+    ));
+}
+
+/// A pause refuses every series of the job, stands on every member (for `status`), and a `--for` pause
+/// is dropped by etcd when its etcd lease expires; `resume` ends a pause without end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pause_refuses_every_series_until_its_lease_expires_or_resume() {
+    let cluster = Backend::Etcd.start();
+    let store = cluster.store(LockSettings::default());
+    let pause = |until| Pause {
+        until,
+        by: "ops@test".to_string(),
+        reason: "migration".to_string(),
+    };
+    store
+        .pause(
+            "job",
+            &pause(Some(Utc::now() + chrono::Duration::seconds(2))),
+        )
+        .await
+        .expect("paused");
+    let tick = Tick(Utc::now().timestamp_millis());
+    let retry = request("a", tick).in_series(Series::Retry(1), Tick(tick.0 + 60_000));
+    for claim in [request("a", tick), retry] {
+        match store.claim(&claim).await {
+            ClaimOutcome::Paused(found) => assert_eq!(found.reason, "migration"),
+            other => panic!("expected Paused, got {other:?}"),
+        }
+    }
+    let read = store.pauses(&["job".into(), "other".into()]).await;
+    let read = read.expect("read").value;
+    assert_eq!(read[0].as_ref().map(|r| r.nodes), Some(3));
+    assert_eq!(read[1], None);
+    // etcd's leases: the 2 s, its expiry check, the revoke's commit; margins for a loaded machine.
+    eventually("the pause expired", Duration::from_secs(15), async || {
+        matches!(store.claim(&request("a", tick)).await, ClaimOutcome::Won(_))
+    })
+    .await;
+    store.pause("job", &pause(None)).await.expect("paused");
+    let later = request("a", Tick(tick.0 + 1_000));
+    assert!(matches!(store.claim(&later).await, ClaimOutcome::Paused(_)));
+    assert!(store.resume("job").await.expect("resumed"));
+    assert!(!store.resume("job").await.expect("resumed again"));
+}
