@@ -58,8 +58,9 @@ impl Pause {
 pub struct PauseRead {
     #[serde(flatten)]
     pub pause: Pause,
-    /// How many of the nodes that answered hold it (1 for the embedded store); a pause on fewer than a
-    /// majority of the configured nodes does not stop every claim.
+    /// How many of the nodes that answered hold it (1 for the embedded store; every endpoint for etcd,
+    /// whose committed state every member applies); a pause on fewer than a majority of the configured
+    /// nodes does not stop every claim.
     pub nodes: usize,
 }
 

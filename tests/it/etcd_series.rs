@@ -62,7 +62,7 @@ async fn a_trigger_is_claimed_once_while_its_request_stands() {
     let trigger = TriggerRequest::new("job", now, Duration::from_secs(30), "ops@test");
     store.request_trigger(&trigger).await.expect("requested");
     let listed = store.triggers().await.expect("read").value;
-    assert_eq!(listed, [trigger.clone()]);
+    assert_eq!(listed, std::slice::from_ref(&trigger));
     let series = Series::Trigger(trigger.id.clone());
     let not_after = Tick(trigger.not_after.timestamp_millis());
     let claim = |worker| request(worker, trigger.tick()).in_series(series.clone(), not_after);

@@ -8,8 +8,13 @@
 //! fencing token: strictly increasing in grant order across all workers and jobs, and kept through any
 //! restart by the Raft log. Renewals are etcd keep-alives, a release revokes the etcd lease (which deletes
 //! only the keys bound to it: this attempt's), and a lease is lost only as etcd decides (`lease.rs`).
-//! History and membership are keys under the same prefix (`history.rs`). The argument, its assumptions
-//! and limits are in `docs/protocol.md`, *The etcd store*.
+//! Each series instance (the schedule, a trigger, a retry attempt) has its own claim record under the
+//! job's lease key (`snapshot.rs`); a pause is the job's `…:paused` key, which every claim reads and
+//! compares (`pause.rs`); a trigger request is a key its claim is anchored on (`triggers.rs`). What must
+//! not be kept for good — one-off claim records, trigger requests, pauses with an end — is bound to an
+//! etcd lease, so etcd drops it without any clock being read. History and membership are keys under the
+//! same prefix (`history.rs`). The argument, its assumptions and limits are in `docs/protocol.md`, *The
+//! etcd store*.
 //!
 //! The client is the `etcd-client` crate: the maintained Rust client of etcd's v3 gRPC API (on tonic),
 //! with TLS (rustls), user/password auth with token refresh, and requests balanced over the endpoints.
