@@ -67,8 +67,9 @@ pub(super) struct Explanation {
     pub tick_ms: i64,
     /// Whether the tick is an instant of the job's schedule.
     pub on_schedule: bool,
-    /// The `redcron trigger` request whose run this instant is, when its entries say so.
-    pub trigger: Option<String>,
+    /// The `redcron trigger` requests made at this instant, when its entries say so (two requests made in
+    /// the same millisecond share it; each is claimed and run on its own).
+    pub triggers: Vec<String>,
     /// The job's nearest ticks strictly before and after it.
     pub previous_tick: Option<DateTime<Utc>>,
     pub next_tick: Option<DateTime<Utc>>,
@@ -165,10 +166,25 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
         ));
     }
     // A trigger's run has the request's time as its tick: an instant off the schedule, by design.
-    let trigger = entries.iter().find_map(|e| e.trigger.clone());
-    if let Some(id) = &trigger {
+    let triggers = entries.iter().filter_map(|e| e.trigger.clone()).fold(
+        Vec::new(),
+        |mut ids: Vec<String>, id| {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+            ids
+        },
+    );
+    if !triggers.is_empty() {
         story.push(format!(
-            "an extra run asked for by `redcron trigger` (request {id}){}",
+            "{} asked for by `redcron trigger` (request{} {}){}",
+            if triggers.len() == 1 {
+                "an extra run"
+            } else {
+                "extra runs"
+            },
+            if triggers.len() == 1 { "" } else { "s" },
+            triggers.join(", "),
             if on_schedule {
                 ""
             } else {
@@ -208,10 +224,23 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
         .filter(|e| e.kind == Kind::Run)
         .cloned()
         .collect();
-    if runs.len() > 1 {
+    // Each series (the schedule, each trigger request, each retry attempt) runs once; several runs of one
+    // series would be a broken promise.
+    let mut series = Vec::new();
+    for run in &runs {
+        series.push(run.series());
+    }
+    let distinct = series
+        .iter()
+        .enumerate()
+        .filter(|(i, s)| !series[..*i].contains(s))
+        .count();
+    if distinct < runs.len() {
         story.push(format!(
-            "{} workers recorded a run of this one tick: each (job, tick) should run once",
-            runs.len()
+            "{} runs recorded for {} claim{} of this tick: each (job, tick) should run once",
+            runs.len(),
+            distinct,
+            if distinct == 1 { "" } else { "s" }
         ));
     }
     story.extend(runs.iter().map(describe));
@@ -262,7 +291,7 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
         tick: tick.to_utc(),
         tick_ms: tick.0,
         on_schedule,
-        trigger,
+        triggers,
         previous_tick: previous_tick.map(Tick::to_utc),
         next_tick: next_tick.map(Tick::to_utc),
         verdict,
