@@ -65,9 +65,11 @@ async fn claims_once_and_tokens_increase() {
 
 #[tokio::test]
 async fn expired_lease_is_lost_for_good_and_release_spares_the_next_holder() {
-    let (_dir, store) = store(100);
+    // b's lease must outlive the four calls after it (each an fsync'd commit, slow on a loaded machine),
+    // so the TTL is a second rather than 100 ms.
+    let (_dir, store) = store(1_000);
     let mut a = won(claim(&store, "a", 1_000).await);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
     let b = won(claim(&store, "b", 2_000).await);
     assert!(b.token > a.token);
     assert_eq!(store.renew(&mut a).await, Err(RenewError::Expired));
