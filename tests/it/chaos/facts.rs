@@ -297,7 +297,10 @@ impl Facts {
                 }
                 last_measured = Some(offset);
             }
-            if !name.starts_with("tick.") && !name.starts_with("run.") {
+            // `tick.missed_check_failed` is about a job's history as a whole (read at start), not a tick.
+            if !name.starts_with("tick.") && !name.starts_with("run.")
+                || name == "tick.missed_check_failed"
+            {
                 continue;
             }
             let job = event["job"].as_str().map(str::to_owned);
