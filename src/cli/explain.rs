@@ -166,15 +166,7 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
         ));
     }
     // A trigger's run has the request's time as its tick: an instant off the schedule, by design.
-    let triggers = entries.iter().filter_map(|e| e.trigger.clone()).fold(
-        Vec::new(),
-        |mut ids: Vec<String>, id| {
-            if !ids.contains(&id) {
-                ids.push(id);
-            }
-            ids
-        },
-    );
+    let triggers = first_of_each(entries.iter().filter_map(|e| e.trigger.clone()));
     if !triggers.is_empty() {
         story.push(format!(
             "{} asked for by `redcron trigger` (request{} {}){}",
@@ -201,16 +193,12 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
             show(next_tick)
         ));
     }
-    let raced: Vec<String> = entries
-        .iter()
-        .filter(|e| raced_for_it(e))
-        .map(|e| e.worker.clone())
-        .fold(Vec::new(), |mut workers, worker| {
-            if !workers.contains(&worker) {
-                workers.push(worker);
-            }
-            workers
-        });
+    let raced = first_of_each(
+        entries
+            .iter()
+            .filter(|e| raced_for_it(e))
+            .map(|e| e.worker.clone()),
+    );
     if !raced.is_empty() {
         story.push(format!(
             "raced by {} worker{}: {}",
@@ -226,15 +214,7 @@ pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> E
         .collect();
     // Each series (the schedule, each trigger request, each retry attempt) runs once; several runs of one
     // series would be a broken promise.
-    let mut series = Vec::new();
-    for run in &runs {
-        series.push(run.series());
-    }
-    let distinct = series
-        .iter()
-        .enumerate()
-        .filter(|(i, s)| !series[..*i].contains(s))
-        .count();
+    let distinct = first_of_each(runs.iter().map(Entry::series)).len();
     if distinct < runs.len() {
         story.push(format!(
             "{} runs recorded for {} claim{} of this tick: each (job, tick) should run once",
@@ -314,4 +294,14 @@ fn raced_for_it(entry: &Entry) -> bool {
         ),
         Kind::Missed | Kind::Unknown => false,
     }
+}
+
+/// Each item once, in the order of its first appearance.
+fn first_of_each<T: PartialEq>(items: impl Iterator<Item = T>) -> Vec<T> {
+    items.fold(Vec::new(), |mut kept, item| {
+        if !kept.contains(&item) {
+            kept.push(item);
+        }
+        kept
+    })
 }
