@@ -66,8 +66,13 @@ pub(super) fn describe(entry: &Entry) -> String {
         }
         Kind::Lost => {
             let mut text = format!("{worker} lost it");
-            if let Some(by) = &entry.by {
-                text.push_str(&format!(" to {by}"));
+            match &entry.by {
+                // `by` claimed a later tick, not this one.
+                Some(by) if entry.reason.as_deref() == Some("later_tick_claimed") => {
+                    text.push_str(&format!(" (a later tick went to {by})"))
+                }
+                Some(by) => text.push_str(&format!(" to {by}")),
+                None => {}
             }
             if let Some(reason) = &entry.reason {
                 text.push_str(&format!(": {}", why(reason)));
@@ -101,6 +106,9 @@ pub(super) fn describe(entry: &Entry) -> String {
 fn why(reason: &str) -> String {
     let text = match reason {
         "already_claimed" => "another worker had claimed it",
+        "later_tick_claimed" => {
+            "a later tick had been claimed first, so this one could no longer be"
+        }
         "overlap" => "the job's previous run still held it (overlap: skip)",
         "superseded" => "a later tick was already due (overlap: skip)",
         "misfire" => "it was past its misfire grace when the worker got to it",

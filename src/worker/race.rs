@@ -299,12 +299,24 @@ async fn settle(
             return;
         }
         ClaimOutcome::AlreadyClaimed { by } => {
-            info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",
-                  by = by.as_ref().map_or("unknown", |by| by.worker.as_str()),
-                  "Lost the tick: another worker claimed it");
+            let claimant = by.as_ref().map_or("unknown", |by| by.worker.as_str());
+            // The nodes refuse a tick once a later one of the series is confirmed (claims only grow): that
+            // says nothing of who, if anyone, claimed this one — the history does.
+            let reason = match by.as_ref().and_then(|by| by.tick) {
+                Some(later) if later > tick => {
+                    info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "later_tick_claimed",
+                          by = claimant, by_tick = %later,
+                          "Lost the tick: a later tick of the job was claimed first, so this one can no longer be (whether it ran is in the history)");
+                    "later_tick_claimed"
+                }
+                _ => {
+                    info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",
+                          by = claimant, "Lost the tick: another worker claimed it");
+                    "already_claimed"
+                }
+            };
             let by = by.map(|by| by.worker);
-            let reason = Some("already_claimed");
-            context.note(&job, tick, series, Kind::Lost, reason, by.as_deref());
+            context.note(&job, tick, series, Kind::Lost, Some(reason), by.as_deref());
         }
         ClaimOutcome::Busy { holder, ttl } => {
             info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "busy",

@@ -37,11 +37,11 @@
 //!   claimed;
 //! - *no majority within the tick's window*: `w` gave up the tick (`tick.skipped` with reason
 //!   `no_quorum` or `contended`) at the end of its window — the misfire grace, or the job's next tick if
-//!   that comes first, as G4 in `docs/protocol.md` promises — or, having failed at least once, was told
-//!   `tick.lost: already_claimed` after a later tick was claimed (as above); and at each of its attempts
-//!   that failed (`tick.retrying`/`tick.skipped` with those reasons) a majority of the 5 nodes was out of
-//!   its reach:
-//!   killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and for 1 s
+//!   that comes first, as G4 in `docs/protocol.md` promises — or was told `tick.lost:
+//!   later_tick_claimed` after a later tick was claimed (as above: the nodes refuse a tick once a later
+//!   one is confirmed); and at each of its attempts that failed (`tick.retrying`/`tick.skipped` with
+//!   those reasons; the `tick.lost` that ended the race counts when no other was logged, since retries
+//!   inside the store are not) a majority of the 5 nodes was out of its reach: killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and for 1 s
 //!   after), any node during a stall the probe measured, any node that confirmed this tick for another
 //!   claimant (a node confirms one claimant per tick, for ever: the nodes' AOF), any node on which a
 //!   ghost confirmed this tick or a later one (from its write on, for ever: a node's claim record only
@@ -417,18 +417,27 @@ fn no_majority_in_window(
     };
     let mut attempts = logged("tick.retrying");
     // It gave up at the end of the window, or a later tick was claimed meanwhile (the window being over:
-    // the next tick was due), after it had tried and failed at least once.
+    // the next tick was due) — which the nodes themselves answered (`later_tick_claimed`), or which came
+    // after it had tried and failed at least once (`already_claimed` from a worker of an older version).
     let skipped = logged("tick.skipped").into_iter().min();
     let overtaken = facts
-        .logged_at(instance, job, tick, "tick.lost:already_claimed")
+        .logged_at(instance, job, tick, "tick.lost:later_tick_claimed")
         .into_iter()
+        .chain(
+            facts
+                .logged_at(instance, job, tick, "tick.lost:already_claimed")
+                .into_iter()
+                .filter(|_| !attempts.is_empty()),
+        )
         .filter(|&lost| later_claim_at(e, tick).is_some_and(|at| at <= lost))
-        .find(|_| !attempts.is_empty());
+        .min();
     let gave_up = skipped.into_iter().chain(overtaken).min()?;
     if gave_up < r + e.job.period_ms.min(e.job.grace_ms) - GIVE_UP_SLACK_MS {
         return None;
     }
-    if Some(gave_up) == skipped {
+    // The attempt that ended the race, if it is the only one (its retries inside the store are not
+    // logged): a majority must have been out of reach during it.
+    if Some(gave_up) == skipped || attempts.is_empty() {
         attempts.push(gave_up);
     }
     let extra = unavailable(e, worker, tick);

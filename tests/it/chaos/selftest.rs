@@ -700,3 +700,40 @@ fn checker_excuses_a_tick_granted_to_a_worker_shutting_down() {
         .push(T0 + 4_005, Happening::WorkerShutdown { instance: 1 });
     passed_explaining(&scenario.check(), "granted to a claimant of w1");
 }
+
+/// A worker whose one claim of a tick was refused because a later tick had been claimed meanwhile
+/// (`tick.lost: later_tick_claimed`, its retries inside the store unlogged) is excused only if a majority
+/// of the nodes was out of its reach during that claim.
+#[test]
+fn checker_excuses_a_claim_overtaken_by_a_later_tick_only_under_faults() {
+    let tick = T0 + 4_000;
+    let overtaken = |hung: bool| {
+        let mut scenario = Scenario::new();
+        scenario.quick_ticks(&[4]);
+        for instance in [1, 2, 3] {
+            scenario
+                .timeline
+                .push(T0 - 8_000, Happening::WorkerKilled { instance });
+        }
+        if hung {
+            for node in [0, 1, 2] {
+                scenario
+                    .timeline
+                    .push(tick - 100, Happening::NodeDown { node, hung: true });
+                scenario
+                    .timeline
+                    .push(tick + 1_500, Happening::NodeUp { node });
+            }
+        }
+        let lost = json!({"event": "tick.lost", "job": "quick", "tick": rfc3339(tick),
+                          "reason": "later_tick_claimed", "by": "w0", "by_tick": rfc3339(tick + 1_000)});
+        scenario.log(0, tick + 1_160, lost);
+        scenario.check()
+    };
+    let report = overtaken(false);
+    assert!(
+        failed_with(&report, "w0 (process #0, config v0) could have run it"),
+        "nothing kept w0 from a majority: {report}"
+    );
+    passed_explaining(&overtaken(true), "no quorum");
+}
