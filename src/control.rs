@@ -111,10 +111,15 @@ pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// Asks for a reload whenever the file at `path` changes: its contents, or the file it names (an editor's
 /// write-then-rename, a Kubernetes ConfigMap's symlink swap). A change is reported once, however it was
-/// made. Stops with the shutdown.
+/// made, and only once the new version has stood still for a whole [`WATCH_EVERY`]: a file rewritten in
+/// place is empty or half-written for a moment, and a reload of that moment could apply a job cut short
+/// (its command truncated to a valid prefix) as a changed job. Stops with the shutdown.
 pub fn watch_file(handle: ControlHandle, path: PathBuf) {
     tokio::spawn(async move {
-        let mut seen = fingerprint(&path).await;
+        let mut applied = fingerprint(&path).await;
+        // A version that differs from the applied one, seen at the previous look: reloaded if it is
+        // still there at the next.
+        let mut candidate = None;
         loop {
             tokio::select! {
                 () = tokio::time::sleep(WATCH_EVERY) => {}
@@ -122,11 +127,17 @@ pub fn watch_file(handle: ControlHandle, path: PathBuf) {
             }
             // A file that cannot be read is being replaced: wait for its next readable version.
             let Some(now) = fingerprint(&path).await else {
+                candidate = None;
                 continue;
             };
-            if seen != Some(now) {
-                seen = Some(now);
+            if applied == Some(now) {
+                candidate = None;
+            } else if candidate == Some(now) {
+                applied = Some(now);
+                candidate = None;
                 handle.reload("file changed");
+            } else {
+                candidate = Some(now);
             }
         }
     });

@@ -10,6 +10,13 @@ use crate::worker::{config, ledger, ledger_job, tick_time};
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// When the worker logged `event`.
+fn timestamp(event: &Value) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(event["timestamp"].as_str().expect("timestamp"))
+        .expect("RFC 3339")
+        .to_utc()
+}
+
 /// The reload events a worker logged so far.
 fn reloads(worker: &Worker) -> Vec<Value> {
     worker.events("config.reloaded")
@@ -42,10 +49,7 @@ fn sighup_and_file_changes_reload_the_jobs() {
             e["event"] == "config.reloaded" && e["added"] == "b" && e["removed"] == "a"
         })
         .expect("config.reloaded with b added and a removed");
-    let reloaded_at =
-        chrono::DateTime::parse_from_rfc3339(reloaded["timestamp"].as_str().expect("ts"))
-            .expect("RFC 3339")
-            .to_utc();
+    let reloaded_at = timestamp(&reloaded);
     worker
         .wait_for(WAIT, |e| e["event"] == "run.finished" && e["job"] == "b")
         .expect("b runs after the reload");
@@ -66,13 +70,24 @@ fn sighup_and_file_changes_reload_the_jobs() {
         problem.contains("jobs.yaml:") && problem.contains("colour"),
         "{problem}"
     );
-    let b_runs = |dir: &TestDir| ledger(dir).keys().filter(|(job, _)| job == "b").count();
-    let runs_before = b_runs(&dir);
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(
-        b_runs(&dir) > runs_before,
-        "b stopped running after a broken reload"
-    );
+    // b goes on: two runs finish after the failed reload (not merely one: a run may have been under way
+    // when the file changed).
+    let failed_at = timestamp(&failed);
+    let b_runs_after = |worker: &Worker| {
+        let finished = worker.events("run.finished");
+        finished
+            .iter()
+            .filter(|e| e["job"] == "b" && timestamp(e) > failed_at)
+            .count()
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while b_runs_after(&worker) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b stopped running after a broken reload"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert_eq!(reloads(&worker).len(), before, "a broken file was applied");
 
     // An editor's write-then-rename: picked up once.
