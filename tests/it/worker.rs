@@ -555,3 +555,52 @@ fn alert_hooks_fire_once_per_change() {
     assert_eq!(lines[0], "F failure failure 1", "{lines:#?}");
     assert_eq!(lines[1], "R recovery success 0 failure", "{lines:#?}");
 }
+
+/// A worker that starts late races every tick within the grace of an `overlap: allow` job, oldest first;
+/// the ticks another worker already claimed are refused, the older ones because a later tick is claimed:
+/// it says so (`later_tick_claimed`, naming the later tick), never "lost to" a claim of that tick, and runs
+/// none of them again.
+#[test]
+fn a_late_worker_is_told_when_a_later_tick_was_claimed_first() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let job = format!(
+        "  - name: allow\n    schedule: \"* * * * * *\"\n    overlap: allow\n    misfire_grace: 4s\n    command: 'echo \"$REDCRON_JOB $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID\" >> {}'\n",
+        dir.ledger().display()
+    );
+    let mut first = Worker::spawn(
+        dir.write("a.yaml", config(&cluster, "  id: early\n", &job)),
+        &[],
+    );
+    // Three ticks run by `early`, then it stops: the ticks in the late worker's grace are all claimed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while first.events("run.finished").len() < 3 {
+        assert!(std::time::Instant::now() < deadline, "early ran no 3 ticks");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    first.signal(libc::SIGKILL);
+    let _ = first.wait_timeout(Duration::from_secs(10));
+    let ran_by_early = ledger(&dir);
+    let late = Worker::spawn(
+        dir.write("b.yaml", config(&cluster, "  id: late\n", &job)),
+        &[],
+    );
+    let refused = late
+        .wait_for(Duration::from_secs(10), |e| {
+            e["event"] == "tick.lost" && e["reason"] == "later_tick_claimed"
+        })
+        .expect("late raced an older tick after a later one was claimed");
+    assert_eq!(refused["by"], "early", "{refused}");
+    let (tick, later) = (
+        tick_time(refused["tick"].as_str().expect("tick")),
+        tick_time(refused["by_tick"].as_str().expect("by_tick")),
+    );
+    assert!(later > tick, "by_tick {later} is not after tick {tick}");
+    drop(late);
+    // No tick that `early` ran was run again.
+    for (key, runs) in ledger(&dir) {
+        if ran_by_early.contains_key(&key) {
+            assert_eq!(runs.len(), 1, "{key:?} ran {runs:?}");
+        }
+    }
+}
