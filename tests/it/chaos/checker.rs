@@ -53,6 +53,7 @@ use super::ledger::{Attempt, Phase};
 use super::misses::{explain_miss, holds, Evidence};
 use super::plan::VERSIONS;
 use super::report::{show_time, Report, Row};
+use super::store::StoreKind;
 use super::timeline::{Happening, Timeline};
 
 /// How long before a write a worker must have been running, unpaused, for a rejected write of its job
@@ -74,6 +75,8 @@ pub struct JobSpec {
 
 /// Everything the checker reads.
 pub struct Input<'a> {
+    /// The store the run was on: how many nodes make a quorum, how long a lease outlives its holder.
+    pub store: StoreKind,
     pub jobs: &'a [JobSpec],
     pub ttl_ms: i64,
     /// Ticks in `[window.0, window.1]` (Unix ms) are checked.
@@ -89,7 +92,7 @@ pub struct Input<'a> {
 
 /// Applies the rules of the module documentation.
 pub fn check(input: &Input<'_>) -> Report {
-    let mut facts = Facts::gather(input.timeline, input.logs);
+    let mut facts = Facts::gather(input.timeline, input.logs, input.store.nodes());
     let mut report = Report::default();
     adopt_unlogged_starts(input, &mut facts, &mut report);
     for log in input.logs {
@@ -111,7 +114,7 @@ pub fn check(input: &Input<'_>) -> Report {
         .filter_map(|run| Some((run.run_id.as_deref()?, run)))
         .collect();
     check_ledger_against_logs(input, &facts, &runs_by_id, &mut report);
-    let confirms = Confirms::new(input.claims);
+    let confirms = Confirms::new(input.claims, input.store.nodes());
     for job in input.jobs {
         let row = check_job(input, &facts, &confirms, job, &runs_by_id, &mut report);
         report.rows.push(row);
@@ -382,6 +385,7 @@ fn check_job(
         runs: &runs,
         holds: &holds,
         confirms,
+        store: input.store,
         ttl_ms: input.ttl_ms,
     };
     let started: BTreeSet<i64> = runs

@@ -18,7 +18,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
-use super::plan::NODES;
 
 /// One claim (or lease) write on one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +101,11 @@ pub fn read_aof(node: usize, dir: &Path) -> Vec<ClaimWrite> {
     writes
 }
 
+/// The claim record a `SET key value` (with no expiry) on `node` writes, if `key` is one.
+pub fn parse_set(node: usize, key: &str, value: &str) -> Option<ClaimWrite> {
+    claim_or_lease(node, &["SET".to_string(), key.to_string(), value.to_string()])
+}
+
 /// The write `command` makes, if it is a claim record's or a lease's `SET`.
 fn claim_or_lease(node: usize, command: &[String]) -> Option<ClaimWrite> {
     let [set, key, value, rest @ ..] = command else {
@@ -183,6 +187,8 @@ impl Iterator for Commands<'_> {
 /// Who confirmed each (job, tick), on which nodes; and who took its lease, where, until when.
 #[derive(Debug, Default)]
 pub struct Confirms {
+    /// The nodes (or members) a majority is counted of.
+    nodes: usize,
     by_tick: HashMap<(String, i64), BTreeMap<String, BTreeSet<usize>>>,
     leases: HashMap<(String, i64), Vec<LeaseTaken>>,
 }
@@ -191,8 +197,12 @@ pub struct Confirms {
 pub type LeaseTaken = (String, usize, i64);
 
 impl Confirms {
-    pub fn new(writes: &[ClaimWrite]) -> Confirms {
-        let mut confirms = Confirms::default();
+    /// The claims of `writes`, on a cluster of `nodes`.
+    pub fn new(writes: &[ClaimWrite], nodes: usize) -> Confirms {
+        let mut confirms = Confirms {
+            nodes,
+            ..Confirms::default()
+        };
         for write in writes {
             if let (Some(expires), Some(claimant)) = (write.lease_expires, write.claimant()) {
                 confirms
@@ -235,7 +245,7 @@ impl Confirms {
     pub fn granted(&self, job: &str, tick: i64) -> Vec<&str> {
         self.of(job, tick)
             .into_iter()
-            .filter(|(_, nodes)| nodes.len() > NODES / 2)
+            .filter(|(_, nodes)| nodes.len() > self.nodes / 2)
             .map(|(claimant, _)| claimant)
             .collect()
     }
@@ -258,7 +268,7 @@ impl Confirms {
             .filter_map(|((job, tick), claimants)| {
                 let granted: Vec<String> = claimants
                     .iter()
-                    .filter(|(_, nodes)| nodes.len() > NODES / 2)
+                    .filter(|(_, nodes)| nodes.len() > self.nodes / 2)
                     .map(|(c, nodes)| format!("{c} on nodes {nodes:?}"))
                     .collect();
                 (granted.len() > 1).then(|| (job.clone(), *tick, granted))

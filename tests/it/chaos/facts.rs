@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::Value;
 
 use super::checker::JobSpec;
-use super::plan::{NODES, PROXIED_NODE, WORKERS};
+use super::plan::{PROXIED_NODE, WORKERS};
 use super::timeline::{Happening, Timeline};
 
 /// "Never", as an interval end.
@@ -116,6 +116,8 @@ pub type Logged = BTreeMap<i64, Vec<(String, i64)>>;
 /// The tick-level facts in the logs, with the instance that logged them.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
+    /// The store's nodes (Redis) or members (etcd): a majority of them is a quorum.
+    pub nodes: usize,
     pub lives: Vec<Life>,
     /// Per worker: `(from, offset)` steps of its wall clock, in time order.
     pub offsets: Vec<Vec<(i64, i64)>>,
@@ -158,16 +160,18 @@ pub fn parse_instant(text: &str) -> Option<i64> {
 }
 
 impl Facts {
-    pub fn gather(timeline: &Timeline, logs: &[InstanceLog]) -> Facts {
+    /// The facts of a run on `nodes` nodes (or members).
+    pub fn gather(timeline: &Timeline, logs: &[InstanceLog], nodes: usize) -> Facts {
         let mut facts = Facts {
+            nodes,
             offsets: vec![Vec::new(); WORKERS],
             measured: vec![Vec::new(); WORKERS],
             corrections: vec![Vec::new(); WORKERS],
-            unusable: vec![Vec::new(); NODES],
-            stalled: vec![Vec::new(); NODES],
+            unusable: vec![Vec::new(); nodes],
+            stalled: vec![Vec::new(); nodes],
             ..Facts::default()
         };
-        let mut down_since: [Option<i64>; NODES] = [None; NODES];
+        let mut down_since: Vec<Option<i64>> = vec![None; nodes];
         let mut proxy_since: Option<i64> = None;
         for (at, happening) in &timeline.entries {
             let at = *at;
@@ -427,7 +431,7 @@ impl Facts {
     /// when the plan's faults and `extra` alone took the majority out, `Some(false)` when measured stalls
     /// were needed for it.
     pub fn no_quorum_in(&self, a: i64, b: i64, extra: &[(usize, i64, i64)]) -> Option<bool> {
-        let needed = NODES / 2 + 1;
+        let needed = self.nodes / 2 + 1;
         let within =
             |intervals: &Vec<(i64, i64)>, p: i64| intervals.iter().any(|&(s, e)| s <= p && p <= e);
         let out = |n: usize, p: i64| {
@@ -447,8 +451,8 @@ impl Facts {
         points.extend(starts.filter(|&s| a <= s && s <= b));
         let mut lost = None;
         for p in points {
-            let planned = (0..NODES).filter(|&n| out(n, p)).count();
-            let any = (0..NODES)
+            let planned = (0..self.nodes).filter(|&n| out(n, p)).count();
+            let any = (0..self.nodes)
                 .filter(|&n| out(n, p) || within(&self.stalled[n], p))
                 .count();
             if planned >= needed {
@@ -578,7 +582,7 @@ mod tests {
                 },
             );
         }
-        let facts = Facts::gather(&timeline, &[]);
+        let facts = Facts::gather(&timeline, &[], crate::chaos::plan::NODES);
         let none = [];
         assert_eq!(facts.no_quorum_in(0, 3_900, &none), None, "two nodes out");
         assert_eq!(
@@ -619,7 +623,7 @@ mod tests {
                 offset_ms: -3_000,
             },
         );
-        let facts = Facts::gather(&timeline, &[]);
+        let facts = Facts::gather(&timeline, &[], crate::chaos::plan::NODES);
         assert_eq!(facts.race_time(1, 10_000), 8_000);
         assert_eq!(facts.race_time(0, 10_000), 10_000);
         assert_eq!(facts.race_time(3, 40_000), 40_000);
@@ -653,7 +657,7 @@ mod tests {
             ],
             bad_lines: Vec::new(),
         };
-        let facts = Facts::gather(&timeline, &[log]);
+        let facts = Facts::gather(&timeline, &[log], crate::chaos::plan::NODES);
         assert_eq!(facts.skew_at(1, 500), 2_000, "before it measured");
         assert_eq!(facts.race_time(1, 10_000), 10_000);
         assert_eq!(facts.skew_at(1, 31_000), 2_000, "stepped, not yet measured");

@@ -94,6 +94,12 @@ pub enum Fault {
     KillNode { node: usize, down_ms: u64 },
     /// SIGSTOP the node (connections hang, they are not refused); SIGCONT after `ms`.
     HangNode { node: usize, ms: u64 },
+    /// SIGKILL whichever etcd member leads when the fault comes due (an election follows); restart it
+    /// on its ports and data directory after `down_ms`.
+    KillLeader { down_ms: u64 },
+    /// SIGSTOP whichever etcd member leads when the fault comes due (the others elect a new leader; it
+    /// rejoins as a follower); SIGCONT after `ms`.
+    HangLeader { ms: u64 },
     /// SIGSTOP every running lock node at once, SIGCONT them after `ms` (less than the TTL): what one
     /// slow fsync does to nodes with `appendfsync always` on a shared disk.
     StallAll { ms: u64 },
@@ -120,9 +126,12 @@ impl Fault {
         match *self {
             Fault::Pause { ms, .. }
             | Fault::HangNode { ms, .. }
+            | Fault::HangLeader { ms }
             | Fault::StallAll { ms }
             | Fault::Proxy { ms, .. } => ms,
-            Fault::Crash { down_ms, .. } | Fault::KillNode { down_ms, .. } => down_ms,
+            Fault::Crash { down_ms, .. }
+            | Fault::KillNode { down_ms, .. }
+            | Fault::KillLeader { down_ms } => down_ms,
             Fault::Rollout { estimate_ms, .. } => estimate_ms,
             Fault::Jump { .. } | Fault::Ghost(_) => 0,
         }
@@ -136,7 +145,12 @@ impl Fault {
         )
     }
 
-    /// The node a node fault hits.
+    /// A fault that takes one node (or member) down: a given one, or the leader.
+    pub fn is_node_fault(&self) -> bool {
+        self.node().is_some() || matches!(self, Fault::KillLeader { .. } | Fault::HangLeader { .. })
+    }
+
+    /// The node a node fault hits, if the plan names it (not for the leader's).
     pub fn node(&self) -> Option<usize> {
         match *self {
             Fault::KillNode { node, .. } | Fault::HangNode { node, .. } => Some(node),
@@ -163,6 +177,10 @@ impl fmt::Display for Fault {
                 write!(f, "kill node {node}, restart after {down_ms} ms")
             }
             Fault::HangNode { node, ms } => write!(f, "hang node {node} for {ms} ms"),
+            Fault::KillLeader { down_ms } => {
+                write!(f, "kill the leader, restart it after {down_ms} ms")
+            }
+            Fault::HangLeader { ms } => write!(f, "hang the leader for {ms} ms"),
             Fault::StallAll { ms } => write!(f, "stall every node for {ms} ms"),
             Fault::Proxy { mode, ms } => write!(f, "proxy {mode} for {ms} ms"),
             Fault::Jump { worker, offset_ms } => {

@@ -63,6 +63,7 @@ use super::claims::{worker_of, Confirms};
 use super::facts::{Facts, Run, NEVER};
 use super::plan::{NODES, WORKERS};
 use super::report::show_time;
+use super::store::StoreKind;
 
 /// A claim takes at most about this long (rounds, retries): a worker paused this long after its race may
 /// have been mid-claim, and an attempt's outcome is logged at most this long after it began.
@@ -95,12 +96,14 @@ pub struct Evidence<'a> {
     pub runs: &'a [&'a Run],
     pub holds: &'a [Hold],
     pub confirms: &'a Confirms,
+    pub store: StoreKind,
     pub ttl_ms: i64,
 }
 
 /// The holds of the job's single lease key (`overlap: skip`), per the *held* rule.
 pub fn holds(input: &Input<'_>, facts: &Facts, job: &JobSpec, runs: &[&Run]) -> Vec<Hold> {
-    let ttl = input.ttl_ms;
+    // How long a lease outlives its holder's last renewal: the TTL on Redis, etcd's expiry on etcd.
+    let ttl = input.store.lease_hold_ms(input.ttl_ms);
     let mut holds: Vec<Hold> = runs
         .iter()
         .filter(|run| facts.skips(run.instance, job))
@@ -242,7 +245,16 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
     .map_or("no live worker with a usable clock", |(_, category)| {
         category
     });
-    Ok(category.to_string())
+    Ok(match (e.store, category) {
+        (StoreKind::Etcd, c) if c.starts_with("no quorum of Redis") => {
+            "no majority of etcd members at any attempt within the tick's window (members killed or hung)"
+        }
+        (StoreKind::Etcd, c) if c.contains("nodes stalled") => {
+            "no etcd leader within the tick's window: linearizable reads stalled on a majority of members (an election, measured by the probe)"
+        }
+        (_, c) => c,
+    }
+    .to_string())
 }
 
 /// The tick was confirmed on a majority for a claimant whose worker never logged `tick.won` for it, and
@@ -263,12 +275,12 @@ fn granted_to_the_dead(e: &Evidence<'_>, tick: i64) -> Option<String> {
 /// versions of `overlap` during a rollout) or a crash in round 2 (`docs/protocol.md`, G4).
 fn split_confirmations(e: &Evidence<'_>, tick: i64) -> Option<String> {
     let claimants = e.confirms.of(&e.job.name, tick);
-    let majority = NODES / 2 + 1;
+    let majority = e.facts.nodes / 2 + 1;
     if claimants.len() < 2 || claimants.iter().any(|(_, nodes)| nodes.len() >= majority) {
         return None;
     }
     let confirmed: usize = claimants.iter().map(|(_, nodes)| nodes.len()).sum();
-    let free = NODES - confirmed;
+    let free = e.facts.nodes.saturating_sub(confirmed);
     let could_still_win_and_ran = |(claimant, nodes): &(&str, &BTreeSet<usize>)| {
         nodes.len() + free >= majority
             && worker_of(claimant).is_none_or(|worker| excuse(e, worker, tick).is_err())
@@ -300,11 +312,16 @@ fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
             if e.runs.iter().any(|r| r.tick == tick && r.worker == worker) {
                 return None;
             }
-            let raced = leases
-                .iter()
-                .filter(|(c, _, _)| c == claimant)
-                .map(|(_, _, expires)| expires - e.ttl_ms)
-                .min()?;
+            // When it raced: its first lease's write (expiry less the TTL) in the AOF; etcd shows no
+            // lease expiry, so there the worker's race time.
+            let raced = match e.store {
+                StoreKind::Redis => leases
+                    .iter()
+                    .filter(|(c, _, _)| c == claimant)
+                    .map(|(_, _, expires)| expires - e.ttl_ms)
+                    .min()?,
+                StoreKind::Etcd => facts.race_time(worker, tick),
+            };
             let (from, to) = (raced - 500, raced + CLAIM_MS.max(e.job.grace_ms));
             let died = facts
                 .instances_of(worker)

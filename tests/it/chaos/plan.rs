@@ -9,8 +9,9 @@
 use std::fmt;
 
 use super::faults::{Case, Fault, Ghost, ProxyMode, Target};
+use super::store::StoreKind;
 
-/// Redis lock nodes.
+/// Redis lock nodes (an etcd cluster has [`StoreKind::nodes`] members).
 pub const NODES: usize = 5;
 /// Worker processes.
 pub const WORKERS: usize = 4;
@@ -21,8 +22,6 @@ pub const PROXIED_NODE: usize = NODES - 1;
 pub const JUMPER: usize = 3;
 /// Config versions the workers are rolled between.
 pub const VERSIONS: usize = 2;
-/// No more node faults than this at once: a minority of [`NODES`].
-const MAX_NODE_FAULTS: usize = 2;
 /// No more worker faults than this at once, so that at least two workers are always up.
 const MAX_WORKER_FAULTS: usize = 2;
 /// Faults start no earlier than this after the workers are up (they settle first)…
@@ -110,6 +109,8 @@ pub struct Timing {
 pub struct Plan {
     pub seed: u64,
     pub secs: u64,
+    /// The store the plan is for: it decides the nodes and the kinds of fault.
+    pub store: StoreKind,
     /// Each worker's initial wall-clock offset from real time, in ms.
     pub offsets: [i64; WORKERS],
     /// Sorted by `at_ms`.
@@ -120,13 +121,16 @@ impl Plan {
     /// Draws the plan for `seed`; the same arguments always give the same plan.
     ///
     /// Constraints, so that every fault stays within what the protocol claims to survive: at most
-    /// [`MAX_NODE_FAULTS`] nodes down or hung at once (a minority; the degraded proxy is not counted, so
+    /// [`StoreKind::max_node_faults`] nodes down or hung at once (a minority; the degraded proxy is not counted, so
     /// the checker sees a majority unusable only when that coincides with two node faults), every node
     /// stalled at once only for less than the TTL and never two such stalls together, at most
     /// [`MAX_WORKER_FAULTS`] workers paused, crashed or restarting at once (a rollout restarts one at a
     /// time), one proxy phase at a time, only node faults in the calm stretches around the deterministic
-    /// cases, and nothing at the start and end of the run.
-    pub fn generate(seed: u64, secs: u64, timing: Timing) -> Plan {
+    /// cases, and nothing at the start and end of the run. On etcd the node faults are member kills and
+    /// hangs, of a given member or of whichever leads at the time (an election), one at a time; there is
+    /// no proxy, no stall of every member and no ghost (its keys are Redis scripts'), and a Redis plan is
+    /// drawn exactly as before etcd existed, so its seeds replay.
+    pub fn generate(seed: u64, secs: u64, timing: Timing, store: StoreKind) -> Plan {
         let mut rng = SplitMix64::new(seed);
         let total_ms = secs * 1000;
         let ahead = rng.between(1000, 3000) as i64;
@@ -144,18 +148,21 @@ impl Plan {
             }
             let episode = Episode {
                 at_ms: at,
-                fault: random_fault(&mut rng, timing),
+                fault: match store {
+                    StoreKind::Redis => random_fault(&mut rng, timing),
+                    StoreKind::Etcd => random_etcd_fault(&mut rng, timing, store),
+                },
                 case: None,
             };
             // A calm stretch keeps every worker and the proxy healthy (the takeover in a case needs a
             // live worker and a quorum); up to two node faults still leave a quorum.
-            let disturbs_case = !matches!(
-                episode.fault,
-                Fault::KillNode { .. } | Fault::HangNode { .. }
-            );
+            // On etcd every member fault may change the leader, and a new leader renews every lease
+            // for its full TTL (etcd's `Promote`): the paused holder's lease could outlive the case's
+            // pause, and nobody would take its job over. So on etcd a calm stretch is calm.
+            let disturbs_case = store == StoreKind::Etcd || !episode.fault.is_node_fault();
             if episode.end_ms() + CALM_END_MS > total_ms
                 || (disturbs_case && calm.iter().any(|&(from, to)| episode.overlaps(from, to)))
-                || !fits(&episodes, &episode)
+                || !fits(&episodes, &episode, store)
             {
                 continue;
             }
@@ -165,6 +172,7 @@ impl Plan {
         Plan {
             seed,
             secs,
+            store,
             offsets,
             episodes,
         }
@@ -174,6 +182,23 @@ impl Plan {
     pub fn summary(&self) -> String {
         let count =
             |pred: &dyn Fn(&Fault) -> bool| self.episodes.iter().filter(|e| pred(&e.fault)).count();
+        if self.store == StoreKind::Etcd {
+            return format!(
+                "{} worker pauses ({} of the long job's holder), {} worker crashes ({} aimed at a race), \
+                 {} rollouts, {} member kills ({} of the leader), {} member hangs ({} of the leader), \
+                 {} clock steps",
+                count(&|f| matches!(f, Fault::Pause { .. })),
+                count(&|f| matches!(f, Fault::Pause { target: Target::LongHolder, .. })),
+                count(&|f| matches!(f, Fault::Crash { .. })),
+                count(&|f| matches!(f, Fault::Crash { target: Target::FirstRacer { .. }, .. })),
+                count(&|f| matches!(f, Fault::Rollout { .. })),
+                count(&|f| matches!(f, Fault::KillNode { .. } | Fault::KillLeader { .. })),
+                count(&|f| matches!(f, Fault::KillLeader { .. })),
+                count(&|f| matches!(f, Fault::HangNode { .. } | Fault::HangLeader { .. })),
+                count(&|f| matches!(f, Fault::HangLeader { .. })),
+                count(&|f| matches!(f, Fault::Jump { .. })),
+            );
+        }
         format!(
             "{} worker pauses ({} of the long job's holder), {} worker crashes ({} aimed at a race), \
              {} rollouts, {} node kills, {} node hangs, {} stalls of every node, {} ghost contenders, \
@@ -369,6 +394,50 @@ fn random_fault(rng: &mut SplitMix64, timing: Timing) -> Fault {
     }
 }
 
+/// One fault of the random part of an etcd plan: member kills and hangs (a third of them of the
+/// leader, who is found when the fault comes due) instead of the Redis nodes' faults, and the same worker
+/// faults.
+fn random_etcd_fault(rng: &mut SplitMix64, timing: Timing, store: StoreKind) -> Fault {
+    match rng.below(100) {
+        0..=14 => Fault::KillNode {
+            node: rng.below(store.nodes() as u64) as usize,
+            down_ms: rng.between(500, 6_000),
+        },
+        15..=24 => Fault::KillLeader {
+            down_ms: rng.between(500, 6_000),
+        },
+        25..=39 => Fault::HangNode {
+            node: rng.below(store.nodes() as u64) as usize,
+            ms: rng.between(300, 5_000),
+        },
+        40..=49 => Fault::HangLeader {
+            ms: rng.between(300, 5_000),
+        },
+        50..=61 => Fault::Pause {
+            target: Target::Worker(rng.below(WORKERS as u64) as usize),
+            ms: rng.between(300, 4_000),
+        },
+        62..=71 => Fault::Pause {
+            target: Target::LongHolder,
+            ms: timing.ttl_ms + rng.between(200, timing.long_ms),
+        },
+        72..=79 => Fault::Crash {
+            target: Target::Worker(rng.below(WORKERS as u64) as usize),
+            down_ms: rng.between(500, 6_000),
+        },
+        80..=87 => Fault::Crash {
+            target: Target::LongHolder,
+            down_ms: rng.between(500, 6_000),
+        },
+        _ => Fault::Crash {
+            target: Target::FirstRacer {
+                after_ms: rng.between(1, 20),
+            },
+            down_ms: rng.between(500, 6_000),
+        },
+    }
+}
+
 /// A ghost contender: its lease on 1 to 3 nodes (a minority or a majority), and in half the cases its
 /// claim on 1 or 2 of those (always a minority: a claim on a majority would be a grant).
 fn ghost(rng: &mut SplitMix64, timing: Timing) -> Ghost {
@@ -394,7 +463,7 @@ fn ghost(rng: &mut SplitMix64, timing: Timing) -> Ghost {
 
 /// Whether `new` keeps the plan within its constraints, assuming a worker fault aimed at run time may
 /// hit any worker.
-fn fits(episodes: &[Episode], new: &Episode) -> bool {
+fn fits(episodes: &[Episode], new: &Episode, store: StoreKind) -> bool {
     let (from, to) = (new.at_ms, new.end_ms().max(new.at_ms + 1));
     let overlapping: Vec<&Episode> = episodes.iter().filter(|e| e.overlaps(from, to)).collect();
     let stall_near = |e: &Episode, at: u64| {
@@ -403,10 +472,17 @@ fn fits(episodes: &[Episode], new: &Episode) -> bool {
             && at <= e.end_ms() + STALL_MARGIN_MS
     };
     match new.fault {
+        Fault::KillLeader { .. } | Fault::HangLeader { .. } => {
+            overlapping.iter().filter(|e| e.fault.is_node_fault()).count() < store.max_node_faults()
+        }
         Fault::KillNode { node, .. } | Fault::HangNode { node, .. } => {
             let busy: Vec<usize> = overlapping.iter().filter_map(|e| e.fault.node()).collect();
+            let leader = overlapping
+                .iter()
+                .filter(|e| e.fault.is_node_fault() && e.fault.node().is_none())
+                .count();
             !busy.contains(&node)
-                && busy.len() < MAX_NODE_FAULTS
+                && busy.len() + leader < store.max_node_faults()
                 && !episodes
                     .iter()
                     .any(|e| stall_near(e, from) || stall_near(e, to))
@@ -451,9 +527,10 @@ impl fmt::Display for Plan {
             .collect();
         writeln!(
             f,
-            "plan (seed {}, {} s): clocks {}",
+            "plan (seed {}, {} s, {:?}): clocks {}",
             self.seed,
             self.secs,
+            self.store,
             offsets.join(", ")
         )?;
         for e in &self.episodes {
@@ -476,8 +553,8 @@ mod tests {
     /// A seed always gives the same plan, and different seeds different plans.
     #[test]
     fn plans_are_reproducible_from_their_seed() {
-        assert_eq!(Plan::generate(7, 90, TIMING), Plan::generate(7, 90, TIMING));
-        assert_ne!(Plan::generate(7, 90, TIMING), Plan::generate(8, 90, TIMING));
+        assert_eq!(Plan::generate(7, 90, TIMING, StoreKind::Redis), Plan::generate(7, 90, TIMING, StoreKind::Redis));
+        assert_ne!(Plan::generate(7, 90, TIMING, StoreKind::Redis), Plan::generate(8, 90, TIMING, StoreKind::Redis));
         let mut a = SplitMix64::new(0);
         assert_eq!(
             a.next_u64(),
@@ -491,7 +568,7 @@ mod tests {
     #[test]
     fn plans_respect_their_constraints() {
         for seed in 0..300 {
-            let plan = Plan::generate(seed, 90, TIMING);
+            let plan = Plan::generate(seed, 90, TIMING, StoreKind::Redis);
             let cases: Vec<Case> = plan.episodes.iter().filter_map(|e| e.case).collect();
             assert_eq!(
                 cases,
@@ -506,10 +583,10 @@ mod tests {
                     .iter()
                     .filter(|e| e.at_ms <= t && t < e.end_ms())
                     .collect();
-                let nodes = active.iter().filter(|e| e.fault.node().is_some()).count();
+                let nodes = active.iter().filter(|e| e.fault.is_node_fault()).count();
                 let workers = active.iter().filter(|e| e.fault.is_worker_fault()).count();
                 assert!(
-                    nodes <= MAX_NODE_FAULTS,
+                    nodes <= StoreKind::Redis.max_node_faults(),
                     "seed {seed} at {t}: {nodes} nodes"
                 );
                 assert!(workers <= MAX_WORKER_FAULTS, "seed {seed} at {t}");
@@ -551,7 +628,7 @@ mod tests {
     #[test]
     fn ci_plans_roll_out_and_back() {
         for seed in 0..100 {
-            let plan = Plan::generate(seed, 75, TIMING);
+            let plan = Plan::generate(seed, 75, TIMING, StoreKind::Redis);
             let versions: Vec<usize> = plan
                 .episodes
                 .iter()
@@ -572,7 +649,7 @@ mod tests {
     /// A short run (the CI default) still gets faults of every kind over a handful of seeds.
     #[test]
     fn short_plans_still_inject_every_kind_of_fault() {
-        let plans: Vec<Plan> = (0..5).map(|s| Plan::generate(s, 75, TIMING)).collect();
+        let plans: Vec<Plan> = (0..5).map(|s| Plan::generate(s, 75, TIMING, StoreKind::Redis)).collect();
         let any = |pred: &dyn Fn(&Fault) -> bool| {
             plans
                 .iter()
@@ -592,5 +669,64 @@ mod tests {
                 ..
             }
         )));
+    }
+
+    /// An etcd plan as long as the CI run's (45 s): over many seeds, at most one member fault at once (a
+    /// minority of 3), no fault that is Redis's own, the stale-write case (both cases from 50 s on, here
+    /// checked at 90 s); over 20 seeds,
+    /// member and leader kills and hangs, worker faults, a rollout and clock steps.
+    #[test]
+    fn etcd_plans_fault_one_member_at_a_time() {
+        let timing = Timing {
+            ttl_ms: StoreKind::Etcd.ttl_ms(),
+            long_ms: 5_500,
+        };
+        let plans: Vec<Plan> = (0..200)
+            .map(|seed| Plan::generate(seed, 45, timing, StoreKind::Etcd))
+            .collect();
+        for plan in &plans {
+            let seed = plan.seed;
+            let cases: Vec<Case> = plan.episodes.iter().filter_map(|e| e.case).collect();
+            assert_eq!(cases, [Case::StaleWriteRejected], "seed {seed}");
+            let long = Plan::generate(seed, 90, timing, StoreKind::Etcd);
+            let cases: Vec<Case> = long.episodes.iter().filter_map(|e| e.case).collect();
+            assert_eq!(
+                cases,
+                [Case::StaleWriteRejected, Case::LeaseLossStopsJob],
+                "seed {seed}, 90 s"
+            );
+            for t in (0..45_000).step_by(50) {
+                let members = plan
+                    .episodes
+                    .iter()
+                    .filter(|e| e.at_ms <= t && t < e.end_ms() && e.fault.is_node_fault())
+                    .count();
+                assert!(members <= 1, "seed {seed} at {t}: {members} member faults");
+            }
+            for e in &plan.episodes {
+                assert!(
+                    !matches!(
+                        e.fault,
+                        Fault::Proxy { .. } | Fault::StallAll { .. } | Fault::Ghost(_)
+                    ),
+                    "seed {seed}: {}",
+                    e.fault
+                );
+                assert!(e.fault.node().is_none_or(|n| n < 3), "seed {seed}");
+            }
+        }
+        let any = |pred: &dyn Fn(&Fault) -> bool| {
+            plans[..20]
+                .iter()
+                .any(|p| p.episodes.iter().any(|e| pred(&e.fault)))
+        };
+        assert!(any(&|f| matches!(f, Fault::KillNode { .. })));
+        assert!(any(&|f| matches!(f, Fault::KillLeader { .. })));
+        assert!(any(&|f| matches!(f, Fault::HangNode { .. })));
+        assert!(any(&|f| matches!(f, Fault::HangLeader { .. })));
+        assert!(any(&|f| matches!(f, Fault::Pause { .. })));
+        assert!(any(&|f| matches!(f, Fault::Crash { .. })));
+        assert!(any(&|f| matches!(f, Fault::Rollout { .. })));
+        assert!(any(&|f| matches!(f, Fault::Jump { .. })));
     }
 }

@@ -6,6 +6,12 @@
 //! checker's witness of that: one thread per node sends `PING` every [`PERIOD`] straight to the node
 //! (not through the proxy) and records every answer slower than [`STALL`]. The checker counts a node
 //! as unusable during a measured stall, and says so when a miss is explained by one.
+//!
+//! On etcd the probe asks each member for a linearizable read through its JSON gateway (a fresh
+//! connection each time, so a restarted member is picked up at once): the member must hear from the
+//! leader that it still leads before it answers, so a read stalls on every member during an election
+//! or while the leader cannot reach a majority — exactly when a claim cannot commit. A refused
+//! connection (a killed member) is the plan's business, as on Redis.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,11 +19,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::harness::now_ms;
+use super::store::StoreKind;
 
 /// How often each node is probed.
 const PERIOD: Duration = Duration::from_millis(40);
 /// An answer slower than this is a stall.
 const STALL: Duration = Duration::from_millis(50);
+/// An etcd answer slower than this is a stall: a linearizable read is a round to the leader, and a
+/// loaded machine makes that tens of milliseconds without any fault.
+const ETCD_STALL: Duration = Duration::from_millis(100);
 /// Longest wait for one answer (a hung node is in the plan anyway).
 const GIVE_UP: Duration = Duration::from_secs(1);
 
@@ -36,8 +46,8 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// Starts probing each of `ports` (node `i` at `ports[i]` on loopback).
-    pub fn start(ports: &[u16]) -> Probe {
+    /// Starts probing each of `ports` (node `i` at `ports[i]` on loopback) of a `store` cluster.
+    pub fn start(ports: &[u16], store: StoreKind) -> Probe {
         let stop = Arc::new(AtomicBool::new(false));
         let stalls = Arc::new(Mutex::new(Vec::new()));
         let threads = ports
@@ -47,7 +57,10 @@ impl Probe {
                 let (stop, stalls) = (Arc::clone(&stop), Arc::clone(&stalls));
                 std::thread::Builder::new()
                     .name(format!("chaos-probe-{node}"))
-                    .spawn(move || probe(node, port, &stop, &stalls))
+                    .spawn(move || match store {
+                        StoreKind::Redis => probe(node, port, &stop, &stalls),
+                        StoreKind::Etcd => probe_etcd(node, port, &stop, &stalls),
+                    })
                     .expect("cannot start a probe thread")
             })
             .collect();
@@ -102,6 +115,29 @@ fn probe(node: usize, port: u16, stop: &AtomicBool, stalls: &Mutex<Vec<Stall>>) 
             }
             if !answered {
                 connection = None;
+            }
+        }
+        std::thread::sleep(PERIOD.saturating_sub(tick.elapsed()));
+    }
+}
+
+fn probe_etcd(node: usize, port: u16, stop: &AtomicBool, stalls: &Mutex<Vec<Stall>>) {
+    while !stop.load(Ordering::Relaxed) {
+        let tick = Instant::now();
+        let refused = std::net::TcpStream::connect(("127.0.0.1", port)).is_err();
+        if !refused {
+            let (sent, started) = (now_ms(), Instant::now());
+            let answered = crate::support::linearizable_read(port, GIVE_UP);
+            let took = started.elapsed();
+            // A member without a leader may also refuse the read at once: that is a stall too, until the
+            // next probe.
+            if took > ETCD_STALL || !answered {
+                let mut all = stalls.lock().unwrap_or_else(|p| p.into_inner());
+                all.push(Stall {
+                    node,
+                    from: sent,
+                    to: sent + took.max(PERIOD).as_millis() as i64,
+                });
             }
         }
         std::thread::sleep(PERIOD.saturating_sub(tick.elapsed()));

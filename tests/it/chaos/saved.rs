@@ -2,7 +2,7 @@
 //! and read back by `chaos::replay_a_saved_run`, so that a failed run's verdict can be examined — and
 //! the checker changed and run again — without the cluster.
 //!
-//! Files: `run.json` (window, planned cases, timeline), `ledger.txt` (the ledger's entries as it wrote
+//! Files: `run.json` (store, window, planned cases, timeline), `ledger.txt` (the ledger's entries as it wrote
 //! them), `claims.txt` (the nodes' claim writes, see [`super::claims`]), `w<worker>-<process>.log`
 //! (`<arrival ms> <event JSON>` per line), `w<worker>-<process>.bad` (lines that were not JSON, if any),
 //! and `report.txt`.
@@ -17,10 +17,12 @@ use super::facts::InstanceLog;
 use super::faults::Case;
 use super::ledger::Attempt;
 use super::report::Report;
+use super::store::StoreKind;
 use super::timeline::{Happening, Timeline};
 
-/// Everything [`checker::check`] reads, but the fixed job list and TTL.
+/// Everything [`checker::check`] reads, but the fixed job list (the TTL is the store's).
 pub struct Saved {
+    pub store: StoreKind,
     pub window: (i64, i64),
     pub planned_cases: Vec<Case>,
     pub timeline: Timeline,
@@ -32,8 +34,9 @@ pub struct Saved {
 impl Saved {
     pub fn check(&self) -> Report {
         checker::check(&Input {
+            store: self.store,
             jobs: &super::jobs(),
-            ttl_ms: super::harness::TTL_MS as i64,
+            ttl_ms: self.store.ttl_ms() as i64,
             window: self.window,
             timeline: &self.timeline,
             logs: &self.logs,
@@ -45,6 +48,7 @@ impl Saved {
 
     pub fn write(&self, dir: &Path, report: &str) -> std::io::Result<()> {
         let run = json!({
+            "store": self.store,
             "window": [self.window.0, self.window.1],
             "planned_cases": self.planned_cases,
             "timeline": self.timeline.entries,
@@ -75,6 +79,8 @@ impl Saved {
         };
         let run: Value =
             serde_json::from_str(&read("run.json")?).map_err(|e| format!("run.json: {e}"))?;
+        // Runs saved before etcd was a store were on Redis.
+        let store = serde_json::from_value(run["store"].clone()).unwrap_or(StoreKind::Redis);
         let window = serde_json::from_value::<(i64, i64)>(run["window"].clone())
             .map_err(|e| format!("run.json window: {e}"))?;
         let planned_cases = serde_json::from_value(run["planned_cases"].clone())
@@ -128,6 +134,7 @@ impl Saved {
         }
         logs.sort_by_key(|log| log.instance);
         Ok(Saved {
+            store,
             window,
             planned_cases,
             timeline: Timeline { entries },

@@ -9,6 +9,7 @@ use super::facts::InstanceLog;
 use super::ledger::{Attempt, Phase};
 use super::plan::WORKERS;
 use super::report::Report;
+use super::store::StoreKind;
 use super::timeline::{Happening, Timeline};
 
 /// An arbitrary whole second, as Unix ms.
@@ -208,6 +209,7 @@ impl Scenario {
             long: false,
         }];
         check(&Input {
+            store: StoreKind::Redis,
             jobs: &jobs,
             ttl_ms: TTL,
             window: (T0, T0 + 9_000),

@@ -121,16 +121,25 @@ impl EtcdCluster {
     pub fn leader(&self) -> usize {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            for i in (0..self.len()).filter(|i| self.is_serving(*i)) {
-                if let Some((me, leader)) = self.status(i) {
-                    if me == leader && leader != "0" {
-                        return i;
-                    }
-                }
+            if let Some(leader) = self.current_leader() {
+                return leader;
             }
             assert!(Instant::now() < deadline, "no etcd leader within 10 s");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The serving member that says it leads, asking each once (`None` during an election): for a
+    /// caller that must not wait.
+    pub fn current_leader(&self) -> Option<usize> {
+        (0..self.len())
+            .filter(|i| self.is_serving(*i))
+            .find(|&i| self.status(i).is_some_and(|(me, leader)| me == leader && leader != "0"))
+    }
+
+    /// Member `i`'s client port (plain HTTP unless TLS): etcd's JSON gateway answers there too.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.members[i].client_port
     }
 
     /// Whether member `i` runs and is not hung.
@@ -300,9 +309,26 @@ impl Drop for EtcdCluster {
     }
 }
 
+/// Whether member `port` (its client port) answers a linearizable read — one that needs the leader
+/// to confirm it still leads, so it waits out an election — within `timeout`.
+pub fn linearizable_read(port: u16, timeout: Duration) -> bool {
+    // The key is `chaos-probe` in base64, as the JSON gateway takes bytes.
+    http_within(
+        port,
+        "POST /v3/kv/range",
+        r#"{"key":"Y2hhb3MtcHJvYmU="}"#,
+        timeout,
+    )
+    .is_some()
+}
+
 /// One HTTP/1.0 request to a member's client port (etcd's JSON gateway); the body of a 200 answer.
 fn http(port: u16, request_line: &str, body: &str) -> Option<String> {
-    let timeout = Duration::from_millis(500);
+    http_within(port, request_line, body, Duration::from_millis(500))
+}
+
+/// [`http`] with a bound of its own on connecting, sending and reading.
+fn http_within(port: u16, request_line: &str, body: &str, timeout: Duration) -> Option<String> {
     let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = TcpStream::connect_timeout(&address, timeout).ok()?;
     stream.set_read_timeout(Some(timeout)).ok()?;

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 #[allow(unused_imports)]
 pub use self::delay_proxy::DelayProxy;
 #[allow(unused_imports)]
-pub use self::etcd::EtcdCluster;
+pub use self::etcd::{linearizable_read, EtcdCluster};
 #[allow(unused_imports)]
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
 #[allow(unused_imports)]

@@ -7,7 +7,8 @@
 
 use std::path::Path;
 
-use super::{Breakage, GRACE_S, LONG_JOB, LONG_MS, RENEW_MS, SHUTDOWN_GRACE_S, TTL_MS};
+use super::{Breakage, GRACE_S, LONG_JOB, LONG_MS, SHUTDOWN_GRACE_S};
+use crate::chaos::store::StoreKind;
 
 /// `+1.500` / `-2.250`: a libfaketime offset in seconds.
 pub(super) fn faketime_spec(offset_ms: i64) -> String {
@@ -19,10 +20,12 @@ pub(super) fn faketime_spec(offset_ms: i64) -> String {
     )
 }
 
-/// The jobs file of worker `w` in config `version` (0 or 1).
+/// The jobs file of worker `w` in config `version` (0 or 1), on `store` at `nodes` (Redis URLs or etcd
+/// endpoints).
 pub(super) fn config(
     worker: usize,
     version: usize,
+    store: StoreKind,
     nodes: &[String],
     ledger: &Path,
     breakage: Option<Breakage>,
@@ -92,13 +95,17 @@ pub(super) fn config(
             long = long(" rolled"),
         ),
     };
+    let section = match store {
+        StoreKind::Redis => format!("redis:\n  nodes: [{nodes}]"),
+        StoreKind::Etcd => format!("etcd:\n  endpoints: [{nodes}]"),
+    };
+    let (ttl, renew, node_timeout) = (store.ttl_ms(), store.renew_ms(), store.node_timeout_ms());
     format!(
-        r#"redis:
-  nodes: [{nodes}]
+        r#"{section}
 lock:
-  ttl: {TTL_MS}ms
-  renew_every: {RENEW_MS}ms
-  node_timeout: 200ms
+  ttl: {ttl}ms
+  renew_every: {renew}ms
+  node_timeout: {node_timeout}ms
   retry_delay: 100ms
 worker:
   id: w{worker}

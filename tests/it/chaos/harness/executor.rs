@@ -189,6 +189,20 @@ impl Cluster {
                     .push(now_ms(), Happening::NodeDown { node, hung: true });
                 Some(Active::Hit(Hit::Node(node)))
             }
+            Fault::KillLeader { .. } | Fault::HangLeader { .. } => {
+                let Some(node) = self.nodes.leader() else {
+                    return self.skip(fault, "no leader (an election is going on)");
+                };
+                let hung = matches!(fault, Fault::HangLeader { .. });
+                if hung {
+                    self.nodes.stop(node);
+                } else {
+                    self.nodes.kill(node);
+                }
+                self.timeline
+                    .push(now_ms(), Happening::NodeDown { node, hung });
+                Some(Active::Hit(Hit::Node(node)))
+            }
             Fault::StallAll { .. } => {
                 let nodes: Vec<usize> = (0..self.nodes.len())
                     .filter(|&node| self.nodes.is_serving(node))
@@ -204,9 +218,12 @@ impl Cluster {
                 Some(Active::Hit(Hit::Nodes(nodes)))
             }
             Fault::Proxy { mode, .. } => {
-                self.proxy.set(mode);
+                let Some(proxy) = &self.proxy else {
+                    return self.skip(fault, "no proxy on this store");
+                };
+                proxy.set(mode);
                 // Start each degraded phase by cutting what is open: the clients must reconnect.
-                self.proxy.cut();
+                proxy.cut();
                 self.timeline.push(now_ms(), Happening::Proxy { mode });
                 Some(Active::Hit(Hit::Proxy))
             }
@@ -354,12 +371,14 @@ impl Cluster {
             (Fault::Crash { .. }, Hit::Worker(worker)) => {
                 self.spawn(worker);
             }
-            (Fault::KillNode { .. }, Hit::Node(node)) => {
+            (Fault::KillNode { .. } | Fault::KillLeader { .. }, Hit::Node(node)) => {
                 self.nodes.restart(node);
-                watch_latency(&self.nodes, node);
+                if let Some(nodes) = self.nodes.redis() {
+                    watch_latency(nodes, node);
+                }
                 self.timeline.push(now_ms(), Happening::NodeUp { node });
             }
-            (Fault::HangNode { .. }, Hit::Node(node)) => {
+            (Fault::HangNode { .. } | Fault::HangLeader { .. }, Hit::Node(node)) => {
                 self.nodes.cont(node);
                 self.timeline.push(now_ms(), Happening::NodeUp { node });
             }
@@ -373,7 +392,9 @@ impl Cluster {
                 }
             }
             (Fault::Proxy { .. }, Hit::Proxy) => {
-                self.proxy.set(ProxyMode::Clean);
+                if let Some(proxy) = &self.proxy {
+                    proxy.set(ProxyMode::Clean);
+                }
                 self.timeline.push(
                     now_ms(),
                     Happening::Proxy {

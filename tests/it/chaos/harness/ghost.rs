@@ -66,8 +66,12 @@ pub fn lease_key(job: &str, skip: bool, tick: i64) -> String {
 }
 
 impl Cluster {
-    /// Writes ghost `index`'s keys for `tick` and records what each node took.
+    /// Writes ghost `index`'s keys for `tick` and records what each node took (Redis nodes only: an etcd
+    /// plan has no ghosts).
     pub(super) fn write_ghost(&mut self, index: usize, ghost: Ghost, tick: i64) {
+        let Some(nodes) = self.nodes.redis() else {
+            return;
+        };
         let spec = &crate::chaos::jobs()[ghost.job];
         let key = lease_key(&spec.name, spec.skip[ghost.version], tick);
         let keys = [
@@ -81,10 +85,10 @@ impl Cluster {
             0x0dd_c0ffee_u64 + index as u64
         );
         let token = (tick as u64 * 1000 + 7).to_string();
-        let ports: Vec<u16> = (0..self.nodes.len()).map(|n| self.nodes.port(n)).collect();
+        let ports: Vec<u16> = (0..nodes.len()).map(|n| nodes.port(n)).collect();
         let leased: Vec<usize> = Ghost::nodes(ghost.leased)
             .into_iter()
-            .filter(|&node| self.nodes.is_serving(node))
+            .filter(|&node| nodes.is_serving(node))
             .collect();
         let confirmed = Ghost::nodes(ghost.confirmed);
         let answers: Vec<(usize, String)> = std::thread::scope(|scope| {

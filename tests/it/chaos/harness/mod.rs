@@ -1,17 +1,20 @@
 //! The cluster under test and the hand that breaks it: 5 lock nodes (append-only, fsync always), one of
-//! them behind the [`Proxy`]; the [`Ledger`]; 4 worker processes with their clocks; and the executor
-//! that carries out a [`Plan`], writing down in a [`Timeline`] what it did and when.
+//! them behind the [`Proxy`], or 3 etcd members ([`nodes`]); the [`Ledger`]; 4 worker processes with
+//! their clocks; and the executor that carries out a [`Plan`], writing down in a [`Timeline`] what it
+//! did and when.
 //!
 //! - [`journal`]: each worker process's events, stamped with their real arrival time;
 //! - [`executor`]: the plan carried out, fault by fault, into the timeline;
 //! - [`rollout`]: a rolling config change, one worker at a time;
 //! - [`ghost`]: a crashed contender's keys, written straight into the nodes;
-//! - [`config`]: the workers' jobs file (two versions) and clocks.
+//! - [`config`]: the workers' jobs file (two versions) and clocks;
+//! - [`nodes`]: the store's processes, Redis nodes or etcd members.
 
 mod config;
 mod executor;
 mod ghost;
 mod journal;
+mod nodes;
 mod rollout;
 
 use std::path::PathBuf;
@@ -23,21 +26,20 @@ use serde_json::Value;
 
 use self::config::{config, faketime_spec};
 use self::journal::{follow, Journal};
+use self::nodes::Nodes;
 use super::claims::{self, ClaimWrite};
 use super::facts::InstanceLog;
 use super::ledger::Ledger;
-use super::plan::{Plan, JUMPER, NODES, PROXIED_NODE, VERSIONS, WORKERS};
+use super::plan::{Plan, JUMPER, PROXIED_NODE, VERSIONS, WORKERS};
 use super::probe::{Probe, Stall};
 use super::proxy::Proxy;
+use super::store::StoreKind;
 use super::timeline::{Happening, Timeline};
 use crate::support::libfaketime;
-use crate::support::{Persistence, RedisCluster, TestDir, Worker};
+use crate::support::{EtcdCluster, Persistence, RedisCluster, TestDir, Worker};
 
 /// The job that outlives the TTL.
 pub const LONG_JOB: &str = "long";
-/// Lease TTL and renewal period of the workers: short, so that takeovers happen within seconds.
-pub const TTL_MS: u64 = 2_000;
-const RENEW_MS: u64 = 600;
 /// How long the long job runs between its first and its last write.
 pub const LONG_MS: u64 = 5_500;
 /// The workers' shutdown grace: running jobs may finish within it.
@@ -56,7 +58,8 @@ pub fn now_ms() -> i64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Breakage {
     /// Workers 0-1 list nodes 0-2 and workers 2-3 list nodes 2-4: each counts a "majority" of 2 of its 3,
-    /// which is what counting reachable instead of configured nodes does in a partition.
+    /// which is what counting reachable instead of configured nodes does in a partition (Redis only:
+    /// etcd members answer for their cluster, whichever a worker lists).
     SplitQuorum,
     /// The long job escapes the worker's process group (`setsid`), so a worker that lost its lease cannot
     /// stop it: the job goes on without its lease, as if the lease-loss stop were missing. (Ignoring
@@ -91,8 +94,9 @@ struct Instance {
 /// The cluster under test.
 pub struct Cluster {
     pub dir: TestDir,
-    nodes: RedisCluster,
-    pub proxy: Proxy,
+    nodes: Nodes,
+    /// In front of [`PROXIED_NODE`], on Redis only.
+    pub proxy: Option<Proxy>,
     pub ledger: Ledger,
     /// Per worker, its jobs file in each config version.
     configs: Vec<[PathBuf; VERSIONS]>,
@@ -119,19 +123,35 @@ impl Cluster {
     /// `worker.started`.
     pub fn start(plan: &Plan, breakage: Option<Breakage>) -> Cluster {
         crate::support::require_program("redis-cli", "redis-tools");
+        let store = plan.store;
         let dir = TestDir::new();
-        let nodes = RedisCluster::builder()
-            .nodes(NODES)
-            .persistence(Persistence::AppendOnlyAlways)
-            .start();
-        for node in 0..NODES {
-            watch_latency(&nodes, node);
-        }
-        let probe = Probe::start(&(0..NODES).map(|node| nodes.port(node)).collect::<Vec<_>>());
-        let proxy = Proxy::start(nodes.port(PROXIED_NODE), plan.seed);
+        let (nodes, proxy, urls) = match store {
+            StoreKind::Redis => {
+                let nodes = RedisCluster::builder()
+                    .nodes(store.nodes())
+                    .persistence(Persistence::AppendOnlyAlways)
+                    .start();
+                for node in 0..nodes.len() {
+                    watch_latency(&nodes, node);
+                }
+                let proxy = Proxy::start(nodes.port(PROXIED_NODE), plan.seed);
+                let mut urls = nodes.urls();
+                urls[PROXIED_NODE] = proxy.url();
+                (Nodes::Redis(nodes), Some(proxy), urls)
+            }
+            StoreKind::Etcd => {
+                assert!(
+                    breakage != Some(Breakage::SplitQuorum),
+                    "split-quorum breaks Redis quorums; etcd members answer for their cluster"
+                );
+                let members = EtcdCluster::with_members(store.nodes());
+                let endpoints = members.endpoints();
+                (Nodes::Etcd(members), None, endpoints)
+            }
+        };
+        let ports: Vec<u16> = (0..nodes.len()).map(|n| nodes.probe_port(n)).collect();
+        let probe = Probe::start(&ports, store);
         let ledger = Ledger::start(dir.path());
-        let mut urls = nodes.urls();
-        urls[PROXIED_NODE] = proxy.url();
         let configs = (0..WORKERS)
             .map(|w| {
                 let listed: Vec<String> = match breakage {
@@ -142,7 +162,7 @@ impl Cluster {
                 std::array::from_fn(|version| {
                     dir.write(
                         format!("w{w}.v{version}.yaml"),
-                        config(w, version, &listed, ledger.script(), breakage),
+                        config(w, version, store, &listed, ledger.script(), breakage),
                     )
                 })
             })
@@ -283,10 +303,17 @@ impl Cluster {
             .is_none_or(|r| r.is_finished())
     }
 
-    /// What each lock node confirmed, from its append-only file (read at the end of the run).
+    /// What each lock node confirmed, from its append-only file (read at the end of the run); on etcd,
+    /// every claim record the cluster committed, from its history ([`super::etcd_claims`]).
     pub fn claim_writes(&self) -> Vec<ClaimWrite> {
-        (0..NODES)
-            .flat_map(|node| claims::read_aof(node, &self.nodes.dir(node).join("appendonlydir")))
+        let nodes = match &self.nodes {
+            Nodes::Redis(nodes) => nodes,
+            Nodes::Etcd(members) => {
+                return super::etcd_claims::read_history(&members.endpoints(), members.len())
+            }
+        };
+        (0..nodes.len())
+            .flat_map(|node| claims::read_aof(node, &nodes.dir(node).join("appendonlydir")))
             .collect()
     }
     /// Resumes paused workers and asks every live one to shut down (SIGTERM: running jobs finish within
@@ -443,12 +470,16 @@ impl Cluster {
             .collect()
     }
 
-    /// Each node's worst stalls since its last start, by cause (`LATENCY LATEST`): `event latest-ms max-ms`.
+    /// Each node's worst stalls since its last start, by cause (`LATENCY LATEST`): `event latest-ms max-ms`
+    /// (Redis nodes only).
     pub fn node_stalls(&self) -> Vec<String> {
-        (0..NODES)
+        let Some(nodes) = self.nodes.redis() else {
+            return vec!["none on etcd".to_string()];
+        };
+        (0..nodes.len())
             .map(|node| {
                 let latest: Vec<(String, i64, i64, i64)> =
-                    self.nodes.query(node, redis::cmd("LATENCY").arg("LATEST"));
+                    nodes.query(node, redis::cmd("LATENCY").arg("LATEST"));
                 let events: Vec<String> = latest
                     .iter()
                     .map(|(event, _, last, max)| format!("{event} {last}/{max} ms"))
