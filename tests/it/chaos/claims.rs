@@ -18,7 +18,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
-
 /// One claim (or lease) write on one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimWrite {
@@ -103,7 +102,10 @@ pub fn read_aof(node: usize, dir: &Path) -> Vec<ClaimWrite> {
 
 /// The claim record a `SET key value` (with no expiry) on `node` writes, if `key` is one.
 pub fn parse_set(node: usize, key: &str, value: &str) -> Option<ClaimWrite> {
-    claim_or_lease(node, &["SET".to_string(), key.to_string(), value.to_string()])
+    claim_or_lease(
+        node,
+        &["SET".to_string(), key.to_string(), value.to_string()],
+    )
 }
 
 /// The write `command` makes, if it is a claim record's or a lease's `SET`.

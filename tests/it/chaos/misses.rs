@@ -51,6 +51,21 @@
 //!   paused or told to shut down after it took the lease, until the lease's expiry in the AOF). A live
 //!   contender is no excuse: contenders that are alive must settle the tick between them.
 //!
+//! **On etcd** the same rules apply, read against what an etcd run knows instead of Redis nodes:
+//! - a *majority* is 2 of the 3 members; a member counts as unusable while killed or hung (and 2 s
+//!   after), and during a stall the probe measured — a linearizable read on it slower than 100 ms or
+//!   refused, which is what every member shows while there is no leader (an election after the leader
+//!   was killed or hung): no claim can commit then, whichever member a worker asks. No other cause
+//!   makes a member unusable: a live member that answers the probe is no excuse, even if a worker's
+//!   client kept asking a dead one;
+//! - *granted to a claimant that died mid-claim* reads etcd's history of claim records
+//!   ([`super::etcd_claims`]): a committed record is a grant; as there is no lease expiry to read, the
+//!   claimant raced when its worker's clock read the tick;
+//! - *held* counts a lease as held until its holder's last renewal + etcd's expiry (the TTL in whole
+//!   seconds + the leader's 500 ms expiry check + the revoke's commit), not + the TTL; the nodes' own
+//!   answer (`tick.lost: busy`) works as on Redis;
+//! - there are no ghosts, no proxy and no stall of every node on etcd, so those rules find nothing.
+//!
 //! The table names one cause per explained miss: the first of *won, never started*, *granted to a
 //! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
 //! *held by a contender of another tick*, *still racing*, *a dead contender of the tick*, *no quorum*

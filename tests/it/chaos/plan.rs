@@ -473,7 +473,11 @@ fn fits(episodes: &[Episode], new: &Episode, store: StoreKind) -> bool {
     };
     match new.fault {
         Fault::KillLeader { .. } | Fault::HangLeader { .. } => {
-            overlapping.iter().filter(|e| e.fault.is_node_fault()).count() < store.max_node_faults()
+            overlapping
+                .iter()
+                .filter(|e| e.fault.is_node_fault())
+                .count()
+                < store.max_node_faults()
         }
         Fault::KillNode { node, .. } | Fault::HangNode { node, .. } => {
             let busy: Vec<usize> = overlapping.iter().filter_map(|e| e.fault.node()).collect();
@@ -553,8 +557,14 @@ mod tests {
     /// A seed always gives the same plan, and different seeds different plans.
     #[test]
     fn plans_are_reproducible_from_their_seed() {
-        assert_eq!(Plan::generate(7, 90, TIMING, StoreKind::Redis), Plan::generate(7, 90, TIMING, StoreKind::Redis));
-        assert_ne!(Plan::generate(7, 90, TIMING, StoreKind::Redis), Plan::generate(8, 90, TIMING, StoreKind::Redis));
+        assert_eq!(
+            Plan::generate(7, 90, TIMING, StoreKind::Redis),
+            Plan::generate(7, 90, TIMING, StoreKind::Redis)
+        );
+        assert_ne!(
+            Plan::generate(7, 90, TIMING, StoreKind::Redis),
+            Plan::generate(8, 90, TIMING, StoreKind::Redis)
+        );
         let mut a = SplitMix64::new(0);
         assert_eq!(
             a.next_u64(),
@@ -649,7 +659,9 @@ mod tests {
     /// A short run (the CI default) still gets faults of every kind over a handful of seeds.
     #[test]
     fn short_plans_still_inject_every_kind_of_fault() {
-        let plans: Vec<Plan> = (0..5).map(|s| Plan::generate(s, 75, TIMING, StoreKind::Redis)).collect();
+        let plans: Vec<Plan> = (0..5)
+            .map(|s| Plan::generate(s, 75, TIMING, StoreKind::Redis))
+            .collect();
         let any = |pred: &dyn Fn(&Fault) -> bool| {
             plans
                 .iter()

@@ -132,9 +132,10 @@ impl EtcdCluster {
     /// The serving member that says it leads, asking each once (`None` during an election): for a
     /// caller that must not wait.
     pub fn current_leader(&self) -> Option<usize> {
-        (0..self.len())
-            .filter(|i| self.is_serving(*i))
-            .find(|&i| self.status(i).is_some_and(|(me, leader)| me == leader && leader != "0"))
+        (0..self.len()).filter(|i| self.is_serving(*i)).find(|&i| {
+            self.status(i)
+                .is_some_and(|(me, leader)| me == leader && leader != "0")
+        })
     }
 
     /// Member `i`'s client port (plain HTTP unless TLS): etcd's JSON gateway answers there too.
