@@ -148,10 +148,7 @@ impl Plan {
             }
             let episode = Episode {
                 at_ms: at,
-                fault: match store {
-                    StoreKind::Redis => random_fault(&mut rng, timing),
-                    StoreKind::Etcd => random_etcd_fault(&mut rng, timing, store),
-                },
+                fault: random_fault(&mut rng, timing, store),
                 case: None,
             };
             // A calm stretch keeps every worker and the proxy healthy (the takeover in a case needs a
@@ -339,9 +336,15 @@ fn clock_steps(
     }
 }
 
-/// One fault of the random part of the plan.
-fn random_fault(rng: &mut SplitMix64, timing: Timing) -> Fault {
-    match rng.below(120) {
+/// One fault of the random part of the plan (on etcd, member faults for the Redis nodes' own kinds).
+fn random_fault(rng: &mut SplitMix64, timing: Timing, store: StoreKind) -> Fault {
+    let roll = rng.below(120);
+    if store == StoreKind::Etcd {
+        if let Some(fault) = member_fault(rng, roll, store) {
+            return fault;
+        }
+    }
+    match roll {
         0..=19 => Fault::KillNode {
             node: rng.below(NODES as u64) as usize,
             down_ms: rng.between(500, 6_000),
@@ -394,48 +397,27 @@ fn random_fault(rng: &mut SplitMix64, timing: Timing) -> Fault {
     }
 }
 
-/// One fault of the random part of an etcd plan: member kills and hangs (a third of them of the
-/// leader, who is found when the fault comes due) instead of the Redis nodes' faults, and the same worker
-/// faults.
-fn random_etcd_fault(rng: &mut SplitMix64, timing: Timing, store: StoreKind) -> Fault {
-    match rng.below(100) {
-        0..=14 => Fault::KillNode {
+/// On etcd, the member fault that takes the place of a Redis node fault, proxy phase, stall of every
+/// node or ghost drawn as `roll` by [`random_fault`]: kills and hangs of a given member or of the leader
+/// (found when the fault comes due); `None` for the worker faults, which are the same on both stores.
+fn member_fault(rng: &mut SplitMix64, roll: u64, store: StoreKind) -> Option<Fault> {
+    Some(match roll {
+        0..=19 => Fault::KillNode {
             node: rng.below(store.nodes() as u64) as usize,
             down_ms: rng.between(500, 6_000),
         },
-        15..=24 => Fault::KillLeader {
-            down_ms: rng.between(500, 6_000),
-        },
-        25..=39 => Fault::HangNode {
+        20..=39 => Fault::HangNode {
             node: rng.below(store.nodes() as u64) as usize,
             ms: rng.between(300, 5_000),
         },
-        40..=49 => Fault::HangLeader {
+        40..=54 => Fault::KillLeader {
+            down_ms: rng.between(500, 6_000),
+        },
+        90..=109 => Fault::HangLeader {
             ms: rng.between(300, 5_000),
         },
-        50..=61 => Fault::Pause {
-            target: Target::Worker(rng.below(WORKERS as u64) as usize),
-            ms: rng.between(300, 4_000),
-        },
-        62..=71 => Fault::Pause {
-            target: Target::LongHolder,
-            ms: timing.ttl_ms + rng.between(200, timing.long_ms),
-        },
-        72..=79 => Fault::Crash {
-            target: Target::Worker(rng.below(WORKERS as u64) as usize),
-            down_ms: rng.between(500, 6_000),
-        },
-        80..=87 => Fault::Crash {
-            target: Target::LongHolder,
-            down_ms: rng.between(500, 6_000),
-        },
-        _ => Fault::Crash {
-            target: Target::FirstRacer {
-                after_ms: rng.between(1, 20),
-            },
-            down_ms: rng.between(500, 6_000),
-        },
-    }
+        _ => return None,
+    })
 }
 
 /// A ghost contender: its lease on 1 to 3 nodes (a minority or a majority), and in half the cases its
