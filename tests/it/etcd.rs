@@ -18,7 +18,7 @@ use crate::support::{store_on, won, Backend, EtcdCluster};
 /// margin for a loaded machine.
 const SETTLE: Duration = Duration::from_secs(20);
 
-fn settings() -> LockSettings {
+pub(crate) fn settings() -> LockSettings {
     Backend::Etcd.adapt(LockSettings {
         ttl: Duration::from_secs(4),
         renew_every: Duration::from_millis(1_300),
@@ -34,12 +34,12 @@ fn store(cluster: &EtcdCluster) -> Store {
     )
 }
 
-fn request(worker: &str, job: &str, tick: i64) -> ClaimRequest {
+pub(crate) fn request(worker: &str, job: &str, tick: i64) -> ClaimRequest {
     ClaimRequest::new(worker, job, Tick(tick), Overlap::Skip, "test")
 }
 
 /// Claims `request` as the worker does: the same request again while the outcome is not final.
-async fn claim_until_final(store: &Store, request: &ClaimRequest) -> ClaimOutcome {
+pub(crate) async fn claim_until_final(store: &Store, request: &ClaimRequest) -> ClaimOutcome {
     let deadline = Instant::now() + SETTLE;
     loop {
         let outcome = store.claim(request).await;

@@ -11,6 +11,7 @@ mod deploy;
 mod docs;
 mod embedded;
 mod etcd;
+mod etcd_failover;
 mod etcd_series;
 mod history;
 mod inspect;

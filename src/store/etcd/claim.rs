@@ -196,11 +196,7 @@ impl EtcdStore {
     /// The claim's keys, read in one read-only transaction (one linearizable snapshot).
     async fn read(&self, keys: &Keys) -> Result<Snapshot, String> {
         let txn = keys.read();
-        let answer = self
-            .call(self.settings.node_timeout, |mut c| async move {
-                c.txn(txn).await
-            })
-            .await?;
+        let answer = self.txn(self.settings.node_timeout, txn).await?;
         Snapshot::from_responses(keys, answer.op_responses().as_slice())
     }
 
@@ -237,11 +233,7 @@ impl EtcdStore {
                 ),
             ])
             .or_else(keys.gets());
-        let answer = self
-            .call(self.settings.node_timeout, |mut c| async move {
-                c.txn(txn).await
-            })
-            .await?;
+        let answer = self.txn(self.settings.node_timeout, txn).await?;
         if answer.succeeded() {
             let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
             return Ok(Written::Applied(revision));

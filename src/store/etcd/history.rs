@@ -39,7 +39,7 @@ impl EtcdStore {
                 .map(|entry| TxnOp::put(self.entry_key(entry), entry.to_json(), None))
                 .collect();
             let txn = Txn::new().and_then(puts);
-            self.call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
+            self.txn(EXCHANGE_TIMEOUT, txn)
                 .await
                 .map_err(|why| self.failure(why))?;
         }
@@ -60,11 +60,7 @@ impl EtcdStore {
             .with_keys_only()
             .with_sort(SortTarget::Key, SortOrder::Descend);
         let prefix = base.clone();
-        let listed = self
-            .call(EXCHANGE_TIMEOUT, |mut c| async move {
-                c.get(prefix, Some(keys)).await
-            })
-            .await?;
+        let listed = self.get(EXCHANGE_TIMEOUT, prefix, keys).await?;
         let mut ticks: Vec<&[u8]> = listed
             .kvs()
             .iter()
@@ -78,11 +74,9 @@ impl EtcdStore {
         // Every key of a tick up to the newest dropped one: `…/<tick>/…` sorts below `…/<tick>0`.
         let end = format!("{base}{}0", String::from_utf8_lossy(newest_dropped));
         let range = DeleteOptions::new().with_range(end);
-        self.call(EXCHANGE_TIMEOUT, |mut c| async move {
-            c.delete(base, Some(range)).await
-        })
-        .await
-        .map(|_| ())
+        self.delete(EXCHANGE_TIMEOUT, base, Some(range))
+            .await
+            .map(|_| ())
     }
 
     /// The entries of `query`, newest first; see [`crate::store::Store::history`]. An entry that does not
@@ -101,9 +95,7 @@ impl EtcdStore {
             .with_range(to)
             .with_sort(SortTarget::Key, SortOrder::Descend);
         let answer = self
-            .call(EXCHANGE_TIMEOUT, |mut c| async move {
-                c.get(from, Some(range)).await
-            })
+            .get(EXCHANGE_TIMEOUT, from, range)
             .await
             .map_err(|why| self.failure(why))?;
         let (mut entries, mut skipped) = (Vec::new(), Vec::new());
@@ -158,7 +150,7 @@ impl EtcdStore {
             ));
         }
         let txn = Txn::new().and_then(ops);
-        self.call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
+        self.txn(EXCHANGE_TIMEOUT, txn)
             .await
             .map_err(|why| self.failure(why))?;
         self.drop_dead(seen_ms)
@@ -189,9 +181,7 @@ impl EtcdStore {
             return Ok(());
         }
         let txn = Txn::new().and_then(dead);
-        self.call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
-            .await
-            .map(|_| ())
+        self.txn(EXCHANGE_TIMEOUT, txn).await.map(|_| ())
     }
 
     /// Every member announced within [`KEEP_DEAD`], alive or not, sorted by id; see
@@ -227,9 +217,7 @@ impl EtcdStore {
                 Some(GetOptions::new().with_prefix().with_keys_only()),
             ),
         ]);
-        let answer = self
-            .call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
-            .await?;
+        let answer = self.txn(EXCHANGE_TIMEOUT, txn).await?;
         let mut found = (Vec::new(), Vec::new());
         for (index, response) in answer.op_responses().into_iter().enumerate() {
             let etcd_client::TxnOpResponse::Get(get) = response else {

@@ -11,7 +11,9 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
+use super::cluster::Cluster;
 use super::EtcdStore;
 use crate::clock::boot::BootInstant;
 use crate::lock::{validity, Lease, RenewError};
@@ -55,20 +57,19 @@ impl EtcdStore {
 
     /// Revokes the lease's etcd lease (deleting its lease key), also after the lease was lost (the worker
     /// releases every lease it won); the claim record stays. Returns once etcd answered, or after
-    /// `node_timeout`; a revoke that failed (a member gone, an election) is tried again in the background
-    /// until etcd answers, bounded by the TTL (after which etcd has expired the lease anyway).
+    /// `node_timeout`; a revoke fails over from a member that is down or hung to one that serves, and one
+    /// that failed even so (an election) is tried again in the background until etcd answers, bounded by
+    /// the TTL (after which etcd has expired the lease anyway).
     pub async fn release(&self, lease: &Lease) {
         let Some(id) = self.forget(&lease.value) else {
             return;
         };
-        let Ok(client) = self.client().await else {
-            return;
-        };
         let released = Arc::clone(&self.released);
         lock(&released).insert(lease.value.clone());
-        let (value, bound) = (lease.value.clone(), self.settings.ttl);
+        let (value, cluster) = (lease.value.clone(), Arc::clone(&self.cluster));
+        let (per_try, bound) = (self.settings.node_timeout, self.settings.ttl);
         let revoke = tokio::spawn(async move {
-            revoke(client, id, bound).await;
+            revoke(cluster, id, per_try, bound).await;
             lock(&released).remove(&value);
         });
         let _ = tokio::time::timeout(self.settings.node_timeout, revoke).await;
@@ -109,19 +110,27 @@ fn lock(released: &Mutex<HashSet<String>>) -> MutexGuard<'_, HashSet<String>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Revokes etcd lease `id` until etcd answers (done, or the lease is already gone), for at most `bound`.
-pub(super) async fn revoke(mut client: etcd_client::Client, id: i64, bound: std::time::Duration) {
+/// Revokes etcd lease `id` until a member answers (done, or the lease is already gone), each try on a
+/// member that serves (failing over from one that is down or hung within `per_try`), for at most `bound`.
+pub(super) async fn revoke(cluster: Arc<Cluster>, id: i64, per_try: Duration, bound: Duration) {
     let retries = async {
         loop {
-            match client.lease_revoke(id).await {
-                Ok(_) => return,
-                Err(etcd_client::Error::GRpcStatus(status))
-                    if status.message().contains("lease not found") =>
-                {
-                    return
-                }
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            let revoked = cluster
+                .call(per_try, |mut client| async move {
+                    match client.lease_revoke(id).await {
+                        Err(etcd_client::Error::GRpcStatus(status))
+                            if status.message().contains("lease not found") =>
+                        {
+                            Ok(())
+                        }
+                        other => other.map(|_| ()),
+                    }
+                })
+                .await;
+            if revoked.is_ok() {
+                return;
             }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
     let _ = tokio::time::timeout(bound, retries).await;

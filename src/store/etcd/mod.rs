@@ -22,6 +22,7 @@
 //! one, so a build needs no protoc package (`.cargo/config.toml`).
 
 mod claim;
+mod cluster;
 mod history;
 mod lease;
 mod pause;
@@ -33,9 +34,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
-use tokio::sync::OnceCell;
+use etcd_client::{
+    Certificate, Client, ConnectOptions, DeleteOptions, DeleteResponse, GetOptions, GetResponse,
+    Identity, PutOptions, PutResponse, TlsOptions, Txn, TxnResponse,
+};
 
+use self::cluster::Cluster;
 use super::StoreError;
 use crate::config::EtcdConfig;
 use crate::history::HistorySettings;
@@ -47,9 +51,9 @@ pub struct EtcdStore {
     settings: LockSettings,
     history: HistorySettings,
     endpoints: Vec<String>,
-    options: ConnectOptions,
-    /// Connected on first use, and again after a failed connect: a worker starts while etcd is down.
-    client: OnceCell<Client>,
+    /// One client per member, each connected on first use (a worker starts while etcd is down), and
+    /// the failover between them.
+    cluster: Arc<Cluster>,
     /// The etcd lease of each granted lease, by lease value (unique per attempt), for renew and release.
     leases: Mutex<HashMap<String, i64>>,
     /// The etcd lease that keeps each announced member alive, by worker id.
@@ -82,12 +86,12 @@ impl EtcdStore {
         if config.endpoints.iter().any(|e| e.starts_with("https://")) {
             options = options.with_tls(tls(config)?);
         }
+        let cluster = Cluster::new(&config.endpoints, options, settings.node_timeout);
         Ok(EtcdStore {
             settings,
             history,
             endpoints: config.endpoints.clone(),
-            options,
-            client: OnceCell::new(),
+            cluster: Arc::new(cluster),
             leases: Mutex::new(HashMap::new()),
             members: Mutex::new(HashMap::new()),
             released: Arc::new(Mutex::new(HashSet::new())),
@@ -109,35 +113,66 @@ impl EtcdStore {
         &self.history
     }
 
-    /// The connected client; connects (and authenticates) first if no connect has succeeded yet.
-    async fn client(&self) -> Result<Client, String> {
-        let connect = || async {
-            let connecting = Client::connect(&self.endpoints, Some(self.options.clone()));
-            match tokio::time::timeout(
-                self.settings.node_timeout.max(Duration::from_secs(1)),
-                connecting,
-            )
-            .await
-            {
-                Ok(Ok(client)) => Ok(client),
-                Ok(Err(e)) => Err(format!("cannot connect: {e}")),
-                Err(_) => Err("cannot connect: timed out".to_string()),
-            }
-        };
-        self.client.get_or_try_init(connect).await.cloned()
-    }
-
-    /// Runs one request with a connected client, bounded by `limit`; an error says what went wrong.
+    /// Runs one request on a member that serves, failing over from one that does not, bounded by
+    /// `limit` (`cluster.rs`); an error says what went wrong on each member.
     async fn call<T, F, Fut>(&self, limit: Duration, request: F) -> Result<T, String>
     where
-        F: FnOnce(Client) -> Fut,
+        F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        // Connecting has its own bound: a first connect (TLS, auth) may take longer than one request.
-        let client = self.client().await?;
-        tokio::time::timeout(limit, async { request(client).await.map_err(describe) })
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer within {} ms", limit.as_millis())))
+        self.cluster.call(limit, request).await
+    }
+
+    /// One transaction, run as [`Self::call`] runs a request.
+    async fn txn(&self, limit: Duration, txn: Txn) -> Result<TxnResponse, String> {
+        self.call(limit, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    /// One get of `key`, run as [`Self::call`] runs a request.
+    async fn get(
+        &self,
+        limit: Duration,
+        key: String,
+        options: GetOptions,
+    ) -> Result<GetResponse, String> {
+        self.call(limit, |mut c| {
+            let (key, options) = (key.clone(), options.clone());
+            async move { c.get(key, Some(options)).await }
+        })
+        .await
+    }
+
+    /// One put of `value` at `key`, run as [`Self::call`] runs a request.
+    async fn put(
+        &self,
+        limit: Duration,
+        key: String,
+        value: String,
+        options: Option<PutOptions>,
+    ) -> Result<PutResponse, String> {
+        self.call(limit, |mut c| {
+            let (key, value, options) = (key.clone(), value.clone(), options.clone());
+            async move { c.put(key, value, options).await }
+        })
+        .await
+    }
+
+    /// One delete of `key` (a range with `options`), run as [`Self::call`] runs a request.
+    async fn delete(
+        &self,
+        limit: Duration,
+        key: String,
+        options: Option<DeleteOptions>,
+    ) -> Result<DeleteResponse, String> {
+        self.call(limit, |mut c| {
+            let (key, options) = (key.clone(), options.clone());
+            async move { c.delete(key, options).await }
+        })
+        .await
     }
 
     /// `why` as the failure of the cluster: etcd answers for its majority, so one failure stands for all.
@@ -162,6 +197,7 @@ impl EtcdStore {
     /// `Ok(false)` if the lease is gone (expired or revoked: etcd answered TTL 0).
     async fn keep_alive(&self, id: i64, limit: Duration) -> Result<bool, String> {
         self.call(limit, |mut client| async move {
+            // Each renewal is a stream of its own, so a hung member holds up only the attempt on it.
             // The client reads the first answer itself, and fails with this error on TTL 0.
             match client.lease_keep_alive(id).await {
                 Ok(_) => Ok(true),
@@ -177,10 +213,13 @@ impl EtcdStore {
     /// Revokes etcd lease `id` in the background, retried until etcd answers, bounded by the TTL (after
     /// which it is gone anyway).
     fn revoke_later(&self, id: i64) {
-        let Some(client) = self.client.get().cloned() else {
-            return;
-        };
-        tokio::spawn(lease::revoke(client, id, self.settings.ttl));
+        let (cluster, settings) = (Arc::clone(&self.cluster), &self.settings);
+        tokio::spawn(lease::revoke(
+            cluster,
+            id,
+            settings.node_timeout,
+            settings.ttl,
+        ));
     }
 }
 

@@ -31,23 +31,19 @@ impl EtcdStore {
             None => None,
         };
         let value = pause.to_value();
-        self.call(EXCHANGE_TIMEOUT, |mut c| async move {
-            c.put(key, value, options).await
-        })
-        .await
-        .map(|_| ())
-        .map_err(|why| self.failure(why))
+        self.put(EXCHANGE_TIMEOUT, key, value, options)
+            .await
+            .map(|_| ())
+            .map_err(|why| self.failure(why))
     }
 
     /// Deletes the pause; whether there was one; see [`crate::store::Store::resume`].
     pub async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
         let key = pause_key(&self.settings.key_prefix, job);
-        self.call(EXCHANGE_TIMEOUT, |mut c| async move {
-            c.delete(key, None).await
-        })
-        .await
-        .map(|answer| answer.deleted() > 0)
-        .map_err(|why| self.failure(why))
+        self.delete(EXCHANGE_TIMEOUT, key, None)
+            .await
+            .map(|answer| answer.deleted() > 0)
+            .map_err(|why| self.failure(why))
     }
 
     /// The pause of each of `jobs`, in order, read in read-only transactions; see
@@ -65,7 +61,7 @@ impl EtcdStore {
                 .collect();
             let txn = Txn::new().and_then(gets);
             let answer = self
-                .call(EXCHANGE_TIMEOUT, |mut c| async move { c.txn(txn).await })
+                .txn(EXCHANGE_TIMEOUT, txn)
                 .await
                 .map_err(|why| self.failure(why))?;
             for response in answer.op_responses() {

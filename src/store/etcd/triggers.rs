@@ -39,21 +39,17 @@ impl EtcdStore {
         let key = request_key(&self.settings.key_prefix, &request.id);
         let json = request.to_json();
         let options = Some(PutOptions::new().with_lease(id));
-        self.call(EXCHANGE_TIMEOUT, |mut c| async move {
-            c.put(key, json, options).await
-        })
-        .await
-        .map(|_| ())
-        .map_err(|why| self.failure(why))
+        self.put(EXCHANGE_TIMEOUT, key, json, options)
+            .await
+            .map(|_| ())
+            .map_err(|why| self.failure(why))
     }
 
     /// Every request etcd keeps, oldest first; see [`crate::store::Store::triggers`].
     pub async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
         let prefix = requests_prefix(&self.settings.key_prefix);
         let answer = self
-            .call(EXCHANGE_TIMEOUT, |mut c| async move {
-                c.get(prefix, Some(GetOptions::new().with_prefix())).await
-            })
+            .get(EXCHANGE_TIMEOUT, prefix, GetOptions::new().with_prefix())
             .await
             .map_err(|why| self.failure(why))?;
         let (mut requests, mut skipped) = (Vec::new(), Vec::new());
@@ -76,12 +72,14 @@ impl EtcdStore {
     /// Deletes the request in the background (a delete that fails leaves it to expire); see
     /// [`crate::store::Store::forget_trigger`].
     pub fn forget_trigger(&self, id: &str) {
-        let Some(mut client) = self.client.get().cloned() else {
-            return;
-        };
+        let cluster = std::sync::Arc::clone(&self.cluster);
         let key = request_key(&self.settings.key_prefix, id);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, client.delete(key, None)).await;
+            let delete = |mut c: etcd_client::Client| {
+                let key = key.clone();
+                async move { c.delete(key, None).await }
+            };
+            let _ = cluster.call(EXCHANGE_TIMEOUT, delete).await;
         });
     }
 }
