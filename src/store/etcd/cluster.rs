@@ -10,8 +10,8 @@
 //! answers) shows only as silence, so at that point the next member is asked while the first request
 //! stays pending; whichever answers first decides, and the member that answered is asked first next
 //! time. An answer that is etcd's (a key or lease not found, bad arguments, permission) is final on any
-//! member and not tried elsewhere. When every member failed at once (all refused during an election),
-//! the members are tried again after a short pause until the request's limit.
+//! member and not tried elsewhere. A member that failed is asked again after a short pause (during an
+//! election every member refuses), until the request's limit.
 //!
 //! A request may thus be sent twice. Every request the store makes tolerates that: the claim's write is
 //! a compare-and-swap that a second copy cannot apply (the compared revisions changed), puts of history,
@@ -33,8 +33,8 @@ use tokio::sync::OnceCell;
 use tokio::time::{sleep_until, Instant};
 use tonic::Code;
 
-/// How long to wait after every member failed at once before asking them again: an election takes a
-/// few heartbeats.
+/// How long after a member failed it may be asked again within the same request (all of them refuse
+/// during an election, which takes a few heartbeats).
 const ROUND_PAUSE: Duration = Duration::from_millis(50);
 
 /// One client per etcd member, and which member answered last.
@@ -92,28 +92,17 @@ impl Cluster {
         }
         let deadline = Instant::now() + limit;
         let hedge_after = self.hedge_after.min(limit / 2);
-        let first = self.preferred.load(Ordering::Relaxed) % n;
+        let mut next = self.preferred.load(Ordering::Relaxed) % n;
         let mut failures: Vec<Option<String>> = vec![None; n];
+        let mut failed_at: Vec<Option<Instant>> = vec![None; n];
         let mut in_flight = vec![false; n];
         let mut pending = FuturesUnordered::new();
-        let (mut next, mut failed_in_row) = (first, 0);
-        let mut hedge_at = deadline;
+        // When to ask one more member: at once, then after silence or a failure.
+        let mut ask_at = Instant::now();
         loop {
-            if pending.is_empty() {
-                if failed_in_row >= n {
-                    // Every member failed at once (an election, or all down): pause, then again.
-                    tokio::select! {
-                        () = tokio::time::sleep(ROUND_PAUSE) => {}
-                        () = sleep_until(deadline) => break,
-                    }
-                    failed_in_row = 0;
-                }
-                pending.push(self.attempt(next, &request));
-                in_flight[next] = true;
-                next = (next + 1) % n;
-                hedge_at = Instant::now() + hedge_after;
-            }
             tokio::select! {
+                biased;
+                () = sleep_until(deadline) => break,
                 Some((i, attempt)) = pending.next() => {
                     in_flight[i] = false;
                     match attempt {
@@ -123,21 +112,34 @@ impl Cluster {
                         }
                         Attempt::Failed(why) => {
                             failures[i] = Some(why);
-                            failed_in_row += 1;
+                            failed_at[i] = Some(Instant::now());
+                            ask_at = Instant::now();
                         }
                     }
                 }
-                () = sleep_until(hedge_at) => {
-                    // Silence: ask the next member too, if it is not being asked already.
-                    hedge_at = deadline;
-                    if !in_flight[next] {
-                        pending.push(self.attempt(next, &request));
-                        in_flight[next] = true;
-                        next = (next + 1) % n;
-                        hedge_at = Instant::now() + hedge_after;
+                () = sleep_until(ask_at) => {
+                    // The next member not being asked, and not failed within the last ROUND_PAUSE.
+                    let now = Instant::now();
+                    let ready = |i: usize| {
+                        !in_flight[i] && failed_at[i].is_none_or(|at| at + ROUND_PAUSE <= now)
+                    };
+                    match (0..n).map(|k| (next + k) % n).find(|&i| ready(i)) {
+                        Some(i) => {
+                            pending.push(self.attempt(i, &request));
+                            in_flight[i] = true;
+                            next = (i + 1) % n;
+                            ask_at = now + hedge_after;
+                        }
+                        None => {
+                            ask_at = (0..n)
+                                .filter(|&i| !in_flight[i])
+                                .filter_map(|i| failed_at[i])
+                                .map(|at| at + ROUND_PAUSE)
+                                .min()
+                                .unwrap_or(deadline);
+                        }
                     }
                 }
-                () = sleep_until(deadline) => break,
             }
         }
         let silent = format!("no answer within {} ms", limit.as_millis());
