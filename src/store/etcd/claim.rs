@@ -16,9 +16,10 @@
 //! writes apply, since etcd applies transactions one at a time in revision order. So a record of `T` is
 //! written for one claimant only (G1), the record's tick never goes down (G1′), nothing is granted once a
 //! pause is committed, and the revision of the write — the token — is above that of every grant before it
-//! in every series (G2), with no clock in the argument. A transaction whose answer is lost is settled by
-//! reading the record back: ours (this attempt's value) is a grant, with the record's `mod_revision` as
-//! its token.
+//! in every series (G2), with no clock in the argument. A transaction whose answer is lost, or that was
+//! refused because a copy of it sent to another member applied first (`cluster.rs`), is settled by the
+//! record read back: this attempt's value written since the compared read is a grant, with the record's
+//! `mod_revision` as its token.
 //!
 //! The record of a trigger or a retry attempt (a one-off instance, [`crate::lock::Series`]) is bound to an
 //! etcd lease of its window plus [`crate::lock::ONE_OFF_RECORD_KEEP`], so etcd drops it by itself; why
@@ -91,25 +92,16 @@ impl EtcdStore {
                 },
             };
             let written = self.write(&keys, &snapshot, request, &value, ids).await;
-            snapshot = match written {
+            let now = match written {
                 Ok(Written::Applied(revision)) => {
                     return self.won(request, revision, value, ids.lease, deadline)
                 }
+                // Refused: perhaps because this very write applied already (a copy of it sent to another
+                // member while the first went unanswered, see `cluster.rs`).
                 Ok(Written::Changed(now)) => now,
-                // The answer was lost: the writes may or may not have applied. What the record holds says.
+                // The answer was lost: the writes may or may not have applied.
                 Err(why) => match self.read(&keys).await {
-                    Ok(now) => match &now.claim {
-                        Some(record) if record.value == record_value(request.tick, &value) => {
-                            return self.won(
-                                request,
-                                record.mod_revision,
-                                value,
-                                ids.lease,
-                                deadline,
-                            );
-                        }
-                        _ => now,
-                    },
+                    Ok(now) => now,
                     Err(_) => {
                         // The record's etcd lease is left to expire: the write may have bound it.
                         self.revoke_later(ids.lease);
@@ -117,6 +109,19 @@ impl EtcdStore {
                     }
                 },
             };
+            // Whether the writes applied, the record says: it holds this attempt's value, written since
+            // the read they compared with (an earlier claim of the same claimant wrote the same value).
+            let compared = snapshot.claim.as_ref().map_or(0, |seen| seen.mod_revision);
+            match &now.claim {
+                Some(record)
+                    if record.value == record_value(request.tick, &value)
+                        && record.mod_revision > compared =>
+                {
+                    let revision = record.mod_revision;
+                    return self.won(request, revision, value, ids.lease, deadline);
+                }
+                _ => snapshot = now,
+            }
         }
         self.unused(granted);
         // The keys kept changing under us (other workers' claims of this job): not final, try again.
