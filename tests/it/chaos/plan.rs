@@ -638,17 +638,20 @@ mod tests {
         }
     }
 
+    /// Whether an episode of one of `plans` has a fault that `pred` accepts.
+    fn any_fault(plans: &[Plan], pred: &dyn Fn(&Fault) -> bool) -> bool {
+        plans
+            .iter()
+            .any(|p| p.episodes.iter().any(|e| pred(&e.fault)))
+    }
+
     /// A short run (the CI default) still gets faults of every kind over a handful of seeds.
     #[test]
     fn short_plans_still_inject_every_kind_of_fault() {
         let plans: Vec<Plan> = (0..5)
             .map(|s| Plan::generate(s, 75, TIMING, StoreKind::Redis))
             .collect();
-        let any = |pred: &dyn Fn(&Fault) -> bool| {
-            plans
-                .iter()
-                .any(|p| p.episodes.iter().any(|e| pred(&e.fault)))
-        };
+        let any = |pred: &dyn Fn(&Fault) -> bool| any_fault(&plans, pred);
         assert!(any(&|f| matches!(f, Fault::KillNode { .. })));
         assert!(any(&|f| matches!(f, Fault::HangNode { .. })));
         assert!(any(&|f| matches!(f, Fault::Proxy { .. })));
@@ -709,11 +712,7 @@ mod tests {
                 assert!(e.fault.node().is_none_or(|n| n < 3), "seed {seed}");
             }
         }
-        let any = |pred: &dyn Fn(&Fault) -> bool| {
-            plans[..20]
-                .iter()
-                .any(|p| p.episodes.iter().any(|e| pred(&e.fault)))
-        };
+        let any = |pred: &dyn Fn(&Fault) -> bool| any_fault(&plans[..20], pred);
         assert!(any(&|f| matches!(f, Fault::KillNode { .. })));
         assert!(any(&|f| matches!(f, Fault::KillLeader { .. })));
         assert!(any(&|f| matches!(f, Fault::HangNode { .. })));
