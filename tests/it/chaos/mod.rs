@@ -85,8 +85,6 @@ fn exactly_once_under_faults() {
 /// nodes' faults, and the same checker; shorter by default (45 s: the stale-write case, and a rollout
 /// for some seeds; from 50 s on the lease-loss case too).
 #[test]
-#[ignore = "the etcd store's client keeps sending requests to a killed or hung member (ticks missed \
-            while 2 of 3 members serve); run it with --ignored"]
 fn etcd_exactly_once_under_faults() {
     run_under_faults(StoreKind::Etcd, 45, "chaos::etcd_exactly_once_under_faults");
 }
