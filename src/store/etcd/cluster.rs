@@ -4,7 +4,7 @@
 //! etcd is one consensus group: any member that serves answers for the whole cluster (a write is
 //! forwarded to the leader and committed by a majority; a read is linearizable, confirmed by the leader
 //! through a majority; with `require_leader` a member that lost its leader refuses instead of waiting).
-//! So one healthy member suffices, and a request goes to one member at a time: first to the member that
+//! So one healthy member suffices, and a request goes to one member: first to the member that
 //! answered last, and on a transport error, a refusal for want of a leader, or no answer within half the
 //! node timeout, to the next. A hung member (SIGSTOP: its kernel still accepts connections, nobody
 //! answers) shows only as silence, so at that point the next member is asked while the first request
@@ -18,10 +18,12 @@
 //! pauses and triggers write the same value, a keep-alive or revoke of the same etcd lease twice is one,
 //! and a second lease grant leaves an etcd lease with nothing bound to it, which expires at its TTL.
 //!
-//! etcd's Go client does the same job with gRPC's balancer: it retries a request refused as unavailable
-//! on another endpoint and finds a hung member by HTTP/2 keep-alive pings. The Rust client's balanced
-//! channel keeps choosing a hung member until its connection is torn down, which takes longer than the
-//! lease's slack; hence one client per member, and the choice made here.
+//! etcd's Go client (its *client design* document) fails over with gRPC's balancer: it finds a hung
+//! member by HTTP/2 pings and retries a request refused as unavailable on another endpoint, a write only
+//! if it was never sent (at most once for mutations in general); the store's writes are all safe to send
+//! twice (above), so they fail over too. The Rust client's channel balanced over all endpoints keeps
+//! choosing a hung member until its connection is torn down, longer than a lease's slack: hence one
+//! client per member, and the choice made here.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

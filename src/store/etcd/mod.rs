@@ -17,7 +17,9 @@
 //! etcd store*.
 //!
 //! The client is the `etcd-client` crate: the maintained Rust client of etcd's v3 gRPC API (on tonic),
-//! with TLS (rustls), user/password auth with token refresh, and requests balanced over the endpoints.
+//! with TLS (rustls) and user/password auth with token refresh; one client per member, and the failover
+//! between them is the store's own (`cluster.rs`): the crate's channel balanced over all endpoints kept
+//! choosing a hung member.
 //! Its build script compiles etcd's `.proto` files with protoc; the `protoc-bin-vendored` crate brings
 //! one, so a build needs no protoc package (`.cargo/config.toml`).
 
