@@ -97,7 +97,7 @@ pub async fn sleep_until(deadline: BootInstant) {
     if deadline <= BootInstant::now() {
         return;
     }
-    if let Ok(timer) = arm(deadline) {
+    if let Ok(timer) = arm(deadline.remaining()) {
         // Readable once the timer expired; an error here (none is expected) falls back below.
         if let Ok(mut guard) = timer.readable().await {
             let mut expirations = [0u8; 8];
@@ -121,8 +121,14 @@ pub async fn sleep_until(deadline: BootInstant) {
     }
 }
 
-/// A non-blocking timerfd on `CLOCK_BOOTTIME` that fires at `deadline`.
-fn arm(deadline: BootInstant) -> std::io::Result<AsyncFd<OwnedFd>> {
+/// A non-blocking timerfd on `CLOCK_BOOTTIME` that fires `after` from now.
+///
+/// Armed with a *relative* value (still counted on `CLOCK_BOOTTIME`, suspend included), not an absolute
+/// deadline: libfaketime — which operators and our own chaos test use to skew a worker's wall clock —
+/// shifts every absolute timer by the skew whatever its clock, so a worker set 2 s behind woke its lease
+/// watchdog 2 s late and let a job outlive its lease. A relative value is left alone, and differs from the
+/// absolute one only by the instant between reading the clock and arming the timer.
+fn arm(after: Duration) -> std::io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: plain syscall; the returned descriptor is checked and then owned by `OwnedFd`.
     let fd = unsafe {
         libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC)
@@ -132,7 +138,8 @@ fn arm(deadline: BootInstant) -> std::io::Result<AsyncFd<OwnedFd>> {
     }
     // SAFETY: `fd` is a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let at = deadline.0;
+    // An all-zero it_value disarms a timer: wait at least a nanosecond.
+    let at = after.max(Duration::from_nanos(1));
     let spec = libc::itimerspec {
         it_interval: libc::timespec {
             tv_sec: 0,
@@ -144,14 +151,7 @@ fn arm(deadline: BootInstant) -> std::io::Result<AsyncFd<OwnedFd>> {
         },
     };
     // SAFETY: `spec` is a valid itimerspec, the old value is not asked for.
-    let set = unsafe {
-        libc::timerfd_settime(
-            fd.as_raw_fd(),
-            libc::TFD_TIMER_ABSTIME,
-            &spec,
-            std::ptr::null_mut(),
-        )
-    };
+    let set = unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
     if set < 0 {
         return Err(std::io::Error::last_os_error());
     }

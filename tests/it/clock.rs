@@ -232,3 +232,26 @@ fn an_offset_above_the_maximum_is_warned_about() {
         .collect();
     assert!(counts.values().all(|n| *n == 0), "{counts:?}");
 }
+
+/// A worker whose wall clock is 3 s behind keeps the lease of a job that runs for several TTLs: its lease
+/// watchdog sleeps on the boot clock, which a skewed wall clock must not move (libfaketime shifts absolute
+/// timers by the skew: with them, every renewal came 3 s late and the lease of a 2 s TTL was lost).
+#[test]
+fn a_worker_whose_clock_is_behind_renews_its_lease_on_time() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let job = "  - name: slow\n    schedule: \"*/30 * * * * *\"\n    misfire_grace: 30s\n    command: 'sleep 5'\n";
+    let worker = Worker::builder(&dir.write_config(&config(&cluster, "  id: behind\n", job)))
+        .faketime("-3s")
+        .spawn();
+    let finished = worker
+        .wait_for_event("run.finished", Duration::from_secs(30))
+        .expect("the run finished");
+    assert_eq!(finished["outcome"], "success", "{finished}");
+    let logs = worker.logs();
+    let lease_trouble: Vec<&Value> = logs
+        .iter()
+        .filter(|e| e["event"] == "lease.lost" || e["event"] == "lease.expiring")
+        .collect();
+    assert!(lease_trouble.is_empty(), "{lease_trouble:?}");
+}

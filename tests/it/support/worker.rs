@@ -42,8 +42,9 @@ impl WorkerBuilder {
     ///
     /// Preloaded directly rather than through the `faketime` command, which would stand between the test
     /// and the worker as a parent process that does not pass signals on. Only the wall clock is faked:
-    /// a host's monotonic and boot clocks never jump, and the kernel's timers (a `timerfd` on
-    /// `CLOCK_BOOTTIME`, which the lease watchdog sleeps on) keep the real ones.
+    /// a host's monotonic and boot clocks never jump, and the lease watchdog's `timerfd` on
+    /// `CLOCK_BOOTTIME` is armed with relative values, which libfaketime leaves alone (it shifts
+    /// absolute timers by the skew).
     pub fn faketime(self, spec: &str) -> Self {
         super::require_program("faketime", "faketime");
         let library =
