@@ -52,6 +52,13 @@ pub fn pause_key(prefix: &str, job: &str) -> String {
     format!("{prefix}:{{{job}}}:paused")
 }
 
+/// The key that orders `job`'s pauses and resumes on etcd: each one writes it, in a transaction that
+/// applies only if it is unchanged since read. It is never deleted, so its `mod_revision` only grows (an
+/// absent key reads 0, so would a deleted one): a copy of an older write compares a revision that is gone.
+pub fn pause_seq_key(prefix: &str, job: &str) -> String {
+    format!("{prefix}:{{{job}}}:pause_seq")
+}
+
 /// The lease key of a granted lease (the first of its [`claim_keys`]).
 pub(crate) fn lease_key(prefix: &str, lease: &super::Lease) -> String {
     let [key, ..] = claim_keys(prefix, &lease.job, lease.tick, lease.overlap, &lease.series);

@@ -28,6 +28,7 @@ mod cluster;
 mod history;
 mod lease;
 mod pause;
+mod pause_guard;
 mod snapshot;
 mod triggers;
 
@@ -40,6 +41,8 @@ use etcd_client::{
     Certificate, Client, ConnectOptions, DeleteOptions, DeleteResponse, GetOptions, GetResponse,
     Identity, PutOptions, PutResponse, TlsOptions, Txn, TxnResponse,
 };
+
+pub use self::pause_guard::{Guarded, PauseGuard};
 
 use self::cluster::Cluster;
 use super::StoreError;

@@ -4,46 +4,30 @@
 //!
 //! A pause with an end (`--for`) is bound to an etcd lease of that duration, so etcd deletes it by itself
 //! when the lease expires, measured by etcd rather than by any host's wall clock; a pause without end is
-//! a plain key. A new pause replaces the old one (and its lease binding).
+//! a plain key. A new pause replaces the old one (and its lease binding). Pause and resume are guarded
+//! writes (`pause_guard.rs`): a copy of one that reaches etcd late, after another applied, changes nothing.
 
-use chrono::Utc;
-use etcd_client::{PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
 
 use super::history::{EXCHANGE_TIMEOUT, MAX_TXN_OPS};
+use super::pause_guard::Change;
 use super::EtcdStore;
 use crate::lock::keys::pause_key;
 use crate::lock::{Pause, PauseRead, QuorumFailure};
 use crate::store::Read;
 
 impl EtcdStore {
-    /// Writes the pause, bound to an etcd lease of its duration if it has one; see
-    /// [`crate::store::Store::pause`].
+    /// Writes the pause, bound to an etcd lease of its duration if it has one, in a transaction that a
+    /// stale copy cannot apply (`pause_guard.rs`); see [`crate::store::Store::pause`].
     pub async fn pause(&self, job: &str, pause: &Pause) -> Result<(), QuorumFailure> {
-        let key = pause_key(&self.settings.key_prefix, job);
-        let options = match pause.left(Utc::now()) {
-            Some(left) => {
-                let id = self
-                    .grant_lease(left.max(std::time::Duration::from_millis(1)))
-                    .await
-                    .map_err(|why| self.failure(why))?;
-                Some(PutOptions::new().with_lease(id))
-            }
-            None => None,
-        };
-        let value = pause.to_value();
-        self.put(EXCHANGE_TIMEOUT, key, value, options)
-            .await
-            .map(|_| ())
-            .map_err(|why| self.failure(why))
+        let change = self.pause_change(pause).await?;
+        self.write_guarded(job, &change).await.map(|_| ())
     }
 
-    /// Deletes the pause; whether there was one; see [`crate::store::Store::resume`].
+    /// Deletes the pause, in a transaction that a stale copy cannot apply (`pause_guard.rs`); whether
+    /// there was one when it applied; see [`crate::store::Store::resume`].
     pub async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
-        let key = pause_key(&self.settings.key_prefix, job);
-        self.delete(EXCHANGE_TIMEOUT, key, None)
-            .await
-            .map(|answer| answer.deleted() > 0)
-            .map_err(|why| self.failure(why))
+        self.write_guarded(job, &Change::Resume).await
     }
 
     /// The pause of each of `jobs`, in order, read in read-only transactions; see

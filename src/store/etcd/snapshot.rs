@@ -99,7 +99,7 @@ impl Snapshot {
 }
 
 /// The one key a get asked for, if it exists.
-fn seen(get: &GetResponse) -> Result<Option<Seen>, String> {
+pub(super) fn seen(get: &GetResponse) -> Result<Option<Seen>, String> {
     get.kvs()
         .first()
         .map(|kv| {
