@@ -27,7 +27,8 @@ pub(crate) fn settings() -> LockSettings {
     })
 }
 
-fn store(cluster: &EtcdCluster) -> Store {
+/// A store on every member of `cluster`, with [`settings`].
+pub(crate) fn store(cluster: &EtcdCluster) -> Store {
     store_on(
         &format!("etcd|{}", cluster.endpoints().join(",")),
         settings(),

@@ -15,8 +15,8 @@ use redcron::lock::{ClaimOutcome, Pause};
 use redcron::store::etcd::{EtcdStore, Guarded};
 use redcron::store::Store;
 
-use crate::etcd::{claim_until_final, request, settings};
-use crate::support::{store_on, won, EtcdCluster};
+use crate::etcd::{claim_until_final, request, store};
+use crate::support::{won, EtcdCluster};
 
 fn pause(for_ms: Option<i64>, reason: &str) -> Pause {
     Pause {
@@ -49,10 +49,7 @@ fn refused(answer: Guarded) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_copy_of_pause_or_resume_changes_nothing() {
     let cluster = EtcdCluster::start();
-    let store = store_on(
-        &format!("etcd|{}", cluster.endpoints().join(",")),
-        settings(),
-    );
+    let store = store(&cluster);
     let etcd = etcd_of(&store);
 
     // pause, resume, then the pause's late copy: the job stays resumed and its tick is granted.
@@ -115,10 +112,7 @@ async fn a_late_copy_of_pause_or_resume_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_that_ended_refuses_a_write_guarded_before() {
     let cluster = EtcdCluster::start();
-    let store = store_on(
-        &format!("etcd|{}", cluster.endpoints().join(",")),
-        settings(),
-    );
+    let store = store(&cluster);
     let etcd = etcd_of(&store);
     store
         .pause("job", &pause(Some(1_000), "brief"))

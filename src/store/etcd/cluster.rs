@@ -14,8 +14,9 @@
 //! election every member refuses), until the request's limit.
 //!
 //! A request may thus be sent twice. Every request the store makes tolerates that: the claim's write is
-//! a compare-and-swap that a second copy cannot apply (the compared revisions changed), puts of history,
-//! pauses and triggers write the same value, a keep-alive or revoke of the same etcd lease twice is one,
+//! a compare-and-swap that a second copy cannot apply (the compared revisions changed), so are pauses
+//! and resumes (`pause_guard.rs`: a late copy must not undo a later command), puts of history and
+//! triggers write the same value, a keep-alive or revoke of the same etcd lease twice is one,
 //! and a second lease grant leaves an etcd lease with nothing bound to it, which expires at its TTL.
 //!
 //! etcd's Go client (its *client design* document) fails over with gRPC's balancer: it finds a hung
