@@ -241,7 +241,7 @@ fn a_worker_whose_clock_is_behind_renews_its_lease_on_time() {
     let cluster = RedisCluster::start(3);
     let dir = TestDir::new();
     let job = "  - name: slow\n    schedule: \"*/30 * * * * *\"\n    misfire_grace: 30s\n    command: 'sleep 5'\n";
-    let worker = Worker::builder(&dir.write_config(&config(&cluster, "  id: behind\n", job)))
+    let worker = Worker::builder(dir.write_config(&config(&cluster, "  id: behind\n", job)))
         .faketime("-3s")
         .spawn();
     let finished = worker
