@@ -7,30 +7,30 @@
 //! binary is killed, so no `redis-server` or worker outlives a test run. Nothing here skips a test: a
 //! missing `redis-server` is a failure that says how to install it.
 //!
+//! The nodes, the proxy, the workers and the child-process handling live in the `testkit` crate (shared
+//! with the benchmark) and are re-exported here, so tests name them as `crate::support::…`; what only the
+//! tests need (the sandbox directory, the etcd members, the store-generic [`Cluster`]) stays in this
+//! crate's `support` modules.
+//!
 //! Not every test module uses every helper, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
-mod children;
-mod delay_proxy;
 mod etcd;
-mod redis;
 mod selftest;
 mod stores;
-mod worker;
 
 use std::path::{Path, PathBuf};
 
-// The builders are named by tests that store them, not only chained.
-#[allow(unused_imports)]
-pub use self::delay_proxy::DelayProxy;
 #[allow(unused_imports)]
 pub use self::etcd::{linearizable_read, EtcdCluster};
 #[allow(unused_imports)]
-pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
-#[allow(unused_imports)]
 pub use self::stores::{etcd_config, store_keeping, store_on, won, Backend, Cluster};
+// The builders are named by tests that store them, not only chained.
 #[allow(unused_imports)]
-pub use self::worker::{libfaketime, Worker, WorkerBuilder};
+pub use testkit::{
+    children, free_port, libfaketime, require_program, DelayProxy, Persistence, RedisCluster,
+    RedisClusterBuilder, Worker, WorkerBuilder,
+};
 
 /// A temporary directory for one test: its `jobs.yaml`, its ledger, anything else it writes.
 ///
@@ -124,25 +124,4 @@ impl Drop for TestDir {
             }
         }
     }
-}
-
-/// A loopback port that was free a moment ago (the caller retries if someone else takes it first).
-pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
-    listener
-        .local_addr()
-        .expect("a bound socket has an address")
-        .port()
-}
-
-/// Panics unless `program` is on PATH, saying which Debian package provides it.
-pub fn require_program(program: &str, package: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{program}` is not on PATH; these tests need it. Install it with: \
-         apt-get update && apt-get install -y {package}"
-    );
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::children;
+use crate::children;
 
 /// How long a starting node may take to answer PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -61,13 +61,13 @@ impl RedisClusterBuilder {
 
     /// Starts every node and waits until each answers PING; panics (with the node's log) otherwise.
     pub fn start(self) -> RedisCluster {
-        super::require_program("redis-server", "redis-server");
+        crate::require_program("redis-server", "redis-server");
         let dir = tempfile::Builder::new()
             .prefix("redcron-redis-")
             .tempdir()
             .expect("cannot create a temporary directory");
         if self.tls {
-            super::require_program("openssl", "openssl");
+            crate::require_program("openssl", "openssl");
             make_certificate(dir.path());
             // The sync client used by `ping` needs a crypto provider too.
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -278,7 +278,7 @@ impl RedisCluster {
 
     fn start_on_free_port(&mut self, i: usize) {
         for _ in 0..5 {
-            self.nodes[i].port = super::free_port();
+            self.nodes[i].port = crate::free_port();
             match self.try_start(i) {
                 Ok(()) => return,
                 Err(log) if log.contains("Address already in use") => continue,

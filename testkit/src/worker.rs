@@ -15,17 +15,24 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::children::{self, Process};
+use crate::children::{self, Process};
 
 /// Options for a [`Worker`]; start with [`Worker::builder`].
 #[derive(Debug, Clone)]
 pub struct WorkerBuilder {
     config: PathBuf,
+    binary: Option<PathBuf>,
     env: Vec<(String, String)>,
     args: Vec<String>,
 }
 
 impl WorkerBuilder {
+    /// Runs this binary instead of [`crate::redcron_binary`] (the one cargo built beside the caller).
+    pub fn binary(mut self, binary: impl AsRef<Path>) -> Self {
+        self.binary = Some(binary.as_ref().to_owned());
+        self
+    }
+
     /// Sets an environment variable of the worker (it otherwise inherits the test's environment).
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
@@ -46,7 +53,7 @@ impl WorkerBuilder {
     /// `CLOCK_BOOTTIME` is armed with relative values, which libfaketime leaves alone (it shifts
     /// absolute timers by the skew).
     pub fn faketime(self, spec: &str) -> Self {
-        super::require_program("faketime", "faketime");
+        crate::require_program("faketime", "faketime");
         let library =
             libfaketime().expect("`faketime` is installed but libfaketime.so.1 was not found");
         self.env("LD_PRELOAD", &library.to_string_lossy())
@@ -56,7 +63,8 @@ impl WorkerBuilder {
 
     /// Starts the worker in the config file's directory.
     pub fn spawn(self) -> Worker {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_redcron"));
+        let binary = self.binary.unwrap_or_else(crate::redcron_binary);
+        let mut command = Command::new(binary);
         command
             .arg("run")
             .arg("-c")
@@ -124,6 +132,7 @@ impl Worker {
     pub fn builder(config: impl AsRef<Path>) -> WorkerBuilder {
         WorkerBuilder {
             config: config.as_ref().to_owned(),
+            binary: None,
             env: Vec::new(),
             args: Vec::new(),
         }
