@@ -5,6 +5,9 @@
 //! (one per contender, each with its own connections, each behind its own counting proxies) call
 //! `claim_many` for N jobs at once, the winners release, and the next tick follows. This shows what the
 //! lock costs per tick as N grows — latency, round trips, Redis CPU — and that each (job, tick) is won once.
+//!
+//! The same sizes race on the [`super::peer`] too (one node, one `SET NX PX` per contender and job), and
+//! the table prints redcron's claim time and commands per claim as a multiple of the peer's.
 
 use std::time::{Duration, Instant};
 
@@ -14,11 +17,12 @@ use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
 
 use super::cycle::settings;
-use super::nodes::Nodes;
+use super::nodes::{Nodes, Store};
+use super::peer::{self, PeerRace};
 use super::proxy::Proxy;
-use super::stats::{ms, Samples, Table, Verdict};
+use super::stats::{ms, quotient, Samples, Table, Verdict};
 
-const CONTENDERS: usize = 3;
+use super::peer::CONTENDERS;
 
 /// One batch size's results.
 #[derive(Debug, Clone, Default)]
@@ -27,6 +31,8 @@ pub struct Batch {
     pub ticks: usize,
     /// Time from the start of the race to the last contender's answer, per tick.
     pub race: Samples,
+    /// The same, without the winners' releases: the time the claims took to settle.
+    pub claim: Samples,
     /// Ticks × jobs won exactly once, more than once, never.
     pub once: usize,
     pub twice: usize,
@@ -36,25 +42,37 @@ pub struct Batch {
     pub commands: f64,
     /// Redis CPU per tick, all 5 nodes (seconds).
     pub redis_cpu_per_tick: f64,
+    /// From the nodes' own counters (`INFO commandstats`, `INFO cpu`), all 5 nodes, per (job, tick)
+    /// settled, releases included.
+    pub commands_per_claim: f64,
+    pub redis_cpu_per_claim: f64,
+    /// The peer's race for the same jobs and ticks.
+    pub peer: Option<PeerRace>,
 }
 
-/// Runs `ticks` races of each batch size on fresh nodes.
+/// Runs `ticks` races of each batch size on fresh nodes, then the cost model of item 4c on `cost_jobs`.
 pub fn run(
     sizes: &[usize],
     ticks: usize,
+    cost_jobs: usize,
     print: &mut dyn FnMut(&str),
-) -> Result<Vec<Batch>, String> {
-    let nodes = Nodes::start(5).map_err(|e| format!("cannot start redis-server nodes: {e}"))?;
+) -> Result<(Vec<Batch>, Vec<super::ops::Op>), String> {
+    let nodes = Nodes::start(Store::Redis, 5);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     let mut batches = Vec::new();
     for &jobs in sizes {
-        batches.push(runtime.block_on(race(&nodes, jobs, ticks))?);
+        let mut batch = runtime.block_on(race(&nodes, jobs, ticks))?;
+        let url = &nodes.urls()[0];
+        batch.peer = Some(runtime.block_on(peer::race(url, jobs, ticks, || nodes.usage(0)))?);
+        batches.push(batch);
     }
     print(&table(&batches));
-    Ok(batches)
+    let ops = runtime.block_on(super::ops::measure(&nodes, cost_jobs))?;
+    print(&super::ops::table(&ops));
+    Ok((batches, ops))
 }
 
 async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String> {
@@ -89,6 +107,7 @@ async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String>
     };
     let (commands_before, trips_before) = counts(&proxies);
     let cpu_before = redis_cpu();
+    let usage_before = nodes.total_usage();
     let mut batch = Batch {
         jobs,
         ticks,
@@ -96,8 +115,9 @@ async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String>
     };
     for t in 0..ticks {
         let started = Instant::now();
-        let won = race_once(&stores, &names, Tick(1_000 * (t as i64 + 2))).await;
+        let (won, claimed) = race_once(&stores, &names, Tick(1_000 * (t as i64 + 2))).await;
         batch.race.push(started.elapsed());
+        batch.claim.push(claimed);
         for count in won {
             match count {
                 0 => batch.unclaimed += 1,
@@ -112,12 +132,18 @@ async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String>
     batch.claim_round_trips = (trips_after - trips_before) as f64 / per;
     let clock_ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     batch.redis_cpu_per_tick = (redis_cpu() - cpu_before) as f64 / clock_ticks / ticks as f64;
+    let usage = usage_before.until(nodes.total_usage());
+    let claims = (jobs * ticks).max(1) as f64;
+    batch.commands_per_claim = usage.commands as f64 / claims;
+    batch.redis_cpu_per_claim = usage.cpu / claims;
     drop(stores);
     Ok(batch)
 }
 
-/// All contenders claim every job at `tick` at once; winners release. Returns, per job, how many won.
-async fn race_once(stores: &[RedisStore], names: &[String], tick: Tick) -> Vec<usize> {
+/// All contenders claim every job at `tick` at once; winners release. Returns, per job, how many won,
+/// and how long the claims took (until the last contender's `claim_many` returned).
+async fn race_once(stores: &[RedisStore], names: &[String], tick: Tick) -> (Vec<usize>, Duration) {
+    let started = Instant::now();
     // Each contender is a claimant of its own for every job.
     let requests: Vec<Vec<ClaimRequest>> = (0..stores.len())
         .map(|i| {
@@ -135,6 +161,7 @@ async fn race_once(stores: &[RedisStore], names: &[String], tick: Tick) -> Vec<u
             .map(|(store, requests)| store.claim_many(requests)),
     )
     .await;
+    let claimed = started.elapsed();
     let mut won = vec![0; names.len()];
     let mut releases = Vec::new();
     for (store, outcomes) in stores.iter().zip(outcomes) {
@@ -146,7 +173,7 @@ async fn race_once(stores: &[RedisStore], names: &[String], tick: Tick) -> Vec<u
         }
     }
     join_all(releases.iter().map(|(store, lease)| store.release(lease))).await;
-    won
+    (won, claimed)
 }
 
 fn table(batches: &[Batch]) -> String {
@@ -156,32 +183,59 @@ fn table(batches: &[Batch]) -> String {
         "won exactly once",
         "twice",
         "unclaimed",
+        "claim p50 ms",
         "race p50 ms",
         "race max ms",
         "claim round trips /contender/tick",
         "commands /contender/tick",
-        "redis CPU s /tick",
+        "redis commands /claim",
+        "redis CPU µs /claim",
+        "peer settle p50 ms",
+        "peer commands /claim",
+        "peer CPU µs /claim",
+        "claim p50 ÷ peer",
+        "commands ÷ peer",
     ]);
     for b in batches {
+        let peer = b.peer.as_ref();
+        let or_dash = |value: Option<String>| value.unwrap_or_else(|| "–".to_string());
         table.row(vec![
             b.jobs.to_string(),
             b.ticks.to_string(),
             format!("{} of {}", b.once, b.jobs * b.ticks),
             b.twice.to_string(),
             b.unclaimed.to_string(),
+            ms(b.claim.p50()),
             ms(b.race.p50()),
             ms(b.race.percentile(100.0)),
             format!("{:.1}", b.claim_round_trips),
             format!("{:.0}", b.commands),
-            format!("{:.3}", b.redis_cpu_per_tick),
+            format!("{:.1}", b.commands_per_claim),
+            format!("{:.1}", b.redis_cpu_per_claim * 1e6),
+            or_dash(peer.map(|p| ms(p.settle.p50()))),
+            or_dash(peer.map(|p| format!("{:.1}", p.commands_per_claim()))),
+            or_dash(peer.map(|p| format!("{:.1}", p.cpu_per_claim() * 1e6))),
+            or_dash(
+                quotient(b.claim.p50(), peer.and_then(|p| p.settle.p50()))
+                    .map(|q| format!("{q:.1}×")),
+            ),
+            or_dash(peer.map(|p| {
+                format!(
+                    "{:.1}×",
+                    b.commands_per_claim / p.commands_per_claim().max(1e-9)
+                )
+            })),
         ]);
     }
     format!(
         "\n## 4b. The lock alone at scale: 3 contenders race for N jobs at one tick, in one process\n\n\
          No processes are spawned: each contender is a `RedisStore` behind its own counting proxies; the \
-         winners release before the next tick. Race: from the start of the three `claim_many` calls to the \
-         last answer (split votes retried as configured: retries 1, retry_delay 200 ms). Redis CPU: the 5 \
-         nodes together.\n\n{}",
+         winners release before the next tick. Claim: from the start of the three `claim_many` calls to the \
+         last answer; race: the same plus the winners' releases (split votes retried as configured: \
+         retries 1, retry_delay 200 ms). Redis commands and CPU per claim: the 5 nodes' own counters \
+         (`INFO commandstats`, `INFO cpu`), releases included, per (job, tick). Peer: one node, one \
+         `SET NX PX` per contender and job (ShedLock, gocron), all sent at once, no release; its figures \
+         are that one node's.\n\n{}",
         table.render()
     )
 }
@@ -203,6 +257,22 @@ pub fn verdicts(batches: &[Batch]) -> Vec<Verdict> {
             ),
             Some(b.twice == 0 && b.unclaimed == 0),
         ));
+        let limit = match b.jobs {
+            10 => Some(5.0),
+            10_000 => Some(1_000.0),
+            _ => None,
+        };
+        if let Some(limit) = limit {
+            let p50 = b.claim.p50();
+            verdicts.push(Verdict::new(
+                format!(
+                    "lock alone: 3 contenders settle {} jobs at one tick, p50 ≤ {limit} ms",
+                    b.jobs
+                ),
+                format!("{} ms", ms(p50)),
+                p50.map(|p| p.as_secs_f64() * 1e3 <= limit),
+            ));
+        }
     }
     if batches.len() > 1 {
         let trips: Vec<f64> = batches.iter().map(|b| b.claim_round_trips).collect();

@@ -2,11 +2,14 @@
 //! (`tests/it/bench_smoke.rs`, which includes this file by path so that the benchmark cannot rot).
 //!
 //! # Layout
-//! - [`nodes`]: local `redis-server` nodes, killed on drop.
+//! - [`nodes`]: the store's local nodes (through the `testkit` harness), killed on drop.
 //! - [`proxy`]: a TCP proxy that delays a node, or counts round trips.
 //! - [`cycle`]: items 1–2, the lease cycle of each contender.
 //! - [`cluster`]: items 3–5, real worker processes: tick to start, scale, memory.
 //! - [`batch`]: item 4 without processes: three contenders claim N jobs at one tick.
+//! - [`herd`]: item 6, N jobs due at one instant on 3 workers, against the spawn limit and the peer.
+//! - [`ops`]: item 4c, the commands and Redis CPU of each store operation (the cost model).
+//! - [`peer`]: the peer of items 4b and 6, one `SET NX PX` per (job, tick) on one node.
 //! - [`workers`]: worker processes, their `/proc` figures, ledgers and logs.
 //! - [`report`]: the tables and target checks of items 1–2.
 //! - [`stats`]: percentiles and the Markdown tables.
@@ -20,8 +23,14 @@ pub mod batch;
 pub mod cluster;
 #[path = "cycle.rs"]
 pub mod cycle;
+#[path = "herd.rs"]
+pub mod herd;
 #[path = "nodes.rs"]
 pub mod nodes;
+#[path = "ops.rs"]
+pub mod ops;
+#[path = "peer.rs"]
+pub mod peer;
 #[path = "proxy.rs"]
 pub mod proxy;
 #[path = "report.rs"]
@@ -35,7 +44,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cycle::{Contender, Kind, Plan, Series};
-use nodes::Nodes;
+use nodes::{Nodes, Store};
 use proxy::Proxy;
 use report::{faulty_table, lease_table, lease_verdicts};
 use stats::Verdict;
@@ -50,7 +59,7 @@ pub const SLOW_DELAY: Duration = Duration::from_millis(100);
 pub struct Options {
     /// ~1 s per section instead of minutes: for the smoke test, not for figures.
     pub smoke: bool,
-    /// Which items of the issue to run (1–5).
+    /// Which items of the issue to run (1–6).
     pub sections: Vec<u8>,
     /// Measured cycles per contender on the healthy cluster (item 1).
     pub cycles: usize,
@@ -111,6 +120,10 @@ pub struct Report {
     pub cluster: Option<cluster::Results>,
     /// Item 4b: the lock alone at scale.
     pub batches: Vec<batch::Batch>,
+    /// Item 4c: the cost of each store operation.
+    pub ops: Vec<ops::Op>,
+    /// Item 6: the herd.
+    pub herd: Option<herd::Herd>,
 }
 
 /// Runs the selected sections; `print` receives each section's Markdown as soon as it is done.
@@ -122,7 +135,7 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
     };
     emit(&mut report, machine());
     if options.sections.iter().any(|s| *s == 1 || *s == 2) {
-        let nodes = Nodes::start(5).map_err(|e| format!("cannot start redis-server nodes: {e}"))?;
+        let mut nodes = Nodes::start(Store::Redis, 5);
         // The worker's runtime (multi-threaded, one thread per core), unless asked otherwise.
         let mut builder = if options.current_thread {
             tokio::runtime::Builder::new_current_thread()
@@ -145,8 +158,12 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
                 "slow" => slow,
                 _ => hung,
             };
-            let series =
-                runtime.block_on(lease_scenario(&nodes, scenario, &options.contenders, plan))?;
+            let series = runtime.block_on(lease_scenario(
+                &mut nodes,
+                scenario,
+                &options.contenders,
+                plan,
+            ))?;
             report.lease.push((scenario.to_string(), series));
             if scenario == "healthy" {
                 let text = lease_table(&report.lease[0].1, plan);
@@ -176,16 +193,29 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
         report.cluster = Some(results);
     }
     if options.sections.contains(&4) {
-        let (sizes, ticks): (&[usize], usize) = if options.smoke {
-            (&[10], 2)
+        let (sizes, ticks, cost_jobs): (&[usize], usize, usize) = if options.smoke {
+            (&[10], 2, 10)
         } else {
-            (&[10, 1_000, 10_000], 5)
+            (&[10, 1_000, 10_000], 5, 1_000)
         };
-        let batches = batch::run(sizes, ticks, &mut |text: &str| {
+        let (batches, ops) = batch::run(sizes, ticks, cost_jobs, &mut |text: &str| {
             emit(&mut report, text.to_string())
         })?;
         report.verdicts.extend(batch::verdicts(&batches));
         report.batches = batches;
+        report.ops = ops;
+    }
+    if options.sections.contains(&6) {
+        let worker = options
+            .worker
+            .clone()
+            .ok_or("item 6 needs the redcron binary")?;
+        let jobs = if options.smoke { 20 } else { 10_000 };
+        let herd = herd::run(&worker, &options.probe, jobs, &mut |text: &str| {
+            emit(&mut report, text.to_string())
+        })?;
+        report.verdicts.extend(herd::verdicts(&herd));
+        report.herd = Some(herd);
     }
     let text = format!("\n## Targets\n\n{}", stats::verdicts(&report.verdicts));
     emit(&mut report, text);
@@ -194,7 +224,7 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
 
 /// One scenario of items 1–2: connect every contender, warm up, (fault), measure, (heal).
 async fn lease_scenario(
-    nodes: &Nodes,
+    nodes: &mut Nodes,
     scenario: &str,
     kinds: &[Kind],
     plan: Plan,

@@ -14,12 +14,12 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
-use super::nodes::Nodes;
+use super::nodes::{Nodes, Store};
 use super::proxy::Proxy;
 use super::stats::{ms, Samples, Table, Verdict};
 use super::workers::{
     busy_fraction, config_yaml, counts, cpu_ticks, machine_ticks, memory, now_ms, read_ledger,
-    read_log, script_shas, sleep_until_ms, stop_all, Worker,
+    read_log, script_shas, sleep_until_ms, spawn, stop_all, wait_started,
 };
 
 const WORKERS: usize = 3;
@@ -28,6 +28,8 @@ const WORKERS: usize = 3;
 #[derive(Debug, Clone, Default)]
 pub struct Load {
     pub jobs: usize,
+    /// Whether each run is a `/bin/sh -c` that execs the probe (instead of the probe itself).
+    pub shell: bool,
     /// Tick instants in the measured window.
     pub ticks: usize,
     /// `(job, tick)` pairs in the window that ran exactly once, more than once, never.
@@ -36,8 +38,11 @@ pub struct Load {
     pub missing: usize,
     pub tick_to_start: Samples,
     pub tick_to_won: Samples,
-    /// Distinct workers that ran something.
-    pub winners: usize,
+    /// Runs in the window per worker id, sorted by id: how evenly the work spreads.
+    pub runs_per_worker: Vec<(String, usize)>,
+    /// Redis commands and Redis CPU seconds per run in the window, all nodes, from the nodes' own counters.
+    pub commands_per_run: Option<f64>,
+    pub redis_cpu_per_run: Option<f64>,
     /// `tick.skipped` events in the window, by reason, over all workers.
     pub skipped: Vec<(String, usize)>,
     /// Per worker: CPU seconds per minute (user + system, the worker process only, not its jobs).
@@ -65,10 +70,11 @@ pub struct Results {
     pub idle_rss_kb: Vec<u64>,
 }
 
-/// How long each phase runs.
+/// How long each phase runs, and whether its job is wrapped in `/bin/sh -c`.
 struct Durations {
     main: u64,
     counted: u64,
+    shell: bool,
 }
 
 pub fn run(
@@ -78,7 +84,7 @@ pub fn run(
     smoke: bool,
     print: &mut dyn FnMut(&str),
 ) -> Result<Results, String> {
-    let nodes = Nodes::start(5).map_err(|e| format!("cannot start redis-server nodes: {e}"))?;
+    let nodes = Nodes::start(Store::Redis, 5);
     let dir = tempfile::Builder::new()
         .prefix("redcron-bench-workers-")
         .tempdir()
@@ -92,8 +98,20 @@ pub fn run(
             Durations {
                 main,
                 counted: if smoke { 1 } else { 5 },
+                shell: false,
             },
         ));
+        if !smoke {
+            // What a user's job costs on top: a shell that then runs the command.
+            loads.push((
+                10,
+                Durations {
+                    main: 15,
+                    counted: 3,
+                    shell: true,
+                },
+            ));
+        }
     }
     if !smoke && (sections.contains(&4) || sections.contains(&5)) {
         loads.push((
@@ -101,6 +119,7 @@ pub fn run(
             Durations {
                 main: 15,
                 counted: 5,
+                shell: false,
             },
         ));
     }
@@ -110,6 +129,7 @@ pub fn run(
             Durations {
                 main: 10,
                 counted: 5,
+                shell: false,
             },
         ));
     }
@@ -123,13 +143,24 @@ pub fn run(
     for (phase, (jobs, durations)) in loads.into_iter().enumerate() {
         if smoke {
             // One short counted phase gives every figure; they mean nothing, they only show it runs.
-            results
-                .loads
-                .push(setup.phase(&format!("s{phase}"), jobs, durations.main, true)?);
+            results.loads.push(setup.phase(
+                &format!("s{phase}"),
+                jobs,
+                durations.main,
+                true,
+                durations.shell,
+            )?);
             continue;
         }
-        let mut load = setup.phase(&format!("p{phase}"), jobs, durations.main, false)?;
-        let counted = setup.phase(&format!("c{phase}"), jobs, durations.counted, true)?;
+        let main = (durations.main, false, durations.shell);
+        let mut load = setup.phase(&format!("p{phase}"), jobs, main.0, main.1, main.2)?;
+        let counted = setup.phase(
+            &format!("c{phase}"),
+            jobs,
+            durations.counted,
+            true,
+            durations.shell,
+        )?;
         load.claim_round_trips = counted.claim_round_trips;
         load.release_round_trips = counted.release_round_trips;
         load.round_trips = counted.round_trips;
@@ -167,12 +198,15 @@ struct Setup<'a> {
 
 impl Setup<'_> {
     /// Runs `jobs` jobs every second on 3 workers and measures `seconds` ticks.
-    fn phase(&self, tag: &str, jobs: usize, seconds: u64, counted: bool) -> Result<Load, String> {
-        for i in 0..self.nodes.len() {
-            self.nodes
-                .command(i, &["FLUSHALL"])
-                .map_err(|e| format!("FLUSHALL: {e}"))?;
-        }
+    fn phase(
+        &self,
+        tag: &str,
+        jobs: usize,
+        seconds: u64,
+        counted: bool,
+        shell: bool,
+    ) -> Result<Load, String> {
+        self.nodes.flush();
         let ledger = self.dir.join(format!("{tag}.ledger"));
         let proxies: Vec<Vec<Proxy>> = if counted {
             (0..WORKERS)
@@ -194,10 +228,12 @@ impl Setup<'_> {
                 Some(proxies) => proxies.iter().map(Proxy::url).collect(),
                 None => self.nodes.urls(),
             };
-            let command: Vec<String> = self
-                .probe
+            let shell_prefix = ["/bin/sh", "-c", "exec \"$@\"", "sh"];
+            let command: Vec<String> = shell_prefix
                 .iter()
-                .cloned()
+                .filter(|_| shell)
+                .map(|s| s.to_string())
+                .chain(self.probe.iter().cloned())
                 .chain([ledger.display().to_string()])
                 .collect();
             let config = self.dir.join(format!("{tag}-w{w}.yaml"));
@@ -206,15 +242,9 @@ impl Setup<'_> {
                 config_yaml(&urls, &format!("w{w}"), jobs, "* * * * * *", &command),
             )
             .map_err(|e| e.to_string())?;
-            workers.push(Worker::spawn(
-                self.worker,
-                &config,
-                &self.dir.join(format!("{tag}-w{w}.log")),
-            )?);
+            workers.push(spawn(self.worker, &config));
         }
-        for worker in &mut workers {
-            worker.wait_started(Duration::from_secs(30))?;
-        }
+        wait_started(&workers, Duration::from_secs(30))?;
         // The window starts `lead` whole seconds from now, so the workers have settled; snapshots
         // are taken half a second before its first tick and before the first tick after it.
         let first = (now_ms() / 1000 + self.lead) * 1000;
@@ -225,14 +255,16 @@ impl Setup<'_> {
                 .map(|i| cpu_ticks(self.nodes.pid(i)))
                 .sum::<u64>()
         };
-        let cpu_before: Vec<u64> = workers.iter().map(|w| cpu_ticks(w.pid)).collect();
+        let cpu_before: Vec<u64> = workers.iter().map(|w| cpu_ticks(w.pid())).collect();
         let (redis_before, machine_before) = (redis_cpu(), machine_ticks());
+        let usage_before = (!counted).then(|| self.nodes.total_usage());
         let counts_before = counts(&proxies);
         sleep_until_ms(last + 500);
-        let cpu_after: Vec<u64> = workers.iter().map(|w| cpu_ticks(w.pid)).collect();
+        let cpu_after: Vec<u64> = workers.iter().map(|w| cpu_ticks(w.pid())).collect();
         let (redis_after, machine_after) = (redis_cpu(), machine_ticks());
+        let usage = usage_before.map(|before| before.until(self.nodes.total_usage()));
         let counts_after = counts(&proxies);
-        let (rss_kb, peak_rss_kb) = workers.iter().map(|w| memory(w.pid)).unzip();
+        let (rss_kb, peak_rss_kb) = workers.iter().map(|w| memory(w.pid())).unzip();
         // Let the last window's runs end, then stop gracefully.
         std::thread::sleep(Duration::from_millis(1500));
         stop_all(&mut workers);
@@ -241,6 +273,7 @@ impl Setup<'_> {
         let window = seconds as f64;
         let mut load = Load {
             jobs,
+            shell,
             ticks: seconds as usize,
             cpu_per_minute: cpu_before
                 .iter()
@@ -273,8 +306,11 @@ impl Setup<'_> {
         }
         read_ledger(&ledger, first, last, &mut load)?;
         for worker in &workers {
-            read_log(&worker.log, first, last, &mut load)?;
+            read_log(worker, first, last, &mut load);
         }
+        let runs = (load.once + load.duplicates).max(1) as f64;
+        load.commands_per_run = usage.map(|u| u.commands as f64 / runs);
+        load.redis_cpu_per_run = usage.map(|u| u.cpu / runs);
         Ok(load)
     }
 
@@ -291,17 +327,11 @@ impl Setup<'_> {
                 &["true".to_string()],
             );
             fs::write(&config, yaml).map_err(|e| e.to_string())?;
-            workers.push(Worker::spawn(
-                self.worker,
-                &config,
-                &self.dir.join(format!("idle-w{w}.log")),
-            )?);
+            workers.push(spawn(self.worker, &config));
         }
-        for worker in &mut workers {
-            worker.wait_started(Duration::from_secs(30))?;
-        }
+        wait_started(&workers, Duration::from_secs(30))?;
         std::thread::sleep(Duration::from_secs(settle_secs));
-        let rss = workers.iter().map(|w| memory(w.pid).0).collect();
+        let rss = workers.iter().map(|w| memory(w.pid()).0).collect();
         stop_all(&mut workers);
         Ok(rss)
     }
@@ -317,7 +347,7 @@ fn load_table(loads: &[Load]) -> String {
         "ticks",
         "exactly once",
         "dup",
-        "missing",
+        "missed",
         "tick→won p50 ms",
         "tick→won p99 ms",
         "tick→start p50 ms",
@@ -326,7 +356,11 @@ fn load_table(loads: &[Load]) -> String {
         "release round trips /worker/tick",
         "all round trips /worker/tick",
         "commands /worker/tick",
+        "redis commands /run",
+        "redis CPU µs /run",
         "CPU s /worker/min",
+        "peak RSS MB /worker",
+        "runs per worker",
         "redis CPU cores",
         "machine busy",
         "skipped",
@@ -337,8 +371,23 @@ fn load_table(loads: &[Load]) -> String {
             .iter()
             .map(|(r, n)| format!("{n} {r}"))
             .collect();
+        let runs: Vec<String> = load
+            .runs_per_worker
+            .iter()
+            .map(|(worker, n)| format!("{worker} {n}"))
+            .collect();
+        let peak = load
+            .peak_rss_kb
+            .iter()
+            .map(|kb| format!("{:.1}", *kb as f64 / 1024.0))
+            .collect::<Vec<_>>()
+            .join(" / ");
         table.row(vec![
-            load.jobs.to_string(),
+            if load.shell {
+                format!("{} (sh -c)", load.jobs)
+            } else {
+                load.jobs.to_string()
+            },
             load.ticks.to_string(),
             format!("{} of {}", load.once, load.jobs * load.ticks),
             load.duplicates.to_string(),
@@ -354,7 +403,13 @@ fn load_table(loads: &[Load]) -> String {
             load.round_trips
                 .map_or("–".to_string(), |r| format!("{r:.1}")),
             load.commands.map_or("–".to_string(), |c| format!("{c:.0}")),
+            load.commands_per_run
+                .map_or("–".to_string(), |c| format!("{c:.1}")),
+            load.redis_cpu_per_run
+                .map_or("–".to_string(), |c| format!("{:.0}", c * 1e6)),
             mean(&load.cpu_per_minute).map_or("–".to_string(), |c| format!("{c:.2}")),
+            peak,
+            runs.join(", "),
             format!("{:.2}", load.redis_cores),
             format!("{:.0} %", load.machine_busy * 100.0),
             if skipped.is_empty() {
@@ -367,9 +422,12 @@ fn load_table(loads: &[Load]) -> String {
     format!(
         "\n## 3–4. Tick to start and scale: 3 workers, 5 nodes, every job fires every second\n\n\
          tick→won: scheduled instant to the worker's `tick.won` log event (the claim); tick→start: to the \
-         job's own first instruction (claim + process spawn). Round trips and commands: all 5 nodes, mean \
+         job's own first instruction (claim + process spawn; `sh -c`: a shell that execs the probe). \
+         Missed: ticks of the window that never ran. Round trips and commands /worker/tick: all 5 nodes, mean \
          of the 3 workers, from counting proxies in a separate run of the same load; a claim round trip is \
-         an `ACQUIRE` or `CONFIRM` pipeline, a release round trip one of releases or undos. CPU: the \
+         an `ACQUIRE` or `CONFIRM` pipeline, a release round trip one of releases or undos. Redis commands \
+         and CPU per run: the nodes' own `INFO commandstats` / `INFO cpu`, all 5 nodes, over the window's \
+         runs (claims, renewals, releases, history, membership). CPU: the \
          worker process (user + system), not its jobs; redis CPU: the 5 nodes together, in cores; machine \
          busy: all CPUs, everything running (other users' work too).\n\n{}",
         table.render()
@@ -389,7 +447,7 @@ fn memory_table(results: &Results) -> String {
         mb(&results.idle_rss_kb),
         "–".to_string(),
     ]);
-    if let Some(load) = results.loads.iter().find(|l| l.jobs == 1_000) {
+    if let Some(load) = results.loads.iter().find(|l| l.jobs == 1_000 && !l.shell) {
         table.row(vec![
             "1,000 jobs/s, end of window".to_string(),
             mb(&load.rss_kb),
@@ -402,12 +460,14 @@ fn memory_table(results: &Results) -> String {
 impl Results {
     pub fn verdicts(&self) -> Vec<Verdict> {
         let mut verdicts = Vec::new();
-        let load = |jobs: usize| self.loads.iter().find(|l| l.jobs == jobs);
-        for (jobs, limit) in [(10, 10.0), (10_000, 100.0)] {
-            if let Some(l) = load(jobs) {
+        let load = |jobs: usize| self.loads.iter().find(|l| l.jobs == jobs && !l.shell);
+        let shell = self.loads.iter().find(|l| l.shell);
+        for (l, limit) in [(shell, 10.0), (load(1_000), 100.0)] {
+            if let Some(l) = l {
                 let p99 = l.tick_to_start.p99();
+                let job = if l.shell { " (sh -c job)" } else { "" };
                 verdicts.push(Verdict::new(
-                    format!("tick→start p99 ≤ {limit} ms at {jobs} jobs/s"),
+                    format!("tick→start p99 ≤ {limit} ms at {} jobs/s{job}", l.jobs),
                     format!("{} ms", ms(p99)),
                     p99.map(|p| p.as_secs_f64() * 1e3 <= limit),
                 ));
@@ -445,6 +505,16 @@ impl Results {
             ));
         }
         if let Some(l) = load(1_000) {
+            let overlap = l
+                .skipped
+                .iter()
+                .find(|(reason, _)| reason == "overlap")
+                .map_or(0, |(_, n)| *n);
+            verdicts.push(Verdict::new(
+                "no tick skipped for overlap at 1000 jobs/s (each run ends long before its next tick)",
+                format!("{overlap} overlap skips"),
+                Some(overlap == 0),
+            ));
             let peak = l.peak_rss_kb.iter().copied().max().unwrap_or(0);
             verdicts.push(Verdict::new(
                 "worker RSS ≤ 20 MB with 1,000 jobs",

@@ -1,11 +1,11 @@
 //! The redcron performance benchmark: `cargo bench --bench lease` (all items, a few minutes), or
 //! `cargo bench --bench lease -- --smoke` (about a second per item, for checking that it runs).
 //!
-//! It starts its own `redis-server` nodes and `redcron` workers, measures the items of issue 5, and prints
+//! It starts its own `redis-server` nodes and `redcron` workers, measures the items of issues 5 and 11, and prints
 //! Markdown tables with the machine they ran on and a list of targets met or missed. Options after `--`:
 //!
 //! - `--smoke` (or `REDCRON_BENCH_SMOKE=1`): tiny runs, for the smoke test; the figures mean nothing.
-//! - `--items 1,2,3,4,5`: which items of the issue to run (default all).
+//! - `--items 1,2,3,4,5,6`: which items to run (default all; 6 is the herd of 10,000 jobs at one tick).
 //! - `--cycles N`: measured lease cycles per contender on the healthy cluster (default 1000).
 //! - `--current-thread`: items 1–2 on a current-thread runtime (default: multi-threaded, as the worker).
 //! - `--only floor,fanout,lease,claim,rslock,redlock`: which contenders items 1–2 measure (default all).
@@ -45,7 +45,7 @@ fn main() -> ExitCode {
             .split(',')
             .filter_map(|s| s.trim().parse().ok())
             .collect(),
-        None => vec![1, 2, 3, 4, 5],
+        None => vec![1, 2, 3, 4, 5, 6],
     };
     let cycles = value("--cycles")
         .and_then(|n| n.parse().ok())

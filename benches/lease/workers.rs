@@ -3,12 +3,12 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use testkit::Worker;
+
 use super::cluster::Load;
-use super::nodes::die_with_parent;
 use super::proxy::Proxy;
 
 /// A jobs.yaml: `jobs` jobs named `j00000…` on `schedule`, all running `command`.
@@ -36,80 +36,33 @@ pub fn config_yaml(
     yaml
 }
 
-/// A worker process, stopped (SIGTERM, then SIGKILL) on drop.
-pub struct Worker {
-    child: Child,
-    pub pid: u32,
-    pub log: PathBuf,
+/// Starts a `redcron run` worker of `binary` on `config`; it is SIGKILLed (with its jobs) on drop.
+pub fn spawn(binary: &Path, config: &Path) -> Worker {
+    Worker::builder(config).binary(binary).spawn()
 }
 
-impl Worker {
-    pub fn spawn(binary: &Path, config: &Path, log: &Path) -> Result<Worker, String> {
-        let stdout = fs::File::create(log).map_err(|e| e.to_string())?;
-        let stderr = fs::File::create(log.with_extension("stderr")).map_err(|e| e.to_string())?;
-        let mut command = Command::new(binary);
-        command
-            .args(["run", "-c"])
-            .arg(config)
-            .args(["--log-format", "json"])
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr);
-        die_with_parent(&mut command);
-        let child = command
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
-        Ok(Worker {
-            pid: child.id(),
-            child,
-            log: log.to_path_buf(),
-        })
-    }
-
-    pub fn wait_started(&mut self, timeout: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if fs::read_to_string(&self.log).is_ok_and(|text| text.contains("\"worker.started\"")) {
-                return Ok(());
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                let stderr =
-                    fs::read_to_string(self.log.with_extension("stderr")).unwrap_or_default();
-                return Err(format!(
-                    "worker exited ({status}) before it started: {stderr}"
-                ));
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "worker did not log worker.started within {timeout:?}"
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+/// Waits until every worker logged `worker.started`.
+pub fn wait_started(workers: &[Worker], timeout: Duration) -> Result<(), String> {
+    for worker in workers {
+        if worker.wait_for_event("worker.started", timeout).is_none() {
+            return Err(format!(
+                "worker {} did not log worker.started within {timeout:?}: {}",
+                worker.pid(),
+                worker.stderr()
+            ));
         }
     }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
+    Ok(())
 }
 
 /// SIGTERM to every worker, then up to 15 s for each to exit.
 pub fn stop_all(workers: &mut [Worker]) {
-    for worker in workers.iter() {
-        // SAFETY: kill has no memory effects; the pid is our own unreaped child.
-        unsafe { libc::kill(worker.pid as libc::pid_t, libc::SIGTERM) };
-    }
+    workers
+        .iter_mut()
+        .for_each(|worker| worker.signal(libc::SIGTERM));
     let deadline = Instant::now() + Duration::from_secs(15);
     for worker in workers.iter_mut() {
-        while Instant::now() < deadline && matches!(worker.child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        worker.wait_timeout(deadline.saturating_duration_since(Instant::now()));
     }
 }
 
@@ -210,7 +163,7 @@ pub fn tick_ms(rfc3339: &str) -> Option<i64> {
 pub fn read_ledger(path: &Path, first: i64, last: i64, load: &mut Load) -> Result<(), String> {
     let text = fs::read_to_string(path).unwrap_or_default();
     let mut runs: HashMap<(String, i64), usize> = HashMap::new();
-    let mut winners: Vec<String> = Vec::new();
+    let mut per_worker: HashMap<String, usize> = HashMap::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let [job, tick, worker, ns] = fields[..] else {
@@ -223,9 +176,7 @@ pub fn read_ledger(path: &Path, first: i64, last: i64, load: &mut Load) -> Resul
             continue;
         }
         *runs.entry((job.to_string(), tick)).or_default() += 1;
-        if !winners.iter().any(|w| w == worker) {
-            winners.push(worker.to_string());
-        }
+        *per_worker.entry(worker.to_string()).or_default() += 1;
         let delay = ns - i128::from(tick) * 1_000_000;
         load.tick_to_start
             .push(Duration::from_nanos(delay.max(0) as u64));
@@ -234,19 +185,19 @@ pub fn read_ledger(path: &Path, first: i64, last: i64, load: &mut Load) -> Resul
     load.once = runs.values().filter(|n| **n == 1).count();
     load.duplicates = runs.values().filter(|n| **n > 1).count();
     load.missing = expected.saturating_sub(runs.len());
-    load.winners = winners.len();
+    load.runs_per_worker = per_worker.into_iter().collect();
+    load.runs_per_worker.sort();
     Ok(())
 }
 
 /// Tick-to-won and skipped ticks from a worker's JSON log, for ticks in `first..=last`.
-pub fn read_log(path: &Path, first: i64, last: i64, load: &mut Load) -> Result<(), String> {
-    let text = fs::read_to_string(path).map_err(|e| e.to_string())?;
-    for line in text.lines() {
+pub fn read_log(worker: &Worker, first: i64, last: i64, load: &mut Load) {
+    for line in worker.lines() {
         let won = line.contains("\"tick.won\"");
         if !won && !line.contains("\"tick.skipped\"") {
             continue;
         }
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };
         let Some(tick) = event["tick"].as_str().and_then(tick_ms) else {
@@ -273,5 +224,4 @@ pub fn read_log(path: &Path, first: i64, last: i64, load: &mut Load) -> Result<(
             }
         }
     }
-    Ok(())
 }

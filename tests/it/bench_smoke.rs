@@ -14,14 +14,14 @@ use bench::cycle::Kind;
 const PROBE: &str = r#"printf '%s %s %s %s\n' "$REDCRON_JOB" "$REDCRON_TICK" "$REDCRON_WORKER_ID" "${EPOCHREALTIME/./}000" >> "$0""#;
 
 /// Every item of the benchmark runs end to end (5 redis-server nodes, the peers, a slow and a hung node,
-/// 3 worker processes, the in-process batch race) and reports every contender and scenario.
+/// 3 worker processes, the in-process batch race, the herd) and reports every contender and scenario.
 #[test]
 fn benchmark_runs_in_smoke_mode() {
     super::support::require_program("redis-server", "redis-server");
     super::support::require_program("bash", "bash");
     let options = bench::Options {
         smoke: true,
-        sections: vec![1, 2, 3, 4, 5],
+        sections: vec![1, 2, 3, 4, 5, 6],
         cycles: 20,
         contenders: Kind::ALL.to_vec(),
         current_thread: false,
@@ -53,7 +53,9 @@ fn benchmark_runs_in_smoke_mode() {
         "## 2. One slow node",
         "## 3–4. Tick to start",
         "## 4b. The lock alone",
+        "## 4c. Cost per operation",
         "## 5. Worker memory",
+        "## 6. The herd",
         "## Targets",
     ] {
         assert!(
@@ -82,6 +84,22 @@ fn benchmark_runs_in_smoke_mode() {
     let batch = &report.batches[0];
     assert_eq!(batch.twice, 0, "a job was won twice in one tick: {batch:?}");
     assert!(batch.once > 0, "the batch race won nothing: {batch:?}");
+    assert!(batch.peer.is_some(), "the peer did not race: {batch:?}");
+    assert_eq!(
+        report.ops.len(),
+        4,
+        "claim, renew, history, release measured"
+    );
+    let herd = report.herd.expect("item 6 ran");
+    assert_eq!(
+        (herd.once, herd.twice, herd.missing),
+        (herd.jobs, 0, 0),
+        "every job of the herd runs exactly once: {herd:?}"
+    );
+    assert!(
+        herd.peer.is_some_and(|peer| peer.twice == 0),
+        "the peer raced once per job"
+    );
 }
 
 /// The counting proxy frames RESP values split across reads, and tells redcron's scripts apart.
