@@ -53,11 +53,14 @@ pub async fn race(
     usage: impl Fn() -> Usage,
 ) -> Result<PeerRace, String> {
     let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    // The client's default response timeout is far below what 10,000 queued SETs take on a busy node.
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(60)));
     let mut connections = Vec::new();
     for _ in 0..CONTENDERS {
         connections.push(
             client
-                .get_multiplexed_async_connection()
+                .get_multiplexed_async_connection_with_config(&config)
                 .await
                 .map_err(|e| format!("peer: cannot connect to {url}: {e}"))?,
         );

@@ -146,6 +146,6 @@ fn worker_with_missing_config_exits() {
 fn libfaketime_is_found() {
     super::require_program("faketime", "faketime");
     let library =
-        super::worker::libfaketime().expect("libfaketime.so.1 is installed with faketime");
+        super::libfaketime().expect("libfaketime.so.1 is installed with faketime");
     assert!(library.is_file(), "{}", library.display());
 }
