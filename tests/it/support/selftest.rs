@@ -145,7 +145,6 @@ fn worker_with_missing_config_exits() {
 #[test]
 fn libfaketime_is_found() {
     super::require_program("faketime", "faketime");
-    let library =
-        super::libfaketime().expect("libfaketime.so.1 is installed with faketime");
+    let library = super::libfaketime().expect("libfaketime.so.1 is installed with faketime");
     assert!(library.is_file(), "{}", library.display());
 }
