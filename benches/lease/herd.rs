@@ -19,7 +19,9 @@ use chrono::{Timelike as _, Utc};
 use super::nodes::{Nodes, Store, Usage};
 use super::peer::{self, PeerRace};
 use super::stats::{ms, quotient, Samples, Table, Verdict};
-use super::workers::{config_yaml, now_ms, sleep_until_ms, spawn, stop_all, tick_ms, wait_started};
+use super::workers::{
+    config_yaml, now_ms, sleep_until_ms, spawn, stop_all, wait_started, LedgerEntry,
+};
 
 const WORKERS: usize = 3;
 
@@ -164,21 +166,13 @@ fn read_ledger(path: &Path, tick: i64, herd: &mut Herd) -> Result<(), String> {
     let mut runs = std::collections::HashMap::<&str, usize>::new();
     let mut per_worker = std::collections::BTreeMap::<&str, usize>::new();
     for line in text.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let [job, at, worker, ns] = fields[..] else {
-            return Err(format!("bad ledger line {line:?}"));
-        };
-        let (Some(at), Ok(ns)) = (tick_ms(at), ns.parse::<i128>()) else {
-            return Err(format!("bad ledger line {line:?}"));
-        };
-        if at != tick {
+        let entry = LedgerEntry::parse(line)?;
+        if entry.tick != tick {
             continue;
         }
-        *runs.entry(job).or_default() += 1;
-        *per_worker.entry(worker).or_default() += 1;
-        let delay = ns - i128::from(tick) * 1_000_000;
-        herd.tick_to_start
-            .push(Duration::from_nanos(delay.max(0) as u64));
+        *runs.entry(entry.job).or_default() += 1;
+        *per_worker.entry(entry.worker).or_default() += 1;
+        herd.tick_to_start.push(entry.tick_to_start);
     }
     herd.once = runs.values().filter(|n| **n == 1).count();
     herd.twice = runs.values().filter(|n| **n > 1).count();

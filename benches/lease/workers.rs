@@ -159,12 +159,22 @@ pub fn tick_ms(rfc3339: &str) -> Option<i64> {
         .map(|t| t.timestamp_millis())
 }
 
-/// Exactly-once and tick-to-start from the ledger, for ticks in `first..=last`.
-pub fn read_ledger(path: &Path, first: i64, last: i64, load: &mut Load) -> Result<(), String> {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let mut runs: HashMap<(String, i64), usize> = HashMap::new();
-    let mut per_worker: HashMap<String, usize> = HashMap::new();
-    for line in text.lines() {
+/// One line of the ledger that the probe job writes first thing: `$REDCRON_JOB $REDCRON_TICK
+/// $REDCRON_WORKER_ID <wall-clock ns>` (see `main.rs`).
+pub struct LedgerEntry<'a> {
+    /// The job's name.
+    pub job: &'a str,
+    /// The tick, in ms since the epoch.
+    pub tick: i64,
+    /// The worker that ran it (its `REDCRON_WORKER_ID`).
+    pub worker: &'a str,
+    /// From the tick to the job's start (zero if the clock put the start before the tick).
+    pub tick_to_start: Duration,
+}
+
+impl<'a> LedgerEntry<'a> {
+    /// Parses one ledger line; an error names the line.
+    pub fn parse(line: &'a str) -> Result<LedgerEntry<'a>, String> {
         let fields: Vec<&str> = line.split(' ').collect();
         let [job, tick, worker, ns] = fields[..] else {
             return Err(format!("bad ledger line {line:?}"));
@@ -172,14 +182,29 @@ pub fn read_ledger(path: &Path, first: i64, last: i64, load: &mut Load) -> Resul
         let (Some(tick), Ok(ns)) = (tick_ms(tick), ns.parse::<i128>()) else {
             return Err(format!("bad ledger line {line:?}"));
         };
-        if tick < first || tick > last {
+        let delay = ns - i128::from(tick) * 1_000_000;
+        Ok(LedgerEntry {
+            job,
+            tick,
+            worker,
+            tick_to_start: Duration::from_nanos(delay.max(0) as u64),
+        })
+    }
+}
+
+/// Exactly-once and tick-to-start from the ledger, for ticks in `first..=last`.
+pub fn read_ledger(path: &Path, first: i64, last: i64, load: &mut Load) -> Result<(), String> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let mut runs: HashMap<(String, i64), usize> = HashMap::new();
+    let mut per_worker: HashMap<String, usize> = HashMap::new();
+    for line in text.lines() {
+        let entry = LedgerEntry::parse(line)?;
+        if entry.tick < first || entry.tick > last {
             continue;
         }
-        *runs.entry((job.to_string(), tick)).or_default() += 1;
-        *per_worker.entry(worker.to_string()).or_default() += 1;
-        let delay = ns - i128::from(tick) * 1_000_000;
-        load.tick_to_start
-            .push(Duration::from_nanos(delay.max(0) as u64));
+        *runs.entry((entry.job.to_string(), entry.tick)).or_default() += 1;
+        *per_worker.entry(entry.worker.to_string()).or_default() += 1;
+        load.tick_to_start.push(entry.tick_to_start);
     }
     let expected = load.jobs * load.ticks;
     load.once = runs.values().filter(|n| **n == 1).count();
