@@ -61,12 +61,15 @@ impl Herd {
         quotient(self.herd_time(), Some(self.spawn))
     }
 
-    pub fn commands_per_claim(&self) -> f64 {
-        self.usage.commands as f64 / self.once.max(1) as f64
+    /// Redis commands per job claimed exactly once; `None` when none was (a total over no claims is not
+    /// a cost per claim, and the ratio to the peer would be meaningless).
+    pub fn commands_per_claim(&self) -> Option<f64> {
+        (self.once > 0).then(|| self.usage.commands as f64 / self.once as f64)
     }
 
-    pub fn cpu_per_claim(&self) -> f64 {
-        self.usage.cpu / self.once.max(1) as f64
+    /// Redis CPU seconds per job claimed exactly once; `None` when none was.
+    pub fn cpu_per_claim(&self) -> Option<f64> {
+        (self.once > 0).then(|| self.usage.cpu / self.once as f64)
     }
 }
 
@@ -242,8 +245,12 @@ fn table(herd: &Herd) -> String {
             .map_or("–".to_string(), |r| format!("{r:.1}×")),
         ms(herd.claim_time()),
         runs.join(", "),
-        format!("{:.1}", herd.commands_per_claim()),
-        format!("{:.1}", herd.cpu_per_claim() * 1e6),
+        herd.commands_per_claim().map_or_else(
+            || format!("– ({} commands, no claim)", herd.usage.commands),
+            |c| format!("{c:.1}"),
+        ),
+        herd.cpu_per_claim()
+            .map_or("–".to_string(), |c| format!("{:.1}", c * 1e6)),
     ]);
     let mut peer_table = Table::new(&[
         "contender",
@@ -264,14 +271,12 @@ fn table(herd: &Herd) -> String {
             format!("{:.1}", peer.cpu_per_claim() * 1e6),
             quotient(herd.claim_time(), peer.settle.p50())
                 .map_or("–".to_string(), |q| format!("{q:.1}×")),
-            format!(
-                "{:.1}×",
-                herd.commands_per_claim() / peer.commands_per_claim().max(1e-9)
-            ),
-            format!(
-                "{:.1}×",
-                herd.cpu_per_claim() / peer.cpu_per_claim().max(1e-12)
-            ),
+            herd.commands_per_claim().map_or("–".to_string(), |c| {
+                format!("{:.1}×", c / peer.commands_per_claim().max(1e-9))
+            }),
+            herd.cpu_per_claim().map_or("–".to_string(), |c| {
+                format!("{:.1}×", c / peer.cpu_per_claim().max(1e-12))
+            }),
         ]);
     }
     format!(
