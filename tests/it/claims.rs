@@ -12,7 +12,9 @@ use redcron::store::redis::scripts;
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
 
-use crate::support::{won, DelayProxy, RedisCluster, TestDir, Worker};
+use crate::support::{
+    claim_until_final, claim_won, won, DelayProxy, RedisCluster, TestDir, Worker,
+};
 
 fn settings() -> LockSettings {
     LockSettings {
@@ -39,25 +41,6 @@ async fn warm(store: &Store) {
             "w",
         ))
         .await;
-}
-
-/// Claims `request` as the worker does: the same request again while the outcome is not final, after the
-/// delay the outcome asks for, for at most `patience`.
-async fn claim_until_final(
-    store: &Store,
-    request: &ClaimRequest,
-    patience: Duration,
-) -> ClaimOutcome {
-    let give_up = tokio::time::Instant::now() + patience;
-    loop {
-        let outcome = store.claim(request).await;
-        match outcome.retry_in() {
-            Some(wait) if tokio::time::Instant::now() + wait < give_up => {
-                tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
-            }
-            _ => return outcome,
-        }
-    }
 }
 
 /// Finding 1: two workers race every tick with different `overlap` (so different lease keys) and
@@ -321,7 +304,7 @@ async fn a_trigger_later_than_a_pending_tick_leaves_the_tick_claimable() {
         ClaimRequest::new(worker, "report", Tick(9_000), Overlap::Skip, "f")
             .in_series(Series::Trigger("t1".to_string()), window)
     };
-    let triggered = won(store.claim(&trigger("a")).await);
+    let triggered = claim_won(&store, &trigger("a")).await;
     let scheduled = ClaimRequest::new("b", "report", Tick(5_000), Overlap::Skip, "f");
     let busy = store.claim(&scheduled).await;
     assert!(matches!(busy, ClaimOutcome::Busy { .. }), "{busy:?}");
@@ -343,7 +326,7 @@ async fn a_trigger_later_than_a_pending_tick_leaves_the_tick_claimable() {
         ClaimRequest::new(worker, "report", Tick(5_000), Overlap::Skip, "f")
             .in_series(Series::Retry(1), window)
     };
-    let retried = won(store.claim(&retry("d")).await);
+    let retried = claim_won(&store, &retry("d")).await;
     assert!(retried.token > tick.token);
     store.release(&retried).await;
     let twice = claim_until_final(&store, &retry("e"), Duration::from_secs(5)).await;

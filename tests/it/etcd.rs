@@ -12,11 +12,7 @@ use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap};
 use redcron::schedule::Tick;
 use redcron::store::Store;
 
-use crate::support::{store_on, won, Backend, EtcdCluster};
-
-/// How long a test gives a claim to become final: an election (0.5–1 s here) plus reconnects, with a
-/// margin for a loaded machine.
-const SETTLE: Duration = Duration::from_secs(20);
+use crate::support::{store_on, won, Backend, EtcdCluster, SETTLE};
 
 pub(crate) fn settings() -> LockSettings {
     Backend::Etcd.adapt(LockSettings {
@@ -39,18 +35,9 @@ pub(crate) fn request(worker: &str, job: &str, tick: i64) -> ClaimRequest {
     ClaimRequest::new(worker, job, Tick(tick), Overlap::Skip, "test")
 }
 
-/// Claims `request` as the worker does: the same request again while the outcome is not final.
+/// Claims `request` as the worker does, for the usual patience ([`crate::support::claim_until_final`]).
 pub(crate) async fn claim_until_final(store: &Store, request: &ClaimRequest) -> ClaimOutcome {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let outcome = store.claim(request).await;
-        match outcome.retry_in() {
-            Some(wait) if Instant::now() < deadline => {
-                tokio::time::sleep(wait.max(Duration::from_millis(50))).await;
-            }
-            _ => return outcome,
-        }
-    }
+    crate::support::claim_until_final(store, request, SETTLE).await
 }
 
 /// Renews until confirmed (a renewal that times out is retried, as the watchdog does).

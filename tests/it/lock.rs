@@ -15,7 +15,7 @@ use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
 
-use crate::support::{store_on, won, Backend, Persistence, RedisCluster};
+use crate::support::{claim_won, store_on, won, Backend, Persistence, RedisCluster};
 
 crate::on_every_store!(
     async: [
@@ -267,7 +267,7 @@ async fn minority_down_works_majority_down_reports_no_quorum() {
     warm(&store).await;
     cluster.kill(0);
     cluster.kill(1);
-    let mut lease = won(store.claim(&request("w", "down", 1_000)).await);
+    let mut lease = claim_won(&store, &request("w", "down", 1_000)).await;
     store
         .renew(&mut lease)
         .await
@@ -308,7 +308,7 @@ async fn hung_nodes_cost_one_node_timeout() {
     cluster.stop(3);
     cluster.stop(4);
     let started = std::time::Instant::now();
-    let mut lease = won(store.claim(&request("w", "hung", 1_000)).await);
+    let mut lease = claim_won(&store, &request("w", "hung", 1_000)).await;
     store
         .renew(&mut lease)
         .await
@@ -488,7 +488,7 @@ async fn node_restarted_empty_keeps_tokens_increasing() {
     warm(&store).await;
     let mut last = 0;
     for (round, tick) in (1..=6).map(|i| i * 60_000).enumerate() {
-        let lease = won(store.claim(&request("w", "restart", tick)).await);
+        let lease = claim_won(&store, &request("w", "restart", tick)).await;
         assert!(lease.token > last, "token {} after {last}", lease.token);
         last = lease.token;
         store.release(&lease).await;
@@ -497,7 +497,7 @@ async fn node_restarted_empty_keeps_tokens_increasing() {
     // After every node was restarted once, all five answer again: stop two and claims still succeed.
     cluster.stop(0);
     cluster.stop(1);
-    won(store.claim(&request("w", "restart", 10_000_000)).await);
+    claim_won(&store, &request("w", "restart", 10_000_000)).await;
     cluster.cont(0);
     cluster.cont(1);
 }
@@ -512,7 +512,7 @@ async fn claims_survive_restarts_with_required_persistence() {
         .start();
     let store = store(&cluster, settings(2_000));
     warm(&store).await;
-    let a = won(store.claim(&request("a", "durable", 1_000)).await);
+    let a = claim_won(&store, &request("a", "durable", 1_000)).await;
     store.release(&a).await;
     for node in 0..3 {
         cluster.kill(node);
@@ -524,7 +524,7 @@ async fn claims_survive_restarts_with_required_persistence() {
         store.claim(&request("b", "durable", 1_000)).await,
         ClaimOutcome::AlreadyClaimed { .. }
     ));
-    let b = won(store.claim(&request("b", "durable", 1_001)).await);
+    let b = claim_won(&store, &request("b", "durable", 1_001)).await;
     assert!(b.token > a.token);
 }
 
@@ -553,7 +553,7 @@ async fn claims_work_over_tls() {
     let cluster = RedisCluster::builder().nodes(3).tls(true).start();
     let store = store(&cluster, settings(2_000));
     warm(&store).await;
-    let mut lease = won(store.claim(&request("w", "tls", 1_000)).await);
+    let mut lease = claim_won(&store, &request("w", "tls", 1_000)).await;
     store.renew(&mut lease).await.expect("renew over TLS");
     store.release(&lease).await;
     assert!(matches!(

@@ -24,7 +24,10 @@ use std::path::{Path, PathBuf};
 #[allow(unused_imports)]
 pub use self::etcd::{linearizable_read, EtcdCluster};
 #[allow(unused_imports)]
-pub use self::stores::{etcd_config, store_keeping, store_on, won, Backend, Cluster};
+pub use self::stores::{
+    claim_until_final, claim_won, etcd_config, store_keeping, store_on, won, Backend, Cluster,
+    SETTLE,
+};
 // The builders are named by tests that store them, not only chained.
 #[allow(unused_imports)]
 pub use testkit::{

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use redcron::config::EtcdConfig;
 use redcron::history::{Entry, HistorySettings, Query};
-use redcron::lock::{ClaimOutcome, Lease, LockSettings};
+use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings};
 use redcron::store::etcd::EtcdStore;
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
@@ -175,6 +175,35 @@ pub fn won(outcome: ClaimOutcome) -> Lease {
         ClaimOutcome::Won(lease) => lease,
         other => panic!("expected a lease, got {other:?}"),
     }
+}
+
+/// How long a test gives a claim to become final ([`claim_won`]): no quorum within a 50 ms `node_timeout`
+/// on a loaded machine, a contender between its rounds, an etcd election (0.5–1 s) plus reconnects.
+pub const SETTLE: Duration = Duration::from_secs(20);
+
+/// Claims `request` as the worker does: the same request again while the outcome is not final, after the
+/// delay the outcome asks for, for at most `patience`.
+pub async fn claim_until_final(
+    store: &Store,
+    request: &ClaimRequest,
+    patience: Duration,
+) -> ClaimOutcome {
+    let give_up = tokio::time::Instant::now() + patience;
+    loop {
+        let outcome = store.claim(request).await;
+        match outcome.retry_in() {
+            Some(wait) if tokio::time::Instant::now() + wait < give_up => {
+                tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+            }
+            _ => return outcome,
+        }
+    }
+}
+
+/// The lease of `request`, claimed as the worker does ([`claim_until_final`] for [`SETTLE`]); panics on
+/// any other final outcome.
+pub async fn claim_won(store: &Store, request: &ClaimRequest) -> Lease {
+    won(claim_until_final(store, request, SETTLE).await)
 }
 
 /// A store for the cluster `spec` names ([`Cluster::spec`]).
