@@ -61,8 +61,24 @@ impl EtcdCluster {
         (path("ca.pem"), path("cert.pem"), path("key.pem"))
     }
 
+    /// Starts `n` members on fresh free ports; a member that finds one of its ports taken meanwhile (another
+    /// test's process bound it between the check and etcd's bind) makes the whole cluster start again on
+    /// new ones, a few times.
     fn new(n: usize, tls: bool) -> EtcdCluster {
         super::require_program("etcd", "etcd-server");
+        for attempt in 1..=5 {
+            let mut cluster = EtcdCluster::spawned(n, tls);
+            match cluster.try_wait_healthy((0..n).collect()) {
+                Ok(()) => return cluster,
+                Err(log) if attempt < 5 && log.contains("address already in use") => continue,
+                Err(log) => panic!("{log}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// `n` members spawned on fresh free ports in a new directory, not yet waited for.
+    fn spawned(n: usize, tls: bool) -> EtcdCluster {
         let dir = tempfile::Builder::new()
             .prefix("redcron-etcd-")
             .tempdir()
@@ -88,7 +104,6 @@ impl EtcdCluster {
         for i in 0..n {
             cluster.spawn(i, true);
         }
-        cluster.wait_healthy((0..n).collect());
         cluster
     }
 
@@ -262,12 +277,23 @@ impl EtcdCluster {
 
     /// Waits until each of `members` answers `/health` with a leader; panics with the logs otherwise.
     fn wait_healthy(&mut self, members: Vec<usize>) {
+        if let Err(log) = self.try_wait_healthy(members) {
+            panic!("{log}");
+        }
+    }
+
+    /// Waits until each of `members` answers `/health` with a leader; otherwise what went wrong and the
+    /// members' logs.
+    fn try_wait_healthy(&mut self, members: Vec<usize>) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
         for i in members {
             loop {
                 if let Some(child) = self.members[i].child.as_mut() {
                     if let Ok(Some(status)) = child.try_wait() {
-                        panic!("etcd member {i} exited ({status}):\n{}", self.logs());
+                        return Err(format!(
+                            "etcd member {i} exited ({status}):\n{}",
+                            self.logs()
+                        ));
                     }
                 }
                 if http(self.members[i].metrics_port, "GET /health", "")
@@ -275,14 +301,16 @@ impl EtcdCluster {
                 {
                     break;
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "etcd member {i} not healthy within {READY_TIMEOUT:?}:\n{}",
-                    self.logs()
-                );
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "etcd member {i} not healthy within {READY_TIMEOUT:?}:\n{}",
+                        self.logs()
+                    ));
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        Ok(())
     }
 
     /// Member `i`'s own id and the leader's id, from its status (`None` if it does not answer).
