@@ -1,28 +1,32 @@
 //! redcron's test harness, shared by the integration tests (`tests/it`) and the benchmark
-//! (`benches/lease`): real `redis-server` nodes ([`RedisCluster`]), a proxy that delays chosen requests
-//! ([`DelayProxy`]), real worker processes of the built binary ([`Worker`]), and the spawning that makes
-//! every child die with the process that started it ([`children`]).
+//! (`benches/lease`): real `redis-server` nodes ([`RedisCluster`]), real etcd clusters
+//! ([`EtcdCluster`]), a proxy that delays chosen requests ([`DelayProxy`]), real worker processes of the
+//! built binary ([`Worker`]), and the spawning that makes every child die with the process that started
+//! it ([`children`]).
 //!
 //! Modelled on cargo's `cargo-test-support` and redis-rs's `redis-test`: one copy of the harness, so a
 //! fix to how nodes start or how children are reaped reaches the tests and the benchmark alike. Everything
 //! started here is killed when its handle is dropped — also when the caller panics, and (on Linux) also
-//! when the whole process is killed. Nothing here skips: a missing `redis-server` is a failure that says
-//! how to install it.
+//! when the whole process is killed. Nothing here skips: a missing `redis-server` or `etcd` is a failure
+//! that says how to install it.
 //!
 //! # Layout
 //! - [`children`]: spawning with parent-death signals, killing and reaping, finding descendants.
 //! - [`redis`]: [`RedisCluster`], N nodes to crash, hang, restart and flush.
+//! - [`etcd`]: [`EtcdCluster`], N etcd members to kill, hang and restart, with their leader and metrics.
 //! - [`delay_proxy`]: [`DelayProxy`], a TCP proxy that holds back requests carrying a marker.
 //! - [`worker`]: [`Worker`], one `redcron run` process and its JSON log.
 
 pub mod children;
 pub mod delay_proxy;
+pub mod etcd;
 pub mod redis;
 pub mod worker;
 
 use std::path::PathBuf;
 
 pub use self::delay_proxy::DelayProxy;
+pub use self::etcd::{linearizable_read, EtcdCluster};
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};
 

@@ -7,22 +7,19 @@
 //! binary is killed, so no `redis-server` or worker outlives a test run. Nothing here skips a test: a
 //! missing `redis-server` is a failure that says how to install it.
 //!
-//! The nodes, the proxy, the workers and the child-process handling live in the `testkit` crate (shared
-//! with the benchmark) and are re-exported here, so tests name them as `crate::support::…`; what only the
-//! tests need (the sandbox directory, the etcd members, the store-generic [`Cluster`]) stays in this
-//! crate's `support` modules.
+//! The nodes, the etcd members, the proxy, the workers and the child-process handling live in the
+//! `testkit` crate (shared with the benchmark) and are re-exported here, so tests name them as
+//! `crate::support::…`; what only the tests need (the sandbox directory, the store-generic [`Cluster`])
+//! stays in this crate's `support` modules.
 //!
 //! Not every test module uses every helper, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
-mod etcd;
 mod selftest;
 mod stores;
 
 use std::path::{Path, PathBuf};
 
-#[allow(unused_imports)]
-pub use self::etcd::{linearizable_read, EtcdCluster};
 #[allow(unused_imports)]
 pub use self::stores::{
     claim_until_final, claim_won, etcd_config, store_keeping, store_on, won, Backend, Cluster,
@@ -31,8 +28,8 @@ pub use self::stores::{
 // The builders are named by tests that store them, not only chained.
 #[allow(unused_imports)]
 pub use testkit::{
-    children, free_port, libfaketime, require_program, DelayProxy, Persistence, RedisCluster,
-    RedisClusterBuilder, Worker, WorkerBuilder,
+    children, free_port, libfaketime, linearizable_read, require_program, DelayProxy, EtcdCluster,
+    Persistence, RedisCluster, RedisClusterBuilder, Worker, WorkerBuilder,
 };
 
 /// A temporary directory for one test: its `jobs.yaml`, its ledger, anything else it writes.

@@ -9,7 +9,8 @@
 //! is killed on drop. Elections are fast (heartbeat 50 ms, election timeout 500 ms), so a test waits
 //! about a second for a new leader, and etcd's shortest lease TTL is one second. A cluster may serve its
 //! clients over TLS only, requiring client certificates ([`EtcdCluster::with_tls`]); health is read
-//! from each member's plain-HTTP metrics port either way.
+//! from each member's plain-HTTP metrics port either way, as are the member's own counters
+//! ([`EtcdCluster::metrics`]) that the benchmark reads.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -17,7 +18,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::children;
+use crate::children;
 
 /// How long a starting cluster (or a restarted member) may take to report itself healthy.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -65,7 +66,7 @@ impl EtcdCluster {
     /// test's process bound it between the check and etcd's bind) makes the whole cluster start again on
     /// new ones, a few times.
     fn new(n: usize, tls: bool) -> EtcdCluster {
-        super::require_program("etcd", "etcd-server");
+        crate::require_program("etcd", "etcd-server");
         for attempt in 1..=5 {
             let mut cluster = EtcdCluster::spawned(n, tls);
             match cluster.try_wait_healthy((0..n).collect()) {
@@ -84,7 +85,7 @@ impl EtcdCluster {
             .tempdir()
             .expect("cannot create a temporary directory");
         if tls {
-            super::require_program("openssl", "openssl");
+            crate::require_program("openssl", "openssl");
             make_certificates(dir.path());
         }
         let ports = free_ports(3 * n);
@@ -109,6 +110,10 @@ impl EtcdCluster {
 
     pub fn len(&self) -> usize {
         self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
     }
 
     /// `http://127.0.0.1:<client port>` of member `i` (`https://` for a TLS cluster).
@@ -163,6 +168,30 @@ impl EtcdCluster {
         self.members[i].child.is_some() && !self.members[i].stopped
     }
 
+    /// Member `i`'s process id, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members[i].child.as_ref().map(Child::id)
+    }
+
+    /// Member `i`'s Prometheus text (`/metrics` on its metrics port), or `None` if it does not answer.
+    pub fn metrics(&self, i: usize) -> Option<String> {
+        http(self.members[i].metrics_port, "GET /metrics", "")
+    }
+
+    /// Deletes every key (through the first serving member's JSON gateway); panics if none answers.
+    pub fn delete_all(&self) {
+        // The key and range end `\0` (base64 `AA==`) select every key.
+        let deleted = (0..self.len()).filter(|i| self.is_serving(*i)).any(|i| {
+            http(
+                self.members[i].client_port,
+                "POST /v3/kv/deleterange",
+                r#"{"key":"AA==","range_end":"AA=="}"#,
+            )
+            .is_some()
+        });
+        assert!(deleted, "no etcd member deleted the keys");
+    }
+
     /// Crashes member `i` (SIGKILL, and reap it); its ports refuse connections until [`Self::restart`].
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.members[i].child.take() {
@@ -173,10 +202,8 @@ impl EtcdCluster {
 
     /// Hangs member `i` (SIGSTOP): connections are accepted but get no answer.
     pub fn stop(&mut self, i: usize) {
-        let pid = self.members[i]
-            .child
-            .as_ref()
-            .map(Child::id)
+        let pid = self
+            .pid(i)
             .unwrap_or_else(|| panic!("member {i} is not running"));
         children::signal(pid, libc::SIGSTOP);
         self.members[i].stopped = true;
@@ -184,8 +211,8 @@ impl EtcdCluster {
 
     /// Resumes a member hung by [`Self::stop`].
     pub fn cont(&mut self, i: usize) {
-        if let Some(child) = &self.members[i].child {
-            children::signal(child.id(), libc::SIGCONT);
+        if let Some(pid) = self.pid(i) {
+            children::signal(pid, libc::SIGCONT);
         }
         self.members[i].stopped = false;
     }
