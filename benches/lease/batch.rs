@@ -15,9 +15,10 @@ use futures_util::future::join_all;
 use redcron::lock::{ClaimOutcome, ClaimRequest, Overlap};
 use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
+use redcron::store::Store;
 
 use super::cycle::settings;
-use super::nodes::{Nodes, Store};
+use super::nodes::{self, Nodes};
 use super::peer::{self, PeerRace};
 use super::proxy::Proxy;
 use super::stats::{ms, quotient, Samples, Table, Verdict};
@@ -57,7 +58,7 @@ pub fn run(
     cost_jobs: usize,
     print: &mut dyn FnMut(&str),
 ) -> Result<(Vec<Batch>, Vec<super::ops::Op>), String> {
-    let nodes = Nodes::start(Store::Redis, 5);
+    let nodes = Nodes::start(nodes::Store::Redis, 5);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -85,7 +86,8 @@ async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String>
             .collect::<std::io::Result<_>>()
             .map_err(|e| format!("proxy: {e}"))?;
         let urls: Vec<String> = mine.iter().map(Proxy::url).collect();
-        stores.push(RedisStore::new(&urls, settings()).map_err(|e| e.to_string())?);
+        let store = RedisStore::new(&urls, settings()).map_err(|e| e.to_string())?;
+        stores.push(Store::Redis(store));
         proxies.push(mine);
     }
     let names: Vec<String> = (0..jobs).map(|j| format!("b{jobs}-{j}")).collect();
@@ -108,24 +110,7 @@ async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String>
     let (commands_before, trips_before) = counts(&proxies);
     let cpu_before = redis_cpu();
     let usage_before = nodes.total_usage();
-    let mut batch = Batch {
-        jobs,
-        ticks,
-        ..Batch::default()
-    };
-    for t in 0..ticks {
-        let started = Instant::now();
-        let (won, claimed) = race_once(&stores, &names, Tick(1_000 * (t as i64 + 2))).await;
-        batch.race.push(started.elapsed());
-        batch.claim.push(claimed);
-        for count in won {
-            match count {
-                0 => batch.unclaimed += 1,
-                1 => batch.once += 1,
-                _ => batch.twice += 1,
-            }
-        }
-    }
+    let mut batch = race_ticks(&stores, &names, ticks).await;
     let (commands_after, trips_after) = counts(&proxies);
     let per = (ticks * CONTENDERS) as f64;
     batch.commands = (commands_after - commands_before) as f64 / per;
@@ -140,9 +125,33 @@ async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String>
     Ok(batch)
 }
 
+/// `ticks` races of every store for all of `names` (ticks 2, 3, …; tick 1 is the warm-up's): the
+/// claim and race times and how often each (job, tick) was won.
+pub async fn race_ticks(stores: &[Store], names: &[String], ticks: usize) -> Batch {
+    let mut batch = Batch {
+        jobs: names.len(),
+        ticks,
+        ..Batch::default()
+    };
+    for t in 0..ticks {
+        let started = Instant::now();
+        let (won, claimed) = race_once(stores, names, Tick(1_000 * (t as i64 + 2))).await;
+        batch.race.push(started.elapsed());
+        batch.claim.push(claimed);
+        for count in won {
+            match count {
+                0 => batch.unclaimed += 1,
+                1 => batch.once += 1,
+                _ => batch.twice += 1,
+            }
+        }
+    }
+    batch
+}
+
 /// All contenders claim every job at `tick` at once; winners release. Returns, per job, how many won,
 /// and how long the claims took (until the last contender's `claim_many` returned).
-async fn race_once(stores: &[RedisStore], names: &[String], tick: Tick) -> (Vec<usize>, Duration) {
+pub async fn race_once(stores: &[Store], names: &[String], tick: Tick) -> (Vec<usize>, Duration) {
     let started = Instant::now();
     // Each contender is a claimant of its own for every job.
     let requests: Vec<Vec<ClaimRequest>> = (0..stores.len())

@@ -8,6 +8,7 @@
 //! - [`cluster`]: items 3–5, real worker processes: tick to start, scale, memory.
 //! - [`batch`]: item 4 without processes: three contenders claim N jobs at one tick.
 //! - [`herd`]: item 6, N jobs due at one instant on 3 workers, against the spawn limit and the peer.
+//! - [`etcd`]: item 7, the etcd store beside Redis: a claim, the lock alone, a herd.
 //! - [`ops`]: item 4c, the commands and Redis CPU of each store operation (the cost model).
 //! - [`peer`]: the peer of items 4b and 6, one `SET NX PX` per (job, tick) on one node.
 //! - [`workers`]: worker processes, their `/proc` figures, ledgers and logs.
@@ -23,6 +24,8 @@ pub mod batch;
 pub mod cluster;
 #[path = "cycle.rs"]
 pub mod cycle;
+#[path = "etcd.rs"]
+pub mod etcd;
 #[path = "herd.rs"]
 pub mod herd;
 #[path = "nodes.rs"]
@@ -59,7 +62,7 @@ pub const SLOW_DELAY: Duration = Duration::from_millis(100);
 pub struct Options {
     /// ~1 s per section instead of minutes: for the smoke test, not for figures.
     pub smoke: bool,
-    /// Which items of the issue to run (1–6).
+    /// Which items of the issue to run (1–7).
     pub sections: Vec<u8>,
     /// Measured cycles per contender on the healthy cluster (item 1).
     pub cycles: usize,
@@ -71,6 +74,8 @@ pub struct Options {
     pub worker: Option<PathBuf>,
     /// How a job records its start: `argv` prefix to which the ledger path is appended.
     pub probe: Vec<String>,
+    /// The herd of item 7, on both stores (item 6's is 10,000 jobs on Redis).
+    pub etcd_herd: usize,
 }
 
 impl Options {
@@ -124,6 +129,8 @@ pub struct Report {
     pub ops: Vec<ops::Op>,
     /// Item 6: the herd.
     pub herd: Option<herd::Herd>,
+    /// Item 7: the etcd store beside Redis.
+    pub versus: Option<etcd::Versus>,
 }
 
 /// Runs the selected sections; `print` receives each section's Markdown as soon as it is done.
@@ -216,6 +223,32 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
         })?;
         report.verdicts.extend(herd::verdicts(&herd));
         report.herd = Some(herd);
+    }
+    if options.sections.contains(&7) {
+        let worker = options
+            .worker
+            .clone()
+            .ok_or("item 7 needs the redcron binary")?;
+        let sizes = if options.smoke {
+            etcd::Sizes {
+                claims: 5,
+                race_jobs: 10,
+                race_ticks: 2,
+                herd: options.etcd_herd.min(20),
+            }
+        } else {
+            etcd::Sizes {
+                claims: 300,
+                race_jobs: 10,
+                race_ticks: 20,
+                herd: options.etcd_herd,
+            }
+        };
+        let versus = etcd::run(&worker, &options.probe, sizes, &mut |text: &str| {
+            emit(&mut report, text.to_string())
+        })?;
+        report.verdicts.extend(etcd::verdicts(&versus));
+        report.versus = Some(versus);
     }
     let text = format!("\n## Targets\n\n{}", stats::verdicts(&report.verdicts));
     emit(&mut report, text);

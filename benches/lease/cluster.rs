@@ -239,7 +239,14 @@ impl Setup<'_> {
             let config = self.dir.join(format!("{tag}-w{w}.yaml"));
             fs::write(
                 &config,
-                config_yaml(&urls, &format!("w{w}"), jobs, "* * * * * *", &command),
+                config_yaml(
+                    Store::Redis,
+                    &urls,
+                    &format!("w{w}"),
+                    jobs,
+                    "* * * * * *",
+                    &command,
+                ),
             )
             .map_err(|e| e.to_string())?;
             workers.push(spawn(self.worker, &config));
@@ -320,6 +327,7 @@ impl Setup<'_> {
         for w in 0..WORKERS {
             let config = self.dir.join(format!("idle-w{w}.yaml"));
             let yaml = config_yaml(
+                Store::Redis,
                 &self.nodes.urls(),
                 &format!("w{w}"),
                 jobs,

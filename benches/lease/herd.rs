@@ -73,7 +73,8 @@ impl Herd {
     }
 }
 
-/// Runs the herd of `jobs` jobs with `probe` as the job, then the spawn loop and the peer.
+/// Runs the herd of `jobs` jobs with `probe` as the job on 5 Redis nodes, then the spawn loop and the
+/// peer.
 pub fn run(
     worker: &Path,
     probe: &[String],
@@ -81,6 +82,28 @@ pub fn run(
     print: &mut dyn FnMut(&str),
 ) -> Result<Herd, String> {
     let nodes = Nodes::start(Store::Redis, 5);
+    let mut herd = on_nodes(&nodes, worker, probe, jobs)?;
+    herd.spawn = spawn_loop(jobs)?;
+    nodes.flush();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let url = &nodes.urls()[0];
+    herd.peer = Some(runtime.block_on(peer::race(url, jobs, 1, || nodes.usage(0)))?);
+    print(&table(&herd));
+    Ok(herd)
+}
+
+/// The herd alone on `nodes` (either store): 3 workers, `jobs` jobs due at one instant; every run
+/// recorded, the nodes' counters from just before the tick until the runs' writes were done. Leaves
+/// `spawn` and `peer` empty.
+pub fn on_nodes(
+    nodes: &Nodes,
+    worker: &Path,
+    probe: &[String],
+    jobs: usize,
+) -> Result<Herd, String> {
     let dir = tempfile::Builder::new()
         .prefix("redcron-bench-herd-")
         .tempdir()
@@ -99,7 +122,14 @@ pub fn run(
     let mut workers = Vec::new();
     for w in 0..WORKERS {
         let config = dir.path().join(format!("herd-w{w}.yaml"));
-        let yaml = config_yaml(&nodes.urls(), &format!("w{w}"), jobs, &schedule, &command);
+        let yaml = config_yaml(
+            nodes.store(),
+            &nodes.urls(),
+            &format!("w{w}"),
+            jobs,
+            &schedule,
+            &command,
+        );
         std::fs::write(&config, yaml).map_err(|e| e.to_string())?;
         workers.push(spawn(worker, &config));
     }
@@ -146,16 +176,6 @@ pub fn run(
             }
         }
     }
-    drop(workers);
-    herd.spawn = spawn_loop(jobs)?;
-    nodes.flush();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start a runtime: {e}"))?;
-    let url = &nodes.urls()[0];
-    herd.peer = Some(runtime.block_on(peer::race(url, jobs, 1, || nodes.usage(0)))?);
-    print(&table(&herd));
     Ok(herd)
 }
 

@@ -1,11 +1,13 @@
 //! The redcron performance benchmark: `cargo bench --bench lease` (all items, a few minutes), or
 //! `cargo bench --bench lease -- --smoke` (about a second per item, for checking that it runs).
 //!
-//! It starts its own `redis-server` nodes and `redcron` workers, measures the items of issues 5 and 11, and prints
+//! It starts its own `redis-server` nodes, etcd members and `redcron` workers, measures the items of issues 5, 11 and 12, and prints
 //! Markdown tables with the machine they ran on and a list of targets met or missed. Options after `--`:
 //!
 //! - `--smoke` (or `REDCRON_BENCH_SMOKE=1`): tiny runs, for the smoke test; the figures mean nothing.
-//! - `--items 1,2,3,4,5,6`: which items to run (default all; 6 is the herd of 10,000 jobs at one tick).
+//! - `--items 1,2,3,4,5,6,7`: which items to run (default all; 6 is the herd of 10,000 jobs at one tick,
+//!   7 the etcd store beside Redis, which needs `etcd` from Debian's `etcd-server`).
+//! - `--etcd-herd N`: the herd of item 7, on both stores (default 2,000).
 //! - `--cycles N`: measured lease cycles per contender on the healthy cluster (default 1000).
 //! - `--current-thread`: items 1–2 on a current-thread runtime (default: multi-threaded, as the worker).
 //! - `--only floor,fanout,lease,claim,rslock,redlock`: which contenders items 1–2 measure (default all).
@@ -45,7 +47,7 @@ fn main() -> ExitCode {
             .split(',')
             .filter_map(|s| s.trim().parse().ok())
             .collect(),
-        None => vec![1, 2, 3, 4, 5, 6],
+        None => vec![1, 2, 3, 4, 5, 6, 7],
     };
     let cycles = value("--cycles")
         .and_then(|n| n.parse().ok())
@@ -68,6 +70,9 @@ fn main() -> ExitCode {
         current_thread: args.iter().any(|a| a == "--current-thread"),
         worker: Some(env!("CARGO_BIN_EXE_redcron").into()),
         probe: vec![exe, "--probe".to_string()],
+        etcd_herd: value("--etcd-herd")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(2_000),
     };
     let mut print = |text: &str| {
         print!("{text}");

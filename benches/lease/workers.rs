@@ -9,10 +9,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use testkit::Worker;
 
 use super::cluster::Load;
+use super::nodes::Store;
 use super::proxy::Proxy;
 
-/// A jobs.yaml: `jobs` jobs named `j00000…` on `schedule`, all running `command`.
+/// A jobs.yaml on `store`'s nodes at `urls`: `jobs` jobs named `j00000…` on `schedule`, all running
+/// `command`; the store's default lock settings.
 pub fn config_yaml(
+    store: Store,
     urls: &[String],
     id: &str,
     jobs: usize,
@@ -21,11 +24,10 @@ pub fn config_yaml(
 ) -> String {
     // JSON strings are YAML strings; `$` is doubled because the config expands `${VAR}`.
     let quote = |s: &str| serde_json::to_string(&s.replace('$', "$$")).unwrap_or_default();
-    let nodes: Vec<String> = urls.iter().map(|u| quote(u)).collect();
     let argv: Vec<String> = command.iter().map(|a| quote(a)).collect();
     let mut yaml = format!(
-        "redis:\n  nodes: [{}]\nworker:\n  id: {id}\n  shutdown_grace: 5s\njobs:\n",
-        nodes.join(", ")
+        "{}worker:\n  id: {id}\n  shutdown_grace: 5s\njobs:\n",
+        store.section(urls)
     );
     for j in 0..jobs {
         yaml.push_str(&format!(

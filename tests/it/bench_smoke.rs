@@ -14,19 +14,22 @@ use bench::cycle::Kind;
 const PROBE: &str = r#"printf '%s %s %s %s\n' "$REDCRON_JOB" "$REDCRON_TICK" "$REDCRON_WORKER_ID" "${EPOCHREALTIME/./}000" >> "$0""#;
 
 /// Every item of the benchmark runs end to end (5 redis-server nodes, the peers, a slow and a hung node,
-/// 3 worker processes, the in-process batch race, the herd) and reports every contender and scenario.
+/// 3 worker processes, the in-process batch race, the herd, the same on 3 etcd members) and reports every
+/// contender and scenario.
 #[test]
 fn benchmark_runs_in_smoke_mode() {
     super::support::require_program("redis-server", "redis-server");
+    super::support::require_program("etcd", "etcd-server");
     super::support::require_program("bash", "bash");
     let options = bench::Options {
         smoke: true,
-        sections: vec![1, 2, 3, 4, 5, 6],
+        sections: vec![1, 2, 3, 4, 5, 6, 7],
         cycles: 20,
         contenders: Kind::ALL.to_vec(),
         current_thread: false,
         worker: Some(env!("CARGO_BIN_EXE_redcron").into()),
         probe: vec!["bash".into(), "-c".into(), PROBE.into()],
+        etcd_herd: 20,
     };
     let report =
         bench::run(&options, &mut |_| {}).unwrap_or_else(|why| panic!("benchmark failed: {why}"));
@@ -56,6 +59,7 @@ fn benchmark_runs_in_smoke_mode() {
         "## 4c. Cost per operation",
         "## 5. Worker memory",
         "## 6. The herd",
+        "## 7. The etcd store beside Redis",
         "## Targets",
     ] {
         assert!(
@@ -100,6 +104,24 @@ fn benchmark_runs_in_smoke_mode() {
         herd.peer.is_some_and(|peer| peer.twice == 0),
         "the peer raced once per job"
     );
+    let versus = report.versus.expect("item 7 ran");
+    let stores: Vec<&str> = versus.sides.iter().map(|s| s.store.name()).collect();
+    assert_eq!(stores, ["Redis", "etcd"]);
+    for side in &versus.sides {
+        assert!(!side.claim.is_empty(), "no claim timed: {side:?}");
+        let (race, herd) = (&side.race, &side.herd);
+        assert!(
+            race.twice == 0 && race.once > 0,
+            "{}: the race: {race:?}",
+            side.store.name()
+        );
+        assert_eq!(
+            (herd.once, herd.twice, herd.missing),
+            (herd.jobs, 0, 0),
+            "{}: every job of the herd runs exactly once: {herd:?}",
+            side.store.name()
+        );
+    }
 }
 
 /// The counting proxy frames RESP values split across reads, and tells redcron's scripts apart.

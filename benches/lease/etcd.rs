@@ -1,0 +1,278 @@
+//! Item 7, the etcd store beside Redis in the same run: one uncontended claim, the lock-alone race and
+//! the herd, on 3 etcd members and on 5 Redis nodes, with the ratio etcd ÷ Redis.
+//!
+//! One item rather than a `--store` option across the others: the ratios must come from one run on one
+//! machine at one load, and the other items are Redis-shaped (the Redlock peers of items 1–2 and the
+//! RESP-counting proxies of items 3–4 have no etcd counterpart). The three measurements reuse the other
+//! items' code on either store: [`super::batch::race_ticks`] for the race and [`super::herd::on_nodes`]
+//! for the herd. The stores' own counters differ: Redis counts commands (summed over its 5 nodes), etcd
+//! counts Raft entries committed (the same on every member); CPU is summed over the nodes either way.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap};
+use redcron::schedule::Tick;
+
+use super::batch::{race_once, race_ticks, Batch};
+use super::cycle::settings;
+use super::herd::{self, Herd};
+use super::nodes::{Nodes, Store};
+use super::peer::CONTENDERS;
+use super::stats::{ms, quotient, Samples, Table, Verdict};
+
+/// How much of each measurement to run.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    /// Uncontended claims timed, after 5 not timed.
+    pub claims: usize,
+    /// Jobs per tick and ticks of the lock-alone race.
+    pub race_jobs: usize,
+    pub race_ticks: usize,
+    /// Jobs of the herd, the same on both stores.
+    pub herd: usize,
+}
+
+/// What one store measured.
+#[derive(Debug, Clone)]
+pub struct Side {
+    pub store: Store,
+    pub nodes: usize,
+    /// One claimant claims a new tick of one job, then releases it.
+    pub claim: Samples,
+    pub release: Samples,
+    /// Uncontended claims that were not won (no quorum within `node_timeout`, …).
+    pub failed: usize,
+    pub race: Batch,
+    pub herd: Herd,
+}
+
+/// Both stores, Redis first.
+#[derive(Debug, Clone)]
+pub struct Versus {
+    pub sizes: Sizes,
+    pub sides: Vec<Side>,
+}
+
+/// The lock settings of the item: those of items 1–4, with etcd's default `node_timeout` (500 ms: a
+/// write is a Raft commit, fsynced on a majority) on etcd.
+fn settings_for(store: Store) -> LockSettings {
+    match store {
+        Store::Redis => settings(),
+        Store::Etcd => LockSettings {
+            node_timeout: Duration::from_millis(500),
+            ..settings()
+        },
+    }
+}
+
+/// Runs every measurement on 5 Redis nodes, then on 3 etcd members.
+pub fn run(
+    worker: &Path,
+    probe: &[String],
+    sizes: Sizes,
+    print: &mut dyn FnMut(&str),
+) -> Result<Versus, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let mut sides = Vec::new();
+    for (store, n) in [(Store::Redis, 5), (Store::Etcd, 3)] {
+        let nodes = Nodes::start(store, n);
+        let (claim, release, failed) = runtime.block_on(latency(&nodes, sizes.claims))?;
+        let race = runtime.block_on(race(&nodes, sizes.race_jobs, sizes.race_ticks))?;
+        let herd = herd::on_nodes(&nodes, worker, probe, sizes.herd)?;
+        sides.push(Side {
+            store,
+            nodes: n,
+            claim,
+            release,
+            failed,
+            race,
+            herd,
+        });
+    }
+    let versus = Versus { sizes, sides };
+    print(&table(&versus));
+    Ok(versus)
+}
+
+/// `claims` claims of new ticks of one job by one claimant, each released before the next.
+async fn latency(nodes: &Nodes, claims: usize) -> Result<(Samples, Samples, usize), String> {
+    let store = nodes.open(settings_for(nodes.store()))?;
+    let (mut claim, mut release, mut failed) = (Samples::default(), Samples::default(), 0);
+    for i in 0..claims + 5 {
+        let tick = Tick(1_000 * (i as i64 + 1));
+        let request = ClaimRequest::new("w", "latency", tick, Overlap::Skip, "bench");
+        let started = Instant::now();
+        let outcome = store.claim(&request).await;
+        let claimed = started.elapsed();
+        let ClaimOutcome::Won(lease) = outcome else {
+            failed += usize::from(i >= 5);
+            continue;
+        };
+        let started = Instant::now();
+        store.release(&lease).await;
+        if i >= 5 {
+            claim.push(claimed);
+            release.push(started.elapsed());
+        }
+    }
+    Ok((claim, release, failed))
+}
+
+/// The lock-alone race of item 4b on `nodes`: 3 stores race for `jobs` jobs at each of `ticks` ticks,
+/// with the nodes' own counters per (job, tick).
+async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String> {
+    let stores = (0..CONTENDERS)
+        .map(|_| nodes.open(settings_for(nodes.store())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<String> = (0..jobs).map(|j| format!("r{jobs}-{j}")).collect();
+    race_once(&stores, &names, Tick(1)).await;
+    let before = nodes.total_usage();
+    let mut batch = race_ticks(&stores, &names, ticks).await;
+    let usage = before.until(nodes.total_usage());
+    let claims = (jobs * ticks).max(1) as f64;
+    batch.commands_per_claim = usage.commands as f64 / claims;
+    batch.redis_cpu_per_claim = usage.cpu / claims;
+    Ok(batch)
+}
+
+fn table(versus: &Versus) -> String {
+    let [redis, etcd] = &versus.sides[..] else {
+        return String::new();
+    };
+    let mut table = Table::new(&[
+        "",
+        &format!("Redis ({} nodes)", redis.nodes),
+        &format!("etcd ({} members)", etcd.nodes),
+        "etcd ÷ Redis",
+    ]);
+    let mut time = |label: &str, of: &dyn Fn(&Side) -> Option<Duration>| {
+        let ratio = quotient(of(etcd), of(redis)).map_or("–".to_string(), |q| format!("{q:.1}×"));
+        table.row(vec![label.to_string(), ms(of(redis)), ms(of(etcd)), ratio]);
+    };
+    time("uncontended claim p50 ms", &|s| s.claim.p50());
+    time("uncontended claim p99 ms", &|s| s.claim.p99());
+    time("release p50 ms", &|s| s.release.p50());
+    time("lock alone: claim p50 ms", &|s| s.race.claim.p50());
+    time("lock alone: race p50 ms (with releases)", &|s| {
+        s.race.race.p50()
+    });
+    time("herd: claim time ms (tick→last won)", &|s| {
+        s.herd.claim_time()
+    });
+    time("herd: herd time ms (tick→last start)", &|s| {
+        s.herd.herd_time()
+    });
+    time("herd: tick→start p50 ms", &|s| s.herd.tick_to_start.p50());
+    let mut row = |label: &str, of: &dyn Fn(&Side) -> String, ratio: String| {
+        table.row(vec![label.to_string(), of(redis), of(etcd), ratio]);
+    };
+    row(
+        "uncontended claims not won",
+        &|s| format!("{} of {}", s.failed, s.failed + s.claim.len()),
+        "–".into(),
+    );
+    row(
+        "lock alone: won exactly once / twice / never",
+        &|s| format!("{} / {} / {}", s.race.once, s.race.twice, s.race.unclaimed),
+        "–".into(),
+    );
+    row(
+        "herd: claimed exactly once / twice / never",
+        &|s| format!("{} / {} / {}", s.herd.once, s.herd.twice, s.herd.missing),
+        "–".into(),
+    );
+    let runs = |s: &Side| {
+        let runs: Vec<String> = s
+            .herd
+            .runs_per_worker
+            .iter()
+            .map(|(w, n)| format!("{w} {n}"))
+            .collect();
+        runs.join(", ")
+    };
+    row("herd: runs per worker", &runs, "–".into());
+    let cpu_ratio = |a: f64, b: f64| format!("{:.1}×", a / b.max(1e-12));
+    let lock_cpu = |s: &Side| s.race.redis_cpu_per_claim;
+    row(
+        "lock alone: Redis commands or etcd commits /claim",
+        &|s| format!("{:.1}", s.race.commands_per_claim),
+        "–".into(),
+    );
+    row(
+        "lock alone: store CPU µs /claim (all nodes)",
+        &|s| format!("{:.0}", lock_cpu(s) * 1e6),
+        cpu_ratio(lock_cpu(etcd), lock_cpu(redis)),
+    );
+    let herd_cpu = |s: &Side| s.herd.cpu_per_claim();
+    row(
+        "herd: Redis commands or etcd commits /claim",
+        &|s| {
+            s.herd
+                .commands_per_claim()
+                .map_or("–".into(), |c| format!("{c:.1}"))
+        },
+        "–".into(),
+    );
+    row(
+        "herd: store CPU µs /claim (all nodes)",
+        &|s| herd_cpu(s).map_or("–".into(), |c| format!("{:.0}", c * 1e6)),
+        match (herd_cpu(etcd), herd_cpu(redis)) {
+            (Some(e), Some(r)) => cpu_ratio(e, r),
+            _ => "–".into(),
+        },
+    );
+    let sizes = versus.sizes;
+    format!(
+        "\n## 7. The etcd store beside Redis: a claim, the lock alone, a herd of {} jobs\n\n\
+         In this run, on this machine. Uncontended claim: one claimant claims a new tick of one job and \
+         releases it, {} times. Lock alone: item 4b's race, 3 contenders in this process for {} jobs at \
+         one tick, {} ticks, no proxies. Herd: item 6's, {} jobs due at one instant on 3 worker \
+         processes. Redis: `node_timeout` 50 ms, no persistence; etcd: `node_timeout` 500 ms (its \
+         default), every write a Raft commit fsynced on a majority. Counters: Redis commands summed over \
+         the nodes; etcd Raft entries committed (`etcd_server_proposals_committed_total`, one member's); \
+         CPU summed over the nodes (`INFO cpu`, `process_cpu_seconds_total`).\n\n{}",
+        sizes.herd,
+        sizes.claims,
+        sizes.race_jobs,
+        sizes.race_ticks,
+        sizes.herd,
+        table.render()
+    )
+}
+
+/// Exactly once on both stores, in the race and in the herd.
+pub fn verdicts(versus: &Versus) -> Vec<Verdict> {
+    let mut verdicts = Vec::new();
+    for side in &versus.sides {
+        let (race, herd, name) = (&side.race, &side.herd, side.store.name());
+        verdicts.push(Verdict::new(
+            format!(
+                "{name}: lock alone, each of {} jobs won exactly once per tick",
+                race.jobs
+            ),
+            format!(
+                "{} of {}, {} twice",
+                race.once,
+                race.jobs * race.ticks,
+                race.twice
+            ),
+            Some(race.twice == 0 && race.unclaimed == 0),
+        ));
+        verdicts.push(Verdict::new(
+            format!(
+                "{name}: herd, each of {} jobs claimed exactly once",
+                herd.jobs
+            ),
+            format!(
+                "{} of {}, {} twice, {} never",
+                herd.once, herd.jobs, herd.twice, herd.missing
+            ),
+            Some(herd.twice == 0 && herd.missing == 0),
+        ));
+    }
+    verdicts
+}
