@@ -159,39 +159,6 @@ async fn the_leader_killed_during_claims_grants_each_tick_once() {
     );
 }
 
-/// Not a check: prints the claim latency (claim of a new tick, then release; one contender) on 5 Redis
-/// nodes and on 3 etcd members of this machine, for the README. `cargo test --test it
-/// etcd::claim_latency -- --ignored --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, run by hand"]
-async fn claim_latency() {
-    for backend in [Backend::Redis, Backend::Etcd] {
-        let cluster = backend.start();
-        let store = cluster.store(settings());
-        let mut claims = Vec::new();
-        let mut releases = Vec::new();
-        for tick in 1..=300 {
-            let started = Instant::now();
-            let lease = won(store.claim(&request("w", "latency", tick * 1_000)).await);
-            claims.push(started.elapsed());
-            let started = Instant::now();
-            store.release(&lease).await;
-            releases.push(started.elapsed());
-        }
-        let percentile = |samples: &mut Vec<Duration>, p: usize| {
-            samples.sort();
-            samples[(samples.len() * p / 100).min(samples.len() - 1)].as_secs_f64() * 1e3
-        };
-        println!(
-            "{backend:?}: claim p50 {:.2} ms p99 {:.2} ms; release p50 {:.2} ms p99 {:.2} ms",
-            percentile(&mut claims, 50),
-            percentile(&mut claims, 99),
-            percentile(&mut releases, 50),
-            percentile(&mut releases, 99)
-        );
-    }
-}
-
 /// TLS and auth as etcd users set them up: a member that serves clients over TLS only and requires a
 /// client certificate, with auth enabled; a store built from a `jobs.yaml` whose `etcd:` names the CA,
 /// the client certificate and key, and a user whose password comes from `${ETCD_PASSWORD}` claims,
