@@ -114,7 +114,24 @@ impl EmbeddedStore {
         })?;
         let mut connection =
             Connection::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
-        prepare(&mut connection).map_err(fail)?;
+        // Workers started together on a new file (systemd at boot) prepare it at once: switching it to WAL
+        // answers "database is locked" at once, without waiting in SQLite's busy handler, to all but one.
+        let started = std::time::Instant::now();
+        loop {
+            match prepare(&mut connection) {
+                Ok(()) => break,
+                Err(Unprepared::Busy(_)) if started.elapsed() < OPEN_BUSY_LIMIT => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(Unprepared::Busy(why)) => {
+                    return Err(fail(format!(
+                        "still locked by another process after {} s: {why}",
+                        OPEN_BUSY_LIMIT.as_secs()
+                    )))
+                }
+                Err(Unprepared::Unusable(why)) => return Err(fail(why)),
+            }
+        }
         Ok(EmbeddedStore {
             shared: Arc::new(Shared {
                 settings,
@@ -225,10 +242,24 @@ fn nanos(at: BootInstant) -> i64 {
     i64::try_from(at.since_boot().as_nanos()).unwrap_or(i64::MAX)
 }
 
+/// Why [`prepare`] failed: another process holds the file for now (try again), or it cannot be used.
+enum Unprepared {
+    Busy(String),
+    Unusable(String),
+}
+
+/// How long a starting worker waits for other processes preparing the same file.
+const OPEN_BUSY_LIMIT: Duration = Duration::from_secs(10);
+
 /// Sets the connection up (write-ahead log, full sync, busy timeout) and creates or checks the schema;
-/// the error says what is wrong with the file.
-fn prepare(connection: &mut Connection) -> Result<(), String> {
-    let not_usable = |e: rusqlite::Error| format!("not a usable SQLite database: {e}");
+/// the error says what is wrong with the file, or that another process holds it for now.
+fn prepare(connection: &mut Connection) -> Result<(), Unprepared> {
+    let not_usable = |e: rusqlite::Error| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            Unprepared::Busy(e.to_string())
+        }
+        _ => Unprepared::Unusable(format!("not a usable SQLite database: {e}")),
+    };
     connection.busy_timeout(BUSY_TIMEOUT).map_err(not_usable)?;
     // The first read of the file: one that is not a database fails here.
     connection
@@ -237,7 +268,9 @@ fn prepare(connection: &mut Connection) -> Result<(), String> {
         })
         .map_err(not_usable)?;
     if connection.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) {
-        return Err("the file is read-only to this user".to_string());
+        return Err(Unprepared::Unusable(
+            "the file is read-only to this user".to_string(),
+        ));
     }
     connection
         .pragma_update(None, "synchronous", "FULL")
@@ -261,9 +294,9 @@ fn prepare(connection: &mut Connection) -> Result<(), String> {
         }
         SCHEMA_VERSION => {}
         newer => {
-            return Err(format!(
+            return Err(Unprepared::Unusable(format!(
                 "written by a newer redcron (schema {newer}; this one knows {SCHEMA_VERSION})"
-            ))
+            )))
         }
     }
     transaction.commit().map_err(not_usable)
