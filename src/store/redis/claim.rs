@@ -158,14 +158,13 @@ impl RedisStore {
             }
         }
 
-        // Undo every attempt that was not granted, on every node (also those that did not answer in time
-        // and may still apply our SET): compare-and-delete touches only this attempt's value, so it can
-        // never delete a later attempt of the same claimant. A claim record this attempt confirmed stays:
-        // it is ours, and a retry of the same request goes on from it.
-        let mut undo = redis::pipe();
-        let mut any = false;
+        // Undo every attempt that was not granted, on every node that may hold its SET: compare-and-delete
+        // touches only this attempt's value, so it can never delete a later attempt of the same claimant. A
+        // claim record this attempt confirmed stays: it is ours, and a retry of the same request goes on
+        // from it. See [`may_hold_our_set`] for the nodes that are spared.
+        let mut undo: Vec<redis::Pipeline> = self.nodes.iter().map(|_| redis::pipe()).collect();
         for (index, result) in results.iter().enumerate() {
-            if !matches!(
+            if matches!(
                 result,
                 Some(Attempt::Won(_))
                     | Some(Attempt::Lost {
@@ -173,17 +172,21 @@ impl RedisStore {
                         ..
                     })
             ) {
-                undo.add_command(evalsha(
-                    &scripts::RELEASE,
-                    &keys[index][..1],
-                    &[&values[index]],
-                ));
-                any = true;
+                continue;
+            }
+            let fresh = tries[index].value.is_none();
+            for (node, pipeline) in undo.iter_mut().enumerate() {
+                let answer = answers[index].iter().find(|(n, _)| *n == node);
+                if may_hold_our_set(answer.map(|(_, a)| a), fresh) {
+                    pipeline.add_command(evalsha(
+                        &scripts::RELEASE,
+                        &keys[index][..1],
+                        &[&values[index]],
+                    ));
+                }
             }
         }
-        if any {
-            self.spawn_everywhere(undo);
-        }
+        self.spawn_on_each(undo);
         results
             .into_iter()
             .map(|r| {
@@ -415,6 +418,23 @@ impl RedisStore {
                 .map(|(node, why)| (self.nodes[node].label.clone(), why))
                 .collect(),
         }
+    }
+}
+
+/// Whether a node may hold this attempt's lease value after answering `answer` in round 1 (`None`: no
+/// answer when the round was decided), so that undoing the attempt must reach it.
+///
+/// `ACQUIRE` runs atomically and returns its refusals before its `SET`: a node that answered `busy` holds
+/// another value in the lease key, and one that answered `claimed` or `paused` did not write — but a kept
+/// value (`fresh == false`, we led a split vote) may be there from our previous attempt, so only a fresh
+/// one spares those nodes. Every other answer (`ok`, a failure, a timeout, no answer yet) may have left
+/// our `SET` behind. Sparing the nodes that refused saves every loser of a race its undo: the one `RELEASE`
+/// per node that made a clean loss cost as much as the claim.
+fn may_hold_our_set(answer: Option<&Round1>, fresh: bool) -> bool {
+    match answer {
+        Some(Round1::Busy { .. }) => false,
+        Some(Round1::Claimed(_) | Round1::Paused(_)) => !fresh,
+        Some(Round1::Ok { .. } | Round1::Failed(_)) | None => true,
     }
 }
 

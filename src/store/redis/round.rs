@@ -24,6 +24,28 @@ impl RedisStore {
         });
     }
 
+    /// Sends each node its own pipeline (`pipelines[i]` to node `i`; empty ones are not sent) in the
+    /// background, bounded by the TTL like [`RedisStore::spawn_everywhere`].
+    pub(super) fn spawn_on_each(&self, pipelines: Vec<Pipeline>) {
+        let nodes = Arc::clone(&self.nodes);
+        let timeout = self.settings.ttl;
+        let work: Vec<(usize, Pipeline)> = pipelines
+            .into_iter()
+            .enumerate()
+            .filter(|(_, pipeline)| pipeline.cmd_iter().next().is_some())
+            .collect();
+        if work.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            let mut all: FuturesUnordered<_> = work
+                .iter()
+                .map(|(node, pipeline)| nodes[*node].eval(pipeline, timeout))
+                .collect();
+            while all.next().await.is_some() {}
+        });
+    }
+
     /// Sends one pipeline to every node in parallel and collects, per command, each node's parsed answer,
     /// until every command's outcome is decided or `budget` has passed.
     ///
