@@ -8,7 +8,7 @@
 //!
 //! Files: `agenda.rs` which ticks are due; `race.rs` the race for a batch and what becomes of each tick;
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
-//! `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
+//! `slots.rs` how many children may run at once; `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
 //! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `retry.rs` the retries of a failed run; `triggers.rs` the
 //! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener. Outside intent
 //! (reload, drain, stop) arrives through one [`Control`].
@@ -25,6 +25,7 @@ mod recorder;
 mod reload;
 mod retry;
 mod run;
+mod slots;
 mod triggers;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -89,6 +90,8 @@ pub(crate) struct Context {
     jobs: Mutex<Vec<JobConfig>>,
     /// What `/metrics` serves: each fact is recorded where it is logged.
     pub(crate) metrics: crate::metrics::Metrics,
+    /// The slots for running children (a run waits for one before it spawns).
+    pub(crate) child_slots: slots::ChildSlots,
 }
 
 /// Runs the worker until `control` asks it to drain and every running job has ended and released its
@@ -111,6 +114,8 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     let listener = http::bind(config.worker.listen).await?;
     let nodes = store.describe();
     let jobs = enabled_jobs(&config);
+    let fd_limit = slots::raise_fd_limit();
+    let child_slots = slots::ChildSlots::new(slots::slots_for(fd_limit.map_or(1_024, |l| l.after)));
     info!(
         event = "worker.started",
         config = %config.path.display(),
@@ -119,6 +124,8 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         ttl_ms = config.lock.ttl.as_millis() as u64,
         renew_every_ms = config.lock.renew_every.as_millis() as u64,
         pid = std::process::id(),
+        fd_limit = fd_limit.map_or(0, |l| l.after),
+        max_children = child_slots.capacity(),
         "Worker started"
     );
     let context = Arc::new(Context {
@@ -136,6 +143,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         config_fingerprint: Mutex::new(config.fingerprint()),
         jobs: Mutex::new(jobs.clone()),
         metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
+        child_slots,
     });
     let server = http::Server::start(listener, &context, &config.worker);
     let recorder_task = recorder::start(Arc::clone(&context));

@@ -21,6 +21,7 @@ use std::time::Duration;
 use tracing::{error, info, info_span, warn, Instrument};
 
 use super::env::job_environment;
+use super::slots::Slot;
 use super::Context;
 use crate::config::JobConfig;
 use crate::history::{Entry, Kind};
@@ -78,8 +79,9 @@ async fn supervise(
     lease: Lease,
     run_id: uuid::Uuid,
 ) -> Option<Entry> {
-    let mut child = match start(context, job, &lease, run_id).await {
-        Ok(child) => child,
+    // The slot is held until the run has ended: its child exited and its output was read.
+    let (mut child, _slot) = match start(context, job, &lease, run_id).await {
+        Ok(started) => started,
         Err(ended) => return ended,
     };
     let started = tokio::time::Instant::now();
@@ -158,15 +160,15 @@ async fn supervise(
     Some(entry)
 }
 
-/// Spawns the child with its environment (see [`job_environment`]) and logs `run.started`. If it must
-/// not start, releases the lease and logs why: `Err(None)`; if it could not start, also the run's final
-/// history entry: `Err(Some(entry))`.
+/// Takes a slot for the child ([`super::slots`]), spawns it with its environment (see
+/// [`job_environment`]) and logs `run.started`. If it must not start, releases the lease and logs why:
+/// `Err(None)`; if it could not start, also the run's final history entry: `Err(Some(entry))`.
 async fn start(
     context: &Context,
     job: &JobConfig,
     lease: &Lease,
     run_id: uuid::Uuid,
-) -> Result<RunningChild, Option<Entry>> {
+) -> Result<(RunningChild, Slot), Option<Entry>> {
     let mut redcron = vec![
         ("REDCRON_JOB".to_string(), job.name.clone()),
         ("REDCRON_TICK".to_string(), lease.tick.to_string()),
@@ -190,28 +192,39 @@ async fn start(
         ),
         workdir: job.workdir.clone(),
     };
+    // A herd may fill every slot: wait for one while half of the lease's time to spare lasts (the
+    // watchdog renews only a running child's lease).
+    let spare = lease.remaining().saturating_sub(job.stop_grace);
+    let slot = context.child_slots.take(spare / 2).await;
     // The claim may have been granted just before this process was paused (GC, SIGSTOP, a VM freeze): a
     // job must never start on a lease whose deadline has passed, nor on one so near its deadline that it
     // would be stopped at once. The tick stays claimed and is not run.
-    if lease.remaining() <= job.stop_grace {
-        error!(
-            event = "lease.lost",
-            error = "lease deadline (less stop_grace) passed before the job could start",
-            "Lease lost before the job started: not starting it"
-        );
-        context.metrics.lease_lost(&job.name);
-        context.metrics.tick_skipped(&job.name, "lease_expired");
-        context.store.release(lease).await;
-        let mut entry = context.entry(job, lease.tick, &lease.series, Kind::Skipped);
-        entry.reason = Some("lease_expired".to_string());
-        entry.token = Some(lease.token);
-        context.recorder.note(entry);
-        return Err(None);
-    }
+    let slot = match slot {
+        Some(slot) if lease.remaining() > job.stop_grace => slot,
+        slot => {
+            let error = if slot.is_some() {
+                "lease deadline (less stop_grace) passed before the job could start"
+            } else {
+                "no slot for another child freed before the lease's deadline (too many jobs running here)"
+            };
+            error!(
+                event = "lease.lost",
+                error, "Lease lost before the job started: not starting it"
+            );
+            context.metrics.lease_lost(&job.name);
+            context.metrics.tick_skipped(&job.name, "lease_expired");
+            context.store.release(lease).await;
+            let mut entry = context.entry(job, lease.tick, &lease.series, Kind::Skipped);
+            entry.reason = Some("lease_expired".to_string());
+            entry.token = Some(lease.token);
+            context.recorder.note(entry);
+            return Err(None);
+        }
+    };
     match RunningChild::spawn(&spec) {
         Ok(child) => {
             info!(event = "run.started", pid = child.pid(), "Job started");
-            Ok(child)
+            Ok((child, slot))
         }
         Err(err) => {
             error!(event = "run.finished", outcome = Outcome::Failure.as_str(), error = %err, duration_ms = 0u64,

@@ -24,6 +24,7 @@ pub struct WorkerBuilder {
     binary: Option<PathBuf>,
     env: Vec<(String, String)>,
     args: Vec<String>,
+    open_files: Option<u64>,
 }
 
 impl WorkerBuilder {
@@ -42,6 +43,13 @@ impl WorkerBuilder {
     /// Adds an argument after `run -c <config> --log-format json`.
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_owned());
+        self
+    }
+
+    /// Starts the worker with this soft and hard limit of open files (`RLIMIT_NOFILE`), as a host with a
+    /// low `ulimit -n` would.
+    pub fn open_files_limit(mut self, limit: u64) -> Self {
+        self.open_files = Some(limit);
         self
     }
 
@@ -76,6 +84,22 @@ impl WorkerBuilder {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(limit) = self.open_files {
+            use std::os::unix::process::CommandExt as _;
+            let limit = libc::rlimit {
+                rlim_cur: limit as libc::rlim_t,
+                rlim_max: limit as libc::rlim_t,
+            };
+            // SAFETY: setrlimit is async-signal-safe and reads only the struct moved into the closure.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         if let Some(dir) = self
             .config
             .parent()
@@ -135,6 +159,7 @@ impl Worker {
             binary: None,
             env: Vec::new(),
             args: Vec::new(),
+            open_files: None,
         }
     }
 

@@ -14,6 +14,7 @@ mod etcd;
 mod etcd_failover;
 mod etcd_pause;
 mod etcd_series;
+mod herd;
 mod history;
 mod inspect;
 mod job_env;
