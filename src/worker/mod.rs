@@ -28,7 +28,7 @@ mod run;
 mod slots;
 mod triggers;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -74,8 +74,9 @@ pub(crate) struct Context {
     pub(crate) shutdown_grace: Duration,
     /// The variables the store's settings use (its password): kept from jobs ([`env`]).
     pub(crate) store_env_vars: BTreeSet<String>,
-    /// Jobs with `overlap: skip` that this worker is racing for or running.
-    busy: Mutex<HashSet<String>>,
+    /// Jobs with `overlap: skip` that this worker is running, with how many runs of each are under way
+    /// (more than one only while a run whose lease was lost is still being stopped).
+    busy: Mutex<HashMap<String, usize>>,
     /// (job, other worker, its fingerprint) already warned about by `note_other_definition`.
     definitions_seen: Mutex<HashSet<(String, String, String)>>,
     /// The history writer: every fact about a tick goes to the store through it.
@@ -135,7 +136,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         shutdown: shutdown.clone(),
         shutdown_grace: config.worker.shutdown_grace,
         store_env_vars: config.store_env_vars.clone(),
-        busy: Mutex::new(HashSet::new()),
+        busy: Mutex::new(HashMap::new()),
         definitions_seen: Mutex::new(HashSet::new()),
         recorder: Recorder::new(),
         running: Mutex::new(BTreeMap::new()),
@@ -211,26 +212,22 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         }
         for (index, tick) in due.race {
             let job = agenda.job(index);
-            let guard = match job.overlap {
-                Overlap::Allow => None,
-                Overlap::Skip => match BusyGuard::try_new(&context, &job.name) {
-                    Some(guard) => Some(guard),
-                    None => {
-                        info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
-                              "Skipped: this worker is still running (or racing for) the previous tick");
-                        context.note(
-                            job,
-                            tick,
-                            &Series::Schedule,
-                            Kind::Skipped,
-                            Some("overlap"),
-                            None,
-                        );
-                        continue;
-                    }
-                },
-            };
-            batch.push(race::Due::scheduled(job, tick, guard));
+            // Only a run under way here makes a tick skip for overlap: a tick whose claim is still being
+            // raced (a slow batch, retries) holds nothing, and the nodes decide between it and the next.
+            if job.overlap == Overlap::Skip && context.runs_here(&job.name) {
+                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
+                      "Skipped: this worker is still running the previous tick");
+                context.note(
+                    job,
+                    tick,
+                    &Series::Schedule,
+                    Kind::Skipped,
+                    Some("overlap"),
+                    None,
+                );
+                continue;
+            }
+            batch.push(race::Due::scheduled(job, tick));
         }
         if !batch.is_empty() {
             races.spawn(race::race(Arc::clone(&context), batch));
@@ -337,7 +334,15 @@ impl Context {
     }
 
     fn busy_count(&self) -> usize {
-        self.busy.lock().map_or(0, |busy| busy.len())
+        self.busy.lock().map_or(0, |busy| busy.values().sum())
+    }
+
+    /// Whether a run of `job` is under way on this worker.
+    fn runs_here(&self, job: &str) -> bool {
+        self.busy
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .contains_key(job)
     }
 
     /// Warns, once per job, other worker and definition, when another worker holds or claimed a tick of
@@ -364,23 +369,24 @@ impl Context {
     }
 }
 
-/// Marks a job as racing or running on this worker (for `overlap: skip`) until dropped.
+/// Marks a job as running on this worker (for `overlap: skip`) until dropped.
 struct BusyGuard {
     context: Arc<Context>,
     job: String,
 }
 
 impl BusyGuard {
-    /// `None` if the job is already busy here.
-    fn try_new(context: &Arc<Context>, job: &str) -> Option<BusyGuard> {
+    /// Counts one more run of `job` under way here.
+    fn enter(context: &Arc<Context>, job: &str) -> BusyGuard {
         let mut busy = context
             .busy
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        busy.insert(job.to_string()).then(|| BusyGuard {
+        *busy.entry(job.to_string()).or_default() += 1;
+        BusyGuard {
             context: Arc::clone(context),
             job: job.to_string(),
-        })
+        }
     }
 }
 
@@ -391,6 +397,11 @@ impl Drop for BusyGuard {
             .busy
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        busy.remove(&self.job);
+        if let Some(runs) = busy.get_mut(&self.job) {
+            *runs -= 1;
+            if *runs == 0 {
+                busy.remove(&self.job);
+            }
+        }
     }
 }

@@ -19,7 +19,7 @@ use tracing::{info, info_span, warn, Instrument as _, Span};
 use super::{run, BusyGuard, Context};
 use crate::config::JobConfig;
 use crate::history::Kind;
-use crate::lock::{ClaimOutcome, ClaimRequest, Series};
+use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Series};
 use crate::schedule::Tick;
 
 /// The first wait before a tick that found no quorum is raced again; it doubles up to the maximum.
@@ -33,8 +33,6 @@ pub(super) struct Due {
     pub(super) job: JobConfig,
     pub(super) tick: Tick,
     pub(super) series: Series,
-    /// The job marked busy on this worker (`overlap: skip`, scheduled ticks) while it is raced and run.
-    pub(super) guard: Option<BusyGuard>,
     /// When it stops being raced (cluster time): the tick's window, the trigger's, the retry's.
     pub(super) until: DateTime<Utc>,
     /// How long after the batch's start it is first claimed (the job's jitter).
@@ -43,12 +41,11 @@ pub(super) struct Due {
 
 impl Due {
     /// A scheduled tick: raced after the job's jitter, until its window ends ([`give_up_at`]).
-    pub(super) fn scheduled(job: &JobConfig, tick: Tick, guard: Option<BusyGuard>) -> Due {
+    pub(super) fn scheduled(job: &JobConfig, tick: Tick) -> Due {
         Due {
             job: job.clone(),
             tick,
             series: Series::Schedule,
-            guard,
             until: give_up_at(job, tick),
             delay: job.jitter_for(tick),
         }
@@ -60,7 +57,6 @@ impl Due {
 struct Pending {
     job: JobConfig,
     request: ClaimRequest,
-    guard: Option<BusyGuard>,
     until: DateTime<Utc>,
     retry_at: tokio::time::Instant,
     /// The next wait after a `NoQuorum` (doubles up to [`NO_QUORUM_BACKOFF_MAX`]).
@@ -114,7 +110,6 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
                 request,
                 retry_at: now + due.delay,
                 job: due.job,
-                guard: due.guard,
                 until: due.until,
                 backoff: NO_QUORUM_BACKOFF,
             }
@@ -166,7 +161,7 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
             let Some(wait) = wait else {
                 let span = p.span();
                 let (tick, series) = (p.request.tick, p.request.series);
-                let settled = settle(Arc::clone(&context), p.job, tick, series, p.guard, outcome);
+                let settled = settle(Arc::clone(&context), p.job, tick, series, outcome);
                 settling.spawn(settled.instrument(span));
                 continue;
             };
@@ -277,7 +272,6 @@ async fn settle(
     job: JobConfig,
     tick: Tick,
     series: Series,
-    guard: Option<BusyGuard>,
     outcome: ClaimOutcome,
 ) {
     if let (Some(id), ClaimOutcome::Won(_) | ClaimOutcome::Paused(_)) = (series.trigger(), &outcome)
@@ -290,13 +284,15 @@ async fn settle(
         // worker may run it; the run gets the shutdown grace like any running job.
         ClaimOutcome::Won(lease) => {
             info!(event = "tick.won", job = %job.name, tick = %tick, token = lease.token, "Won the tick");
+            // While the run is under way here, this worker skips the job's next ticks (`overlap: skip`).
+            let guard =
+                (job.overlap == Overlap::Skip).then(|| BusyGuard::enter(&context, &job.name));
             let ended = run::run(Arc::clone(&context), &job, lease).await;
             // This worker no longer runs the job: its next ticks are raced here again meanwhile.
             drop(guard);
             if let Some(ended) = ended {
                 super::retry::after_run(context, job, tick, series.clone(), ended).await;
             }
-            return;
         }
         ClaimOutcome::AlreadyClaimed { by } => {
             let claimant = by.as_ref().map_or("unknown", |by| by.worker.as_str());
@@ -345,5 +341,4 @@ async fn settle(
             // Never settled: `race` retries these until it gives up, and logs that.
         }
     }
-    drop(guard);
 }

@@ -83,7 +83,6 @@ async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series
         job,
         tick,
         series: next,
-        guard: None,
         delay: Duration::ZERO,
     };
     race::race(context, vec![due]).await;

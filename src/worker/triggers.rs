@@ -87,7 +87,6 @@ fn due(
             job: job.clone(),
             tick: request.tick(),
             series: Series::Trigger(request.id),
-            guard: None,
             until: request.not_after,
             delay: Duration::ZERO,
         });

@@ -474,39 +474,6 @@ impl Facts {
             .unwrap_or_default()
     }
 
-    /// Whether any fault was active at some instant of `[a, b]`: a node unusable or stalled, or a
-    /// worker paused or killed.
-    pub fn fault_in(&self, a: i64, b: i64) -> bool {
-        let overlaps = |&(s, e): &(i64, i64)| s <= b && e >= a;
-        self.unusable
-            .iter()
-            .chain(&self.stalled)
-            .flatten()
-            .any(overlaps)
-            || self.lives.iter().any(|life| {
-                life.stops.iter().any(overlaps) || life.killed.is_some_and(|k| a <= k && k <= b)
-            })
-    }
-
-    /// Whether `instance` skipped `(job, tick)` because it was still racing for its previous tick at `r`,
-    /// and faults were active during that race (a slow claim: retries, timeouts).
-    pub fn still_racing(&self, instance: usize, job: &str, tick: i64, r: i64) -> bool {
-        let Some(ticks) = self.outcomes.get(&(instance, job.to_string())) else {
-            return false;
-        };
-        let skipped = ticks.get(&tick).is_some_and(|events| {
-            events
-                .iter()
-                .any(|(label, _)| label == "tick.skipped:overlap")
-        });
-        let Some((&previous, events)) = ticks.range(..tick).next_back() else {
-            return false;
-        };
-        let settled = events.iter().map(|&(_, at)| at).max().unwrap_or(i64::MIN);
-        let worker = self.lives[instance].worker;
-        skipped && settled >= r - 100 && self.fault_in(self.race_time(worker, previous), settled)
-    }
-
     /// Whether `instance` runs `job` with `overlap: skip` (its config version decides).
     pub fn skips(&self, instance: usize, job: &JobSpec) -> bool {
         job.skip[self.lives[instance].config]

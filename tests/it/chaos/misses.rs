@@ -28,9 +28,6 @@
 //!   another tick (the nodes' own answer: a contender of an earlier tick that is still retrying, or whose
 //!   undo did not reach a hung node, holds the key until its TTL). In a rollout, a worker on
 //!   `overlap: allow` takes a key of its own per tick, so nothing of the sort excuses it;
-//! - *still racing*: `w` logged `tick.skipped: overlap` for this tick while the claim of its previous
-//!   tick was still going on (its outcome arrived after `r` − 0.1 s), and some fault was active
-//!   during that claim (a node unusable or stalled, a worker paused or killed);
 //! - *later tick claimed*: a later tick of the job was claimed before `r` + 0.8 s (by a worker whose
 //!   cluster time is ahead, after a step of its clock) — its `tick.won` arrived, or it was granted to a
 //!   claimant that died mid-claim, by the time it died: claims only grow, so this tick can no longer be
@@ -68,7 +65,7 @@
 //!
 //! The table names one cause per explained miss: the first of *won, never started*, *granted to a
 //! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
-//! *held by a contender of another tick*, *still racing*, *a dead contender of the tick*, *no quorum*
+//! *held by a contender of another tick*, *a dead contender of the tick*, *no quorum*
 //! (planned), *no quorum* (measured stalls), *later tick claimed*, *no live worker*, that applies.
 
 use std::collections::BTreeSet;
@@ -233,10 +230,6 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         (
             "held by a contender of another tick",
             "a contender of another tick held the job's lease (overlap: skip; the nodes answered busy)",
-        ),
-        (
-            "still racing the previous tick",
-            "a worker still racing the previous tick (a slow claim under faults) skipped it",
         ),
         (
             "dead contender of the tick",
@@ -408,9 +401,6 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
         }) {
             return Ok("held by a contender of another tick");
         }
-    }
-    if facts.still_racing(instance, &e.job.name, tick, r) {
-        return Ok("still racing the previous tick");
     }
     if later_claim_at(e, tick).is_some_and(|at| at <= r + 800) {
         return Ok("later tick claimed first");
