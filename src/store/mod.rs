@@ -136,6 +136,28 @@ impl Store {
         }
     }
 
+    /// Claims each request like [`Store::claim_many`] (the same pipelining), but hands each outcome to
+    /// `decided`, with the request's index, as soon as it is known, instead of when the whole batch is:
+    /// one claim's retries never hold back another's start. Every request gets exactly one outcome.
+    pub async fn claim_each(
+        &self,
+        requests: &[ClaimRequest],
+        mut decided: impl FnMut(usize, ClaimOutcome),
+    ) {
+        match self {
+            Store::Redis(store) => store.claim_each(requests, decided).await,
+            Store::Etcd(store) => store.claim_each(requests, decided).await,
+            Store::Embedded(store) => {
+                // One transaction decides the whole batch at once: nothing to hand out earlier.
+                let outcomes = store.claim_many(requests).await;
+                outcomes
+                    .into_iter()
+                    .enumerate()
+                    .for_each(|(index, outcome)| decided(index, outcome));
+            }
+        }
+    }
+
     /// Claims one `(job, tick)`.
     pub async fn claim(&self, request: &ClaimRequest) -> ClaimOutcome {
         let mut outcomes = self.claim_many(std::slice::from_ref(request)).await;

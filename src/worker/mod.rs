@@ -3,7 +3,7 @@
 //! Every worker computes the same ticks from the same schedule and sleeps until the earliest one — there is
 //! no polling loop and no drift accumulated from tick to tick, because each wake-up targets a scheduled
 //! instant, not "now plus an interval". All jobs due at one instant are claimed in one batch
-//! ([`Store::claim_many`]), which costs one pipelined round trip per node and round however many
+//! ([`Store::claim_each`]), which costs one pipelined round trip per node and round however many
 //! jobs are due. Runs that were won go on in their own tasks ([`run`]), each under a lease watchdog.
 //!
 //! Files: `agenda.rs` which ticks are due; `race.rs` the race for a batch and what becomes of each tick;

@@ -2,8 +2,9 @@
 //! claimant, and settle each final outcome — run what was won, record what was not.
 //!
 //! A claim is a scheduled tick, a trigger request or a retry attempt ([`Series`]). Claims due at one instant
-//! travel in one batch (one pipelined round trip per node and round). Each keeps its claimant across
-//! retries, so a retry continues the claim instead of competing with it. What a worker learns about a claim
+//! travel in one batch (one pipelined round trip per node and round), and each outcome is acted on as
+//! soon as it is decided ([`crate::store::Store::claim_each`]), so one job's split vote never holds back
+//! another job's start. Each keeps its claimant across retries, so a retry continues the claim instead of competing with it. What a worker learns about a claim
 //! it did not run (lost to another claimant, skipped for overlap or a pause, given up at the end of its
 //! window) goes to the history, and a scheduled tick given up is checked for a miss. A trigger or a retry
 //! that finds the job busy (`overlap: skip`) waits for it, retrying every [`BUSY_RETRY`] until its window
@@ -136,47 +137,63 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
             pending.into_iter().partition(|p| p.retry_at <= now);
         pending = waiting;
         let requests: Vec<ClaimRequest> = ready.iter().map(|p| p.request.clone()).collect();
+        let mut ready: Vec<Option<Pending>> = ready.into_iter().map(Some).collect();
         let claimed_at = std::time::Instant::now();
-        let outcomes = context.store.claim_many(&requests).await;
+        // Each outcome is acted on as soon as it is decided: a won tick starts while another job's split
+        // vote of the same batch is still being retried inside the store.
+        context
+            .store
+            .claim_each(&requests, |index, outcome| {
+                let Some(p) = ready.get_mut(index).and_then(Option::take) else {
+                    return;
+                };
+                if let Some(p) = act_on(&context, &mut settling, p, outcome) {
+                    pending.push(p);
+                }
+            })
+            .await;
         context.metrics.claimed(claimed_at.elapsed());
-        for (mut p, outcome) in ready.into_iter().zip(outcomes) {
-            context.note_other_definition(&p.job, p.request.tick, outcome.other());
-            let wait = match &outcome {
-                // Won, but too close to (or past) the lease's deadline to start: the process was paused.
-                // The same claimant claims the tick again, with a fresh lease (see `run::start`).
-                ClaimOutcome::Won(lease) if lease.remaining() <= p.job.stop_grace => {
-                    Some(Duration::ZERO)
-                }
-                ClaimOutcome::NoQuorum(_) => {
-                    let wait = p.backoff;
-                    p.backoff = (p.backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
-                    Some(wait)
-                }
-                // A trigger or a retry waits for the run that holds the job.
-                ClaimOutcome::Busy { .. } if p.request.series != Series::Schedule => {
-                    Some(BUSY_RETRY)
-                }
-                other => other.retry_in(),
-            };
-            let Some(wait) = wait else {
-                let span = p.span();
-                let (tick, series) = (p.request.tick, p.request.series);
-                let settled = settle(Arc::clone(&context), p.job, tick, series, outcome);
-                settling.spawn(settled.instrument(span));
-                continue;
-            };
-            let retry_at =
-                context.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
-            if retry_at >= p.until {
-                p.span().in_scope(|| give_up(&context, &p, &outcome));
-                continue;
-            }
-            p.span().in_scope(|| retrying(&p, &outcome, wait));
-            p.retry_at = tokio::time::Instant::now() + wait;
-            pending.push(p);
-        }
     }
     while settling.join_next().await.is_some() {}
+}
+
+/// What becomes of one claim's outcome: settled in its own task if it is final, given up at the end of
+/// its window, or returned to be raced again after its wait.
+fn act_on(
+    context: &Arc<Context>,
+    settling: &mut JoinSet<()>,
+    mut p: Pending,
+    outcome: ClaimOutcome,
+) -> Option<Pending> {
+    context.note_other_definition(&p.job, p.request.tick, outcome.other());
+    let wait = match &outcome {
+        // Won, but too close to (or past) the lease's deadline to start: the process was paused.
+        // The same claimant claims the tick again, with a fresh lease (see `run::start`).
+        ClaimOutcome::Won(lease) if lease.remaining() <= p.job.stop_grace => Some(Duration::ZERO),
+        ClaimOutcome::NoQuorum(_) => {
+            let wait = p.backoff;
+            p.backoff = (p.backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
+            Some(wait)
+        }
+        // A trigger or a retry waits for the run that holds the job.
+        ClaimOutcome::Busy { .. } if p.request.series != Series::Schedule => Some(BUSY_RETRY),
+        other => other.retry_in(),
+    };
+    let Some(wait) = wait else {
+        let span = p.span();
+        let (tick, series) = (p.request.tick, p.request.series);
+        let settled = settle(Arc::clone(context), p.job, tick, series, outcome);
+        settling.spawn(settled.instrument(span));
+        return None;
+    };
+    let retry_at = context.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
+    if retry_at >= p.until {
+        p.span().in_scope(|| give_up(context, &p, &outcome));
+        return None;
+    }
+    p.span().in_scope(|| retrying(&p, &outcome, wait));
+    p.retry_at = tokio::time::Instant::now() + wait;
+    Some(p)
 }
 
 /// How long this worker waits before its first claim of a batch due at `tick`.

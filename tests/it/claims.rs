@@ -351,3 +351,37 @@ async fn a_trigger_later_than_a_pending_tick_leaves_the_tick_claimable() {
         "{refused:?}"
     );
 }
+
+/// Outcomes are handed out as each is decided: in one batch, a free job's claim is won in the first
+/// attempt and reported while another job's claim — held by a contender that crashed between its rounds
+/// — is still being retried inside the store. (`claim_many` returned both together, so the free job's
+/// start waited for the other's retries.)
+#[tokio::test]
+async fn a_won_claim_is_handed_out_while_another_of_its_batch_is_retried() {
+    let cluster = RedisCluster::start(3);
+    let store = store(&cluster.urls());
+    warm(&store).await;
+    leave_crashed_contender(&cluster, 13_000, &[0, 1], None, Duration::from_secs(10));
+    let requests = [
+        ClaimRequest::new("live", "report", Tick(13_000), Overlap::Skip, "f"),
+        ClaimRequest::new("live", "free", Tick(13_000), Overlap::Skip, "f"),
+    ];
+    let mut decided = Vec::new();
+    store
+        .claim_each(&requests, |index, outcome| decided.push((index, outcome)))
+        .await;
+    assert_eq!(decided.len(), 2, "{decided:?}");
+    assert_eq!(
+        decided[0].0, 1,
+        "the free job's outcome comes first: {decided:?}"
+    );
+    let lease = match &decided[0].1 {
+        ClaimOutcome::Won(lease) => lease.clone(),
+        other => panic!("the free job is won at once, got {other:?}"),
+    };
+    assert!(
+        matches!(decided[1].1, ClaimOutcome::Contended { .. }),
+        "the held job is still contended after the store's retries: {decided:?}"
+    );
+    store.release(&lease).await;
+}

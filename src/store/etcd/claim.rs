@@ -27,6 +27,7 @@
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 
 use super::snapshot::{decide, record_value, Keys, Snapshot};
 use super::EtcdStore;
@@ -53,6 +54,21 @@ impl EtcdStore {
     /// Claims every request, each on its own (etcd orders them); see [`crate::store::Store::claim_many`].
     pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         join_all(requests.iter().map(|request| self.claim(request))).await
+    }
+
+    /// Claims every request like [`EtcdStore::claim_many`], handing each outcome to `decided` (with the
+    /// request's index) as soon as its own transaction is decided; see [`crate::store::Store::claim_each`].
+    pub async fn claim_each(
+        &self,
+        requests: &[ClaimRequest],
+        mut decided: impl FnMut(usize, ClaimOutcome),
+    ) {
+        let mut claims: FuturesUnordered<_> = (requests.iter().enumerate())
+            .map(|(index, request)| async move { (index, self.claim(request).await) })
+            .collect();
+        while let Some((index, outcome)) = claims.next().await {
+            decided(index, outcome);
+        }
     }
 
     /// Claims one request: read, decide, grant, compare-and-swap; retried on a change between read and

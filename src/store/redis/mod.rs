@@ -142,6 +142,23 @@ impl RedisStore {
     /// holding a majority and stop.
     pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
+        self.claim_each(requests, |index, outcome| outcomes[index] = Some(outcome))
+            .await;
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or(ClaimOutcome::AlreadyClaimed { by: None }))
+            .collect()
+    }
+
+    /// Claims every request like [`RedisStore::claim_many`], handing each outcome to `decided` (with the
+    /// request's index) as soon as it is final for this call, so that a claim won in the first attempt is
+    /// acted on while split votes of the same batch are still being retried. Every request gets exactly
+    /// one outcome.
+    pub async fn claim_each(
+        &self,
+        requests: &[ClaimRequest],
+        mut decided: impl FnMut(usize, ClaimOutcome),
+    ) {
         // Per pending request: when it may go again, how many attempts are left, and a value it kept.
         let mut pending: Vec<(usize, Instant, u32, Option<String>)> = (0..requests.len())
             .map(|index| (index, Instant::now(), self.settings.retries, None))
@@ -178,7 +195,7 @@ impl RedisStore {
             let yielded = done + self.yield_delay(batch.len()) + jitter;
             for ((index, _, left, _), result) in ready.into_iter().zip(results) {
                 match result {
-                    Attempt::Won(lease) => outcomes[index] = Some(ClaimOutcome::Won(lease)),
+                    Attempt::Won(lease) => decided(index, ClaimOutcome::Won(lease)),
                     Attempt::Lost {
                         retry: Retry::Soon(value),
                         ..
@@ -197,14 +214,10 @@ impl RedisStore {
                     } if left > 0 => {
                         pending.push((index, yielded, left - 1, None));
                     }
-                    Attempt::Lost { outcome, .. } => outcomes[index] = Some(outcome),
+                    Attempt::Lost { outcome, .. } => decided(index, outcome),
                 }
             }
         }
-        outcomes
-            .into_iter()
-            .map(|outcome| outcome.unwrap_or(ClaimOutcome::AlreadyClaimed { by: None }))
-            .collect()
     }
 
     /// A plain Redlock lease on `resource`: `SET NX PX` on every node, no tick claim and no fencing token
