@@ -103,10 +103,35 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
             }
             Err(_) => {}
         }
+        if state == "running" && context.store.is_shared() {
+            read_members(&context).await;
+        }
         tokio::select! {
             () = tokio::time::sleep(every) => {}
             () = stop.notified() => return,
         }
+    }
+}
+
+/// Reads the live workers back for the claim order ([`super::order`]): those alive and `running` (a
+/// draining worker takes no new ticks). A failed read keeps the last view.
+async fn read_members(context: &Context) {
+    let Ok(read) = context.store.members().await else {
+        return;
+    };
+    let mut live: Vec<String> = read
+        .value
+        .into_iter()
+        .filter(|member| member.alive && member.state == "running")
+        .map(|member| member.id)
+        .collect();
+    live.sort();
+    live.dedup();
+    let count = live.len();
+    let names = live.join(",");
+    if context.set_live_members(live) {
+        info!(event = "members.changed", count, members = %names,
+              "The live workers changed; the claim order now ranks these");
     }
 }
 

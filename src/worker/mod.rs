@@ -8,7 +8,7 @@
 //!
 //! Files: `agenda.rs` which ticks are due; `race.rs` the race for a batch and what becomes of each tick;
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
-//! `slots.rs` how many children may run at once; `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
+//! `slots.rs` how many children may run at once; `order.rs` who claims a tick first; `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
 //! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `retry.rs` the retries of a failed run; `triggers.rs` the
 //! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener. Outside intent
 //! (reload, drain, stop) arrives through one [`Control`].
@@ -20,6 +20,7 @@ mod heartbeat;
 mod http;
 mod missed;
 mod offset;
+mod order;
 mod race;
 mod recorder;
 mod reload;
@@ -93,6 +94,9 @@ pub(crate) struct Context {
     pub(crate) metrics: crate::metrics::Metrics,
     /// The slots for running children (a run waits for one before it spawns).
     pub(crate) child_slots: slots::ChildSlots,
+    /// The live workers, as last read from the store after a heartbeat (`None` until then): the claim
+    /// order ranks them ([`order`]).
+    live_members: Mutex<Option<Vec<String>>>,
 }
 
 /// Runs the worker until `control` asks it to drain and every running job has ended and released its
@@ -145,6 +149,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         jobs: Mutex::new(jobs.clone()),
         metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
         child_slots,
+        live_members: Mutex::new(None),
     });
     let server = http::Server::start(listener, &context, &config.worker);
     let recorder_task = recorder::start(Arc::clone(&context));
@@ -335,6 +340,22 @@ impl Context {
 
     fn busy_count(&self) -> usize {
         self.busy.lock().map_or(0, |busy| busy.values().sum())
+    }
+
+    /// The live workers as last read, sorted (`None` before the first read).
+    fn live_members(&self) -> Option<Vec<String>> {
+        self.live_members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the view of the live workers; `true` if it changed.
+    fn set_live_members(&self, members: Vec<String>) -> bool {
+        let mut view = self.live_members.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = view.as_ref() != Some(&members);
+        *view = Some(members);
+        changed
     }
 
     /// Whether a run of `job` is under way on this worker.

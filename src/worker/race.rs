@@ -91,8 +91,7 @@ pub(super) fn series_span(series: &Series) -> Span {
 /// retry costs one round trip per node however many jobs it carries.
 pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
     let mut settling = JoinSet::new();
-    let first_tick = batch.first().map_or(Tick(0), |due| due.tick);
-    let now = tokio::time::Instant::now() + stagger(&context, first_tick);
+    let now = tokio::time::Instant::now();
     let mut pending: Vec<Pending> = batch
         .into_iter()
         .map(|due| {
@@ -109,7 +108,7 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
             };
             Pending {
                 request,
-                retry_at: now + due.delay,
+                retry_at: now + due.delay + stagger(&context, &due.job.name, due.tick),
                 job: due.job,
                 until: due.until,
                 backoff: NO_QUORUM_BACKOFF,
@@ -196,21 +195,15 @@ fn act_on(
     Some(p)
 }
 
-/// How long this worker waits before its first claim of a batch due at `tick`.
-///
-/// Workers on cluster time wake for a tick at the same instant, and contenders that reach the nodes at the
-/// same moment split their votes — with a node or two down, a split can last until the tick's window ends.
-/// So each worker starts after a delay of up to a quarter of `retry_delay`, drawn from a stable hash of
-/// (worker id, tick): usually one worker claims the tick's jobs alone and the others find them claimed, and
-/// which worker goes first changes from tick to tick. The embedded store has no contenders: no delay.
-fn stagger(context: &Context, tick: Tick) -> Duration {
+/// How long this worker waits before its first claim of `(job, tick)`: its place in the claim order
+/// ([`super::order`]) times a quarter of `retry_delay`. The embedded store has no contenders: no wait.
+fn stagger(context: &Context, job: &str, tick: Tick) -> Duration {
     if !context.store.is_shared() {
         return Duration::ZERO;
     }
     let spread = context.store.settings().retry_delay / 4;
-    let key = format!("{}\n{}", context.worker_id, tick.as_millis());
-    let fraction = (crate::config::fnv1a(key.as_bytes()) % 1_000_000) as f64 / 1_000_000.0;
-    spread.mul_f64(fraction)
+    let members = context.live_members();
+    super::order::delay(members.as_deref(), &context.worker_id, job, tick, spread)
 }
 
 /// Logs a retry of a tick whose outcome was not final.
