@@ -115,6 +115,7 @@ async fn write(context: &Context, unwritten: &mut Vec<Entry>) -> bool {
             .dropped
             .fetch_add(excess as u64, Ordering::Relaxed);
     }
+    keep_latest(unwritten);
     let dropped = context.recorder.dropped.swap(0, Ordering::Relaxed);
     if dropped > 0 {
         warn!(
@@ -140,6 +141,25 @@ async fn write(context: &Context, unwritten: &mut Vec<Entry>) -> bool {
     true
 }
 
+/// Drops every entry that a later one in `entries` replaces (same job and [`Entry::id`]: a run's entry
+/// written at its start and again when it ended), keeping the order of the rest. Every store keeps one
+/// entry per job and id, the last written, so writing only that one leaves the same history — and a
+/// short run whose start and end wait in one batch costs one write instead of two.
+fn keep_latest(entries: &mut Vec<Entry>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut keep: Vec<bool> = entries
+        .iter()
+        .rev()
+        .map(|entry| seen.insert((entry.job.clone(), entry.id())))
+        .collect();
+    keep.reverse();
+    let mut index = 0;
+    entries.retain(|_| {
+        index += 1;
+        keep[index - 1]
+    });
+}
+
 /// Logs the entries a stopping worker could not write.
 fn give_up(context: &Context, unwritten: &[Entry]) {
     context
@@ -151,4 +171,32 @@ fn give_up(context: &Context, unwritten: &[Entry]) {
         entries = unwritten.len() as u64,
         "History entries dropped at shutdown: no majority of nodes took them"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::Kind;
+    use crate::schedule::Tick;
+
+    #[test]
+    fn a_run_entry_written_again_replaces_the_earlier_one_in_the_batch() {
+        let now = chrono::Utc::now();
+        let started = Entry::new("a", Tick(1_000), "w0", Kind::Run, now);
+        let mut ended = started.clone();
+        ended.outcome = Some("success".to_string());
+        let other_job = Entry::new("b", Tick(1_000), "w0", Kind::Run, now);
+        let lost = Entry::new("a", Tick(1_000), "w1", Kind::Lost, now);
+        let mut entries = vec![started, other_job.clone(), lost.clone(), ended.clone()];
+        keep_latest(&mut entries);
+        let kept: Vec<(String, String, Option<String>)> = entries
+            .iter()
+            .map(|e| (e.job.clone(), e.id(), e.outcome.clone()))
+            .collect();
+        let expected: Vec<(String, String, Option<String>)> = [other_job, lost, ended]
+            .iter()
+            .map(|e| (e.job.clone(), e.id(), e.outcome.clone()))
+            .collect();
+        assert_eq!(kept, expected);
+    }
 }
