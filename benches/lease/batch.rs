@@ -2,8 +2,8 @@
 //!
 //! The workers of items 3–4 also spawn a process per run, and on a small machine spawning 1,000 processes a
 //! second is itself most of the load. Here the same race runs without processes: three [`RedisStore`]s
-//! (one per contender, each with its own connections, each behind its own counting proxies) call
-//! `claim_many` for N jobs at once, the winners release, and the next tick follows. This shows what the
+//! (one per contender, each with its own connections, each behind its own counting proxies) claim N jobs
+//! in the workers' claim order ([`redcron::lock::order`]), the winners release, and the next tick follows. This shows what the
 //! lock costs per tick as N grows — latency, round trips, Redis CPU — and that each (job, tick) is won once.
 //!
 //! The same sizes race on the [`super::peer`] too (one node, one `SET NX PX` per contender and job), and
@@ -11,8 +11,10 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Mutex;
+
 use futures_util::future::join_all;
-use redcron::lock::{ClaimOutcome, ClaimRequest, Overlap};
+use redcron::lock::{order, ClaimOutcome, ClaimRequest, Overlap};
 use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
@@ -30,9 +32,9 @@ use super::peer::CONTENDERS;
 pub struct Batch {
     pub jobs: usize,
     pub ticks: usize,
-    /// Time from the start of the race to the last contender's answer, per tick.
+    /// Time from the start of the race to the last contender's last answer and the releases, per tick.
     pub race: Samples,
-    /// The same, without the winners' releases: the time the claims took to settle.
+    /// From the tick until every job's winning outcome was known: the time the claims took to settle.
     pub claim: Samples,
     /// Ticks × jobs won exactly once, more than once, never.
     pub once: usize,
@@ -149,40 +151,84 @@ pub async fn race_ticks(stores: &[Store], names: &[String], ticks: usize) -> Bat
     batch
 }
 
-/// All contenders claim every job at `tick` at once; winners release. Returns, per job, how many won,
-/// and how long the claims took (until the last contender's `claim_many` returned).
+/// When one contender claims which jobs (by index in `names`) after the tick.
+type Wave = (Duration, Vec<(usize, ClaimRequest)>);
+
+/// All contenders race every job at `tick` in the workers' claim order ([`redcron::lock::order`]: each
+/// ranks the contenders by a hash of (contender, job, tick) and claims a job `rank × retry_delay / 4` after
+/// the tick); winners release. Returns, per job, how many won, and how long the claims took to settle:
+/// until every job's winning outcome was known (the backups' later answers, which find the jobs claimed,
+/// delay no job).
 pub async fn race_once(stores: &[Store], names: &[String], tick: Tick) -> (Vec<usize>, Duration) {
     let started = Instant::now();
-    // Each contender is a claimant of its own for every job.
-    let requests: Vec<Vec<ClaimRequest>> = (0..stores.len())
-        .map(|i| {
-            let id = format!("c{i}");
-            names
-                .iter()
-                .map(|job| ClaimRequest::new(&id, job, tick, Overlap::Skip, "bench"))
-                .collect()
+    let members: Vec<String> = (0..stores.len()).map(|i| format!("c{i}")).collect();
+    let spread = settings().retry_delay / 4;
+    // Each contender is a claimant of its own for every job, grouped by when it claims them.
+    let plans: Vec<Vec<Wave>> = members
+        .iter()
+        .map(|id| {
+            let mut groups: std::collections::BTreeMap<Duration, Vec<(usize, ClaimRequest)>> =
+                std::collections::BTreeMap::new();
+            for (index, job) in names.iter().enumerate() {
+                let delay = order::delay(Some(&members), id, job, tick, spread);
+                let request = ClaimRequest::new(id, job, tick, Overlap::Skip, "bench");
+                groups.entry(delay).or_default().push((index, request));
+            }
+            groups.into_iter().collect()
         })
         .collect();
-    let outcomes = join_all(
+    let won_at: Mutex<Vec<Option<Duration>>> = Mutex::new(vec![None; names.len()]);
+    let leases: Mutex<Vec<(usize, redcron::lock::Lease)>> = Mutex::new(Vec::new());
+    let mut won = vec![0; names.len()];
+    let (won_at_ref, leases_ref) = (&won_at, &leases);
+    join_all(
         stores
             .iter()
-            .zip(&requests)
-            .map(|(store, requests)| store.claim_many(requests)),
+            .enumerate()
+            .zip(&plans)
+            .flat_map(|((contender, store), groups)| {
+                groups.iter().map(move |(delay, group)| async move {
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(started + *delay))
+                        .await;
+                    let requests: Vec<ClaimRequest> =
+                        group.iter().map(|(_, r)| r.clone()).collect();
+                    store
+                        .claim_each(&requests, |at, outcome| {
+                            if let ClaimOutcome::Won(lease) = outcome {
+                                let job = group[at].0;
+                                if let Ok(mut won_at) = won_at_ref.lock() {
+                                    won_at[job].get_or_insert(started.elapsed());
+                                }
+                                if let Ok(mut leases) = leases_ref.lock() {
+                                    leases.push((contender, lease));
+                                }
+                            }
+                        })
+                        .await;
+                })
+            }),
     )
     .await;
-    let claimed = started.elapsed();
-    let mut won = vec![0; names.len()];
-    let mut releases = Vec::new();
-    for (store, outcomes) in stores.iter().zip(outcomes) {
-        for (job, outcome) in outcomes.into_iter().enumerate() {
-            if let ClaimOutcome::Won(lease) = outcome {
-                won[job] += 1;
-                releases.push((store, lease));
-            }
+    let settled = won_at
+        .into_inner()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|at| at.unwrap_or_else(|| started.elapsed()))
+        .max()
+        .unwrap_or_default();
+    let leases = leases.into_inner().unwrap_or_default();
+    for (_, lease) in &leases {
+        if let Some(index) = names.iter().position(|name| *name == lease.job) {
+            won[index] += 1;
         }
     }
-    join_all(releases.iter().map(|(store, lease)| store.release(lease))).await;
-    (won, claimed)
+    join_all(
+        leases
+            .iter()
+            .map(|(contender, lease)| stores[*contender].release(lease)),
+    )
+    .await;
+    (won, settled)
 }
 
 fn table(batches: &[Batch]) -> String {
@@ -239,9 +285,11 @@ fn table(batches: &[Batch]) -> String {
     format!(
         "\n## 4b. The lock alone at scale: 3 contenders race for N jobs at one tick, in one process\n\n\
          No processes are spawned: each contender is a `RedisStore` behind its own counting proxies; the \
-         winners release before the next tick. Claim: from the start of the three `claim_many` calls to the \
-         last answer; race: the same plus the winners' releases (split votes retried as configured: \
-         retries 1, retry_delay 200 ms). Redis commands and CPU per claim: the 5 nodes' own counters \
+         winners release before the next tick. The contenders claim in the workers' order (each job first \
+         by one contender, the others backing it up 50 and 100 ms later). Claim: from the tick until every \
+         job's winning outcome is known; race: until the last contender's last answer (the backups' \
+         included) and the winners' releases (split votes retried as configured: retries 1, retry_delay \
+         200 ms). Redis commands and CPU per claim: the 5 nodes' own counters \
          (`INFO commandstats`, `INFO cpu`), releases included, per (job, tick). Peer: one node, one \
          `SET NX PX` per contender and job (ShedLock, gocron), all sent at once, no release; its figures \
          are that one node's.\n\n{}",

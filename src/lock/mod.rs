@@ -5,9 +5,11 @@
 //!
 //! The stores of [`crate::store`] implement these answers: the Redlock protocol across N independent Redis
 //! nodes (its safety argument is in `docs/protocol.md` and beside each script), and the embedded store
-//! for a single host. Both write the names of [`keys`].
+//! for a single host. Both write the names of [`keys`]. [`order`] says when each worker starts claiming a
+//! `(job, tick)`, so that contention is rare; no guarantee depends on it.
 
 pub mod keys;
+pub mod order;
 pub mod pause;
 pub mod quorum;
 pub mod series;

@@ -113,7 +113,7 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
     }
 }
 
-/// Reads the live workers back for the claim order ([`super::order`]): those alive and `running` (a
+/// Reads the live workers back for the claim order ([`crate::lock::order`]): those alive and `running` (a
 /// draining worker takes no new ticks). A failed read keeps the last view.
 async fn read_members(context: &Context) {
     let Ok(read) = context.store.members().await else {

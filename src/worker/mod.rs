@@ -8,7 +8,7 @@
 //!
 //! Files: `agenda.rs` which ticks are due; `race.rs` the race for a batch and what becomes of each tick;
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
-//! `slots.rs` how many children may run at once; `order.rs` who claims a tick first; `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
+//! `slots.rs` how many children may run at once; `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
 //! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `retry.rs` the retries of a failed run; `triggers.rs` the
 //! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener. Outside intent
 //! (reload, drain, stop) arrives through one [`Control`].
@@ -20,7 +20,6 @@ mod heartbeat;
 mod http;
 mod missed;
 mod offset;
-mod order;
 mod race;
 mod recorder;
 mod reload;
@@ -95,7 +94,7 @@ pub(crate) struct Context {
     /// The slots for running children (a run waits for one before it spawns).
     pub(crate) child_slots: slots::ChildSlots,
     /// The live workers, as last read from the store after a heartbeat (`None` until then): the claim
-    /// order ranks them ([`order`]).
+    /// order ranks them ([`crate::lock::order`]).
     live_members: Mutex<Option<Vec<String>>>,
 }
 

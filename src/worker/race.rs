@@ -196,14 +196,14 @@ fn act_on(
 }
 
 /// How long this worker waits before its first claim of `(job, tick)`: its place in the claim order
-/// ([`super::order`]) times a quarter of `retry_delay`. The embedded store has no contenders: no wait.
+/// ([`crate::lock::order`]) times a quarter of `retry_delay`. The embedded store has no contenders: no wait.
 fn stagger(context: &Context, job: &str, tick: Tick) -> Duration {
     if !context.store.is_shared() {
         return Duration::ZERO;
     }
     let spread = context.store.settings().retry_delay / 4;
     let members = context.live_members();
-    super::order::delay(members.as_deref(), &context.worker_id, job, tick, spread)
+    crate::lock::order::delay(members.as_deref(), &context.worker_id, job, tick, spread)
 }
 
 /// Logs a retry of a tick whose outcome was not final.

@@ -18,7 +18,7 @@ use crate::schedule::Tick;
 
 /// A worker's place in the order for `(job, tick)` among `members` (live worker ids; `me` counts even if
 /// the view does not list it yet): 0 claims first.
-pub(crate) fn rank(members: &[String], me: &str, job: &str, tick: Tick) -> usize {
+pub fn rank(members: &[String], me: &str, job: &str, tick: Tick) -> usize {
     let mine = score(me, job, tick);
     members
         .iter()
@@ -33,7 +33,7 @@ pub(crate) fn rank(members: &[String], me: &str, job: &str, tick: Tick) -> usize
 
 /// How long a worker waits before its first claim of `(job, tick)`: `rank × spread` with a view of the
 /// live workers, else a stable fraction of `spread` drawn from (worker, tick).
-pub(crate) fn delay(
+pub fn delay(
     members: Option<&[String]>,
     me: &str,
     job: &str,
