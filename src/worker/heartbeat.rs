@@ -16,6 +16,11 @@ use tracing::{info, warn};
 use super::Context;
 use crate::membership::Member;
 
+/// How soon the live workers are read again after the view changed, or while the worker is young.
+const VIEW_SETTLING: Duration = Duration::from_secs(1);
+/// How long after its start a worker reads the live workers every [`VIEW_SETTLING`].
+const VIEW_SETTLING_AT_START: Duration = Duration::from_secs(10);
+
 /// The heartbeat task's handle: stop it, then announce the worker stopped.
 pub(crate) struct Heartbeat {
     context: Arc<Context>,
@@ -77,6 +82,7 @@ impl Heartbeat {
 
 async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<Notify>) {
     let mut failing = false;
+    let born = tokio::time::Instant::now();
     loop {
         let state = if context.shutdown.is_requested() {
             "stopping"
@@ -103,21 +109,31 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
             }
             Err(_) => {}
         }
-        if state == "running" && context.store.is_shared() {
-            read_members(&context).await;
-        }
+        // While the view of the live workers is changing (when workers join or leave), and for the first
+        // seconds of this worker's life, look again after a second instead of a whole heartbeat: workers
+        // started together each see only the ones announced before them at first, and would claim as if
+        // first for every tick until they looked again.
+        let changed =
+            state == "running" && context.store.is_shared() && read_members(&context).await;
+        let settling = changed || born.elapsed() < VIEW_SETTLING_AT_START;
+        let pause = if settling {
+            every.min(VIEW_SETTLING)
+        } else {
+            every
+        };
         tokio::select! {
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep(pause) => {}
             () = stop.notified() => return,
         }
     }
 }
 
 /// Reads the live workers back for the claim order ([`crate::lock::order`]): those alive and `running` (a
-/// draining worker takes no new ticks). A failed read keeps the last view.
-async fn read_members(context: &Context) {
+/// draining worker takes no new ticks). A failed read keeps the last view. Returns whether the view
+/// changed.
+async fn read_members(context: &Context) -> bool {
     let Ok(read) = context.store.members().await else {
-        return;
+        return false;
     };
     let mut live: Vec<String> = read
         .value
@@ -129,10 +145,12 @@ async fn read_members(context: &Context) {
     live.dedup();
     let count = live.len();
     let names = live.join(",");
-    if context.set_live_members(live) {
+    let changed = context.set_live_members(live);
+    if changed {
         info!(event = "members.changed", count, members = %names,
               "The live workers changed; the claim order now ranks these");
     }
+    changed
 }
 
 /// `member` as it stands now: its state, clock offset and runs under way.

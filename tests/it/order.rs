@@ -133,3 +133,32 @@ fn a_stopped_preferred_worker_is_backed_up() {
         "the stopped worker ran: {runs:?}"
     );
 }
+
+/// Workers started one after another, with a heartbeat far longer than the test: each one's first view
+/// holds only the workers announced before it, and each still sees all three within seconds — a young
+/// worker, and one whose view just changed, reads the members again after a second, not after a whole
+/// heartbeat (until then it claims as if first for every tick, and the workers split votes).
+#[test]
+fn workers_started_together_see_each_other_within_seconds() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let workers = start_workers(
+        &cluster,
+        &dir,
+        3,
+        "  heartbeat_every: 60s\n",
+        &jobs(&dir, 1),
+    );
+    for worker in &workers {
+        worker
+            .wait_for(Duration::from_secs(20), |event| {
+                event["event"] == "members.changed" && event["count"] == 3
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "a worker did not see all three within 20 s: {:?}",
+                    worker.events("members.changed")
+                )
+            });
+    }
+}
