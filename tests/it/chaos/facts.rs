@@ -414,6 +414,17 @@ impl Facts {
         tick - self.skew_at(worker, first)
     }
 
+    /// Whether a step of worker `w`'s clock lies between the real instant `tick` and the instant its
+    /// cluster time read `tick` before the step: the two estimates of [`Facts::race_time`] then disagree,
+    /// because the step jumped the worker's clock over the tick (or made it come twice). E.g. a clock at
+    /// −0.47 s stepped to +2.45 s at 16.38: it would have read 16.000 at 16.47, after the step, and the
+    /// estimate with the new skew (13.55) lies before the step; the worker raced the tick late, at the
+    /// step, or not at all.
+    pub fn straddles_step(&self, worker: usize, tick: i64) -> bool {
+        let first = tick - self.skew_at(worker, tick);
+        first != self.race_time(worker, tick) && self.near_clock_step(worker, first)
+    }
+
     /// Whether `t` is near a step of worker `w`'s cluster time (it skips or repeats ticks around a
     /// step): a step of its wall clock, or the measurement that corrects it.
     pub fn near_clock_step(&self, worker: usize, t: i64) -> bool {
@@ -596,6 +607,28 @@ mod tests {
         assert_eq!(facts.race_time(3, 40_000), 40_000);
         assert_eq!(facts.race_time(3, 60_000), 63_000);
         assert!(facts.near_clock_step(3, 51_000) && !facts.near_clock_step(3, 40_000));
+    }
+
+    /// The etcd chaos run of seed 1795471668647927923: w3's clock at −469 ms stepped to +2452 ms at
+    /// 16.376; tick 16.000 would have come at 16.469 on the old clock, and the new skew puts it at 13.548,
+    /// before the step. The tick was jumped over: a clock step, not a worker that could have run it.
+    #[test]
+    fn a_tick_jumped_over_by_a_clock_step_straddles_it() {
+        let mut timeline = Timeline::default();
+        for (at, offset_ms) in [(0, -469), (16_376, 2_452)] {
+            timeline.push(
+                at,
+                Happening::Clock {
+                    worker: 3,
+                    offset_ms,
+                },
+            );
+        }
+        let facts = Facts::gather(&timeline, &[], crate::chaos::plan::NODES);
+        assert_eq!(facts.race_time(3, 16_000), 13_548);
+        assert!(!facts.near_clock_step(3, 13_548));
+        assert!(facts.straddles_step(3, 16_000));
+        assert!(!facts.straddles_step(3, 10_000) && !facts.straddles_step(3, 30_000));
     }
 
     /// A worker that measured its offset races on the nodes' time; a step of its clock moves its races

@@ -17,8 +17,9 @@
 //! clock plus its measured offset to the nodes' clocks — reads the tick):
 //! - *down*: no process of `w` was up (after its `worker.started`) and unpaused during `[r − 0.5 s,
 //!   r + 1.5 s]` (killed, paused, or restarting in a rollout);
-//! - *clock step*: `r` is within a step of `w`'s clock, or of the measurement that corrects it (`w`
-//!   skips or repeats ticks around it);
+//! - *clock step*: `r` is within a step of `w`'s clock, or of the measurement that corrects it, or a step
+//!   lies between the tick and when `w`'s clock would have read it before the step (the step jumped
+//!   over the tick: `w` skips or repeats ticks around it);
 //! - *held* (only if `w`'s process at `r` runs the job with `overlap: skip`, whose lease is one key per
 //!   job): at `r` that key was held for another tick, on a majority — by a run of a process that also
 //!   ran the job with `overlap: skip` (from its `tick.won` until its `run.finished`; if its worker was
@@ -378,7 +379,7 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
             .any(|(_, life)| life.paused_in(a, b) && life.killed.is_none_or(|k| k > b));
         return Ok(if paused { "paused" } else { "down" });
     };
-    if facts.near_clock_step(worker, r) {
+    if facts.near_clock_step(worker, r) || facts.straddles_step(worker, tick) {
         return Ok("clock step");
     }
     if facts.skips(instance, e.job) {
