@@ -4,8 +4,8 @@
 //! A claim is a scheduled tick, a trigger request or a retry attempt ([`Series`]). Claims due at one instant
 //! travel in one batch (one pipelined round trip per node and round), and each outcome is acted on as
 //! soon as it is decided ([`crate::store::Store::claim_each`]), so one job's split vote never holds back
-//! another job's start. Each keeps its claimant across retries, so a retry continues the claim instead of competing with it. What a worker learns about a claim
-//! it did not run (lost to another claimant, skipped for overlap or a pause, given up at the end of its
+//! another job's start. Each keeps its claimant across retries, so a retry continues the claim instead of
+//! competing with it. What a worker learns about a claim it did not run (lost to another claimant, skipped for overlap or a pause, given up at the end of its
 //! window) goes to the history, and a scheduled tick given up is checked for a miss. A trigger or a retry
 //! that finds the job busy (`overlap: skip`) waits for it, retrying every [`BUSY_RETRY`] until its window
 //! ends, since it asks for a run *besides* the schedule's.
@@ -92,6 +92,8 @@ pub(super) fn series_span(series: &Series) -> Span {
 pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
     let mut settling = JoinSet::new();
     let now = tokio::time::Instant::now();
+    // One view of the live workers for the whole batch (a herd may carry thousands of jobs).
+    let members = context.live_members();
     let mut pending: Vec<Pending> = batch
         .into_iter()
         .map(|due| {
@@ -108,7 +110,9 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
             };
             Pending {
                 request,
-                retry_at: now + due.delay + stagger(&context, &due.job.name, due.tick),
+                retry_at: now
+                    + due.delay
+                    + stagger(&context, members.as_deref(), &due.job.name, due.tick),
                 job: due.job,
                 until: due.until,
                 backoff: NO_QUORUM_BACKOFF,
@@ -196,14 +200,14 @@ fn act_on(
 }
 
 /// How long this worker waits before its first claim of `(job, tick)`: its place in the claim order
-/// ([`crate::lock::order`]) times a quarter of `retry_delay`. The embedded store has no contenders: no wait.
-fn stagger(context: &Context, job: &str, tick: Tick) -> Duration {
+/// among `members` ([`crate::lock::order`]) times a quarter of `retry_delay`. The embedded store has no
+/// contenders: no wait.
+fn stagger(context: &Context, members: Option<&[String]>, job: &str, tick: Tick) -> Duration {
     if !context.store.is_shared() {
         return Duration::ZERO;
     }
     let spread = context.store.settings().retry_delay / 4;
-    let members = context.live_members();
-    crate::lock::order::delay(members.as_deref(), &context.worker_id, job, tick, spread)
+    crate::lock::order::delay(members, &context.worker_id, job, tick, spread)
 }
 
 /// Logs a retry of a tick whose outcome was not final.

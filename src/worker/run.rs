@@ -205,7 +205,7 @@ async fn start(
             let error = if slot.is_some() {
                 "lease deadline (less stop_grace) passed before the job could start"
             } else {
-                "no slot for another child freed before the lease's deadline (too many jobs running here)"
+                "no slot for another child freed within half of the lease's time to spare (too many jobs running here)"
             };
             error!(
                 event = "lease.lost",
