@@ -290,7 +290,7 @@ fn raced_for_it(entry: &Entry) -> bool {
         Kind::Run | Kind::Lost => true,
         Kind::Skipped => matches!(
             entry.reason.as_deref(),
-            Some("no_quorum" | "contended" | "lease_expired")
+            Some("no_quorum" | "contended" | "lease_expired" | "no_slot")
         ),
         Kind::Missed | Kind::Unknown => false,
     }

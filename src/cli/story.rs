@@ -115,6 +115,9 @@ fn why(reason: &str) -> String {
         "no_quorum" => "no majority of the nodes answered within its window",
         "contended" => "another worker held its lease without claiming it until its window ended",
         "lease_expired" => "the lease expired before the job could start (a paused process)",
+        "no_slot" => {
+            "the worker already ran its most children at once until the tick's window ended"
+        }
         "shutdown" => "the worker was shutting down",
         "paused" => "the job was paused (redcron pause)",
         "unclaimed" => "nobody claimed it within its window",

@@ -185,7 +185,7 @@ fn act_on(
     let Some(wait) = wait else {
         let span = p.span();
         let (tick, series) = (p.request.tick, p.request.series);
-        let settled = settle(Arc::clone(context), p.job, tick, series, outcome);
+        let settled = settle(Arc::clone(context), p.job, tick, series, p.until, outcome);
         settling.spawn(settled.instrument(span));
         return None;
     };
@@ -279,13 +279,15 @@ pub(super) fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
     job.window_end(tick)
 }
 
-/// Acts on a final claim outcome: runs a won tick, logs a lost one. A trigger request that was won, or
-/// refused for a pause, is handled: it is deleted from the store.
+/// Acts on a final claim outcome: runs a won tick (its start may wait for a child slot until `until`,
+/// the end of the claim's window), logs a lost one. A trigger request that was won, or refused for a
+/// pause, is handled: it is deleted from the store.
 async fn settle(
     context: Arc<Context>,
     job: JobConfig,
     tick: Tick,
     series: Series,
+    until: DateTime<Utc>,
     outcome: ClaimOutcome,
 ) {
     if let (Some(id), ClaimOutcome::Won(_) | ClaimOutcome::Paused(_)) = (series.trigger(), &outcome)
@@ -301,7 +303,7 @@ async fn settle(
             // While the run is under way here, this worker skips the job's next ticks (`overlap: skip`).
             let guard =
                 (job.overlap == Overlap::Skip).then(|| BusyGuard::enter(&context, &job.name));
-            let ended = run::run(Arc::clone(&context), &job, lease).await;
+            let ended = run::run(Arc::clone(&context), &job, lease, until).await;
             // This worker no longer runs the job: its next ticks are raced here again meanwhile.
             drop(guard);
             if let Some(ended) = ended {

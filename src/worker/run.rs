@@ -18,6 +18,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use tracing::{error, info, info_span, warn, Instrument};
 
 use super::env::job_environment;
@@ -62,11 +64,17 @@ enum Watched {
 }
 
 /// Runs `job` under `lease` and releases it; returns the run's final history entry, or `None` if it was
-/// not run (for the retries and the alert hooks, [`super::retry::after_run`]).
-pub(crate) async fn run(context: Arc<Context>, job: &JobConfig, lease: Lease) -> Option<Entry> {
+/// not run (for the retries and the alert hooks, [`super::retry::after_run`]). The start may wait for a
+/// child slot until `until` (cluster time), the end of the claim's window.
+pub(crate) async fn run(
+    context: Arc<Context>,
+    job: &JobConfig,
+    lease: Lease,
+    until: DateTime<Utc>,
+) -> Option<Entry> {
     let run_id = uuid::Uuid::new_v4();
     let span = info_span!("run", job = %job.name, tick = %lease.tick, run_id = %run_id, token = lease.token);
-    supervise(&context, job, lease, run_id)
+    supervise(&context, job, lease, until, run_id)
         .instrument(span)
         .await
 }
@@ -77,13 +85,17 @@ async fn supervise(
     context: &Context,
     job: &JobConfig,
     lease: Lease,
+    until: DateTime<Utc>,
     run_id: uuid::Uuid,
 ) -> Option<Entry> {
+    // The watchdog keeps the lease from the win on, also while the run waits to start.
+    let mut renewer = Renewer::new(context, lease);
     // The slot is held until the run has ended: its child exited and its output was read.
-    let (mut child, _slot) = match start(context, job, &lease, run_id).await {
+    let (mut child, _slot) = match start(context, job, &mut renewer, until, run_id).await {
         Ok(started) => started,
         Err(ended) => return ended,
     };
+    let lease = &renewer.lease;
     let started = tokio::time::Instant::now();
     // The run's history entry: written now (a run under way), and again with how it ended.
     let mut entry = context.entry(job, lease.tick, &lease.series, Kind::Run);
@@ -104,7 +116,6 @@ async fn supervise(
         token: lease.token,
     };
     context.set_running(&run_key, Some(running));
-    let mut renewer = Renewer::new(context, lease);
     let (exit, outcome) = match watch(context, job, &mut child, &mut renewer, started).await {
         Watched::Exited(exit) => {
             let success = matches!(&exit, Ok(kind) if kind.success());
@@ -166,9 +177,12 @@ async fn supervise(
 async fn start(
     context: &Context,
     job: &JobConfig,
-    lease: &Lease,
+    renewer: &mut Renewer<'_>,
+    until: DateTime<Utc>,
     run_id: uuid::Uuid,
 ) -> Result<(RunningChild, Slot), Option<Entry>> {
+    let slot = take_slot(context, renewer, until).await;
+    let lease = &renewer.lease;
     let mut redcron = vec![
         ("REDCRON_JOB".to_string(), job.name.clone()),
         ("REDCRON_TICK".to_string(), lease.tick.to_string()),
@@ -192,30 +206,43 @@ async fn start(
         ),
         workdir: job.workdir.clone(),
     };
-    // A herd may fill every slot: wait for one while half of the lease's time to spare lasts (the
-    // watchdog renews only a running child's lease).
-    let spare = lease.remaining().saturating_sub(job.stop_grace);
-    let slot = context.child_slots.take(spare / 2).await;
     // The claim may have been granted just before this process was paused (GC, SIGSTOP, a VM freeze): a
     // job must never start on a lease whose deadline has passed, nor on one so near its deadline that it
     // would be stopped at once. The tick stays claimed and is not run.
     let slot = match slot {
-        Some(slot) if lease.remaining() > job.stop_grace => slot,
-        slot => {
-            let error = if slot.is_some() {
-                "lease deadline (less stop_grace) passed before the job could start"
-            } else {
-                "no slot for another child freed within half of the lease's time to spare (too many jobs running here)"
+        Waited::Slot(slot) if lease.remaining() > job.stop_grace => slot,
+        waited => {
+            let reason = match waited {
+                Waited::Slot(_) => {
+                    error!(
+                        event = "lease.lost",
+                        error =
+                            "lease deadline (less stop_grace) passed before the job could start",
+                        "Lease lost before the job started: not starting it"
+                    );
+                    context.metrics.lease_lost(&job.name);
+                    "lease_expired"
+                }
+                Waited::Lost => {
+                    // The renewal that found it lost logged it and counted it.
+                    error!(
+                        event = "lease.lost",
+                        error = "a majority answered that the lease is not held",
+                        "Lease lost before the job started: not starting it"
+                    );
+                    "lease_expired"
+                }
+                Waited::NoSlot => {
+                    let max_children = context.child_slots.capacity();
+                    error!(event = "tick.skipped", reason = "no_slot", max_children,
+                           "Skipped: this worker ran its most children at once until the tick's window ended (see fd_limit in worker.started)");
+                    "no_slot"
+                }
             };
-            error!(
-                event = "lease.lost",
-                error, "Lease lost before the job started: not starting it"
-            );
-            context.metrics.lease_lost(&job.name);
-            context.metrics.tick_skipped(&job.name, "lease_expired");
+            context.metrics.tick_skipped(&job.name, reason);
             context.store.release(lease).await;
             let mut entry = context.entry(job, lease.tick, &lease.series, Kind::Skipped);
-            entry.reason = Some("lease_expired".to_string());
+            entry.reason = Some(reason.to_string());
             entry.token = Some(lease.token);
             context.recorder.note(entry);
             return Err(None);
@@ -243,6 +270,38 @@ async fn start(
             entry.duration_ms = Some(0);
             context.recorder.note(entry.clone());
             Err(Some(entry))
+        }
+    }
+}
+
+/// What the wait for a child slot came to.
+enum Waited {
+    Slot(Slot),
+    /// No slot freed within the wait's bound.
+    NoSlot,
+    /// A renewal during the wait found the lease lost.
+    Lost,
+}
+
+/// Waits for a child slot (a herd may fill every slot) until `until`, the end of the claim's window,
+/// renewing the lease meanwhile. A renewal that is due is made first: in a herd, thousands of won ticks
+/// queue behind each other's spawns on the runtime's threads, and one that comes to start late must not
+/// find its lease too near its deadline to start.
+async fn take_slot(context: &Context, renewer: &mut Renewer<'_>, until: DateTime<Utc>) -> Waited {
+    if renewer.is_due() && renewer.next().await == Renewal::Lost {
+        return Waited::Lost;
+    }
+    let window = (until - context.clock.now()).to_std().unwrap_or_default();
+    let take = context.child_slots.take(window);
+    tokio::pin!(take);
+    loop {
+        tokio::select! {
+            slot = &mut take => return slot.map_or(Waited::NoSlot, Waited::Slot),
+            renewal = renewer.next() => {
+                if renewal == Renewal::Lost {
+                    return Waited::Lost;
+                }
+            }
         }
     }
 }
@@ -370,6 +429,11 @@ impl<'a> Renewer<'a> {
             next_at,
             in_flight: None,
         }
+    }
+
+    /// Whether a renewal is due now or on its way.
+    fn is_due(&self) -> bool {
+        !self.lease.is_lost() && (self.in_flight.is_some() || lease_now() >= self.next_at)
     }
 
     /// Sends the next renewal when it is due and returns what it came to, logged; never returns once the

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use chrono::{Timelike as _, Utc};
+use chrono::{DateTime, Timelike as _, Utc};
 
-use crate::support::{TestDir, Worker};
-use crate::worker::ledger;
+use crate::support::{RedisCluster, TestDir, Worker};
+use crate::worker::{config, ledger, tick_time};
 
 /// 150 jobs due at one tick, each running for a second, on a worker whose hard limit is 400 open files
 /// (room for 48 children beside the 256 it keeps): every tick runs exactly once, none fails to start, and
@@ -72,4 +72,78 @@ fn a_herd_past_the_open_files_limit_waits_for_slots_and_every_tick_runs() {
     }
     assert!(most <= SLOTS, "{most} children ran at once, {SLOTS} slots");
     assert!(most > 1, "the runs did not overlap at all: {most}");
+}
+
+/// A won run that waits for a slot keeps its lease and starts when one frees, however long past the
+/// lease's TTL, until the tick's window ends; past it the tick is skipped as `no_slot`. One slot (a limit
+/// of 259 open files), 3 jobs of 4 s due at one tick, a 2 s TTL on 3 real Redis nodes, a 6 s misfire
+/// grace: the first runs at once, the second starts 4 s later (2 TTLs, renewed meanwhile), the third
+/// would start 8 s after the tick and is skipped at 6 s.
+#[test]
+fn a_run_waiting_for_a_slot_keeps_its_lease_until_the_window_ends() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let tick = Utc::now() + chrono::Duration::seconds(6);
+    let schedule = format!("{} {} {} * * *", tick.second(), tick.minute(), tick.hour());
+    let jobs: String = (0..3)
+        .map(|j| {
+            format!(
+                "  - name: j{j}\n    schedule: \"{schedule}\"\n    misfire_grace: 6s\n    command: 'echo \"$REDCRON_JOB \
+                 $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID\" >> {}; sleep 4'\n",
+                dir.ledger().display()
+            )
+        })
+        .collect();
+    let worker = Worker::builder(dir.write_config(&config(&cluster, "  id: w\n", &jobs)))
+        .open_files_limit(259)
+        .spawn();
+    let started = worker
+        .wait_for_event("worker.started", Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the worker did not start: {}", worker.stderr()));
+    assert_eq!(started["max_children"], 1, "{started}");
+
+    let skipped = worker
+        .wait_for(Duration::from_secs(60), |event| {
+            event["event"] == "tick.skipped" && event["reason"] == "no_slot"
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no tick was skipped for want of a slot: {}",
+                worker.stderr()
+            )
+        });
+    assert_eq!(skipped["level"], "ERROR", "{skipped}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while worker.events("run.finished").len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "two runs did not finish: {}",
+            worker.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let finished = worker.events("run.finished");
+    assert!(
+        finished.iter().all(|event| event["outcome"] == "success"),
+        "{finished:?}"
+    );
+    let runs = ledger(&dir);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs.values().all(|entries| entries.len() == 1), "{runs:?}");
+    assert!(
+        worker.events("lease.lost").is_empty(),
+        "a waiting run lost its lease: {}",
+        worker.stderr()
+    );
+    // The second run waited for the first one's 4 s: longer than its lease's TTL without a renewal.
+    let starts: Vec<DateTime<Utc>> = worker
+        .events("run.started")
+        .iter()
+        .map(|event| tick_time(event["timestamp"].as_str().expect("a timestamp")))
+        .collect();
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    assert!(
+        starts[1] - starts[0] >= chrono::Duration::seconds(3),
+        "the second run did not wait for the first: {starts:?}"
+    );
 }
