@@ -66,8 +66,10 @@ impl RedisStore {
         }
         let answers = self
             .round(
-                &pipeline,
+                pipeline,
                 batch_budget(settings.node_timeout, tries.len()),
+                // Room for the confirming round and the run's start within the validity.
+                settings.ttl / 4,
                 parse_round1,
                 Round1::Failed,
                 |answer| match answer {
@@ -122,13 +124,11 @@ impl RedisStore {
                     ],
                 ));
             }
-            let budget = deadline
-                .remaining()
-                .min(batch_budget(settings.node_timeout, confirming.len()));
             let confirmed = self
                 .round(
-                    &pipeline,
-                    budget,
+                    pipeline,
+                    batch_budget(settings.node_timeout, confirming.len()),
+                    deadline.remaining(),
                     parse_round2,
                     Round2::Failed,
                     |answer| match answer {
@@ -392,7 +392,9 @@ impl RedisStore {
     /// if its value sorted first: with one node hung and one down, four workers took turns leading 2–2
     /// splits until the tick's window closed (`claims::a_split_vote_under_a_hung_node_goes_to_its_leader`).
     pub(super) fn yield_delay(&self, commands: usize) -> Duration {
-        batch_budget(self.settings.node_timeout, commands) + self.settings.retry_delay
+        self.pace
+            .budget(batch_budget(self.settings.node_timeout, commands))
+            + self.settings.retry_delay
     }
 
     /// A [`QuorumFailure`] naming each failed node, and each node that had not answered (`answered` lists

@@ -23,6 +23,7 @@
 mod claim;
 mod history;
 pub mod node;
+mod pace;
 mod pause;
 mod reply;
 mod round;
@@ -52,6 +53,8 @@ pub struct RedisStore {
     settings: LockSettings,
     history: HistorySettings,
     nodes: Arc<Vec<Node>>,
+    /// How much longer than configured rounds wait while the nodes answer slowly ([`pace`]).
+    pace: Arc<pace::Pace>,
 }
 
 /// One request in one attempt.
@@ -109,6 +112,7 @@ impl RedisStore {
             settings,
             history: HistorySettings::default(),
             nodes: Arc::new(nodes),
+            pace: Arc::default(),
         })
     }
 
@@ -246,8 +250,9 @@ impl RedisStore {
             .arg(self.settings.ttl.as_millis() as u64);
         let answers = self
             .round(
-                &pipeline,
+                pipeline,
                 self.settings.node_timeout,
+                self.settings.ttl / 4,
                 parse_set,
                 Err,
                 |answer| match answer {
@@ -304,15 +309,16 @@ impl RedisStore {
             &[&lease.value, &settings.ttl.as_millis().to_string()],
         ));
         // The round must be decided inside the remaining validity: a renewal confirmed after the deadline
-        // proves nothing about the time in between, when another holder may have taken the lease.
-        let budget = lease
-            .deadline()
-            .saturating_duration_since(start)
-            .min(settings.node_timeout);
+        // proves nothing about the time in between, when another holder may have taken the lease. Nor is
+        // it stretched (see `pace`): the watchdog's slack counts on a renewal taking `node_timeout` at most.
         let answers = self
             .round(
-                &pipeline,
-                budget,
+                pipeline,
+                settings.node_timeout,
+                lease
+                    .deadline()
+                    .saturating_duration_since(start)
+                    .min(settings.node_timeout),
                 parse_integer,
                 Err,
                 |answer| match answer {

@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::{Pipeline, Value};
+use tokio::time::Instant;
 
+use super::pace::MAX_STRETCH;
 use super::RedisStore;
-use crate::lock::quorum::{Decision, Tally, Vote};
+use crate::lock::quorum::{quorum, Decision, Tally, Vote};
 
 impl RedisStore {
     /// Sends `pipeline` to every node in the background, bounded by the TTL (after which the keys it
@@ -47,30 +49,63 @@ impl RedisStore {
     }
 
     /// Sends one pipeline to every node in parallel and collects, per command, each node's parsed answer,
-    /// until every command's outcome is decided or `budget` has passed.
+    /// until every command's outcome is decided or the round's budget has passed: `configured` as the
+    /// store's [`Pace`](super::pace::Pace) stretches it, at most `cap`. A node silent at the budget counts
+    /// as failed ("no answer within …").
+    ///
+    /// Tells the pace when a majority of nodes had answered — after the round, in the background, when
+    /// the budget passed first: answers that come late are what stretches later rounds, and nodes that
+    /// never answer (hung, partitioned) stretch nothing.
     ///
     /// Returns, for each command of the pipeline, the answers as `(node index, answer)`; nodes that had not
     /// answered when the round was decided are absent.
     pub(super) async fn round<A>(
         &self,
-        pipeline: &Pipeline,
-        budget: Duration,
+        pipeline: Pipeline,
+        configured: Duration,
+        cap: Duration,
         parse: fn(Value) -> A,
         failed: fn(String) -> A,
         vote: impl Fn(&A) -> Vote,
     ) -> Vec<Vec<(usize, A)>> {
+        let budget = self.pace.budget(configured).min(cap);
+        let start = Instant::now();
+        let (needed, mut answered) = (quorum(self.nodes.len()), 0);
         let commands = pipeline.cmd_iter().count();
         let mut answers: Vec<Vec<(usize, A)>> = (0..commands).map(|_| Vec::new()).collect();
         let mut tallies: Vec<Tally> = (0..commands)
             .map(|_| Tally::new(self.nodes.len()))
             .collect();
-        let mut pending: FuturesUnordered<_> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(index, node)| async move { (index, node.eval(pipeline, budget).await) })
+        // Each request owns what it needs, so that the stragglers can be watched after the round.
+        let late = configured.mul_f64(MAX_STRETCH).max(budget);
+        let pipeline = Arc::new(pipeline);
+        let mut pending: FuturesUnordered<_> = (0..self.nodes.len())
+            .map(|index| {
+                let (nodes, pipeline) = (Arc::clone(&self.nodes), Arc::clone(&pipeline));
+                async move { (index, nodes[index].eval(&pipeline, late).await) }
+            })
             .collect();
-        while let Some((node, result)) = pending.next().await {
+        let mut heard = vec![false; self.nodes.len()];
+        loop {
+            let (node, result) = match tokio::time::timeout_at(start + budget, pending.next()).await
+            {
+                Ok(Some(answer)) => answer,
+                Ok(None) => break,
+                Err(_) => {
+                    let why = format!("no answer within {} ms", budget.as_millis());
+                    for node in (0..heard.len()).filter(|node| !heard[*node]) {
+                        record_failure(&mut answers, &mut tallies, node, &why, failed, &vote);
+                    }
+                    break;
+                }
+            };
+            heard[node] = true;
+            if result.is_ok() {
+                answered += 1;
+                if answered == needed {
+                    self.pace.majority_after(start.elapsed(), configured);
+                }
+            }
             match result {
                 Ok(values) if values.len() == commands => {
                     for (command, value) in values.into_iter().enumerate() {
@@ -91,6 +126,20 @@ impl RedisStore {
             {
                 break;
             }
+        }
+        if answered < needed && !pending.is_empty() {
+            let pace = Arc::clone(&self.pace);
+            tokio::spawn(async move {
+                while let Some((_, result)) = pending.next().await {
+                    if result.is_ok() {
+                        answered += 1;
+                        if answered == needed {
+                            pace.majority_after(start.elapsed(), configured);
+                            return;
+                        }
+                    }
+                }
+            });
         }
         answers
     }
