@@ -18,8 +18,8 @@ use super::nodes::{Nodes, Store};
 use super::proxy::Proxy;
 use super::stats::{ms, Samples, Table, Verdict};
 use super::workers::{
-    busy_fraction, config_yaml, counts, cpu_ticks, machine_ticks, memory, now_ms, read_ledger,
-    read_log, script_shas, sleep_until_ms, spawn, stop_all, wait_started,
+    busy_fraction, children_ticks, config_yaml, counts, cpu_ticks, machine_ticks, memory, now_ms,
+    read_ledger, read_log, script_shas, sleep_until_ms, spawn, stop_all, wait_started,
 };
 
 const WORKERS: usize = 3;
@@ -60,6 +60,10 @@ pub struct Load {
     /// CPU cores busy during the window: all 5 redis-server processes; the whole machine (0–1).
     pub redis_cores: f64,
     pub machine_busy: f64,
+    /// CPU cores the jobs themselves (the workers' reaped children) kept busy during the window, and
+    /// their CPU per run (seconds).
+    pub jobs_cores: f64,
+    pub job_cpu_per_run: f64,
 }
 
 /// Items 3–5.
@@ -263,11 +267,14 @@ impl Setup<'_> {
                 .sum::<u64>()
         };
         let cpu_before: Vec<u64> = workers.iter().map(|w| cpu_ticks(w.pid())).collect();
+        let jobs_cpu = || workers.iter().map(|w| children_ticks(w.pid())).sum::<u64>();
+        let jobs_before = jobs_cpu();
         let (redis_before, machine_before) = (redis_cpu(), machine_ticks());
         let usage_before = (!counted).then(|| self.nodes.total_usage());
         let counts_before = counts(&proxies);
         sleep_until_ms(last + 500);
         let cpu_after: Vec<u64> = workers.iter().map(|w| cpu_ticks(w.pid())).collect();
+        let jobs_after = jobs_cpu();
         let (redis_after, machine_after) = (redis_cpu(), machine_ticks());
         let usage = usage_before.map(|before| before.until(self.nodes.total_usage()));
         let counts_after = counts(&proxies);
@@ -291,6 +298,7 @@ impl Setup<'_> {
             peak_rss_kb,
             redis_cores: redis_after.saturating_sub(redis_before) as f64 / clock_ticks / window,
             machine_busy: busy_fraction(machine_before, machine_after),
+            jobs_cores: jobs_after.saturating_sub(jobs_before) as f64 / clock_ticks / window,
             ..Load::default()
         };
         if counted {
@@ -318,6 +326,7 @@ impl Setup<'_> {
         let runs = (load.once + load.duplicates).max(1) as f64;
         load.commands_per_run = usage.map(|u| u.commands as f64 / runs);
         load.redis_cpu_per_run = usage.map(|u| u.cpu / runs);
+        load.job_cpu_per_run = load.jobs_cores * window / runs;
         Ok(load)
     }
 
@@ -370,6 +379,8 @@ fn load_table(loads: &[Load]) -> String {
         "peak RSS MB /worker",
         "runs per worker",
         "redis CPU cores",
+        "jobs' CPU cores",
+        "jobs' CPU µs /run",
         "machine busy",
         "skipped",
     ]);
@@ -419,6 +430,8 @@ fn load_table(loads: &[Load]) -> String {
             peak,
             runs.join(", "),
             format!("{:.2}", load.redis_cores),
+            format!("{:.2}", load.jobs_cores),
+            format!("{:.0}", load.job_cpu_per_run * 1e6),
             format!("{:.0} %", load.machine_busy * 100.0),
             if skipped.is_empty() {
                 "none".to_string()
@@ -436,7 +449,8 @@ fn load_table(loads: &[Load]) -> String {
          an `ACQUIRE` or `CONFIRM` pipeline, a release round trip one of releases or undos. Redis commands \
          and CPU per run: the nodes' own `INFO commandstats` / `INFO cpu`, all 5 nodes, over the window's \
          runs (claims, renewals, releases, history, membership). CPU: the \
-         worker process (user + system), not its jobs; redis CPU: the 5 nodes together, in cores; machine \
+         worker process (user + system), not its jobs; redis CPU: the 5 nodes together, in cores; jobs' CPU: the runs themselves (the \
+         workers' reaped children: spawn, exec, the probe), in cores and per run; machine \
          busy: all CPUs, everything running (other users' work too).\n\n{}",
         table.render()
     )
@@ -522,6 +536,17 @@ impl Results {
                 "no tick skipped for overlap at 1000 jobs/s (each run ends long before its next tick)",
                 format!("{overlap} overlap skips"),
                 Some(overlap == 0),
+            ));
+            // Whether the load can fit at all: the jobs' own spawn and run, whatever schedules them.
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let needed = l.job_cpu_per_run * l.jobs as f64;
+            verdicts.push(Verdict::new(
+                "the jobs alone at 1,000 runs/s leave half of the machine's cores to the nodes and workers",
+                format!(
+                    "{:.0} µs of CPU per run × 1,000/s = {needed:.2} of {cores} cores",
+                    l.job_cpu_per_run * 1e6
+                ),
+                Some(needed <= cores as f64 / 2.0),
             ));
             let peak = l.peak_rss_kb.iter().copied().max().unwrap_or(0);
             verdicts.push(Verdict::new(

@@ -83,17 +83,23 @@ pub fn sleep_until_ms(at: i64) {
 
 /// utime + stime of a process, in clock ticks.
 pub fn cpu_ticks(pid: u32) -> u64 {
+    stat_ticks(pid, 11) + stat_ticks(pid, 12)
+}
+
+/// CPU clock ticks (user + system) of the process's children that it has reaped: its jobs.
+pub fn children_ticks(pid: u32) -> u64 {
+    stat_ticks(pid, 13) + stat_ticks(pid, 14)
+}
+
+/// Field `n` of `/proc/<pid>/stat`, counted from 0 after the command name.
+fn stat_ticks(pid: u32, n: usize) -> u64 {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The command name may contain spaces; fields are counted after its closing parenthesis.
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |n: usize| {
-        fields
-            .get(n)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(11) + field(12)
+    rest.split_whitespace()
+        .nth(n)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0)
 }
 
 /// `(VmRSS, VmHWM)` in kB.
