@@ -561,3 +561,46 @@ async fn claims_work_over_tls() {
         ClaimOutcome::AlreadyClaimed { .. }
     ));
 }
+
+/// Renewals and releases asked for at once travel together (the lease keeper sends them in one pipeline
+/// per node) and each is still decided on its own: of 200 leases renewed at once, the one released just
+/// before is lost and stays lost, the 199 others are renewed; then all are released at once, and every job
+/// can be claimed again at a later tick.
+#[tokio::test]
+async fn renewals_asked_for_together_are_each_decided_on_their_own() {
+    let cluster = RedisCluster::start(5);
+    let store = store(&cluster, race_settings());
+    warm(&store).await;
+    let jobs: Vec<String> = (0..200).map(|j| format!("kept{j}")).collect();
+    let mut leases = Vec::new();
+    for job in &jobs {
+        leases.push(claim_won(&store, &request("a", job, 1_000)).await);
+    }
+    store.release(&leases[7]).await;
+    let outcomes =
+        futures_util::future::join_all(leases.iter_mut().map(|lease| store.renew(lease))).await;
+    for (index, outcome) in outcomes.iter().enumerate() {
+        if index == 7 {
+            assert!(
+                matches!(outcome, Err(RenewError::NotHeld(_))),
+                "the released lease was renewed: {outcome:?}"
+            );
+        } else {
+            assert_eq!(outcome, &Ok(()), "lease {index}");
+        }
+    }
+    assert!(leases[7].is_lost());
+    assert!(leases
+        .iter()
+        .enumerate()
+        .all(|(i, l)| i == 7 || l.is_valid()));
+
+    futures_util::future::join_all(leases.iter().map(|lease| store.release(lease))).await;
+    for job in &jobs {
+        let outcome = settled(&store, &request("b", job, 2_000)).await;
+        assert!(
+            matches!(outcome, ClaimOutcome::Won(_)),
+            "{job} still held after the releases: {outcome:?}"
+        );
+    }
+}

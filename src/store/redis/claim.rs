@@ -454,7 +454,7 @@ fn pttl_duration(pttl_ms: i64) -> Option<Duration> {
 /// with "no answer within 1050 ms", again on each retry, until the tick's window closed. The budget only
 /// bounds the wait for nodes that do not answer at all (a round is decided once a majority answered), so
 /// a generous one costs nothing when the nodes are healthy.
-fn batch_budget(node_timeout: Duration, commands: usize) -> Duration {
-    const PER_COMMAND: Duration = Duration::from_micros(400);
-    node_timeout + PER_COMMAND * u32::try_from(commands).unwrap_or(u32::MAX)
+pub(super) fn batch_budget(node_timeout: Duration, commands: usize) -> Duration {
+    let commands = u32::try_from(commands).unwrap_or(u32::MAX);
+    node_timeout + crate::lock::order::NODE_TIME_PER_CLAIM.saturating_mul(commands)
 }

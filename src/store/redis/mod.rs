@@ -22,6 +22,7 @@
 
 mod claim;
 mod history;
+mod keeper;
 pub mod node;
 mod pace;
 mod pause;
@@ -49,12 +50,15 @@ use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, Ove
 use crate::schedule::Tick;
 
 /// Leases, claims and fencing tokens on a majority of N independent Redis nodes.
+#[derive(Clone)]
 pub struct RedisStore {
     settings: LockSettings,
     history: HistorySettings,
     nodes: Arc<Vec<Node>>,
     /// How much longer than configured rounds wait while the nodes answer slowly ([`pace`]).
     pace: Arc<pace::Pace>,
+    /// Sends renewals and releases together ([`keeper`]); `None` in the keeper's own copy.
+    keeper: Option<Arc<keeper::Keeper>>,
 }
 
 /// One request in one attempt.
@@ -113,7 +117,9 @@ impl RedisStore {
             history: HistorySettings::default(),
             nodes: Arc::new(nodes),
             pace: Arc::default(),
-        })
+            keeper: None,
+        }
+        .with_keeper())
     }
 
     /// The nodes' addresses, without passwords.
@@ -127,6 +133,18 @@ impl RedisStore {
     }
 
     /// The same store with `history` as its history bound.
+    /// The same store with its lease keeper started (its own copy has none).
+    fn with_keeper(self) -> RedisStore {
+        let keeper = keeper::Keeper::start(RedisStore {
+            keeper: None,
+            ..self.clone()
+        });
+        RedisStore {
+            keeper: Some(Arc::new(keeper)),
+            ..self
+        }
+    }
+
     pub fn with_history(self, history: HistorySettings) -> RedisStore {
         RedisStore { history, ..self }
     }
@@ -298,37 +316,99 @@ impl RedisStore {
     }
 
     /// Extends the lease if a majority still holds it, before its deadline; see [`super::Store::renew`].
+    /// Goes out with the other renewals asked for meanwhile ([`keeper`]).
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
-        let start = lease.start_renewal()?;
+        let outcome = match &self.keeper {
+            Some(keeper) => keeper.renew(lease).await,
+            None => None,
+        };
+        let (renewed, result) = match outcome {
+            Some(outcome) => outcome,
+            None => self
+                .renew_each(vec![lease.clone()])
+                .await
+                .pop()
+                .unwrap_or((lease.clone(), Err(RenewError::AlreadyLost))),
+        };
+        *lease = renewed;
+        result
+    }
+
+    /// Renews every lease of `leases` in one round (one pipeline per node), each decided on its own: the
+    /// leases with the outcome of each.
+    pub(super) async fn renew_each(
+        &self,
+        mut leases: Vec<Lease>,
+    ) -> Vec<(Lease, Result<(), RenewError>)> {
         let settings = &self.settings;
-        let key = lease_key(&settings.key_prefix, lease);
+        let ttl_ms = settings.ttl.as_millis().to_string();
+        let mut outcomes: Vec<Option<Result<(), RenewError>>> =
+            leases.iter().map(|_| None).collect();
         let mut pipeline = redis::pipe();
-        pipeline.add_command(evalsha(
-            &scripts::RENEW,
-            &[key],
-            &[&lease.value, &settings.ttl.as_millis().to_string()],
-        ));
-        // The round must be decided inside the remaining validity: a renewal confirmed after the deadline
-        // proves nothing about the time in between, when another holder may have taken the lease. Nor is
-        // it stretched (see `pace`): the watchdog's slack counts on a renewal taking `node_timeout` at most.
-        let answers = self
-            .round(
-                pipeline,
-                settings.node_timeout,
-                lease
-                    .deadline()
-                    .saturating_duration_since(start)
-                    .min(settings.node_timeout),
-                parse_integer,
-                Err,
-                |answer| match answer {
-                    Ok(1) => Vote::Granted,
-                    Ok(_) => Vote::Refused,
-                    Err(why) => Vote::Failed(why.clone()),
-                },
-            )
-            .await;
-        let answers = answers.into_iter().next().unwrap_or_default();
+        // Each renewal's stopwatch starts before its pipeline is sent.
+        let mut sent: Vec<(usize, BootInstant)> = Vec::new();
+        for (index, lease) in leases.iter_mut().enumerate() {
+            match lease.start_renewal() {
+                Ok(start) => {
+                    let key = lease_key(&settings.key_prefix, lease);
+                    pipeline.add_command(evalsha(
+                        &scripts::RENEW,
+                        &[key],
+                        &[&lease.value, &ttl_ms],
+                    ));
+                    sent.push((index, start));
+                }
+                Err(error) => outcomes[index] = Some(Err(error)),
+            }
+        }
+        if !sent.is_empty() {
+            // No renewal is granted after its lease's deadline (see `judge_renewal`), so the round need
+            // not outlast the latest one. Nor is it stretched (see `pace`): the watchdog's slack counts on
+            // a renewal taking `node_timeout` (and 400 µs per lease of the batch) at most.
+            let configured = claim::batch_budget(settings.node_timeout, sent.len());
+            let latest = sent
+                .iter()
+                .map(|(index, start)| leases[*index].deadline().saturating_duration_since(*start))
+                .max()
+                .unwrap_or_default();
+            let answers = self
+                .round(
+                    pipeline,
+                    configured,
+                    configured.min(latest),
+                    parse_integer,
+                    Err,
+                    |answer| match answer {
+                        Ok(1) => Vote::Granted,
+                        Ok(_) => Vote::Refused,
+                        Err(why) => Vote::Failed(why.clone()),
+                    },
+                )
+                .await;
+            for ((index, start), answers) in sent.into_iter().zip(answers) {
+                outcomes[index] = Some(self.judge_renewal(&mut leases[index], start, &answers));
+            }
+        }
+        leases
+            .into_iter()
+            .zip(outcomes)
+            .map(|(lease, outcome)| (lease, outcome.unwrap_or(Err(RenewError::AlreadyLost))))
+            .collect()
+    }
+
+    /// What the nodes' `answers` to the renewal of `lease` started at `start` come to: extended when a
+    /// majority granted it before the deadline; lost for good when a majority answered that the value is
+    /// gone, or the deadline passed; unconfirmed otherwise.
+    ///
+    /// A renewal confirmed after the deadline proves nothing about the time in between, when another holder
+    /// may have taken the lease.
+    fn judge_renewal(
+        &self,
+        lease: &mut Lease,
+        start: BootInstant,
+        answers: &[(usize, Result<i64, String>)],
+    ) -> Result<(), RenewError> {
+        let settings = &self.settings;
         let granted = answers.iter().filter(|(_, a)| a == &Ok(1)).count();
         let refused = answers
             .iter()
@@ -366,13 +446,26 @@ impl RedisStore {
         Err(RenewError::Unconfirmed(failure))
     }
 
-    /// Compare-and-delete on every node. Returns once a majority has answered (or `node_timeout` has
-    /// passed); the other nodes' answers are awaited in the background, bounded by the TTL (after which the
-    /// key is gone anyway), so a slow or hung node never delays the caller.
+    /// Compare-and-delete on every node, with the other releases asked for meanwhile ([`keeper`]).
+    /// Returns once a majority has answered (or the round's budget has passed); the other nodes' answers
+    /// are awaited in the background, bounded by the TTL (after which the key is gone anyway), so a slow or
+    /// hung node never delays the caller.
     pub async fn release(&self, lease: &Lease) {
-        let key = lease_key(&self.settings.key_prefix, lease);
+        if let Some(keeper) = &self.keeper {
+            if keeper.release(lease).await {
+                return;
+            }
+        }
+        self.release_each(std::slice::from_ref(lease)).await;
+    }
+
+    /// Releases every lease of `leases` in one pipeline per node; see [`RedisStore::release`].
+    pub(super) async fn release_each(&self, leases: &[Lease]) {
         let mut pipeline = redis::pipe();
-        pipeline.add_command(evalsha(&scripts::RELEASE, &[key], &[&lease.value]));
+        for lease in leases {
+            let key = lease_key(&self.settings.key_prefix, lease);
+            pipeline.add_command(evalsha(&scripts::RELEASE, &[key], &[&lease.value]));
+        }
         let pipeline = Arc::new(pipeline);
         let bound = self.settings.ttl;
         // Each future owns what it needs, so the stragglers can move to a background task. Every request is
@@ -394,7 +487,8 @@ impl RedisStore {
                 }
             }
         };
-        let _ = tokio::time::timeout(self.settings.node_timeout, majority).await;
+        let budget = claim::batch_budget(self.settings.node_timeout, leases.len());
+        let _ = tokio::time::timeout(budget, majority).await;
         if !all.is_empty() {
             tokio::spawn(async move { while all.next().await.is_some() {} });
         }

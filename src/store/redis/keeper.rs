@@ -1,0 +1,117 @@
+//! The lease keeper: renewals and releases of many runs travel together, one pipeline per node.
+//!
+//! Each run renews and releases its own lease, but a worker runs many at once, and a herd runs thousands:
+//! sent one by one, 6,000 renewals due together were 30,000 requests queued behind the claims at the
+//! nodes, each with its own `node_timeout`, and most timed out (`lease.renew_failed`, then runs stopped as
+//! `lease_lost`). The keeper takes every renewal (and every release) asked for and sends it at once,
+//! together with all the others asked for meanwhile, in one pipeline per node: one round for the lot, each
+//! lease decided by its own tally. A request that finds no batch under way goes out at once, so a lone
+//! renewal waits for nothing; while [`IN_FLIGHT`] batches are on their way, new requests gather into the
+//! next one.
+//!
+//! Nothing about a lease changes: each renewal still starts its stopwatch before its pipeline is sent, is
+//! granted only by a majority before the lease's deadline, and never revives a lost lease
+//! ([`RedisStore::renew_each`]).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::RedisStore;
+use crate::lock::{Lease, RenewError};
+
+/// Batches on their way at once, per kind.
+const IN_FLIGHT: usize = 4;
+/// The most leases in one batch.
+const MAX_BATCH: usize = 1_000;
+
+/// A renewal asked for: the lease, and where its outcome goes.
+type Renewal = (Lease, oneshot::Sender<(Lease, Result<(), RenewError>)>);
+/// A release asked for: the lease, and who waits until a majority has answered.
+type Release = (Lease, oneshot::Sender<()>);
+
+/// The channels to the keeper's two tasks; they end when the store is dropped.
+#[derive(Debug)]
+pub(super) struct Keeper {
+    renewals: mpsc::UnboundedSender<Renewal>,
+    releases: mpsc::UnboundedSender<Release>,
+}
+
+impl Keeper {
+    /// Starts the tasks that renew and release through `store` (a copy without a keeper of its own).
+    pub(super) fn start(store: RedisStore) -> Keeper {
+        let store = Arc::new(store);
+        let (renewals, renewal_queue) = mpsc::unbounded_channel::<Renewal>();
+        let (releases, release_queue) = mpsc::unbounded_channel::<Release>();
+        let renewing = Arc::clone(&store);
+        tokio::spawn(coalesce(renewal_queue, move |batch: Vec<Renewal>| {
+            let store = Arc::clone(&renewing);
+            async move {
+                let (leases, replies): (Vec<Lease>, Vec<_>) = batch.into_iter().unzip();
+                let outcomes = store.renew_each(leases).await;
+                for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                    // The run that asked may have ended meanwhile.
+                    let _ = reply.send(outcome);
+                }
+            }
+        }));
+        tokio::spawn(coalesce(release_queue, move |batch: Vec<Release>| {
+            let store = Arc::clone(&store);
+            async move {
+                let (leases, replies): (Vec<Lease>, Vec<_>) = batch.into_iter().unzip();
+                store.release_each(&leases).await;
+                for reply in replies {
+                    let _ = reply.send(());
+                }
+            }
+        }));
+        Keeper { renewals, releases }
+    }
+
+    /// Renews `lease` in the next batch; `None` if the keeper is gone (the store is being dropped).
+    pub(super) async fn renew(&self, lease: &Lease) -> Option<(Lease, Result<(), RenewError>)> {
+        let (reply, outcome) = oneshot::channel();
+        self.renewals.send((lease.clone(), reply)).ok()?;
+        outcome.await.ok()
+    }
+
+    /// Releases `lease` in the next batch; returns once a majority has answered (or the batch's budget
+    /// passed); `false` if the keeper is gone.
+    pub(super) async fn release(&self, lease: &Lease) -> bool {
+        let (reply, done) = oneshot::channel();
+        if self.releases.send((lease.clone(), reply)).is_err() {
+            return false;
+        }
+        done.await.is_ok()
+    }
+}
+
+/// Takes requests from `queue` in batches — whatever has gathered when a batch may start — and runs each
+/// batch with `run`, at most [`IN_FLIGHT`] at once.
+async fn coalesce<T, F, W>(mut queue: mpsc::UnboundedReceiver<T>, run: F)
+where
+    T: Send + 'static,
+    F: Fn(Vec<T>) -> W,
+    W: Future<Output = ()> + Send + 'static,
+{
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = queue.recv().await {
+        // The semaphore is never closed.
+        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(request) => batch.push(request),
+                Err(_) => break,
+            }
+        }
+        let work = run(batch);
+        tokio::spawn(async move {
+            work.await;
+            drop(permit);
+        });
+    }
+}
