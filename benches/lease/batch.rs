@@ -155,14 +155,14 @@ pub async fn race_ticks(stores: &[Store], names: &[String], ticks: usize) -> Bat
 type Wave = (Duration, Vec<(usize, ClaimRequest)>);
 
 /// All contenders race every job at `tick` in the workers' claim order ([`redcron::lock::order`]: each
-/// ranks the contenders by a hash of (contender, job, tick) and claims a job `rank × retry_delay / 4` after
+/// ranks the contenders by a hash of (contender, job, tick) and claims a job `rank × order::spread` after
 /// the tick); winners release. Returns, per job, how many won, and how long the claims took to settle:
 /// until every job's winning outcome was known (the backups' later answers, which find the jobs claimed,
 /// delay no job).
 pub async fn race_once(stores: &[Store], names: &[String], tick: Tick) -> (Vec<usize>, Duration) {
     let started = Instant::now();
     let members: Vec<String> = (0..stores.len()).map(|i| format!("c{i}")).collect();
-    let spread = settings().retry_delay / 4;
+    let spread = order::spread(settings().retry_delay, names.len());
     // Each contender is a claimant of its own for every job, grouped by when it claims them.
     let plans: Vec<Vec<Wave>> = members
         .iter()
@@ -286,7 +286,7 @@ fn table(batches: &[Batch]) -> String {
         "\n## 4b. The lock alone at scale: 3 contenders race for N jobs at one tick, in one process\n\n\
          No processes are spawned: each contender is a `RedisStore` behind its own counting proxies; the \
          winners release before the next tick. The contenders claim in the workers' order (each job first \
-         by one contender, the others backing it up 50 and 100 ms later). Claim: from the tick until every \
+         by one contender, the others backing it up one and two spreads later: 50 ms plus 0.8 ms per job of the tick). Claim: from the tick until every \
          job's winning outcome is known; race: until the last contender's last answer (the backups' \
          included) and the winners' releases (split votes retried as configured: retries 1, retry_delay \
          200 ms). Redis commands and CPU per claim: the 5 nodes' own counters \

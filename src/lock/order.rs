@@ -2,9 +2,13 @@
 //! each tick alone and the others find it claimed, instead of all of them splitting the nodes' votes.
 //!
 //! Every worker ranks the live workers it knows of (read from the store's membership after each heartbeat)
-//! by a hash of (worker, job, tick) and waits `rank × retry_delay / 4` before its first claim: the first
-//! in the order claims at once, the next backs it up a quarter of `retry_delay` later (and finds the tick
-//! claimed, one round trip, unless the first is gone or slow), and so on. The order changes from job to
+//! by a hash of (worker, job, tick) and waits `rank × spread` before its first claim: the first in the
+//! order claims at once, the next backs it up one [`spread`] later (and finds the tick claimed, one round
+//! trip, unless the first is gone or slow), and so on. The spread is a quarter of `retry_delay` plus the
+//! nodes' time for the claimant's whole batch ([`NODE_TIME_PER_CLAIM`] per claim and round): in a herd the
+//! first claimant's two rounds of thousands of claims take seconds, and backups that came 50 ms in
+//! contended with claims on their way — one of three workers won none of a 10,000-job herd, its claims
+//! overtaken by the backups of the others, and every backup cost the nodes a round. The order changes from job to
 //! job and from tick to tick, so runs spread evenly over the workers. Views of the membership may differ
 //! for a while (a worker joining or dying): two workers may then both rank first and contend, which the
 //! protocol settles as it always did. No guarantee depends on the order; it only makes contention rare.
@@ -15,6 +19,17 @@
 use std::time::Duration;
 
 use crate::schedule::Tick;
+
+/// A node's time to run one claim of a batch, at most, when every worker's batch reaches it at once on a
+/// loaded host: the per-claim part of a claim round's budget, and of the order's spread.
+pub const NODE_TIME_PER_CLAIM: Duration = Duration::from_micros(400);
+
+/// How long each place in the order waits after the one before it, for a batch of `batch` claims due at
+/// one instant: `retry_delay / 4`, plus [`NODE_TIME_PER_CLAIM`] per claim for each of the two rounds.
+pub fn spread(retry_delay: Duration, batch: usize) -> Duration {
+    let batch = u32::try_from(batch).unwrap_or(u32::MAX);
+    retry_delay / 4 + NODE_TIME_PER_CLAIM.saturating_mul(2).saturating_mul(batch)
+}
 
 /// A worker's place in the order for `(job, tick)` among `members` (live worker ids; `me` counts even if
 /// the view does not list it yet): 0 claims first.
@@ -116,6 +131,13 @@ mod tests {
                 rank(&all, "w2", "job", tick)
             );
         }
+    }
+
+    #[test]
+    fn the_spread_grows_with_the_batch() {
+        let retry_delay = Duration::from_millis(200);
+        assert_eq!(spread(retry_delay, 1), Duration::from_micros(50_800));
+        assert_eq!(spread(retry_delay, 10_000), Duration::from_millis(8_050));
     }
 
     #[test]

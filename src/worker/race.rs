@@ -92,8 +92,10 @@ pub(super) fn series_span(series: &Series) -> Span {
 pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
     let mut settling = JoinSet::new();
     let now = tokio::time::Instant::now();
-    // One view of the live workers for the whole batch (a herd may carry thousands of jobs).
+    // One view of the live workers, and one spread, for the whole batch (a herd may carry thousands of
+    // jobs).
     let members = context.live_members();
+    let spread = crate::lock::order::spread(context.store.settings().retry_delay, batch.len());
     let mut pending: Vec<Pending> = batch
         .into_iter()
         .map(|due| {
@@ -112,7 +114,13 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
                 request,
                 retry_at: now
                     + due.delay
-                    + stagger(&context, members.as_deref(), &due.job.name, due.tick),
+                    + stagger(
+                        &context,
+                        members.as_deref(),
+                        &due.job.name,
+                        due.tick,
+                        spread,
+                    ),
                 job: due.job,
                 until: due.until,
                 backoff: NO_QUORUM_BACKOFF,
@@ -200,13 +208,18 @@ fn act_on(
 }
 
 /// How long this worker waits before its first claim of `(job, tick)`: its place in the claim order
-/// among `members` ([`crate::lock::order`]) times a quarter of `retry_delay`. The embedded store has no
-/// contenders: no wait.
-fn stagger(context: &Context, members: Option<&[String]>, job: &str, tick: Tick) -> Duration {
+/// among `members` ([`crate::lock::order`]) times `spread`. The embedded store has no contenders: no
+/// wait.
+fn stagger(
+    context: &Context,
+    members: Option<&[String]>,
+    job: &str,
+    tick: Tick,
+    spread: Duration,
+) -> Duration {
     if !context.store.is_shared() {
         return Duration::ZERO;
     }
-    let spread = context.store.settings().retry_delay / 4;
     crate::lock::order::delay(members, &context.worker_id, job, tick, spread)
 }
 
