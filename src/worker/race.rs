@@ -99,6 +99,7 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
     let mut pending: Vec<Pending> = batch
         .into_iter()
         .map(|due| {
+            let first_claim = now + due.delay + stagger(&context, members.as_deref(), &due, spread);
             let request = ClaimRequest::new(
                 &context.worker_id,
                 &due.job.name,
@@ -112,15 +113,7 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
             };
             Pending {
                 request,
-                retry_at: now
-                    + due.delay
-                    + stagger(
-                        &context,
-                        members.as_deref(),
-                        &due.job.name,
-                        due.tick,
-                        spread,
-                    ),
+                retry_at: first_claim,
                 job: due.job,
                 until: due.until,
                 backoff: NO_QUORUM_BACKOFF,
@@ -207,20 +200,20 @@ fn act_on(
     Some(p)
 }
 
-/// How long this worker waits before its first claim of `(job, tick)`: its place in the claim order
-/// among `members` ([`crate::lock::order`]) times `spread`. The embedded store has no contenders: no
-/// wait.
-fn stagger(
-    context: &Context,
-    members: Option<&[String]>,
-    job: &str,
-    tick: Tick,
-    spread: Duration,
-) -> Duration {
+/// How long this worker waits before its first claim of `due`: its place in the claim order among
+/// `members` ([`crate::lock::order`]) times `spread`, the spread cut so that every place claims within
+/// the first half of the claim's window (a backup past the window would claim a tick nobody may run any
+/// more). The embedded store has no contenders: no wait.
+fn stagger(context: &Context, members: Option<&[String]>, due: &Due, spread: Duration) -> Duration {
     if !context.store.is_shared() {
         return Duration::ZERO;
     }
-    crate::lock::order::delay(members, &context.worker_id, job, tick, spread)
+    let window = (due.until - context.clock.now())
+        .to_std()
+        .unwrap_or_default();
+    let places = u32::try_from(members.map_or(1, <[String]>::len).max(1)).unwrap_or(u32::MAX);
+    let spread = spread.min(window / 2 / places);
+    crate::lock::order::delay(members, &context.worker_id, &due.job.name, due.tick, spread)
 }
 
 /// Logs a retry of a tick whose outcome was not final.

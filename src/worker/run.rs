@@ -223,14 +223,15 @@ async fn start(
                     context.metrics.lease_lost(&job.name);
                     "lease_expired"
                 }
-                Waited::Lost => {
-                    // The renewal that found it lost logged it and counted it.
-                    error!(
-                        event = "lease.lost",
-                        error = "a majority answered that the lease is not held",
-                        "Lease lost before the job started: not starting it"
+                // The renewal that found it lost logged it (`lease.lost`) and counted it.
+                Waited::Lost => "lease_expired",
+                Waited::Shutdown => {
+                    info!(
+                        event = "tick.skipped",
+                        reason = "shutdown",
+                        "Skipped: shutdown was requested while the run waited for a slot"
                     );
-                    "lease_expired"
+                    "shutdown"
                 }
                 Waited::NoSlot => {
                     let max_children = context.child_slots.capacity();
@@ -281,10 +282,12 @@ enum Waited {
     NoSlot,
     /// A renewal during the wait found the lease lost.
     Lost,
+    /// Shutdown was requested during the wait: a run that has not started does not start then.
+    Shutdown,
 }
 
-/// Waits for a child slot (a herd may fill every slot) until `until`, the end of the claim's window,
-/// renewing the lease meanwhile. A renewal that is due is made first: in a herd, thousands of won ticks
+/// Waits for a child slot (a herd may fill every slot) until `until`, the end of the claim's window, or
+/// until shutdown is requested, renewing the lease meanwhile. A renewal that is due is made first: in a herd, thousands of won ticks
 /// queue behind each other's spawns on the runtime's threads, and one that comes to start late must not
 /// find its lease too near its deadline to start.
 async fn take_slot(context: &Context, renewer: &mut Renewer<'_>, until: DateTime<Utc>) -> Waited {
@@ -296,7 +299,11 @@ async fn take_slot(context: &Context, renewer: &mut Renewer<'_>, until: DateTime
     tokio::pin!(take);
     loop {
         tokio::select! {
+            // A slot free at once is taken even during shutdown: the tick is granted to this worker, so
+            // no other may run it, and the run gets the shutdown grace like any other (see `settle`).
+            biased;
             slot = &mut take => return slot.map_or(Waited::NoSlot, Waited::Slot),
+            () = context.shutdown.graceful() => return Waited::Shutdown,
             renewal = renewer.next() => {
                 if renewal == Renewal::Lost {
                     return Waited::Lost;
@@ -470,7 +477,7 @@ impl<'a> Renewer<'a> {
                 Renewal::Unconfirmed
             }
             Err(lost) => {
-                error!(event = "lease.lost", error = %lost, "Lease lost: the job is stopped");
+                error!(event = "lease.lost", error = %lost, "Lease lost: the job is stopped (or, still waiting to start, not started)");
                 self.metrics.lease_lost(&self.lease.job);
                 Renewal::Lost
             }

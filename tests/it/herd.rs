@@ -147,3 +147,48 @@ fn a_run_waiting_for_a_slot_keeps_its_lease_until_the_window_ends() {
         "the second run did not wait for the first: {starts:?}"
     );
 }
+
+/// A run still waiting for a slot when shutdown is requested does not start: its tick is skipped as
+/// `shutdown` (its lease released), while the run under way gets the shutdown grace and finishes. One
+/// slot, 2 jobs of 3 s due at one tick, SIGTERM once the first has started.
+#[test]
+fn a_run_waiting_for_a_slot_does_not_start_after_shutdown_is_requested() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let tick = Utc::now() + chrono::Duration::seconds(6);
+    let schedule = format!("{} {} {} * * *", tick.second(), tick.minute(), tick.hour());
+    let jobs: String = (0..2)
+        .map(|j| {
+            format!(
+                "  - name: j{j}\n    schedule: \"{schedule}\"\n    command: 'echo \"$REDCRON_JOB \
+                 $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID\" >> {}; sleep 3'\n",
+                dir.ledger().display()
+            )
+        })
+        .collect();
+    let mut worker = Worker::builder(dir.write_config(&config(&cluster, "  id: w\n", &jobs)))
+        .open_files_limit(259)
+        .spawn();
+    worker
+        .wait_for_event("worker.started", Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the worker did not start: {}", worker.stderr()));
+    worker
+        .wait_for_event("run.started", Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no run started: {}", worker.stderr()));
+    worker.signal(libc::SIGTERM);
+    let status = worker
+        .wait_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("the worker did not exit: {}", worker.stderr()));
+    assert!(status.success(), "{status:?}: {}", worker.stderr());
+    assert_eq!(worker.events("run.started").len(), 1, "{}", worker.stderr());
+    let finished = worker.events("run.finished");
+    assert_eq!(finished.len(), 1, "{finished:?}");
+    assert_eq!(finished[0]["outcome"], "success", "{finished:?}");
+    let skipped: Vec<_> = worker
+        .events("tick.skipped")
+        .into_iter()
+        .filter(|event| event["reason"] == "shutdown")
+        .collect();
+    assert_eq!(skipped.len(), 1, "{}", worker.stderr());
+    assert_eq!(ledger(&dir).len(), 1);
+}

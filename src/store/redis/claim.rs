@@ -384,8 +384,10 @@ impl RedisStore {
 
     /// How long a contender that lost a split vote keeps away (before jitter): until the leader has
     /// finished the round it is in — which waits up to `node_timeout` for a node that does not answer,
-    /// plus the nodes' time for a batch of `commands` (the leader's batch is taken to be like ours) — and
-    /// started its next one `retry_delay / 4` later, with the rest of `retry_delay` to spare.
+    /// plus the nodes' time for a batch of `commands` (the leader's batch is taken to be like ours), both
+    /// as the pace stretches them now (uncapped, so possibly longer than the leader's round 1, never
+    /// shorter) — and started its next one `retry_delay / 4` later, with the rest of `retry_delay` to
+    /// spare.
     ///
     /// A loser that came back after `retry_delay` alone, while the leader still waited for a hung node,
     /// took the nodes the others had freed before the leader could, and led the next split in its place

@@ -5,9 +5,9 @@
 //! nodes, each with its own `node_timeout`, and most timed out (`lease.renew_failed`, then runs stopped as
 //! `lease_lost`). The keeper takes every renewal (and every release) asked for and sends it at once,
 //! together with all the others asked for meanwhile, in one pipeline per node: one round for the lot, each
-//! lease decided by its own tally. A request that finds no batch under way goes out at once, so a lone
-//! renewal waits for nothing; while [`IN_FLIGHT`] batches are on their way, new requests gather into the
-//! next one.
+//! lease decided by its own tally. A request that finds a free place goes out at once, so a lone renewal
+//! waits for nothing; while every place is taken ([`RENEWALS`], [`RELEASES`]), new requests gather into
+//! the next batch.
 //!
 //! Nothing about a lease changes: each renewal still starts its stopwatch before its pipeline is sent, is
 //! granted only by a majority before the lease's deadline, and never revives a lost lease
@@ -21,10 +21,25 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use super::RedisStore;
 use crate::lock::{Lease, RenewError};
 
-/// Batches on their way at once, per kind.
-const IN_FLIGHT: usize = 4;
-/// The most leases in one batch.
-const MAX_BATCH: usize = 1_000;
+/// Renewal batches on their way at once, and the most leases in one: small enough that a node runs a
+/// batch in a millisecond or two, so a renewal still takes at most `node_timeout` (the watchdog's slack
+/// counts on that), and many at once, so a herd's renewals do not queue long behind each other.
+const RENEWALS: Limits = Limits {
+    in_flight: 16,
+    batch: 100,
+};
+/// Release batches on their way at once, and the most leases in one.
+const RELEASES: Limits = Limits {
+    in_flight: 4,
+    batch: 1_000,
+};
+
+/// How a kind of request is batched.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    in_flight: usize,
+    batch: usize,
+}
 
 /// A renewal asked for: the lease, and where its outcome goes.
 type Renewal = (Lease, oneshot::Sender<(Lease, Result<(), RenewError>)>);
@@ -45,27 +60,35 @@ impl Keeper {
         let (renewals, renewal_queue) = mpsc::unbounded_channel::<Renewal>();
         let (releases, release_queue) = mpsc::unbounded_channel::<Release>();
         let renewing = Arc::clone(&store);
-        tokio::spawn(coalesce(renewal_queue, move |batch: Vec<Renewal>| {
-            let store = Arc::clone(&renewing);
-            async move {
-                let (leases, replies): (Vec<Lease>, Vec<_>) = batch.into_iter().unzip();
-                let outcomes = store.renew_each(leases).await;
-                for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                    // The run that asked may have ended meanwhile.
-                    let _ = reply.send(outcome);
+        tokio::spawn(coalesce(
+            renewal_queue,
+            RENEWALS,
+            move |batch: Vec<Renewal>| {
+                let store = Arc::clone(&renewing);
+                async move {
+                    let (leases, replies): (Vec<Lease>, Vec<_>) = batch.into_iter().unzip();
+                    let outcomes = store.renew_each(leases).await;
+                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                        // The run that asked may have ended meanwhile.
+                        let _ = reply.send(outcome);
+                    }
                 }
-            }
-        }));
-        tokio::spawn(coalesce(release_queue, move |batch: Vec<Release>| {
-            let store = Arc::clone(&store);
-            async move {
-                let (leases, replies): (Vec<Lease>, Vec<_>) = batch.into_iter().unzip();
-                store.release_each(&leases).await;
-                for reply in replies {
-                    let _ = reply.send(());
+            },
+        ));
+        tokio::spawn(coalesce(
+            release_queue,
+            RELEASES,
+            move |batch: Vec<Release>| {
+                let store = Arc::clone(&store);
+                async move {
+                    let (leases, replies): (Vec<Lease>, Vec<_>) = batch.into_iter().unzip();
+                    store.release_each(&leases).await;
+                    for reply in replies {
+                        let _ = reply.send(());
+                    }
                 }
-            }
-        }));
+            },
+        ));
         Keeper { renewals, releases }
     }
 
@@ -87,22 +110,22 @@ impl Keeper {
     }
 }
 
-/// Takes requests from `queue` in batches — whatever has gathered when a batch may start — and runs each
-/// batch with `run`, at most [`IN_FLIGHT`] at once.
-async fn coalesce<T, F, W>(mut queue: mpsc::UnboundedReceiver<T>, run: F)
+/// Takes requests from `queue` in batches — whatever has gathered when a batch may start, up to
+/// `limits.batch` — and runs each batch with `run`, at most `limits.in_flight` at once.
+async fn coalesce<T, F, W>(mut queue: mpsc::UnboundedReceiver<T>, limits: Limits, run: F)
 where
     T: Send + 'static,
     F: Fn(Vec<T>) -> W,
     W: Future<Output = ()> + Send + 'static,
 {
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    let in_flight = Arc::new(Semaphore::new(limits.in_flight));
     while let Some(first) = queue.recv().await {
         // The semaphore is never closed.
         let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
             return;
         };
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while batch.len() < limits.batch {
             match queue.try_recv() {
                 Ok(request) => batch.push(request),
                 Err(_) => break,

@@ -132,7 +132,6 @@ impl RedisStore {
         &self.settings
     }
 
-    /// The same store with `history` as its history bound.
     /// The same store with its lease keeper started (its own copy has none).
     fn with_keeper(self) -> RedisStore {
         let keeper = keeper::Keeper::start(RedisStore {
@@ -145,6 +144,7 @@ impl RedisStore {
         }
     }
 
+    /// The same store with `history` as its history bound.
     pub fn with_history(self, history: HistorySettings) -> RedisStore {
         RedisStore { history, ..self }
     }
@@ -363,9 +363,9 @@ impl RedisStore {
         }
         if !sent.is_empty() {
             // No renewal is granted after its lease's deadline (see `judge_renewal`), so the round need
-            // not outlast the latest one. Nor is it stretched (see `pace`): the watchdog's slack counts on
-            // a renewal taking `node_timeout` (and 400 µs per lease of the batch) at most.
-            let configured = claim::batch_budget(settings.node_timeout, sent.len());
+            // not outlast the latest one. Nor is it stretched (see `pace`), nor longer for its batch (the
+            // keeper keeps renewal batches small): the watchdog's slack counts on `node_timeout`.
+            let configured = settings.node_timeout;
             let latest = sent
                 .iter()
                 .map(|(index, start)| leases[*index].deadline().saturating_duration_since(*start))

@@ -63,16 +63,19 @@ impl Pace {
         if configured.is_zero() || elapsed > configured.mul_f64(MAX_STRETCH) {
             return;
         }
-        let target = MARGIN * elapsed.as_secs_f64() / configured.as_secs_f64();
-        let target = to_milli(target);
-        let now = self.stretch_milli.load(Ordering::Relaxed);
-        let next = if target >= now {
-            target
-        } else {
-            // Down by a sixteenth of the distance, at least one thousandth, so it reaches the target.
-            now - (now - target).div_ceil(DECAY_STEPS)
-        };
-        self.stretch_milli.store(next, Ordering::Relaxed);
+        let target = to_milli(MARGIN * elapsed.as_secs_f64() / configured.as_secs_f64());
+        // Rounds finish on several threads at once: one update must not overwrite another's.
+        let _ = self
+            .stretch_milli
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                Some(if target >= now {
+                    target
+                } else {
+                    // Down by a sixteenth of the distance, at least one thousandth, so it reaches the
+                    // target.
+                    now - (now - target).div_ceil(DECAY_STEPS)
+                })
+            });
     }
 }
 

@@ -100,7 +100,8 @@ impl RedisStore {
                 }
             };
             heard[node] = true;
-            if result.is_ok() {
+            // A reply the tally counts as a failure (a wrong count of results) is no answer here either.
+            if matches!(&result, Ok(values) if values.len() == commands) {
                 answered += 1;
                 if answered == needed {
                     self.pace.majority_after(start.elapsed(), configured);
@@ -131,7 +132,7 @@ impl RedisStore {
             let pace = Arc::clone(&self.pace);
             tokio::spawn(async move {
                 while let Some((_, result)) = pending.next().await {
-                    if result.is_ok() {
+                    if matches!(&result, Ok(values) if values.len() == commands) {
                         answered += 1;
                         if answered == needed {
                             pace.majority_after(start.elapsed(), configured);
