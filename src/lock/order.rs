@@ -14,8 +14,8 @@
 //! protocol settles as it always did. No guarantee depends on the order; it only makes contention rare.
 //!
 //! Without a view yet (the first heartbeat has not been read back), a worker waits a stable fraction of
-//! one spread. The worker cuts the spread so that every place claims within the first half of the
-//! claim's window (`worker::race`). The embedded store has no contenders: no wait.
+//! one spread. The worker cuts the spread to the claim's window divided by the places, so that every
+//! place claims within the window (`worker::race`). The embedded store has no contenders: no wait.
 
 use std::time::Duration;
 

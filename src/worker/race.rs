@@ -201,9 +201,9 @@ fn act_on(
 }
 
 /// How long this worker waits before its first claim of `due`: its place in the claim order among
-/// `members` ([`crate::lock::order`]) times `spread`, the spread cut so that every place claims within
-/// the first half of the claim's window (a backup past the window would claim a tick nobody may run any
-/// more). The embedded store has no contenders: no wait.
+/// `members` ([`crate::lock::order`]) times `spread`, the spread cut to the claim's window divided by the
+/// places, so that every place claims within the window (a backup past it would claim a tick nobody may
+/// run any more). The embedded store has no contenders: no wait.
 fn stagger(context: &Context, members: Option<&[String]>, due: &Due, spread: Duration) -> Duration {
     if !context.store.is_shared() {
         return Duration::ZERO;
@@ -212,7 +212,7 @@ fn stagger(context: &Context, members: Option<&[String]>, due: &Due, spread: Dur
         .to_std()
         .unwrap_or_default();
     let places = u32::try_from(members.map_or(1, <[String]>::len).max(1)).unwrap_or(u32::MAX);
-    let spread = spread.min(window / 2 / places);
+    let spread = spread.min(window / places);
     crate::lock::order::delay(members, &context.worker_id, &due.job.name, due.tick, spread)
 }
 
