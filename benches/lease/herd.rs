@@ -6,6 +6,8 @@
 //! every job claimed exactly once, and the herd time — tick to the last run's first instruction. In the
 //! same run, after the workers stopped, a plain loop starts the same number of `/bin/sh -c true` children:
 //! the spawn time, what this machine can do without any lock; the ratio herd ÷ spawn is what redcron adds.
+//! A second loop starts the herd's own job (the probe) the same way, since that job costs more to start
+//! than `sh -c true`.
 //! The nodes' own counters (`INFO commandstats`, `INFO cpu`, all 5 nodes, before the tick and after the
 //! last run ended) give Redis commands and CPU per claim. Last, the [`super::peer`] settles the same N jobs
 //! at one tick on one node; redcron's claim time (tick to the last `tick.won`) is printed as a multiple.
@@ -41,6 +43,8 @@ pub struct Herd {
     pub runs_per_worker: Vec<(String, usize)>,
     /// The time a plain loop took to start the same number of `/bin/sh -c true` children.
     pub spawn: Duration,
+    /// The same for the herd's own job (the probe, writing to a scratch ledger).
+    pub spawn_job: Duration,
     /// All 5 nodes' commands and CPU from just before the tick until every run had ended.
     pub usage: Usage,
     pub peer: Option<PeerRace>,
@@ -59,6 +63,11 @@ impl Herd {
 
     pub fn spawn_ratio(&self) -> Option<f64> {
         quotient(self.herd_time(), Some(self.spawn))
+    }
+
+    /// Herd time ÷ the plain loop's time for the herd's own job.
+    pub fn job_spawn_ratio(&self) -> Option<f64> {
+        quotient(self.herd_time(), Some(self.spawn_job))
     }
 
     /// Redis commands per job claimed exactly once; `None` when none was (a total over no claims is not
@@ -83,7 +92,20 @@ pub fn run(
 ) -> Result<Herd, String> {
     let nodes = Nodes::start(Store::Redis, 5);
     let mut herd = on_nodes(&nodes, worker, probe, jobs)?;
-    herd.spawn = spawn_loop(jobs)?;
+    herd.spawn = spawn_loop(
+        jobs,
+        &["/bin/sh".to_string(), "-c".to_string(), "true".to_string()],
+    )?;
+    let scratch = tempfile::Builder::new()
+        .prefix("redcron-bench-spawn-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let job: Vec<String> = probe
+        .iter()
+        .cloned()
+        .chain([scratch.path().join("ledger").display().to_string()])
+        .collect();
+    herd.spawn_job = spawn_loop(jobs, &job)?;
     nodes.flush();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -207,20 +229,21 @@ fn read_ledger(path: &Path, tick: i64, herd: &mut Herd) -> Result<(), String> {
     Ok(())
 }
 
-/// The machine's spawn limit: a plain loop starts `n` `/bin/sh -c true` children, reaping as it goes
-/// (a 32k pid space holds no 10,000 zombies beside everyone else's processes). The time until the last
-/// `spawn` returned, which is after that child's `exec`.
-pub fn spawn_loop(n: usize) -> Result<Duration, String> {
+/// The machine's spawn limit: a plain loop starts `n` children of `argv` (e.g. `/bin/sh -c true`),
+/// reaping as it goes (a 32k pid space holds no 10,000 zombies beside everyone else's processes). The
+/// time until the last `spawn` returned, which is after that child's `exec`.
+pub fn spawn_loop(n: usize, argv: &[String]) -> Result<Duration, String> {
+    let (program, args) = argv.split_first().ok_or("an empty command")?;
     let started = Instant::now();
     let mut running = Vec::new();
     for i in 0..n {
-        let child = Command::new("/bin/sh")
-            .args(["-c", "true"])
+        let child = Command::new(program)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run /bin/sh: {e}"))?;
+            .map_err(|e| format!("cannot run {program}: {e}"))?;
         running.push(child);
         if i % 64 == 63 {
             running.retain_mut(|child| !matches!(child.try_wait(), Ok(Some(_))));
@@ -243,6 +266,8 @@ fn table(herd: &Herd) -> String {
         "herd time ms (tick→last start)",
         "spawn time ms (plain loop)",
         "herd ÷ spawn",
+        "spawn time ms (plain loop, the herd's job)",
+        "herd ÷ that",
         "claim time ms (tick→last won)",
         "runs per worker",
         "redis commands /claim",
@@ -262,6 +287,9 @@ fn table(herd: &Herd) -> String {
         ms(herd.herd_time()),
         ms(Some(herd.spawn)),
         herd.spawn_ratio()
+            .map_or("–".to_string(), |r| format!("{r:.1}×")),
+        ms(Some(herd.spawn_job)),
+        herd.job_spawn_ratio()
             .map_or("–".to_string(), |r| format!("{r:.1}×")),
         ms(herd.claim_time()),
         runs.join(", "),
@@ -303,7 +331,8 @@ fn table(herd: &Herd) -> String {
         "\n## 6. The herd: {} jobs due at one instant, 3 workers, 5 nodes\n\n\
          Each run's first act appends to a ledger; herd time is the tick to the last run's start. Spawn time: \
          the same number of `/bin/sh -c true` children started by a plain loop in this process, in the same \
-         run (the machine's limit without any lock). Claim time: the tick to the last `tick.won` event. \
+         run (the machine's limit without any lock); then the same for the herd's own job, the probe, which \
+         costs more to start. Claim time: the tick to the last `tick.won` event. \
          Redis commands and CPU per claim: all 5 nodes' `INFO commandstats` / `INFO cpu` from just before \
          the tick until the runs' releases and history writes were done (the workers' background traffic \
          included).\n\n{}\n\nThe peer under the same herd, lock level only (no processes): one node, 3 \
