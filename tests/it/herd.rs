@@ -83,17 +83,7 @@ fn a_herd_past_the_open_files_limit_waits_for_slots_and_every_tick_runs() {
 fn a_run_waiting_for_a_slot_keeps_its_lease_until_the_window_ends() {
     let cluster = RedisCluster::start(3);
     let dir = TestDir::new();
-    let tick = Utc::now() + chrono::Duration::seconds(6);
-    let schedule = format!("{} {} {} * * *", tick.second(), tick.minute(), tick.hour());
-    let jobs: String = (0..3)
-        .map(|j| {
-            format!(
-                "  - name: j{j}\n    schedule: \"{schedule}\"\n    misfire_grace: 6s\n    command: 'echo \"$REDCRON_JOB \
-                 $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID\" >> {}; sleep 4'\n",
-                dir.ledger().display()
-            )
-        })
-        .collect();
+    let jobs = jobs_due_once(&dir, 3, "    misfire_grace: 6s\n", 4);
     let worker = Worker::builder(dir.write_config(&config(&cluster, "  id: w\n", &jobs)))
         .open_files_limit(259)
         .spawn();
@@ -155,17 +145,7 @@ fn a_run_waiting_for_a_slot_keeps_its_lease_until_the_window_ends() {
 fn a_run_waiting_for_a_slot_does_not_start_after_shutdown_is_requested() {
     let cluster = RedisCluster::start(3);
     let dir = TestDir::new();
-    let tick = Utc::now() + chrono::Duration::seconds(6);
-    let schedule = format!("{} {} {} * * *", tick.second(), tick.minute(), tick.hour());
-    let jobs: String = (0..2)
-        .map(|j| {
-            format!(
-                "  - name: j{j}\n    schedule: \"{schedule}\"\n    command: 'echo \"$REDCRON_JOB \
-                 $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID\" >> {}; sleep 3'\n",
-                dir.ledger().display()
-            )
-        })
-        .collect();
+    let jobs = jobs_due_once(&dir, 2, "", 3);
     let mut worker = Worker::builder(dir.write_config(&config(&cluster, "  id: w\n", &jobs)))
         .open_files_limit(259)
         .spawn();
@@ -191,4 +171,20 @@ fn a_run_waiting_for_a_slot_does_not_start_after_shutdown_is_requested() {
         .collect();
     assert_eq!(skipped.len(), 1, "{}", worker.stderr());
     assert_eq!(ledger(&dir).len(), 1);
+}
+
+/// `count` jobs `j0`, `j1`, … due once, at one tick 6 s from now (a daily schedule), each appending its
+/// line to the ledger and then sleeping `sleep_s` seconds; `extra` is added to each job's YAML.
+fn jobs_due_once(dir: &TestDir, count: usize, extra: &str, sleep_s: u32) -> String {
+    let tick = Utc::now() + chrono::Duration::seconds(6);
+    let schedule = format!("{} {} {} * * *", tick.second(), tick.minute(), tick.hour());
+    (0..count)
+        .map(|j| {
+            format!(
+                "  - name: j{j}\n    schedule: \"{schedule}\"\n{extra}    command: 'echo \"$REDCRON_JOB \
+                 $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID\" >> {}; sleep {sleep_s}'\n",
+                dir.ledger().display()
+            )
+        })
+        .collect()
 }
