@@ -313,7 +313,6 @@ impl fmt::Display for Schedule {
     }
 }
 
-/// croner's parser, configured for our forms: seconds optional (5 fields mean second 0), no year field.
 /// The expressions parsed in this process and still in use by a schedule: jobs that share an expression
 /// (a herd of `0 * * * *`) share one parsed `Cron`, ~5 KB each. 1,000 jobs on one expression took 10 MB
 /// of a worker's idle heap, half of it in copies of the same `Cron`.
@@ -338,6 +337,7 @@ fn keep_parsed(expanded: &str, cron: Cron) -> Arc<Cron> {
     cron
 }
 
+/// croner's parser, configured for our forms: seconds optional (5 fields mean second 0), no year field.
 fn parser() -> CronParser {
     CronParser::builder()
         .seconds(Seconds::Optional)

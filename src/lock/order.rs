@@ -8,10 +8,11 @@
 //! nodes' time for the claimant's whole batch ([`NODE_TIME_PER_CLAIM`] per claim and round): in a herd the
 //! first claimant's two rounds of thousands of claims take seconds, and backups that came 50 ms in
 //! contended with claims on their way — one of three workers won none of a 10,000-job herd, its claims
-//! overtaken by the backups of the others, and every backup cost the nodes a round. The order changes from job to
-//! job and from tick to tick, so runs spread evenly over the workers. Views of the membership may differ
-//! for a while (a worker joining or dying): two workers may then both rank first and contend, which the
-//! protocol settles as it always did. No guarantee depends on the order; it only makes contention rare.
+//! overtaken by the backups of the others, and every backup cost the nodes a round. The order changes
+//! from job to job and from tick to tick, so runs spread evenly over the workers. Views of the membership
+//! may differ for a while (a worker joining or dying): two workers may then both rank first and contend,
+//! which the protocol settles as it always did. No guarantee depends on the order; it only makes
+//! contention rare.
 //!
 //! Without a view yet (the first heartbeat has not been read back), a worker waits a stable fraction of
 //! one spread. The worker cuts the spread to the claim's window divided by the places, so that every

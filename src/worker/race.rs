@@ -5,10 +5,11 @@
 //! travel in one batch (one pipelined round trip per node and round), and each outcome is acted on as
 //! soon as it is decided ([`crate::store::Store::claim_each`]), so one job's split vote never holds back
 //! another job's start. Each keeps its claimant across retries, so a retry continues the claim instead of
-//! competing with it. What a worker learns about a claim it did not run (lost to another claimant, skipped for overlap or a pause, given up at the end of its
-//! window) goes to the history, and a scheduled tick given up is checked for a miss. A trigger or a retry
-//! that finds the job busy (`overlap: skip`) waits for it, retrying every [`BUSY_RETRY`] until its window
-//! ends, since it asks for a run *besides* the schedule's.
+//! competing with it. What a worker learns about a claim it did not run (lost to another claimant,
+//! skipped for overlap or a pause, given up at the end of its window) goes to the history, and a
+//! scheduled tick given up is checked for a miss. A trigger or a retry that finds the job busy (`overlap:
+//! skip`) waits for it, retrying every [`BUSY_RETRY`] until its window ends, since it asks for a run
+//! *besides* the schedule's.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -287,9 +287,9 @@ enum Waited {
 }
 
 /// Waits for a child slot (a herd may fill every slot) until `until`, the end of the claim's window, or
-/// until shutdown is requested, renewing the lease meanwhile. A renewal that is due is made first: in a herd, thousands of won ticks
-/// queue behind each other's spawns on the runtime's threads, and one that comes to start late must not
-/// find its lease too near its deadline to start.
+/// until shutdown is requested, renewing the lease meanwhile. A renewal that is due is made first: in a
+/// herd, thousands of won ticks queue behind each other's spawns on the runtime's threads, and one that
+/// comes to start late must not find its lease too near its deadline to start.
 async fn take_slot(context: &Context, renewer: &mut Renewer<'_>, until: DateTime<Utc>) -> Waited {
     if renewer.is_due() && renewer.next().await == Renewal::Lost {
         return Waited::Lost;
