@@ -122,9 +122,13 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
         })
         .collect();
     while let Some(ready_at) = pending.iter().map(|p| p.retry_at).min() {
-        tokio::select! {
-            _ = tokio::time::sleep_until(ready_at) => {}
-            _ = context.shutdown.graceful() => {}
+        // Only sleep for a later claim: a timer, even an expired one, waits for the next millisecond tick,
+        // and a worker's own claims of a tick are due at once (half a millisecond of every tick to start).
+        if ready_at > tokio::time::Instant::now() {
+            tokio::select! {
+                _ = tokio::time::sleep_until(ready_at) => {}
+                _ = context.shutdown.graceful() => {}
+            }
         }
         if context.shutdown.is_requested() {
             for p in &pending {
