@@ -2,7 +2,7 @@
 //!
 //! The race and the runs hand their entries to [`Recorder::note`], which never waits: the entry goes into a
 //! bounded queue, and one task writes what has queued up in one call to [`crate::store::Store::record`]
-//! (one pipeline per node, however many entries). A job's start therefore never waits for history, and a
+//! (one pipeline per node, however many entries), [`GATHER`] after the first entry of a batch arrived. A job's start therefore never waits for history, and a
 //! slow or failed write costs history, never a run. A write that a majority did not take is kept and
 //! tried again (1 s, doubling up to 30 s) until it is taken; only beyond 10,000 waiting entries, or at
 //! shutdown, are entries dropped, and that is logged. At shutdown the queue is written out before the worker exits.
@@ -21,6 +21,10 @@ use crate::history::Entry;
 const QUEUE: usize = 10_000;
 /// The most entries written in one call.
 const BATCH: usize = 1_000;
+/// How long the writer lets entries gather after the first one arrives before it writes. The entries of a
+/// tick's runs then go to the nodes after the tick's other jobs have started, not among their claims, and
+/// a run that ends within it has its start and its end written once, as its end.
+const GATHER: Duration = Duration::from_millis(20);
 /// The first wait before a write that a majority did not take is tried again; it doubles up to
 /// [`RETRY_MAX`].
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -93,6 +97,12 @@ pub(crate) fn start(context: Arc<Context>) -> Option<tokio::task::JoinHandle<()>
                     }
                     return;
                 }
+            }
+            // A close meanwhile is not missed: `Notify` keeps its permit for the next turn of the loop.
+            tokio::time::sleep(GATHER).await;
+            while batch.len() < BATCH {
+                let Ok(entry) = queue.try_recv() else { break };
+                batch.push(entry);
             }
             unwritten.extend(batch);
             if write(&context, &mut unwritten).await {
