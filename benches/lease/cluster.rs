@@ -3,7 +3,10 @@
 //! Each load runs twice. The **main phase** (workers connected straight to the nodes) gives tick-to-start,
 //! tick-to-won, exactly-once, CPU and RSS. The **counted phase** (each worker behind its own counting
 //! proxies, see [`super::proxy`]) gives Redis round trips and commands per worker per tick; it is kept
-//! apart because parsing every byte in the benchmark process would slow the workers it measures.
+//! apart because parsing every byte in the benchmark process would slow the workers it measures. Item 3's
+//! loads then run a **plain loop** (`Setup::plain_loop`): the same jobs started at the same kind of ticks
+//! by the benchmark itself, with no lock and nothing else running, the floor that tick to start is
+//! compared with.
 //!
 //! A job is one `(job, tick)` line in a ledger file, written by the job itself as its first act:
 //! `$REDCRON_JOB $REDCRON_TICK $REDCRON_WORKER_ID <wall-clock ns>`. Tick to start is that time minus the
@@ -12,7 +15,10 @@
 use std::fs;
 use std::io;
 use std::path::Path;
-use std::time::Duration;
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redcron::schedule::Tick;
 
 use super::nodes::{Nodes, Store};
 use super::proxy::Proxy;
@@ -38,6 +44,10 @@ pub struct Load {
     pub missing: usize,
     pub tick_to_start: Samples,
     pub tick_to_won: Samples,
+    /// Tick to start of a plain loop in the benchmark's process that starts the same jobs at the same
+    /// kind of ticks, one after the other, with nothing else running: no lock, no nodes' work, no
+    /// workers. What this machine allows any scheduler (item 3's loads only).
+    pub plain_loop: Samples,
     /// Runs in the window per worker id, sorted by id: how evenly the work spreads.
     pub runs_per_worker: Vec<(String, usize)>,
     /// Redis commands and Redis CPU seconds per run in the window, all nodes, from the nodes' own counters.
@@ -147,13 +157,15 @@ pub fn run(
     for (phase, (jobs, durations)) in loads.into_iter().enumerate() {
         if smoke {
             // One short counted phase gives every figure; they mean nothing, they only show it runs.
-            results.loads.push(setup.phase(
+            let mut load = setup.phase(
                 &format!("s{phase}"),
                 jobs,
                 durations.main,
                 true,
                 durations.shell,
-            )?);
+            )?;
+            load.plain_loop = setup.plain_loop(&format!("l{phase}"), jobs, 1, durations.shell)?;
+            results.loads.push(load);
             continue;
         }
         let main = (durations.main, false, durations.shell);
@@ -169,6 +181,9 @@ pub fn run(
         load.release_round_trips = counted.release_round_trips;
         load.round_trips = counted.round_trips;
         load.commands = counted.commands;
+        if jobs <= 10 {
+            load.plain_loop = setup.plain_loop(&format!("l{phase}"), jobs, main.0, main.2)?;
+        }
         results.loads.push(load);
     }
     if sections.contains(&3) || sections.contains(&4) {
@@ -232,14 +247,7 @@ impl Setup<'_> {
                 Some(proxies) => proxies.iter().map(Proxy::url).collect(),
                 None => self.nodes.urls(),
             };
-            let shell_prefix = ["/bin/sh", "-c", "exec \"$@\"", "sh"];
-            let command: Vec<String> = shell_prefix
-                .iter()
-                .filter(|_| shell)
-                .map(|s| s.to_string())
-                .chain(self.probe.iter().cloned())
-                .chain([ledger.display().to_string()])
-                .collect();
+            let command = self.job_command(&ledger, shell);
             let config = self.dir.join(format!("{tag}-w{w}.yaml"));
             fs::write(
                 &config,
@@ -330,6 +338,75 @@ impl Setup<'_> {
         Ok(load)
     }
 
+    /// The job of every run: the probe writing to `ledger`, or (`shell`) a `/bin/sh -c` that execs it.
+    fn job_command(&self, ledger: &Path, shell: bool) -> Vec<String> {
+        let shell_prefix = ["/bin/sh", "-c", "exec \"$@\"", "sh"];
+        shell_prefix
+            .iter()
+            .filter(|_| shell)
+            .map(|s| s.to_string())
+            .chain(self.probe.iter().cloned())
+            .chain([ledger.display().to_string()])
+            .collect()
+    }
+
+    /// The floor of tick to start: for `seconds` ticks one second apart, this process starts `jobs` runs
+    /// of the same job at each tick, one after the other, as a plain cron loop on one host would (no
+    /// lock, no nodes' work, no workers), and reaps them after the last start. Returns each run's tick to
+    /// start, read from the job's own ledger like the workers'.
+    fn plain_loop(
+        &self,
+        tag: &str,
+        jobs: usize,
+        seconds: u64,
+        shell: bool,
+    ) -> Result<Samples, String> {
+        let ledger = self.dir.join(format!("{tag}.ledger"));
+        let command = self.job_command(&ledger, shell);
+        let (program, args) = command.split_first().ok_or("an empty command")?;
+        let first = (now_ms() / 1000 + self.lead) * 1000;
+        let last = first + (seconds as i64 - 1) * 1000;
+        for tick in (first..=last).step_by(1000) {
+            let at = UNIX_EPOCH + Duration::from_millis(tick as u64);
+            let stamp = Tick(tick).to_string();
+            // Precise to the microsecond, unlike `sleep_until_ms`: the loop must not start late.
+            if let Ok(wait) = at.duration_since(SystemTime::now()) {
+                std::thread::sleep(wait);
+            }
+            let mut started = Vec::with_capacity(jobs);
+            for job in 0..jobs {
+                let child = std::process::Command::new(program)
+                    .args(args)
+                    .env("REDCRON_JOB", format!("job-{job}"))
+                    .env("REDCRON_TICK", &stamp)
+                    .env("REDCRON_WORKER_ID", "plain-loop")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .map_err(|e| format!("cannot run {program}: {e}"))?;
+                started.push(child);
+            }
+            for mut child in started {
+                let _ = child.wait();
+            }
+        }
+        let mut load = Load {
+            jobs,
+            ticks: seconds as usize,
+            ..Load::default()
+        };
+        read_ledger(&ledger, first, last, &mut load)?;
+        if load.once != jobs * seconds as usize {
+            return Err(format!(
+                "the plain loop's ledger has {} of {} runs",
+                load.once,
+                jobs * seconds as usize
+            ));
+        }
+        Ok(load.tick_to_start)
+    }
+
     /// RSS of 3 workers with `jobs` jobs loaded that fire once a year.
     fn idle(&self, jobs: usize, settle_secs: u64) -> Result<Vec<u64>, String> {
         let mut workers = Vec::new();
@@ -369,6 +446,7 @@ fn load_table(loads: &[Load]) -> String {
         "tick→won p99 ms",
         "tick→start p50 ms",
         "tick→start p99 ms",
+        "plain loop tick→start p50 / p99 ms",
         "claim round trips /worker/tick",
         "release round trips /worker/tick",
         "all round trips /worker/tick",
@@ -415,6 +493,15 @@ fn load_table(loads: &[Load]) -> String {
             ms(load.tick_to_won.p99()),
             ms(load.tick_to_start.p50()),
             ms(load.tick_to_start.p99()),
+            if load.plain_loop.is_empty() {
+                "–".to_string()
+            } else {
+                format!(
+                    "{} / {}",
+                    ms(load.plain_loop.p50()),
+                    ms(load.plain_loop.p99())
+                )
+            },
             load.claim_round_trips
                 .map_or("–".to_string(), |r| format!("{r:.1}")),
             load.release_round_trips
@@ -444,6 +531,8 @@ fn load_table(loads: &[Load]) -> String {
         "\n## 3–4. Tick to start and scale: 3 workers, 5 nodes, every job fires every second\n\n\
          tick→won: scheduled instant to the worker's `tick.won` log event (the claim); tick→start: to the \
          job's own first instruction (claim + process spawn; `sh -c`: a shell that execs the probe). \
+         Plain loop: the benchmark's process starts the same jobs at the same kind of ticks one after the \
+         other, with no lock, no nodes' work and no workers running: the floor of tick→start on this machine. \
          Missed: ticks of the window that never ran. Round trips and commands /worker/tick: all 5 nodes, mean \
          of the 3 workers, from counting proxies in a separate run of the same load; a claim round trip is \
          an `ACQUIRE` or `CONFIRM` pipeline, a release round trip one of releases or undos. Redis commands \
@@ -488,11 +577,28 @@ impl Results {
             if let Some(l) = l {
                 let p99 = l.tick_to_start.p99();
                 let job = if l.shell { " (sh -c job)" } else { "" };
+                let floor = l.plain_loop.p99();
+                let against = match (p99, floor) {
+                    (Some(p99), Some(floor)) if !floor.is_zero() => format!(
+                        " ({:.2}× a plain loop's {} ms)",
+                        p99.as_secs_f64() / floor.as_secs_f64(),
+                        ms(Some(floor))
+                    ),
+                    _ => String::new(),
+                };
                 verdicts.push(Verdict::new(
                     format!("tick→start p99 ≤ {limit} ms at {} jobs/s{job}", l.jobs),
-                    format!("{} ms", ms(p99)),
+                    format!("{} ms{against}", ms(p99)),
                     p99.map(|p| p.as_secs_f64() * 1e3 <= limit),
                 ));
+                if let Some(floor) = floor {
+                    // Whether the target can be met here at all: the same starts with no scheduler.
+                    verdicts.push(Verdict::new(
+                        format!("a plain loop with no lock starts the same {} jobs{job} within {limit} ms (p99)", l.jobs),
+                        format!("{} ms", ms(Some(floor))),
+                        Some(floor.as_secs_f64() * 1e3 <= limit),
+                    ));
+                }
             }
         }
         for l in &self.loads {
