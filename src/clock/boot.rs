@@ -6,13 +6,11 @@
 //! keys expired on the nodes long ago and could start a job on it. `CLOCK_BOOTTIME` is the same clock
 //! plus the time spent suspended, so a deadline measured on it has passed when it should.
 //!
-//! [`sleep_until`] waits on a `timerfd` armed on `CLOCK_BOOTTIME`, which fires as soon as the host
-//! resumes past the deadline — a tokio timer would fire only after the monotonic clock caught up.
+//! [`sleep_until`] waits on a `timerfd` armed on `CLOCK_BOOTTIME` (one for the whole process, see
+//! [`super::alarm`]), which fires as soon as the host resumes past the deadline — a tokio timer would fire
+//! only after the monotonic clock caught up.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
-
-use tokio::io::unix::AsyncFd;
 
 /// A point on `CLOCK_BOOTTIME`: the time since boot, suspend included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -91,26 +89,15 @@ impl std::ops::Add<Duration> for BootInstant {
 
 /// Waits until `deadline` on `CLOCK_BOOTTIME`; returns at once if it has passed. Cancel-safe.
 ///
-/// Falls back to tokio timers (re-checking the boot clock at least once a second) if a timerfd cannot
-/// be made, so a deadline is never missed by more than a second after a resume even then.
+/// Waits on the process's one timerfd ([`super::alarm`]). Falls back to tokio timers (re-checking the boot
+/// clock at least once a second) if that cannot be made, so a deadline is never missed by more than a
+/// second after a resume even then.
 pub async fn sleep_until(deadline: BootInstant) {
     if deadline <= BootInstant::now() {
         return;
     }
-    if let Ok(timer) = arm(deadline.remaining()) {
-        // Readable once the timer expired; an error here (none is expected) falls back below.
-        if let Ok(mut guard) = timer.readable().await {
-            let mut expirations = [0u8; 8];
-            // SAFETY: reads at most 8 bytes into a buffer of 8 from a timerfd we own.
-            unsafe {
-                libc::read(
-                    timer.get_ref().as_raw_fd(),
-                    expirations.as_mut_ptr().cast(),
-                    expirations.len(),
-                )
-            };
-            guard.clear_ready();
-        }
+    if let Some(alarm) = super::alarm::shared() {
+        return alarm.sleep_until(deadline).await;
     }
     loop {
         let left = deadline.remaining();
@@ -119,46 +106,6 @@ pub async fn sleep_until(deadline: BootInstant) {
         }
         tokio::time::sleep(left.min(Duration::from_secs(1))).await;
     }
-}
-
-/// A non-blocking timerfd on `CLOCK_BOOTTIME` that fires `after` from now.
-///
-/// Armed with a *relative* value (still counted on `CLOCK_BOOTTIME`, suspend included), not an absolute
-/// deadline: libfaketime — which operators and our own chaos test use to skew a worker's wall clock —
-/// shifts every absolute timer by the skew whatever its clock, so a worker set 2 s behind woke its lease
-/// watchdog 2 s late and let a job outlive its lease. A relative value is left alone, and differs from the
-/// absolute one only by the instant between reading the clock and arming the timer.
-fn arm(after: Duration) -> std::io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: plain syscall; the returned descriptor is checked and then owned by `OwnedFd`.
-    let fd = unsafe {
-        libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC)
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // An all-zero it_value disarms a timer: wait at least a nanosecond.
-    let at = after.max(Duration::from_nanos(1));
-    let spec = libc::itimerspec {
-        it_interval: libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        },
-        it_value: libc::timespec {
-            tv_sec: libc::time_t::try_from(at.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: at.subsec_nanos() as libc::c_long,
-        },
-    };
-    // SAFETY: `spec` is a valid itimerspec, the old value is not asked for.
-    let set = unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-    if set < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is open and owned by the `OwnedFd` that the `AsyncFd` takes, so it stays the same open
-    // descriptor until the `AsyncFd` is dropped.
-    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-        .map_err(|error| error.into_parts().1)
 }
 
 #[cfg(test)]

@@ -2,5 +2,6 @@
 //! ticks are scheduled on, corrected by this host's measured offset to the Redis nodes' clocks
 //! ([`cluster`]).
 
+mod alarm;
 pub mod boot;
 pub mod cluster;

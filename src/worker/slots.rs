@@ -1,12 +1,14 @@
 //! How many job processes this worker may have running at once, so that a herd of won ticks waits for
 //! file descriptors instead of failing to start.
 //!
-//! Each running child holds [`FDS_PER_CHILD`] descriptors of this process (its stdout and stderr pipes and
-//! the pidfd the runtime reaps it with). A herd of 10,000 jobs due at one instant, all won here, needs
-//! 30,000 of them: with the common soft limit of 1,024 — or even 20,000 — the spawns past the limit
-//! failed with `Too many open files` and their ticks, claimed and never run, were lost (3,700 of 10,000
-//! in the herd benchmark). So the worker raises its soft limit to the hard one at start, and a won run
-//! waits for a slot before it spawns; a slot frees when a run's child has exited and its output is read.
+//! Each running child holds [`FDS_PER_CHILD`] descriptors of this process (its stdout and stderr pipes
+//! and the pidfd the runtime reaps it with); its watchdog's timers, and those of runs still waiting for a
+//! slot, share the process's one timerfd ([`crate::clock::alarm`]). A herd of 10,000 jobs due at one
+//! instant, all won here, needs 30,000 of them: with the common soft limit of 1,024 — or even 20,000 —
+//! the spawns past the limit failed with `Too many open files` and their ticks, claimed and never run,
+//! were lost (3,700 of 10,000 in the herd benchmark). So the worker raises its soft limit to the hard
+//! one at start, and a won run waits for a slot before it spawns; a slot frees when a run's child has
+//! exited and its output is read.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,14 +10,16 @@ use chrono::{DateTime, Timelike as _, Utc};
 use crate::support::{RedisCluster, TestDir, Worker};
 use crate::worker::{config, ledger, tick_time};
 
-/// 150 jobs due at one tick, each running for a second, on a worker whose hard limit is 400 open files
-/// (room for 48 children beside the 256 it keeps): every tick runs exactly once, none fails to start, and
-/// never more than 48 run at once. Without the slots, 450 descriptors were needed and about a third of the
-/// runs failed to start.
+/// 400 jobs due at one tick, each running for a second, on a worker whose hard limit is 1,000 open files
+/// (room for 248 children beside the 256 it keeps): every tick runs exactly once, none fails to start, and
+/// never more than 248 run at once. Without the slots, 1,200 descriptors were needed and runs failed to
+/// start; with a timerfd per watchdog timer (two per running child, one per run waiting
+/// for a slot), the slots' 3 descriptors per child were 5, and runs failed again.
 #[test]
 fn a_herd_past_the_open_files_limit_waits_for_slots_and_every_tick_runs() {
-    const JOBS: usize = 150;
-    const SLOTS: usize = (400 - 256) / 3;
+    const JOBS: usize = 400;
+    const LIMIT: u64 = 1_000;
+    const SLOTS: usize = (LIMIT as usize - 256) / 3;
     let dir = TestDir::new();
     // A daily schedule whose only tick comes once the worker has started.
     let tick = Utc::now() + chrono::Duration::seconds(6);
@@ -31,12 +33,12 @@ fn a_herd_past_the_open_files_limit_waits_for_slots_and_every_tick_runs() {
         ));
     }
     let worker = Worker::builder(dir.write_config(&yaml))
-        .open_files_limit(400)
+        .open_files_limit(LIMIT)
         .spawn();
     let started = worker
         .wait_for_event("worker.started", Duration::from_secs(20))
         .unwrap_or_else(|| panic!("the worker did not start: {}", worker.stderr()));
-    assert_eq!(started["fd_limit"], 400, "{started}");
+    assert_eq!(started["fd_limit"], LIMIT, "{started}");
     assert_eq!(started["max_children"], SLOTS, "{started}");
 
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
