@@ -74,6 +74,9 @@ pub(crate) struct Context {
     pub(crate) shutdown_grace: Duration,
     /// The variables the store's settings use (its password): kept from jobs ([`env`]).
     pub(crate) store_env_vars: BTreeSet<String>,
+    /// This process's environment, read once at start (nothing here changes it): what a job may inherit
+    /// ([`env`]), without reading and copying the whole environment again for every run.
+    pub(crate) worker_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     /// Jobs with `overlap: skip` that this worker is running, with how many runs of each are under way
     /// (more than one only while a run whose lease was lost is still being stopped).
     busy: Mutex<HashMap<String, usize>>,
@@ -139,6 +142,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         shutdown: shutdown.clone(),
         shutdown_grace: config.worker.shutdown_grace,
         store_env_vars: config.store_env_vars.clone(),
+        worker_env: std::env::vars_os().collect(),
         busy: Mutex::new(HashMap::new()),
         definitions_seen: Mutex::new(HashSet::new()),
         recorder: Recorder::new(),
@@ -306,9 +310,11 @@ impl Context {
         }
     }
 
-    /// The enabled jobs of the config in force.
-    fn jobs(&self) -> Vec<JobConfig> {
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    /// The enabled job `name` of the config in force, if there is one. One job is cloned, not the whole
+    /// list: the trigger poller asks every second, and a worker may run thousands of jobs.
+    fn job(&self, name: &str) -> Option<JobConfig> {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.iter().find(|job| job.name == name).cloned()
     }
 
     /// Replaces the enabled jobs after a reload.

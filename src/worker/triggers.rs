@@ -70,13 +70,12 @@ fn due(
     raced: &mut HashMap<String, DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Vec<Due> {
-    let jobs = context.jobs();
     let mut batch = Vec::new();
     for request in requests {
         if request.not_after <= now || raced.contains_key(&request.id) {
             continue;
         }
-        let Some(job) = jobs.iter().find(|job| job.name == request.job) else {
+        let Some(job) = context.job(&request.job) else {
             continue;
         };
         info!(event = "trigger.received", job = %job.name, trigger = %request.id, tick = %request.tick(),
@@ -84,7 +83,7 @@ fn due(
               "A trigger request for this job: claiming it");
         raced.insert(request.id.clone(), request.not_after);
         batch.push(Due {
-            job: job.clone(),
+            job,
             tick: request.tick(),
             series: Series::Trigger(request.id),
             until: request.not_after,
