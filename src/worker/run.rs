@@ -198,7 +198,7 @@ async fn start(
     let spec = ChildSpec {
         command: job.command.clone(),
         env: job_environment(
-            std::env::vars_os(),
+            context.worker_env.iter().cloned(),
             &job.inherit_env,
             &context.store_env_vars,
             &job.env,
