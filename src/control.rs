@@ -116,7 +116,8 @@ pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// (its command truncated to a valid prefix) as a changed job. Stops with the shutdown.
 pub fn watch_file(handle: ControlHandle, path: PathBuf) {
     tokio::spawn(async move {
-        let mut applied = fingerprint(&path).await;
+        let mut seen = Seen::default();
+        let mut applied = seen.fingerprint(&path).await;
         // A version that differs from the applied one, seen at the previous look: reloaded if it is
         // still there at the next.
         let mut candidate = None;
@@ -126,7 +127,7 @@ pub fn watch_file(handle: ControlHandle, path: PathBuf) {
                 () = handle.shutdown.graceful() => return,
             }
             // A file that cannot be read is being replaced: wait for its next readable version.
-            let Some(now) = fingerprint(&path).await else {
+            let Some(now) = seen.fingerprint(&path).await else {
                 candidate = None;
                 continue;
             };
@@ -143,9 +144,53 @@ pub fn watch_file(handle: ControlHandle, path: PathBuf) {
     });
 }
 
-/// What identifies the file's current version: a hash of its contents (`None` while it cannot be read, as
-/// in the middle of a replacement).
-async fn fingerprint(path: &std::path::Path) -> Option<u64> {
-    let bytes = tokio::fs::read(path).await.ok()?;
-    Some(crate::config::fnv1a(&bytes))
+/// The file as last read: its metadata and the hash of its contents, if it had not been modified for a
+/// second when it was read (a younger file is read again at every look, as git treats a "racily clean"
+/// file: a write in the same tick of the filesystem's clock as the last one leaves the same times).
+#[derive(Default)]
+struct Seen {
+    last: Option<(FileStamp, u64)>,
+}
+
+/// What changes whenever a file's contents may have: which file (device, inode: a replacement or a
+/// symlink swap), its size, and its modification and change times. The change time cannot be set by a
+/// user, so even a write that puts the modification time back is seen.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Seen {
+    /// What identifies the file's current version: a hash of its contents (`None` while it cannot be read,
+    /// as in the middle of a replacement). The contents are read again only when the file's
+    /// [`FileStamp`] changed: a config of thousands of jobs is a megabyte to read and hash every second.
+    async fn fingerprint(&mut self, path: &std::path::Path) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = tokio::fs::metadata(path).await.ok()?;
+        let stamp = FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        };
+        match self.last {
+            Some((last, hash)) if last == stamp => Some(hash),
+            _ => {
+                let bytes = tokio::fs::read(path).await.ok()?;
+                let hash = crate::config::fnv1a(&bytes);
+                let settled = meta
+                    .modified()
+                    .ok()
+                    .and_then(|modified| modified.elapsed().ok())
+                    .is_some_and(|age| age > Duration::from_secs(1));
+                self.last = settled.then_some((stamp, hash));
+                Some(hash)
+            }
+        }
+    }
 }
