@@ -144,12 +144,15 @@ pub fn watch_file(handle: ControlHandle, path: PathBuf) {
     });
 }
 
-/// The file as last read: its metadata and the hash of its contents, if it had not been modified for a
-/// second when it was read (a younger file is read again at every look, as git treats a "racily clean"
-/// file: a write in the same tick of the filesystem's clock as the last one leaves the same times).
+/// The file as last read: its metadata and the hash of its contents, and whether that metadata is
+/// trusted to stand for the contents. It is once two reads a look apart (a whole [`WATCH_EVERY`]) found
+/// the same metadata and the same contents: a file rewritten within one tick of the filesystem's clock
+/// (as git's "racily clean" files) can keep its times, and no clock is asked whether the file is old enough
+/// (the worker's may be skewed, a file server's differ, an mtime be set back).
 #[derive(Default)]
 struct Seen {
     last: Option<(FileStamp, u64)>,
+    trusted: bool,
 }
 
 /// What changes whenever a file's contents may have: which file (device, inode: a replacement or a
@@ -166,7 +169,7 @@ struct FileStamp {
 
 impl Seen {
     /// What identifies the file's current version: a hash of its contents (`None` while it cannot be read,
-    /// as in the middle of a replacement). The contents are read again only when the file's
+    /// as in the middle of a replacement). Once trusted, the contents are read again only when the file's
     /// [`FileStamp`] changed: a config of thousands of jobs is a megabyte to read and hash every second.
     async fn fingerprint(&mut self, path: &std::path::Path) -> Option<u64> {
         use std::os::unix::fs::MetadataExt as _;
@@ -179,16 +182,12 @@ impl Seen {
             ctime: (meta.ctime(), meta.ctime_nsec()),
         };
         match self.last {
-            Some((last, hash)) if last == stamp => Some(hash),
+            Some((last, hash)) if self.trusted && last == stamp => Some(hash),
             _ => {
                 let bytes = tokio::fs::read(path).await.ok()?;
                 let hash = crate::config::fnv1a(&bytes);
-                let settled = meta
-                    .modified()
-                    .ok()
-                    .and_then(|modified| modified.elapsed().ok())
-                    .is_some_and(|age| age > Duration::from_secs(1));
-                self.last = settled.then_some((stamp, hash));
+                self.trusted = self.last == Some((stamp, hash));
+                self.last = Some((stamp, hash));
                 Some(hash)
             }
         }

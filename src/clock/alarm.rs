@@ -5,7 +5,9 @@
 //! worker (its watchdog's next renewal and its stop deadline) beside the three its child holds, and each
 //! run waiting for a child slot one: the slots, sized for three per child, let a herd run the worker out of
 //! descriptors, and every wait paid four system calls. So one thread owns one timerfd, armed for the
-//! earliest deadline of all the waits, and wakes every wait whose deadline has passed when it fires.
+//! earliest deadline of all the waits, and wakes every wait whose deadline has passed when it fires. It
+//! also looks at least once a second, so that even a timer that could not be armed (never seen) delays a
+//! wait by a second at most, as the fallback of [`super::boot::sleep_until`] would.
 //!
 //! The timer is armed with a *relative* value (still counted on `CLOCK_BOOTTIME`, suspend included), not
 //! an absolute deadline: libfaketime — which operators and our own chaos test use to skew a worker's wall
@@ -16,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
@@ -38,26 +41,27 @@ struct State {
     armed: Option<BootInstant>,
 }
 
-/// The process's alarm, started on first use; `None` if no timerfd or thread could be made (then the
-/// waits fall back to tokio timers, see [`super::boot::sleep_until`]).
-pub(crate) fn shared() -> Option<&'static Alarm> {
-    static ALARM: OnceLock<Option<Alarm>> = OnceLock::new();
-    let alarm = ALARM.get_or_init(|| Alarm::new().ok()).as_ref()?;
-    static RINGER: OnceLock<bool> = OnceLock::new();
-    let ringing = *RINGER.get_or_init(|| {
+/// The process's alarm, started on first use; the error if no timerfd or thread could be made (then
+/// the waits fall back to tokio timers, see [`super::boot::sleep_until`]).
+pub(crate) fn shared() -> Result<&'static Alarm, &'static std::io::Error> {
+    static ALARM: OnceLock<std::io::Result<Alarm>> = OnceLock::new();
+    static RINGER: OnceLock<std::io::Result<()>> = OnceLock::new();
+    let alarm = ALARM.get_or_init(Alarm::new).as_ref()?;
+    let ringer = RINGER.get_or_init(|| {
         std::thread::Builder::new()
             .name("redcron-alarm".to_string())
             .spawn(move || alarm.ring())
-            .is_ok()
+            .map(drop)
     });
-    ringing.then_some(alarm)
+    ringer.as_ref().map(|()| alarm)
 }
 
 impl Alarm {
     fn new() -> std::io::Result<Alarm> {
-        // A blocking timerfd: the alarm's thread sleeps in `read` until it fires.
         // SAFETY: plain syscall; the returned descriptor is checked and then owned by `OwnedFd`.
-        let fd = unsafe { libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC)
+        };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -78,26 +82,28 @@ impl Alarm {
         }
     }
 
-    /// The alarm's thread: waits for the timer, then wakes the waits that are due and arms the timer
-    /// for the next one. Runs as long as the process.
+    /// The alarm's thread: waits for the timer (a second at most), then wakes the waits that are due and
+    /// arms the timer for the next one. Runs as long as the process.
     fn ring(&self) {
         loop {
+            let mut ready = libc::pollfd {
+                fd: self.timer.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd that we own, for the timerfd this alarm owns. Whatever it returns
+            // (fired, a second passed, EINTR), the waits are looked at next.
+            unsafe { libc::poll(&mut ready, 1, 1_000) };
             let mut expirations = [0u8; 8];
-            // SAFETY: reads at most 8 bytes into a buffer of 8 from the timerfd this alarm owns.
-            let read = unsafe {
+            // SAFETY: reads at most 8 bytes into a buffer of 8 from the non-blocking timerfd this alarm
+            // owns; it only clears the expiration count (EAGAIN if the timer had not fired).
+            unsafe {
                 libc::read(
                     self.timer.as_raw_fd(),
                     expirations.as_mut_ptr().cast(),
                     expirations.len(),
                 )
             };
-            if read < 0 {
-                // EINTR, or (never expected) another error: look at the waits anyway, a moment later
-                // in the second case, so that an error cannot spin.
-                if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
             let due = {
                 let mut state = self.lock();
                 let now = BootInstant::now();
@@ -109,7 +115,10 @@ impl Alarm {
                 }
                 due
             };
-            due.into_values().for_each(Waker::wake);
+            for waker in due.into_values() {
+                // A waker of another executor that panicked must not stop every other wait's alarm.
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| waker.wake()));
+            }
         }
     }
 
@@ -146,10 +155,13 @@ impl Alarm {
                 tv_nsec: after.subsec_nanos() as libc::c_long,
             },
         };
-        // SAFETY: `spec` is a valid itimerspec, the old value is not asked for, the fd is ours. It cannot
-        // fail on a valid timerfd and value; if it did, the wait would end at its next poll instead.
-        unsafe { libc::timerfd_settime(self.timer.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-        state.armed = Some(deadline);
+        // SAFETY: `spec` is a valid itimerspec, the old value is not asked for, the fd is ours.
+        let set = unsafe {
+            libc::timerfd_settime(self.timer.as_raw_fd(), 0, &spec, std::ptr::null_mut())
+        };
+        // It cannot fail on a valid timerfd and value. If it did, the next registration tries again, and
+        // the thread's look once a second serves the wait meanwhile.
+        state.armed = (set == 0).then_some(deadline);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

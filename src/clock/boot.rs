@@ -87,6 +87,13 @@ impl std::ops::Add<Duration> for BootInstant {
     }
 }
 
+/// Starts the process's alarm (one timerfd and its thread, [`super::alarm`]) now rather than at the first
+/// wait, which may come in the middle of a herd; the error if it cannot be made, and waits then check the
+/// boot clock once a second.
+pub fn start_alarm() -> Result<(), &'static std::io::Error> {
+    super::alarm::shared().map(drop)
+}
+
 /// Waits until `deadline` on `CLOCK_BOOTTIME`; returns at once if it has passed. Cancel-safe.
 ///
 /// Waits on the process's one timerfd ([`super::alarm`]). Falls back to tokio timers (re-checking the boot
@@ -96,7 +103,7 @@ pub async fn sleep_until(deadline: BootInstant) {
     if deadline <= BootInstant::now() {
         return;
     }
-    if let Some(alarm) = super::alarm::shared() {
+    if let Ok(alarm) = super::alarm::shared() {
         return alarm.sleep_until(deadline).await;
     }
     loop {

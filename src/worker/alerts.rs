@@ -169,7 +169,7 @@ async fn run_hook(
     let spec = ChildSpec {
         command: hook,
         env: job_environment(
-            std::env::vars_os(),
+            &context.worker_env,
             &job.inherit_env,
             &context.store_env_vars,
             &job.env,

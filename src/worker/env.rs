@@ -16,7 +16,7 @@ use crate::config::InheritEnv;
 /// the part of `worker_env` that `inherit` selects, less `store_env_vars`; then the job's `job_env`;
 /// then `redcron` (the `REDCRON_*` variables of the run). Sorted by name, each name once.
 pub(crate) fn job_environment(
-    worker_env: impl IntoIterator<Item = (OsString, OsString)>,
+    worker_env: &[(OsString, OsString)],
     inherit: &InheritEnv,
     store_env_vars: &BTreeSet<String>,
     job_env: &BTreeMap<String, String>,
@@ -32,8 +32,9 @@ pub(crate) fn job_environment(
         chosen && !store
     };
     let mut env: BTreeMap<OsString, OsString> = worker_env
-        .into_iter()
+        .iter()
         .filter(|(name, _)| inherits(name))
+        .cloned()
         .collect();
     let own = job_env.iter().chain(redcron.iter().map(|(k, v)| (k, v)));
     env.extend(own.map(|(name, value)| (OsString::from(name), OsString::from(value))));
@@ -71,7 +72,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        job_environment(worker(), inherit, &store(), &job, &redcron())
+        job_environment(&worker(), inherit, &store(), &job, &redcron())
             .into_iter()
             .map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy()))
             .collect()
@@ -135,9 +136,9 @@ mod tests {
         let odd = OsString::from_vec(vec![b'X', 0xff]);
         let worker = vec![(odd.clone(), OsString::from("v"))];
         let none = BTreeMap::new();
-        let all = job_environment(worker.clone(), &InheritEnv::All, &store(), &none, &[]);
+        let all = job_environment(&worker, &InheritEnv::All, &store(), &none, &[]);
         assert_eq!(all, [(odd, OsString::from("v"))]);
         let only = InheritEnv::Only(BTreeSet::from(["X".to_string()]));
-        assert!(job_environment(worker, &only, &store(), &none, &[]).is_empty());
+        assert!(job_environment(&worker, &only, &store(), &none, &[]).is_empty());
     }
 }

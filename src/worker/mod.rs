@@ -118,6 +118,14 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
              Workers on this host may share it; configure Redis nodes or an etcd cluster to run workers on several hosts."
         );
     }
+    if let Err(error) = crate::clock::boot::start_alarm() {
+        warn!(
+            event = "clock.alarm_unavailable",
+            error = %error,
+            "Cannot make the boot-clock timer (a timerfd and its thread): lease deadlines are checked once a \
+             second instead, so a job may outlive its lease by up to a second after a suspend"
+        );
+    }
     let listener = http::bind(config.worker.listen).await?;
     let nodes = store.describe();
     let jobs = enabled_jobs(&config);

@@ -198,7 +198,7 @@ async fn start(
     let spec = ChildSpec {
         command: job.command.clone(),
         env: job_environment(
-            context.worker_env.iter().cloned(),
+            &context.worker_env,
             &job.inherit_env,
             &context.store_env_vars,
             &job.env,

@@ -21,8 +21,9 @@ fn a_herd_past_the_open_files_limit_waits_for_slots_and_every_tick_runs() {
     const LIMIT: u64 = 1_000;
     const SLOTS: usize = (LIMIT as usize - 256) / 3;
     let dir = TestDir::new();
-    // A daily schedule whose only tick comes once the worker has started.
-    let tick = Utc::now() + chrono::Duration::seconds(6);
+    // A daily schedule whose only tick comes once the worker has started (10 s: room for a slow start on a
+    // loaded machine).
+    let tick = Utc::now() + chrono::Duration::seconds(10);
     let schedule = format!("{} {} {} * * *", tick.second(), tick.minute(), tick.hour());
     let mut yaml = String::from("worker:\n  id: w\njobs:\n");
     for j in 0..JOBS {
