@@ -221,9 +221,14 @@ mod tests {
                 order.lock().expect("not poisoned").push(ms);
             });
         }
-        while let Some(done) = waits.join_next().await {
-            done.expect("a wait ended without panicking");
-        }
+        // A broken alarm fails the test instead of hanging it.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(done) = waits.join_next().await {
+                done.expect("a wait ended without panicking");
+            }
+        })
+        .await
+        .expect("every wait ended within 30 s");
         assert_eq!(*order.lock().expect("not poisoned"), vec![100, 200, 300]);
     }
 

@@ -1,11 +1,13 @@
 //! The history writer: entries go to the store in the background, in batches, never on a claim's path.
 //!
-//! The race and the runs hand their entries to [`Recorder::note`], which never waits: the entry goes into a
-//! bounded queue, and one task writes what has queued up in one call to [`crate::store::Store::record`]
-//! (one pipeline per node, however many entries), [`GATHER`] after the first entry of a batch arrived. A job's start therefore never waits for history, and a
-//! slow or failed write costs history, never a run. A write that a majority did not take is kept and
-//! tried again (1 s, doubling up to 30 s) until it is taken; only beyond 10,000 waiting entries, or at
-//! shutdown, are entries dropped, and that is logged. At shutdown the queue is written out before the worker exits.
+//! The race and the runs hand their entries to [`Recorder::note`], which never waits: the entry goes
+//! into a bounded queue, and one task writes what has queued up in one call to
+//! [`crate::store::Store::record`] (one pipeline per node, however many entries), [`GATHER`] after the
+//! first entry of a batch arrived. A job's start therefore never waits for history, and a slow or
+//! failed write costs history, never a run. A write that a majority did not take is kept and tried
+//! again (1 s, doubling up to 30 s) until it is taken; only beyond 10,000 waiting entries, or at
+//! shutdown, are entries dropped, and that is logged. At shutdown the queue is written out before the
+//! worker exits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
