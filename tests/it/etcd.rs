@@ -226,3 +226,62 @@ async fn claims_work_over_tls_with_a_client_certificate_and_a_password() {
         other => panic!("a wrong password must not claim: {other:?}"),
     }
 }
+
+/// A keep-alive answered by a leader that was hung past an election renews nothing: resumed, the old
+/// leader still believes it leads and may answer the keep-alive queued while it was hung (TTL restarted
+/// in its own memory) before it hears of the new leader, whose timer for the lease never restarted. The
+/// holder's deadline must never outlive etcd's lease: no contender is granted the job while the holder
+/// still believes in its lease. Three rounds, as the old leader answers first in about one of three
+/// (found by the etcd chaos run of seed 5151: a job ran to its end after its lease had expired, with no
+/// `lease.expiring`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_answered_by_a_deposed_leader_renews_nothing() {
+    let mut cluster = EtcdCluster::start();
+    for round in 0..3 {
+        let job = format!("deposed-{round}");
+        let leader = cluster.leader();
+        // The holder knows the leader alone, so its renewal waits in the hung member's socket.
+        let holder = store_on(&format!("etcd|{}", cluster.endpoint(leader)), settings());
+        let others: Vec<String> = (0..cluster.len())
+            .filter(|&i| i != leader)
+            .map(|i| cluster.endpoint(i))
+            .collect();
+        let contender = store_on(&format!("etcd|{}", others.join(",")), settings());
+        let mut lease = won(claim_until_final(&holder, &request("holder", &job, 1_000)).await);
+        cluster.stop(leader);
+        let elected = Instant::now() + SETTLE;
+        while cluster.current_leader().is_none() {
+            assert!(Instant::now() < elected, "no new leader within {SETTLE:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The lease ages on the new leader, which promoted it with a full TTL when it was elected.
+        tokio::time::sleep(Duration::from_millis(2_000)).await;
+        assert!(
+            lease.is_valid(),
+            "round {round}: the test came too late to renew"
+        );
+        let (renewed, ()) = tokio::join!(holder.renew(&mut lease), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            cluster.cont(leader);
+        });
+        // Whatever the renewal said, the job is taken over only once the holder's lease has ended.
+        let giving_up = Instant::now() + SETTLE;
+        loop {
+            let outcome = contender.claim(&request("contender", &job, 2_000)).await;
+            if let ClaimOutcome::Won(_) = outcome {
+                assert!(
+                    !lease.is_valid(),
+                    "round {round}: a contender was granted the job while the holder's lease had \
+                     {:?} left (the renewal answered {renewed:?})",
+                    lease.remaining()
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < giving_up,
+                "round {round}: the contender was never granted the job: {outcome:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -4,18 +4,38 @@
 //! A renewal is one keep-alive: the leader restarts the etcd lease's TTL and answers with it, or answers
 //! TTL 0 once the lease expired or was revoked — then the key is gone, and the lease is lost for good, as
 //! etcd decided. The worker's deadline moves to `renew start + ttl − drift` only if the answer came
-//! before the old deadline: the leader restarted the TTL after the renewal started, so the deadline
-//! ends before etcd's expiry (under the bounded drift rate), as on Redis. A release revokes the etcd
-//! lease, which deletes exactly the keys bound to it: this attempt's lease key, never another holder's.
-//! The claim record stays.
+//! before the old deadline and the leader that restarted the TTL was the cluster's leader when it did:
+//! then the TTL restarted after the renewal started, so the deadline ends before etcd's expiry (under the
+//! bounded drift rate), as on Redis. A release revokes the etcd lease, which deletes exactly the keys
+//! bound to it: this attempt's lease key, never another holder's. The claim record stays.
+//!
+//! **Why a keep-alive alone proves nothing.** Keep-alives do not go through raft: the member that leads
+//! (or the one a follower forwards to) restarts the TTL in its own memory. A leader that was hung
+//! (SIGSTOP, a long GC or fsync stall) past an election timeout still believes it leads when it resumes,
+//! and answers the keep-alives queued while it was hung — TTL restarted — before it hears of the new
+//! leader, whose own timer for the lease never restarted (seen on Debian's etcd 3.4.23: an answer
+//! "TTL 3" from the resumed old leader, and the lease expired on the new one 2 s later; later etcd
+//! releases check their leadership before renewing, see etcd issue 15247). Believing that answer let a job outlive its
+//! lease by up to the time the old leader was hung (the etcd chaos run of seed 5151). So a renewal is
+//! three requests to one member ([`EtcdStore::keep_alive_on_leader`]): a read of the lease key, the
+//! keep-alive, and a linearizable read of the lease key; it counts only if both reads report the same
+//! raft term. Terms in answers only grow on a member, so the member was in that term when the keep-alive
+//! reached it, and the TTL was restarted by that term's leader (the member itself, or the one it
+//! forwarded to); the linearizable read was confirmed, after the keep-alive, by a leader of that term or
+//! an earlier one, so no leader of a later term existed yet: every later leader promotes the lease with a
+//! full TTL from its election on. The second read also finds the lease key still bound to the etcd lease
+//! (or the lease not held). A renewal across a change of leader is unconfirmed, and retried.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use etcd_client::GetOptions;
+
 use super::cluster::Cluster;
 use super::EtcdStore;
 use crate::clock::boot::BootInstant;
+use crate::lock::keys::claim_keys;
 use crate::lock::{validity, Lease, RenewError};
 
 impl EtcdStore {
@@ -33,7 +53,15 @@ impl EtcdStore {
             .deadline()
             .saturating_duration_since(start)
             .min(self.settings.node_timeout);
-        let answer = self.keep_alive(id, budget).await;
+        let key = claim_keys(
+            &self.settings.key_prefix,
+            &lease.job,
+            lease.tick,
+            lease.overlap,
+            &lease.series,
+        )[0]
+        .clone();
+        let answer = self.keep_alive_on_leader(id, &key, budget).await;
         let expired = BootInstant::now() >= lease.deadline();
         match (answer, expired) {
             (Ok(false), _) => {
@@ -52,6 +80,59 @@ impl EtcdStore {
                 Ok(())
             }
             (Err(why), false) => Err(RenewError::Unconfirmed(self.failure(why))),
+        }
+    }
+
+    /// One keep-alive of etcd lease `id`, bound to `key`, believed only if the cluster's leader restarted
+    /// its TTL (see the module's doc): a serializable read of `key`, the keep-alive and a linearizable read
+    /// of `key`, all on one member, within `limit`. `Ok(true)`: renewed by the leader; `Ok(false)`: the
+    /// lease is gone (etcd answered TTL 0, or `key` is no longer bound to it); `Err`: unconfirmed.
+    async fn keep_alive_on_leader(
+        &self,
+        id: i64,
+        key: &str,
+        limit: Duration,
+    ) -> Result<bool, String> {
+        let answer = self
+            .cluster
+            .call(limit, |mut client| async move {
+                let local = Some(GetOptions::new().with_serializable().with_keys_only());
+                let before = client.get(key, local).await?;
+                match client.lease_keep_alive(id).await {
+                    Ok(_) => {}
+                    Err(etcd_client::Error::LeaseKeepAliveError(why))
+                        if why == "lease not found" =>
+                    {
+                        return Ok(Renewed::Gone)
+                    }
+                    Err(other) => return Err(other),
+                }
+                let after = client
+                    .get(key, Some(GetOptions::new().with_keys_only()))
+                    .await?;
+                let term =
+                    |answer: &etcd_client::GetResponse| answer.header().map(|h| h.raft_term());
+                let (was, is) = (term(&before), term(&after));
+                if was.is_none() || was != is {
+                    return Ok(Renewed::LeaderChanged { was, is });
+                }
+                let bound = after.kvs().first().is_some_and(|kv| kv.lease() == id);
+                Ok(if bound {
+                    Renewed::ByLeader
+                } else {
+                    Renewed::Gone
+                })
+            })
+            .await?;
+        match answer {
+            Renewed::ByLeader => Ok(true),
+            Renewed::Gone => Ok(false),
+            Renewed::LeaderChanged { was, is } => Err(format!(
+                "the leader changed during the renewal (raft term {} then {}): the keep-alive may have \
+                 been answered by a deposed leader",
+                was.map_or("unknown".to_string(), |t| t.to_string()),
+                is.map_or("unknown".to_string(), |t| t.to_string()),
+            )),
         }
     }
 
@@ -101,6 +182,16 @@ impl EtcdStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// What one confirmed keep-alive found.
+enum Renewed {
+    /// The leader of the term the member was in restarted the TTL, and the key is still bound to the lease.
+    ByLeader,
+    /// etcd answered TTL 0, or the key is gone or bound to another lease: the lease is not held.
+    Gone,
+    /// The member's raft term changed between the reads: whoever restarted the TTL may have been deposed.
+    LeaderChanged { was: Option<u64>, is: Option<u64> },
 }
 
 /// The set of released values; a panic while holding it leaves it whole (every use is one call on it).
