@@ -6,8 +6,18 @@
 //! every worker talks to, so their clocks are the shared reference: a worker asks each node for `TIME`,
 //! estimates its offset to each ([`Sample::offset_us`], corrected for the round trip as NTP does), and
 //! takes the median over at least a majority of the configured nodes ([`estimate`]). A [`ClusterClock`]
-//! then tells *cluster time*: this host's wall clock plus that offset, the same instant on every worker
-//! to within the measurement's error, whatever the hosts' own clocks say.
+//! then tells *cluster time*: the nodes' time as last measured (this host's wall clock plus that offset,
+//! at the measurement), carried forward on the boot clock — the same instant on every worker to within the
+//! measurement's error, whatever the hosts' own clocks say, and whatever they do between measurements.
+//!
+//! Carried forward on the boot clock, not re-read from the wall clock: a wall clock that steps (an
+//! operator's `date -s`, NTP stepping a clock it found far off, a VM resumed with a stale clock) would
+//! otherwise move cluster time by the step until the next measurement, and a worker stepped 3 s ahead
+//! raced the next ticks 3 s early (claiming a later tick first makes the earlier ones unclaimable for
+//! every worker) and passed over the ticks in between (the Redis chaos run of seed 4242). The boot clock
+//! never steps; it is slewed at the same rate as the wall clock, so over a measurement interval the two
+//! part by parts per million. The next measurement takes the stepped wall clock into account: it
+//! measures the offset anew, and cluster time goes on where the nodes' clocks say.
 //!
 //! The median cannot be moved outside the range of the correct nodes' clocks by wrong ones as long as
 //! they are fewer than half of the samples: with every node answering, by any minority of the nodes.
@@ -16,12 +26,12 @@
 //!
 //! Only *when* a worker wakes for a tick depends on this; safety never does (`docs/protocol.md`).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::boot::BootInstant;
 use crate::lock::quorum::quorum;
 
 /// The latest `TIME` a node may answer and be believed: 9999-12-31T23:59:59Z, in seconds.
@@ -147,9 +157,10 @@ pub fn node_time_us(seconds: &str, micros: &str) -> Result<i64, String> {
     Ok(seconds * 1_000_000 + micros)
 }
 
-/// Cluster time: this host's wall clock plus the measured offset. Cheap to clone; clones share the offset.
+/// Cluster time: the nodes' time as last measured, carried forward on the boot clock (see the module's
+/// doc). Cheap to clone; clones share the measurement.
 ///
-/// Starts as this host's own clock (offset 0, not measured): the embedded store has no other clock, and a
+/// Starts as this host's own wall clock (not measured): the embedded store has no other clock, and a
 /// worker that cannot reach the nodes schedules on its own clock until it can.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterClock {
@@ -158,44 +169,93 @@ pub struct ClusterClock {
 
 #[derive(Debug, Default)]
 struct State {
-    offset_us: AtomicI64,
-    measured: AtomicBool,
-    /// Woken when the offset moves, so that a sleep until a tick can be recomputed.
+    /// The latest measurement: cluster time at a point of the boot clock.
+    anchor: Mutex<Option<Anchor>>,
+    /// Woken when cluster time moves (a measurement that disagrees with the one before), so that a sleep
+    /// until a tick can be recomputed.
     moved: tokio::sync::Notify,
 }
 
+/// Cluster time `cluster_us` (µs since the epoch) read at `boot` on the boot clock.
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    cluster_us: i64,
+    boot: BootInstant,
+}
+
+impl Anchor {
+    /// Cluster time at `boot`, µs since the epoch.
+    fn at(&self, boot: BootInstant) -> i64 {
+        let since = i64::try_from(boot.saturating_duration_since(self.boot).as_micros());
+        self.cluster_us.saturating_add(since.unwrap_or(i64::MAX))
+    }
+}
+
+/// A new measurement moves cluster time (wakes [`ClusterClock::moved`]) only if it disagrees with the
+/// previous one by more than this: each measurement differs from the last by its error, microseconds.
+const MOVED_US: i64 = 1_000;
+
 impl ClusterClock {
-    /// This host's own clock: offset 0, not measured.
+    /// This host's own clock: not measured.
     pub fn local() -> ClusterClock {
         ClusterClock::default()
     }
 
     /// Now in cluster time.
     pub fn now(&self) -> DateTime<Utc> {
-        Utc::now() + self.offset()
+        match self.anchor() {
+            Some(anchor) => {
+                let us = anchor.at(BootInstant::now());
+                DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MAX_UTC)
+            }
+            None => Utc::now(),
+        }
     }
 
-    /// Cluster time minus this host's wall clock (zero until measured).
+    /// Cluster time minus this host's wall clock now (zero until measured; after a step of the wall
+    /// clock, the step until the next measurement).
     pub fn offset(&self) -> chrono::Duration {
-        chrono::Duration::microseconds(self.state.offset_us.load(Ordering::Relaxed))
+        match self.anchor() {
+            Some(anchor) => {
+                let wall = wall_now_us();
+                chrono::Duration::microseconds(anchor.at(BootInstant::now()).saturating_sub(wall))
+            }
+            None => chrono::Duration::zero(),
+        }
     }
 
-    /// Whether the offset in use came from a measurement (the latest, or an earlier one kept while the
-    /// nodes cannot be measured).
+    /// Whether cluster time came from a measurement (the latest, or an earlier one carried forward while
+    /// the nodes cannot be measured).
     pub fn is_measured(&self) -> bool {
-        self.state.measured.load(Ordering::Relaxed)
+        self.anchor().is_some()
     }
 
-    /// Uses `estimate` from now on, and wakes [`ClusterClock::moved`] if the offset changed.
+    /// Uses `estimate` (an offset to this host's wall clock, measured just now) from now on, and wakes
+    /// [`ClusterClock::moved`] if cluster time moved by it.
     pub fn set(&self, estimate: &Estimate) {
-        let before = self
-            .state
-            .offset_us
-            .swap(estimate.offset_us, Ordering::Relaxed);
-        self.state.measured.store(true, Ordering::Relaxed);
-        if before != estimate.offset_us {
+        let boot = BootInstant::now();
+        let anchor = Anchor {
+            cluster_us: wall_now_us().saturating_add(estimate.offset_us),
+            boot,
+        };
+        let before = self.lock().replace(anchor);
+        let moved =
+            before.is_none_or(|before| (before.at(boot) - anchor.cluster_us).abs() > MOVED_US);
+        if moved {
             self.state.moved.notify_waiters();
         }
+    }
+
+    fn anchor(&self) -> Option<Anchor> {
+        *self.lock()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Anchor>> {
+        // Every use is one read or one write of a `Copy` value: a panic elsewhere leaves it whole.
+        self.state
+            .anchor
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Resolves when the offset next changes: a sleep until an instant of cluster time, computed with the

@@ -143,11 +143,6 @@ impl Agenda {
                 // other worker raced it), `overlap: skip` only the latest, as cron does after a missed run.
                 let (stale, fresh): (Vec<Tick>, Vec<Tick>) =
                     due.into_iter().partition(|t| now - t.to_utc() > grace);
-                if let Some(last) = stale.last() {
-                    warn!(event = "tick.skipped", job = %job.name, tick = %last, reason = "misfire",
-                          count = stale.len() as u64, late_ms = (now - last.to_utc()).num_milliseconds(),
-                          "Skipped: the tick is older than the job's misfire grace");
-                }
                 let mut passed: Vec<(Tick, Passed)> =
                     stale.iter().map(|t| (*t, Passed::Misfire)).collect();
                 match (job.overlap, fresh.split_last()) {
@@ -156,16 +151,13 @@ impl Agenda {
                         taken.race.extend(fresh.iter().map(|t| (index, *t)))
                     }
                     (Overlap::Skip, Some((latest, older))) => {
-                        if let Some(first) = older.first() {
-                            warn!(event = "tick.skipped", job = %job.name, tick = %first, reason = "superseded",
-                                  count = older.len() as u64, latest = %latest,
-                                  "Skipped older ticks: the worker was late; racing only the latest");
-                        }
                         passed.extend(older.iter().map(|t| (*t, Passed::Superseded)));
                         taken.race.push((index, *latest));
                     }
                 }
+                let latest = fresh.last().copied();
                 let skip = passed.len().saturating_sub(PASSED_PER_JOB);
+                log_passed(job, &passed, skip, latest, now);
                 taken.passed.extend(
                     passed
                         .into_iter()
@@ -178,6 +170,44 @@ impl Agenda {
             }
         }
         taken
+    }
+}
+
+/// Logs every passed-over tick of `job` with its reason, one event each (a tick passed over without a
+/// word is the failure operators fear most), except the `skip` oldest, which one event sums up (a worker
+/// paused for an hour does not log 3,600 lines per job).
+fn log_passed(
+    job: &JobConfig,
+    passed: &[(Tick, Passed)],
+    skip: usize,
+    latest: Option<Tick>,
+    now: chrono::DateTime<Utc>,
+) {
+    let name = &job.name;
+    for why in [Passed::Misfire, Passed::Superseded] {
+        let older: Vec<Tick> = (passed[..skip].iter())
+            .filter(|(_, w)| *w == why)
+            .map(|(tick, _)| *tick)
+            .collect();
+        if let (Some(first), Some(last)) = (older.first(), older.last()) {
+            warn!(event = "tick.skipped", job = %name, tick = %first, reason = why.as_str(),
+                  count = older.len() as u64, through = %last,
+                  "Skipped this many ticks, the oldest passed over at once (the newest are logged one by one)");
+        }
+    }
+    for (tick, why) in &passed[skip..] {
+        let late_ms = (now - tick.to_utc()).num_milliseconds();
+        match why {
+            Passed::Misfire => {
+                warn!(event = "tick.skipped", job = %name, tick = %tick, reason = "misfire", count = 1u64, late_ms,
+                      "Skipped: the tick is older than the job's misfire grace")
+            }
+            Passed::Superseded => {
+                warn!(event = "tick.skipped", job = %name, tick = %tick, reason = "superseded", count = 1u64,
+                      latest = %latest.map_or(String::new(), |t| t.to_string()), late_ms,
+                      "Skipped: the worker came late to this tick and a later one is due too; racing only the latest (overlap: skip)")
+            }
+        }
     }
 }
 

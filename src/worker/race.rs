@@ -63,6 +63,8 @@ struct Pending {
     retry_at: tokio::time::Instant,
     /// The next wait after a `NoQuorum` (doubles up to [`NO_QUORUM_BACKOFF_MAX`]).
     backoff: Duration,
+    /// What its latest claim came to, once it was claimed (and must be claimed again).
+    last: Option<ClaimOutcome>,
 }
 
 impl Pending {
@@ -118,6 +120,7 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
                 job: due.job,
                 until: due.until,
                 backoff: NO_QUORUM_BACKOFF,
+                last: None,
             }
         })
         .collect();
@@ -145,6 +148,20 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
         let (ready, waiting): (Vec<Pending>, Vec<Pending>) =
             pending.into_iter().partition(|p| p.retry_at <= now);
         pending = waiting;
+        // A retry waits for the batch before it to be decided (a stall of the nodes holds every claim of
+        // it), so it may come to be sent after its window: given up then, as its wait would have been.
+        let cluster_now = context.clock.now();
+        let (ready, ended): (Vec<Pending>, Vec<Pending>) = ready
+            .into_iter()
+            .partition(|p| p.last.is_none() || cluster_now < p.until);
+        for p in ended {
+            if let Some(last) = &p.last {
+                p.span().in_scope(|| give_up(&context, &p, last));
+            }
+        }
+        if ready.is_empty() {
+            continue;
+        }
         let requests: Vec<ClaimRequest> = ready.iter().map(|p| p.request.clone()).collect();
         let mut ready: Vec<Option<Pending>> = ready.into_iter().map(Some).collect();
         let claimed_at = std::time::Instant::now();
@@ -202,6 +219,7 @@ fn act_on(
     }
     p.span().in_scope(|| retrying(&p, &outcome, wait));
     p.retry_at = tokio::time::Instant::now() + wait;
+    p.last = Some(outcome);
     Some(p)
 }
 

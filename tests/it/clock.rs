@@ -255,3 +255,70 @@ fn a_worker_whose_clock_is_behind_renews_its_lease_on_time() {
         .collect();
     assert!(lease_trouble.is_empty(), "{lease_trouble:?}");
 }
+
+/// A step of a worker's wall clock between two measurements of its offset moves no tick: cluster time
+/// goes on from the last measurement on the boot clock. Stepped 3 s ahead and, 6 s later, 3 s behind
+/// (libfaketime's file, re-read every second) while it measures only once a minute, the worker still
+/// starts every tick's run once, within a second after the tick in true time — never early, none
+/// passed over. (The Redis chaos run of seed 4242: a worker stepped ahead raced the next ticks early and
+/// passed over those in between.)
+#[test]
+fn a_step_of_the_wall_clock_moves_no_tick() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let clock_file = dir.write("clock", "+0\n");
+    let path = dir.write(
+        "stepped.yaml",
+        config(
+            &cluster,
+            "  id: stepped\n  clock_check_every: 60s\n",
+            &timed_job(&dir),
+        ),
+    );
+    let library = crate::support::libfaketime()
+        .expect("libfaketime.so.1 (package faketime) is needed to step the clock");
+    let worker = Worker::builder(path)
+        .env("LD_PRELOAD", &library.display().to_string())
+        .env("FAKETIME_TIMESTAMP_FILE", &clock_file.display().to_string())
+        .env("FAKETIME_CACHE_DURATION", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .spawn();
+    assert_offset(&worker, 0);
+    worker
+        .wait_for_event("run.finished", Duration::from_secs(15))
+        .expect("the job runs");
+    let from = chrono::Utc::now() + chrono::Duration::seconds(1);
+    std::fs::write(&clock_file, "+3\n").expect("step the clock ahead");
+    std::thread::sleep(Duration::from_secs(6));
+    std::fs::write(&clock_file, "-3\n").expect("step the clock behind");
+    std::thread::sleep(Duration::from_secs(6));
+    let to = chrono::Utc::now() - chrono::Duration::seconds(2);
+    let runs = started(&dir);
+    let mut tick = from.timestamp() * 1_000 + 1_000;
+    while tick <= to.timestamp_millis() {
+        let tick_text = chrono::DateTime::from_timestamp_millis(tick)
+            .expect("a tick of today")
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let of_tick: Vec<i64> = (runs.iter())
+            .filter(|(_, t, _)| tick_time(t).timestamp_millis() == tick)
+            .map(|(_, _, ns)| *ns)
+            .collect();
+        assert_eq!(
+            of_tick.len(),
+            1,
+            "tick {tick_text} ran {} times",
+            of_tick.len()
+        );
+        let late_ms = (of_tick[0] - tick * 1_000_000) / 1_000_000;
+        assert!(
+            (-EARLY_MS..1_000).contains(&late_ms),
+            "the run of {tick_text} started {late_ms} ms after its tick (true time)"
+        );
+        tick += 1_000;
+    }
+    assert!(
+        worker.events("tick.skipped").is_empty(),
+        "ticks passed over: {:?}",
+        worker.events("tick.skipped")
+    );
+}

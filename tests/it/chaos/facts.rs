@@ -121,9 +121,9 @@ pub struct Facts {
     pub lives: Vec<Life>,
     /// Per worker: `(from, offset)` steps of its wall clock, in time order.
     pub offsets: Vec<Vec<(i64, i64)>>,
-    /// Per worker: `(from, offset_ms)` of its measured offset to the nodes' clocks (`clock.offset`; 0
-    /// from each `worker.started` until the process measured), in time order.
-    pub measured: Vec<Vec<(i64, i64)>>,
+    /// Per worker: `(from, offset_ms)` of its measured offset to the nodes' clocks (`clock.offset`;
+    /// `None` from each `worker.started` until the process measured), in time order.
+    pub measured: Vec<Vec<(i64, Option<i64>)>>,
     /// Per worker: `(at, size)` of each change of its measured offset by more than
     /// [`CORRECTION_STEP_MS`] within one process: a step of its cluster time.
     pub corrections: Vec<Vec<(i64, i64)>>,
@@ -268,11 +268,10 @@ impl Facts {
         for log in logs {
             facts.read_log(log);
         }
-        for list in facts
-            .measured
-            .iter_mut()
-            .chain(facts.corrections.iter_mut())
-        {
+        for list in &mut facts.measured {
+            list.sort_by_key(|&(at, _)| at);
+        }
+        for list in &mut facts.corrections {
             list.sort_by_key(|&(at, _)| at);
         }
         facts
@@ -287,14 +286,14 @@ impl Facts {
             let name = event["event"].as_str().unwrap_or_default();
             if name == "worker.started" && instance < self.lives.len() {
                 self.lives[instance].ready = self.lives[instance].ready.min(*at);
-                self.measured[log.worker].push((*at, 0));
+                self.measured[log.worker].push((*at, None));
             }
             if name == "clock.offset" {
                 let Some(offset) = event["offset_ms"].as_i64() else {
                     self.malformed.push(format!("instance {instance}: {event}"));
                     continue;
                 };
-                self.measured[log.worker].push((*at, offset));
+                self.measured[log.worker].push((*at, Some(offset)));
                 let change = last_measured.map_or(0, |last| (offset - last).abs());
                 if change > CORRECTION_STEP_MS {
                     self.corrections[log.worker].push((*at, change));
@@ -396,16 +395,20 @@ impl Facts {
             .map_or(0, |&(_, o)| o)
     }
 
-    /// How far worker `w`'s cluster time is ahead of real time at real time `t`: its wall clock's
-    /// offset plus the offset it measured to the nodes' clocks (within the 50 ms by which a measurement
-    /// may change before it is logged again).
+    /// How far worker `w`'s cluster time is ahead of real time at real time `t`: until its process
+    /// measured, its wall clock's offset; after, its wall clock's offset *at the latest measurement* plus
+    /// the offset it measured then (within the 50 ms by which a measurement may change before it is
+    /// logged again) — cluster time goes on from a measurement on the boot clock, so a step of the wall
+    /// clock since moves nothing (`clock::cluster`).
     pub fn skew_at(&self, worker: usize, t: i64) -> i64 {
-        let measured = self.measured[worker]
+        let latest = self.measured[worker]
             .iter()
             .take_while(|(from, _)| *from <= t)
-            .last()
-            .map_or(0, |&(_, o)| o);
-        self.offset_at(worker, t) + measured
+            .last();
+        match latest {
+            Some(&(at, Some(offset))) => self.offset_at(worker, at) + offset,
+            _ => self.offset_at(worker, t),
+        }
     }
 
     /// The real time at which worker `w`'s cluster time reads `tick`: when it races that tick.
@@ -631,8 +634,9 @@ mod tests {
         assert!(!facts.straddles_step(3, 10_000) && !facts.straddles_step(3, 30_000));
     }
 
-    /// A worker that measured its offset races on the nodes' time; a step of its clock moves its races
-    /// until the measurement that corrects it, and that correction is a step too.
+    /// A worker that measured its offset races on the nodes' time; a step of its wall clock moves none of
+    /// its races (cluster time goes on from the measurement on the boot clock), and the measurement after
+    /// it is logged as a correction.
     #[test]
     fn race_times_follow_measured_offsets() {
         let mut timeline = Timeline::default();
@@ -660,7 +664,11 @@ mod tests {
         let facts = Facts::gather(&timeline, &[log], crate::chaos::plan::NODES);
         assert_eq!(facts.skew_at(1, 500), 2_000, "before it measured");
         assert_eq!(facts.race_time(1, 10_000), 10_000);
-        assert_eq!(facts.skew_at(1, 31_000), 2_000, "stepped, not yet measured");
+        assert_eq!(
+            facts.skew_at(1, 31_000),
+            0,
+            "stepped, not yet measured: cluster time goes on from the measurement"
+        );
         assert_eq!(facts.race_time(1, 40_000), 40_000);
         assert_eq!(facts.corrections[1], vec![(31_500, 2_000)]);
         assert!(facts.near_clock_step(1, 35_000) && !facts.near_clock_step(1, 10_000));
