@@ -6,6 +6,10 @@
 //! heard of the pause — and the workers record its ticks as skipped (`paused`), never as missed. Runs under
 //! way go on. `--for` gives the pause a TTL on each node, so it ends by itself. `resume` deletes it on every
 //! node. Both then read the pause back, so the report says on how many nodes it stands.
+//!
+//! A worker of an earlier release ignores pauses (its claim scripts never read the key), so `pause` first
+//! reads the live workers and refuses, naming them, while one of them does not honour it
+//! ([`super::honoured`]); `--even-if-ignored` pauses anyway and the report names them.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -13,10 +17,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::read::{Notes, Reader};
+use super::honoured::{self, Ignoring};
+use super::read::{Notes, ReadError, Reader};
 use super::render::instant;
-use super::{load_job, operator, render, ConfigArg};
+use super::{load_job, operator, render, say_error, ConfigArg, EXIT_IGNORED};
 use crate::lock::{Pause, PauseRead};
+use crate::membership::Capability;
 
 /// The longest `--for`: a pause meant to last longer is a pause until `resume`.
 const MAX_FOR: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -34,6 +40,11 @@ pub struct PauseArgs {
     /// Why, for `status` and the workers' `tick.skipped` events.
     #[arg(long, value_name = "TEXT", default_value = "")]
     pub reason: String,
+    /// Pause even if a live worker ignores pauses (one of an earlier release, which announces no
+    /// `honours`): it goes on running the job's ticks. Without it, such a worker makes `pause` refuse
+    /// (exit 5), naming it.
+    #[arg(long)]
+    pub even_if_ignored: bool,
     #[command(flatten)]
     pub config: ConfigArg,
     /// Print JSON instead of text.
@@ -67,8 +78,20 @@ pub(super) struct PauseReport {
     pub paused: Option<PauseRead>,
     /// How many nodes the store has.
     pub configured_nodes: usize,
+    /// For `pause --even-if-ignored`: the live workers that ignore the pause (of an earlier release).
+    pub ignored_by: Vec<Ignoring>,
     #[serde(flatten)]
     pub notes: Notes,
+}
+
+/// What the change did.
+enum Changed {
+    /// Paused; `ignored_by` are the live workers that ignore it (only with `--even-if-ignored`).
+    Paused { ignored_by: Vec<Ignoring> },
+    /// Resumed: whether a node held a pause.
+    Resumed { was_paused: bool },
+    /// Nothing written: these live workers would ignore the pause.
+    Refused(Vec<Ignoring>),
 }
 
 /// Carries out `pause`.
@@ -79,24 +102,32 @@ pub(super) fn pause(args: &PauseArgs) -> anyhow::Result<ExitCode> {
         reason: args.reason.clone(),
     };
     change(&args.config, &args.job, args.json, |reader, job| {
+        let ignored_by = honoured::ignoring(reader, Capability::Pause)?;
+        if !ignored_by.is_empty() && !args.even_if_ignored {
+            return Ok(Changed::Refused(ignored_by));
+        }
         reader.pause(job, &pause)?;
-        Ok(None)
+        Ok(Changed::Paused { ignored_by })
     })
 }
 
 /// Carries out `resume`.
 pub(super) fn resume(args: &ResumeArgs) -> anyhow::Result<ExitCode> {
+    // Never refused for a worker that ignores pauses: it ignored the pause too, so it ran the job all
+    // along and goes on doing so; the resume lets every other worker run it again, which is all it says.
     change(&args.config, &args.job, args.json, |reader, job| {
-        reader.resume(job).map(Some)
+        let was_paused = reader.resume(job)?;
+        Ok(Changed::Resumed { was_paused })
     })
 }
 
-/// Loads the config, finds the job, makes the change (`write`), reads the pause back and reports it.
+/// Loads the config, finds the job, makes the change (`write`), reads the pause back and reports it; or
+/// says why nothing was written.
 fn change(
     config: &ConfigArg,
     name: &str,
     json: bool,
-    write: impl FnOnce(&mut Reader, &str) -> Result<Option<bool>, super::read::ReadError>,
+    write: impl FnOnce(&mut Reader, &str) -> Result<Changed, ReadError>,
 ) -> anyhow::Result<ExitCode> {
     let (config, job) = match load_job(config, name) {
         Ok((config, job)) => (config, job.name),
@@ -109,24 +140,34 @@ fn change(
         (None, None) => 1,
     };
     let done = Reader::open(&config).and_then(|mut reader| {
-        let was_paused = write(&mut reader, &job)?;
+        let changed = write(&mut reader, &job)?;
+        if matches!(changed, Changed::Refused(_)) {
+            return Ok((changed, None, reader.notes()));
+        }
         let paused = reader.pauses(std::slice::from_ref(&job))?.pop().flatten();
-        Ok((was_paused, paused, reader.notes()))
+        Ok((changed, paused, reader.notes()))
     });
-    let (was_paused, paused, notes) = match done {
+    let (changed, paused, notes) = match done {
         Ok(done) => done,
         Err(error) => return Ok(super::read_failed(&error)),
     };
+    let (action, was_paused, ignored_by) = match changed {
+        Changed::Paused { ignored_by } => ("paused", None, ignored_by),
+        Changed::Resumed { was_paused } => ("resumed", Some(was_paused), Vec::new()),
+        Changed::Refused(ignoring) => {
+            render::warn_notes(&notes);
+            let effect = format!("it would go on running {job}'s ticks while paused");
+            say_error(&honoured::refusal("pause", &job, &ignoring, &effect));
+            return Ok(ExitCode::from(EXIT_IGNORED));
+        }
+    };
     let report = PauseReport {
-        action: if was_paused.is_some() {
-            "resumed"
-        } else {
-            "paused"
-        },
+        action,
         job,
         was_paused,
         paused,
         configured_nodes,
+        ignored_by,
         notes,
     };
     render::deliver(&report, &report.notes, json, text)
@@ -147,8 +188,16 @@ fn text(report: &PauseReport) -> String {
                 "" => String::new(),
                 reason => format!(": {reason}"),
             };
+            let starts = match report.ignored_by.as_slice() {
+                [] => "no tick of it starts anywhere until then".to_string(),
+                ignoring => format!(
+                    "no tick of it starts until then, except on {}: of an earlier release, it ignores \
+                     pauses and goes on running the job's ticks",
+                    honoured::names(ignoring)
+                ),
+            };
             format!(
-                "paused {} {until} (by {}, on {}){reason}\nno tick of it starts anywhere until then; runs under way go on\n",
+                "paused {} {until} (by {}, on {}){reason}\n{starts}; runs under way go on\n",
                 report.job,
                 read.pause.by,
                 nodes(read)
