@@ -90,7 +90,9 @@ mod tests {
     #[test]
     fn a_refusal_names_every_worker_and_the_way_on() {
         let text = refusal("pause", "j", &[worker("a", "0.0.9")], "it runs j's ticks");
-        assert!(text.contains("live worker a (host h, version 0.0.9) does not honour `redcron pause`"));
+        assert!(
+            text.contains("live worker a (host h, version 0.0.9) does not honour `redcron pause`")
+        );
         assert!(text.contains("redcron pause j --even-if-ignored"));
         let two = [worker("a", "0.0.9"), worker("b", "")];
         assert_eq!(

@@ -7,6 +7,10 @@
 //! way go on. `--for` gives the pause a TTL on each node, so it ends by itself. `resume` deletes it on every
 //! node. Both then read the pause back, so the report says on how many nodes it stands.
 //!
+//! A pause never shortens a pause in force: a shorter `--for` leaves a longer pause (or one without end)
+//! as it is, and says so, unless `--replace`; a pause that had ended when it reached the store (`--for
+//! 1ms`) is not written, and is an error ([`crate::lock::Pause::decide`], atomic in every store).
+//!
 //! A worker of an earlier release ignores pauses (its claim scripts never read the key), so `pause` first
 //! reads the live workers and refuses, naming them, while one of them does not honour it
 //! ([`super::honoured`]); `--even-if-ignored` pauses anyway and the report names them.
@@ -20,8 +24,8 @@ use serde::Serialize;
 use super::honoured::{self, Ignoring};
 use super::read::{Notes, ReadError, Reader};
 use super::render::instant;
-use super::{load_job, operator, render, say_error, ConfigArg, EXIT_IGNORED};
-use crate::lock::{Pause, PauseRead};
+use super::{load_job, operator, render, say_error, ConfigArg, EXIT_IGNORED, EXIT_USAGE};
+use crate::lock::{InForce, Pause, PauseOutcome, PauseRead};
 use crate::membership::Capability;
 
 /// The longest `--for`: a pause meant to last longer is a pause until `resume`.
@@ -34,9 +38,14 @@ pub struct PauseArgs {
     #[arg(value_name = "JOB")]
     pub job: String,
     /// End the pause by itself after this long (90s, 30m, 2h, 1day; at most a year). Default: until
-    /// `redcron resume`.
+    /// `redcron resume`. A pause in force that lasts longer stays as it is (unless --replace); a pause
+    /// that has ended by the time it reaches the store is not written (exit 2).
     #[arg(long = "for", value_name = "DURATION", value_parser = parse_for)]
     pub duration: Option<Duration>,
+    /// Replace a pause in force even if it lasts longer than this one (by default a shorter pause
+    /// leaves it as it is, and says so).
+    #[arg(long)]
+    pub replace: bool,
     /// Why, for `status` and the workers' `tick.skipped` events.
     #[arg(long, value_name = "TEXT", default_value = "")]
     pub reason: String,
@@ -69,8 +78,7 @@ pub struct ResumeArgs {
 #[derive(Debug, Serialize)]
 pub(super) struct PauseReport {
     pub job: String,
-    /// `paused` or `resumed`.
-    pub action: &'static str,
+    pub action: Action,
     /// For `resume`: whether a node held a pause.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub was_paused: Option<bool>,
@@ -84,10 +92,26 @@ pub(super) struct PauseReport {
     pub notes: Notes,
 }
 
+/// What `pause` or `resume` did, as reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Action {
+    /// The pause was written.
+    Paused,
+    /// A pause in force lasts longer than the one asked for, and stays as it was.
+    Kept,
+    /// The pause was deleted.
+    Resumed,
+}
+
 /// What the change did.
 enum Changed {
-    /// Paused; `ignored_by` are the live workers that ignore it (only with `--even-if-ignored`).
-    Paused { ignored_by: Vec<Ignoring> },
+    /// The pause written, kept out by a longer one, or over; `ignored_by` are the live workers that
+    /// ignore it (only with `--even-if-ignored`).
+    Paused {
+        outcome: PauseOutcome,
+        ignored_by: Vec<Ignoring>,
+    },
     /// Resumed: whether a node held a pause.
     Resumed { was_paused: bool },
     /// Nothing written: these live workers would ignore the pause.
@@ -106,8 +130,15 @@ pub(super) fn pause(args: &PauseArgs) -> anyhow::Result<ExitCode> {
         if !ignored_by.is_empty() && !args.even_if_ignored {
             return Ok(Changed::Refused(ignored_by));
         }
-        reader.pause(job, &pause)?;
-        Ok(Changed::Paused { ignored_by })
+        let in_force = match args.replace {
+            true => InForce::Replace,
+            false => InForce::KeepLonger,
+        };
+        let outcome = reader.pause(job, &pause, in_force)?;
+        Ok(Changed::Paused {
+            outcome,
+            ignored_by,
+        })
     })
 }
 
@@ -152,8 +183,23 @@ fn change(
         Err(error) => return Ok(super::read_failed(&error)),
     };
     let (action, was_paused, ignored_by) = match changed {
-        Changed::Paused { ignored_by } => ("paused", None, ignored_by),
-        Changed::Resumed { was_paused } => ("resumed", Some(was_paused), Vec::new()),
+        Changed::Paused {
+            outcome: PauseOutcome::AlreadyOver,
+            ..
+        } => {
+            render::warn_notes(&notes);
+            say_error(&over(&job, paused.as_ref()));
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+        Changed::Paused {
+            outcome: PauseOutcome::LongerKept(_),
+            ignored_by,
+        } => (Action::Kept, None, ignored_by),
+        Changed::Paused {
+            outcome: PauseOutcome::Paused,
+            ignored_by,
+        } => (Action::Paused, None, ignored_by),
+        Changed::Resumed { was_paused } => (Action::Resumed, Some(was_paused), Vec::new()),
         Changed::Refused(ignoring) => {
             render::warn_notes(&notes);
             let effect = format!("it would go on running {job}'s ticks while paused");
@@ -176,47 +222,87 @@ fn change(
 /// The report as a sentence or two.
 fn text(report: &PauseReport) -> String {
     let nodes = |read: &PauseRead| format!("{} of {} nodes", read.nodes, report.configured_nodes);
-    match (&report.paused, report.was_paused) {
-        (Some(read), None) => {
-            let until = read
-                .pause
-                .until
-                .map_or("until `redcron resume`".to_string(), |t| {
-                    format!("until {}", instant(t))
-                });
-            let reason = match read.pause.reason.as_str() {
-                "" => String::new(),
-                reason => format!(": {reason}"),
-            };
-            let starts = match report.ignored_by.as_slice() {
-                [] => "no tick of it starts anywhere until then".to_string(),
-                ignoring => format!(
-                    "no tick of it starts until then, except on {}: of an earlier release, it ignores \
-                     pauses and goes on running the job's ticks",
-                    honoured::names(ignoring)
-                ),
-            };
-            format!(
-                "paused {} {until} (by {}, on {}){reason}\n{starts}; runs under way go on\n",
-                report.job,
-                read.pause.by,
-                nodes(read)
-            )
-        }
-        (Some(read), Some(_)) => format!(
-            "resumed {}, but a pause is still on {}: run `redcron resume {}` again\n",
-            report.job,
+    let job = &report.job;
+    match (report.action, &report.paused, report.was_paused) {
+        (Action::Kept, Some(read), _) => format!(
+            "{job} stays paused {} (by {}, on {}){}: that pause lasts longer than the one asked \
+             for, which does not shorten it (`redcron pause {job} --replace` does)\n{}\n",
+            until_text(&read.pause),
+            read.pause.by,
             nodes(read),
-            report.job
+            reason_text(&read.pause),
+            starts(report),
         ),
-        (None, Some(true)) => format!("resumed {}: its next tick runs\n", report.job),
-        (None, Some(false)) => format!("{} was not paused\n", report.job),
+        (Action::Kept, None, _) => format!(
+            "{job}: a longer pause was in force and was kept, but it is gone already (it ended, or \
+             was resumed)\n"
+        ),
+        (_, Some(read), None) => format!(
+            "paused {job} {} (by {}, on {}){}\n{}\n",
+            until_text(&read.pause),
+            read.pause.by,
+            nodes(read),
+            reason_text(&read.pause),
+            starts(report),
+        ),
+        (_, Some(read), Some(_)) => format!(
+            "resumed {job}, but a pause is still on {}: run `redcron resume {job}` again\n",
+            nodes(read),
+        ),
+        (_, None, Some(true)) => format!("resumed {job}: its next tick runs\n"),
+        (_, None, Some(false)) => format!("{job} was not paused\n"),
         // Written to a majority, then gone: it expired, or a `resume` came in between.
-        (None, None) => format!(
-            "paused {}, but the pause is gone already (it ended, or was resumed)\n",
-            report.job
-        ),
+        (_, None, None) => {
+            format!("paused {job}, but the pause is gone already (it ended, or was resumed)\n")
+        }
     }
+}
+
+/// `until <instant>`, or `until `redcron resume``.
+fn until_text(pause: &Pause) -> String {
+    pause
+        .until
+        .map_or("until `redcron resume`".to_string(), |t| {
+            format!("until {}", instant(t))
+        })
+}
+
+/// `: <reason>`, or nothing.
+fn reason_text(pause: &Pause) -> String {
+    match pause.reason.as_str() {
+        "" => String::new(),
+        reason => format!(": {reason}"),
+    }
+}
+
+/// What the pause in force stops: every tick, or every tick but on the workers that ignore it.
+fn starts(report: &PauseReport) -> String {
+    let starts = match report.ignored_by.as_slice() {
+        [] => "no tick of it starts anywhere until then".to_string(),
+        ignoring => format!(
+            "no tick of it starts until then, except on {}: of an earlier release, it ignores \
+             pauses and goes on running the job's ticks",
+            honoured::names(ignoring)
+        ),
+    };
+    format!("{starts}; runs under way go on")
+}
+
+/// Why a pause that had ended when it reached the store was not written, and what stands instead.
+fn over(job: &str, standing: Option<&PauseRead>) -> String {
+    let standing = match standing {
+        Some(read) => format!(
+            "; the pause in force stays {} (by {})",
+            until_text(&read.pause),
+            read.pause.by
+        ),
+        None => format!("; {job} is not paused"),
+    };
+    format!(
+        "not paused: the pause asked for had ended by the time it reached the store (its --for is \
+         shorter than the command took), so nothing was written{standing}; pause for longer, or use \
+         `redcron resume` to end a pause now"
+    )
 }
 
 /// When a pause of `duration` from `now` ends.

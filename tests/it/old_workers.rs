@@ -35,19 +35,15 @@ fn announce_old_worker(config: &Path) {
 
 /// Waits until `status` shows `worker` alive.
 fn wait_alive(dir: &TestDir, config: &Path, worker: &str) {
-    wait_for(
-        &format!("{worker} alive"),
-        Duration::from_secs(20),
-        || {
-            let (_, stdout, _) = inspect(dir, config, &["status", "--json"]);
-            let status: serde_json::Value = serde_json::from_str(&stdout).ok()?;
-            let workers = status["workers"].as_array()?.clone();
-            workers
-                .iter()
-                .any(|w| w["id"] == worker && w["alive"] == true)
-                .then_some(())
-        },
-    );
+    wait_for(&format!("{worker} alive"), Duration::from_secs(20), || {
+        let (_, stdout, _) = inspect(dir, config, &["status", "--json"]);
+        let status: serde_json::Value = serde_json::from_str(&stdout).ok()?;
+        let workers = status["workers"].as_array()?.clone();
+        workers
+            .iter()
+            .any(|w| w["id"] == worker && w["alive"] == true)
+            .then_some(())
+    });
 }
 
 /// Whether `status` shows `job` paused.
@@ -83,7 +79,10 @@ fn pause_and_trigger_refuse_while_a_worker_ignores_them(dir: &TestDir, config: &
     );
     assert!(stderr.contains("--even-if-ignored"), "{stderr}");
     assert!(!stderr.contains("w0"), "w0 honours pause: {stderr}");
-    assert!(!paused(dir, config, "tick"), "a refused pause writes nothing");
+    assert!(
+        !paused(dir, config, "tick"),
+        "a refused pause writes nothing"
+    );
 
     let (code, stdout, stderr) = inspect(dir, config, &["trigger", "tick", "--timeout", "5s"]);
     assert_eq!(code, 5, "trigger must refuse: {stdout}{stderr}");
@@ -103,7 +102,11 @@ fn pause_and_trigger_refuse_while_a_worker_ignores_them(dir: &TestDir, config: &
         "the report says which worker ignores the pause: {stdout}"
     );
     assert!(paused(dir, config, "tick"));
-    let (code, _, stderr) = inspect(dir, config, &["pause", "tick", "--json", "--even-if-ignored"]);
+    let (code, _, stderr) = inspect(
+        dir,
+        config,
+        &["pause", "tick", "--json", "--even-if-ignored"],
+    );
     assert_eq!(code, 0, "{stderr}");
     let (code, stdout, stderr) = inspect(dir, config, &["resume", "tick"]);
     assert_eq!(code, 0, "resume is never refused: {stdout}{stderr}");
