@@ -41,7 +41,8 @@ use crate::store::redis::node::redact;
 pub const EXIT_OK: u8 = 0;
 /// Exit code: a failure at run time (the worker could not start or stopped on an error).
 pub const EXIT_FAILURE: u8 = 1;
-/// Exit code: the configuration or the command line is wrong; nothing was run.
+/// Exit code: the configuration or the command line is wrong; nothing was run (also `pause` whose `--for`
+/// had run out before the pause reached the store: nothing was written).
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the store could not be reached: fewer than a majority of its nodes answered (`status`,
 /// `history`, `explain`), or took the change (`pause`, `resume`, `trigger`).
@@ -61,7 +62,8 @@ const AFTER_HELP: &str = "\
 Exit codes:
   0    success; for `run`, stopped gracefully after SIGINT/SIGTERM
   1    runtime failure
-  2    bad configuration or usage (every problem is printed as file:line:column: field: message)
+  2    bad configuration or usage (every problem is printed as file:line:column: field: message);
+       pause: its --for ran out before the pause reached the store (nothing was written)
   3    the store could not be reached: no majority of its nodes answered (status, history, explain)
        or took the change (pause, resume: the job may then still run, or stay paused; trigger: the
        request may still run once)
