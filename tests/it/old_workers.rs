@@ -14,7 +14,7 @@ use redcron::store::Store;
 
 use crate::inspect::workers::wait_for;
 use crate::inspect::{inspect, parse};
-use crate::support::{Backend, TestDir, Worker};
+use crate::support::{Backend, TestDir};
 use crate::worker::{ledger_job, start_workers_with};
 
 /// What a worker of a release before pause and trigger announced: no `honours` field.
@@ -136,15 +136,8 @@ fn a_live_worker_of_an_earlier_release_makes_pause_and_trigger_refuse(backend: B
 #[test]
 fn a_live_worker_of_an_earlier_release_makes_pause_and_trigger_refuse_embedded() {
     let dir = TestDir::new();
-    let config = dir.write_config(&format!(
-        "lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
-         worker:\n  id: w0\n  heartbeat_every: 1s\njobs:\n{}",
-        ledger_job("tick", "@yearly", &dir.ledger())
-    ));
-    let worker = Worker::spawn(config.clone(), &[]);
-    worker
-        .wait_for_event("worker.started", Duration::from_secs(10))
-        .expect("worker started");
+    let job = ledger_job("tick", "@yearly", &dir.ledger());
+    let (_worker, config) = crate::embedded::start_worker(&dir, "w0", &job);
     pause_and_trigger_refuse_while_a_worker_ignores_them(&dir, &config);
 }
 

@@ -307,15 +307,8 @@ fn a_shorter_pause_for_leaves_the_longer_in_force_on(backend: Backend) {
 #[test]
 fn a_shorter_pause_for_leaves_the_longer_in_force_embedded() {
     let dir = TestDir::new();
-    let config = dir.write_config(&format!(
-        "lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
-         worker:\n  id: w0\njobs:\n{}",
-        ledger_job("tick", "* * * * * *", &dir.ledger())
-    ));
-    let worker = Worker::spawn(config.clone(), &[]);
-    worker
-        .wait_for_event("worker.started", Duration::from_secs(10))
-        .expect("worker started");
+    let job = ledger_job("tick", "* * * * * *", &dir.ledger());
+    let (_worker, config) = crate::embedded::start_worker(&dir, "w0", &job);
     a_shorter_pause_for_leaves_the_longer_in_force(&dir, &config);
 }
 
