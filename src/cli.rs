@@ -9,6 +9,7 @@
 
 mod explain;
 mod history;
+mod honoured;
 mod pause;
 mod read;
 mod render;
@@ -40,7 +41,8 @@ use crate::store::redis::node::redact;
 pub const EXIT_OK: u8 = 0;
 /// Exit code: a failure at run time (the worker could not start or stopped on an error).
 pub const EXIT_FAILURE: u8 = 1;
-/// Exit code: the configuration or the command line is wrong; nothing was run.
+/// Exit code: the configuration or the command line is wrong; nothing was run (also `pause` whose `--for`
+/// had run out before the pause reached the store: nothing was written).
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the store could not be reached: fewer than a majority of its nodes answered (`status`,
 /// `history`, `explain`), or took the change (`pause`, `resume`, `trigger`).
@@ -49,6 +51,10 @@ pub const EXIT_NO_MAJORITY: u8 = 3;
 /// the job is paused, another run held it the whole time), or, with `--wait`, the run's worker died before
 /// recording its end.
 pub const EXIT_NO_RUN: u8 = 4;
+/// Exit code of `pause` and `trigger`: a live worker would ignore the command (one of an earlier release,
+/// which does not list it in its announcement's `honours`); nothing was written. `--even-if-ignored` acts
+/// anyway.
+pub const EXIT_IGNORED: u8 = 5;
 /// Exit code: a second SIGINT/SIGTERM stopped the worker (and its jobs) at once.
 pub const EXIT_STOPPED: u8 = 130;
 
@@ -56,12 +62,15 @@ const AFTER_HELP: &str = "\
 Exit codes:
   0    success; for `run`, stopped gracefully after SIGINT/SIGTERM
   1    runtime failure
-  2    bad configuration or usage (every problem is printed as file:line:column: field: message)
+  2    bad configuration or usage (every problem is printed as file:line:column: field: message);
+       pause: its --for ran out before the pause reached the store (nothing was written)
   3    the store could not be reached: no majority of its nodes answered (status, history, explain)
        or took the change (pause, resume: the job may then still run, or stay paused; trigger: the
        request may still run once)
   4    trigger: no run came of the request within --timeout (no live worker runs the job, it is
        paused, or another run held it throughout), or with --wait its worker died during the run
+  5    pause, trigger: a live worker would ignore the command (an earlier release); nothing was
+       written; the error names the worker; --even-if-ignored acts anyway
   trigger --wait exits with the job's exit code (128+N if signal N ended it, 1 if it could not start);
        use --json to tell it from redcron's own codes
   130  stopped at once by a second SIGINT/SIGTERM

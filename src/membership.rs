@@ -1,7 +1,8 @@
 //! Membership: every worker announces itself to the store with a heartbeat that expires when it dies.
 //!
 //! A [`Member`] says who the worker is (id, host, pid, version), what it runs (its config's fingerprint and
-//! the runs under way) and how its clock stands. The store stamps each announcement with its own clock and
+//! the runs under way), which commands acting through the store it obeys ([`Capability`]) and how its clock
+//! stands. The store stamps each announcement with its own clock and
 //! keeps it for [`KEEP_DEAD`] after it expired, so that `redcron status` can show a worker that died and
 //! when it was last seen.
 
@@ -16,6 +17,31 @@ pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 pub const HEARTBEATS_MISSED: u32 = 3;
 /// How long the store keeps a dead worker's last announcement.
 pub const KEEP_DEAD: Duration = Duration::from_secs(24 * 3600);
+
+/// A command that acts through the store, and that a worker obeys only if its release knows it: a worker
+/// of an earlier release goes on running a paused job's ticks (its claim scripts never read the pause) and
+/// never claims a trigger request. Workers list the ones they obey in their announcement (`honours`), so
+/// that `redcron pause` and `redcron trigger` can tell when a live worker would ignore them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// `redcron pause`: no tick of a paused job is claimed.
+    Pause,
+    /// `redcron trigger`: trigger requests are read and claimed.
+    Trigger,
+}
+
+impl Capability {
+    /// Every capability of this release, as its workers announce them.
+    pub const ALL: [Capability; 2] = [Capability::Pause, Capability::Trigger];
+
+    /// The name in `honours` (stable: workers of other releases read it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Capability::Pause => "pause",
+            Capability::Trigger => "trigger",
+        }
+    }
+}
 
 /// One run under way on a member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +77,10 @@ pub struct Member {
     /// [`HEARTBEATS_MISSED`] of them.
     #[serde(default)]
     pub heartbeat_ms: u64,
+    /// The commands it obeys ([`Capability::name`]); absent in the announcements of releases before the
+    /// list existed, which obey none of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub honours: Option<Vec<String>>,
     /// `running`, or `stopped` in the last announcement of a worker that shut down.
     #[serde(default = "running_state")]
     pub state: String,
@@ -75,6 +105,23 @@ impl Member {
         };
         every * HEARTBEATS_MISSED
     }
+
+    /// Whether this worker obeys `capability`: it lists it in `honours` (a worker that lists nothing is of
+    /// an earlier release, and obeys none).
+    pub fn honours(&self, capability: Capability) -> bool {
+        self.honours
+            .as_ref()
+            .is_some_and(|names| names.iter().any(|name| name == capability.name()))
+    }
+}
+
+/// The members that take ticks now (alive and `running`: a draining worker takes no new ones) and would
+/// ignore `capability`.
+pub fn ignoring(members: &[Member], capability: Capability) -> Vec<&Member> {
+    members
+        .iter()
+        .filter(|member| member.alive && member.state == "running" && !member.honours(capability))
+        .collect()
 }
 
 fn running_state() -> String {
@@ -111,6 +158,7 @@ mod tests {
             started_at: DateTime::from_timestamp(0, 0).unwrap_or_default(),
             running: vec![],
             heartbeat_ms: 1000,
+            honours: Some(vec!["pause".into()]),
             state: running_state(),
             seen_at: DateTime::from_timestamp(seen, 0),
             alive,
@@ -133,5 +181,38 @@ mod tests {
             serde_json::from_str(old).expect("missing and unknown fields are tolerated");
         assert_eq!(m.state, "running");
         assert!(m.running.is_empty());
+        assert_eq!(m.honours, None);
+        assert!(!m.honours(Capability::Pause) && !m.honours(Capability::Trigger));
+    }
+
+    #[test]
+    fn the_live_workers_that_ignore_a_capability_are_those_that_do_not_list_it() {
+        let old = Member {
+            honours: None,
+            ..member("old", 1, true)
+        };
+        let dead_old = Member {
+            honours: None,
+            ..member("dead", 1, false)
+        };
+        let draining_old = Member {
+            honours: None,
+            state: "stopping".into(),
+            ..member("draining", 1, true)
+        };
+        let members = [member("new", 1, true), old, dead_old, draining_old];
+        let ids = |capability| -> Vec<&str> {
+            ignoring(&members, capability)
+                .iter()
+                .map(|m| m.id.as_str())
+                .collect()
+        };
+        assert_eq!(ids(Capability::Pause), ["old"]);
+        assert_eq!(ids(Capability::Trigger), ["new", "old"]);
+        // The field travels under its stable name, and only when known.
+        let json = serde_json::to_value(&members[0]).expect("json");
+        assert_eq!(json["honours"], serde_json::json!(["pause"]));
+        let json = serde_json::to_value(&members[1]).expect("json");
+        assert!(json.get("honours").is_none(), "{json}");
     }
 }

@@ -6,6 +6,14 @@
 //! heard of the pause — and the workers record its ticks as skipped (`paused`), never as missed. Runs under
 //! way go on. `--for` gives the pause a TTL on each node, so it ends by itself. `resume` deletes it on every
 //! node. Both then read the pause back, so the report says on how many nodes it stands.
+//!
+//! A pause never shortens a pause in force: a shorter `--for` leaves a longer pause (or one without end)
+//! as it is, and says so, unless `--replace`; a pause that had ended when it reached the store (`--for
+//! 1ms`) is not written, and is an error ([`crate::lock::Pause::decide`], atomic in every store).
+//!
+//! A worker of an earlier release ignores pauses (its claim scripts never read the key), so `pause` first
+//! reads the live workers and refuses, naming them, while one of them does not honour it
+//! ([`super::honoured`]); `--even-if-ignored` pauses anyway and the report names them.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -13,10 +21,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::read::{Notes, Reader};
+use super::honoured::{self, Ignoring};
+use super::read::{Notes, ReadError, Reader};
 use super::render::instant;
-use super::{load_job, operator, render, ConfigArg};
-use crate::lock::{Pause, PauseRead};
+use super::{load_job, operator, render, say_error, ConfigArg, EXIT_IGNORED, EXIT_USAGE};
+use crate::lock::{InForce, Pause, PauseOutcome, PauseRead};
+use crate::membership::Capability;
 
 /// The longest `--for`: a pause meant to last longer is a pause until `resume`.
 const MAX_FOR: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -28,12 +38,22 @@ pub struct PauseArgs {
     #[arg(value_name = "JOB")]
     pub job: String,
     /// End the pause by itself after this long (90s, 30m, 2h, 1day; at most a year). Default: until
-    /// `redcron resume`.
+    /// `redcron resume`. A pause in force that lasts longer stays as it is (unless --replace); a pause
+    /// that has ended by the time it reaches the store is not written (exit 2).
     #[arg(long = "for", value_name = "DURATION", value_parser = parse_for)]
     pub duration: Option<Duration>,
+    /// Replace a pause in force even if it lasts longer than this one (by default a shorter pause
+    /// leaves it as it is, and says so).
+    #[arg(long)]
+    pub replace: bool,
     /// Why, for `status` and the workers' `tick.skipped` events.
     #[arg(long, value_name = "TEXT", default_value = "")]
     pub reason: String,
+    /// Pause even if a live worker ignores pauses (one of an earlier release, which announces no
+    /// `honours`): it goes on running the job's ticks. Without it, such a worker makes `pause` refuse
+    /// (exit 5), naming it.
+    #[arg(long)]
+    pub even_if_ignored: bool,
     #[command(flatten)]
     pub config: ConfigArg,
     /// Print JSON instead of text.
@@ -58,8 +78,7 @@ pub struct ResumeArgs {
 #[derive(Debug, Serialize)]
 pub(super) struct PauseReport {
     pub job: String,
-    /// `paused` or `resumed`.
-    pub action: &'static str,
+    pub action: Action,
     /// For `resume`: whether a node held a pause.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub was_paused: Option<bool>,
@@ -67,8 +86,36 @@ pub(super) struct PauseReport {
     pub paused: Option<PauseRead>,
     /// How many nodes the store has.
     pub configured_nodes: usize,
+    /// For `pause --even-if-ignored`: the live workers that ignore the pause (of an earlier release).
+    pub ignored_by: Vec<Ignoring>,
     #[serde(flatten)]
     pub notes: Notes,
+}
+
+/// What `pause` or `resume` did, as reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Action {
+    /// The pause was written.
+    Paused,
+    /// A pause in force lasts longer than the one asked for, and stays as it was.
+    Kept,
+    /// The pause was deleted.
+    Resumed,
+}
+
+/// What the change did.
+enum Changed {
+    /// The pause written, kept out by a longer one, or over; `ignored_by` are the live workers that
+    /// ignore it (only with `--even-if-ignored`).
+    Paused {
+        outcome: PauseOutcome,
+        ignored_by: Vec<Ignoring>,
+    },
+    /// Resumed: whether a node held a pause.
+    Resumed { was_paused: bool },
+    /// Nothing written: these live workers would ignore the pause.
+    Refused(Vec<Ignoring>),
 }
 
 /// Carries out `pause`.
@@ -79,24 +126,39 @@ pub(super) fn pause(args: &PauseArgs) -> anyhow::Result<ExitCode> {
         reason: args.reason.clone(),
     };
     change(&args.config, &args.job, args.json, |reader, job| {
-        reader.pause(job, &pause)?;
-        Ok(None)
+        let ignored_by = honoured::ignoring(reader, Capability::Pause)?;
+        if !ignored_by.is_empty() && !args.even_if_ignored {
+            return Ok(Changed::Refused(ignored_by));
+        }
+        let in_force = match args.replace {
+            true => InForce::Replace,
+            false => InForce::KeepLonger,
+        };
+        let outcome = reader.pause(job, &pause, in_force)?;
+        Ok(Changed::Paused {
+            outcome,
+            ignored_by,
+        })
     })
 }
 
 /// Carries out `resume`.
 pub(super) fn resume(args: &ResumeArgs) -> anyhow::Result<ExitCode> {
+    // Never refused for a worker that ignores pauses: it ignored the pause too, so it ran the job all
+    // along and goes on doing so; the resume lets every other worker run it again, which is all it says.
     change(&args.config, &args.job, args.json, |reader, job| {
-        reader.resume(job).map(Some)
+        let was_paused = reader.resume(job)?;
+        Ok(Changed::Resumed { was_paused })
     })
 }
 
-/// Loads the config, finds the job, makes the change (`write`), reads the pause back and reports it.
+/// Loads the config, finds the job, makes the change (`write`), reads the pause back and reports it; or
+/// says why nothing was written.
 fn change(
     config: &ConfigArg,
     name: &str,
     json: bool,
-    write: impl FnOnce(&mut Reader, &str) -> Result<Option<bool>, super::read::ReadError>,
+    write: impl FnOnce(&mut Reader, &str) -> Result<Changed, ReadError>,
 ) -> anyhow::Result<ExitCode> {
     let (config, job) = match load_job(config, name) {
         Ok((config, job)) => (config, job.name),
@@ -109,24 +171,49 @@ fn change(
         (None, None) => 1,
     };
     let done = Reader::open(&config).and_then(|mut reader| {
-        let was_paused = write(&mut reader, &job)?;
+        let changed = write(&mut reader, &job)?;
+        if matches!(changed, Changed::Refused(_)) {
+            return Ok((changed, None, reader.notes()));
+        }
         let paused = reader.pauses(std::slice::from_ref(&job))?.pop().flatten();
-        Ok((was_paused, paused, reader.notes()))
+        Ok((changed, paused, reader.notes()))
     });
-    let (was_paused, paused, notes) = match done {
+    let (changed, paused, notes) = match done {
         Ok(done) => done,
         Err(error) => return Ok(super::read_failed(&error)),
     };
+    let (action, was_paused, ignored_by) = match changed {
+        Changed::Paused {
+            outcome: PauseOutcome::AlreadyOver,
+            ..
+        } => {
+            render::warn_notes(&notes);
+            say_error(&over(&job, paused.as_ref()));
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+        Changed::Paused {
+            outcome: PauseOutcome::LongerKept(_),
+            ignored_by,
+        } => (Action::Kept, None, ignored_by),
+        Changed::Paused {
+            outcome: PauseOutcome::Paused,
+            ignored_by,
+        } => (Action::Paused, None, ignored_by),
+        Changed::Resumed { was_paused } => (Action::Resumed, Some(was_paused), Vec::new()),
+        Changed::Refused(ignoring) => {
+            render::warn_notes(&notes);
+            let effect = format!("it would go on running {job}'s ticks while paused");
+            say_error(&honoured::refusal("pause", &job, &ignoring, &effect));
+            return Ok(ExitCode::from(EXIT_IGNORED));
+        }
+    };
     let report = PauseReport {
-        action: if was_paused.is_some() {
-            "resumed"
-        } else {
-            "paused"
-        },
+        action,
         job,
         was_paused,
         paused,
         configured_nodes,
+        ignored_by,
         notes,
     };
     render::deliver(&report, &report.notes, json, text)
@@ -135,39 +222,87 @@ fn change(
 /// The report as a sentence or two.
 fn text(report: &PauseReport) -> String {
     let nodes = |read: &PauseRead| format!("{} of {} nodes", read.nodes, report.configured_nodes);
-    match (&report.paused, report.was_paused) {
-        (Some(read), None) => {
-            let until = read
-                .pause
-                .until
-                .map_or("until `redcron resume`".to_string(), |t| {
-                    format!("until {}", instant(t))
-                });
-            let reason = match read.pause.reason.as_str() {
-                "" => String::new(),
-                reason => format!(": {reason}"),
-            };
-            format!(
-                "paused {} {until} (by {}, on {}){reason}\nno tick of it starts anywhere until then; runs under way go on\n",
-                report.job,
-                read.pause.by,
-                nodes(read)
-            )
-        }
-        (Some(read), Some(_)) => format!(
-            "resumed {}, but a pause is still on {}: run `redcron resume {}` again\n",
-            report.job,
+    let job = &report.job;
+    match (report.action, &report.paused, report.was_paused) {
+        (Action::Kept, Some(read), _) => format!(
+            "{job} stays paused {} (by {}, on {}){}: that pause lasts longer than the one asked \
+             for, which does not shorten it (`redcron pause {job} --replace` does)\n{}\n",
+            until_text(&read.pause),
+            read.pause.by,
             nodes(read),
-            report.job
+            reason_text(&read.pause),
+            starts(report),
         ),
-        (None, Some(true)) => format!("resumed {}: its next tick runs\n", report.job),
-        (None, Some(false)) => format!("{} was not paused\n", report.job),
+        (Action::Kept, None, _) => format!(
+            "{job}: a longer pause was in force and was kept, but it is gone already (it ended, or \
+             was resumed)\n"
+        ),
+        (_, Some(read), None) => format!(
+            "paused {job} {} (by {}, on {}){}\n{}\n",
+            until_text(&read.pause),
+            read.pause.by,
+            nodes(read),
+            reason_text(&read.pause),
+            starts(report),
+        ),
+        (_, Some(read), Some(_)) => format!(
+            "resumed {job}, but a pause is still on {}: run `redcron resume {job}` again\n",
+            nodes(read),
+        ),
+        (_, None, Some(true)) => format!("resumed {job}: its next tick runs\n"),
+        (_, None, Some(false)) => format!("{job} was not paused\n"),
         // Written to a majority, then gone: it expired, or a `resume` came in between.
-        (None, None) => format!(
-            "paused {}, but the pause is gone already (it ended, or was resumed)\n",
-            report.job
-        ),
+        (_, None, None) => {
+            format!("paused {job}, but the pause is gone already (it ended, or was resumed)\n")
+        }
     }
+}
+
+/// `until <instant>`, or `until `redcron resume``.
+fn until_text(pause: &Pause) -> String {
+    pause
+        .until
+        .map_or("until `redcron resume`".to_string(), |t| {
+            format!("until {}", instant(t))
+        })
+}
+
+/// `: <reason>`, or nothing.
+fn reason_text(pause: &Pause) -> String {
+    match pause.reason.as_str() {
+        "" => String::new(),
+        reason => format!(": {reason}"),
+    }
+}
+
+/// What the pause in force stops: every tick, or every tick but on the workers that ignore it.
+fn starts(report: &PauseReport) -> String {
+    let starts = match report.ignored_by.as_slice() {
+        [] => "no tick of it starts anywhere until then".to_string(),
+        ignoring => format!(
+            "no tick of it starts until then, except on {}: of an earlier release, it ignores \
+             pauses and goes on running the job's ticks",
+            honoured::names(ignoring)
+        ),
+    };
+    format!("{starts}; runs under way go on")
+}
+
+/// Why a pause that had ended when it reached the store was not written, and what stands instead.
+fn over(job: &str, standing: Option<&PauseRead>) -> String {
+    let standing = match standing {
+        Some(read) => format!(
+            "; the pause in force stays {} (by {})",
+            until_text(&read.pause),
+            read.pause.by
+        ),
+        None => format!("; {job} is not paused"),
+    };
+    format!(
+        "not paused: the pause asked for had ended by the time it reached the store (its --for is \
+         shorter than the command took), so nothing was written{standing}; pause for longer, or use \
+         `redcron resume` to end a pause now"
+    )
 }
 
 /// When a pause of `duration` from `now` ends.

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::history::{Entry, Query};
-use crate::lock::{Pause, PauseRead, QuorumFailure};
+use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
 use crate::membership::Member;
 use crate::store::{Read, Store, StoreError};
 use crate::trigger::TriggerRequest;
@@ -150,11 +150,21 @@ impl Reader {
         Ok(self.note(read))
     }
 
-    /// Pauses `job` on a majority of the nodes.
-    pub(super) fn pause(&mut self, job: &str, pause: &Pause) -> Result<(), ReadError> {
+    /// Pauses `job` on a majority of the nodes, unless a longer pause in force stays or it has ended
+    /// ([`Store::pause`]).
+    pub(super) fn pause(
+        &mut self,
+        job: &str,
+        pause: &Pause,
+        in_force: InForce,
+    ) -> Result<PauseOutcome, ReadError> {
         let store = &self.store;
-        bounded(&self.runtime, self.deadline, store.pause(job, pause))?
-            .map_err(ReadError::NoMajority)
+        bounded(
+            &self.runtime,
+            self.deadline,
+            store.pause(job, pause, in_force),
+        )?
+        .map_err(ReadError::NoMajority)
     }
 
     /// Resumes `job` on a majority of the nodes; whether a node held a pause.

@@ -23,9 +23,7 @@ pub(super) fn deliver<T: Serialize>(
     json: bool,
     human: impl FnOnce(&T) -> String,
 ) -> anyhow::Result<ExitCode> {
-    for warning in warnings(notes) {
-        say(&format!("warning: {warning}"));
-    }
+    warn_notes(notes);
     let text = if json {
         let mut text = serde_json::to_string_pretty(report)?;
         text.push('\n');
@@ -35,6 +33,13 @@ pub(super) fn deliver<T: Serialize>(
     };
     emit(&text)?;
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// Prints the warnings of `notes` to stderr, one line each.
+pub(super) fn warn_notes(notes: &Notes) {
+    for warning in warnings(notes) {
+        say(&format!("warning: {warning}"));
+    }
 }
 
 /// One line per node that did not answer and per item that could not be read.

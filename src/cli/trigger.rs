@@ -6,6 +6,10 @@
 //! with the job's exit code. No run within the request's window (`--timeout`, 30 s by default) — no live
 //! worker runs the job, the job is paused, another run held it the whole time — is an error that says
 //! which, with its own exit code ([`super::EXIT_NO_RUN`]).
+//!
+//! A worker of an earlier release never claims a request, so the command first reads the live workers and
+//! refuses, naming them, while one of them does not honour triggers ([`super::honoured`]);
+//! `--even-if-ignored` writes the request anyway and the report names them.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -13,11 +17,15 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use serde::Serialize;
 
+use super::honoured::{self, Ignoring};
 use super::read::{Notes, ReadError, Reader};
 use super::status::alive;
 use super::story::{describe, gone};
-use super::{load_job, operator, render, say_error, ConfigArg, EXIT_NO_RUN, EXIT_USAGE};
+use super::{
+    load_job, operator, render, say_error, ConfigArg, EXIT_IGNORED, EXIT_NO_RUN, EXIT_USAGE,
+};
 use crate::history::{Entry, Kind, Query};
+use crate::membership::Capability;
 use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT};
 
 /// How often the history is read while waiting.
@@ -43,6 +51,11 @@ pub struct TriggerArgs {
     /// waits for it this long); 1s to 1day.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_timeout)]
     pub timeout: Duration,
+    /// Write the request even if a live worker ignores trigger requests (one of an earlier release, which
+    /// announces no `honours`): it never claims it. Without it, such a worker makes `trigger` refuse
+    /// (exit 5), naming it.
+    #[arg(long)]
+    pub even_if_ignored: bool,
     #[command(flatten)]
     pub config: ConfigArg,
     /// Print JSON (field names in docs/history.md) instead of text.
@@ -78,6 +91,8 @@ pub(super) struct TriggerReport {
     pub reason: Option<String>,
     /// For `not_run` without any entry: how many workers are alive.
     pub live_workers: Option<usize>,
+    /// With `--even-if-ignored`: the live workers that ignore trigger requests (of an earlier release).
+    pub ignored_by: Vec<Ignoring>,
     #[serde(flatten)]
     pub notes: Notes,
 }
@@ -98,6 +113,10 @@ pub(super) fn run(args: &TriggerArgs) -> anyhow::Result<ExitCode> {
     }
     let request = TriggerRequest::new(&job.name, Utc::now(), args.timeout, &operator());
     let followed = Reader::open(&config).and_then(|mut reader| {
+        let ignored_by = honoured::ignoring(&mut reader, Capability::Trigger)?;
+        if !ignored_by.is_empty() && !args.even_if_ignored {
+            return Ok(Err((ignored_by, reader.notes())));
+        }
         reader.request_trigger(&request).inspect_err(|error| {
             if matches!(error, ReadError::NoMajority(_)) {
                 say_error(&format!(
@@ -107,10 +126,18 @@ pub(super) fn run(args: &TriggerArgs) -> anyhow::Result<ExitCode> {
                 ));
             }
         })?;
-        follow(&mut reader, request, args.wait)
+        let mut report = follow(&mut reader, request, args.wait)?;
+        report.ignored_by = ignored_by;
+        Ok(Ok(report))
     });
     let report = match followed {
-        Ok(report) => report,
+        Ok(Ok(report)) => report,
+        Ok(Err((ignoring, notes))) => {
+            render::warn_notes(&notes);
+            let effect = "it never claims the request, which runs only if another worker claims it";
+            say_error(&honoured::refusal("trigger", &job.name, &ignoring, effect));
+            return Ok(ExitCode::from(EXIT_IGNORED));
+        }
         Err(error) => return Ok(super::read_failed(&error)),
     };
     render::deliver(&report, &report.notes, args.json, text)?;
@@ -139,6 +166,7 @@ fn follow(
         entries,
         reason,
         live_workers,
+        ignored_by: Vec::new(),
         notes,
     };
     loop {
@@ -253,6 +281,12 @@ fn text(report: &TriggerReport) -> String {
             _ => "",
         };
         out.push_str(&format!("{lead}{reason}\n"));
+    }
+    if !report.ignored_by.is_empty() {
+        out.push_str(&format!(
+            "note: {} ignored the request (an earlier release, which never claims one)\n",
+            honoured::names(&report.ignored_by)
+        ));
     }
     out
 }

@@ -21,7 +21,7 @@ use crate::clock::boot::BootInstant;
 use crate::schedule::Tick;
 
 pub use keys::Holder;
-pub use pause::{Pause, PauseRead};
+pub use pause::{InForce, Pause, PauseOutcome, PauseRead};
 pub use series::Series;
 pub use validity::{
     default_stop_grace, drift, renew_when_left, renewal_slack, validity, MAX_DEFAULT_STOP_GRACE,

@@ -8,6 +8,11 @@
 //!
 //! The value is `<until ms>|<by>|<reason>`: the reason last, so that it may hold any text (a `|` too);
 //! `until` is `0` for a pause without end.
+//!
+//! A pause never shortens a pause in force by accident: writing one is a compare-and-set in every store
+//! ([`Pause::decide`], and the `PAUSE` script on Redis) that keeps a pause in force which outlasts the new
+//! one, unless the command said `--replace` ([`InForce::Replace`]); and a pause that had ended by the
+//! time it was written (`pause --for 1ms`) is not written at all ([`PauseOutcome::AlreadyOver`]).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -64,11 +69,75 @@ pub struct PauseRead {
     pub nodes: usize,
 }
 
+/// What writing a pause does to a pause in force that lasts longer than the new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InForce {
+    /// Keeps it, unchanged: a shorter `pause --for` never shortens a pause in force (the default).
+    KeepLonger,
+    /// Replaces it (`pause --replace`).
+    Replace,
+}
+
+impl InForce {
+    /// The word the `PAUSE` script takes.
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            InForce::KeepLonger => "keep",
+            InForce::Replace => "replace",
+        }
+    }
+}
+
+/// How writing a pause ended, on a majority of the nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PauseOutcome {
+    /// The pause was written.
+    Paused,
+    /// A pause in force outlasts the new one and stays, unchanged ([`InForce::KeepLonger`]); nothing was
+    /// written.
+    LongerKept(Pause),
+    /// The pause had ended by the time it was written (its `until` had passed on the writer's clock):
+    /// nothing was written, and a pause in force stays.
+    AlreadyOver,
+}
+
 impl Pause {
     /// How long the pause has left at `now`, for a TTL: `None` for a pause without end, zero once it ended.
     pub fn left(&self, now: DateTime<Utc>) -> Option<std::time::Duration> {
         self.until
             .map(|until| (until - now).to_std().unwrap_or_default())
+    }
+
+    /// Whether this pause, standing at `now`, lasts longer than `other`: it has no end and `other` has
+    /// one, or it ends after `other` and after `now`.
+    pub fn outlasts(&self, other: &Pause, now: DateTime<Utc>) -> bool {
+        match (self.until, other.until) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(mine), Some(theirs)) => mine > theirs && mine > now,
+        }
+    }
+
+    /// What writing this pause does at `now`, where `current` is the pause standing (if any): keeps
+    /// `current` if it outlasts this one (unless `in_force` is [`InForce::Replace`]), refuses this one if
+    /// it has ended, else writes it ([`PauseOutcome::Paused`]). Every store decides this atomically with
+    /// its write: on etcd and the embedded store by this function, on Redis by the `PAUSE` script, which
+    /// mirrors it.
+    pub fn decide(
+        &self,
+        current: Option<&Pause>,
+        in_force: InForce,
+        now: DateTime<Utc>,
+    ) -> PauseOutcome {
+        if let Some(current) = current {
+            if in_force == InForce::KeepLonger && current.outlasts(self, now) {
+                return PauseOutcome::LongerKept(current.clone());
+            }
+        }
+        match self.until {
+            Some(until) if until <= now => PauseOutcome::AlreadyOver,
+            _ => PauseOutcome::Paused,
+        }
     }
 }
 
@@ -91,5 +160,66 @@ mod tests {
         assert_eq!(forever.until, None);
         assert_eq!(forever.reason, "");
         assert_eq!(Pause::from_value("junk").reason, "junk");
+    }
+
+    fn ending(at: Option<i64>) -> Pause {
+        Pause {
+            until: at.and_then(DateTime::from_timestamp_millis),
+            by: "ops".to_string(),
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_pause_in_force_that_outlasts_the_new_one_is_kept_unless_replaced() {
+        let now = DateTime::from_timestamp_millis(10_000).unwrap_or_default();
+        let keep = InForce::KeepLonger;
+        let (forever, long, short) = (ending(None), ending(Some(60_000)), ending(Some(20_000)));
+        assert_eq!(
+            short.decide(Some(&long), keep, now),
+            PauseOutcome::LongerKept(long.clone())
+        );
+        assert_eq!(
+            short.decide(Some(&forever), keep, now),
+            PauseOutcome::LongerKept(forever.clone())
+        );
+        // Longer, or as long: written (a pause without end over another updates who and why).
+        assert_eq!(long.decide(Some(&short), keep, now), PauseOutcome::Paused);
+        assert_eq!(forever.decide(Some(&long), keep, now), PauseOutcome::Paused);
+        assert_eq!(
+            forever.decide(Some(&forever), keep, now),
+            PauseOutcome::Paused
+        );
+        assert_eq!(long.decide(Some(&long), keep, now), PauseOutcome::Paused);
+        assert_eq!(
+            short.decide(Some(&long), InForce::Replace, now),
+            PauseOutcome::Paused
+        );
+        assert_eq!(short.decide(None, keep, now), PauseOutcome::Paused);
+    }
+
+    #[test]
+    fn a_pause_over_when_written_is_refused_and_keeps_the_one_in_force() {
+        let now = DateTime::from_timestamp_millis(10_000).unwrap_or_default();
+        let (over, long) = (ending(Some(10_000)), ending(Some(60_000)));
+        assert_eq!(
+            over.decide(None, InForce::KeepLonger, now),
+            PauseOutcome::AlreadyOver
+        );
+        assert_eq!(
+            over.decide(Some(&long), InForce::KeepLonger, now),
+            PauseOutcome::LongerKept(long.clone())
+        );
+        assert_eq!(
+            over.decide(Some(&long), InForce::Replace, now),
+            PauseOutcome::AlreadyOver
+        );
+        // A standing key whose end has passed (an etcd lease rounds up to whole seconds) is no pause in
+        // force: it does not keep a new one out.
+        let ended = ending(Some(9_000));
+        assert_eq!(
+            ending(Some(20_000)).decide(Some(&ended), InForce::KeepLonger, now),
+            PauseOutcome::Paused
+        );
     }
 }

@@ -19,7 +19,8 @@ pub mod redis;
 use crate::config::Config;
 use crate::history::{Entry, HistorySettings, Query};
 use crate::lock::{
-    ClaimOutcome, ClaimRequest, Lease, LockSettings, Pause, PauseRead, QuorumFailure, RenewError,
+    ClaimOutcome, ClaimRequest, InForce, Lease, LockSettings, Pause, PauseOutcome, PauseRead,
+    QuorumFailure, RenewError,
 };
 use crate::membership::Member;
 use crate::trigger::TriggerRequest;
@@ -234,14 +235,22 @@ impl Store {
     }
 
     /// Pauses `job` on every node (until `pause.until`, when each node drops it by itself, or until
-    /// [`Store::resume`]). Fails when fewer than a majority took it: the job may then still run. Once it
-    /// succeeded, no claim of the job is granted whose confirmation had not reached a node of that majority
-    /// before the pause did (`docs/protocol.md`, *Pause*); runs under way go on.
-    pub async fn pause(&self, job: &str, pause: &Pause) -> Result<(), QuorumFailure> {
+    /// [`Store::resume`]). Fails when fewer than a majority answered: the job may then still run. Once it
+    /// succeeded with [`PauseOutcome::Paused`], no claim of the job is granted whose confirmation had not
+    /// reached a node of that majority before the pause did (`docs/protocol.md`, *Pause*); runs under way
+    /// go on. Atomically on each node, a pause in force that outlasts this one stays unchanged
+    /// ([`PauseOutcome::LongerKept`]) unless `in_force` is [`InForce::Replace`], and a pause that ended
+    /// before it was written is not written ([`PauseOutcome::AlreadyOver`]) — see [`Pause::decide`].
+    pub async fn pause(
+        &self,
+        job: &str,
+        pause: &Pause,
+        in_force: InForce,
+    ) -> Result<PauseOutcome, QuorumFailure> {
         match self {
-            Store::Redis(store) => store.pause(job, pause).await,
-            Store::Etcd(store) => store.pause(job, pause).await,
-            Store::Embedded(store) => store.pause(job, pause).await,
+            Store::Redis(store) => store.pause(job, pause, in_force).await,
+            Store::Etcd(store) => store.pause(job, pause, in_force).await,
+            Store::Embedded(store) => store.pause(job, pause, in_force).await,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Membership: the worker announces itself to the store every `worker.heartbeat_every`, until it stops.
 //!
-//! An announcement ([`Member`]) carries who the worker is, the fingerprint of its whole schedule (so that
+//! An announcement ([`Member`]) carries who the worker is, the commands it obeys (`honours`: every
+//! [`Capability`] of this release), the fingerprint of its whole schedule (so that
 //! `redcron status` can point at a worker whose config differs), its clock offset and the runs under way.
 //! The store stamps it with its own clock and lets it expire after a few missed heartbeats, so a worker that
 //! dies disappears from the live members by itself. While the worker drains at shutdown it goes on
@@ -14,7 +15,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::Context;
-use crate::membership::Member;
+use crate::membership::{Capability, Member};
 
 /// How soon the live workers are read again after the view changed, or while the worker is young.
 const VIEW_SETTLING: Duration = Duration::from_secs(1);
@@ -49,6 +50,12 @@ impl Heartbeat {
             started_at: identity.started_at,
             running: Vec::new(),
             heartbeat_ms: identity.every.as_millis() as u64,
+            honours: Some(
+                Capability::ALL
+                    .iter()
+                    .map(|capability| capability.name().to_string())
+                    .collect(),
+            ),
             state: "running".to_string(),
             seen_at: None,
             alive: true,

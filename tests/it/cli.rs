@@ -337,6 +337,7 @@ fn help_lists_exit_codes() {
         "  1    runtime failure",
         "  2    bad configuration or usage",
         "  3    the store could not be reached: no majority",
+        "  5    pause, trigger: a live worker would ignore the command",
         "  130  stopped at once",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
@@ -345,6 +346,12 @@ fn help_lists_exit_codes() {
     assert_eq!(code, 0);
     assert!(
         stdout.contains("--count <N>") && stdout.contains("REDCRON_CONFIG"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = output(redcron(dir.path()).args(["pause", "--help"]));
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("--replace") && stdout.contains("--even-if-ignored"),
         "{stdout}"
     );
 }

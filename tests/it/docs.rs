@@ -25,6 +25,7 @@ const MODULES: &[&str] = &[
     "lock",
     "metrics",
     "model",
+    "old_workers",
     "pause",
     "reload",
     "retries",

@@ -5,6 +5,7 @@
 //! processes sharing one file run each tick once; history outlives the process that wrote it; and a file
 //! that is not a database stops the worker with an error that names it.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -24,6 +25,17 @@ fn config(id: &str, jobs: &str) -> String {
         "lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
          worker:\n  id: {id}\njobs:\n{jobs}"
     )
+}
+
+/// One worker `id` running `jobs` on the embedded store in `dir` (its `jobs.yaml`), started: its
+/// `worker.started` logged; and the config's path, for the commands.
+pub(crate) fn start_worker(dir: &TestDir, id: &str, jobs: &str) -> (Worker, PathBuf) {
+    let path = dir.write_config(&config(id, jobs));
+    let worker = Worker::spawn(path.clone(), &[]);
+    worker
+        .wait_for_event("worker.started", Duration::from_secs(10))
+        .expect("worker started");
+    (worker, path)
 }
 
 /// Stops `worker` with SIGTERM and asserts a graceful exit (its leases released).

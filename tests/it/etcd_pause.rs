@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use redcron::lock::{ClaimOutcome, Pause};
+use redcron::lock::{ClaimOutcome, InForce, Pause};
 use redcron::store::etcd::{EtcdStore, Guarded};
 use redcron::store::Store;
 
@@ -55,7 +55,7 @@ async fn a_late_copy_of_pause_or_resume_changes_nothing() {
     // pause, resume, then the pause's late copy: the job stays resumed and its tick is granted.
     let before_pause = etcd.pause_guard("job").await.expect("guard");
     store
-        .pause("job", &pause(None, "first"))
+        .pause("job", &pause(None, "first"), InForce::KeepLonger)
         .await
         .expect("paused");
     assert!(store.resume("job").await.expect("resumed"));
@@ -68,12 +68,16 @@ async fn a_late_copy_of_pause_or_resume_changes_nothing() {
     let lease = won(claim_until_final(&store, &request("w", "job", 1_000)).await);
     store.release(&lease).await;
 
-    // pause --for 1h, pause --for 5m, then the first one's late copy: the 5-minute pause stands.
+    // pause --for 1h, pause --for 5m --replace, then the first one's late copy: the 5-minute pause
+    // stands.
     let before_long = etcd.pause_guard("job").await.expect("guard");
     let long = pause(Some(3_600_000), "long");
-    store.pause("job", &long).await.expect("paused");
     store
-        .pause("job", &pause(Some(300_000), "short"))
+        .pause("job", &long, InForce::KeepLonger)
+        .await
+        .expect("paused");
+    store
+        .pause("job", &pause(Some(300_000), "short"), InForce::Replace)
         .await
         .expect("paused");
     refused(
@@ -87,7 +91,7 @@ async fn a_late_copy_of_pause_or_resume_changes_nothing() {
     let before_resume = etcd.pause_guard("job").await.expect("guard");
     assert!(store.resume("job").await.expect("resumed"));
     store
-        .pause("job", &pause(None, "newer"))
+        .pause("job", &pause(None, "newer"), InForce::KeepLonger)
         .await
         .expect("paused");
     refused(etcd.resume_if("job", before_resume).await.expect("answer"));
@@ -115,7 +119,7 @@ async fn a_pause_that_ended_refuses_a_write_guarded_before() {
     let store = store(&cluster);
     let etcd = etcd_of(&store);
     store
-        .pause("job", &pause(Some(1_000), "brief"))
+        .pause("job", &pause(Some(1_000), "brief"), InForce::KeepLonger)
         .await
         .expect("paused");
     let while_paused = etcd.pause_guard("job").await.expect("guard");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use etcd_client::{Client, LeaseTimeToLiveOptions};
-use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap, Pause, Series};
+use redcron::lock::{ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause, Series};
 use redcron::schedule::Tick;
 use redcron::store::Store;
 use redcron::trigger::TriggerRequest;
@@ -112,6 +112,7 @@ async fn a_pause_refuses_every_series_until_its_lease_expires_or_resume() {
         .pause(
             "job",
             &pause(Some(Utc::now() + chrono::Duration::seconds(2))),
+            InForce::KeepLonger,
         )
         .await
         .expect("paused");
@@ -132,7 +133,10 @@ async fn a_pause_refuses_every_series_until_its_lease_expires_or_resume() {
         matches!(store.claim(&request("a", tick)).await, ClaimOutcome::Won(_))
     })
     .await;
-    store.pause("job", &pause(None)).await.expect("paused");
+    store
+        .pause("job", &pause(None), InForce::KeepLonger)
+        .await
+        .expect("paused");
     let later = request("a", Tick(tick.0 + 1_000));
     assert!(matches!(store.claim(&later).await, ClaimOutcome::Paused(_)));
     assert!(store.resume("job").await.expect("resumed"));

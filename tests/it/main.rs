@@ -22,6 +22,7 @@ mod lease_stop;
 mod lock;
 mod metrics;
 mod model;
+mod old_workers;
 mod order;
 mod pause;
 mod reload;

@@ -3,12 +3,14 @@
 //! paused, record its ticks as skipped (`paused`), and run its next tick once it is resumed or its `--for`
 //! ran out.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redcron::history::{Entry, Kind};
-use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap, Pause};
+use redcron::lock::{
+    ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause, PauseOutcome,
+};
 use redcron::schedule::Tick;
 use redcron::store::redis::{scripts, RedisStore};
 use redcron::store::Store;
@@ -53,7 +55,7 @@ async fn a_paused_job_is_granted_nowhere_until_resumed() {
     let cluster = RedisCluster::start(3);
     let store = store(&cluster.urls(), LockSettings::default());
     store
-        .pause("report", &pause(None))
+        .pause("report", &pause(None), InForce::KeepLonger)
         .await
         .expect("a majority took the pause");
     assert_paused(&store.claim(&request("a", 1_000)).await);
@@ -83,7 +85,7 @@ async fn a_pause_for_a_while_expires_on_every_node() {
     let cluster = RedisCluster::start(3);
     let store = store(&cluster.urls(), LockSettings::default());
     store
-        .pause("report", &pause(Some(1_000)))
+        .pause("report", &pause(Some(1_000)), InForce::KeepLonger)
         .await
         .expect("paused");
     assert_paused(&store.claim(&request("a", 1_000)).await);
@@ -131,7 +133,7 @@ async fn a_pause_that_lands_between_the_rounds_refuses_the_confirmation() {
         || proxies.iter().all(|p| p.delayed() == 1).then_some(()),
     );
     operator
-        .pause("report", &pause(None))
+        .pause("report", &pause(None), InForce::KeepLonger)
         .await
         .expect("paused");
     let outcome = claim.await.expect("the claim task");
@@ -143,6 +145,171 @@ async fn a_pause_that_lands_between_the_rounds_refuses_the_confirmation() {
             "node {node}"
         );
     }
+}
+
+/// A pause that had ended when it was written is not written; a shorter pause leaves a longer one in
+/// force as it was (value, and on Redis its TTL on every node), also one that is over; `Replace` replaces
+/// it; a pause without end replaces one with an end. On Redis and on etcd.
+async fn a_shorter_pause_keeps_the_longer_in_force_unless_replaced(backend: Backend) {
+    let cluster = backend.start();
+    let store = cluster.store(LockSettings::default());
+    let why = |for_ms, reason: &str| Pause {
+        reason: reason.to_string(),
+        ..pause(for_ms)
+    };
+    let pause_now = |pause: Pause, in_force| {
+        let store = &store;
+        async move {
+            store
+                .pause("report", &pause, in_force)
+                .await
+                .expect("answered")
+        }
+    };
+    let reason_in_force = || async {
+        let read = store.pauses(&["report".to_string()]).await.expect("read");
+        read.value[0].as_ref().map(|read| read.pause.reason.clone())
+    };
+    let keep = InForce::KeepLonger;
+    assert_eq!(
+        pause_now(why(Some(-1), "over"), keep).await,
+        PauseOutcome::AlreadyOver
+    );
+    assert_eq!(reason_in_force().await, None, "a pause over is not written");
+
+    assert_eq!(
+        pause_now(why(Some(3_600_000), "long"), keep).await,
+        PauseOutcome::Paused
+    );
+    for shorter in [why(Some(2_000), "short"), why(Some(-1), "over")] {
+        match pause_now(shorter, keep).await {
+            PauseOutcome::LongerKept(kept) => assert_eq!(kept.reason, "long"),
+            other => panic!("expected the longer pause kept, got {other:?}"),
+        }
+    }
+    assert_eq!(reason_in_force().await.as_deref(), Some("long"));
+    assert_paused_for(&store.claim(&request("a", 1_000)).await, "long");
+    if let Cluster::Redis(redis) = &cluster {
+        for node in 0..redis.len() {
+            let pttl: i64 = redis.query(node, ::redis::cmd("PTTL").arg("redcron:{report}:paused"));
+            assert!(
+                pttl > 3_000_000,
+                "node {node}: the long pause's TTL is {pttl} ms"
+            );
+        }
+    }
+    assert_eq!(
+        pause_now(why(Some(-1), "over"), InForce::Replace).await,
+        PauseOutcome::AlreadyOver
+    );
+    assert_eq!(
+        pause_now(why(Some(2_000), "short"), InForce::Replace).await,
+        PauseOutcome::Paused
+    );
+    assert_eq!(reason_in_force().await.as_deref(), Some("short"));
+    assert_eq!(
+        pause_now(why(None, "until resumed"), keep).await,
+        PauseOutcome::Paused
+    );
+    match pause_now(why(Some(3_600_000), "long"), keep).await {
+        PauseOutcome::LongerKept(kept) => assert_eq!(kept.reason, "until resumed"),
+        other => panic!("expected the pause without end kept, got {other:?}"),
+    }
+    assert!(store.resume("report").await.expect("resumed"));
+}
+
+fn assert_paused_for(outcome: &ClaimOutcome, reason: &str) {
+    match outcome {
+        ClaimOutcome::Paused(pause) => assert_eq!(pause.reason, reason),
+        other => panic!("expected Paused, got {other:?}"),
+    }
+}
+
+/// `pause --for 1h`, then `pause --for 1ms`: the CLI says the longer pause stays, and no tick runs in its
+/// window; `pause --for 2s --replace` replaces it, and the job runs again after those 2 s. `cli` is the
+/// config of a store where one worker runs `tick` every second, `dir` holds its ledger.
+fn a_shorter_pause_for_leaves_the_longer_in_force(dir: &TestDir, cli: &Path) {
+    wait_for("a run", Duration::from_secs(20), || {
+        (!ledger(dir).is_empty()).then_some(())
+    });
+    let (code, stdout, stderr) = inspect(
+        dir,
+        cli,
+        &["pause", "tick", "--for", "1h", "--reason", "long"],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let paused_at = Utc::now();
+    let (code, stdout, stderr) = inspect(
+        dir,
+        cli,
+        &["pause", "tick", "--for", "1ms", "--reason", "short"],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("tick stays paused until ")
+            && stdout.contains("long")
+            && stdout.contains("does not shorten it")
+            && stdout.contains("--replace"),
+        "the CLI says the longer pause stays: {stdout}"
+    );
+    let (_, json, _) = inspect(dir, cli, &["pause", "tick", "--for", "1s", "--json"]);
+    assert_eq!(parse(&json)["action"], "kept", "{json}");
+    std::thread::sleep(Duration::from_millis(3_500));
+    let during: Vec<DateTime<Utc>> = ledger(dir)
+        .keys()
+        .map(|(_, tick)| tick_time(tick))
+        .filter(|tick| *tick > paused_at + chrono::Duration::milliseconds(50))
+        .collect();
+    assert!(
+        during.is_empty(),
+        "ran in the longer pause's window: {during:?}"
+    );
+    let (_, status, _) = inspect(dir, cli, &["status", "--json"]);
+    assert_eq!(parse(&status)["jobs"][0]["paused"]["reason"], "long");
+
+    let (code, stdout, stderr) = inspect(
+        dir,
+        cli,
+        &[
+            "pause",
+            "tick",
+            "--for",
+            "2s",
+            "--replace",
+            "--reason",
+            "short",
+        ],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.starts_with("paused tick until "), "{stdout}");
+    let until = DateTime::parse_from_rfc3339(stdout.split_whitespace().nth(3).expect("until"))
+        .expect("an RFC 3339 end")
+        .to_utc();
+    let after = wait_for("a run after the 2 s pause", Duration::from_secs(15), || {
+        ledger(dir)
+            .keys()
+            .map(|(_, tick)| tick_time(tick))
+            .find(|tick| *tick > until)
+    });
+    assert!(
+        after <= until + chrono::Duration::seconds(4),
+        "{after} after {until}"
+    );
+}
+
+/// [`a_shorter_pause_for_leaves_the_longer_in_force`] on Redis and on etcd.
+fn a_shorter_pause_for_leaves_the_longer_in_force_on(backend: Backend) {
+    let (_cluster, dir, _workers, cli) = every_second(backend, 1);
+    a_shorter_pause_for_leaves_the_longer_in_force(&dir, &cli);
+}
+
+/// [`a_shorter_pause_for_leaves_the_longer_in_force`] on the embedded store.
+#[test]
+fn a_shorter_pause_for_leaves_the_longer_in_force_embedded() {
+    let dir = TestDir::new();
+    let job = ledger_job("tick", "* * * * * *", &dir.ledger());
+    let (_worker, config) = crate::embedded::start_worker(&dir, "w0", &job);
+    a_shorter_pause_for_leaves_the_longer_in_force(&dir, &config);
 }
 
 /// `backend`'s cluster and `n` workers racing `tick`, a ledger job every second; the config for the
@@ -305,9 +472,10 @@ fn pause_errors_are_clear_and_no_majority_exits_3() {
 }
 
 crate::on_every_store!(
-    async: [],
+    async: [a_shorter_pause_keeps_the_longer_in_force_unless_replaced],
     sync: [
         three_workers_start_nothing_while_paused_and_run_again_after_resume,
         a_pause_for_two_seconds_ends_by_itself,
+        a_shorter_pause_for_leaves_the_longer_in_force_on,
     ],
 );

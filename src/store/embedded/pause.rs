@@ -1,24 +1,36 @@
 //! Pauses on the embedded store: one row per paused job in `paused`, with the wall-clock instant it ends
 //! (`NULL`: until resumed), read by every claim in its transaction ([`Shared::pause_of`]), as the Lua
-//! scripts read the `…:paused` key.
+//! scripts read the `…:paused` key. A pause is written in the transaction that reads the pause in force,
+//! so a shorter one never replaces a longer one by accident ([`Pause::decide`]).
 
 use rusqlite::{params, OptionalExtension as _, Transaction};
 
 use super::{now_ms, EmbeddedStore, Shared};
-use crate::lock::{Pause, PauseRead, QuorumFailure};
+use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
 use crate::store::Read;
 
 impl EmbeddedStore {
-    /// Pauses `job` until `pause.until` (or until resumed); see [`crate::store::Store::pause`].
-    pub async fn pause(&self, job: &str, pause: &Pause) -> Result<(), QuorumFailure> {
-        let (job, value) = (job.to_string(), pause.to_value());
-        let until = pause.until.map(|until| until.timestamp_millis());
-        self.write(move |_, transaction| {
-            transaction.execute(
-                "INSERT OR REPLACE INTO paused (job, value, until_ms) VALUES (?1, ?2, ?3)",
-                params![job, value, until],
-            )?;
-            Ok(())
+    /// Pauses `job` until `pause.until` (or until resumed), unless a pause in force outlasts it (with
+    /// [`InForce::KeepLonger`]) or it has ended: decided and written in one transaction; see
+    /// [`crate::store::Store::pause`].
+    pub async fn pause(
+        &self,
+        job: &str,
+        pause: &Pause,
+        in_force: InForce,
+    ) -> Result<PauseOutcome, QuorumFailure> {
+        let (job, pause) = (job.to_string(), pause.clone());
+        self.write(move |shared, transaction| {
+            let current = shared.pause_of(transaction, &job)?;
+            let outcome = pause.decide(current.as_ref(), in_force, chrono::Utc::now());
+            if outcome == PauseOutcome::Paused {
+                let until = pause.until.map(|until| until.timestamp_millis());
+                transaction.execute(
+                    "INSERT OR REPLACE INTO paused (job, value, until_ms) VALUES (?1, ?2, ?3)",
+                    params![job, pause.to_value(), until],
+                )?;
+            }
+            Ok(outcome)
         })
         .await
     }
@@ -87,7 +99,9 @@ mod tests {
 
     use super::super::EmbeddedStore;
     use crate::history::HistorySettings;
-    use crate::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap, Pause};
+    use crate::lock::{
+        ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause, PauseOutcome,
+    };
     use crate::schedule::Tick;
 
     fn open(dir: &TempDir) -> EmbeddedStore {
@@ -109,11 +123,16 @@ mod tests {
         }
     }
 
+    async fn paused(store: &EmbeddedStore, pause: Pause) {
+        let outcome = store.pause("job", &pause, InForce::KeepLonger).await;
+        assert_eq!(outcome.expect("written"), PauseOutcome::Paused);
+    }
+
     #[tokio::test]
     async fn a_paused_job_is_refused_until_resumed_and_a_reopen_keeps_the_pause() {
         let dir = TempDir::new().expect("a temporary directory");
         let store = open(&dir);
-        store.pause("job", &pause(None)).await.expect("paused");
+        paused(&store, pause(None)).await;
         match claim(&store, 1_000).await {
             ClaimOutcome::Paused(found) => assert_eq!(found.reason, "migration"),
             other => panic!("expected Paused, got {other:?}"),
@@ -142,7 +161,7 @@ mod tests {
     async fn a_pause_for_a_while_ends_by_itself() {
         let dir = TempDir::new().expect("a temporary directory");
         let store = open(&dir);
-        store.pause("job", &pause(Some(200))).await.expect("paused");
+        paused(&store, pause(Some(200))).await;
         assert!(matches!(
             claim(&store, 1_000).await,
             ClaimOutcome::Paused(_)
@@ -153,6 +172,38 @@ mod tests {
             store.pauses(&["job".into()]).await.expect("read").value,
             [None]
         );
+    }
+
+    /// A shorter pause leaves a longer one in force (one over too), `Replace` replaces it, and a pause over
+    /// when written is not written: decided in the write's transaction.
+    #[tokio::test]
+    async fn a_shorter_pause_keeps_the_longer_in_force_unless_replaced() {
+        let dir = TempDir::new().expect("a temporary directory");
+        let store = open(&dir);
+        let why = |for_ms, reason: &str| Pause {
+            reason: reason.to_string(),
+            ..pause(for_ms)
+        };
+        let over = why(Some(-1), "over");
+        let outcome = store.pause("job", &over, InForce::KeepLonger).await;
+        assert_eq!(outcome.expect("answered"), PauseOutcome::AlreadyOver);
+        let reason = || async {
+            let read = store.pauses(&["job".into()]).await.expect("read").value;
+            read[0].as_ref().map(|read| read.pause.reason.clone())
+        };
+        assert_eq!(reason().await, None);
+        paused(&store, why(Some(3_600_000), "long")).await;
+        for shorter in [why(Some(2_000), "short"), why(Some(-1), "over")] {
+            match store.pause("job", &shorter, InForce::KeepLonger).await {
+                Ok(PauseOutcome::LongerKept(kept)) => assert_eq!(kept.reason, "long"),
+                other => panic!("expected the longer pause kept, got {other:?}"),
+            }
+        }
+        assert_eq!(reason().await.as_deref(), Some("long"));
+        let short = why(Some(2_000), "short");
+        let outcome = store.pause("job", &short, InForce::Replace).await;
+        assert_eq!(outcome.expect("answered"), PauseOutcome::Paused);
+        assert_eq!(reason().await.as_deref(), Some("short"));
     }
 
     /// A database written by the previous version (schema 1) is upgraded in place, its claims kept.
@@ -177,9 +228,6 @@ mod tests {
             claim(&store, 5_000).await,
             ClaimOutcome::AlreadyClaimed { .. }
         ));
-        store
-            .pause("job", &pause(None))
-            .await
-            .expect("paused on schema 2");
+        paused(&store, pause(None)).await;
     }
 }

@@ -4,8 +4,9 @@
 //!
 //! A pause with an end (`--for`) is bound to an etcd lease of that duration, so etcd deletes it by itself
 //! when the lease expires, measured by etcd rather than by any host's wall clock; a pause without end is
-//! a plain key. A new pause replaces the old one (and its lease binding). Pause and resume are guarded
-//! writes (`pause_guard.rs`): a copy of one that reaches etcd late, after another applied, changes nothing.
+//! a plain key. A new pause replaces the old one (and its lease binding), unless the old one outlasts it
+//! ([`crate::lock::Pause::decide`]). Pause and resume are guarded writes (`pause_guard.rs`): a copy of
+//! one that reaches etcd late, after another applied, changes nothing.
 
 use etcd_client::{Txn, TxnOp, TxnOpResponse};
 
@@ -13,15 +14,20 @@ use super::history::{EXCHANGE_TIMEOUT, MAX_TXN_OPS};
 use super::pause_guard::Change;
 use super::EtcdStore;
 use crate::lock::keys::pause_key;
-use crate::lock::{Pause, PauseRead, QuorumFailure};
+use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
 use crate::store::Read;
 
 impl EtcdStore {
     /// Writes the pause, bound to an etcd lease of its duration if it has one, in a transaction that a
-    /// stale copy cannot apply (`pause_guard.rs`); see [`crate::store::Store::pause`].
-    pub async fn pause(&self, job: &str, pause: &Pause) -> Result<(), QuorumFailure> {
-        let change = self.pause_change(pause).await?;
-        self.write_guarded(job, &change).await.map(|_| ())
+    /// stale copy cannot apply and that applies only on the pause it was decided on (`pause_guard.rs`);
+    /// see [`crate::store::Store::pause`].
+    pub async fn pause(
+        &self,
+        job: &str,
+        pause: &Pause,
+        in_force: InForce,
+    ) -> Result<PauseOutcome, QuorumFailure> {
+        self.pause_guarded(job, pause, in_force).await
     }
 
     /// Deletes the pause, in a transaction that a stale copy cannot apply (`pause_guard.rs`); whether

@@ -14,6 +14,10 @@
 //! pause that ended in between is noticed. `…:pause_seq` holds a new random value per attempt: a refusal
 //! that shows this attempt's own value means that the other copy of this very transaction applied first,
 //! and then the answer is that copy's (for `resume`, whether there was a pause: known from the guard).
+//!
+//! The same guard makes a pause's decision atomic with its write ([`Pause::decide`]): whether a pause in
+//! force outlasts the new one is decided on the pause read with the guard, and the write applies only if
+//! `…:paused` is still that one — else the command reads again and decides again.
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
@@ -21,7 +25,7 @@ use super::history::EXCHANGE_TIMEOUT;
 use super::snapshot::Seen;
 use super::EtcdStore;
 use crate::lock::keys::{pause_key, pause_seq_key};
-use crate::lock::{Pause, QuorumFailure};
+use crate::lock::{InForce, Pause, PauseOutcome, QuorumFailure};
 
 /// How many times a pause or resume reads the guard again after a refusal (each one means another
 /// pause or resume applied meanwhile) before it gives up.
@@ -54,6 +58,14 @@ pub(super) enum Change {
     Resume,
 }
 
+/// A guard as read, with `…:pause_seq` (its value tells a refusal of this very attempt) and the pause in
+/// force (the one a pause's decision is made on).
+struct GuardRead {
+    guard: PauseGuard,
+    seq: Option<Seen>,
+    pause: Option<Pause>,
+}
+
 /// The two keys a guard is made of.
 struct GuardKeys {
     seq: String,
@@ -80,13 +92,17 @@ impl GuardKeys {
 impl EtcdStore {
     /// `job`'s pause guard as it is now (a linearizable read): what a pause or resume sent now compares.
     pub async fn pause_guard(&self, job: &str) -> Result<PauseGuard, QuorumFailure> {
+        Ok(self.guard_read(job).await?.guard)
+    }
+
+    /// `job`'s guard and pause as they are now (a linearizable read).
+    async fn guard_read(&self, job: &str) -> Result<GuardRead, QuorumFailure> {
         let keys = GuardKeys::of(&self.settings.key_prefix, job);
         let answer = self
             .txn(EXCHANGE_TIMEOUT, Txn::new().and_then(keys.gets()))
             .await
             .map_err(|why| self.failure(why))?;
-        let (_, guard) = read_guard(&answer.op_responses()).map_err(|why| self.failure(why))?;
-        Ok(guard)
+        read_guard(&answer.op_responses()).map_err(|why| self.failure(why))
     }
 
     /// One attempt at pausing `job` under `guard`: applies only if no pause or resume applied since the
@@ -137,9 +153,48 @@ impl EtcdStore {
                 Guarded::Refused(now) => guard = now,
             }
         }
-        Err(self.failure(format!(
+        Err(self.overtaken(job))
+    }
+
+    /// Writes `pause` unless the pause in force outlasts it (with [`InForce::KeepLonger`]) or it has
+    /// ended ([`Pause::decide`], on the pause read with the guard); after a refusal, reads and decides
+    /// again. Fails if etcd does not answer, or if the guard was overtaken [`MAX_TRIES`] times in a row.
+    pub(super) async fn pause_guarded(
+        &self,
+        job: &str,
+        pause: &Pause,
+        in_force: InForce,
+    ) -> Result<PauseOutcome, QuorumFailure> {
+        let mut read = self.guard_read(job).await?;
+        let mut change: Option<Change> = None;
+        for _ in 0..MAX_TRIES {
+            let decided = pause.decide(read.pause.as_ref(), in_force, chrono::Utc::now());
+            if decided != PauseOutcome::Paused {
+                // Nothing was written, by this attempt or an earlier refused one: the lease binds nothing.
+                if let Some(Change::Pause {
+                    lease: Some(id), ..
+                }) = change
+                {
+                    self.revoke_later(id);
+                }
+                return Ok(decided);
+            }
+            let change = match &mut change {
+                Some(change) => change,
+                unset => unset.insert(self.pause_change(pause).await?),
+            };
+            match self.write_once(job, change, read.guard).await? {
+                (Guarded::Applied { .. }, _) => return Ok(PauseOutcome::Paused),
+                (Guarded::Refused(_), now) => read = now,
+            }
+        }
+        Err(self.overtaken(job))
+    }
+
+    fn overtaken(&self, job: &str) -> QuorumFailure {
+        self.failure(format!(
             "the pause of {job} changed {MAX_TRIES} times while this command tried to write it"
-        )))
+        ))
     }
 
     /// One guarded transaction of `change` under `guard` (see the module's doc).
@@ -149,6 +204,16 @@ impl EtcdStore {
         change: &Change,
         guard: PauseGuard,
     ) -> Result<Guarded, QuorumFailure> {
+        Ok(self.write_once(job, change, guard).await?.0)
+    }
+
+    /// One guarded transaction of `change` under `guard`, and the guard and pause as a refusal found them.
+    async fn write_once(
+        &self,
+        job: &str,
+        change: &Change,
+        guard: PauseGuard,
+    ) -> Result<(Guarded, GuardRead), QuorumFailure> {
         let keys = GuardKeys::of(&self.settings.key_prefix, job);
         let stamp = uuid::Uuid::new_v4().simple().to_string();
         let write = match change {
@@ -171,15 +236,20 @@ impl EtcdStore {
             .await
             .map_err(|why| self.failure(why))?;
         if answer.succeeded() {
-            return Ok(guard.applied());
+            let unread = GuardRead {
+                guard,
+                seq: None,
+                pause: None,
+            };
+            return Ok((guard.applied(), unread));
         }
-        let (seq, now) = read_guard(&answer.op_responses()).map_err(|why| self.failure(why))?;
-        Ok(refusal(guard, &stamp, seq.as_ref(), now))
+        let now = read_guard(&answer.op_responses()).map_err(|why| self.failure(why))?;
+        Ok((refusal(guard, &stamp, now.seq.as_ref(), now.guard), now))
     }
 }
 
-/// The guard from the gets of [`GuardKeys::gets`], and `…:pause_seq` as read.
-fn read_guard(responses: &[TxnOpResponse]) -> Result<(Option<Seen>, PauseGuard), String> {
+/// The guard, `…:pause_seq` and the pause from the gets of [`GuardKeys::gets`].
+fn read_guard(responses: &[TxnOpResponse]) -> Result<GuardRead, String> {
     let one = |index: usize| match responses.get(index) {
         Some(TxnOpResponse::Get(get)) => super::snapshot::seen(get),
         _ => Err("unexpected transaction answer".to_string()),
@@ -190,7 +260,11 @@ fn read_guard(responses: &[TxnOpResponse]) -> Result<(Option<Seen>, PauseGuard),
         seq: revision(&seq),
         paused: revision(&paused),
     };
-    Ok((seq, guard))
+    Ok(GuardRead {
+        guard,
+        pause: paused.map(|seen| Pause::from_value(&seen.value)),
+        seq,
+    })
 }
 
 /// How a refused write sent under `sent` with stamp `stamp` ended, given `…:pause_seq` as it is now

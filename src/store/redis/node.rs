@@ -96,6 +96,9 @@ impl Node {
             for source in super::triggers::sources() {
                 load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
             }
+            for source in super::pause::sources() {
+                load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+            }
             load.query_async::<()>(&mut connection).await?;
             pipeline.query_async::<Vec<Value>>(&mut connection).await
         };

@@ -214,6 +214,7 @@ impl Fixture {
             started_at: Utc::now(),
             running: Vec::new(),
             heartbeat_ms: 5000,
+            honours: Some(vec!["pause".to_string(), "trigger".to_string()]),
             state: "running".to_string(),
             seen_at: None,
             alive: false,
