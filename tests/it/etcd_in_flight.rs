@@ -69,9 +69,14 @@ async fn race(
     outcomes
 }
 
-/// The one winner of a round and its lease; panics unless exactly one contender won and every other was
-/// told the tick is taken (a claim left undecided, or two winners, fails the test).
-fn one_winner(round: i64, outcomes: Vec<(String, ClaimOutcome)>) -> (String, Lease) {
+/// The one winner of a round and its lease; panics unless exactly one contender won, every other was told
+/// the tick is taken (a claim left undecided, or two winners, fails the test), and the winner's token is
+/// above `last_token`, the previous round's (which it then becomes).
+fn one_winner(
+    round: i64,
+    outcomes: Vec<(String, ClaimOutcome)>,
+    last_token: &mut u64,
+) -> (String, Lease) {
     let mut winners = Vec::new();
     for (name, outcome) in &outcomes {
         match outcome {
@@ -81,7 +86,14 @@ fn one_winner(round: i64, outcomes: Vec<(String, ClaimOutcome)>) -> (String, Lea
         }
     }
     assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
-    winners.remove(0)
+    let (winner, lease) = winners.remove(0);
+    assert!(
+        lease.token > *last_token,
+        "round {round}: token {} after {last_token}",
+        lease.token
+    );
+    *last_token = lease.token;
+    (winner, lease)
 }
 
 /// A claimant that comes after the fault is over finds the tick taken, by the round's winner.
@@ -170,13 +182,7 @@ async fn one_winner_through_faults(fault: Fault) {
             Fault::Kill => cluster.restart(victim),
             Fault::Hang => cluster.cont(victim),
         }
-        let (winner, lease) = one_winner(round, outcomes);
-        assert!(
-            lease.token > last_token,
-            "round {round}: token {} after {last_token}",
-            lease.token
-        );
-        last_token = lease.token;
+        let (winner, lease) = one_winner(round, outcomes, &mut last_token);
         still_taken(&checker, job, tick, &winner).await;
         let holder = if winner == SLOW {
             &slow
@@ -227,13 +233,7 @@ async fn a_lost_transaction_answer_is_settled_by_reading_back() {
         ];
         let outcomes = race(contenders, job, tick).await;
         let lost = proxies.iter().map(DelayProxy::lost).sum::<usize>() > lost_before;
-        let (winner, lease) = one_winner(round, outcomes);
-        assert!(
-            lease.token > last_token,
-            "round {round}: token {} after {last_token}",
-            lease.token
-        );
-        last_token = lease.token;
+        let (winner, lease) = one_winner(round, outcomes, &mut last_token);
         still_taken(&checker, job, tick, &winner).await;
         lost_rounds += usize::from(lost);
         if winner == SLOW {

@@ -285,6 +285,18 @@ fn loaded_at(
     clear.then(|| reloads.iter().filter(|at| **at < tick).count())
 }
 
+/// The definition `run`'s worker had loaded at its tick ([`loaded_at`]), from each worker's reloads.
+fn loaded_by(
+    reloads: &[(String, Vec<chrono::DateTime<chrono::Utc>>)],
+    run: &Marked,
+) -> Option<usize> {
+    let (_, of_worker) = reloads
+        .iter()
+        .find(|(id, _)| *id == run.worker)
+        .unwrap_or_else(|| panic!("{run:?} by an unknown worker"));
+    loaded_at(of_worker, run.tick)
+}
+
 /// A config file replaced (a new file renamed over it, as editors and deploys do) 5 times, each time while
 /// a 3-second run of the job it defines is under way, under two workers that read the same file: each run
 /// under way finishes with its definition (success, its lease kept: no lease lost, no run of the next
@@ -368,15 +380,11 @@ fn a_config_replaced_while_its_job_runs_lets_the_run_finish() {
     // Each worker ran each tick with the definition it had loaded by then.
     let mut with_new = 0;
     for run in &runs {
-        let (_, of_worker) = reloads
-            .iter()
-            .find(|(id, _)| *id == run.worker)
-            .unwrap_or_else(|| panic!("{run:?} by an unknown worker"));
-        if let Some(version) = loaded_at(of_worker, run.tick) {
+        if let Some(version) = loaded_by(&reloads, run) {
             assert_eq!(
                 run.label,
                 format!("v{version}"),
-                "{run:?}; reloads {of_worker:?}"
+                "{run:?}; reloads {reloads:?}"
             );
             with_new += usize::from(version > 0);
         }
@@ -481,12 +489,8 @@ fn a_renamed_job_is_a_new_job_and_the_old_names_run_finishes() {
     // Each worker ran the names its file had when the tick came: old, then new, then newer.
     let names = ["old", "new", "newer"];
     for run in &runs {
-        let (_, of_worker) = reloads
-            .iter()
-            .find(|(id, _)| *id == run.worker)
-            .unwrap_or_else(|| panic!("{run:?} by an unknown worker"));
-        if let Some(loaded) = loaded_at(of_worker, run.tick) {
-            assert_eq!(run.label, names[loaded], "{run:?}; reloads {of_worker:?}");
+        if let Some(loaded) = loaded_by(&reloads, run) {
+            assert_eq!(run.label, names[loaded], "{run:?}; reloads {reloads:?}");
         }
     }
     // Paused, the old name ran nothing after `pause` returned, so no instant ran under both.
