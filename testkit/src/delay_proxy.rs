@@ -4,6 +4,9 @@
 //! Bytes from the client are scanned for a marker (e.g. the SHA1 of a script, which every `EVALSHA` of it
 //! carries); while delays are armed ([`DelayProxy::delay_next`]), a chunk that contains the marker waits
 //! before it is forwarded, and everything behind it on that connection waits too, as on a real link.
+//! Chosen requests can also be lost instead ([`DelayProxy::lose_answer_next`],
+//! [`DelayProxy::lose_request_next`]): the connection that carried one is cut, with the node's answer (or
+//! the request itself) never passed on — a reply lost on its way back, or a request that never arrived.
 //! Plain threads, so it runs beside any test runtime; everything stops on drop.
 
 use std::io::{Read, Write};
@@ -22,6 +25,11 @@ struct Shared {
     delay: Duration,
     armed: AtomicUsize,
     delayed: AtomicUsize,
+    /// Marked chunks still to pass on before their connection is cut, its answers dropped.
+    losing_answers: AtomicUsize,
+    /// Marked chunks still to drop, with their connection.
+    losing_requests: AtomicUsize,
+    lost: AtomicUsize,
     stopping: AtomicBool,
     streams: Mutex<Vec<TcpStream>>,
 }
@@ -37,6 +45,9 @@ impl DelayProxy {
             delay,
             armed: AtomicUsize::new(0),
             delayed: AtomicUsize::new(0),
+            losing_answers: AtomicUsize::new(0),
+            losing_requests: AtomicUsize::new(0),
+            lost: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             streams: Mutex::new(Vec::new()),
         });
@@ -61,8 +72,14 @@ impl DelayProxy {
                     streams.extend(server.try_clone());
                 }
                 let up = Arc::clone(&accept);
-                std::thread::spawn(move || pump(client_reader, server, Some(&up)));
-                std::thread::spawn(move || pump(server_reader, client, None));
+                let cut = Arc::new(AtomicBool::new(false));
+                let link = Link {
+                    shared: up,
+                    cut: Arc::clone(&cut),
+                    client: client.try_clone().ok(),
+                };
+                std::thread::spawn(move || pump(client_reader, server, Some(&link)));
+                std::thread::spawn(move || answer(server_reader, client, &cut));
             }
         });
         DelayProxy { port, shared }
@@ -71,6 +88,29 @@ impl DelayProxy {
     /// The URL workers and stores use instead of the node's.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port the proxy listens on (for a node that is not Redis: `http://127.0.0.1:<port>` for etcd).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Passes the next `count` chunks that carry the marker on to the node, then — the proxy's delay
+    /// later, time for the node to apply them — cuts their connection without passing on anything the
+    /// node answered on it since: the request applied, its answer lost.
+    pub fn lose_answer_next(&self, count: usize) {
+        self.shared.losing_answers.store(count, Ordering::SeqCst);
+    }
+
+    /// Drops the next `count` chunks that carry the marker and cuts their connection: the request never
+    /// reaches the node.
+    pub fn lose_request_next(&self, count: usize) {
+        self.shared.losing_requests.store(count, Ordering::SeqCst);
+    }
+
+    /// How many marked chunks had their answer or themselves lost so far.
+    pub fn lost(&self) -> usize {
+        self.shared.lost.load(Ordering::SeqCst)
     }
 
     /// Holds back the next `count` chunks that carry the marker.
@@ -84,28 +124,79 @@ impl DelayProxy {
     }
 }
 
-/// Copies `from` to `to`; with `delays`, holds back marked chunks while delays are armed.
-fn pump(mut from: TcpStream, mut to: TcpStream, delays: Option<&Shared>) {
+/// One proxied connection, as the client-to-node pump sees it.
+struct Link {
+    shared: Arc<Shared>,
+    /// Set once the connection is being cut: the node's answers are no longer passed on.
+    cut: Arc<AtomicBool>,
+    client: Option<TcpStream>,
+}
+
+/// Takes one from `counter` if it is above zero.
+fn take_one(counter: &AtomicUsize) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+/// Copies `from` (the client) to `to` (the node); with `link`, delays or loses marked chunks as armed.
+fn pump(mut from: TcpStream, mut to: TcpStream, link: Option<&Link>) {
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buffer) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if let Some(shared) = delays {
+        if let Some(link) = link {
+            let shared = &link.shared;
             let marked = buffer[..n]
                 .windows(shared.marker.len())
                 .any(|window| window == shared.marker.as_slice());
-            let take = |armed: usize| armed.checked_sub(1);
-            if marked
-                && shared
-                    .armed
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take)
-                    .is_ok()
-            {
+            if marked && take_one(&shared.losing_requests) {
+                shared.lost.fetch_add(1, Ordering::SeqCst);
+                link.cut.store(true, Ordering::SeqCst);
+                break;
+            }
+            if marked && take_one(&shared.losing_answers) {
+                shared.lost.fetch_add(1, Ordering::SeqCst);
+                link.cut.store(true, Ordering::SeqCst);
+                let _ = to.write_all(&buffer[..n]);
+                std::thread::sleep(shared.delay);
+                break;
+            }
+            if marked && take_one(&shared.armed) {
                 shared.delayed.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(shared.delay);
             }
+        }
+        if to.write_all(&buffer[..n]).is_err() {
+            break;
+        }
+    }
+    match link {
+        // A cut connection: closed both ways at once, as a broken link or a reset shows it.
+        Some(link) if link.cut.load(Ordering::SeqCst) => {
+            let _ = to.shutdown(Shutdown::Both);
+            if let Some(client) = &link.client {
+                let _ = client.shutdown(Shutdown::Both);
+            }
+        }
+        _ => {
+            let _ = to.shutdown(Shutdown::Write);
+        }
+    }
+}
+
+/// Copies the node's answers (`from`) to the client (`to`), dropping them once the connection is cut.
+fn answer(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if cut.load(Ordering::SeqCst) {
+            continue;
         }
         if to.write_all(&buffer[..n]).is_err() {
             break;

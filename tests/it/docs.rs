@@ -16,6 +16,7 @@ const MODULES: &[&str] = &[
     "deploy",
     "embedded",
     "etcd",
+    "etcd_in_flight",
     "etcd_pause",
     "etcd_series",
     "history",

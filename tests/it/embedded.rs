@@ -2,8 +2,9 @@
 //!
 //! What the file adds over process memory is what these prove: a restarted worker — even one whose wall
 //! clock stepped back across the restart — runs no tick again and hands out higher tokens; two worker
-//! processes sharing one file run each tick once; history outlives the process that wrote it; and a file
-//! that is not a database stops the worker with an error that names it.
+//! processes sharing one file run each tick once, also while one of them is frozen inside a transaction;
+//! history outlives the process that wrote it; and a file that is not a database stops the worker with an
+//! error that names it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -301,4 +302,156 @@ fn workers_started_together_on_a_new_file_both_start() {
                 .unwrap_or_else(|| panic!("worker did not start: {}", worker.stderr()));
         }
     }
+}
+
+/// Whether process `pid` holds the write lock of the database whose WAL index is `shm`: SQLite takes it
+/// (a POSIX lock on byte 120 of the `-shm` file) at `BEGIN IMMEDIATE` and keeps it until the commit, so a
+/// process stopped while it holds it was stopped inside a write transaction.
+fn holds_write_lock(pid: u32, shm: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(inode) = std::fs::metadata(shm).map(|m| m.ino()) else {
+        return false;
+    };
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // `<n>: POSIX ADVISORY WRITE <pid> <maj:min:inode> <start> <end>`
+        matches!(
+            fields[..],
+            [_, "POSIX", _, "WRITE", p, file, "120", "120"]
+                if p == pid.to_string() && file.rsplit(':').next() == Some(&inode.to_string())
+        )
+    })
+}
+
+/// A worker SIGSTOPped inside a write transaction — stopped at random moments just after the second's
+/// claims until 6 stops found it holding the database's write lock, each held 0.5 to 6 s (past the 2 s
+/// busy timeout and the 2 s lease) — beside a second worker on the same file, four jobs every second: no
+/// tick runs twice and tokens rise; the second worker's transactions time out instead of waiting for good
+/// (`tick.retrying` or `tick.skipped`, "database is locked") and it runs ticks again once the first
+/// resumes; every tick ran or is in the history as skipped or missed; the file passes SQLite's integrity
+/// check.
+#[test]
+fn a_worker_stopped_inside_a_transaction_blocks_nothing_for_good() {
+    const INSIDE: usize = 6;
+    let dir = TestDir::new();
+    let jobs: String = (0..4)
+        .map(|i| ledger_job(&format!("j{i}"), "* * * * * *", &dir.ledger()))
+        .collect();
+    // The history keeps every tick of the test (four minutes at most), for the check that none was lost.
+    let yaml = |id: &str| format!("history:\n  keep_ticks: 1000\n{}", config(id, &jobs));
+    let mut workers: Vec<Worker> = ["a", "b"]
+        .into_iter()
+        .map(|id| Worker::spawn(dir.write(format!("{id}.yaml"), yaml(id)), &[]))
+        .collect();
+    for worker in &workers {
+        worker
+            .wait_for_event("worker.started", Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("worker started: {}", worker.stderr()));
+    }
+    let window_start = Utc::now() + chrono::Duration::seconds(2);
+    let shm = dir.join("redcron.db-shm");
+    let holds = [500, 3_000, 6_000];
+    let (mut stops, mut inside, mut resumed_at) = (0, 0, Utc::now());
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while inside < INSIDE {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {inside} of {stops} stops were inside a transaction"
+        );
+        // Just after a second's claims begin, at a few random offsets: a claim, a release or a history
+        // write is under way then. A stop that finds no transaction is continued at once.
+        let second = Utc::now().timestamp() + 1;
+        let mut offsets: Vec<i64> = (0..4).map(|_| rand::random_range(0..80)).collect();
+        offsets.sort_unstable();
+        for offset in offsets {
+            let at = second * 1_000 + offset;
+            let wait = at - Utc::now().timestamp_millis();
+            std::thread::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0)));
+            workers[0].stop();
+            stops += 1;
+            let held = holds_write_lock(workers[0].pid(), &shm);
+            if held {
+                std::thread::sleep(Duration::from_millis(holds[inside % holds.len()]));
+                inside += 1;
+            }
+            workers[0].cont();
+            resumed_at = Utc::now();
+            if held {
+                break;
+            }
+        }
+        // Between stops the first worker gets a moment to go on as usual.
+        std::thread::sleep(Duration::from_millis(rand::random_range(300..1_000)));
+    }
+    // Both run again after the last resume: a tick of every job after it ran.
+    let ran_after = |job: &str| {
+        ledger(&dir).keys().any(|(name, tick)| {
+            name == job && tick_time(tick) > resumed_at + chrono::Duration::seconds(1)
+        })
+    };
+    crate::inspect::workers::wait_for(
+        "runs after the last resume",
+        Duration::from_secs(30),
+        || (0..4).all(|i| ran_after(&format!("j{i}"))).then_some(()),
+    );
+    // Long enough for a tick nobody ran to be reported missed (its window, max_clock_offset, 2 s).
+    std::thread::sleep(Duration::from_secs(5));
+    let window_end = resumed_at;
+    // b's claims that waited out the busy timeout: retried, or skipped once the next tick came.
+    let locked = workers[1]
+        .logs()
+        .iter()
+        .filter(|e| e["event"] == "tick.retrying" || e["event"] == "tick.skipped")
+        .filter(|e| {
+            e["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("database is locked"))
+        })
+        .count();
+    for worker in &mut workers {
+        stop(worker);
+    }
+
+    let runs = runs_once_with_rising_tokens(&dir);
+    let history: Vec<Entry> = (0..4)
+        .flat_map(|i| read_history(&dir.join("b.yaml"), &format!("j{i}")))
+        .collect();
+    let mut reported = 0;
+    for second in window_start.timestamp()..=window_end.timestamp() {
+        for i in 0..4 {
+            let job = format!("j{i}");
+            let tick = DateTime::from_timestamp(second, 0).expect("a second");
+            if runs
+                .iter()
+                .any(|(name, at, _, _)| *name == job && *at == tick)
+            {
+                continue;
+            }
+            let told = history.iter().any(|e| {
+                e.job == job
+                    && e.tick == tick.timestamp_millis()
+                    && matches!(e.kind, Kind::Skipped | Kind::Missed)
+            });
+            let of_tick: Vec<&Entry> = (history.iter())
+                .filter(|e| e.job == job && e.tick == tick.timestamp_millis())
+                .collect();
+            assert!(
+                told,
+                "{job} {tick} neither ran nor was reported: {of_tick:?}"
+            );
+            reported += 1;
+        }
+    }
+    assert!(locked > 0, "b never timed out on the lock");
+    let database = rusqlite::Connection::open(dir.join("redcron.db")).expect("the file opens");
+    let check: String = database
+        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        .expect("integrity_check runs");
+    assert_eq!(check, "ok");
+    eprintln!(
+        "SQLite worker stopped {stops} times, {inside} inside a write transaction: {} runs, each tick once, \
+         {reported} ticks skipped or missed (reported), b timed out on the lock {locked} times, integrity ok",
+        runs.len()
+    );
 }

@@ -12,6 +12,7 @@ mod docs;
 mod embedded;
 mod etcd;
 mod etcd_failover;
+mod etcd_in_flight;
 mod etcd_pause;
 mod etcd_series;
 mod herd;

@@ -4,21 +4,25 @@
 //! ran out.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use redcron::history::{Entry, Kind};
+use redcron::history::{Entry, HistorySettings, Kind};
 use redcron::lock::{
     ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause, PauseOutcome,
 };
 use redcron::schedule::Tick;
+use redcron::store::embedded::EmbeddedStore;
 use redcron::store::redis::{scripts, RedisStore};
 use redcron::store::Store;
 
 use crate::inspect::workers::wait_for;
 use crate::inspect::{inspect, parse};
-use crate::support::{Backend, Cluster, DelayProxy, RedisCluster, TestDir, Worker};
-use crate::worker::{ledger, ledger_job, start_workers_with, tick_time};
+use crate::support::{
+    claim_until_final, Backend, Cluster, DelayProxy, RedisCluster, TestDir, Worker, SETTLE,
+};
+use crate::worker::{ledger, ledger_job, start_workers, start_workers_with, tick_time};
 
 fn store(urls: &[String], settings: LockSettings) -> Store {
     Store::Redis(RedisStore::new(urls, settings).expect("valid node URLs"))
@@ -471,8 +475,255 @@ fn pause_errors_are_clear_and_no_majority_exits_3() {
     );
 }
 
+/// How one claim raced one `pause` of its job: when each began and returned, and the claim's outcome.
+struct Race {
+    claim: (Instant, Instant),
+    pause: (Instant, Instant),
+    outcome: ClaimOutcome,
+}
+
+/// One claim of `tick` by `claimant` and one `pause` of `job` by `operator`, the second started `offset`
+/// after the first (the claim first for a positive offset).
+async fn race_once(
+    claimant: &Arc<Store>,
+    operator: &Arc<Store>,
+    job: &str,
+    tick: i64,
+    offset: i64,
+) -> Race {
+    let wait = |us: i64| Duration::from_micros(u64::try_from(us).unwrap_or(0));
+    let request = ClaimRequest::new("claimant", job, Tick(tick), Overlap::Skip, "f");
+    let claim = tokio::spawn({
+        let claimant = Arc::clone(claimant);
+        async move {
+            tokio::time::sleep(wait(-offset)).await;
+            let start = Instant::now();
+            let outcome = claimant.claim(&request).await;
+            ((start, Instant::now()), outcome)
+        }
+    });
+    let pausing = tokio::spawn({
+        let (operator, job) = (Arc::clone(operator), job.to_string());
+        async move {
+            tokio::time::sleep(wait(offset)).await;
+            let start = Instant::now();
+            operator
+                .pause(&job, &pause(None), InForce::KeepLonger)
+                .await
+                .expect("a majority took the pause");
+            (start, Instant::now())
+        }
+    });
+    let (claim, outcome) = claim.await.expect("the claim task");
+    let pause = pausing.await.expect("the pause task");
+    Race {
+        claim,
+        pause,
+        outcome,
+    }
+}
+
+/// `pause` racing a claim of a tick of its job, 40 times (a new job each time), started a random moment
+/// apart within about the time each takes, from two stores (two processes' connections): the two are
+/// linearizable — a claim that began after `pause` returned is refused (`Paused`), one that returned
+/// before `pause` began is won, those in between go either way — and afterwards the pause stands: another
+/// claimant's claim of the tick, and the claim of the next tick, are refused. Returns the tally.
+async fn pause_races_claims(claimant: Store, operator: Store) -> String {
+    const RACES: i64 = 40;
+    let (claimant, operator) = (Arc::new(claimant), Arc::new(operator));
+    // Offsets within the time one claim or pause takes (the median so far: a loaded machine has outliers).
+    let took = |race: &Race| {
+        let micros = |(start, end): (Instant, Instant)| (end - start).as_micros() as i64;
+        micros(race.claim).max(micros(race.pause))
+    };
+    let mut durations = Vec::new();
+    for warm_up in 0..3 {
+        let warm = race_once(&claimant, &operator, &format!("warm-{warm_up}"), 1_000, 0).await;
+        durations.push(took(&warm));
+    }
+    let median = |durations: &mut Vec<i64>| {
+        durations.sort_unstable();
+        durations[durations.len() / 2].max(200)
+    };
+    let (mut won, mut paused, mut undecided, mut overlapped) = (0, 0, 0, 0);
+    for race in 1..=RACES {
+        let (job, tick) = (format!("race-{race}"), race * 1_000);
+        let spread = median(&mut durations);
+        let offset = rand::random_range(-spread..=spread);
+        let raced = race_once(&claimant, &operator, &job, tick, offset).await;
+        durations.push(took(&raced));
+        let Race {
+            claim,
+            pause,
+            outcome,
+        } = raced;
+        let overlap = claim.0 < pause.1 && pause.0 < claim.1;
+        overlapped += usize::from(overlap);
+        match outcome {
+            ClaimOutcome::Won(lease) => {
+                assert!(
+                    claim.0 < pause.1,
+                    "race {race}: a claim begun after the pause won"
+                );
+                won += 1;
+                claimant.release(&lease).await;
+            }
+            ClaimOutcome::Paused(_) => {
+                assert!(
+                    claim.1 > pause.0,
+                    "race {race}: a claim done before the pause was refused"
+                );
+                paused += 1;
+            }
+            // A claim that found no quorum in time (a loaded machine): neither granted nor refused.
+            ClaimOutcome::NoQuorum(_) => undecided += 1,
+            other => panic!("race {race}: {other:?}"),
+        }
+        for (who, at) in [("rival", tick), ("claimant", tick + 1_000)] {
+            let request = ClaimRequest::new(who, &job, Tick(at), Overlap::Skip, "f");
+            let after = claim_until_final(&claimant, &request, SETTLE).await;
+            assert!(
+                matches!(after, ClaimOutcome::Paused(_)),
+                "race {race}: {who}'s claim of {at} after the pause: {after:?}"
+            );
+        }
+    }
+    assert!(
+        won + paused >= RACES as usize / 2,
+        "too few races decided: {won} won, {paused} paused"
+    );
+    assert!(overlapped > 0, "no claim overlapped a pause");
+    format!(
+        "{RACES} pauses racing a claim ({overlapped} overlapping in time, offsets within {} µs): {won} \
+         claims won, {paused} refused as paused, {undecided} without quorum; 0 won after the pause \
+         returned; the pause stood every time",
+        median(&mut durations)
+    )
+}
+
+/// `pause` racing a claim in flight, on Redis or etcd (see [`pause_races_claims`]).
+async fn a_pause_racing_a_claim_in_flight_is_linearizable(backend: Backend) {
+    let cluster = backend.start();
+    let settings = LockSettings::default();
+    let tally = pause_races_claims(cluster.store(settings.clone()), cluster.store(settings)).await;
+    eprintln!("{backend:?}: {tally}");
+}
+
+/// `pause` racing a claim in flight on the embedded store, from two connections to one file (two processes
+/// of one host) (see [`pause_races_claims`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pause_racing_a_claim_in_flight_is_linearizable_on_the_embedded_store() {
+    let dir = TestDir::new();
+    let open = || {
+        let store = EmbeddedStore::open(
+            &dir.join("redcron.db"),
+            LockSettings::default(),
+            HistorySettings::default(),
+        )
+        .expect("the database opens");
+        Store::Embedded(store)
+    };
+    let tally = pause_races_claims(open(), open()).await;
+    eprintln!("Embedded: {tally}");
+}
+
+/// `pause` sent at a random moment from 5 ms before to 5 ms after a tick of a job every second — while the
+/// tick's claims are in flight — 12 times (resumed 1.3 s later), two workers racing each tick: no tick
+/// whose claims began after `pause` returned ran (a tick more than 20 ms after it, for the offset between
+/// cluster time and this host's clock), nor any while paused; a tick granted just before the pause may
+/// still start after `pause` returned, as the README says — counted, with how late.
+#[test]
+fn a_pause_at_a_tick_refuses_every_claim_begun_after_it() {
+    const ROUNDS: usize = 12;
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let mut workers = start_workers(
+        &cluster,
+        &dir,
+        2,
+        "",
+        &ledger_job("tick", "* * * * * *", &dir.ledger()),
+    );
+    let runtime = crate::history::runtime();
+    let operator = runtime.block_on(async { store(&cluster.urls(), LockSettings::default()) });
+    let mut rounds = Vec::new();
+    for _ in 0..ROUNDS {
+        // A tick at least a second away, so that the job runs again after the last resume.
+        let tick = (Utc::now().timestamp_millis() / 1_000 + 2) * 1_000;
+        let aim = tick + rand::random_range(-5..=5);
+        let wait = aim - Utc::now().timestamp_millis();
+        std::thread::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0)));
+        runtime
+            .block_on(operator.pause("tick", &pause(None), InForce::KeepLonger))
+            .expect("paused");
+        let returned = Utc::now();
+        std::thread::sleep(Duration::from_millis(1_300));
+        let resuming = Utc::now();
+        assert!(runtime.block_on(operator.resume("tick")).expect("resumed"));
+        rounds.push((tick, returned, resuming));
+    }
+    wait_for(
+        "a run after the last resume",
+        Duration::from_secs(20),
+        || {
+            let last = rounds.last().map(|(_, _, resuming)| *resuming)?;
+            ledger(&dir)
+                .keys()
+                .any(|(_, tick)| tick_time(tick) > last)
+                .then_some(())
+        },
+    );
+    for worker in &mut workers {
+        worker.signal(libc::SIGTERM);
+        assert!(worker.wait_timeout(Duration::from_secs(30)).is_some());
+    }
+
+    let runs = ledger(&dir);
+    assert!(runs.values().all(|run| run.len() == 1), "{runs:?}");
+    let ran = |tick: DateTime<Utc>| runs.keys().any(|(_, at)| tick_time(at) == tick);
+    let started: Vec<serde_json::Value> = workers
+        .iter()
+        .flat_map(|worker| worker.events("run.started"))
+        .collect();
+    let (mut before, mut refused, mut started_after, mut latest) = (0, 0, 0, 0);
+    for (tick, returned, resuming) in &rounds {
+        let tick = DateTime::from_timestamp_millis(*tick).expect("a tick");
+        let margin = chrono::Duration::milliseconds(20);
+        let during: Vec<DateTime<Utc>> = (runs.keys())
+            .map(|(_, at)| tick_time(at))
+            .filter(|at| *at > tick && at < resuming)
+            .collect();
+        assert!(during.is_empty(), "ran while paused: {during:?}");
+        if !ran(tick) {
+            refused += 1;
+            continue;
+        }
+        assert!(
+            tick < *returned + margin,
+            "{tick} ran, though its claims began after the pause returned at {returned}"
+        );
+        before += 1;
+        let late = started.iter().find_map(|e| {
+            let at = e["timestamp"].as_str().map(tick_time)?;
+            (e["tick"].as_str().map(tick_time) == Some(tick) && at > *returned).then_some(at)
+        });
+        if let Some(at) = late {
+            started_after += 1;
+            latest = latest.max((at - *returned).num_microseconds().unwrap_or(0));
+        }
+    }
+    eprintln!(
+        "{ROUNDS} pauses at a tick (2 workers): {before} ticks granted before the pause ran ({started_after} \
+         of them started after `pause` returned, at most {latest} µs after), {refused} refused as paused, \
+         none while paused"
+    );
+}
+
 crate::on_every_store!(
-    async: [a_shorter_pause_keeps_the_longer_in_force_unless_replaced],
+    async: [
+        a_shorter_pause_keeps_the_longer_in_force_unless_replaced,
+        a_pause_racing_a_claim_in_flight_is_linearizable
+    ],
     sync: [
         three_workers_start_nothing_while_paused_and_run_again_after_resume,
         a_pause_for_two_seconds_ends_by_itself,

@@ -1,5 +1,7 @@
 //! Hot reload: SIGHUP and a changed config file reload the jobs of a running worker; a broken file is
-//! logged and not applied; a job removed while it runs finishes under its lease.
+//! logged and not applied; a job removed while it runs finishes under its lease; a file replaced (renamed
+//! over) while its job runs lets the run finish and changes the ticks after each worker's reload; a
+//! renamed job is a new job.
 
 use std::time::Duration;
 
@@ -161,4 +163,379 @@ fn a_job_removed_while_it_runs_finishes() {
         .count();
     assert_eq!(started, 1, "long was raced again after its removal");
     drop(worker);
+}
+
+/// One run of a [`marked_job`], from its start and end lines.
+#[derive(Debug, Clone)]
+struct Marked {
+    label: String,
+    tick: chrono::DateTime<chrono::Utc>,
+    token: u64,
+    worker: String,
+    started_ns: i128,
+    ended_ns: Option<i128>,
+}
+
+/// A job that appends `<label> start <tick> <token> <worker> <ns>` to `ledger`, sleeps `seconds`, and
+/// appends the same with `end`; `label` is shell text (`v2`, `$REDCRON_JOB`).
+fn marked_job(name: &str, label: &str, seconds: f64, ledger: &std::path::Path) -> String {
+    let line = |phase: &str| {
+        format!(
+            "echo \"{label} {phase} $REDCRON_TICK $REDCRON_FENCING_TOKEN $REDCRON_WORKER_ID $(date +%s%N)\" \
+             >> {}",
+            ledger.display()
+        )
+    };
+    format!(
+        "  - name: {name}\n    schedule: \"* * * * * *\"\n    command: '{}; sleep {seconds}; {}'\n",
+        line("start"),
+        line("end")
+    )
+}
+
+/// Every run the ledger holds, in the order they started; a run is one start line and the end line of the
+/// same label, tick and token.
+fn marked_runs(dir: &TestDir) -> Vec<Marked> {
+    let mut runs: Vec<Marked> = Vec::new();
+    for line in dir.ledger_lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [label, phase, tick, token, worker, ns] = fields[..] else {
+            panic!("bad ledger line {line:?}")
+        };
+        let token: u64 = token.parse().expect("a token");
+        let ns: i128 = ns.parse().expect("nanoseconds");
+        if phase == "start" {
+            runs.push(Marked {
+                label: label.to_string(),
+                tick: tick_time(tick),
+                token,
+                worker: worker.to_string(),
+                started_ns: ns,
+                ended_ns: None,
+            });
+        } else if let Some(run) = runs
+            .iter_mut()
+            .find(|run| run.label == label && run.token == token && run.tick == tick_time(tick))
+        {
+            run.ended_ns = Some(ns);
+        }
+    }
+    runs.sort_by_key(|run| run.started_ns);
+    runs
+}
+
+/// Waits until `worker` logged `count` reloads; returns when it logged each, and its worker id.
+fn reloads_of(worker: &Worker, count: usize) -> (String, Vec<chrono::DateTime<chrono::Utc>>) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while reloads(worker).len() < count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fewer than {count} reloads"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let id = worker
+        .wait_for_event("worker.started", WAIT)
+        .and_then(|e| e["worker"].as_str().map(str::to_string))
+        .expect("the worker's id");
+    (id, reloads(worker).iter().map(timestamp).collect())
+}
+
+/// Replaces `path` as editors and deploys do: a new file renamed over it.
+fn replace(path: &std::path::Path, contents: &str) {
+    let temp = path.with_extension("yaml.new");
+    std::fs::write(&temp, contents).expect("write");
+    std::fs::rename(&temp, path).expect("rename");
+}
+
+/// Asserts what holds of every run whatever the reloads: each (label, tick) ran once, every run ended,
+/// each label's tokens rise with its ticks; returns the runs.
+fn each_once_and_ended(dir: &TestDir) -> Vec<Marked> {
+    let runs = marked_runs(dir);
+    for (i, run) in runs.iter().enumerate() {
+        let twice = runs[..i]
+            .iter()
+            .any(|other| other.label == run.label && other.tick == run.tick);
+        assert!(!twice, "{} {} ran twice: {runs:?}", run.label, run.tick);
+        assert!(run.ended_ns.is_some(), "a run never ended: {run:?}");
+    }
+    let mut by_tick = runs.clone();
+    by_tick.sort_by_key(|run| run.tick);
+    for (i, run) in by_tick.iter().enumerate() {
+        let before = by_tick[..i].iter().filter(|other| other.label == run.label);
+        assert!(
+            before.clone().all(|other| other.token < run.token),
+            "{run:?} after {:?}",
+            before.collect::<Vec<_>>()
+        );
+    }
+    runs
+}
+
+/// The definition a worker ran tick `tick` with: the one its last reload before the tick loaded (a tick
+/// taken due before a reload runs the old definition, and a changed or new job is raced from its next
+/// tick after the reload), as the index into its reloads (0: the file it started with); `None` for a tick
+/// too near a reload to tell (log timestamps are the wall clock, ticks cluster time).
+fn loaded_at(
+    reloads: &[chrono::DateTime<chrono::Utc>],
+    tick: chrono::DateTime<chrono::Utc>,
+) -> Option<usize> {
+    let margin = chrono::Duration::milliseconds(50);
+    let clear = reloads.iter().all(|at| (tick - *at).abs() > margin);
+    clear.then(|| reloads.iter().filter(|at| **at < tick).count())
+}
+
+/// The definition `run`'s worker had loaded at its tick ([`loaded_at`]), from each worker's reloads.
+fn loaded_by(
+    reloads: &[(String, Vec<chrono::DateTime<chrono::Utc>>)],
+    run: &Marked,
+) -> Option<usize> {
+    let (_, of_worker) = reloads
+        .iter()
+        .find(|(id, _)| *id == run.worker)
+        .unwrap_or_else(|| panic!("{run:?} by an unknown worker"));
+    loaded_at(of_worker, run.tick)
+}
+
+/// A config file replaced (a new file renamed over it, as editors and deploys do) 5 times, each time while
+/// a 3-second run of the job it defines is under way, under two workers that read the same file: each run
+/// under way finishes with its definition (success, its lease kept: no lease lost, no run of the next
+/// definition starts while it holds the job), every later tick runs the new definition on each worker
+/// from its reload on, each tick runs once, tokens rise.
+#[test]
+fn a_config_replaced_while_its_job_runs_lets_the_run_finish() {
+    const REPLACEMENTS: usize = 5;
+    let cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let dir = TestDir::new();
+    let yaml = |version: usize| {
+        let job = marked_job("deploy", &format!("v{version}"), 3.0, &dir.ledger());
+        config(&cluster, "  heartbeat_every: 1s\n", &job)
+    };
+    let path = dir.write("jobs.yaml", yaml(0));
+    let mut workers = [Worker::spawn(&path, &[]), Worker::spawn(&path, &[])];
+    let mut in_flight = Vec::new();
+    for version in 1..=REPLACEMENTS {
+        let running = crate::inspect::workers::wait_for("a run under way", WAIT, || {
+            let runs = marked_runs(&dir);
+            runs.into_iter()
+                .find(|run| run.label == format!("v{}", version - 1) && run.ended_ns.is_none())
+        });
+        replace(&path, &yaml(version));
+        in_flight.push(running);
+        for worker in &workers {
+            let (_, reloads) = reloads_of(worker, version);
+            assert!(reloads.len() == version, "{reloads:?}");
+        }
+    }
+    crate::inspect::workers::wait_for("a run of the last definition", WAIT, || {
+        let last = format!("v{REPLACEMENTS}");
+        marked_runs(&dir)
+            .into_iter()
+            .find(|run| run.label == last && run.ended_ns.is_some())
+    });
+    let reloads: Vec<(String, Vec<_>)> = workers
+        .iter()
+        .map(|worker| reloads_of(worker, REPLACEMENTS))
+        .collect();
+    for worker in &mut workers {
+        worker.signal(libc::SIGTERM);
+        let status = worker.wait_timeout(Duration::from_secs(30)).expect("stops");
+        assert_eq!(status.code(), Some(0));
+    }
+
+    let runs = each_once_and_ended(&dir);
+    for worker in &workers {
+        for event in ["lease.lost", "lease.expiring", "config.reload_failed"] {
+            assert!(
+                worker.events(event).is_empty(),
+                "{event}: {:?}",
+                worker.events(event)
+            );
+        }
+        let finished = worker.events("run.finished");
+        assert!(
+            finished.iter().all(|e| e["outcome"] == "success"),
+            "{finished:?}"
+        );
+    }
+    // The run under way at each replacement finished, with its own definition.
+    for running in &in_flight {
+        let ended = runs.iter().any(|run| {
+            run.tick == running.tick && run.label == running.label && run.ended_ns.is_some()
+        });
+        assert!(ended, "{running:?} did not finish: {runs:?}");
+    }
+    // One run at a time (`overlap: skip`), across the definitions: the lease of the run under way held
+    // the job against the new definition's ticks.
+    for pair in runs.windows(2) {
+        let (earlier, later) = (&pair[0], &pair[1]);
+        assert!(
+            earlier.ended_ns.is_some_and(|end| end <= later.started_ns),
+            "{later:?} started while {earlier:?} ran"
+        );
+    }
+    // Each worker ran each tick with the definition it had loaded by then.
+    let mut with_new = 0;
+    for run in &runs {
+        if let Some(version) = loaded_by(&reloads, run) {
+            assert_eq!(
+                run.label,
+                format!("v{version}"),
+                "{run:?}; reloads {reloads:?}"
+            );
+            with_new += usize::from(version > 0);
+        }
+    }
+    assert!(
+        with_new >= REPLACEMENTS,
+        "too few runs of the new definitions: {runs:?}"
+    );
+    let reloaded_during = reloads
+        .iter()
+        .flat_map(|(_, at)| at.iter())
+        .filter(|at| {
+            let ns = at.timestamp_nanos_opt().map_or(0, i128::from);
+            runs.iter()
+                .any(|run| run.started_ns < ns && run.ended_ns.is_some_and(|end| end > ns))
+        })
+        .count();
+    eprintln!(
+        "config replaced {REPLACEMENTS} times while its job ran (2 workers): {} runs, each tick once, one at a \
+         time, {reloaded_during} of {} reloads applied while a run was under way, every run finished with \
+         success, no lease lost",
+        runs.len(),
+        2 * REPLACEMENTS
+    );
+}
+
+/// A job renamed in the config file while its run is under way, under two workers that read the file:
+/// renaming makes a new job. The old name's run finishes (success) and the old name is raced no more
+/// after each worker's reload; the new name is raced from its next tick after the reload, once per tick,
+/// with its own claims and tokens. Done again after `redcron pause <name> --for 1m` (the README's way to
+/// rename without a gap in which the workers' reloads disagree): no instant then runs under both names.
+#[test]
+fn a_renamed_job_is_a_new_job_and_the_old_names_run_finishes() {
+    let cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let dir = TestDir::new();
+    let yaml = |name: &str| {
+        let job = marked_job(name, "$REDCRON_JOB", 2.5, &dir.ledger());
+        config(&cluster, "  heartbeat_every: 1s\n", &job)
+    };
+    let path = dir.write("jobs.yaml", yaml("old"));
+    let mut workers = [Worker::spawn(&path, &[]), Worker::spawn(&path, &[])];
+    let under_way = |label: &str| {
+        crate::inspect::workers::wait_for("a run under way", WAIT, || {
+            marked_runs(&dir)
+                .into_iter()
+                .find(|run| run.label == label && run.ended_ns.is_none())
+        })
+    };
+    let finished = |label: &str, count: usize| {
+        crate::inspect::workers::wait_for("runs of the new name", WAIT, || {
+            let runs = marked_runs(&dir);
+            let ended = runs
+                .iter()
+                .filter(|run| run.label == label && run.ended_ns.is_some());
+            (ended.count() >= count).then_some(())
+        })
+    };
+    let renamed = under_way("old");
+    replace(&path, &yaml("new"));
+    for worker in &workers {
+        worker
+            .wait_for(WAIT, |e| {
+                e["event"] == "config.reloaded" && e["added"] == "new" && e["removed"] == "old"
+            })
+            .expect("the rename reloaded as a new job and a removed one");
+    }
+    finished("new", 2);
+
+    // The way without a gap: the old name paused first, then renamed.
+    let paused = under_way("new");
+    let (code, stdout, stderr) =
+        crate::inspect::inspect(&dir, &path, &["pause", "new", "--for", "1m"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let paused_at = chrono::Utc::now();
+    replace(&path, &yaml("newer"));
+    for worker in &workers {
+        reloads_of(worker, 2);
+    }
+    finished("newer", 2);
+    let reloads: Vec<(String, Vec<_>)> = workers.iter().map(|w| reloads_of(w, 2)).collect();
+    for worker in &mut workers {
+        worker.signal(libc::SIGTERM);
+        let status = worker.wait_timeout(Duration::from_secs(30)).expect("stops");
+        assert_eq!(status.code(), Some(0));
+    }
+
+    let runs = each_once_and_ended(&dir);
+    // The runs under way at the renames finished, as successes.
+    for running in [&renamed, &paused] {
+        let outcome = workers.iter().find_map(|worker| {
+            worker.events("run.finished").into_iter().find(|e| {
+                e["job"] == running.label.as_str()
+                    && e["tick"].as_str().map(tick_time) == Some(running.tick)
+            })
+        });
+        let outcome = outcome.unwrap_or_else(|| panic!("{running:?} never finished"));
+        assert_eq!(outcome["outcome"], "success", "{outcome}");
+    }
+    // Each worker ran the names its file had when the tick came: old, then new, then newer.
+    let names = ["old", "new", "newer"];
+    for run in &runs {
+        if let Some(loaded) = loaded_by(&reloads, run) {
+            assert_eq!(run.label, names[loaded], "{run:?}; reloads {reloads:?}");
+        }
+    }
+    // Paused, the old name ran nothing after `pause` returned, so no instant ran under both.
+    let ticks = |label: &str| -> Vec<chrono::DateTime<chrono::Utc>> {
+        runs.iter()
+            .filter(|run| run.label == label)
+            .map(|run| run.tick)
+            .collect()
+    };
+    let after_pause: Vec<_> = ticks("new")
+        .into_iter()
+        .filter(|t| *t > paused_at)
+        .collect();
+    assert!(
+        after_pause.is_empty(),
+        "new ran while paused: {after_pause:?}"
+    );
+    let both: Vec<_> = ticks("newer")
+        .into_iter()
+        .filter(|t| ticks("new").contains(t))
+        .collect();
+    assert!(
+        both.is_empty(),
+        "instants run as new and as newer: {both:?}"
+    );
+    let unpaused_both = ticks("new")
+        .into_iter()
+        .filter(|t| ticks("old").contains(t))
+        .count();
+    // No lease is shared between the names: the new one's first run may start while the old one's runs.
+    let side_by_side = runs
+        .iter()
+        .filter(|run| run.label != "old")
+        .filter(|run| {
+            runs.iter().any(|other| {
+                other.label != run.label
+                    && other.started_ns < run.started_ns
+                    && other.ended_ns.is_some_and(|end| end > run.started_ns)
+            })
+        })
+        .count();
+    eprintln!(
+        "renamed twice under 2 workers: {} runs, each (name, tick) once; the renamed runs finished; \
+         instants run under both names: {unpaused_both} renamed plainly, 0 renamed after a pause; runs of \
+         a new name started while the old name's ran: {side_by_side}",
+        runs.len()
+    );
 }
