@@ -10,8 +10,8 @@
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
 //! `slots.rs` how many children may run at once; `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
 //! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `retry.rs` the retries of a failed run; `triggers.rs` the
-//! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener. Outside intent
-//! (reload, drain, stop) arrives through one [`Control`].
+//! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener; `supervise.rs` the restart of a
+//! background task that panicked. Outside intent (reload, drain, stop) arrives through one [`Control`].
 
 mod agenda;
 mod alerts;
@@ -26,6 +26,7 @@ mod reload;
 mod retry;
 mod run;
 mod slots;
+mod supervise;
 mod triggers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -82,6 +83,8 @@ pub(crate) struct Context {
     busy: Mutex<HashMap<String, usize>>,
     /// (job, other worker, its fingerprint) already warned about by `note_other_definition`.
     definitions_seen: Mutex<HashSet<(String, String, String)>>,
+    /// The store entries already warned about by `warn_skipped`.
+    skipped_seen: Mutex<HashSet<String>>,
     /// The history writer: every fact about a tick goes to the store through it.
     pub(crate) recorder: Recorder,
     /// The runs under way on this worker, by run id (for the heartbeat).
@@ -153,6 +156,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         worker_env: std::env::vars_os().collect(),
         busy: Mutex::new(HashMap::new()),
         definitions_seen: Mutex::new(HashSet::new()),
+        skipped_seen: Mutex::new(HashSet::new()),
         recorder: Recorder::new(),
         running: Mutex::new(BTreeMap::new()),
         sentinel: OnceLock::new(),
@@ -208,7 +212,10 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
             _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
             // A new clock offset moves the instant this sleep aims at: aim again.
             () = clock.moved() => continue,
-            Some(_) = races.join_next() => continue,
+            Some(ended) = races.join_next() => {
+                supervise::log_panic("race", ended);
+                continue;
+            }
         }
         let mut batch = Vec::new();
         let due = agenda.take_due(clock.now());
@@ -256,7 +263,9 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         grace_ms = context.shutdown_grace.as_millis() as u64,
         "Stopping: no new ticks; running jobs get the shutdown grace"
     );
-    while races.join_next().await.is_some() {}
+    while let Some(ended) = races.join_next().await {
+        supervise::log_panic("race", ended);
+    }
     if let Some(task) = clock_task {
         let _ = task.await;
     }
@@ -309,6 +318,27 @@ impl Context {
         entry.reason = reason.map(str::to_string);
         entry.by = by.map(str::to_string);
         self.recorder.note(entry);
+    }
+
+    /// Warns about each entry a read of the store skipped ([`crate::store::Read::skipped`]: garbage, or a
+    /// request no `redcron` wrote), once per entry and node: the readers that find it again every second
+    /// do not repeat it.
+    pub(crate) fn warn_skipped(&self, skipped: &[String]) {
+        /// Beyond this many entries warned about, the memory of them starts afresh.
+        const REMEMBERED: usize = 10_000;
+        if skipped.is_empty() {
+            return;
+        }
+        let mut seen = self.skipped_seen.lock().unwrap_or_else(|p| p.into_inner());
+        for note in skipped {
+            if seen.len() >= REMEMBERED {
+                seen.clear();
+            }
+            if seen.insert(note.clone()) {
+                warn!(event = "store.entry_skipped", error = %note,
+                      "An entry in the store cannot be read (or is not one redcron can have written): skipped");
+            }
+        }
     }
 
     /// Has `(job, tick)` checked for a miss once its window has ended.
