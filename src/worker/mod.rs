@@ -10,11 +10,12 @@
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
 //! `slots.rs` how many children may run at once; `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
 //! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `retry.rs` the retries of a failed run; `triggers.rs` the
-//! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener; `supervise.rs` the restart of a
+//! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener; `background.rs` the restart of a
 //! background task that panicked. Outside intent (reload, drain, stop) arrives through one [`Control`].
 
 mod agenda;
 mod alerts;
+mod background;
 mod env;
 mod heartbeat;
 mod http;
@@ -26,7 +27,6 @@ mod reload;
 mod retry;
 mod run;
 mod slots;
-mod supervise;
 mod triggers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -213,7 +213,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
             // A new clock offset moves the instant this sleep aims at: aim again.
             () = clock.moved() => continue,
             Some(ended) = races.join_next() => {
-                supervise::log_panic("race", ended);
+                background::log_panic("race", ended);
                 continue;
             }
         }
@@ -264,7 +264,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         "Stopping: no new ticks; running jobs get the shutdown grace"
     );
     while let Some(ended) = races.join_next().await {
-        supervise::log_panic("race", ended);
+        background::log_panic("race", ended);
     }
     if let Some(task) = clock_task {
         let _ = task.await;
@@ -273,9 +273,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     let _ = triggers_task.await;
     heartbeat.stop().await;
     context.recorder.close();
-    if let Some(task) = recorder_task {
-        let _ = task.await;
-    }
+    let _ = recorder_task.await;
     server.stop().await;
     info!(event = "worker.stopped", "Worker stopped");
     Ok(())

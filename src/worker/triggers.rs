@@ -22,11 +22,11 @@ use crate::trigger::{TriggerRequest, KEEP_AFTER_WINDOW};
 /// How often the requests are read.
 pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
 
-/// Starts the poller (supervised: [`super::supervise`]); it returns at shutdown, once the requests it
+/// Starts the poller (supervised: [`super::background`]); it returns at shutdown, once the requests it
 /// races have been settled.
 pub(super) fn start(context: Arc<Context>) -> tokio::task::JoinHandle<()> {
     let shutdown = context.shutdown.clone();
-    super::supervise::supervise("trigger_poller", shutdown, move || {
+    super::background::spawn("trigger_poller", shutdown, move || {
         poll(Arc::clone(&context))
     })
 }
@@ -41,7 +41,7 @@ async fn poll(context: Arc<Context>) {
             () = context.shutdown.graceful() => break,
             () = tokio::time::sleep(POLL_EVERY) => {}
             Some(ended) = races.join_next() => {
-                super::supervise::log_panic("trigger_race", ended);
+                super::background::log_panic("trigger_race", ended);
                 continue;
             }
         }
@@ -74,7 +74,7 @@ async fn poll(context: Arc<Context>) {
         }
     }
     while let Some(ended) = races.join_next().await {
-        super::supervise::log_panic("trigger_race", ended);
+        super::background::log_panic("trigger_race", ended);
     }
 }
 

@@ -1,7 +1,7 @@
 //! Garbage planted straight into the store — trigger requests with absurd times, that are not JSON, that
-//! lack fields or are huge — costs a worker a warning per entry, never its trigger poller: it keeps running
-//! and a normal `redcron trigger` afterwards still runs the job, once. On Redis, on etcd and on the
-//! embedded store, which share the request format.
+//! lack fields or are huge; members that are not announcements — costs a worker a warning per entry, never
+//! its trigger poller: it keeps running and a normal `redcron trigger` afterwards still runs the job, once.
+//! On Redis, on etcd and on the embedded store, which share the request format.
 
 use std::time::Duration;
 
@@ -106,6 +106,45 @@ fn plant(cluster: &Cluster, entries: &[(String, String)]) {
     }
 }
 
+/// Plants two members that no worker announced, `mallory-1` (not JSON) and `mallory-2` (a megabyte of
+/// `host`), as of now and alive for an hour, straight into the cluster's store.
+fn plant_members(cluster: &Cluster) {
+    let now = Utc::now().timestamp_millis();
+    let huge = serde_json::json!({"id": "mallory-2", "host": "h".repeat(1 << 20), "started_at": "2026-11-23T10:00:00Z"});
+    let members = [
+        ("mallory-1", format!("{now} not json")),
+        ("mallory-2", format!("{now} {huge}")),
+    ];
+    match cluster {
+        Cluster::Redis(redis) => {
+            for node in 0..redis.len() {
+                for (id, value) in &members {
+                    let mut hset = ::redis::cmd("HSET");
+                    hset.arg("redcron:members").arg(id).arg(value);
+                    let _: i64 = redis.query(node, &hset);
+                    let mut zadd = ::redis::cmd("ZADD");
+                    zadd.arg("redcron:members:expiry")
+                        .arg(now + 3_600_000)
+                        .arg(id);
+                    let _: i64 = redis.query(node, &zadd);
+                }
+            }
+        }
+        Cluster::Etcd(etcd) => crate::history::runtime().block_on(async {
+            let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
+                .await
+                .expect("connect to etcd");
+            for (id, value) in &members {
+                let key = format!("redcron:members/{id}");
+                client
+                    .put(key, value.as_str(), None)
+                    .await
+                    .expect("put a member");
+            }
+        }),
+    }
+}
+
 /// Writes `entries` as trigger requests straight into the embedded store's file, never to expire.
 fn plant_embedded(database: &std::path::Path, entries: &[(String, String)]) {
     let connection = rusqlite::Connection::open(database).expect("open the database");
@@ -174,7 +213,32 @@ fn garbage_trigger_requests_are_skipped_and_the_poller_lives(backend: Backend) {
     let job = job(&dir);
     let mut workers = start_workers_with(&dir, 1, |worker| cluster.config(worker, &job));
     plant(&cluster, &garbage());
-    survives(&dir, &mut workers[0], &dir.join("w0.yaml"));
+    plant_members(&cluster);
+    let config = dir.join("w0.yaml");
+    survives(&dir, &mut workers[0], &config);
+    for id in ["mallory-1", "mallory-2"] {
+        let warned = workers[0].wait_for(Duration::from_secs(20), |event| {
+            event["event"] == "store.entry_skipped"
+                && event["error"]
+                    .as_str()
+                    .is_some_and(|error| error.contains(id))
+        });
+        assert!(warned.is_some(), "no store.entry_skipped naming {id}");
+    }
+    // `status` reads past the garbage too, and says what it skipped.
+    let (code, stdout, stderr) = inspect(&dir, &config, &["status", "--json"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let status = parse(&stdout);
+    let workers_seen: Vec<&str> = status["workers"]
+        .as_array()
+        .map(|all| all.iter().filter_map(|w| w["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(workers_seen, ["w0"], "{status}");
+    let skipped = status["skipped"].to_string();
+    assert!(
+        skipped.contains("mallory-2") && skipped.len() < 20_000,
+        "{skipped}"
+    );
 }
 
 crate::on_every_store!(

@@ -1,15 +1,15 @@
-//! Supervision of the worker's long-lived background tasks — the trigger poller, the heartbeat, the clock
-//! task, the missed-tick checker, the history writer: a task that panics is never silently lost.
+//! The worker's long-lived background tasks — the trigger poller, the heartbeat, the clock task, the
+//! missed-tick checker, the history writer — run under [`spawn`], so that one that panics is never
+//! silently lost.
 //!
-//! Each runs under [`supervise`], which makes the task again whenever it panics: the panic is logged as
-//! an ERROR (`worker.task_panicked`, with the task's name and the panic's message), and the new task
-//! starts after a backoff (1 s, doubling up to a minute; back to 1 s once a task ran for 5 minutes), so a
-//! task that panics at once on every start costs a line a minute, not a busy loop. A task starts afresh:
-//! what it held in memory (the requests it raced, the ticks it was to check) is gone, and what it shares
-//! with the worker (its queue) is kept. Once the worker is stopping, a task that panics is logged and not
-//! started again: it was about to end anyway, and the worker's exit must not wait for it. The short-lived
-//! tasks (the race of a batch) are not restarted, but their panics are logged the same way
-//! ([`log_panic`]).
+//! [`spawn`] makes the task again whenever it panics: the panic is logged as an ERROR
+//! (`worker.task_panicked`, with the task's name and the panic's message), and the new task starts after
+//! a backoff (1 s, doubling up to a minute; back to 1 s once a task ran for 5 minutes), so a task that
+//! panics at once on every start costs a line a minute, not a busy loop. A task starts afresh: what it
+//! held in memory (the requests it raced, the ticks it was to check) is gone, and what it shares with the
+//! worker (its queue) is kept. Once the worker is stopping, a task that panics is logged and not started
+//! again: it was about to end anyway, and the worker's exit must not wait for it. The short-lived tasks
+//! (the race of a batch) are not restarted, but their panics are logged the same way ([`log_panic`]).
 
 use std::future::Future;
 use std::time::Duration;
@@ -29,11 +29,7 @@ const STEADY: Duration = Duration::from_secs(300);
 /// Runs the task that `start` makes, named `task` in the log, and makes it again after each panic until
 /// it returns, or until it panics once `shutdown` was requested (see the module's documentation). The
 /// handle ends when the task has ended for good.
-pub(super) fn supervise<F, T>(
-    task: &'static str,
-    shutdown: Shutdown,
-    mut start: F,
-) -> JoinHandle<()>
+pub(super) fn spawn<F, T>(task: &'static str, shutdown: Shutdown, mut start: F) -> JoinHandle<()>
 where
     F: FnMut() -> T + Send + 'static,
     T: Future<Output = ()> + Send + 'static,
@@ -106,7 +102,7 @@ mod tests {
         let shutdown = Shutdown::new();
         let counted = Arc::clone(&starts);
         let began = Instant::now();
-        let handle = supervise("test", shutdown.clone(), move || {
+        let handle = spawn("test", shutdown.clone(), move || {
             let start = counted.fetch_add(1, Ordering::SeqCst);
             async move {
                 if start < 2 {
@@ -121,7 +117,7 @@ mod tests {
         let starts = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&starts);
         shutdown.request();
-        let handle = supervise("test", shutdown, move || {
+        let handle = spawn("test", shutdown, move || {
             counted.fetch_add(1, Ordering::SeqCst);
             async { panic!("while stopping") }
         });
