@@ -93,7 +93,8 @@ pub(crate) struct Context {
     sentinel: OnceLock<missed::Sentinel>,
     /// The fingerprint of the config in force ([`Config::fingerprint`]), for the heartbeat.
     config_fingerprint: Mutex<String>,
-    /// The enabled jobs of the config in force, for the trigger requests.
+    /// The jobs of the config in force (the disabled ones too), for the trigger requests and the retries,
+    /// which look their job up when they are due.
     jobs: Mutex<Vec<JobConfig>>,
     /// What `/metrics` serves: each fact is recorded where it is logged.
     pub(crate) metrics: crate::metrics::Metrics,
@@ -161,7 +162,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         running: Mutex::new(BTreeMap::new()),
         sentinel: OnceLock::new(),
         config_fingerprint: Mutex::new(config.fingerprint()),
-        jobs: Mutex::new(jobs.clone()),
+        jobs: Mutex::new(config.jobs.clone()),
         metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
         child_slots,
         live_members: Mutex::new(None),
@@ -202,7 +203,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                 Intent::Drain => break,
                 Intent::Reload { why } => {
                     if let Some(new) = reload::reload(&context, &config, why) {
-                        context.set_jobs(enabled_jobs(&new));
+                        context.set_jobs(new.jobs.clone());
                         agenda = agenda.reload(enabled_jobs(&new), clock.now());
                         config = new;
                     }
@@ -346,14 +347,24 @@ impl Context {
         }
     }
 
-    /// The enabled job `name` of the config in force, if there is one. One job is cloned, not the whole
-    /// list: the trigger poller asks every second, and a worker may run thousands of jobs.
+    /// The enabled job `name` of the config in force, if there is one.
     fn job(&self, name: &str) -> Option<JobConfig> {
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        jobs.iter().find(|job| job.name == name).cloned()
+        self.job_now(name).ok()
     }
 
-    /// Replaces the enabled jobs after a reload.
+    /// The job `name` as the config in force defines it now, if it is enabled; else why not: `removed`
+    /// (no such job: removed or renamed by a reload) or `disabled`. One job is cloned, not the whole list:
+    /// the trigger poller asks every second, and a worker may run thousands of jobs.
+    fn job_now(&self, name: &str) -> Result<JobConfig, &'static str> {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        match jobs.iter().find(|job| job.name == name) {
+            Some(job) if job.enabled => Ok(job.clone()),
+            Some(_) => Err("disabled"),
+            None => Err("removed"),
+        }
+    }
+
+    /// Replaces the jobs after a reload.
     fn set_jobs(&self, jobs: Vec<JobConfig>) {
         *self.jobs.lock().unwrap_or_else(|p| p.into_inner()) = jobs;
     }
