@@ -253,11 +253,18 @@ impl JobConfig {
     /// When `tick`'s window ends — the job's next tick or the end of its misfire grace, whichever comes
     /// first: workers race the tick no longer, a miss is looked for after it, and `redcron status` counts
     /// a tick with no entry by then as overdue.
+    ///
+    /// Never panics: a tick may come from the store (a history entry), and a grace past the last instant
+    /// there is ends there.
     pub fn window_end(&self, tick: crate::schedule::Tick) -> chrono::DateTime<chrono::Utc> {
         let grace = chrono::Duration::from_std(self.misfire_grace).unwrap_or_default();
+        let graced = tick
+            .to_utc()
+            .checked_add_signed(grace)
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC);
         match self.schedule.next_after(tick.to_utc()) {
-            Some(next) => next.to_utc().min(tick.to_utc() + grace),
-            None => tick.to_utc() + grace,
+            Some(next) => next.to_utc().min(graced),
+            None => graced,
         }
     }
 }

@@ -173,6 +173,20 @@ where
     }
 }
 
+/// `text` cut to at most `max` bytes (at a character boundary), with `…` where it was cut: for text from
+/// outside (the store, the network) quoted in a log line or a report, which a planted megabyte must not
+/// fill.
+pub(crate) fn shorten(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// Serializes a string or JSON value; neither can fail (string keys, no non-string map keys).
 fn json<T: serde::Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
@@ -285,6 +299,13 @@ mod tests {
         fn make_writer(&'w self) -> Buffer {
             self.clone()
         }
+    }
+
+    #[test]
+    fn long_text_is_shortened_at_a_character_boundary() {
+        assert_eq!(shorten("short", 10), "short");
+        assert_eq!(shorten("abcdef", 3), "abc…");
+        assert_eq!(shorten("aé", 2), "a…");
     }
 
     fn capture(format: LogFormat, body: impl FnOnce()) -> String {

@@ -124,6 +124,42 @@ pub fn ignoring(members: &[Member], capability: Capability) -> Vec<&Member> {
         .collect()
 }
 
+/// The longest worker id, and the longest of each other text field of an announcement, in bytes.
+const MAX_TEXT: usize = 256;
+
+impl Member {
+    /// Reads the announcement stored under `key` (its worker id in the store), for the store's readers:
+    /// it is data from the store, which anyone who can write to the store may have planted. Refused when it
+    /// is not JSON of a member, when its id is empty, longer than 256 bytes or not `key`, or when another
+    /// text field is longer than 256 bytes; the error says which, shortly.
+    pub fn read(key: &str, json: &str) -> Result<Member, String> {
+        let member: Member = serde_json::from_str(json)
+            .map_err(|e| crate::logging::shorten(&format!("not a member: {e}"), 200))?;
+        if member.id.is_empty() || member.id.len() > MAX_TEXT {
+            return Err(format!("an id of {} bytes", member.id.len()));
+        }
+        if member.id != key {
+            return Err(format!(
+                "its id {} is not its key",
+                crate::logging::shorten(&format!("{:?}", member.id), 100)
+            ));
+        }
+        let texts = [
+            ("host", &member.host),
+            ("version", &member.version),
+            ("config_fingerprint", &member.config_fingerprint),
+            ("state", &member.state),
+        ];
+        if let Some((field, text)) = texts.iter().find(|(_, text)| text.len() > MAX_TEXT) {
+            return Err(format!(
+                "`{field}` is {} bytes long, more than {MAX_TEXT}",
+                text.len()
+            ));
+        }
+        Ok(member)
+    }
+}
+
 fn running_state() -> String {
     "running".to_string()
 }
@@ -172,6 +208,21 @@ mod tests {
             vec![member("a", 20, true)],
         ]);
         assert_eq!(merged, vec![member("a", 20, true), member("b", 5, true)]);
+    }
+
+    #[test]
+    fn members_that_no_worker_can_have_announced_are_refused() {
+        let good = serde_json::to_string(&member("w1", 10, true)).unwrap_or_default();
+        assert!(Member::read("w1", &good).is_ok());
+        assert!(Member::read("w2", &good).is_err());
+        assert!(Member::read("w1", "not json").is_err());
+        let huge = good.replace("\"h\"", &format!("\"{}\"", "h".repeat(1 << 20)));
+        let why = Member::read("w1", &huge).expect_err("a huge host");
+        assert!(why.contains("host"), "{why}");
+        let empty = good.replace("\"w1\"", "\"\"");
+        assert!(Member::read("", &empty).is_err());
+        let typed = good.replace("\"h\"", &"1".repeat(1 << 20));
+        assert!(Member::read("w1", &typed).expect_err("a number").len() < 300);
     }
 
     #[test]

@@ -26,6 +26,34 @@ pub const KEEP_AFTER_WINDOW: Duration = Duration::from_secs(60);
 /// How long a trigger may wait to be claimed, unless `--timeout` says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The longest window a request may have (`--timeout`): a stored request with a longer one is refused.
+pub const MAX_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// The largest stored request that is read, in bytes: a request is a few hundred; anything near this is
+/// not one, and is skipped before it is parsed.
+pub const MAX_STORED_BYTES: usize = 16 * 1024;
+
+/// The longest request id, and the longest `by`, in bytes.
+const MAX_ID: usize = 64;
+const MAX_BY: usize = 256;
+
+/// The latest instant a request may name: 9999-12-31T23:59:59.999Z, in milliseconds (as for a node's
+/// `TIME`, [`crate::clock::cluster::node_time_us`]): every time derived from it stays far inside what the
+/// clocks, the scripts and the stores compute with.
+const LATEST_MS: i64 = 253_402_300_799_999;
+
+/// Why a stored request was not taken: it is data from the store, which anyone who can write to the store
+/// may have planted, so it is checked before any worker acts on it or computes with its times.
+#[derive(Debug, thiserror::Error)]
+pub enum BadRequest {
+    #[error("{bytes} bytes, more than the {MAX_STORED_BYTES} a request takes")]
+    TooLarge { bytes: usize },
+    #[error("not a trigger request: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// One `redcron trigger` request. Field names are stable (`docs/history.md`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TriggerRequest {
@@ -70,9 +98,83 @@ impl TriggerRequest {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Reads a stored request; the error says what was wrong, for a warning that names the node.
-    pub fn from_json(text: &str) -> Result<TriggerRequest, serde_json::Error> {
-        serde_json::from_str(text)
+    /// Reads a stored request and checks it ([`TriggerRequest::check`]); the error says what was wrong,
+    /// for a warning that names the node and the key.
+    pub fn from_json(text: &str) -> Result<TriggerRequest, BadRequest> {
+        if text.len() > MAX_STORED_BYTES {
+            return Err(BadRequest::TooLarge { bytes: text.len() });
+        }
+        let request: TriggerRequest = serde_json::from_str(text)?;
+        request.check()?;
+        Ok(request)
+    }
+
+    /// [`TriggerRequest::from_json`] of the request stored under `key` (its id in the store): a request
+    /// whose id is not its key is refused too, since it is deleted, and on etcd claimed, by its id.
+    pub fn read(key: &str, text: &str) -> Result<TriggerRequest, BadRequest> {
+        let request = TriggerRequest::from_json(text)?;
+        if request.id != key {
+            return Err(BadRequest::Invalid(format!(
+                "its id {:?} is not its key",
+                request.id
+            )));
+        }
+        Ok(request)
+    }
+
+    /// Whether the request is one that `redcron trigger` can have written: an id of up to 64 letters,
+    /// digits, `-` or `_`; a job name as the config takes them; a `by` of at most 256 bytes; both times
+    /// between 1970 and 9999, and a window (`not_after` after `requested_at`) of at most [`MAX_WINDOW`].
+    /// Every time a worker derives from a request that passed stays representable, so no arithmetic on
+    /// it can overflow.
+    pub fn check(&self) -> Result<(), BadRequest> {
+        let invalid = |why: String| Err(BadRequest::Invalid(why));
+        let word = |text: &str, extra: &str| {
+            !text.is_empty()
+                && text
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+        };
+        if self.id.len() > MAX_ID || !word(&self.id, "-_") {
+            return invalid(format!(
+                "bad id {}: expected 1 to {MAX_ID} letters, digits, `-` or `_`",
+                crate::logging::shorten(&format!("{:?}", self.id), 80)
+            ));
+        }
+        if !word(&self.job, "_.-") {
+            return invalid(format!(
+                "bad job name {}",
+                crate::logging::shorten(&format!("{:?}", self.job), 80)
+            ));
+        }
+        if self.by.len() > MAX_BY {
+            return invalid(format!(
+                "`by` is {} bytes long, more than {MAX_BY}",
+                self.by.len()
+            ));
+        }
+        for (field, at) in [
+            ("requested_at", self.requested_at),
+            ("not_after", self.not_after),
+        ] {
+            if !(0..=LATEST_MS).contains(&at.timestamp_millis()) {
+                return invalid(format!(
+                    "{field} {} is not between 1970 and 9999",
+                    at.to_rfc3339()
+                ));
+            }
+        }
+        let window = self.not_after - self.requested_at;
+        let longest = chrono::Duration::from_std(MAX_WINDOW).unwrap_or_default();
+        if window <= chrono::Duration::zero() || window > longest {
+            return invalid(format!(
+                "its window, {} to {}, is not between 0 and {}",
+                self.requested_at.to_rfc3339(),
+                self.not_after.to_rfc3339(),
+                crate::config::show_duration(MAX_WINDOW)
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -103,5 +205,44 @@ mod tests {
         assert_eq!(a.expires_at_ms(), 1_795_436_805_123 + 90_000);
         let merged = merge([vec![a.clone(), b.clone()], vec![a.clone()]]);
         assert_eq!(merged, [b, a]);
+    }
+
+    #[test]
+    fn requests_that_trigger_cannot_have_written_are_refused() {
+        let now = DateTime::from_timestamp_millis(1_795_436_805_123).unwrap_or_default();
+        let good = TriggerRequest::new("j", now, DEFAULT_TIMEOUT, "ops@vm");
+        assert!(TriggerRequest::read(&good.id, &good.to_json()).is_ok());
+        let max = TriggerRequest::new("j", now, MAX_WINDOW, "ops@vm");
+        assert!(TriggerRequest::from_json(&max.to_json()).is_ok());
+        let refused = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut json = serde_json::to_value(&good).unwrap_or_default();
+            edit(&mut json);
+            let why = TriggerRequest::read(&good.id, &json.to_string())
+                .expect_err("refused")
+                .to_string();
+            assert!(why.len() < 300, "{why}");
+            why
+        };
+        let why = refused(&|j| j["not_after"] = "+262142-12-31T23:59:30Z".into());
+        assert!(why.contains("not_after"), "{why}");
+        refused(&|j| j["requested_at"] = "+262142-12-31T23:59:00Z".into());
+        refused(&|j| j["requested_at"] = "1960-01-01T00:00:00Z".into());
+        let why = refused(&|j| j["not_after"] = j["requested_at"].clone());
+        assert!(why.contains("window"), "{why}");
+        refused(&|j| j["not_after"] = "2026-11-25T10:00:00Z".into());
+        refused(&|j| j["id"] = "../x".into());
+        refused(&|j| j["id"] = "a".repeat(100_000).into());
+        refused(&|j| j["job"] = "".into());
+        refused(&|j| j["job"] = "a b".into());
+        refused(&|j| j["by"] = "x".repeat(1 << 20).into());
+        refused(&|j| j["id"] = 5.into());
+        refused(&|j| *j = serde_json::json!([1, 2]));
+        let other = TriggerRequest::new("j", now, DEFAULT_TIMEOUT, "ops@vm");
+        assert!(TriggerRequest::read(&other.id, &good.to_json()).is_err());
+        let huge = "x".repeat(MAX_STORED_BYTES + 1);
+        assert!(matches!(
+            TriggerRequest::from_json(&huge),
+            Err(BadRequest::TooLarge { .. })
+        ));
     }
 }

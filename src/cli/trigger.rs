@@ -34,8 +34,8 @@ const POLL_EVERY: Duration = Duration::from_millis(250);
 const ALIVE_EVERY: Duration = Duration::from_secs(5);
 /// After the window, the time for the workers' last entries (a skip at the window's end) to land.
 const SETTLE: Duration = Duration::from_secs(3);
-/// The longest `--timeout`.
-const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The longest `--timeout`: the longest window a worker takes a request with.
+const MAX_TIMEOUT: Duration = crate::trigger::MAX_WINDOW;
 
 /// Arguments of `trigger`.
 #[derive(Debug, clap::Args)]

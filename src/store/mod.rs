@@ -51,6 +51,14 @@ pub struct Read<T> {
     pub skipped: Vec<String>,
 }
 
+/// The note of an entry that a read skipped ([`Read::skipped`]): where it is (`place`: the node), what it
+/// is and its key (or id) in the store, and why; cut short, so that a planted megabyte is never quoted
+/// whole in a warning or a report.
+pub(crate) fn skip_note(place: &str, what: &str, key: &str, why: &dyn std::fmt::Display) -> String {
+    let key = crate::logging::shorten(key, 100);
+    crate::logging::shorten(&format!("{place}: {what} {key:?} skipped: {why}"), 500)
+}
+
 impl Read<Vec<Entry>> {
     /// A single store's answer to a history query: `entries` merged ([`crate::history::merge`]), the
     /// newest `limit` of them, with the entries that could not be read.

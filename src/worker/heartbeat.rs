@@ -38,7 +38,8 @@ pub(crate) struct Identity {
 }
 
 impl Heartbeat {
-    /// Announces the worker now and every `identity.every` after.
+    /// Announces the worker now and every `identity.every` after, in a supervised task
+    /// ([`super::background`]).
     pub(crate) fn start(context: Arc<Context>, identity: Identity) -> Heartbeat {
         let member = Member {
             id: context.worker_id.clone(),
@@ -61,12 +62,14 @@ impl Heartbeat {
             alive: true,
         };
         let stop = Arc::new(Notify::new());
-        let task = tokio::spawn(beat(
-            Arc::clone(&context),
-            member.clone(),
-            identity.every,
-            Arc::clone(&stop),
-        ));
+        let task = super::background::spawn("heartbeat", context.shutdown.clone(), {
+            let (context, member, stop) = (Arc::clone(&context), member.clone(), Arc::clone(&stop));
+            move || {
+                let (context, member, stop) =
+                    (Arc::clone(&context), member.clone(), Arc::clone(&stop));
+                beat(context, member, identity.every, stop)
+            }
+        });
         Heartbeat {
             context,
             member,
@@ -142,6 +145,7 @@ async fn read_members(context: &Context) -> bool {
     let Ok(read) = context.store.members().await else {
         return false;
     };
+    context.warn_skipped(&read.skipped);
     let mut live: Vec<String> = read
         .value
         .into_iter()

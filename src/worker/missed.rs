@@ -49,7 +49,15 @@ impl Sentinel {
         max_clock_offset: Duration,
     ) -> (Sentinel, tokio::task::JoinHandle<()>) {
         let (queue, suspects) = mpsc::unbounded_channel();
-        let task = tokio::spawn(watch(context, jobs, suspects, max_clock_offset));
+        // Kept across a restart of the checker ([`super::background`]), so that suspects sent meanwhile
+        // are checked by the next one.
+        let suspects = Arc::new(tokio::sync::Mutex::new(suspects));
+        let shutdown = context.shutdown.clone();
+        let task = super::background::spawn("missed_checker", shutdown, move || {
+            let (context, jobs, suspects) =
+                (Arc::clone(&context), jobs.clone(), Arc::clone(&suspects));
+            watch(context, jobs, suspects, max_clock_offset)
+        });
         (Sentinel { queue }, task)
     }
 
@@ -64,9 +72,10 @@ impl Sentinel {
 async fn watch(
     context: Arc<Context>,
     jobs: Vec<JobConfig>,
-    mut suspects: mpsc::UnboundedReceiver<(JobConfig, Tick)>,
+    suspects: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<(JobConfig, Tick)>>>,
     max_clock_offset: Duration,
 ) {
+    let mut suspects = suspects.lock().await;
     let margin = chrono::Duration::from_std(max_clock_offset + ENTRY_SETTLE).unwrap_or_default();
     // When to check, and what: (job name, tick) → job.
     let mut due: BTreeMap<DateTime<Utc>, BTreeMap<(String, Tick), JobConfig>> = BTreeMap::new();
@@ -83,7 +92,8 @@ async fn watch(
             () = context.shutdown.graceful() => return,
             received = suspects.recv() => {
                 let Some((job, tick)) = received else { return };
-                let at = give_up_at(&job, tick) + margin;
+                let end = give_up_at(&job, tick);
+                let at = end.checked_add_signed(margin).unwrap_or(end);
                 due.entry(at).or_default().insert((job.name.clone(), tick), job);
                 continue;
             }
@@ -99,7 +109,11 @@ async fn watch(
             let lookback =
                 chrono::Duration::from_std(context.store.history_settings().missed_lookback)
                     .unwrap_or_default();
-            if tick.to_utc() + lookback > now {
+            if tick
+                .to_utc()
+                .checked_add_signed(lookback)
+                .is_none_or(|end| end > now)
+            {
                 let at = now + chrono::Duration::from_std(RECHECK_AFTER).unwrap_or_default();
                 due.entry(at)
                     .or_default()
@@ -124,10 +138,13 @@ async fn look_back(context: &Context, jobs: &[JobConfig]) -> Vec<(JobConfig, Tic
             limit: 1,
         };
         let newest = match context.store.history(&query).await {
-            Ok(read) => match read.value.first() {
-                Some(entry) => entry.tick(),
-                None => continue,
-            },
+            Ok(read) => {
+                context.warn_skipped(&read.skipped);
+                match read.value.first() {
+                    Some(entry) => entry.tick(),
+                    None => continue,
+                }
+            }
             Err(failure) => {
                 warn!(event = "tick.missed_check_failed", job = %job.name, error = %failure,
                       "Could not read the job's history at start: ticks missed while no worker ran are not reported");
@@ -172,7 +189,10 @@ async fn check(
             limit: 5_000,
         };
         let entries = match context.store.history(&query).await {
-            Ok(read) => read.value,
+            Ok(read) => {
+                context.warn_skipped(&read.skipped);
+                read.value
+            }
             Err(failure) => {
                 debug!(event = "tick.missed_check_failed", job = %name, error = %failure,
                        "Could not read the job's history to check for missed ticks; trying again");

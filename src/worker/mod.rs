@@ -10,11 +10,12 @@
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
 //! `slots.rs` how many children may run at once; `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
 //! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `retry.rs` the retries of a failed run; `triggers.rs` the
-//! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener. Outside intent
-//! (reload, drain, stop) arrives through one [`Control`].
+//! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener; `background.rs` the restart of a
+//! background task that panicked. Outside intent (reload, drain, stop) arrives through one [`Control`].
 
 mod agenda;
 mod alerts;
+mod background;
 mod env;
 mod heartbeat;
 mod http;
@@ -82,6 +83,8 @@ pub(crate) struct Context {
     busy: Mutex<HashMap<String, usize>>,
     /// (job, other worker, its fingerprint) already warned about by `note_other_definition`.
     definitions_seen: Mutex<HashSet<(String, String, String)>>,
+    /// The store entries already warned about by `warn_skipped`.
+    skipped_seen: Mutex<HashSet<String>>,
     /// The history writer: every fact about a tick goes to the store through it.
     pub(crate) recorder: Recorder,
     /// The runs under way on this worker, by run id (for the heartbeat).
@@ -90,7 +93,8 @@ pub(crate) struct Context {
     sentinel: OnceLock<missed::Sentinel>,
     /// The fingerprint of the config in force ([`Config::fingerprint`]), for the heartbeat.
     config_fingerprint: Mutex<String>,
-    /// The enabled jobs of the config in force, for the trigger requests.
+    /// The jobs of the config in force (the disabled ones too), for the trigger requests and the retries,
+    /// which look their job up when they are due.
     jobs: Mutex<Vec<JobConfig>>,
     /// What `/metrics` serves: each fact is recorded where it is logged.
     pub(crate) metrics: crate::metrics::Metrics,
@@ -153,11 +157,12 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         worker_env: std::env::vars_os().collect(),
         busy: Mutex::new(HashMap::new()),
         definitions_seen: Mutex::new(HashSet::new()),
+        skipped_seen: Mutex::new(HashSet::new()),
         recorder: Recorder::new(),
         running: Mutex::new(BTreeMap::new()),
         sentinel: OnceLock::new(),
         config_fingerprint: Mutex::new(config.fingerprint()),
-        jobs: Mutex::new(jobs.clone()),
+        jobs: Mutex::new(config.jobs.clone()),
         metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
         child_slots,
         live_members: Mutex::new(None),
@@ -198,7 +203,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                 Intent::Drain => break,
                 Intent::Reload { why } => {
                     if let Some(new) = reload::reload(&context, &config, why) {
-                        context.set_jobs(enabled_jobs(&new));
+                        context.set_jobs(new.jobs.clone());
                         agenda = agenda.reload(enabled_jobs(&new), clock.now());
                         config = new;
                     }
@@ -208,7 +213,10 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
             _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
             // A new clock offset moves the instant this sleep aims at: aim again.
             () = clock.moved() => continue,
-            Some(_) = races.join_next() => continue,
+            Some(ended) = races.join_next() => {
+                background::log_panic("race", ended);
+                continue;
+            }
         }
         let mut batch = Vec::new();
         let due = agenda.take_due(clock.now());
@@ -256,7 +264,9 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         grace_ms = context.shutdown_grace.as_millis() as u64,
         "Stopping: no new ticks; running jobs get the shutdown grace"
     );
-    while races.join_next().await.is_some() {}
+    while let Some(ended) = races.join_next().await {
+        background::log_panic("race", ended);
+    }
     if let Some(task) = clock_task {
         let _ = task.await;
     }
@@ -264,9 +274,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     let _ = triggers_task.await;
     heartbeat.stop().await;
     context.recorder.close();
-    if let Some(task) = recorder_task {
-        let _ = task.await;
-    }
+    let _ = recorder_task.await;
     server.stop().await;
     info!(event = "worker.stopped", "Worker stopped");
     Ok(())
@@ -311,6 +319,27 @@ impl Context {
         self.recorder.note(entry);
     }
 
+    /// Warns about each entry a read of the store skipped ([`crate::store::Read::skipped`]: garbage, or a
+    /// request no `redcron` wrote), once per entry and node: the readers that find it again every second
+    /// do not repeat it.
+    pub(crate) fn warn_skipped(&self, skipped: &[String]) {
+        /// Beyond this many entries warned about, the memory of them starts afresh.
+        const REMEMBERED: usize = 10_000;
+        if skipped.is_empty() {
+            return;
+        }
+        let mut seen = self.skipped_seen.lock().unwrap_or_else(|p| p.into_inner());
+        for note in skipped {
+            if seen.len() >= REMEMBERED {
+                seen.clear();
+            }
+            if seen.insert(note.clone()) {
+                warn!(event = "store.entry_skipped", error = %note,
+                      "An entry in the store cannot be read (or is not one redcron can have written): skipped");
+            }
+        }
+    }
+
     /// Has `(job, tick)` checked for a miss once its window has ended.
     fn suspect(&self, job: &JobConfig, tick: Tick) {
         if let Some(sentinel) = self.sentinel.get() {
@@ -318,14 +347,24 @@ impl Context {
         }
     }
 
-    /// The enabled job `name` of the config in force, if there is one. One job is cloned, not the whole
-    /// list: the trigger poller asks every second, and a worker may run thousands of jobs.
+    /// The enabled job `name` of the config in force, if there is one.
     fn job(&self, name: &str) -> Option<JobConfig> {
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        jobs.iter().find(|job| job.name == name).cloned()
+        self.job_now(name).ok()
     }
 
-    /// Replaces the enabled jobs after a reload.
+    /// The job `name` as the config in force defines it now, if it is enabled; else why not: `removed`
+    /// (no such job: removed or renamed by a reload) or `disabled`. One job is cloned, not the whole list:
+    /// the trigger poller asks every second, and a worker may run thousands of jobs.
+    fn job_now(&self, name: &str) -> Result<JobConfig, &'static str> {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        match jobs.iter().find(|job| job.name == name) {
+            Some(job) if job.enabled => Ok(job.clone()),
+            Some(_) => Err("disabled"),
+            None => Err("removed"),
+        }
+    }
+
+    /// Replaces the jobs after a reload.
     fn set_jobs(&self, jobs: Vec<JobConfig>) {
         *self.jobs.lock().unwrap_or_else(|p| p.into_inner()) = jobs;
     }

@@ -56,7 +56,22 @@ pub(super) async fn start(context: Arc<Context>, worker: &WorkerConfig) -> Optio
             _ = task.context.shutdown.graceful() => return None,
         }
     }
-    Some(tokio::spawn(task.run()))
+    // Supervised ([`super::background`]): a task started again measures afresh, its reporter too.
+    let (context, max_offset, every) = (
+        Arc::clone(&task.context),
+        worker.max_clock_offset,
+        task.every,
+    );
+    let mut first = Some(task);
+    let shutdown = context.shutdown.clone();
+    Some(super::background::spawn("clock", shutdown, move || {
+        let task = first.take().unwrap_or_else(|| ClockTask {
+            reporter: Reporter::new(max_offset),
+            every,
+            context: Arc::clone(&context),
+        });
+        task.run()
+    }))
 }
 
 /// Up to [`ROUNDS`] rounds of `TIME` to every node (fewer if a round misses a majority); the offset

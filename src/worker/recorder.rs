@@ -35,8 +35,9 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// The worker's handle on the history writer.
 pub(crate) struct Recorder {
     queue: mpsc::Sender<Entry>,
-    /// Taken by [`start`]: the writer's end of the queue.
-    pending: std::sync::Mutex<Option<mpsc::Receiver<Entry>>>,
+    /// The writer's end of the queue, held by the writer while it runs: one that panicked leaves it to
+    /// the next ([`super::background`]), with the entries still queued.
+    pending: tokio::sync::Mutex<mpsc::Receiver<Entry>>,
     dropped: AtomicU64,
     closing: Notify,
 }
@@ -46,7 +47,7 @@ impl Recorder {
         let (queue, pending) = mpsc::channel(QUEUE);
         Recorder {
             queue,
-            pending: std::sync::Mutex::new(Some(pending)),
+            pending: tokio::sync::Mutex::new(pending),
             dropped: AtomicU64::new(0),
             closing: Notify::new(),
         }
@@ -65,55 +66,54 @@ impl Recorder {
     }
 }
 
-/// Starts the writer of `context.recorder`; it returns after [`Recorder::close`], once the queue is written
-/// (or, with no majority, tried once more).
-pub(crate) fn start(context: Arc<Context>) -> Option<tokio::task::JoinHandle<()>> {
-    let mut queue = context
-        .recorder
-        .pending
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take()?;
-    Some(tokio::spawn(async move {
-        // Entries a majority has not taken yet: kept (up to `QUEUE`) and tried again with a growing
-        // pause, so that a run that ended during an outage of the nodes is still in the history after it.
-        let mut unwritten: Vec<Entry> = Vec::new();
-        let mut backoff = RETRY_AFTER;
-        loop {
-            let mut batch = Vec::new();
-            let retry = tokio::time::sleep(backoff);
-            tokio::select! {
-                received = queue.recv_many(&mut batch, BATCH) => {
-                    if received == 0 {
-                        return;
-                    }
-                }
-                () = retry, if !unwritten.is_empty() => {}
-                () = context.recorder.closing.notified() => {
-                    while let Ok(entry) = queue.try_recv() {
-                        batch.push(entry);
-                    }
-                    unwritten.extend(batch);
-                    if !write(&context, &mut unwritten).await {
-                        give_up(&context, &unwritten);
-                    }
+/// Starts the writer of `context.recorder`, supervised ([`super::background`]); it returns after
+/// [`Recorder::close`], once the queue is written (or, with no majority, tried once more).
+pub(crate) fn start(context: Arc<Context>) -> tokio::task::JoinHandle<()> {
+    let shutdown = context.shutdown.clone();
+    super::background::spawn("recorder", shutdown, move || writer(Arc::clone(&context)))
+}
+
+/// The writer: one at a time, holding the queue's receiving end.
+async fn writer(context: Arc<Context>) {
+    let mut queue = context.recorder.pending.lock().await;
+    // Entries a majority has not taken yet: kept (up to `QUEUE`) and tried again with a growing
+    // pause, so that a run that ended during an outage of the nodes is still in the history after it.
+    let mut unwritten: Vec<Entry> = Vec::new();
+    let mut backoff = RETRY_AFTER;
+    loop {
+        let mut batch = Vec::new();
+        let retry = tokio::time::sleep(backoff);
+        tokio::select! {
+            received = queue.recv_many(&mut batch, BATCH) => {
+                if received == 0 {
                     return;
                 }
             }
-            // A close meanwhile is not missed: `Notify` keeps its permit for the next turn of the loop.
-            tokio::time::sleep(GATHER).await;
-            while batch.len() < BATCH {
-                let Ok(entry) = queue.try_recv() else { break };
-                batch.push(entry);
-            }
-            unwritten.extend(batch);
-            if write(&context, &mut unwritten).await {
-                backoff = RETRY_AFTER;
-            } else {
-                backoff = (backoff * 2).min(RETRY_MAX);
+            () = retry, if !unwritten.is_empty() => {}
+            () = context.recorder.closing.notified() => {
+                while let Ok(entry) = queue.try_recv() {
+                    batch.push(entry);
+                }
+                unwritten.extend(batch);
+                if !write(&context, &mut unwritten).await {
+                    give_up(&context, &unwritten);
+                }
+                return;
             }
         }
-    }))
+        // A close meanwhile is not missed: `Notify` keeps its permit for the next turn of the loop.
+        tokio::time::sleep(GATHER).await;
+        while batch.len() < BATCH {
+            let Ok(entry) = queue.try_recv() else { break };
+            batch.push(entry);
+        }
+        unwritten.extend(batch);
+        if write(&context, &mut unwritten).await {
+            backoff = RETRY_AFTER;
+        } else {
+            backoff = (backoff * 2).min(RETRY_MAX);
+        }
+    }
 }
 
 /// Writes `unwritten` in batches; `true` once all are written (then `unwritten` is empty). Beyond

@@ -9,6 +9,13 @@
 //! while another run holds the job (`overlap: skip`) it waits for it, within the job's `misfire_grace`.
 //! Only the final outcome reaches the alert hooks. The wait lives in this worker: if it dies or shuts down
 //! before the retry, the retry is lost (recorded as skipped, `shutdown`, when it shuts down).
+//!
+//! A retry runs the job as the config in force defines it *when the retry is due*, not as it was when the
+//! failed attempt ran: a reload meanwhile may have removed the job (or renamed it), disabled it, or changed
+//! it. The retry of a job that is gone or disabled is not run, and recorded as skipped (`removed`,
+//! `disabled`); one whose attempt the new definition's `retries` no longer allow is skipped too
+//! (`retries_lowered`, and its failure reaches the alert hooks as final); any other runs the new definition
+//! (its command, environment, timeout, overlap rule, and its `retries` and backoff for what follows).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -77,6 +84,35 @@ async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series
             return;
         }
     }
+    // The job as it is now: a reload during the backoff may have removed, disabled or changed it.
+    let job = match context.job_now(&job.name) {
+        Ok(now) if attempt < now.retry.retries => now,
+        Ok(now) => {
+            span.in_scope(|| {
+                info!(event = "tick.skipped", job = %now.name, tick = %tick, reason = "retries_lowered",
+                      retries = now.retry.retries,
+                      "Skipped: a reload lowered the job's retries while this retry waited; the last failure stands");
+            });
+            context.note(
+                &now,
+                tick,
+                &next,
+                Kind::Skipped,
+                Some("retries_lowered"),
+                None,
+            );
+            super::alerts::after_run(context, now, ended);
+            return;
+        }
+        Err(reason) => {
+            span.in_scope(|| {
+                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason,
+                      "Skipped: a reload removed or disabled the job while this retry waited; it is not retried");
+            });
+            context.note(&job, tick, &next, Kind::Skipped, Some(reason), None);
+            return;
+        }
+    };
     let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or_default();
     let due = Due {
         until: context.clock.now() + grace,

@@ -22,9 +22,13 @@ use crate::trigger::{TriggerRequest, KEEP_AFTER_WINDOW};
 /// How often the requests are read.
 pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
 
-/// Starts the poller; it returns at shutdown, once the requests it races have been settled.
+/// Starts the poller (supervised: [`super::background`]); it returns at shutdown, once the requests it
+/// races have been settled.
 pub(super) fn start(context: Arc<Context>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(poll(context))
+    let shutdown = context.shutdown.clone();
+    super::background::spawn("trigger_poller", shutdown, move || {
+        poll(Arc::clone(&context))
+    })
 }
 
 async fn poll(context: Arc<Context>) {
@@ -36,11 +40,15 @@ async fn poll(context: Arc<Context>) {
         tokio::select! {
             () = context.shutdown.graceful() => break,
             () = tokio::time::sleep(POLL_EVERY) => {}
-            Some(_) = races.join_next() => continue,
+            Some(ended) = races.join_next() => {
+                super::background::log_panic("trigger_race", ended);
+                continue;
+            }
         }
         let requests = match context.store.triggers().await {
             Ok(read) => {
                 failing = false;
+                context.warn_skipped(&read.skipped);
                 read.value
             }
             Err(failure) => {
@@ -54,13 +62,20 @@ async fn poll(context: Arc<Context>) {
         };
         let now = context.clock.now();
         let keep = chrono::Duration::from_std(KEEP_AFTER_WINDOW).unwrap_or_default();
-        raced.retain(|_, until| *until + keep > now);
+        // A request's window was checked when it was read ([`TriggerRequest::check`]); checked anyway.
+        raced.retain(|_, until| {
+            until
+                .checked_add_signed(keep)
+                .is_some_and(|gone| gone > now)
+        });
         let batch = due(&context, requests, &mut raced, now);
         if !batch.is_empty() {
             races.spawn(race::race(Arc::clone(&context), batch));
         }
     }
-    while races.join_next().await.is_some() {}
+    while let Some(ended) = races.join_next().await {
+        super::background::log_panic("trigger_race", ended);
+    }
 }
 
 /// The requests of `requests` to race now: of a job this worker runs, in their window, not raced yet.

@@ -29,6 +29,7 @@ mod pause;
 mod reload;
 mod retries;
 mod schedule;
+mod store_garbage;
 mod support;
 mod trigger;
 mod worker;

@@ -151,3 +151,107 @@ crate::on_every_store!(
     async: [],
     sync: [failed_runs_are_retried_with_backoff_until_success_or_the_last_attempt],
 );
+
+/// A job of the reload test every 10 s, with `retries` and a backoff of 5 s, that appends
+/// `<label> <attempt> <tick>` to the ledger, then exits `exit`.
+fn labelled(dir: &TestDir, name: &str, label: &str, exit: &str, extra: &str) -> String {
+    format!(
+        "  - name: {name}\n    schedule: \"*/10 * * * * *\"\n    retry_backoff: 5s\n{extra}    \
+         command: 'echo \"{label} $REDCRON_ATTEMPT $REDCRON_TICK\" >> {ledger}; {exit}'\n",
+        ledger = dir.ledger().display(),
+    )
+}
+
+/// A reload while retries wait for their backoff: the retry of a job the reload removed, of one it
+/// disabled, and of one whose `retries` it lowered to 0, is not run but skipped (`removed`, `disabled`,
+/// `retries_lowered`) in the log and the history; the retry of a job whose definition changed runs the new
+/// definition.
+#[test]
+fn a_retry_looks_the_job_up_again_and_a_removed_or_disabled_job_is_not_retried() {
+    let cluster = Backend::Redis.start();
+    let dir = TestDir::new();
+    let keep = "  - name: keep\n    schedule: \"@yearly\"\n    command: 'true'\n";
+    let two = "    retries: 2\n";
+    let before = labelled(&dir, "gone", "gone", "false", two)
+        + &labelled(&dir, "off", "off", "false", two)
+        + &labelled(&dir, "fewer", "fewer", "false", two)
+        + &labelled(&dir, "changes", "old", "false", two)
+        + keep;
+    let mut workers = start_workers_with(&dir, 1, |worker| cluster.config(worker, &before));
+    let worker = &mut workers[0];
+    // The first tick's four runs failed; their first retries wait 5 s.
+    let scheduled = wait_for("four retries scheduled", Duration::from_secs(30), || {
+        let scheduled = worker.events("run.retry_scheduled");
+        (scheduled.len() >= 4).then_some(scheduled)
+    });
+    let tick = scheduled[0]["tick"].as_str().expect("a tick").to_string();
+    let after = labelled(
+        &dir,
+        "off",
+        "off",
+        "false",
+        "    retries: 2\n    enabled: false\n",
+    ) + &labelled(&dir, "fewer", "fewer", "false", "    retries: 0\n")
+        + &labelled(&dir, "changes", "new", "true", two)
+        + keep;
+    dir.write("w0.yaml", cluster.config("  id: w0\n", &after));
+    worker.signal(libc::SIGHUP);
+    let reloaded = worker
+        .wait_for_event("config.reloaded", Duration::from_secs(10))
+        .expect("the config reloaded");
+    assert_eq!(reloaded["removed"], "gone,off", "{reloaded}");
+
+    let skips = [
+        ("gone", "removed"),
+        ("off", "disabled"),
+        ("fewer", "retries_lowered"),
+    ];
+    for (job, reason) in skips {
+        let skipped = worker.wait_for(Duration::from_secs(20), |event| {
+            event["event"] == "tick.skipped" && event["job"] == job && event["reason"] == reason
+        });
+        let skipped = skipped.unwrap_or_else(|| panic!("no tick.skipped {reason} for {job}"));
+        assert_eq!(skipped["attempt"], 1, "{skipped}");
+    }
+    let retried = format!("new 1 {tick}");
+    wait_for(
+        "the changed job's retry ran",
+        Duration::from_secs(20),
+        || dir.ledger_lines().contains(&retried).then_some(()),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    // The first tick ran once per job, and no retry ran an old definition (later ticks of `fewer` and
+    // of the changed job may have run meanwhile, as attempt 0).
+    let ledger = dir.ledger_lines();
+    for label in ["gone", "off", "fewer", "old"] {
+        let first = format!("{label} 0 {tick}");
+        assert_eq!(
+            ledger.iter().filter(|l| **l == first).count(),
+            1,
+            "{ledger:?}"
+        );
+        let retry = format!("{label} 0 ");
+        assert!(
+            ledger
+                .iter()
+                .all(|l| !l.starts_with(label) || l.starts_with(&retry)),
+            "a retry of {label} ran: {ledger:?}"
+        );
+    }
+
+    for (job, reason) in skips {
+        let entries = cluster.history(job);
+        let skipped: Vec<_> = entries
+            .iter()
+            .filter(|e| e.kind == Kind::Skipped && e.attempt == Some(1))
+            .collect();
+        assert_eq!(skipped.len(), 1, "{entries:?}");
+        assert_eq!(skipped[0].reason.as_deref(), Some(reason));
+        assert!(
+            !entries
+                .iter()
+                .any(|e| e.kind == Kind::Run && e.attempt.is_some()),
+            "{entries:?}"
+        );
+    }
+}

@@ -17,7 +17,7 @@ use crate::clock::boot::BootInstant;
 use crate::history::{Entry, Query};
 use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
-use crate::store::Read;
+use crate::store::{skip_note, Read};
 
 impl EmbeddedStore {
     /// Keeps `entries` and the newest `keep_ticks` ticks of each of their jobs; see
@@ -134,20 +134,28 @@ impl EmbeddedStore {
                 .timestamp_millis()
                 .saturating_sub(millis(KEEP_DEAD));
             let mut select = connection.prepare_cached(
-                "SELECT seen_ms, member, boot_id, expires_ns FROM members WHERE expired_ms > ?1",
+                "SELECT id, seen_ms, member, boot_id, expires_ns FROM members WHERE expired_ms > ?1",
             )?;
             let mut rows = select.query([kept_since])?;
             let (mut members, mut skipped) = (Vec::new(), Vec::new());
             while let Some(row) = rows.next()? {
-                let (seen_ms, json): (i64, String) = (row.get(0)?, row.get(1)?);
-                let (boot_id, expires_ns): (String, i64) = (row.get(2)?, row.get(3)?);
-                match serde_json::from_str::<Member>(&json) {
-                    Ok(mut member) => {
-                        member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen_ms);
-                        member.alive = shared.left(&boot_id, expires_ns, now).is_some();
-                        members.push(member);
-                    }
-                    Err(why) => skipped.push(format!("{}: member skipped: {why}", shared.label())),
+                // Each column as it comes: a row written by something else may hold any type, and
+                // costs a note, not the whole read.
+                let id: String = row.get(0).unwrap_or_else(|_| "(not text)".to_string());
+                let read = || -> Result<Member, String> {
+                    let wrong = |e: rusqlite::Error| e.to_string();
+                    let (seen_ms, json): (i64, String) =
+                        (row.get(1).map_err(wrong)?, row.get(2).map_err(wrong)?);
+                    let (boot_id, expires_ns): (String, i64) =
+                        (row.get(3).map_err(wrong)?, row.get(4).map_err(wrong)?);
+                    let mut member = Member::read(&id, &json)?;
+                    member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen_ms);
+                    member.alive = shared.left(&boot_id, expires_ns, now).is_some();
+                    Ok(member)
+                };
+                match read() {
+                    Ok(member) => members.push(member),
+                    Err(why) => skipped.push(skip_note(&shared.label(), "member", &id, &why)),
                 }
             }
             Ok(Read {

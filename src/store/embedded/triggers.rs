@@ -2,10 +2,11 @@
 //! host's wall clock) by every write and skipped by every read, as on the Redis nodes.
 
 use rusqlite::params;
+use rusqlite::types::ValueRef;
 
 use super::{now_ms, EmbeddedStore};
 use crate::lock::QuorumFailure;
-use crate::store::Read;
+use crate::store::{skip_note, Read};
 use crate::trigger::{self, TriggerRequest};
 
 impl EmbeddedStore {
@@ -34,18 +35,28 @@ impl EmbeddedStore {
     /// Every request not past its expiry, oldest first; see [`crate::store::Store::triggers`].
     pub async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
         self.blocking(|shared, connection| {
-            let mut select =
-                connection.prepare_cached("SELECT request FROM triggers WHERE expires_ms > ?1")?;
+            let mut select = connection
+                .prepare_cached("SELECT id, request FROM triggers WHERE expires_ms > ?1")?;
             let mut rows = select.query([now_ms()])?;
             let (mut requests, mut skipped) = (Vec::new(), Vec::new());
             while let Some(row) = rows.next()? {
-                let json: String = row.get(0)?;
-                match TriggerRequest::from_json(&json) {
+                // Read as bytes: a row written by something else may hold any type.
+                let text = |index| -> rusqlite::Result<Option<String>> {
+                    Ok(match row.get_ref(index)? {
+                        ValueRef::Text(bytes) => String::from_utf8(bytes.to_vec()).ok(),
+                        _ => None,
+                    })
+                };
+                let id = text(0)?.unwrap_or_else(|| "(not text)".to_string());
+                let read = match text(1)? {
+                    Some(json) => TriggerRequest::read(&id, &json).map_err(|e| e.to_string()),
+                    None => Err("not UTF-8 text".to_string()),
+                };
+                match read {
                     Ok(request) => requests.push(request),
-                    Err(why) => skipped.push(format!(
-                        "{}: trigger request skipped: {why}",
-                        shared.label()
-                    )),
+                    Err(why) => {
+                        skipped.push(skip_note(&shared.label(), "trigger request", &id, &why))
+                    }
                 }
             }
             Ok(Read {

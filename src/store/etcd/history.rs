@@ -20,7 +20,7 @@ use super::{sortable, EtcdStore};
 use crate::history::{Entry, Query};
 use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
-use crate::store::Read;
+use crate::store::{skip_note, Read};
 
 /// The longest a history or membership request may take: nothing waits on it but the background writer
 /// and the CLI (as on Redis).
@@ -189,14 +189,16 @@ impl EtcdStore {
     pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
         let (records, alive) = self.read_members().await.map_err(|why| self.failure(why))?;
         let (mut members, mut skipped) = (Vec::new(), Vec::new());
-        for (_, seen_ms, json) in records {
-            match serde_json::from_str::<Member>(&json) {
+        let prefix = self.member_key("members", "");
+        for (key, seen_ms, json) in records {
+            let id = key.strip_prefix(prefix.as_str()).unwrap_or(&key);
+            match Member::read(id, &json) {
                 Ok(mut member) => {
                     member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen_ms);
                     member.alive = alive.contains(&member.id);
                     members.push(member);
                 }
-                Err(why) => skipped.push(format!("etcd: member skipped: {why}")),
+                Err(why) => skipped.push(skip_note("etcd", "member", &key, &why)),
             }
         }
         Ok(Read {

@@ -12,7 +12,7 @@ use etcd_client::{GetOptions, PutOptions};
 use super::history::EXCHANGE_TIMEOUT;
 use super::EtcdStore;
 use crate::lock::QuorumFailure;
-use crate::store::Read;
+use crate::store::{skip_note, Read};
 use crate::trigger::{self, TriggerRequest, KEEP_AFTER_WINDOW};
 
 /// The key of request `id` under `prefix`.
@@ -49,17 +49,23 @@ impl EtcdStore {
     pub async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
         let prefix = requests_prefix(&self.settings.key_prefix);
         let answer = self
-            .get(EXCHANGE_TIMEOUT, prefix, GetOptions::new().with_prefix())
+            .get(
+                EXCHANGE_TIMEOUT,
+                prefix.clone(),
+                GetOptions::new().with_prefix(),
+            )
             .await
             .map_err(|why| self.failure(why))?;
         let (mut requests, mut skipped) = (Vec::new(), Vec::new());
         for kv in answer.kvs() {
+            let key = String::from_utf8_lossy(kv.key());
+            let id = key.strip_prefix(prefix.as_str()).unwrap_or(&key);
             let parsed = std::str::from_utf8(kv.value())
-                .map_err(|e| e.to_string())
-                .and_then(|json| TriggerRequest::from_json(json).map_err(|e| e.to_string()));
+                .map_err(|_| "not UTF-8 text".to_string())
+                .and_then(|json| TriggerRequest::read(id, json).map_err(|e| e.to_string()));
             match parsed {
                 Ok(request) => requests.push(request),
-                Err(why) => skipped.push(format!("etcd: trigger request skipped: {why}")),
+                Err(why) => skipped.push(skip_note("etcd", "trigger request", &key, &why)),
             }
         }
         Ok(Read {

@@ -23,7 +23,7 @@ use crate::history::{self, Entry, Query};
 use crate::lock::quorum::quorum;
 use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
-use crate::store::Read;
+use crate::store::{skip_note, Read};
 
 /// The longest any history or membership exchange with one node may take. Longer than a claim's round:
 /// nothing waits on it but the background writer and the CLI.
@@ -86,7 +86,7 @@ end
 return 1
 "#;
 
-/// Reads every member: `{now ms, value, expiry ms, value, expiry ms, …}` on the node's clock.
+/// Reads every member: `{now ms, id, value, expiry ms, id, value, expiry ms, …}` on the node's clock.
 ///
 /// KEYS: members, expiry.
 pub static MEMBERS: LazyLock<Script> = LazyLock::new(|| Script::new(MEMBERS_LUA));
@@ -98,6 +98,7 @@ local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for i = 1, #all, 2 do
   local value = redis.call('HGET', KEYS[1], all[i])
   if value then
+    table.insert(out, all[i])
     table.insert(out, value)
     table.insert(out, all[i + 1])
   end
@@ -210,17 +211,22 @@ impl RedisStore {
         let answers = self.ask_all(&pipeline).await;
         let mut skipped = Vec::new();
         let read = self.read_majority(answers, |node, value| {
-            let items: Vec<String> = strings(value)?.into_iter().flatten().collect();
+            let items = strings(value)?;
             let now: i64 = items
                 .first()
-                .and_then(|n| n.parse().ok())
+                .and_then(|n| n.as_deref()?.parse().ok())
                 .ok_or("no time in the reply")?;
             let mut members = Vec::new();
-            for pair in items[1..].chunks(2) {
-                let [stored, expiry] = pair else { break };
-                match parse_member(stored, expiry, now) {
+            for triple in items[1..].chunks(3) {
+                let [id, stored, expiry] = triple else { break };
+                let id = id.as_deref().unwrap_or("(not UTF-8)");
+                let parsed = match (stored, expiry) {
+                    (Some(stored), Some(expiry)) => parse_member(id, stored, expiry, now),
+                    _ => Err("not UTF-8 text".to_string()),
+                };
+                match parsed {
                     Ok(member) => members.push(member),
-                    Err(why) => skipped.push(format!("{node}: member skipped: {why}")),
+                    Err(why) => skipped.push(skip_note(node, "member", id, &why)),
                 }
             }
             Ok(members)
@@ -334,18 +340,19 @@ pub(super) fn strings(value: Value) -> Result<Vec<Option<String>>, String> {
     }
 }
 
-/// One stored member (`<seen ms> <json>`) with its expiry, read at `now` on the node's clock.
-fn parse_member(stored: &str, expiry: &str, now: i64) -> Result<Member, String> {
+/// One stored member (`<seen ms> <json>`) under `id`, with its expiry, read at `now` on the node's clock.
+fn parse_member(id: &str, stored: &str, expiry: &str, now: i64) -> Result<Member, String> {
+    let shown = |text: &str| crate::logging::shorten(&format!("{text:?}"), 60);
     let (seen, json) = stored
         .split_once(' ')
-        .ok_or_else(|| format!("malformed value {stored:?}"))?;
+        .ok_or_else(|| format!("malformed value {}", shown(stored)))?;
     let seen: i64 = seen
         .parse()
-        .map_err(|_| format!("malformed time {seen:?}"))?;
+        .map_err(|_| format!("malformed time {}", shown(seen)))?;
     let expiry: f64 = expiry
         .parse()
-        .map_err(|_| format!("malformed expiry {expiry:?}"))?;
-    let mut member: Member = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        .map_err(|_| format!("malformed expiry {}", shown(expiry)))?;
+    let mut member = Member::read(id, json)?;
     member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen);
     member.alive = expiry > now as f64;
     Ok(member)

@@ -11,7 +11,7 @@ use super::history::strings;
 use super::round::evalsha;
 use super::RedisStore;
 use crate::lock::QuorumFailure;
-use crate::store::Read;
+use crate::store::{skip_note, Read};
 use crate::trigger::{self, TriggerRequest};
 
 /// Drops the requests past their expiry (on this node's clock). Shared by the scripts below.
@@ -36,10 +36,11 @@ return 1"
     )
 }
 
-/// Every request still kept. KEYS: requests, expiry. Returns the requests' JSON.
+/// Every request still kept. KEYS: requests, expiry. Returns `{id, JSON, id, JSON, …}`: the ids too, so
+/// that a request that cannot be read is named.
 pub static LIST: LazyLock<Script> = LazyLock::new(|| Script::new(&list_source()));
 fn list_source() -> String {
-    format!("{DROP_EXPIRED_LUA}\nreturn redis.call('HVALS', KEYS[1])")
+    format!("{DROP_EXPIRED_LUA}\nreturn redis.call('HGETALL', KEYS[1])")
 }
 
 /// The sources of this module's scripts, for `SCRIPT LOAD` after a `NOSCRIPT`.
@@ -77,10 +78,16 @@ impl RedisStore {
         let mut skipped = Vec::new();
         let read = self.read_majority(answers, |node, value| {
             let mut requests = Vec::new();
-            for json in strings(value)?.into_iter().flatten() {
-                match TriggerRequest::from_json(&json) {
+            for pair in strings(value)?.chunks(2) {
+                let [key, json] = pair else { break };
+                let key = key.as_deref().unwrap_or("(not UTF-8)");
+                let read = match json {
+                    Some(json) => TriggerRequest::read(key, json).map_err(|e| e.to_string()),
+                    None => Err("not UTF-8 text".to_string()),
+                };
+                match read {
                     Ok(request) => requests.push(request),
-                    Err(why) => skipped.push(format!("{node}: trigger request skipped: {why}")),
+                    Err(why) => skipped.push(skip_note(node, "trigger request", key, &why)),
                 }
             }
             Ok(requests)
