@@ -202,6 +202,9 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
             intent = control.next() => match intent {
                 Intent::Drain => break,
                 Intent::Reload { why } => {
+                    // The ticks due by now belong to the config they came due under: raced (or passed
+                    // over, with a word) before a changed job starts again from its next tick.
+                    start_due(&context, &mut agenda, &mut races);
                     if let Some(new) = reload::reload(&context, &config, why) {
                         context.set_jobs(new.jobs.clone());
                         agenda = agenda.reload(enabled_jobs(&new), clock.now());
@@ -218,44 +221,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                 continue;
             }
         }
-        let mut batch = Vec::new();
-        let due = agenda.take_due(clock.now());
-        for (index, tick, why) in due.passed {
-            let job = agenda.job(index);
-            context.note(
-                job,
-                tick,
-                &Series::Schedule,
-                Kind::Skipped,
-                Some(why.as_str()),
-                None,
-            );
-            if why == agenda::Passed::Misfire {
-                context.suspect(job, tick);
-            }
-        }
-        for (index, tick) in due.race {
-            let job = agenda.job(index);
-            // Only a run under way here makes a tick skip for overlap: a tick whose claim is still being
-            // raced (a slow batch, retries) holds nothing, and the nodes decide between it and the next.
-            if job.overlap == Overlap::Skip && context.runs_here(&job.name) {
-                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
-                      "Skipped: this worker is still running the previous tick");
-                context.note(
-                    job,
-                    tick,
-                    &Series::Schedule,
-                    Kind::Skipped,
-                    Some("overlap"),
-                    None,
-                );
-                continue;
-            }
-            batch.push(race::Due::scheduled(job, tick));
-        }
-        if !batch.is_empty() {
-            races.spawn(race::race(Arc::clone(&context), batch));
-        }
+        start_due(&context, &mut agenda, &mut races);
     }
 
     info!(
@@ -278,6 +244,49 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     server.stop().await;
     info!(event = "worker.stopped", "Worker stopped");
     Ok(())
+}
+
+/// Takes the ticks of `agenda` due by now (cluster time): logs and records those passed over, skips those
+/// of a job still running here (`overlap: skip`), and races the rest as one batch.
+fn start_due(context: &Arc<Context>, agenda: &mut Agenda, races: &mut JoinSet<()>) {
+    let mut batch = Vec::new();
+    let due = agenda.take_due(context.clock.now());
+    for (index, tick, why) in due.passed {
+        let job = agenda.job(index);
+        context.note(
+            job,
+            tick,
+            &Series::Schedule,
+            Kind::Skipped,
+            Some(why.as_str()),
+            None,
+        );
+        if why == agenda::Passed::Misfire {
+            context.suspect(job, tick);
+        }
+    }
+    for (index, tick) in due.race {
+        let job = agenda.job(index);
+        // Only a run under way here makes a tick skip for overlap: a tick whose claim is still being
+        // raced (a slow batch, retries) holds nothing, and the nodes decide between it and the next.
+        if job.overlap == Overlap::Skip && context.runs_here(&job.name) {
+            info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
+                      "Skipped: this worker is still running the previous tick");
+            context.note(
+                job,
+                tick,
+                &Series::Schedule,
+                Kind::Skipped,
+                Some("overlap"),
+                None,
+            );
+            continue;
+        }
+        batch.push(race::Due::scheduled(job, tick));
+    }
+    if !batch.is_empty() {
+        races.spawn(race::race(Arc::clone(context), batch));
+    }
 }
 
 /// The jobs of `config` that are raced.
