@@ -8,9 +8,9 @@ use super::round::evalsha;
 use super::scripts;
 use super::{Attempt, RedisStore, Retry, Try};
 use crate::clock::boot::BootInstant;
-use crate::lock::keys::{attempt_value, claim_keys, token_floor, Holder};
+use crate::lock::keys::{attempt_value, claim_keys, next_token, Holder};
 use crate::lock::quorum::{quorum, Vote};
-use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, Pause, QuorumFailure};
+use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, Pause, QuorumFailure, Refusal};
 
 impl RedisStore {
     /// One attempt at every request of the batch: round 1, then round 2 for those that reached a majority.
@@ -75,7 +75,10 @@ impl RedisStore {
                 |answer| match answer {
                     Round1::Ok { .. } => Vote::Granted,
                     Round1::Failed(why) => Vote::Failed(why.clone()),
-                    Round1::Claimed(_) | Round1::Busy { .. } | Round1::Paused(_) => Vote::Refused,
+                    Round1::Claimed(_)
+                    | Round1::Busy { .. }
+                    | Round1::Paused(_)
+                    | Round1::Ahead { .. } => Vote::Refused,
                 },
             )
             .await;
@@ -94,11 +97,17 @@ impl RedisStore {
             let in_time =
                 validity::validity(settings.ttl, start.elapsed(), settings.drift_factor).is_some();
             if granted >= quorum(self.nodes.len()) && in_time {
-                let highest = fences.max().unwrap_or(0);
-                let token = highest
-                    .saturating_add(1)
-                    .max(token_floor(requests[index].tick));
-                confirming.push((index, token));
+                // Exact, and refused past the bound rather than saturated: a token that stood still
+                // would be handed out twice.
+                match next_token(fences.max().unwrap_or(0), requests[index].tick) {
+                    Ok(token) => confirming.push((index, token)),
+                    Err(refusal) => {
+                        results[index] = Some(Attempt::Lost {
+                            outcome: ClaimOutcome::Refused(refusal),
+                            retry: Retry::No,
+                        });
+                    }
+                }
             } else {
                 results[index] = Some(self.lost_in_round1(
                     node_answers,
@@ -133,7 +142,10 @@ impl RedisStore {
                     Round2::Failed,
                     |answer| match answer {
                         Round2::Ok => Vote::Granted,
-                        Round2::Lost | Round2::Claimed(_) | Round2::Paused(_) => Vote::Refused,
+                        Round2::Lost
+                        | Round2::Claimed(_)
+                        | Round2::Paused(_)
+                        | Round2::Ahead { .. } => Vote::Refused,
                         Round2::Failed(why) => Vote::Failed(why.clone()),
                     },
                 )
@@ -152,7 +164,7 @@ impl RedisStore {
                             deadline,
                         ))
                     } else {
-                        self.lost_in_round2(&node_answers, granted)
+                        self.lost_in_round2(&node_answers, granted, requests[index])
                     },
                 );
             }
@@ -222,10 +234,12 @@ impl RedisStore {
         // value → (nodes, smallest pttl) for same-tick contenders, and the other ticks' holders.
         let mut contenders: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
         let mut others: Vec<(Holder, i64)> = Vec::new();
+        let mut ahead: Vec<i64> = Vec::new();
         for (_, answer) in answers {
             match answer {
                 Round1::Claimed(by) => claimed.push(by.as_ref()),
                 Round1::Paused(pause) => paused.push(pause),
+                Round1::Ahead { node_ms } => ahead.push(*node_ms),
                 Round1::Busy { value, pttl_ms } => {
                     let holder = Holder::from_value(value);
                     if holder.contends_for(tick, series) {
@@ -267,6 +281,17 @@ impl RedisStore {
         // no majority is left for us, and the pause is what the operator asked for.
         if !paused.is_empty() && paused.len() + claimed.len() > spare {
             return paused_outcome();
+        }
+        // The tick is far ahead of the clocks of nodes that, with the other refusals, leave no majority:
+        // refused for as long as those clocks do not move by an hour.
+        if !ahead.is_empty() && ahead.len() + claimed.len() + paused.len() + others.len() > spare {
+            return Attempt::Lost {
+                outcome: ClaimOutcome::Refused(Refusal::TickAhead {
+                    tick,
+                    store_ms: ahead[0],
+                }),
+                retry: Retry::No,
+            };
         }
         let granted = answers
             .iter()
@@ -332,10 +357,15 @@ impl RedisStore {
 
     /// Classifies a request that reached a majority in round 1 but not in round 2.
     ///
-    /// Unless so many nodes answered `claimed` that no majority is left, the outcome is ambiguous (answers
-    /// lost or late, our lease expired on a node): the same claimant tries again, and finds its own
-    /// confirmations as its own.
-    fn lost_in_round2(&self, answers: &[(usize, Round2)], granted: usize) -> Attempt {
+    /// Unless so many nodes answered `claimed` (or refused for a pause, or for a tick ahead of their
+    /// clocks) that no majority is left, the outcome is ambiguous (answers lost or late, our lease expired
+    /// on a node): the same claimant tries again, and finds its own confirmations as its own.
+    fn lost_in_round2(
+        &self,
+        answers: &[(usize, Round2)],
+        granted: usize,
+        request: &ClaimRequest,
+    ) -> Attempt {
         let configured = self.nodes.len();
         let claimed: Vec<Option<&Holder>> = answers
             .iter()
@@ -352,6 +382,13 @@ impl RedisStore {
             .iter()
             .filter(|(_, a)| matches!(a, Round2::Paused(_)))
             .count();
+        let ahead: Vec<i64> = answers
+            .iter()
+            .filter_map(|(_, a)| match a {
+                Round2::Ahead { node_ms } => Some(*node_ms),
+                _ => None,
+            })
+            .collect();
         let spare = configured - quorum(configured);
         if claimed.len() > spare {
             let by = claimed.into_iter().flatten().next().cloned();
@@ -368,11 +405,21 @@ impl RedisStore {
                 retry: Retry::No,
             };
         }
+        if !ahead.is_empty() && ahead.len() + refused + claimed.len() > spare {
+            return Attempt::Lost {
+                outcome: ClaimOutcome::Refused(Refusal::TickAhead {
+                    tick: request.tick,
+                    store_ms: ahead[0],
+                }),
+                retry: Retry::No,
+            };
+        }
         let failures = answers.iter().filter_map(|(node, answer)| match answer {
             Round2::Ok => None,
             Round2::Paused(_) => Some((*node, "the job is paused".to_string())),
             Round2::Lost => Some((*node, "lease lost before confirmation".to_string())),
             Round2::Claimed(_) => Some((*node, "claimed by another claimant".to_string())),
+            Round2::Ahead { .. } => Some((*node, "the tick is far ahead of its clock".to_string())),
             Round2::Failed(why) => Some((*node, why.clone())),
         });
         let failure = self.quorum_failure(failures, granted, answers.iter().map(|(node, _)| *node));
@@ -429,7 +476,7 @@ impl RedisStore {
 /// answer when the round was decided), so that undoing the attempt must reach it.
 ///
 /// `ACQUIRE` runs atomically and returns its refusals before its `SET`: a node that answered `busy` holds
-/// another value in the lease key, and one that answered `claimed` or `paused` did not write — but a kept
+/// another value in the lease key, and one that answered `claimed`, `paused` or `ahead` did not write — but a kept
 /// value (`fresh == false`, we led a split vote) may be there from our previous attempt, so only a fresh
 /// one spares those nodes. Every other answer (`ok`, a failure, a timeout, no answer yet) may have left
 /// our `SET` behind. Sparing the nodes that refused saves every loser of a race its undo: the one `RELEASE`
@@ -437,7 +484,7 @@ impl RedisStore {
 fn may_hold_our_set(answer: Option<&Round1>, fresh: bool) -> bool {
     match answer {
         Some(Round1::Busy { .. }) => false,
-        Some(Round1::Claimed(_) | Round1::Paused(_)) => !fresh,
+        Some(Round1::Claimed(_) | Round1::Paused(_) | Round1::Ahead { .. }) => !fresh,
         Some(Round1::Ok { .. } | Round1::Failed(_)) | None => true,
     }
 }
