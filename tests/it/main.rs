@@ -29,4 +29,5 @@ mod retries;
 mod schedule;
 mod support;
 mod trigger;
+mod trigger_clock;
 mod worker;

@@ -125,8 +125,11 @@ impl EmbeddedStore {
         .await
     }
 
-    /// Every member announced within [`KEEP_DEAD`], alive or not, sorted by id; see
+    /// Every member alive, and every one dead for less than [`KEEP_DEAD`], sorted by id; see
     /// [`crate::store::Store::members`].
+    ///
+    /// Alive is decided on the boot clock, so a live member is listed whatever the reader's wall clock
+    /// says (`redcron trigger` compares its clock with the live workers' heartbeats).
     pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
         self.blocking(|shared, connection| {
             let now = BootInstant::now();
@@ -134,17 +137,22 @@ impl EmbeddedStore {
                 .timestamp_millis()
                 .saturating_sub(millis(KEEP_DEAD));
             let mut select = connection.prepare_cached(
-                "SELECT seen_ms, member, boot_id, expires_ns FROM members WHERE expired_ms > ?1",
+                "SELECT seen_ms, member, boot_id, expires_ns, expired_ms FROM members",
             )?;
-            let mut rows = select.query([kept_since])?;
+            let mut rows = select.query([])?;
             let (mut members, mut skipped) = (Vec::new(), Vec::new());
             while let Some(row) = rows.next()? {
                 let (seen_ms, json): (i64, String) = (row.get(0)?, row.get(1)?);
                 let (boot_id, expires_ns): (String, i64) = (row.get(2)?, row.get(3)?);
+                let expired_ms: i64 = row.get(4)?;
+                let alive = shared.left(&boot_id, expires_ns, now).is_some();
+                if !alive && expired_ms <= kept_since {
+                    continue;
+                }
                 match serde_json::from_str::<Member>(&json) {
                     Ok(mut member) => {
                         member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen_ms);
-                        member.alive = shared.left(&boot_id, expires_ns, now).is_some();
+                        member.alive = alive;
                         members.push(member);
                     }
                     Err(why) => skipped.push(format!("{}: member skipped: {why}", shared.label())),
