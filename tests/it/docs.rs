@@ -30,6 +30,7 @@ const MODULES: &[&str] = &[
     "retries",
     "schedule",
     "trigger",
+    "trigger_clock",
     "worker",
 ];
 
