@@ -3,13 +3,13 @@
 //!
 //! A claim does `ACQUIRE`'s checks and `CONFIRM`'s writes at once: refused if the job is paused (its row in
 //! `paused`, until it expires), if a trigger's or retry's window has ended (on this host's wall clock), if
-//! its tick is more than [`crate::lock::MAX_TICK_AHEAD`] ahead of this host's wall clock, if
-//! another claimant confirmed this tick or a later one (the claim record of the claim's series), or holds
-//! the lease and it has not expired; else the fence
-//! counter goes to `max(fence + 1, token floor)` (exact; refused past [`crate::lock::keys::MAX_TOKEN`]),
-//! the claim record to this tick and attempt, and the lease to this attempt for a TTL. Since the transaction holds the database's write lock from its first read to
-//! its commit, what it read is still true when it writes, in whichever process it runs — a tick is
-//! confirmed for one claimant only and tokens strictly increase. The time is read inside the transaction,
+//! its tick is more than [`crate::lock::MAX_TICK_AHEAD`] ahead of this host's wall clock, if another
+//! claimant confirmed this tick or a later one (the claim record of the claim's series), or holds the lease
+//! and it has not expired; else the fence counter goes to `max(fence + 1, token floor)` (exact; refused
+//! past [`crate::lock::keys::MAX_TOKEN`]), the claim record to this tick and attempt, and the lease to this
+//! attempt for a TTL. Since the transaction holds the database's write lock from its first read to its
+//! commit, what it read is still true when it writes, in whichever process it runs — a tick is confirmed
+//! for one claimant only and tokens strictly increase. The time is read inside the transaction,
 //! after any wait for the lock, so a wait never shortens a lease below what the holder believes.
 
 use rusqlite::{params, OptionalExtension as _, Transaction};

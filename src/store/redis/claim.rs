@@ -142,10 +142,7 @@ impl RedisStore {
                     Round2::Failed,
                     |answer| match answer {
                         Round2::Ok => Vote::Granted,
-                        Round2::Lost
-                        | Round2::Claimed(_)
-                        | Round2::Paused(_)
-                        | Round2::Ahead { .. } => Vote::Refused,
+                        Round2::Lost | Round2::Claimed(_) | Round2::Paused(_) => Vote::Refused,
                         Round2::Failed(why) => Vote::Failed(why.clone()),
                     },
                 )
@@ -164,7 +161,7 @@ impl RedisStore {
                             deadline,
                         ))
                     } else {
-                        self.lost_in_round2(&node_answers, granted, requests[index])
+                        self.lost_in_round2(&node_answers, granted)
                     },
                 );
             }
@@ -357,15 +354,10 @@ impl RedisStore {
 
     /// Classifies a request that reached a majority in round 1 but not in round 2.
     ///
-    /// Unless so many nodes answered `claimed` (or refused for a pause, or for a tick ahead of their
-    /// clocks) that no majority is left, the outcome is ambiguous (answers lost or late, our lease expired
-    /// on a node): the same claimant tries again, and finds its own confirmations as its own.
-    fn lost_in_round2(
-        &self,
-        answers: &[(usize, Round2)],
-        granted: usize,
-        request: &ClaimRequest,
-    ) -> Attempt {
+    /// Unless so many nodes answered `claimed` that no majority is left, the outcome is ambiguous (answers
+    /// lost or late, our lease expired on a node): the same claimant tries again, and finds its own
+    /// confirmations as its own.
+    fn lost_in_round2(&self, answers: &[(usize, Round2)], granted: usize) -> Attempt {
         let configured = self.nodes.len();
         let claimed: Vec<Option<&Holder>> = answers
             .iter()
@@ -382,13 +374,6 @@ impl RedisStore {
             .iter()
             .filter(|(_, a)| matches!(a, Round2::Paused(_)))
             .count();
-        let ahead: Vec<i64> = answers
-            .iter()
-            .filter_map(|(_, a)| match a {
-                Round2::Ahead { node_ms } => Some(*node_ms),
-                _ => None,
-            })
-            .collect();
         let spare = configured - quorum(configured);
         if claimed.len() > spare {
             let by = claimed.into_iter().flatten().next().cloned();
@@ -405,21 +390,11 @@ impl RedisStore {
                 retry: Retry::No,
             };
         }
-        if !ahead.is_empty() && ahead.len() + refused + claimed.len() > spare {
-            return Attempt::Lost {
-                outcome: ClaimOutcome::Refused(Refusal::TickAhead {
-                    tick: request.tick,
-                    store_ms: ahead[0],
-                }),
-                retry: Retry::No,
-            };
-        }
         let failures = answers.iter().filter_map(|(node, answer)| match answer {
             Round2::Ok => None,
             Round2::Paused(_) => Some((*node, "the job is paused".to_string())),
             Round2::Lost => Some((*node, "lease lost before confirmation".to_string())),
             Round2::Claimed(_) => Some((*node, "claimed by another claimant".to_string())),
-            Round2::Ahead { .. } => Some((*node, "the tick is far ahead of its clock".to_string())),
             Round2::Failed(why) => Some((*node, why.clone())),
         });
         let failure = self.quorum_failure(failures, granted, answers.iter().map(|(node, _)| *node));

@@ -38,10 +38,6 @@ pub(super) enum Round2 {
     Paused(Pause),
     /// Another claimant confirmed this tick or a later one here.
     Claimed(Option<Holder>),
-    /// The claim's tick is too far ahead of this node's clock, which read `node_ms`.
-    Ahead {
-        node_ms: i64,
-    },
     Failed(String),
 }
 
@@ -99,7 +95,7 @@ pub(super) fn parse_round1(value: Value) -> Round1 {
     }
 }
 
-/// Parses round 2's `{"ok"}` / `{"lost"}` / `{"paused", pause}` / `{"claimed", record}` / `{"ahead", node ms}`.
+/// Parses round 2's `{"ok"}` / `{"lost"}` / `{"paused", pause}` / `{"claimed", record}`.
 pub(super) fn parse_round2(value: Value) -> Round2 {
     let fields = match fields(value) {
         Ok(fields) => fields,
@@ -110,10 +106,6 @@ pub(super) fn parse_round2(value: Value) -> Round2 {
         [status] if status == "lost" => Round2::Lost,
         [status, pause] if status == "paused" => Round2::Paused(Pause::from_value(pause)),
         [status, record] if status == "claimed" => Round2::Claimed(Holder::from_record(record)),
-        [status, node_ms] if status == "ahead" => match node_ms.parse() {
-            Ok(node_ms) => Round2::Ahead { node_ms },
-            Err(_) => Round2::Failed(format!("bad node time {node_ms:?}")),
-        },
         _ => Round2::Failed(format!("unexpected reply {fields:?}")),
     }
 }

@@ -22,9 +22,9 @@ use redis::Script;
 
 /// Reads the claim record (`KEYS[3]`) against our tick (`ARGV[3]`) and claimant (`ARGV[4]`): returns the
 /// record if another claimant confirmed this tick or any later one here, else `nil`. Also `refusal`: the
-/// refusal of a claim while the job is paused (`KEYS[4]`), once the window of a one-off claim (`ARGV[5]`,
-/// ms; `0` for the schedule) has ended on the node's clock, or when its tick is more than
-/// [`crate::lock::MAX_TICK_AHEAD`] ahead of the node's clock.
+/// refusal of a claim while the job is paused (`KEYS[4]`), or once the window of a one-off claim
+/// (`ARGV[5]`, ms; `0` for the schedule) has ended on the node's clock; and `ahead`: the refusal of a tick
+/// more than [`crate::lock::MAX_TICK_AHEAD`] ahead of the node's clock.
 ///
 /// A bare number (a record written before claimants existed) counts as another claimant's; a record that
 /// does not parse counts as claimed, since nothing proves the tick free.
@@ -35,7 +35,9 @@ static CLAIMED_BY_OTHER_LUA: LazyLock<String> = LazyLock::new(|| {
 
 /// `compare_int(a, b)`: -1, 0 or 1 as the integer written `a` (decimal, an optional `-`, leading zeros
 /// allowed) is below, equal to or above `b`; `nil` if either is not such an integer. Exact at any size:
-/// the digits are compared as text (byte by byte, not by the locale's collation), never as Lua numbers.
+/// digit strings of different lengths differ by their length, and equal lengths are compared 15 digits
+/// at a time, each chunk below 10^15 < 2^53 and so exact as a Lua number (not as text: Lua compares
+/// strings by the locale's collation).
 const COMPARE_INT_LUA: &str = r#"
 local function int_parts(s)
   if type(s) ~= 'string' then
@@ -60,8 +62,9 @@ local function compare_int(a, b)
   if #a_digits ~= #b_digits then
     order = #a_digits < #b_digits and -1 or 1
   else
-    for i = 1, #a_digits do
-      local x, y = string.byte(a_digits, i), string.byte(b_digits, i)
+    for i = 1, #a_digits, 15 do
+      local x = tonumber(string.sub(a_digits, i, i + 14))
+      local y = tonumber(string.sub(b_digits, i, i + 14))
       if x ~= y then
         order = x < y and -1 or 1
         break
@@ -83,23 +86,28 @@ local function node_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
--- The pause (KEYS[4]), the window and the tick's distance ahead refuse a claim in both rounds. A claim
--- with a window (ARGV[5] > 0: a trigger or a retry) is refused once the window has ended on this node's
--- clock: its claim record expires after that, and must never be needed again. A tick more than
--- MAX_AHEAD_MS ahead of this node's clock comes from a clock far off, and would push the job's token
--- floor up by as much (and, claimed, make the earlier ticks unclaimable): refused, saying the node's time.
--- The node's time is below 2^53 ms (the year 287,396), so it is exact as a number and as text.
+-- The pause (KEYS[4]) and the window refuse a claim in both rounds. A claim with a window (ARGV[5] > 0: a
+-- trigger or a retry) is refused once the window has ended on this node's clock: its claim record expires
+-- after that, and must never be needed again.
 local function refusal()
   local paused = redis.call('GET', KEYS[4])
   if paused then
     return {'paused', paused}
   end
-  local now = node_ms()
   local limit = tonumber(ARGV[5]) or 0
-  if limit > 0 and now > limit then
+  if limit > 0 and node_ms() > limit then
     return {'claimed', 'late'}
   end
-  if (compare_int(ARGV[3], string.format('%d', now + MAX_AHEAD_MS)) or 1) > 0 then
+  return nil
+end
+-- A tick more than MAX_AHEAD_MS ahead of this node's clock comes from a clock far off, and would push the
+-- job's token floor up by as much (and, claimed, make the earlier ticks unclaimable): refused in round 1,
+-- saying the node's time (round 2 follows a round 1 that a majority passed). Compared as numbers, and
+-- still exactly: the node's time plus the margin is below 2^53, and a tick that is not rounds to a number
+-- at least 2^53, above it all the same.
+local function ahead()
+  local now = node_ms()
+  if (tonumber(ARGV[3]) or math.huge) > now + MAX_AHEAD_MS then
     return {'ahead', string.format('%d', now)}
   end
   return nil
@@ -144,7 +152,7 @@ fn acquire_source() -> String {
     format!("{}{ACQUIRE_BODY}", *CLAIMED_BY_OTHER_LUA)
 }
 const ACQUIRE_BODY: &str = r#"
-local refused = refusal()
+local refused = refusal() or ahead()
 if refused then
   return refused
 end
@@ -161,14 +169,14 @@ return {'ok', redis.call('GET', KEYS[2]) or '0'}
 "#;
 
 /// Round 2 of a claim: on a node where this attempt still holds the lease, the job is not paused, the
-/// claim's window has not ended, its tick is not far ahead of the node's clock and no other claimant
-/// confirmed this tick or a later one, raise the fence counter to the token and record the tick as
-/// confirmed by us.
+/// claim's window has not ended and no other claimant confirmed this tick or a later one, raise the fence
+/// counter to the token and record the tick as confirmed by us. (A tick far ahead of the node's clock was
+/// refused in round 1.)
 ///
 /// KEYS: lease, fence, claim, paused. ARGV: value, token, tick (ms), claimant, not after (ms, `0`: no
 /// window), record expiry (ms since the epoch, `0`: never).
-/// Returns `{"ok"}`, `{"lost"}` (the lease is not this attempt's here any more), `{"paused", pause}`,
-/// `{"claimed", record}` (`"late"` after the window) or `{"ahead", node ms}`.
+/// Returns `{"ok"}`, `{"lost"}` (the lease is not this attempt's here any more), `{"paused", pause}` or
+/// `{"claimed", record}` (`"late"` after the window).
 ///
 /// The pause is checked here too, not only in round 1: a claim whose round 1 ran before the pause reached
 /// this node and whose round 2 arrives after it is refused, so once the pause is on a majority no claim is
