@@ -54,6 +54,47 @@ pub enum BadRequest {
     Invalid(String),
 }
 
+/// How far a request's time may be ahead of a worker's cluster time: further, the worker refuses it
+/// ([`TriggerRequest::fits`]), and `redcron trigger` refuses to ask from a clock that far off.
+///
+/// The command asks at cluster time (on Redis, its clock corrected by the nodes' as a worker's is), so an
+/// honest request is ahead of a worker's time by no more than their measuring errors (milliseconds; on
+/// etcd and the embedded store, the hosts' offset, which NTP keeps far below this). A request further
+/// ahead would be claimed with the token floor of its time (`tick × 1000`), raising the tokens of every
+/// later run of the job by as much.
+pub const MAX_AHEAD: Duration = Duration::from_secs(10);
+
+/// Why a worker refuses a request read from the store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unfit {
+    /// Its time is more than [`MAX_AHEAD`] ahead of the worker's cluster time.
+    #[error("requested at {}, {} ahead of this worker's cluster time (at most {} allowed): the asking \
+             host's clock is wrong, or something other than redcron trigger wrote it",
+            .requested_at.to_rfc3339(), crate::config::show_duration(*.ahead),
+            crate::config::show_duration(MAX_AHEAD))]
+    Ahead {
+        requested_at: DateTime<Utc>,
+        ahead: Duration,
+    },
+    /// Its window (`not_after − requested_at`) is negative or longer than [`MAX_WINDOW`].
+    #[error("its window, from {} to {}, is not between 0 and {}", .requested_at.to_rfc3339(),
+            .not_after.to_rfc3339(), crate::config::show_duration(MAX_WINDOW))]
+    Window {
+        requested_at: DateTime<Utc>,
+        not_after: DateTime<Utc>,
+    },
+}
+
+impl Unfit {
+    /// The refusal as a stable word for the `trigger.refused` event: `ahead`, `window`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unfit::Ahead { .. } => "ahead",
+            Unfit::Window { .. } => "window",
+        }
+    }
+}
+
 /// One `redcron trigger` request. Field names are stable (`docs/history.md`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TriggerRequest {
@@ -79,6 +120,28 @@ impl TriggerRequest {
             not_after: now + chrono::Duration::from_std(timeout).unwrap_or_default(),
             by: by.to_string(),
         }
+    }
+
+    /// Whether a worker whose cluster time is `now` may claim the request: its time is at most
+    /// [`MAX_AHEAD`] ahead of `now`, and its window between 0 and [`MAX_WINDOW`]. A request read from the
+    /// store is data from outside: it may have been written from a clock far off, or by hand.
+    pub fn fits(&self, now: DateTime<Utc>) -> Result<(), Unfit> {
+        // Differences of two instants in chrono's range never overflow a `TimeDelta`.
+        let ahead = (self.requested_at - now).to_std().unwrap_or_default();
+        if ahead > MAX_AHEAD {
+            return Err(Unfit::Ahead {
+                requested_at: self.requested_at,
+                ahead,
+            });
+        }
+        let window = (self.not_after - self.requested_at).to_std();
+        if window.map_or(true, |window| window > MAX_WINDOW) {
+            return Err(Unfit::Window {
+                requested_at: self.requested_at,
+                not_after: self.not_after,
+            });
+        }
+        Ok(())
     }
 
     /// The tick of the run it asks for: the request's time in milliseconds.
@@ -244,5 +307,34 @@ mod tests {
             TriggerRequest::from_json(&huge),
             Err(BadRequest::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn a_request_far_ahead_or_with_an_absurd_window_is_unfit() {
+        let now = DateTime::from_timestamp_millis(1_795_436_805_123).unwrap_or_default();
+        let at = |seconds| now + chrono::Duration::seconds(seconds);
+        let fine = TriggerRequest::new("j", at(10), Duration::from_secs(24 * 3600), "");
+        assert_eq!(fine.fits(now), Ok(()));
+        assert_eq!(
+            TriggerRequest::new("j", at(-3600), DEFAULT_TIMEOUT, "").fits(now),
+            Ok(())
+        );
+        let ahead = TriggerRequest::new("j", at(11), DEFAULT_TIMEOUT, "").fits(now);
+        assert_eq!(ahead.map_err(|u| u.reason()), Err("ahead"));
+        let year_2300 = "2300-01-01T00:00:00Z".parse().unwrap_or(now);
+        let far = TriggerRequest::new("j", year_2300, DEFAULT_TIMEOUT, "");
+        let refused = far.fits(now).expect_err("far ahead");
+        assert!(
+            refused.to_string().contains("2300-01-01T00:00:00+00:00"),
+            "{refused}"
+        );
+        let mut long = TriggerRequest::new("j", now, DEFAULT_TIMEOUT, "");
+        long.not_after = DateTime::<Utc>::MAX_UTC;
+        assert_eq!(long.fits(now).map_err(|u| u.reason()), Err("window"));
+        long.not_after = now - chrono::Duration::seconds(1);
+        assert_eq!(long.fits(now).map_err(|u| u.reason()), Err("window"));
+        let mut earliest = TriggerRequest::new("j", now, DEFAULT_TIMEOUT, "");
+        earliest.requested_at = DateTime::<Utc>::MIN_UTC;
+        assert_eq!(earliest.fits(now).map_err(|u| u.reason()), Err("window"));
     }
 }

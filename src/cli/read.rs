@@ -16,6 +16,7 @@ use futures_util::future::join_all;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::clock::cluster::{measure, Estimate};
 use crate::config::Config;
 use crate::history::{Entry, Query};
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
@@ -179,6 +180,14 @@ impl Reader {
         let read = bounded(&self.runtime, self.deadline, store.triggers())?
             .map_err(ReadError::NoMajority)?;
         Ok(self.note(read))
+    }
+
+    /// This host's offset to the nodes' clocks, measured as a worker measures it: `None` where the store has
+    /// no clock to read (etcd, the embedded store), else the offset or why there is none.
+    pub(super) fn measure_clock(
+        &mut self,
+    ) -> Result<Option<Result<Estimate, QuorumFailure>>, ReadError> {
+        bounded(&self.runtime, self.deadline, measure(&self.store))
     }
 
     /// Writes a trigger request to a majority of the nodes.

@@ -1,6 +1,10 @@
 //! `redcron trigger JOB [--wait] [--timeout DURATION]`: one extra run of a job now, through the lock.
 //!
-//! Writes a trigger request to a majority of the nodes ([`crate::trigger`]), then follows it in the history:
+//! "Now" is cluster time, as the workers keep it ([`crate::clock::cluster`]): on Redis this host's clock
+//! corrected by its offset to the nodes' clocks, measured first; where there is no clock to read (etcd,
+//! the embedded store), this host's own clock, refused when it is further off the live workers' than a
+//! worker accepts ([`crate::trigger::MAX_AHEAD`]). Writes a trigger request to a majority of the nodes
+//! ([`crate::trigger`]), then follows it in the history:
 //! the worker that wins the request records its run under the request's id. Without `--wait` the command
 //! returns once the run has started (its id, worker and token); with `--wait`, once it has ended, and exits
 //! with the job's exit code. No run within the request's window (`--timeout`, 30 s by default) — no live
@@ -14,7 +18,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::honoured::{self, Ignoring};
@@ -22,11 +26,13 @@ use super::read::{Notes, ReadError, Reader};
 use super::status::alive;
 use super::story::{describe, gone};
 use super::{
-    load_job, operator, render, say_error, ConfigArg, EXIT_IGNORED, EXIT_NO_RUN, EXIT_USAGE,
+    load_job, operator, render, say, say_error, ConfigArg, EXIT_IGNORED, EXIT_NO_RUN, EXIT_USAGE,
 };
+use crate::clock::cluster::ClusterClock;
+use crate::config::{show_duration, Config};
 use crate::history::{Entry, Kind, Query};
-use crate::membership::Capability;
-use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT};
+use crate::membership::{Capability, Member};
+use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT, MAX_AHEAD, MAX_WINDOW};
 
 /// How often the history is read while waiting.
 const POLL_EVERY: Duration = Duration::from_millis(250);
@@ -35,7 +41,7 @@ const ALIVE_EVERY: Duration = Duration::from_secs(5);
 /// After the window, the time for the workers' last entries (a skip at the window's end) to land.
 const SETTLE: Duration = Duration::from_secs(3);
 /// The longest `--timeout`: the longest window a worker takes a request with.
-const MAX_TIMEOUT: Duration = crate::trigger::MAX_WINDOW;
+const MAX_TIMEOUT: Duration = MAX_WINDOW;
 
 /// Arguments of `trigger`.
 #[derive(Debug, clap::Args)]
@@ -111,12 +117,35 @@ pub(super) fn run(args: &TriggerArgs) -> anyhow::Result<ExitCode> {
         ));
         return Ok(ExitCode::from(EXIT_USAGE));
     }
-    let request = TriggerRequest::new(&job.name, Utc::now(), args.timeout, &operator());
-    let followed = Reader::open(&config).and_then(|mut reader| {
-        let ignored_by = honoured::ignoring(&mut reader, Capability::Trigger)?;
-        if !ignored_by.is_empty() && !args.even_if_ignored {
-            return Ok(Err((ignored_by, reader.notes())));
+    let mut reader = match Reader::open(&config) {
+        Ok(reader) => reader,
+        Err(error) => return Ok(super::read_failed(&error)),
+    };
+    let ignored_by = match honoured::ignoring(&mut reader, Capability::Trigger) {
+        Ok(ignored_by) => ignored_by,
+        Err(error) => return Ok(super::read_failed(&error)),
+    };
+    if !ignored_by.is_empty() && !args.even_if_ignored {
+        render::warn_notes(&reader.notes());
+        let effect = "it never claims the request, which runs only if another worker claims it";
+        say_error(&honoured::refusal(
+            "trigger",
+            &job.name,
+            &ignored_by,
+            effect,
+        ));
+        return Ok(ExitCode::from(EXIT_IGNORED));
+    }
+    let clock = match cluster_clock(&mut reader, &config) {
+        Ok(Ok(clock)) => clock,
+        Ok(Err(refusal)) => {
+            say_error(&refusal);
+            return Ok(ExitCode::from(super::EXIT_FAILURE));
         }
+        Err(error) => return Ok(super::read_failed(&error)),
+    };
+    let request = TriggerRequest::new(&job.name, clock.now(), args.timeout, &operator());
+    let followed = {
         reader.request_trigger(&request).inspect_err(|error| {
             if matches!(error, ReadError::NoMajority(_)) {
                 say_error(&format!(
@@ -125,31 +154,100 @@ pub(super) fn run(args: &TriggerArgs) -> anyhow::Result<ExitCode> {
                     request.id
                 ));
             }
-        })?;
-        let mut report = follow(&mut reader, request, args.wait)?;
-        report.ignored_by = ignored_by;
-        Ok(Ok(report))
-    });
-    let report = match followed {
-        Ok(Ok(report)) => report,
-        Ok(Err((ignoring, notes))) => {
-            render::warn_notes(&notes);
-            let effect = "it never claims the request, which runs only if another worker claims it";
-            say_error(&honoured::refusal("trigger", &job.name, &ignoring, effect));
-            return Ok(ExitCode::from(EXIT_IGNORED));
-        }
+        })
+    }
+    .and_then(|()| follow(&mut reader, request, args.wait, &clock));
+    let mut report = match followed {
+        Ok(report) => report,
         Err(error) => return Ok(super::read_failed(&error)),
     };
+    report.ignored_by = ignored_by;
     render::deliver(&report, &report.notes, args.json, text)?;
     Ok(ExitCode::from(exit_code(&report)))
 }
 
+/// The clock to ask at: cluster time as the workers keep it, or why this host's clock cannot be used.
+///
+/// On Redis, this host's clock corrected by its offset to the nodes' clocks, measured now as a worker
+/// measures it (with a note when the offset is above `worker.max_clock_offset`). Where that cannot be
+/// measured (etcd and the embedded store have no clock to read; too few nodes answered `TIME`), this
+/// host's own clock, checked against the live workers' newest heartbeat, which each stamps with its own
+/// clock on etcd and the embedded store, with the nodes' on Redis: more than [`MAX_AHEAD`] ahead of it
+/// (beyond a heartbeat's age), a worker would refuse the request; more than that behind, the request's
+/// window could be over on the workers' clocks before it is read. Either is refused, saying by how much.
+/// With no live worker there is nothing to compare with, and no worker to run the request anyway.
+fn cluster_clock(
+    reader: &mut Reader,
+    config: &Config,
+) -> Result<Result<ClusterClock, String>, ReadError> {
+    let clock = ClusterClock::local();
+    match reader.measure_clock()? {
+        Some(Ok(estimate)) => {
+            clock.set(&estimate);
+            let offset = Duration::from_micros(estimate.offset_us.unsigned_abs());
+            if offset > config.worker.max_clock_offset {
+                let side = if estimate.offset_us < 0 {
+                    "ahead of"
+                } else {
+                    "behind"
+                };
+                say(&format!(
+                    "note: this host's clock is {} {side} the nodes' clocks; the request is made at \
+                     their time, {}",
+                    show_duration(Duration::from_secs(offset.as_secs())),
+                    clock.now().to_rfc3339()
+                ));
+            }
+            return Ok(Ok(clock));
+        }
+        Some(Err(failure)) => say(&format!(
+            "note: the nodes' clocks could not be read ({failure}); the request is made at this \
+             host's time, checked against the workers' heartbeats"
+        )),
+        None => {}
+    }
+    let members = reader.members()?;
+    Ok(far_off(Utc::now(), &members).map_or(Ok(clock), Err))
+}
+
+/// Why a request made at `now` would not be run by the workers of `members`, judged by the newest
+/// heartbeat of a live one: `now` is more than [`MAX_AHEAD`] past the latest time that heartbeat can
+/// have been stamped at on a correct clock (a live worker's heartbeat is younger than its TTL), or more
+/// than [`MAX_AHEAD`] before it. `None` when it is within, or no worker is alive.
+fn far_off(now: DateTime<Utc>, members: &[Member]) -> Option<String> {
+    let newest = members
+        .iter()
+        .filter(|m| m.alive)
+        .filter_map(|m| Some((m.seen_at?, m)))
+        .max_by_key(|(seen_at, _)| *seen_at)?;
+    let (seen_at, member) = newest;
+    let ahead = (now - seen_at).to_std().unwrap_or_default();
+    let behind = (seen_at - now).to_std().unwrap_or_default();
+    let (by, side, what) = if ahead > member.ttl() + MAX_AHEAD {
+        (ahead, "ahead of", "refuse it")
+    } else if behind > MAX_AHEAD {
+        (behind, "behind", "find its window over")
+    } else {
+        return None;
+    };
+    Some(format!(
+        "this host's clock ({}) is {} {side} the live workers' (the newest heartbeat, of {}, is stamped \
+         {}): the workers would {what}; nothing was requested. Fix this host's clock (NTP), or run the \
+         command on a worker's host",
+        now.to_rfc3339(),
+        show_duration(Duration::from_secs(by.as_secs())),
+        member.id,
+        seen_at.to_rfc3339()
+    ))
+}
+
 /// Reads the history until the request has a run that started (or ended, with `wait`), or its window and
-/// [`SETTLE`] have passed without one.
+/// [`SETTLE`] have passed without one on `clock` (the clock it was asked at).
 fn follow(
     reader: &mut Reader,
     request: TriggerRequest,
     wait: bool,
+    clock: &ClusterClock,
 ) -> Result<TriggerReport, ReadError> {
     let query = Query {
         job: request.job.clone(),
@@ -210,7 +308,7 @@ fn follow(
                     reader.notes(),
                 ));
             }
-            None if Utc::now() > request.not_after + settle => {
+            None if clock.now() > request.not_after + settle => {
                 let live = reader.members()?.iter().filter(|m| m.alive).count();
                 let why = not_run(&entries, live, &request);
                 let live = entries.is_empty().then_some(live);
@@ -307,6 +405,34 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clock_far_off_the_live_workers_heartbeats_is_refused() {
+        let seen = DateTime::from_timestamp_millis(1_795_436_805_123).unwrap_or_default();
+        let member = |id: &str, seen_at, alive| -> Member {
+            let json = format!(
+                r#"{{"id":"{id}","started_at":"2026-11-23T10:00:00Z","heartbeat_ms":5000,"alive":{alive}}}"#
+            );
+            let mut member: Member = serde_json::from_str(&json).expect("a member");
+            member.seen_at = Some(seen_at);
+            member
+        };
+        let old = seen - chrono::Duration::hours(1);
+        let members = [member("a", old, true), member("b", seen, true)];
+        let at = |seconds| seen + chrono::Duration::seconds(seconds);
+        // Three heartbeats (15 s) and MAX_AHEAD (10 s) past the newest: still a clock the workers share.
+        assert_eq!(far_off(at(25), &members), None);
+        assert_eq!(far_off(at(-10), &members), None);
+        let ahead = far_off(at(26), &members).expect("refused");
+        assert!(ahead.contains("26s ahead of the live workers'"), "{ahead}");
+        assert!(ahead.contains("of b,"), "{ahead}");
+        let behind = far_off(at(-11), &members).expect("refused");
+        assert!(behind.contains("11s behind"), "{behind}");
+        // A dead worker's heartbeat says nothing; with none alive there is nothing to compare with.
+        assert_eq!(far_off(at(-11), &[member("b", seen, false)]), None);
+        let year_2300 = "2300-01-01T00:00:00Z".parse().unwrap_or(seen);
+        assert!(far_off(year_2300, &members).is_some());
+    }
 
     #[test]
     fn timeout_is_a_second_to_a_day() {

@@ -33,6 +33,8 @@ use chrono::{DateTime, Utc};
 
 use super::boot::BootInstant;
 use crate::lock::quorum::quorum;
+use crate::lock::QuorumFailure;
+use crate::store::Store;
 
 /// The latest `TIME` a node may answer and be believed: 9999-12-31T23:59:59Z, in seconds.
 const LATEST_SECONDS: i64 = 253_402_300_799;
@@ -155,6 +157,36 @@ pub fn node_time_us(seconds: &str, micros: &str) -> Result<i64, String> {
         return Err(bad());
     }
     Ok(seconds * 1_000_000 + micros)
+}
+
+/// `TIME` rounds per measurement; each node's fastest exchange counts, so one slow answer (the first
+/// one waits for the connection) does not blur the offset.
+const ROUNDS: usize = 3;
+
+/// Up to [`ROUNDS`] rounds of `TIME` to every node (fewer if a round misses a majority); the offset
+/// from all their answers, or why there is none. `None` for the embedded store and etcd, which have no
+/// clock to read. The worker's clock task and `redcron trigger` measure alike.
+pub async fn measure(store: &Store) -> Option<Result<Estimate, QuorumFailure>> {
+    let mut samples = Vec::new();
+    let (mut configured, mut failures) = (0, Vec::new());
+    for _ in 0..ROUNDS {
+        let readings = store.read_clocks().await?;
+        let enough = readings.samples.len() >= quorum(readings.configured);
+        configured = readings.configured;
+        failures = readings.failures;
+        samples.extend(readings.samples);
+        if !enough {
+            break;
+        }
+    }
+    Some(
+        estimate(&samples, configured).map_err(|too_few| QuorumFailure {
+            configured: too_few.configured,
+            needed: too_few.needed,
+            granted: too_few.sampled,
+            failures,
+        }),
+    )
 }
 
 /// Cluster time: the nodes' time as last measured, carried forward on the boot clock (see the module's

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{FencingToken, Overlap, Series};
+use super::{FencingToken, Overlap, Refusal, Series};
 use crate::schedule::Tick;
 
 /// The four keys of one claim on every node: lease, fence counter, claim record, pause.
@@ -65,16 +65,35 @@ pub(crate) fn lease_key(prefix: &str, lease: &super::Lease) -> String {
     key
 }
 
-/// The lowest token a lease of `tick` may carry: the tick in milliseconds × 1000.
+/// The lowest token a lease of `tick` may carry: the tick in milliseconds × 1000 (0 before 1970;
+/// saturating — [`next_token`] refuses what passes [`MAX_TOKEN`]).
 ///
 /// Tokens of later ticks therefore start above every token a job can have reached at an earlier tick (it
 /// would take 1000 grants within one millisecond of schedule to catch up), which keeps tokens of later ticks
-/// above those of earlier ones even if nodes forget their fence counters. Below 2^53 (exact in Lua) until
-/// the year 2255.
+/// above those of earlier ones even if nodes forget their fence counters. Below 2^53 until the year 2255,
+/// below [`MAX_TOKEN`] until the year 294,247.
 pub fn token_floor(tick: Tick) -> FencingToken {
     u64::try_from(tick.as_millis())
         .unwrap_or(0)
         .saturating_mul(1000)
+}
+
+/// The highest token a store hands out: 2^63 − 1, the largest integer that every store keeps exactly (a
+/// SQLite `INTEGER`, an etcd revision, a Redis integer). The Redis scripts compare fence counters as
+/// decimal text, never as Lua numbers (doubles, exact only below 2^53), so every token up to it is exact.
+pub const MAX_TOKEN: FencingToken = i64::MAX as FencingToken;
+
+/// The token of a claim of `tick` where the highest fence counter read is `fence`:
+/// `max(fence + 1, token_floor(tick))`, computed exactly. Refused ([`Refusal::TokenLimit`]) when it would
+/// pass [`MAX_TOKEN`], instead of a token that wraps, saturates or repeats the last one.
+pub fn next_token(fence: FencingToken, tick: Tick) -> Result<FencingToken, Refusal> {
+    let floor = u64::try_from(tick.as_millis())
+        .unwrap_or(0)
+        .checked_mul(1000);
+    match fence.checked_add(1).zip(floor) {
+        Some((next, floor)) if next.max(floor) <= MAX_TOKEN => Ok(next.max(floor)),
+        _ => Err(Refusal::TokenLimit { fence, tick }),
+    }
 }
 
 /// A new claimant for one worker's race for one `(job, tick)`.
@@ -199,6 +218,36 @@ mod tests {
         let garbage = Holder::from_value("||x|");
         assert_eq!(garbage.tick, None);
         assert_eq!(claimant_of("a|b"), "a");
+    }
+
+    #[test]
+    fn tokens_are_exact_to_the_bound_and_refused_past_it() {
+        let now = Tick(1_795_436_805_123);
+        assert_eq!(next_token(0, now), Ok(1_795_436_805_123_000));
+        // Past 2^53, where a double would round: still exactly one more.
+        assert_eq!(
+            next_token(10_413_792_000_569_000, now),
+            Ok(10_413_792_000_569_001)
+        );
+        assert_eq!(next_token(MAX_TOKEN - 1, now), Ok(MAX_TOKEN));
+        let at_the_bound = next_token(MAX_TOKEN, now);
+        assert_eq!(
+            at_the_bound,
+            Err(Refusal::TokenLimit {
+                fence: MAX_TOKEN,
+                tick: now
+            })
+        );
+        assert_eq!(at_the_bound.map_err(|r| r.reason()), Err("token_limit"));
+        assert!(next_token(u64::MAX, now).is_err());
+        // A tick whose floor passes the bound (the year 294,247 and later), and one before 1970.
+        assert!(next_token(0, Tick(i64::MAX)).is_err());
+        assert!(next_token(0, Tick(9_223_372_036_854_776)).is_err());
+        assert_eq!(
+            next_token(0, Tick(9_223_372_036_854_775)),
+            Ok(9_223_372_036_854_775_000)
+        );
+        assert_eq!(next_token(41, Tick(-5)), Ok(42));
     }
 
     #[test]

@@ -139,7 +139,44 @@ impl ClaimRequest {
 /// A fencing token: strictly increasing over all granted leases of one job, across all workers.
 ///
 /// Hand it to the job's storage so that it can reject a write from a holder whose lease was taken over.
+/// Never above [`keys::MAX_TOKEN`].
 pub type FencingToken = u64;
+
+/// How far a claim's tick may be ahead of the store's clock (a Redis node's, the embedded store's host's):
+/// further, the store refuses it ([`Refusal::TickAhead`]).
+///
+/// A worker claims a tick once its cluster time has reached it, and a trigger request's tick is the
+/// cluster time it was asked at, so an honest tick is ahead of a node's clock by no more than the offset
+/// between the two; an hour is far beyond that (the one-off claim records already assume that a node's
+/// clock never steps back by an hour). What it stops is a clock far off — a host at the year 2300 — that
+/// would push the token floor ([`keys::token_floor`]) of every later run of the job up by its offset and,
+/// by G1′, make every earlier tick of the schedule unclaimable.
+pub const MAX_TICK_AHEAD: Duration = Duration::from_secs(3600);
+
+/// Why a store refused a claim outright, whoever else claims: its tick or its token is out of the bounds
+/// that the protocol keeps (`docs/protocol.md`, *The floor*). Claiming again changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The tick is more than [`MAX_TICK_AHEAD`] ahead of the store's clock, which read `store_ms`.
+    #[error("tick {tick} is more than {} ahead of the store's clock ({}): the clock that chose it is wrong",
+            crate::config::show_duration(MAX_TICK_AHEAD), Tick(*store_ms))]
+    TickAhead { tick: Tick, store_ms: i64 },
+    /// The claim's token would pass [`keys::MAX_TOKEN`]: the highest fence counter read is `fence`, the
+    /// tick's floor is that of `tick`.
+    #[error("the job's next fencing token would pass 2^63 - 1 (fence counter {fence}, tick {tick}): its \
+             fence counter was set past any token a clock of this era gives; reset it (docs/protocol.md)")]
+    TokenLimit { fence: FencingToken, tick: Tick },
+}
+
+impl Refusal {
+    /// The refusal as a stable word for events and the history: `tick_ahead`, `token_limit`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::TickAhead { .. } => "tick_ahead",
+            Refusal::TokenLimit { .. } => "token_limit",
+        }
+    }
+}
 
 /// The expected answers to a claim; none of them is an error.
 ///
@@ -171,6 +208,9 @@ pub enum ClaimOutcome {
     /// The job is paused (`redcron pause`) on so many nodes that no majority is left for this claim: the
     /// tick is skipped. Final.
     Paused(Pause),
+    /// So many nodes refused the claim as out of bounds (its tick far ahead of their clocks, or a token
+    /// past [`keys::MAX_TOKEN`]) that no majority is left for it. Final.
+    Refused(Refusal),
 }
 
 impl ClaimOutcome {
@@ -183,7 +223,8 @@ impl ClaimOutcome {
             ClaimOutcome::Won(_)
             | ClaimOutcome::AlreadyClaimed { .. }
             | ClaimOutcome::Busy { .. }
-            | ClaimOutcome::Paused(_) => None,
+            | ClaimOutcome::Paused(_)
+            | ClaimOutcome::Refused(_) => None,
         }
     }
 
@@ -194,7 +235,10 @@ impl ClaimOutcome {
             ClaimOutcome::Busy { holder, .. } | ClaimOutcome::Contended { holder, .. } => {
                 holder.as_ref()
             }
-            ClaimOutcome::Won(_) | ClaimOutcome::NoQuorum(_) | ClaimOutcome::Paused(_) => None,
+            ClaimOutcome::Won(_)
+            | ClaimOutcome::NoQuorum(_)
+            | ClaimOutcome::Paused(_)
+            | ClaimOutcome::Refused(_) => None,
         }
     }
 }

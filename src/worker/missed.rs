@@ -273,9 +273,11 @@ async fn raise(context: &Context, job: &JobConfig, tick: Tick, claimed_by: Optio
         }
         ClaimOutcome::NoQuorum(_) | ClaimOutcome::Contended { .. } => false,
         // Another worker raised it (or a later tick's alarm): at most once. No alarm is ever paused (no job
-        // name holds the `:` of its pseudo-job's), so `Paused` cannot come; it would settle it too.
+        // name holds the `:` of its pseudo-job's), so `Paused` cannot come; it would settle it too. A
+        // refusal (the tick far ahead of the store's clock, the token at its bound) is final as well.
         ClaimOutcome::AlreadyClaimed { .. }
         | ClaimOutcome::Busy { .. }
-        | ClaimOutcome::Paused(_) => true,
+        | ClaimOutcome::Paused(_)
+        | ClaimOutcome::Refused(_) => true,
     }
 }

@@ -16,15 +16,10 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::Context;
-use crate::clock::cluster::{estimate, Estimate};
+use crate::clock::cluster::{measure, Estimate};
 use crate::config::WorkerConfig;
-use crate::lock::quorum::quorum;
 use crate::lock::QuorumFailure;
-use crate::store::Store;
 
-/// `TIME` rounds per measurement; each node's fastest exchange counts, so one slow answer (the first
-/// one waits for the connection) does not blur the offset.
-const ROUNDS: usize = 3;
 /// How long the start waits, at most, for a first measurement before the first tick is scheduled.
 const START_BUDGET: Duration = Duration::from_secs(1);
 const START_RETRY: Duration = Duration::from_millis(100);
@@ -72,31 +67,6 @@ pub(super) async fn start(context: Arc<Context>, worker: &WorkerConfig) -> Optio
         });
         task.run()
     }))
-}
-
-/// Up to [`ROUNDS`] rounds of `TIME` to every node (fewer if a round misses a majority); the offset
-/// from all their answers, or why there is none. `None` for the embedded store.
-async fn measure(store: &Store) -> Option<Result<Estimate, QuorumFailure>> {
-    let mut samples = Vec::new();
-    let (mut configured, mut failures) = (0, Vec::new());
-    for _ in 0..ROUNDS {
-        let readings = store.read_clocks().await?;
-        let enough = readings.samples.len() >= quorum(readings.configured);
-        configured = readings.configured;
-        failures = readings.failures;
-        samples.extend(readings.samples);
-        if !enough {
-            break;
-        }
-    }
-    Some(
-        estimate(&samples, configured).map_err(|too_few| QuorumFailure {
-            configured: too_few.configured,
-            needed: too_few.needed,
-            granted: too_few.sampled,
-            failures,
-        }),
-    )
 }
 
 struct ClockTask {

@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::task::JoinSet;
-use tracing::{info, info_span, warn, Instrument as _, Span};
+use tracing::{error, info, info_span, warn, Instrument as _, Span};
 
 use super::{run, BusyGuard, Context};
 use crate::config::JobConfig;
 use crate::history::Kind;
-use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Series};
+use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Refusal, Series};
 use crate::schedule::Tick;
 
 /// The first wait before a tick that found no quorum is raced again; it doubles up to the maximum.
@@ -310,7 +310,7 @@ pub(super) fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
 
 /// Acts on a final claim outcome: runs a won tick (its start may wait for a child slot until `until`,
 /// the end of the claim's window), logs a lost one. A trigger request that was won, or refused for a
-/// pause, is handled: it is deleted from the store.
+/// pause or as out of bounds, is handled: it is deleted from the store.
 async fn settle(
     context: Arc<Context>,
     job: JobConfig,
@@ -319,7 +319,8 @@ async fn settle(
     until: DateTime<Utc>,
     outcome: ClaimOutcome,
 ) {
-    if let (Some(id), ClaimOutcome::Won(_) | ClaimOutcome::Paused(_)) = (series.trigger(), &outcome)
+    if let (Some(id), ClaimOutcome::Won(_) | ClaimOutcome::Paused(_) | ClaimOutcome::Refused(_)) =
+        (series.trigger(), &outcome)
     {
         context.store.forget_trigger(id);
     }
@@ -381,6 +382,22 @@ async fn settle(
                   paused_until = %pause.until.map_or(String::new(), |until| until.to_rfc3339()),
                   "Skipped: the job is paused (redcron pause)");
             context.note(&job, tick, series, Kind::Skipped, Some("paused"), None);
+        }
+        ClaimOutcome::Refused(refusal) => {
+            error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = refusal.reason(),
+                   error = %refusal, "Skipped: the store refuses this claim as out of bounds");
+            // A tick far ahead is not written to the history: it would stand there as the job's newest
+            // tick, and a clock far off would write one per tick.
+            if let Refusal::TokenLimit { .. } = refusal {
+                context.note(
+                    &job,
+                    tick,
+                    series,
+                    Kind::Skipped,
+                    Some(refusal.reason()),
+                    None,
+                );
+            }
         }
         ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
             // Never settled: `race` retries these until it gives up, and logs that.

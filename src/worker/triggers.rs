@@ -5,6 +5,11 @@
 //! A request is raced by every live worker that runs its job (enabled, in the config in force) while its
 //! window lasts; this worker remembers the requests it raced until their window is over, so a request that
 //! another worker won but has not deleted yet is not raced twice here.
+//!
+//! A request out of bounds ([`TriggerRequest::fits`]: its time more than [`crate::trigger::MAX_AHEAD`]
+//! ahead of this worker's cluster time, or an absurd window) is never claimed: it is logged once
+//! (`trigger.refused`) and deleted from the store. Claimed, its token would take the floor of its time
+//! and raise the tokens of every later run of the job by as far as its clock was ahead.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -78,7 +83,8 @@ async fn poll(context: Arc<Context>) {
     }
 }
 
-/// The requests of `requests` to race now: of a job this worker runs, in their window, not raced yet.
+/// The requests of `requests` to race now: of a job this worker runs, in their window, not raced yet, and
+/// within bounds — those that are not are refused and deleted.
 fn due(
     context: &Context,
     requests: Vec<TriggerRequest>,
@@ -93,6 +99,15 @@ fn due(
         let Some(job) = context.job(&request.job) else {
             continue;
         };
+        if let Err(unfit) = request.fits(now) {
+            warn!(event = "trigger.refused", job = %job.name, trigger = %request.id, reason = unfit.reason(),
+                  requested_by = %request.by, error = %unfit,
+                  "A trigger request out of bounds: not claimed, and deleted from the store");
+            // Remembered for KEEP_AFTER_WINDOW, by which time its deletion has landed: warned of once.
+            raced.insert(request.id.clone(), now);
+            context.store.forget_trigger(&request.id);
+            continue;
+        }
         info!(event = "trigger.received", job = %job.name, trigger = %request.id, tick = %request.tick(),
               requested_by = %request.by, not_after = %request.not_after.to_rfc3339(),
               "A trigger request for this job: claiming it");

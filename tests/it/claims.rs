@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, Series};
+use redcron::lock::keys::{token_floor, MAX_TOKEN};
+use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, Refusal, Series};
 use redcron::schedule::Tick;
 use redcron::store::redis::scripts;
 use redcron::store::redis::RedisStore;
@@ -384,4 +385,109 @@ async fn a_won_claim_is_handed_out_while_another_of_its_batch_is_retried() {
         "the held job is still contended after the store's retries: {decided:?}"
     );
     store.release(&lease).await;
+}
+
+/// The fence counter on every node of `cluster` for `job`, as stored.
+fn fences(cluster: &RedisCluster, job: &str) -> Vec<Option<String>> {
+    (0..cluster.len())
+        .map(|node| cluster.get(node, &format!("redcron:{{{job}}}:fence")))
+        .collect()
+}
+
+/// Sets the fence counter of `job` to `fence` on every node, as a store written past 2^53 left it.
+fn plant_fence(cluster: &RedisCluster, job: &str, fence: u64) {
+    for node in 0..cluster.len() {
+        let mut set = redis::cmd("SET");
+        set.arg(format!("redcron:{{{job}}}:fence")).arg(fence);
+        let () = cluster.query(node, &set);
+    }
+}
+
+/// Issue 20, finding 1: with the fence counter past 2^53 (a trigger from a clock at 2300 put it there),
+/// each claim's token is exactly one above the last, and every node keeps it exactly — `CONFIRM` compares
+/// the counter as decimal text, not as a Lua double, where `fence + 1 == fence` kept the token standing
+/// still. At 2^63 − 1 the next claim is refused, naming the bound, instead of repeating the token.
+#[tokio::test]
+async fn a_fence_past_2_pow_53_rises_by_one_and_stops_with_an_error_at_its_bound() {
+    let cluster = RedisCluster::start(5);
+    let store = store(&cluster.urls());
+    warm(&store).await;
+    plant_fence(&cluster, "big", 10_413_792_000_569_000);
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut tokens = Vec::new();
+    for (n, tick) in [now, now + 1, now + 2].into_iter().enumerate() {
+        let request = ClaimRequest::new(&format!("w{n}"), "big", Tick(tick), Overlap::Skip, "f");
+        let lease = claim_won(&store, &request).await;
+        tokens.push(lease.token);
+        store.release(&lease).await;
+    }
+    assert_eq!(
+        tokens,
+        [
+            10_413_792_000_569_001,
+            10_413_792_000_569_002,
+            10_413_792_000_569_003
+        ]
+    );
+    assert!(
+        fences(&cluster, "big")
+            .iter()
+            .all(|fence| fence.as_deref() == Some("10413792000569003")),
+        "{:?}",
+        fences(&cluster, "big")
+    );
+
+    plant_fence(&cluster, "big", MAX_TOKEN - 1);
+    let last = ClaimRequest::new("w3", "big", Tick(now + 3), Overlap::Skip, "f");
+    let lease = claim_won(&store, &last).await;
+    assert_eq!(lease.token, MAX_TOKEN);
+    store.release(&lease).await;
+    let past = ClaimRequest::new("w4", "big", Tick(now + 4), Overlap::Skip, "f");
+    match claim_until_final(&store, &past, Duration::from_secs(10)).await {
+        ClaimOutcome::Refused(refusal @ Refusal::TokenLimit { fence, .. }) => {
+            assert_eq!(fence, MAX_TOKEN);
+            assert!(refusal.to_string().contains("2^63 - 1"), "{refusal}");
+        }
+        other => panic!("expected a refusal at the bound, got {other:?}"),
+    }
+    // Refused before round 2: no lease is left behind, and the counter stands at the bound.
+    let free = ClaimRequest::new("w5", "other", Tick(now), Overlap::Skip, "f");
+    claim_won(&store, &free).await;
+    assert!(fences(&cluster, "big")
+        .iter()
+        .all(|fence| fence.as_deref() == Some(MAX_TOKEN.to_string().as_str())));
+    assert!((0..cluster.len()).all(|node| cluster.get(node, "redcron:{big}:lease").is_none()));
+}
+
+/// Issue 20, finding 1: a claim of a tick more than an hour ahead of the nodes' clocks (the year 2300) is
+/// refused by the nodes, in the schedule and in a trigger's series, writing nothing: the job's fence stays
+/// where it was, and the next claim of a tick of now gets a token of now.
+#[tokio::test]
+async fn a_tick_far_ahead_of_the_nodes_clocks_is_refused() {
+    let cluster = RedisCluster::start(5);
+    let store = store(&cluster.urls());
+    warm(&store).await;
+    let far: chrono::DateTime<chrono::Utc> = "2300-01-01T00:00:00Z".parse().expect("a time");
+    let far = Tick(far.timestamp_millis());
+    let scheduled = ClaimRequest::new("w0", "j", far, Overlap::Skip, "f");
+    let triggered = ClaimRequest::new("w1", "j", far, Overlap::Skip, "f")
+        .in_series(Series::Trigger("t1".into()), Tick(far.as_millis() + 30_000));
+    for request in [scheduled, triggered] {
+        match claim_until_final(&store, &request, Duration::from_secs(10)).await {
+            ClaimOutcome::Refused(refusal @ Refusal::TickAhead { tick, .. }) => {
+                assert_eq!(tick, far);
+                assert_eq!(refusal.reason(), "tick_ahead");
+            }
+            other => panic!("expected the far tick refused, got {other:?}"),
+        }
+    }
+    assert!(fences(&cluster, "j").iter().all(Option::is_none));
+    assert!((0..cluster.len()).all(|node| cluster.keys(node, "redcron:{j}:*").is_empty()));
+    let now = chrono::Utc::now().timestamp_millis();
+    let lease = claim_won(
+        &store,
+        &ClaimRequest::new("w2", "j", Tick(now), Overlap::Skip, "f"),
+    )
+    .await;
+    assert_eq!(lease.token, token_floor(Tick(now)));
 }

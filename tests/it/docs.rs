@@ -32,6 +32,7 @@ const MODULES: &[&str] = &[
     "retries",
     "schedule",
     "trigger",
+    "trigger_clock",
     "worker",
 ];
 

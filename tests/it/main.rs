@@ -32,4 +32,5 @@ mod schedule;
 mod store_garbage;
 mod support;
 mod trigger;
+mod trigger_clock;
 mod worker;

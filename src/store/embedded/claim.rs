@@ -3,20 +3,23 @@
 //!
 //! A claim does `ACQUIRE`'s checks and `CONFIRM`'s writes at once: refused if the job is paused (its row in
 //! `paused`, until it expires), if a trigger's or retry's window has ended (on this host's wall clock), if
-//! another claimant confirmed this tick or a later one (the claim record of the claim's series), or holds
-//! the lease and it has not expired; else the fence
-//! counter goes to `max(fence + 1, token floor)`, the claim record to this tick and attempt, and the lease
-//! to this attempt for a TTL. Since the transaction holds the database's write lock from its first read to
-//! its commit, what it read is still true when it writes, in whichever process it runs — a tick is
-//! confirmed for one claimant only and tokens strictly increase. The time is read inside the transaction,
+//! its tick is more than [`crate::lock::MAX_TICK_AHEAD`] ahead of this host's wall clock, if another
+//! claimant confirmed this tick or a later one (the claim record of the claim's series), or holds the lease
+//! and it has not expired; else the fence counter goes to `max(fence + 1, token floor)` (exact; refused
+//! past [`crate::lock::keys::MAX_TOKEN`]), the claim record to this tick and attempt, and the lease to this
+//! attempt for a TTL. Since the transaction holds the database's write lock from its first read to its
+//! commit, what it read is still true when it writes, in whichever process it runs — a tick is confirmed
+//! for one claimant only and tokens strictly increase. The time is read inside the transaction,
 //! after any wait for the lock, so a wait never shortens a lease below what the holder believes.
 
 use rusqlite::{params, OptionalExtension as _, Transaction};
 
 use super::{nanos, now_ms, EmbeddedStore, Shared};
 use crate::clock::boot::BootInstant;
-use crate::lock::keys::{attempt_value, claim_keys, claimant_of, lease_key, token_floor, Holder};
-use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, RenewError};
+use crate::lock::keys::{attempt_value, claim_keys, claimant_of, lease_key, next_token, Holder};
+use crate::lock::{
+    validity, ClaimOutcome, ClaimRequest, Lease, Refusal, RenewError, MAX_TICK_AHEAD,
+};
 use crate::schedule::Tick;
 
 impl EmbeddedStore {
@@ -138,8 +141,17 @@ impl Shared {
         if let Some(pause) = self.pause_of(transaction, &request.job)? {
             return Ok(ClaimOutcome::Paused(pause));
         }
-        if request.not_after.is_some_and(|t| now_ms() > t.as_millis()) {
+        let store_ms = now_ms();
+        if request.not_after.is_some_and(|t| store_ms > t.as_millis()) {
             return Ok(ClaimOutcome::AlreadyClaimed { by: None });
+        }
+        let ahead_ms = i64::try_from(MAX_TICK_AHEAD.as_millis()).unwrap_or(i64::MAX);
+        if tick > store_ms.saturating_add(ahead_ms) {
+            let refusal = Refusal::TickAhead {
+                tick: request.tick,
+                store_ms,
+            };
+            return Ok(ClaimOutcome::Refused(refusal));
         }
         let record: Option<(i64, String)> = transaction
             .prepare_cached("SELECT tick, value FROM claims WHERE key = ?1")?
@@ -180,7 +192,12 @@ impl Shared {
             .query_row([&fence_key], |row| row.get(0))
             .optional()?;
         let fence = fence.and_then(|f| u64::try_from(f).ok()).unwrap_or(0);
-        let token = fence.saturating_add(1).max(token_floor(request.tick));
+        let token = match next_token(fence, request.tick) {
+            Ok(token) => token,
+            Err(refusal) => return Ok(ClaimOutcome::Refused(refusal)),
+        };
+        // At most MAX_TOKEN, so it is the same number as an INTEGER.
+        let stored = i64::try_from(token).unwrap_or(i64::MAX);
         let value = attempt_value(
             &request.claimant,
             request.tick,
@@ -192,7 +209,7 @@ impl Shared {
                 "INSERT INTO fences (key, token) VALUES (?1, ?2)
                  ON CONFLICT (key) DO UPDATE SET token = max(token, excluded.token)",
             )?
-            .execute(params![fence_key, i64::try_from(token).unwrap_or(i64::MAX)])?;
+            .execute(params![fence_key, stored])?;
         transaction
             .prepare_cached(
                 "INSERT INTO claims (key, tick, value, expires_ms) VALUES (?1, ?2, ?3, ?4)

@@ -125,8 +125,11 @@ impl EmbeddedStore {
         .await
     }
 
-    /// Every member announced within [`KEEP_DEAD`], alive or not, sorted by id; see
+    /// Every member alive, and every one dead for less than [`KEEP_DEAD`], sorted by id; see
     /// [`crate::store::Store::members`].
+    ///
+    /// Alive is decided on the boot clock, so a live member is listed whatever the reader's wall clock
+    /// says (`redcron trigger` compares its clock with the live workers' heartbeats).
     pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
         self.blocking(|shared, connection| {
             let now = BootInstant::now();
@@ -134,27 +137,34 @@ impl EmbeddedStore {
                 .timestamp_millis()
                 .saturating_sub(millis(KEEP_DEAD));
             let mut select = connection.prepare_cached(
-                "SELECT id, seen_ms, member, boot_id, expires_ns FROM members WHERE expired_ms > ?1",
+                "SELECT id, seen_ms, member, boot_id, expires_ns, expired_ms FROM members",
             )?;
-            let mut rows = select.query([kept_since])?;
+            let mut rows = select.query([])?;
             let (mut members, mut skipped) = (Vec::new(), Vec::new());
             while let Some(row) = rows.next()? {
                 // Each column as it comes: a row written by something else may hold any type, and
-                // costs a note, not the whole read.
+                // costs a note, not the whole read. A member alive on this host's boot clock is listed
+                // whatever the reader's wall clock says (a CLI whose clock is far off still sees it).
                 let id: String = row.get(0).unwrap_or_else(|_| "(not text)".to_string());
-                let read = || -> Result<Member, String> {
+                let read = || -> Result<Option<Member>, String> {
                     let wrong = |e: rusqlite::Error| e.to_string();
                     let (seen_ms, json): (i64, String) =
                         (row.get(1).map_err(wrong)?, row.get(2).map_err(wrong)?);
                     let (boot_id, expires_ns): (String, i64) =
                         (row.get(3).map_err(wrong)?, row.get(4).map_err(wrong)?);
+                    let expired_ms: i64 = row.get(5).map_err(wrong)?;
+                    let alive = shared.left(&boot_id, expires_ns, now).is_some();
+                    if !alive && expired_ms <= kept_since {
+                        return Ok(None);
+                    }
                     let mut member = Member::read(&id, &json)?;
                     member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen_ms);
-                    member.alive = shared.left(&boot_id, expires_ns, now).is_some();
-                    Ok(member)
+                    member.alive = alive;
+                    Ok(Some(member))
                 };
                 match read() {
-                    Ok(member) => members.push(member),
+                    Ok(Some(member)) => members.push(member),
+                    Ok(None) => {}
                     Err(why) => skipped.push(skip_note(&shared.label(), "member", &id, &why)),
                 }
             }

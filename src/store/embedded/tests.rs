@@ -9,7 +9,10 @@ use tempfile::TempDir;
 
 use super::EmbeddedStore;
 use crate::history::{Entry, HistorySettings, Kind, Query};
-use crate::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError, Series};
+use crate::lock::keys::{token_floor, MAX_TOKEN};
+use crate::lock::{
+    ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, Refusal, RenewError, Series,
+};
 use crate::membership::Member;
 use crate::schedule::Tick;
 use crate::store::StoreError;
@@ -315,4 +318,82 @@ async fn series_have_their_own_claims_and_share_lease_and_fence() {
         matches!(refused, ClaimOutcome::AlreadyClaimed { by: None }),
         "{refused:?}"
     );
+}
+
+/// Sets the fence counter of `job` to `fence`, as a claim of a far-off tick would have left it.
+async fn plant_fence(store: &EmbeddedStore, fence: u64) {
+    let fence = i64::try_from(fence).expect("an INTEGER");
+    store
+        .write(move |_, transaction| {
+            transaction.execute(
+                "INSERT OR REPLACE INTO fences (key, token) VALUES ('redcron:{job}:fence', ?1)",
+                [fence],
+            )
+        })
+        .await
+        .expect("planted");
+}
+
+/// Issue 20, finding 1, on the embedded store: tokens past 2^53 rise by exactly one; at 2^63 − 1 the next
+/// claim is refused ([`Refusal::TokenLimit`]) instead of given the same token again (the counter used to
+/// saturate at `i64::MAX` while the lease carried 2^63).
+#[tokio::test]
+async fn tokens_are_exact_to_their_bound_and_refused_past_it() {
+    let (_dir, store) = store(60_000);
+    let now = chrono::Utc::now().timestamp_millis();
+    plant_fence(&store, 10_413_792_000_569_000).await;
+    let mut tokens = Vec::new();
+    for (n, worker) in ["a", "b", "c"].into_iter().enumerate() {
+        let lease = won(claim(&store, worker, now + n as i64).await);
+        tokens.push(lease.token);
+        store.release(&lease).await;
+    }
+    assert_eq!(
+        tokens,
+        [
+            10_413_792_000_569_001,
+            10_413_792_000_569_002,
+            10_413_792_000_569_003
+        ]
+    );
+    plant_fence(&store, MAX_TOKEN - 1).await;
+    let last = won(claim(&store, "d", now + 3).await);
+    assert_eq!(last.token, MAX_TOKEN);
+    store.release(&last).await;
+    let past = claim(&store, "e", now + 4).await;
+    assert!(
+        matches!(
+            past,
+            ClaimOutcome::Refused(Refusal::TokenLimit {
+                fence: MAX_TOKEN,
+                ..
+            })
+        ),
+        "{past:?}"
+    );
+    // Nothing was written: the job is free, and its counter stands at the bound.
+    let other = claim(&store, "f", now + 5).await;
+    assert!(matches!(other, ClaimOutcome::Refused(_)), "{other:?}");
+}
+
+/// Issue 20, finding 1, on the embedded store: a tick more than an hour ahead of this host's clock is
+/// refused ([`Refusal::TickAhead`]), in the schedule and in a trigger's series, and moves no token.
+#[tokio::test]
+async fn a_tick_far_ahead_of_the_hosts_clock_is_refused() {
+    let (_dir, store) = store(60_000);
+    let far: DateTime<chrono::Utc> = "2300-01-01T00:00:00Z".parse().expect("a time");
+    let far = far.timestamp_millis();
+    let trigger = request("b", far).in_series(Series::Trigger("t1".into()), Tick(far + 30_000));
+    for outcome in [
+        claim(&store, "a", far).await,
+        store.claim_many(&[trigger]).await.remove(0),
+    ] {
+        assert!(
+            matches!(outcome, ClaimOutcome::Refused(Refusal::TickAhead { tick: Tick(t), .. }) if t == far),
+            "{outcome:?}"
+        );
+    }
+    let now = chrono::Utc::now().timestamp_millis();
+    let lease = won(claim(&store, "c", now).await);
+    assert_eq!(lease.token, token_floor(Tick(now)));
 }

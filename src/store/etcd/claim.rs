@@ -209,8 +209,14 @@ impl EtcdStore {
             let why = "the claim took longer than the lease's validity".to_string();
             return ClaimOutcome::NoQuorum(self.failure(why));
         }
+        // A revision is an i64 above 0, so the token is exact and at most MAX_TOKEN; one that is not (a
+        // broken answer) gives no grant rather than the token 0.
+        let Some(token) = u64::try_from(revision).ok().filter(|token| *token > 0) else {
+            self.revoke_later(id);
+            let why = format!("etcd answered the revision {revision}");
+            return ClaimOutcome::NoQuorum(self.failure(why));
+        };
         self.remember(&value, id);
-        let token = u64::try_from(revision).unwrap_or(0);
         ClaimOutcome::Won(Lease::new(request, token, value, deadline))
     }
 

@@ -8,9 +8,9 @@ use super::round::evalsha;
 use super::scripts;
 use super::{Attempt, RedisStore, Retry, Try};
 use crate::clock::boot::BootInstant;
-use crate::lock::keys::{attempt_value, claim_keys, token_floor, Holder};
+use crate::lock::keys::{attempt_value, claim_keys, next_token, Holder};
 use crate::lock::quorum::{quorum, Vote};
-use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, Pause, QuorumFailure};
+use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, Pause, QuorumFailure, Refusal};
 
 impl RedisStore {
     /// One attempt at every request of the batch: round 1, then round 2 for those that reached a majority.
@@ -75,7 +75,10 @@ impl RedisStore {
                 |answer| match answer {
                     Round1::Ok { .. } => Vote::Granted,
                     Round1::Failed(why) => Vote::Failed(why.clone()),
-                    Round1::Claimed(_) | Round1::Busy { .. } | Round1::Paused(_) => Vote::Refused,
+                    Round1::Claimed(_)
+                    | Round1::Busy { .. }
+                    | Round1::Paused(_)
+                    | Round1::Ahead { .. } => Vote::Refused,
                 },
             )
             .await;
@@ -94,11 +97,17 @@ impl RedisStore {
             let in_time =
                 validity::validity(settings.ttl, start.elapsed(), settings.drift_factor).is_some();
             if granted >= quorum(self.nodes.len()) && in_time {
-                let highest = fences.max().unwrap_or(0);
-                let token = highest
-                    .saturating_add(1)
-                    .max(token_floor(requests[index].tick));
-                confirming.push((index, token));
+                // Exact, and refused past the bound rather than saturated: a token that stood still
+                // would be handed out twice.
+                match next_token(fences.max().unwrap_or(0), requests[index].tick) {
+                    Ok(token) => confirming.push((index, token)),
+                    Err(refusal) => {
+                        results[index] = Some(Attempt::Lost {
+                            outcome: ClaimOutcome::Refused(refusal),
+                            retry: Retry::No,
+                        });
+                    }
+                }
             } else {
                 results[index] = Some(self.lost_in_round1(
                     node_answers,
@@ -222,10 +231,12 @@ impl RedisStore {
         // value → (nodes, smallest pttl) for same-tick contenders, and the other ticks' holders.
         let mut contenders: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
         let mut others: Vec<(Holder, i64)> = Vec::new();
+        let mut ahead: Vec<i64> = Vec::new();
         for (_, answer) in answers {
             match answer {
                 Round1::Claimed(by) => claimed.push(by.as_ref()),
                 Round1::Paused(pause) => paused.push(pause),
+                Round1::Ahead { node_ms } => ahead.push(*node_ms),
                 Round1::Busy { value, pttl_ms } => {
                     let holder = Holder::from_value(value);
                     if holder.contends_for(tick, series) {
@@ -267,6 +278,17 @@ impl RedisStore {
         // no majority is left for us, and the pause is what the operator asked for.
         if !paused.is_empty() && paused.len() + claimed.len() > spare {
             return paused_outcome();
+        }
+        // The tick is far ahead of the clocks of nodes that, with the other refusals, leave no majority:
+        // refused for as long as those clocks do not move by an hour.
+        if !ahead.is_empty() && ahead.len() + claimed.len() + paused.len() + others.len() > spare {
+            return Attempt::Lost {
+                outcome: ClaimOutcome::Refused(Refusal::TickAhead {
+                    tick,
+                    store_ms: ahead[0],
+                }),
+                retry: Retry::No,
+            };
         }
         let granted = answers
             .iter()
@@ -429,7 +451,7 @@ impl RedisStore {
 /// answer when the round was decided), so that undoing the attempt must reach it.
 ///
 /// `ACQUIRE` runs atomically and returns its refusals before its `SET`: a node that answered `busy` holds
-/// another value in the lease key, and one that answered `claimed` or `paused` did not write — but a kept
+/// another value in the lease key, and one that answered `claimed`, `paused` or `ahead` did not write — but a kept
 /// value (`fresh == false`, we led a split vote) may be there from our previous attempt, so only a fresh
 /// one spares those nodes. Every other answer (`ok`, a failure, a timeout, no answer yet) may have left
 /// our `SET` behind. Sparing the nodes that refused saves every loser of a race its undo: the one `RELEASE`
@@ -437,7 +459,7 @@ impl RedisStore {
 fn may_hold_our_set(answer: Option<&Round1>, fresh: bool) -> bool {
     match answer {
         Some(Round1::Busy { .. }) => false,
-        Some(Round1::Claimed(_) | Round1::Paused(_)) => !fresh,
+        Some(Round1::Claimed(_) | Round1::Paused(_) | Round1::Ahead { .. }) => !fresh,
         Some(Round1::Ok { .. } | Round1::Failed(_)) | None => true,
     }
 }

@@ -21,6 +21,10 @@ pub(super) enum Round1 {
         value: String,
         pttl_ms: i64,
     },
+    /// The claim's tick is too far ahead of this node's clock, which read `node_ms`.
+    Ahead {
+        node_ms: i64,
+    },
     Failed(String),
 }
 
@@ -65,7 +69,8 @@ fn fields(value: Value) -> Result<Vec<String>, String> {
     }
 }
 
-/// Parses round 1's `{"ok", fence}` / `{"paused", pause}` / `{"claimed", record}` / `{"busy", holder, pttl}`.
+/// Parses round 1's `{"ok", fence}` / `{"paused", pause}` / `{"claimed", record}` / `{"ahead", node ms}` /
+/// `{"busy", holder, pttl}`.
 pub(super) fn parse_round1(value: Value) -> Round1 {
     let fields = match fields(value) {
         Ok(fields) => fields,
@@ -78,6 +83,10 @@ pub(super) fn parse_round1(value: Value) -> Round1 {
         },
         [status, pause] if status == "paused" => Round1::Paused(Pause::from_value(pause)),
         [status, record] if status == "claimed" => Round1::Claimed(Holder::from_record(record)),
+        [status, node_ms] if status == "ahead" => match node_ms.parse() {
+            Ok(node_ms) => Round1::Ahead { node_ms },
+            Err(_) => Round1::Failed(format!("bad node time {node_ms:?}")),
+        },
         [status, holder, pttl] if status == "busy" => Round1::Busy {
             value: holder.clone(),
             pttl_ms: pttl.parse().unwrap_or(-1),
