@@ -61,8 +61,8 @@ fn attempt(event: &Value) -> u64 {
     event["attempt"].as_u64().unwrap_or(0)
 }
 
-/// Waits until some worker logged `run.finished` with `outcome` for a tick at least `after` past `tick`:
-/// by then every alert about `tick` and the ticks before it has been decided, with seconds to spare.
+/// Waits until some worker logged `run.finished` for a tick of `job` at least `after` past `tick`: by then
+/// every alert about `tick` and the ticks before it has been decided, with seconds to spare.
 fn wait_past(workers: &[Worker], job: &str, tick: &str, after: chrono::Duration) {
     let until = crate::worker::tick_time(tick) + after;
     wait_for(
@@ -81,7 +81,8 @@ fn wait_past(workers: &[Worker], job: &str, tick: &str, after: chrono::Duration)
 /// is its newest entry in the history, and later ticks end meanwhile. `steady` is every second with the
 /// default `overlap: skip`, its retries contending with its next ticks for the job; `staggered` makes the
 /// wait certain: `overlap: allow`, and an even second's attempt 0 fails only after 2.5 s, so the odd tick
-/// after it ends its attempt 1 (a success) while the even tick's retry waits its 3 s backoff.
+/// after it ends its attempt 1 (a success) while the even tick's retry waits its 3 s backoff (its
+/// `misfire_grace` of 2 s keeps the workers from racing the 30 s of ticks before they started at once).
 #[test]
 fn a_failure_that_a_retry_mends_alerts_nobody() {
     let cluster = RedisCluster::start(3);
@@ -125,10 +126,10 @@ fn a_failure_that_a_retry_mends_alerts_nobody() {
 }
 
 /// A job whose ticks succeed, then fail on every attempt (`retries: 1`), then succeed again alerts
-/// exactly once each way: `on_failure` for a tick's final attempt (attempt 1, after its `run.retries_exhausted`),
-/// never for an attempt that is retried, with that run's `REDCRON_*` fields; and `on_recovery` once —
-/// though when the job recovers, the retries of the ticks that failed just before still wait their
-/// backoff (2 s, ticks every second).
+/// exactly once each way: `on_failure` for a tick's final attempt (attempt 1, after its
+/// `run.retries_exhausted`), never for an attempt that is retried, with that run's `REDCRON_*` fields; and
+/// `on_recovery` once — though when the job recovers, the retries of the ticks that failed just before
+/// still wait their backoff (2 s, ticks every second).
 #[test]
 fn success_then_failing_then_success_alerts_once_each_way() {
     let cluster = RedisCluster::start(3);
