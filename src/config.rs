@@ -297,8 +297,8 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// Alert hooks: commands run, with the run's fields in their environment, when a job's runs start failing
-/// (the first failure after a success) and when they recover (the first success after a failure) — once
-/// per change, not once per failing run.
+/// (the first final failure after a success) and when they recover (the first success after a final
+/// failure) — once per change, not once per failing run or attempt.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Alerts {
     pub on_failure: Option<Command>,

@@ -117,6 +117,11 @@ pub struct Entry {
     /// The retry attempt (1, 2, …) this entry is about; absent for a tick's first run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
+    /// On the end of a run that failed and is tried again: the wait, in milliseconds, before its next
+    /// attempt is raced. Such a run is not its tick's final outcome (the alert hooks pass it over). Absent
+    /// on every other entry — and on the entries of workers that predate the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_in_ms: Option<u64>,
     /// When the writer wrote this version of the entry (its cluster time).
     pub recorded_at: DateTime<Utc>,
 }
@@ -142,6 +147,7 @@ impl Entry {
             fingerprint: None,
             trigger: None,
             attempt: None,
+            retry_in_ms: None,
             recorded_at: now,
         }
     }

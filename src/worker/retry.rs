@@ -7,8 +7,10 @@
 //! another worker may already hold it), nor one stopped by a shutdown. Attempt `k` waits
 //! [`crate::config::RetryPolicy::delay`] after the attempt before it ended, then is raced like a trigger:
 //! while another run holds the job (`overlap: skip`) it waits for it, within the job's `misfire_grace`.
-//! Only the final outcome reaches the alert hooks. The wait lives in this worker: if it dies or shuts down
-//! before the retry, the retry is lost (recorded as skipped, `shutdown`, when it shuts down).
+//! Only the final outcome reaches the alert hooks; the failed attempt's history entry says that another
+//! follows (`retry_in_ms`), so that no alert takes it for the tick's outcome. The wait lives in this
+//! worker: if it dies or shuts down before the retry, the retry is lost (recorded as skipped, `shutdown`,
+//! when it shuts down).
 //!
 //! A retry runs the job as the config in force defines it *when the retry is due*, not as it was when the
 //! failed attempt ran: a reload meanwhile may have removed the job (or renamed it), disabled it, or changed
@@ -31,14 +33,25 @@ use crate::history::{Entry, Kind};
 use crate::lock::Series;
 use crate::schedule::Tick;
 
-/// Whether a run that ended with `outcome` is tried again.
+/// Whether a run that ended with `outcome` is tried again (when attempts are left).
 fn retried(outcome: &str) -> bool {
     matches!(outcome, "failure" | "timeout")
 }
 
+/// The wait in milliseconds before the next attempt, if a run of `job` in `series` that ended with
+/// `outcome` is tried again: a `failure` or `timeout` of a scheduled tick with attempts left (triggers are
+/// not retried: the operator asked for one run, and `trigger --wait` reports its outcome). `None`: the run
+/// is its tick's final outcome. The run's final history entry carries it (`retry_in_ms`) and
+/// [`after_run`] follows the entry, so what the history says and what this worker does cannot differ.
+pub(super) fn retry_in_ms(job: &JobConfig, series: &Series, outcome: &str) -> Option<u64> {
+    let attempt = series.attempt();
+    let again = retried(outcome) && series.trigger().is_none() && attempt < job.retry.retries;
+    again.then(|| u64::try_from(job.retry.delay(attempt + 1).as_millis()).unwrap_or(u64::MAX))
+}
+
 /// After a run of `(job, tick)` in `series` ended (`ended`, its final entry): waits and races the next
-/// attempt if the run failed and attempts are left (done once that attempt — and any after it — is
-/// settled), else hands the final outcome to the alert hooks.
+/// attempt if the entry says one follows ([`retry_in_ms`]; done once that attempt — and any after it — is
+/// settled), else hands the tick's final outcome to the alert hooks.
 ///
 /// A boxed future rather than an `async fn`: the race runs the attempt, which comes back here when it
 /// ended, and the compiler cannot infer the `Send` of a future that contains itself.
@@ -54,19 +67,17 @@ pub(super) fn after_run(
 
 async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series, ended: Entry) {
     let attempt = series.attempt();
-    let failed = ended.outcome.as_deref().is_some_and(retried);
-    // Triggers are not retried: the operator asked for one run, and `trigger --wait` reports its outcome.
-    let again = failed && series.trigger().is_none() && attempt < job.retry.retries;
-    if !again {
+    let Some(wait_ms) = ended.retry_in_ms else {
+        let failed = ended.outcome.as_deref().is_some_and(retried);
         if failed && attempt > 0 && series.trigger().is_none() {
             warn!(event = "run.retries_exhausted", job = %job.name, tick = %tick, attempts = attempt + 1,
                   "The job failed on every attempt; no retry is left");
         }
         super::alerts::after_run(context, job, ended);
         return;
-    }
+    };
     let next = Series::Retry(attempt + 1);
-    let wait = job.retry.delay(attempt + 1);
+    let wait = Duration::from_millis(wait_ms);
     let span = series_span(&next);
     span.in_scope(|| {
         info!(event = "run.retry_scheduled", job = %job.name, tick = %tick,
@@ -101,6 +112,9 @@ async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series
                 Some("retries_lowered"),
                 None,
             );
+            // No retry follows after all: the failure is the tick's final outcome.
+            let mut ended = ended;
+            ended.retry_in_ms = None;
             super::alerts::after_run(context, now, ended);
             return;
         }

@@ -138,6 +138,7 @@ async fn supervise(
     entry.recorded_at = context.clock.now();
     entry.ended_at = Some(entry.recorded_at);
     entry.outcome = Some(outcome.to_string());
+    entry.retry_in_ms = super::retry::retry_in_ms(job, &renewer.lease.series, outcome);
     entry.duration_ms = Some(duration_ms);
     match &exit {
         Ok(ExitKind::Code(code)) => entry.exit_code = Some(*code),
@@ -265,7 +266,8 @@ async fn start(
             let mut entry = context.entry(job, lease.tick, &lease.series, Kind::Run);
             entry.token = Some(lease.token);
             entry.run_id = Some(run_id.to_string());
-            entry.outcome = Some(Outcome::Failure.as_str().to_string());
+            entry.outcome = Some(failure.to_string());
+            entry.retry_in_ms = super::retry::retry_in_ms(job, &lease.series, failure);
             entry.reason = Some(format!("could not start: {err}"));
             entry.ended_at = Some(entry.recorded_at);
             entry.duration_ms = Some(0);

@@ -1,6 +1,7 @@
 //! redcron's integration tests: one binary, a module per area, real `redis-server` nodes, real etcd
 //! clusters and real worker processes started by [`support`].
 
+mod alerts;
 mod bench_smoke;
 mod chaos;
 mod claims;
