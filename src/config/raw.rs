@@ -343,7 +343,7 @@ fn read_alerts(fields: &mut Fields<'_>, path: &str, report: &mut Report) -> RawA
 /// One scalar or a list of scalars; anything else is reported as not what `expected` describes.
 fn one_or_list(node: &Node, path: &str, expected: &str, report: &mut Report) -> Spanned<OneOrList> {
     let value = match &node.kind {
-        Kind::Scalar(text) => OneOrList::One(text.clone()),
+        Kind::Scalar(text) => OneOrList::One(text.to_string()),
         Kind::Seq(items) => {
             let values = items
                 .iter()
@@ -432,7 +432,7 @@ impl<'a> Fields<'a> {
                 return None;
             }
         };
-        for (key, value) in entries {
+        for (key, value) in entries.iter() {
             let Kind::Scalar(name) = &key.kind else {
                 report.error(
                     key.mark,
@@ -441,7 +441,7 @@ impl<'a> Fields<'a> {
                 );
                 continue;
             };
-            if let Some(first) = fields.entries.iter().position(|(seen, _)| seen == name) {
+            if let Some(first) = fields.entries.iter().position(|(seen, _)| *seen == &**name) {
                 let line = fields.key_marks[first].line;
                 report.error(
                     key.mark,
@@ -450,7 +450,7 @@ impl<'a> Fields<'a> {
                 );
                 continue;
             }
-            fields.entries.push((name.as_str(), value));
+            fields.entries.push((&**name, value));
             fields.key_marks.push(key.mark);
             fields.taken.push(false);
         }
@@ -505,7 +505,7 @@ impl<'a> Fields<'a> {
 fn scalar(node: &Node, path: &str, report: &mut Report) -> Option<Spanned<String>> {
     match &node.kind {
         Kind::Scalar(text) => Some(Spanned {
-            value: text.clone(),
+            value: text.to_string(),
             mark: node.mark,
         }),
         Kind::Null => None,

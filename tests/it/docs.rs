@@ -31,6 +31,7 @@ const MODULES: &[&str] = &[
     "schedule",
     "trigger",
     "worker",
+    "yaml_limits",
 ];
 
 /// Every `module::name` in backticks in `text` whose module is one of [`MODULES`].

@@ -30,3 +30,4 @@ mod schedule;
 mod support;
 mod trigger;
 mod worker;
+mod yaml_limits;
