@@ -22,6 +22,7 @@ const MODULES: &[&str] = &[
     "inspect",
     "job_env",
     "lease_stop",
+    "listener",
     "lock",
     "metrics",
     "model",

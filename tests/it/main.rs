@@ -19,6 +19,7 @@ mod history;
 mod inspect;
 mod job_env;
 mod lease_stop;
+mod listener;
 mod lock;
 mod metrics;
 mod model;
