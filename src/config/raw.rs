@@ -6,6 +6,8 @@
 //! of its own rather than serde (serde stops at the first error). What the values *mean* (durations,
 //! cron expressions, URLs) is stage two, in the parent module.
 
+use std::collections::HashMap;
+
 use super::yaml::{Kind, Mark, Node};
 use super::Report;
 
@@ -432,6 +434,9 @@ impl<'a> Fields<'a> {
                 return None;
             }
         };
+        // The first entry of each key, by key: a mapping of thousands of keys (an `env`) is checked for
+        // duplicates in linear time, not quadratic.
+        let mut seen: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
         for (key, value) in entries.iter() {
             let Kind::Scalar(name) = &key.kind else {
                 report.error(
@@ -441,7 +446,7 @@ impl<'a> Fields<'a> {
                 );
                 continue;
             };
-            if let Some(first) = fields.entries.iter().position(|(seen, _)| *seen == &**name) {
+            if let Some(&first) = seen.get(&**name) {
                 let line = fields.key_marks[first].line;
                 report.error(
                     key.mark,
@@ -450,6 +455,7 @@ impl<'a> Fields<'a> {
                 );
                 continue;
             }
+            seen.insert(&**name, fields.entries.len());
             fields.entries.push((&**name, value));
             fields.key_marks.push(key.mark);
             fields.taken.push(false);
