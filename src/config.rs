@@ -426,7 +426,7 @@ pub fn parse_with_env(
     let document = match yaml::parse(text, env) {
         Ok(document) => document,
         Err(syntax) => {
-            report.error(syntax.mark, "", syntax.message);
+            report.error(syntax.mark, &syntax.field, syntax.message);
             return Err(report.into_error());
         }
     };

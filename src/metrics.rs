@@ -86,6 +86,7 @@ pub struct Metrics {
     last_success: Family<JobLabel, Seconds>,
     config_reloads: Family<ResultLabel, Counter>,
     history_write_failures: Counter,
+    connections_refused: Counter,
 }
 
 impl Metrics {
@@ -113,6 +114,7 @@ impl Metrics {
             last_success: Family::default(),
             config_reloads: Family::default(),
             history_write_failures: Counter::default(),
+            connections_refused: Counter::default(),
         };
         let (m, seconds) = (&mut metrics, Unit::Seconds);
         let r = &mut m.registry;
@@ -186,6 +188,12 @@ impl Metrics {
             "redcron_history_write_failures",
             help,
             m.history_write_failures.clone(),
+        );
+        let help = "Connections to worker.listen closed unanswered: as many as it serves at once were open";
+        r.register(
+            "redcron_http_connections_refused",
+            help,
+            m.connections_refused.clone(),
         );
         for result in ["success", "failure"] {
             let _ = metrics.config_reloads.get_or_create(&ResultLabel {
@@ -291,6 +299,11 @@ impl Metrics {
     /// History entries were not written to a majority, after the retry (`history.write_failed`).
     pub fn history_write_failed(&self) {
         self.history_write_failures.inc();
+    }
+
+    /// A connection to the listener was closed unanswered: as many as it serves were open.
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
     }
 
     /// Every series in the OpenMetrics text format ([`Metrics::CONTENT_TYPE`]).

@@ -6,6 +6,8 @@
 //! of its own rather than serde (serde stops at the first error). What the values *mean* (durations,
 //! cron expressions, URLs) is stage two, in the parent module.
 
+use std::collections::HashMap;
+
 use super::yaml::{Kind, Mark, Node};
 use super::Report;
 
@@ -343,7 +345,7 @@ fn read_alerts(fields: &mut Fields<'_>, path: &str, report: &mut Report) -> RawA
 /// One scalar or a list of scalars; anything else is reported as not what `expected` describes.
 fn one_or_list(node: &Node, path: &str, expected: &str, report: &mut Report) -> Spanned<OneOrList> {
     let value = match &node.kind {
-        Kind::Scalar(text) => OneOrList::One(text.clone()),
+        Kind::Scalar(text) => OneOrList::One(text.to_string()),
         Kind::Seq(items) => {
             let values = items
                 .iter()
@@ -432,7 +434,10 @@ impl<'a> Fields<'a> {
                 return None;
             }
         };
-        for (key, value) in entries {
+        // The first entry of each key, by key: a mapping of thousands of keys (an `env`) is checked for
+        // duplicates in linear time, not quadratic.
+        let mut seen: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
+        for (key, value) in entries.iter() {
             let Kind::Scalar(name) = &key.kind else {
                 report.error(
                     key.mark,
@@ -441,7 +446,7 @@ impl<'a> Fields<'a> {
                 );
                 continue;
             };
-            if let Some(first) = fields.entries.iter().position(|(seen, _)| seen == name) {
+            if let Some(&first) = seen.get(&**name) {
                 let line = fields.key_marks[first].line;
                 report.error(
                     key.mark,
@@ -450,7 +455,8 @@ impl<'a> Fields<'a> {
                 );
                 continue;
             }
-            fields.entries.push((name.as_str(), value));
+            seen.insert(&**name, fields.entries.len());
+            fields.entries.push((&**name, value));
             fields.key_marks.push(key.mark);
             fields.taken.push(false);
         }
@@ -505,7 +511,7 @@ impl<'a> Fields<'a> {
 fn scalar(node: &Node, path: &str, report: &mut Report) -> Option<Spanned<String>> {
     match &node.kind {
         Kind::Scalar(text) => Some(Spanned {
-            value: text.clone(),
+            value: text.to_string(),
             mark: node.mark,
         }),
         Kind::Null => None,

@@ -11,8 +11,20 @@
 //!   `worker.max_clock_offset`, and no shutdown was requested — the config is loaded, as the worker
 //!   runs. Otherwise 503, with the reason in one line.
 //! - `/metrics`: [`crate::metrics::Metrics::encode`].
+//!
+//! The listener shares the process's descriptors with the jobs' children, and anyone who reaches the port
+//! can open connections and send nothing. So it serves at most [`Limits::connections`] connections at
+//! once (derived from the open-file limit beside the children's slots: [`super::slots`]); a connection
+//! past them is accepted and closed at once, and counted (`redcron_http_connections_refused_total`),
+//! so that neither the descriptors nor the kernel's backlog fill. Each connection serves one request
+//! (no keep-alive), whose headers must arrive within [`HEADER_TIMEOUT`] and which must be answered
+//! within [`REQUEST_TIMEOUT`] in all, or the connection is closed: a slow or silent client holds a
+//! descriptor for a bounded time. HTTP is still parsed by hyper (axum's own stack), which axum's
+//! `serve` wraps without these bounds.
 
+use std::any::Any;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +33,12 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use tokio::net::TcpListener;
+use futures_util::FutureExt as _;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -34,6 +51,27 @@ use crate::metrics::Metrics;
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long requests under way may take to finish once the worker has stopped.
 const STOP_GRACE: Duration = Duration::from_secs(1);
+/// How long a connection may take to send its request's headers.
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection may take from its accept to the last byte of its answer (`/readyz` waits
+/// [`READY_TIMEOUT`] at most; Prometheus gives up on a scrape after 10 s by default).
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most a connection's request may buffer (its headers): a GET needs a few hundred bytes.
+const MAX_BUFFER: usize = 64 * 1024;
+/// How long the listener waits before accepting again after an error that is not the connection's
+/// (the process is out of descriptors).
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// What the listener allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Connections served at once ([`super::slots::listener_connections`]); more are closed unanswered.
+    pub(crate) connections: usize,
+    /// See [`HEADER_TIMEOUT`].
+    pub(crate) header_timeout: Duration,
+    /// See [`REQUEST_TIMEOUT`].
+    pub(crate) request_timeout: Duration,
+}
 
 /// Binds `address`, if any; a failure (the port is taken, the address is not this host's) names it.
 pub(super) async fn bind(address: Option<SocketAddr>) -> Result<Option<TcpListener>, WorkerError> {
@@ -58,11 +96,12 @@ struct Probe {
 }
 
 impl Server {
-    /// Serves on `listener` (bound by [`bind`]) until [`Server::stop`].
+    /// Serves on `listener` (bound by [`bind`]) within `limits` until [`Server::stop`].
     pub(super) fn start(
         listener: Option<TcpListener>,
         context: &Arc<Context>,
         worker: &WorkerConfig,
+        limits: Limits,
     ) -> Server {
         let Some(listener) = listener else {
             return Server { serving: None };
@@ -71,6 +110,7 @@ impl Server {
             .local_addr()
             .map_or_else(|e| e.to_string(), |a| a.to_string());
         info!(event = "worker.listening", address = %address,
+              max_connections = limits.connections as u64,
               "Serving /metrics, /healthz and /readyz");
         let probe = Arc::new(Probe {
             context: Arc::clone(context),
@@ -82,10 +122,12 @@ impl Server {
             .route("/readyz", get(readyz))
             .with_state(probe);
         let stop = CancellationToken::new();
-        let stopped = stop.clone().cancelled_owned();
+        let serving = serve(listener, router, limits, Arc::clone(context), stop.clone());
         let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, router).with_graceful_shutdown(stopped);
-            if let Err(error) = serve.await {
+            // `serve` has no error to return (it retries a failed accept); a panic in it is said here,
+            // rather than lost with the task.
+            if let Err(panic) = AssertUnwindSafe(serving).catch_unwind().await {
+                let error = panic_message(panic.as_ref());
                 warn!(event = "worker.listener_failed", address = %address, error = %error,
                       "The metrics and health listener stopped; the worker goes on without it");
             }
@@ -105,6 +147,107 @@ impl Server {
             task.abort();
         }
     }
+}
+
+/// Accepts connections until `stop`, serving each in a task of its own while fewer than
+/// `limits.connections` are open, and closing it unanswered otherwise; then waits for the connections
+/// under way (dropping this future aborts them).
+async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    context: Arc<Context>,
+    stop: CancellationToken,
+) {
+    let open = Arc::new(Semaphore::new(limits.connections.max(1)));
+    let mut connections = JoinSet::new();
+    let mut failing = false;
+    loop {
+        // Reap the connections that ended, so that the set holds only those under way.
+        while connections.try_join_next().is_some() {}
+        let accepted = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _peer)) => {
+                failing = false;
+                match Arc::clone(&open).try_acquire_owned() {
+                    Ok(permit) => {
+                        connections.spawn(connection(
+                            stream,
+                            router.clone(),
+                            limits,
+                            permit,
+                            stop.clone(),
+                        ));
+                    }
+                    Err(_) => {
+                        // Closed at once: the descriptor is given back, and the client told.
+                        drop(stream);
+                        context.metrics.connection_refused();
+                    }
+                }
+            }
+            // The client gave up before the accept: nothing to do.
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                ) => {}
+            Err(error) => {
+                if !failing {
+                    warn!(event = "worker.listener_accept_failed", error = %error,
+                          "The metrics and health listener cannot accept connections (out of descriptors?); it tries again every 100ms");
+                    failing = true;
+                }
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(ACCEPT_RETRY) => {}
+                }
+            }
+        }
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+}
+
+/// Serves one request on `stream` within `limits`, holding `_permit` (one of the open connections) until
+/// the connection is closed. After `stop`, a request under way is answered and the connection closed.
+async fn connection(
+    stream: TcpStream,
+    router: Router,
+    limits: Limits,
+    _permit: OwnedSemaphorePermit,
+    stop: CancellationToken,
+) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(false)
+        .max_buf_size(MAX_BUFFER);
+    let served = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+    let mut served = std::pin::pin!(served);
+    let whole = async {
+        tokio::select! {
+            _ = served.as_mut() => return,
+            () = stop.cancelled() => {}
+        }
+        served.as_mut().graceful_shutdown();
+        let _ = served.as_mut().await;
+    };
+    // Past the deadline the connection is dropped, and with it the socket: closed, whatever the client
+    // sent or did not read.
+    let _ = tokio::time::timeout(limits.request_timeout, whole).await;
+}
+
+/// What a panic said, if it said it in text.
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
 }
 
 async fn metrics(State(probe): State<Arc<Probe>>) -> impl IntoResponse {

@@ -134,7 +134,18 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     let nodes = store.describe();
     let jobs = enabled_jobs(&config);
     let fd_limit = slots::raise_fd_limit();
-    let child_slots = slots::ChildSlots::new(slots::slots_for(fd_limit.map_or(1_024, |l| l.after)));
+    let fds = fd_limit.map_or(1_024, |l| l.after);
+    // The listener's connections are counted beside the reserve, so that they never take a child's
+    // descriptors (and none are set aside when it does not listen).
+    let connections = listener
+        .as_ref()
+        .map_or(0, |_| slots::listener_connections(fds));
+    let listener_fds = if listener.is_some() {
+        slots::listener_fds(connections)
+    } else {
+        0
+    };
+    let child_slots = slots::ChildSlots::new(slots::slots_for(fds, listener_fds));
     info!(
         event = "worker.started",
         config = %config.path.display(),
@@ -145,6 +156,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         pid = std::process::id(),
         fd_limit = fd_limit.map_or(0, |l| l.after),
         max_children = child_slots.capacity(),
+        max_connections = connections as u64,
         "Worker started"
     );
     let context = Arc::new(Context {
@@ -167,7 +179,12 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         child_slots,
         live_members: Mutex::new(None),
     });
-    let server = http::Server::start(listener, &context, &config.worker);
+    let limits = http::Limits {
+        connections,
+        header_timeout: http::HEADER_TIMEOUT,
+        request_timeout: http::REQUEST_TIMEOUT,
+    };
+    let server = http::Server::start(listener, &context, &config.worker, limits);
     let recorder_task = recorder::start(Arc::clone(&context));
     let heartbeat = heartbeat::Heartbeat::start(
         Arc::clone(&context),

@@ -17,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Descriptors a running child holds in the worker: two pipes' read ends and a pidfd.
 pub(crate) const FDS_PER_CHILD: u64 = 3;
-/// Descriptors kept for everything else: store connections, the listener, the log, the config.
+/// Descriptors kept for everything else: store connections, the listening socket, the log, the config.
 const RESERVED_FDS: u64 = 256;
 
 /// The worker's open-file limit, before and after raising the soft limit to the hard one.
@@ -56,9 +56,27 @@ pub(crate) fn raise_fd_limit() -> Option<FdLimit> {
     })
 }
 
-/// How many children fit in `fd_limit` descriptors beside the reserve (at least one).
-pub(crate) fn slots_for(fd_limit: u64) -> usize {
-    let slots = fd_limit.saturating_sub(RESERVED_FDS) / FDS_PER_CHILD;
+/// How many connections the HTTP listener serves at once in `fd_limit` descriptors: a sixteenth of them,
+/// at least 4 and at most 256 (64 with the common limit of 1,024). Prometheus and a prober need two.
+pub(crate) fn listener_connections(fd_limit: u64) -> usize {
+    usize::try_from((fd_limit / 16).clamp(4, 256)).unwrap_or(256)
+}
+
+/// The descriptors a listener serving `connections` at once may hold: one per connection and one to
+/// accept and close each connection past them.
+pub(crate) fn listener_fds(connections: usize) -> u64 {
+    u64::try_from(connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+}
+
+/// How many children fit in `fd_limit` descriptors beside the reserve and the `listener`'s descriptors
+/// (at least one).
+pub(crate) fn slots_for(fd_limit: u64, listener: u64) -> usize {
+    let slots = fd_limit
+        .saturating_sub(RESERVED_FDS)
+        .saturating_sub(listener)
+        / FDS_PER_CHILD;
     usize::try_from(slots.max(1)).unwrap_or(usize::MAX)
 }
 
@@ -105,10 +123,22 @@ mod tests {
 
     #[test]
     fn slots_leave_the_reserve_and_never_reach_zero() {
-        assert_eq!(slots_for(1_024), (1_024 - 256) / 3);
-        assert_eq!(slots_for(20_000), (20_000 - 256) / 3);
-        assert_eq!(slots_for(100), 1);
-        assert_eq!(slots_for(0), 1);
+        assert_eq!(slots_for(1_024, 0), (1_024 - 256) / 3);
+        assert_eq!(slots_for(20_000, 0), (20_000 - 256) / 3);
+        assert_eq!(slots_for(100, 0), 1);
+        assert_eq!(slots_for(0, 0), 1);
+    }
+
+    #[test]
+    fn the_listener_has_its_own_share_beside_the_slots() {
+        assert_eq!(listener_connections(1_024), 64);
+        assert_eq!(listener_connections(400), 25);
+        assert_eq!(listener_connections(20), 4);
+        assert_eq!(listener_connections(1 << 20), 256);
+        let listener = listener_fds(listener_connections(1_024));
+        assert_eq!(listener, 65);
+        assert_eq!(slots_for(1_024, listener), (1_024 - 256 - 65) / 3);
+        assert_eq!(slots_for(300, listener), 1);
     }
 
     #[test]

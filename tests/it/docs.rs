@@ -23,6 +23,7 @@ const MODULES: &[&str] = &[
     "inspect",
     "job_env",
     "lease_stop",
+    "listener",
     "lock",
     "metrics",
     "model",
@@ -34,6 +35,7 @@ const MODULES: &[&str] = &[
     "trigger",
     "trigger_clock",
     "worker",
+    "yaml_limits",
 ];
 
 /// Every `module::name` in backticks in `text` whose module is one of [`MODULES`].

@@ -392,7 +392,7 @@ fn tick_of(event: &serde_json::Value) -> Option<DateTime<Utc>> {
 }
 
 /// One GET on the worker's listener: status, `Content-Type` and body.
-fn get(port: u16, path: &str) -> Result<(u16, String, String), ureq::Error> {
+pub(crate) fn get(port: u16, path: &str) -> Result<(u16, String, String), ureq::Error> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
@@ -411,7 +411,7 @@ fn get(port: u16, path: &str) -> Result<(u16, String, String), ureq::Error> {
 }
 
 /// `/metrics`: 200, in the OpenMetrics text format, parsed.
-fn scrape(port: u16) -> Scrape {
+pub(crate) fn scrape(port: u16) -> Scrape {
     let (status, content_type, body) = get(port, "/metrics").expect("/metrics answers");
     assert_eq!(status, 200, "{body}");
     assert!(
@@ -426,7 +426,7 @@ fn scrape(port: u16) -> Scrape {
 /// prometheus-parse reads a counter's type from a `TYPE` line that names the sample (`…_total`), as the
 /// classic text format does; OpenMetrics names the family there, so counters come back untyped, with
 /// the same value.
-fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+pub(crate) fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let sample = scrape.samples.iter().find(|sample| {
         sample.metric == name
             && labels
