@@ -112,7 +112,7 @@ pub enum Action {
     History(HistoryArgs),
     /// Tell one tick's story: who raced, who won with which token, how it ended, or why nobody ran it.
     Explain(ExplainArgs),
-    /// Pause a job through the lock: no tick of it starts anywhere until `resume` (or until --for
+    /// Pause a job through the lock: no claim of it is granted anywhere until `resume` (or until --for
     /// ends); its ticks are recorded as skipped (paused). Runs under way go on.
     Pause(PauseArgs),
     /// Resume a paused job: its next tick runs.

@@ -278,7 +278,7 @@ fn reason_text(pause: &Pause) -> String {
 /// What the pause in force stops: every tick, or every tick but on the workers that ignore it.
 fn starts(report: &PauseReport) -> String {
     let starts = match report.ignored_by.as_slice() {
-        [] => "no tick of it starts anywhere until then".to_string(),
+        [] => "no claim of it is granted anywhere until then (a tick granted just before may still start)".to_string(),
         ignoring => format!(
             "no tick of it starts until then, except on {}: of an earlier release, it ignores \
              pauses and goes on running the job's ticks",

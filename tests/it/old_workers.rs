@@ -65,7 +65,10 @@ fn pause_and_trigger_refuse_while_a_worker_ignores_them(dir: &TestDir, config: &
     // A fleet of current workers: pause and resume as before.
     let (code, stdout, stderr) = inspect(dir, config, &["pause", "tick"]);
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("no tick of it starts anywhere"), "{stdout}");
+    assert!(
+        stdout.contains("no claim of it is granted anywhere"),
+        "{stdout}"
+    );
     let (code, _, stderr) = inspect(dir, config, &["resume", "tick"]);
     assert_eq!(code, 0, "{stderr}");
 
@@ -98,7 +101,7 @@ fn pause_and_trigger_refuse_while_a_worker_ignores_them(dir: &TestDir, config: &
     let (code, stdout, stderr) = inspect(dir, config, &["pause", "tick", "--even-if-ignored"]);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
-        stdout.contains("legacy-7") && !stdout.contains("starts anywhere"),
+        stdout.contains("legacy-7") && !stdout.contains("granted anywhere"),
         "the report says which worker ignores the pause: {stdout}"
     );
     assert!(paused(dir, config, "tick"));
