@@ -40,6 +40,10 @@
 //!    clock, or the measurement correcting it): workers must sleep until the tick.
 //! 10. **A ghost granted**: a ghost contender's claim (the harness writes it on a minority only) confirmed
 //!     on a majority of the nodes.
+//! 11. **A run off the schedule**: a `tick.won` for a tick that is not one of its job's scheduled instants,
+//!     or of a claim that is not the schedule's (a trigger request's or a retry's: the chaos jobs have
+//!     neither, so only garbage can have started it), or a ledger write for such a tick. Planted garbage
+//!     must never make a job run; such a run would otherwise match its own ledger write and pass.
 //!
 //! Every rule applies to the whole run, except misses, which are counted over the window.
 
@@ -340,6 +344,29 @@ fn check_job(
         }
     }
     row.duplicates = duplicated.len();
+
+    // Rule 11: every run is a scheduled tick's.
+    for run in &runs {
+        if run.tick.rem_euclid(job.period_ms) != 0 || run.series.is_some() {
+            report.failures.push(format!(
+                "RUN OFF THE SCHEDULE: {} at {} won by w{} (token {}, {}): no scheduled tick of the job",
+                job.name,
+                show_time(run.tick),
+                run.worker,
+                run.token,
+                run.series.as_deref().unwrap_or("off the schedule's instants")
+            ));
+        }
+    }
+    for attempt in input.ledger.iter().filter(|a| a.job == job.name) {
+        let tick = super::facts::parse_instant(&attempt.tick);
+        if tick.is_none_or(|tick| tick.rem_euclid(job.period_ms) != 0) {
+            report.failures.push(format!(
+                "RUN OFF THE SCHEDULE: a ledger write for no scheduled tick of {}: {attempt:?}",
+                job.name
+            ));
+        }
+    }
 
     // Rule 9: no claim before the tick is due on the claimant's cluster time.
     for run in &runs {

@@ -108,6 +108,9 @@ pub struct Run {
     pub finished_at: Option<i64>,
     pub outcome: Option<String>,
     pub duration_ms: Option<u64>,
+    /// The claim's series when it is not the schedule: `trigger <id>` or `attempt <n>` (fields of
+    /// `tick.won`).
+    pub series: Option<String>,
 }
 
 /// What one process logged about one job: per tick, each `event:reason` with its arrival time.
@@ -338,6 +341,11 @@ impl Facts {
                         self.malformed.push(format!("instance {instance}: {event}"));
                         continue;
                     };
+                    let series = match (event.get("trigger"), event.get("attempt")) {
+                        (Some(id), _) => Some(format!("trigger {id}")),
+                        (None, Some(attempt)) => Some(format!("attempt {attempt}")),
+                        (None, None) => None,
+                    };
                     open.insert((job.clone(), tick), self.runs.len());
                     self.runs.push(Run {
                         instance,
@@ -351,6 +359,7 @@ impl Facts {
                         finished_at: None,
                         outcome: None,
                         duration_ms: None,
+                        series,
                     });
                 }
                 "run.started" => {

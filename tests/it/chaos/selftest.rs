@@ -741,3 +741,34 @@ fn checker_excuses_a_claim_overtaken_by_a_later_tick_only_under_faults() {
     );
     passed_explaining(&overtaken(true), "no quorum");
 }
+
+/// A run that no scheduled tick explains fails the run, whatever its token: one for a tick off the
+/// schedule (as a trigger request's tick is: its `requested_at`, to the millisecond), and one on a
+/// scheduled tick that nobody else ran but that carries a trigger request's id. Planted garbage in the
+/// store must never make a job run; without this rule such a run matched its ledger write and passed.
+#[test]
+fn checker_catches_a_run_off_the_schedule() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[]);
+    scenario.run(1, "quick", T0 + 3_417, token(T0 + 3_417), 20);
+    let report = scenario.check();
+    assert!(failed_with(&report, "OFF THE SCHEDULE"), "{report}");
+    assert_eq!(
+        report
+            .failures
+            .iter()
+            .filter(|f| f.contains("OFF THE SCHEDULE"))
+            .count(),
+        2,
+        "the win and the ledger write: {report}"
+    );
+
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[7]);
+    scenario.run(1, "quick", T0 + 7_000, token(T0 + 7_000), 20);
+    for (_, event) in &mut scenario.logs[1].events {
+        event["trigger"] = json!("01000000000000000000000000000001");
+    }
+    let report = scenario.check();
+    assert!(failed_with(&report, "OFF THE SCHEDULE"), "{report}");
+}

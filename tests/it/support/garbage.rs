@@ -78,7 +78,10 @@ pub fn trigger_requests(job: &str, tag: u8, huge: Option<usize>) -> Vec<(String,
         // Not JSON, JSON of the wrong shape, fields missing or of the wrong type.
         (id(0xa), "not json {".into()),
         (id(0xb), "[1, 2, 3]".into()),
-        (id(4), serde_json::json!({"id": id(4), "job": job}).to_string()),
+        (
+            id(4),
+            serde_json::json!({"id": id(4), "job": job}).to_string(),
+        ),
         (
             id(5),
             serde_json::json!({"id": 5, "job": job, "requested_at": now, "not_after": later})
@@ -203,7 +206,11 @@ pub fn plant_history(
 
 /// Runs the pipeline that `fill` builds on each node of `on`, at once, each bounded by [`TIMEOUT`];
 /// returns the failures.
-fn on_nodes(nodes: &RedisCluster, on: &[usize], fill: impl Fn(&mut redis::Pipeline)) -> Vec<String> {
+fn on_nodes(
+    nodes: &RedisCluster,
+    on: &[usize],
+    fill: impl Fn(&mut redis::Pipeline),
+) -> Vec<String> {
     let mut pipe = redis::pipe();
     fill(&mut pipe);
     let pipe = &pipe;
