@@ -93,6 +93,18 @@ pub struct GhostKeys {
     pub confirmed: Vec<usize>,
 }
 
+/// A garbage plant, as the harness wrote it (see `Happening::Garbage`).
+#[derive(Debug, Clone)]
+pub struct GarbagePlant {
+    pub at: i64,
+    pub tag: u8,
+    pub nodes: Vec<usize>,
+    /// The ids of the trigger requests and member records written.
+    pub keys: Vec<String>,
+    /// The job whose junk history entry was written, if it was.
+    pub history: Option<String>,
+}
+
 /// A `tick.won`, and the run that followed it, if any.
 #[derive(Debug, Clone)]
 pub struct Run {
@@ -145,6 +157,10 @@ pub struct Facts {
     pub malformed: Vec<String>,
     /// Ghost contenders' keys.
     pub ghosts: Vec<GhostKeys>,
+    /// Garbage plants.
+    pub garbage: Vec<GarbagePlant>,
+    /// Per instance: the `error` of each `store.entry_skipped` it logged, with its arrival time.
+    pub entries_skipped: HashMap<usize, Vec<(i64, String)>>,
     /// Kills aimed at a race: `(at, instance, tick)`.
     pub aimed: Vec<(i64, usize, i64)>,
     /// Per `(instance, job, tick)`: the holders that `tick.lost: busy` named, with the tick each held
@@ -255,6 +271,20 @@ impl Facts {
                     confirmed: confirmed.clone(),
                 }),
                 Happening::AimedKill { instance, tick } => facts.aimed.push((at, *instance, *tick)),
+                Happening::Garbage {
+                    tag,
+                    nodes,
+                    requests,
+                    members,
+                    history,
+                    ..
+                } => facts.garbage.push(GarbagePlant {
+                    at,
+                    tag: *tag,
+                    nodes: nodes.clone(),
+                    keys: requests.iter().chain(members).cloned().collect(),
+                    history: history.clone(),
+                }),
                 Happening::CaseBegan { .. }
                 | Happening::Skipped { .. }
                 | Happening::Rollout { .. } => {}
@@ -302,6 +332,14 @@ impl Facts {
                     self.corrections[log.worker].push((*at, change));
                 }
                 last_measured = Some(offset);
+            }
+            if name == "store.entry_skipped" {
+                let error = event["error"].as_str().unwrap_or_default().to_string();
+                self.entries_skipped
+                    .entry(instance)
+                    .or_default()
+                    .push((*at, error));
+                continue;
             }
             // `tick.missed_check_failed` is about a job's history as a whole (read at start), not a tick.
             if !name.starts_with("tick.") && !name.starts_with("run.")
