@@ -119,17 +119,34 @@ pub fn plant_triggers(
     entries: &[(String, String)],
     expires_ms: Option<i64>,
 ) -> Vec<String> {
+    plant_keyed(target, "triggers", entries, expires_ms)
+}
+
+/// Writes `entries` (from [`members`]) as member records, alive for an hour. Returns what failed.
+pub fn plant_members(target: &Target<'_>, entries: &[(String, String)]) -> Vec<String> {
+    let alive_until = Utc::now().timestamp_millis() + 3_600_000;
+    plant_keyed(target, "members", entries, Some(alive_until))
+}
+
+/// Writes `entries` under `<prefix>:<kind>`: on Redis into that hash, each id also into the sorted set
+/// `<prefix>:<kind>:expiry` at `expires_ms` if given; on etcd as `<prefix>:<kind>/<id>`.
+fn plant_keyed(
+    target: &Target<'_>,
+    kind: &str,
+    entries: &[(String, String)],
+    expires_ms: Option<i64>,
+) -> Vec<String> {
     match target {
         Target::Redis { nodes, on } => on_nodes(nodes, on, |pipe| {
             for (id, value) in entries {
                 pipe.cmd("HSET")
-                    .arg(format!("{PREFIX}:triggers"))
+                    .arg(format!("{PREFIX}:{kind}"))
                     .arg(id)
                     .arg(value)
                     .ignore();
                 if let Some(at) = expires_ms {
                     pipe.cmd("ZADD")
-                        .arg(format!("{PREFIX}:triggers:expiry"))
+                        .arg(format!("{PREFIX}:{kind}:expiry"))
                         .arg(at)
                         .arg(id)
                         .ignore();
@@ -140,37 +157,7 @@ pub fn plant_triggers(
             members,
             entries
                 .iter()
-                .map(|(id, value)| (format!("{PREFIX}:triggers/{id}"), value.clone()))
-                .collect(),
-        ),
-    }
-}
-
-/// Writes `entries` (from [`members`]) as member records, alive for an hour. Returns what failed.
-pub fn plant_members(target: &Target<'_>, entries: &[(String, String)]) -> Vec<String> {
-    match target {
-        Target::Redis { nodes, on } => {
-            let alive_until = Utc::now().timestamp_millis() + 3_600_000;
-            on_nodes(nodes, on, |pipe| {
-                for (id, value) in entries {
-                    pipe.cmd("HSET")
-                        .arg(format!("{PREFIX}:members"))
-                        .arg(id)
-                        .arg(value)
-                        .ignore();
-                    pipe.cmd("ZADD")
-                        .arg(format!("{PREFIX}:members:expiry"))
-                        .arg(alive_until)
-                        .arg(id)
-                        .ignore();
-                }
-            })
-        }
-        Target::Etcd(members) => put_all(
-            members,
-            entries
-                .iter()
-                .map(|(id, value)| (format!("{PREFIX}:members/{id}"), value.clone()))
+                .map(|(id, value)| (format!("{PREFIX}:{kind}/{id}"), value.clone()))
                 .collect(),
         ),
     }
