@@ -5,10 +5,8 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
-
 use crate::inspect::{inspect, parse};
-use crate::support::{Backend, Cluster, TestDir, Worker};
+use crate::support::{garbage, Backend, Cluster, TestDir, Worker};
 use crate::worker::start_workers_with;
 
 /// A job that never fires by schedule and appends its `REDCRON_TRIGGER` to the ledger.
@@ -19,130 +17,24 @@ fn job(dir: &TestDir) -> String {
     )
 }
 
-/// The planted entries: (store key or id, stored value). Every one names the job the worker runs where it
-/// names a job at all, so that only its validation keeps it from being raced.
+/// The planted entries: (store key or id, stored value), every kind of garbage request for the job, with
+/// megabyte-sized ones (etcd takes at most 1.5 MiB).
 fn garbage() -> Vec<(String, String)> {
-    let now = Utc::now().to_rfc3339();
-    let later = (Utc::now() + chrono::Duration::seconds(30)).to_rfc3339();
-    let request = |id: &str, requested_at: &str, not_after: &str, by: &str| {
-        serde_json::json!({"id": id, "job": "adhoc", "requested_at": requested_at, "not_after": not_after, "by": by})
-            .to_string()
-    };
-    let id = |n: u8| format!("{n:0>32x}");
-    vec![
-        // The review's request: its window ends in the year 262142.
-        (
-            id(1),
-            request(&id(1), &now, "+262142-12-31T23:59:30Z", "mallory@x"),
-        ),
-        // Asked for in the year 262142 too.
-        (
-            id(2),
-            request(
-                &id(2),
-                "+262142-12-31T23:59:00Z",
-                "+262142-12-31T23:59:30Z",
-                "mallory@x",
-            ),
-        ),
-        // A window that ends before it begins.
-        (id(3), request(&id(3), &later, &now, "mallory@x")),
-        // Not JSON, JSON of the wrong shape, fields missing or of the wrong type.
-        (
-            "0000000000000000000000000000000a".into(),
-            "not json {".into(),
-        ),
-        (
-            "0000000000000000000000000000000b".into(),
-            "[1, 2, 3]".into(),
-        ),
-        (
-            id(4),
-            serde_json::json!({"id": id(4), "job": "adhoc"}).to_string(),
-        ),
-        (
-            id(5),
-            serde_json::json!({"id": 5, "job": "adhoc", "requested_at": now, "not_after": later})
-                .to_string(),
-        ),
-        // An id that is no request id (it ends up in store keys).
-        (
-            "0000000000000000000000000000000c".into(),
-            request("../../x:{adhoc}", &now, &later, "mallory@x"),
-        ),
-        // Huge strings: a megabyte of `by`, and a megabyte of nothing (etcd takes at most 1.5 MiB).
-        (id(6), request(&id(6), &now, &later, &"x".repeat(1 << 20))),
-        (
-            "0000000000000000000000000000000d".into(),
-            "x".repeat(1 << 20),
-        ),
-    ]
+    garbage::trigger_requests("adhoc", 0, Some(1 << 20))
 }
 
-/// Writes `entries` as trigger requests straight into the cluster's store, on every node.
+/// Writes `entries` as trigger requests straight into the cluster's store, on every node, never to expire.
 fn plant(cluster: &Cluster, entries: &[(String, String)]) {
-    match cluster {
-        Cluster::Redis(redis) => {
-            for node in 0..redis.len() {
-                for (id, value) in entries {
-                    let mut hset = ::redis::cmd("HSET");
-                    hset.arg("redcron:triggers").arg(id).arg(value);
-                    let _: i64 = redis.query(node, &hset);
-                }
-            }
-        }
-        Cluster::Etcd(etcd) => crate::history::runtime().block_on(async {
-            let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
-                .await
-                .expect("connect to etcd");
-            for (id, value) in entries {
-                let key = format!("redcron:triggers/{id}");
-                client
-                    .put(key, value.as_str(), None)
-                    .await
-                    .expect("put a request");
-            }
-        }),
-    }
+    let failed = garbage::plant_triggers(&garbage::Target::everywhere(cluster), entries, None);
+    assert!(failed.is_empty(), "{failed:?}");
 }
 
 /// Plants two members that no worker announced, `mallory-1` (not JSON) and `mallory-2` (a megabyte of
 /// `host`), as of now and alive for an hour, straight into the cluster's store.
 fn plant_members(cluster: &Cluster) {
-    let now = Utc::now().timestamp_millis();
-    let huge = serde_json::json!({"id": "mallory-2", "host": "h".repeat(1 << 20), "started_at": "2026-11-23T10:00:00Z"});
-    let members = [
-        ("mallory-1", format!("{now} not json")),
-        ("mallory-2", format!("{now} {huge}")),
-    ];
-    match cluster {
-        Cluster::Redis(redis) => {
-            for node in 0..redis.len() {
-                for (id, value) in &members {
-                    let mut hset = ::redis::cmd("HSET");
-                    hset.arg("redcron:members").arg(id).arg(value);
-                    let _: i64 = redis.query(node, &hset);
-                    let mut zadd = ::redis::cmd("ZADD");
-                    zadd.arg("redcron:members:expiry")
-                        .arg(now + 3_600_000)
-                        .arg(id);
-                    let _: i64 = redis.query(node, &zadd);
-                }
-            }
-        }
-        Cluster::Etcd(etcd) => crate::history::runtime().block_on(async {
-            let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
-                .await
-                .expect("connect to etcd");
-            for (id, value) in &members {
-                let key = format!("redcron:members/{id}");
-                client
-                    .put(key, value.as_str(), None)
-                    .await
-                    .expect("put a member");
-            }
-        }),
-    }
+    let members = garbage::members("mallory", 1 << 20);
+    let failed = garbage::plant_members(&garbage::Target::everywhere(cluster), &members);
+    assert!(failed.is_empty(), "{failed:?}");
 }
 
 /// Writes `entries` as trigger requests straight into the embedded store's file, never to expire.

@@ -40,6 +40,16 @@
 //!    clock, or the measurement correcting it): workers must sleep until the tick.
 //! 10. **A ghost granted**: a ghost contender's claim (the harness writes it on a minority only) confirmed
 //!     on a majority of the nodes.
+//! 11. **A run off the schedule**: a `tick.won` for a tick that is not one of its job's scheduled instants,
+//!     or of a claim that is not the schedule's (a trigger request's or a retry's: the chaos jobs have
+//!     neither, so only garbage can have started it), or a ledger write for such a tick. Planted garbage
+//!     must never make a job run; such a run would otherwise match its own ledger write and pass.
+//! 12. **Garbage unnoticed, or valid data skipped**: a worker process that was running, unpaused, from
+//!     before a garbage plant until [`GARBAGE_NOTICE_MS`] after it did not log `store.entry_skipped`
+//!     naming each trigger request and member record planted (it reads both every few seconds); or a
+//!     `store.entry_skipped` that names nothing planted (a junk history entry is named by no key: a history
+//!     skip counts as planted garbage only when one was planted). Who read the junk history entry (each
+//!     worker starting afterwards, unless the nodes holding it were down) is counted, not required.
 //!
 //! Every rule applies to the whole run, except misses, which are counted over the window.
 
@@ -59,6 +69,9 @@ use super::timeline::{Happening, Timeline};
 /// How long before a write a worker must have been running, unpaused, for a rejected write of its job
 /// to be its fault (rule 6).
 const LIVE_HOLDER_MS: i64 = 1_000;
+/// How long after a garbage plant every running worker has read it (triggers every second, members every
+/// heartbeat of 5 s, both retried after a node fault).
+pub const GARBAGE_NOTICE_MS: i64 = 12_000;
 /// A job as the checker needs it.
 #[derive(Debug, Clone)]
 pub struct JobSpec {
@@ -121,6 +134,7 @@ pub fn check(input: &Input<'_>) -> Report {
     }
     note_contenders(input, &facts, &confirms, &mut report);
     check_cases(input, &facts, &runs_by_id, &mut report);
+    check_garbage(&facts, &mut report);
     let renewed = facts.runs.iter().filter(|run| {
         input.jobs.iter().any(|job| job.long && job.name == run.job)
             && run.outcome.as_deref() == Some("success")
@@ -341,6 +355,29 @@ fn check_job(
     }
     row.duplicates = duplicated.len();
 
+    // Rule 11: every run is a scheduled tick's.
+    for run in &runs {
+        if run.tick.rem_euclid(job.period_ms) != 0 || run.series.is_some() {
+            report.failures.push(format!(
+                "RUN OFF THE SCHEDULE: {} at {} won by w{} (token {}, {}): no scheduled tick of the job",
+                job.name,
+                show_time(run.tick),
+                run.worker,
+                run.token,
+                run.series.as_deref().unwrap_or("off the schedule's instants")
+            ));
+        }
+    }
+    for attempt in input.ledger.iter().filter(|a| a.job == job.name) {
+        let tick = super::facts::parse_instant(&attempt.tick);
+        if tick.is_none_or(|tick| tick.rem_euclid(job.period_ms) != 0) {
+            report.failures.push(format!(
+                "RUN OFF THE SCHEDULE: a ledger write for no scheduled tick of {}: {attempt:?}",
+                job.name
+            ));
+        }
+    }
+
     // Rule 9: no claim before the tick is due on the claimant's cluster time.
     for run in &runs {
         let clock = run.won_at + facts.skew_at(run.worker, run.won_at);
@@ -540,5 +577,81 @@ fn check_cases(
                 "CASE {case}: planned but never set up (see the timeline's skipped faults)"
             ));
         }
+    }
+}
+
+/// Rule 12, and the count of skipped entries.
+fn check_garbage(facts: &Facts, report: &mut Report) {
+    let mut expected = 0;
+    for plant in &facts.garbage {
+        for (instance, life) in facts.lives.iter().enumerate() {
+            if life.ready > plant.at
+                || !life.running_throughout(plant.at, plant.at + GARBAGE_NOTICE_MS)
+            {
+                continue;
+            }
+            expected += 1;
+            let skipped = facts.entries_skipped.get(&instance);
+            let named =
+                |key: &str| skipped.is_some_and(|all| all.iter().any(|(_, e)| e.contains(key)));
+            let unnoticed: Vec<&str> = plant
+                .keys
+                .iter()
+                .map(String::as_str)
+                .filter(|k| !named(k))
+                .collect();
+            if !unnoticed.is_empty() {
+                report.failures.push(format!(
+                    "GARBAGE UNNOTICED: w{} (process #{instance}) ran for {GARBAGE_NOTICE_MS} ms after garbage plant #{} at {} \
+                     and logged no store.entry_skipped for {unnoticed:?}",
+                    life.worker,
+                    plant.tag,
+                    show_time(plant.at)
+                ));
+            }
+        }
+    }
+    let planted = |error: &str| {
+        facts.garbage.iter().any(|plant| {
+            plant.keys.iter().any(|key| error.contains(key.as_str()))
+                || plant.history.is_some() && error.contains("history entry skipped")
+        })
+    };
+    let (mut events, mut history, mut processes) = (0, 0, 0);
+    let mut instances: Vec<&usize> = facts.entries_skipped.keys().collect();
+    instances.sort();
+    for instance in instances {
+        let skipped = &facts.entries_skipped[instance];
+        processes += 1;
+        events += skipped.len();
+        history += usize::from(
+            skipped
+                .iter()
+                .any(|(_, e)| e.contains("history entry skipped")),
+        );
+        for (at, error) in skipped {
+            if !planted(error) {
+                report.failures.push(format!(
+                    "ENTRY SKIPPED THAT NOBODY PLANTED: process #{instance} at {}: {error}",
+                    show_time(*at)
+                ));
+            }
+        }
+    }
+    if !facts.garbage.is_empty() {
+        let keys: usize = facts.garbage.iter().map(|p| p.keys.len()).sum();
+        report.notes.push(format!(
+            "garbage: {} plants ({keys} requests and members, {} junk history entries; on nodes {}); \
+             store.entry_skipped: {events} events from {processes} processes ({history} of them read a junk history \
+             entry); {expected} checks of a running process against a plant",
+            facts.garbage.len(),
+            facts.garbage.iter().filter(|p| p.history.is_some()).count(),
+            facts
+                .garbage
+                .iter()
+                .map(|p| format!("#{} {:?}", p.tag, p.nodes))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
 }

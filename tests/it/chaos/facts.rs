@@ -93,6 +93,18 @@ pub struct GhostKeys {
     pub confirmed: Vec<usize>,
 }
 
+/// A garbage plant, as the harness wrote it (see `Happening::Garbage`).
+#[derive(Debug, Clone)]
+pub struct GarbagePlant {
+    pub at: i64,
+    pub tag: u8,
+    pub nodes: Vec<usize>,
+    /// The ids of the trigger requests and member records written.
+    pub keys: Vec<String>,
+    /// The job whose junk history entry was written, if it was.
+    pub history: Option<String>,
+}
+
 /// A `tick.won`, and the run that followed it, if any.
 #[derive(Debug, Clone)]
 pub struct Run {
@@ -108,6 +120,9 @@ pub struct Run {
     pub finished_at: Option<i64>,
     pub outcome: Option<String>,
     pub duration_ms: Option<u64>,
+    /// The claim's series when it is not the schedule: `trigger <id>` or `attempt <n>` (fields of
+    /// `tick.won`).
+    pub series: Option<String>,
 }
 
 /// What one process logged about one job: per tick, each `event:reason` with its arrival time.
@@ -142,6 +157,10 @@ pub struct Facts {
     pub malformed: Vec<String>,
     /// Ghost contenders' keys.
     pub ghosts: Vec<GhostKeys>,
+    /// Garbage plants.
+    pub garbage: Vec<GarbagePlant>,
+    /// Per instance: the `error` of each `store.entry_skipped` it logged, with its arrival time.
+    pub entries_skipped: HashMap<usize, Vec<(i64, String)>>,
     /// Kills aimed at a race: `(at, instance, tick)`.
     pub aimed: Vec<(i64, usize, i64)>,
     /// Per `(instance, job, tick)`: the holders that `tick.lost: busy` named, with the tick each held
@@ -252,6 +271,20 @@ impl Facts {
                     confirmed: confirmed.clone(),
                 }),
                 Happening::AimedKill { instance, tick } => facts.aimed.push((at, *instance, *tick)),
+                Happening::Garbage {
+                    tag,
+                    nodes,
+                    requests,
+                    members,
+                    history,
+                    ..
+                } => facts.garbage.push(GarbagePlant {
+                    at,
+                    tag: *tag,
+                    nodes: nodes.clone(),
+                    keys: requests.iter().chain(members).cloned().collect(),
+                    history: history.clone(),
+                }),
                 Happening::CaseBegan { .. }
                 | Happening::Skipped { .. }
                 | Happening::Rollout { .. } => {}
@@ -300,6 +333,14 @@ impl Facts {
                 }
                 last_measured = Some(offset);
             }
+            if name == "store.entry_skipped" {
+                let error = event["error"].as_str().unwrap_or_default().to_string();
+                self.entries_skipped
+                    .entry(instance)
+                    .or_default()
+                    .push((*at, error));
+                continue;
+            }
             // `tick.missed_check_failed` is about a job's history as a whole (read at start), not a tick.
             if !name.starts_with("tick.") && !name.starts_with("run.")
                 || name == "tick.missed_check_failed"
@@ -338,6 +379,11 @@ impl Facts {
                         self.malformed.push(format!("instance {instance}: {event}"));
                         continue;
                     };
+                    let series = match (event.get("trigger"), event.get("attempt")) {
+                        (Some(id), _) => Some(format!("trigger {id}")),
+                        (None, Some(attempt)) => Some(format!("attempt {attempt}")),
+                        (None, None) => None,
+                    };
                     open.insert((job.clone(), tick), self.runs.len());
                     self.runs.push(Run {
                         instance,
@@ -351,6 +397,7 @@ impl Facts {
                         finished_at: None,
                         outcome: None,
                         duration_ms: None,
+                        series,
                     });
                 }
                 "run.started" => {

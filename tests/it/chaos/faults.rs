@@ -82,6 +82,27 @@ impl Ghost {
     }
 }
 
+/// Garbage planted straight into the store ([`crate::support::garbage`]): for every job, trigger
+/// requests that no `redcron` can have written (an absurd `not_after`, a far-future `requested_at`, not
+/// JSON, a bad id…), and for `huge_job` a 64 KiB request and a 64 KiB blob besides; two junk member
+/// records; and a junk history entry of `history_job` an hour ahead, the job's newest, which every worker
+/// that starts afterwards reads. On Redis it is written straight to the nodes of `nodes` (a bit mask: a
+/// minority or a majority), the requests to expire after [`GARBAGE_KEPT_MS`]; on etcd through a plain
+/// client, for good. Its keys carry `tag`, unique within the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Garbage {
+    pub tag: u8,
+    pub nodes: u8,
+    /// Index into the cluster's jobs ([`super::jobs`]).
+    pub huge_job: usize,
+    pub history_job: usize,
+}
+
+/// How long the planted trigger requests stay on the Redis nodes (the nodes drop them, as they drop real
+/// requests past their window): long enough for every worker to read them, while 64 KiB a second per
+/// node and worker would otherwise pile up plant after plant.
+pub const GARBAGE_KEPT_MS: i64 = 30_000;
+
 /// One fault; each undoes itself after its duration (except a clock jump, which stays).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Fault {
@@ -118,6 +139,8 @@ pub enum Fault {
     },
     /// Leave a crashed contender's keys for an upcoming tick (see [`Ghost`]).
     Ghost(Ghost),
+    /// Plant garbage in the store (see [`Garbage`]).
+    Garbage(Garbage),
 }
 
 impl Fault {
@@ -133,7 +156,7 @@ impl Fault {
             | Fault::KillNode { down_ms, .. }
             | Fault::KillLeader { down_ms } => down_ms,
             Fault::Rollout { estimate_ms, .. } => estimate_ms,
-            Fault::Jump { .. } | Fault::Ghost(_) => 0,
+            Fault::Jump { .. } | Fault::Ghost(_) | Fault::Garbage(_) => 0,
         }
     }
 
@@ -208,6 +231,19 @@ impl fmt::Display for Fault {
                 Ghost::nodes(g.confirmed),
                 g.ttl_ms,
                 g.lead_ms
+            ),
+            Fault::Garbage(g) => write!(
+                f,
+                "plant garbage #{} ({}): bad trigger requests for every job, 64 KiB ones for {}, junk members, \
+                 a junk history entry of {}",
+                g.tag,
+                if g.nodes == 0 {
+                    "through a client".to_string()
+                } else {
+                    format!("on nodes {:?}", Ghost::nodes(g.nodes))
+                },
+                super::jobs()[g.huge_job].name,
+                super::jobs()[g.history_job].name
             ),
         }
     }

@@ -15,12 +15,15 @@
 //! version out to the workers one at a time and back (`quick` and `parallel` swap their `overlap`, every
 //! job's `timeout` and `command` change), kills and hangs at most 2 of the 5 nodes at once, stalls all 5
 //! for less than the TTL (as one slow fsync does on a shared disk), leaves a crashed contender's keys on
-//! the nodes for an upcoming tick, degrades the proxy and steps a clock. The harness ([`harness`])
+//! the nodes for an upcoming tick, degrades the proxy, steps a clock, and plants garbage in the store (bad
+//! trigger requests for the jobs, junk members and history, on a minority or a majority of the nodes;
+//! drawn from a sub-seed of its own, so a seed's other faults are where they were). The harness ([`harness`])
 //! carries it out and records a [`timeline`], while a probe ([`probe`]) measures the node stalls that the
 //! machine adds on its own; the checker ([`checker`], whose module documentation states every rule) then
 //! reads the ledger, the timeline, the workers' JSON logs and the nodes' append-only files ([`claims`]),
-//! prints a table, and fails the test on a duplicate, an unexplained miss, a token out of order or a
-//! stale write that was not fenced off.
+//! prints a table, and fails the test on a duplicate, an unexplained miss, a token out of order, a
+//! stale write that was not fenced off, a run that no scheduled tick explains, or planted garbage that a
+//! running worker did not log as skipped.
 //!
 //! `etcd_exactly_once_under_faults` runs the same on a 3-member etcd cluster ([`store`]): member kills
 //! and hangs (of a given member or of the leader, one at a time) instead of the Redis nodes' faults, the

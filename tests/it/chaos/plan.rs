@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use super::faults::{Case, Fault, Ghost, ProxyMode, Target};
+use super::faults::{Case, Fault, Garbage, Ghost, ProxyMode, Target};
 use super::store::StoreKind;
 
 /// Redis lock nodes (an etcd cluster has [`StoreKind::nodes`] members).
@@ -30,6 +30,11 @@ const WARMUP_MS: u64 = 6_000;
 const CALM_END_MS: u64 = 9_000;
 /// What the plan reserves for one restart of a rollout, besides its gap (SIGTERM, exit, start, ready).
 const RESTART_MS: u64 = 600;
+/// Mixed into the seed for the garbage plants' own generator, so that adding them left every other
+/// fault of a seed's plan where it was.
+const GARBAGE_SEED: u64 = 0x6A52_BA6E_0F5E_ED00;
+/// The last garbage plant is this long before the run ends: every worker has read it by then.
+const GARBAGE_READ_MS: u64 = 15_000;
 /// No node fault begins or ends this close to a stall of every node (the stall stops and resumes the
 /// nodes that run when it begins).
 const STALL_MARGIN_MS: u64 = 200;
@@ -129,8 +134,14 @@ impl Plan {
     /// cases, and nothing at the start and end of the run. On etcd the node faults are member kills and
     /// hangs, of a given member or of whichever leads at the time (an election), one at a time; there is
     /// no proxy, no stall of every member and no ghost (its keys are Redis scripts'), and a Redis plan is
-    /// drawn exactly as before etcd existed, so its seeds replay.
+    /// drawn exactly as before etcd existed, so its seeds replay. Garbage plants ([`Garbage`]) are drawn
+    /// last, from a generator of their own, so a seed's other faults are what they were before them.
     pub fn generate(seed: u64, secs: u64, timing: Timing, store: StoreKind) -> Plan {
+        Plan::draw(seed, secs, timing, store, true)
+    }
+
+    /// [`Plan::generate`], with or without the garbage plants.
+    fn draw(seed: u64, secs: u64, timing: Timing, store: StoreKind, with_garbage: bool) -> Plan {
         let mut rng = SplitMix64::new(seed);
         let total_ms = secs * 1000;
         let ahead = rng.between(1000, 3000) as i64;
@@ -165,6 +176,14 @@ impl Plan {
             }
             episodes.push(episode);
         }
+        if with_garbage {
+            garbage(
+                &mut SplitMix64::new(seed ^ GARBAGE_SEED),
+                &mut episodes,
+                total_ms,
+                store,
+            );
+        }
         episodes.sort_by_key(|e| e.at_ms);
         Plan {
             seed,
@@ -183,7 +202,7 @@ impl Plan {
             return format!(
                 "{} worker pauses ({} of the long job's holder), {} worker crashes ({} aimed at a race), \
                  {} rollouts, {} member kills ({} of the leader), {} member hangs ({} of the leader), \
-                 {} clock steps",
+                 {} clock steps, {} garbage plants",
                 count(&|f| matches!(f, Fault::Pause { .. })),
                 count(&|f| matches!(f, Fault::Pause { target: Target::LongHolder, .. })),
                 count(&|f| matches!(f, Fault::Crash { .. })),
@@ -194,12 +213,13 @@ impl Plan {
                 count(&|f| matches!(f, Fault::HangNode { .. } | Fault::HangLeader { .. })),
                 count(&|f| matches!(f, Fault::HangLeader { .. })),
                 count(&|f| matches!(f, Fault::Jump { .. })),
+                count(&|f| matches!(f, Fault::Garbage(_))),
             );
         }
         format!(
             "{} worker pauses ({} of the long job's holder), {} worker crashes ({} aimed at a race), \
              {} rollouts, {} node kills, {} node hangs, {} stalls of every node, {} ghost contenders, \
-             {} proxy phases, {} clock steps",
+             {} proxy phases, {} clock steps, {} garbage plants",
             count(&|f| matches!(f, Fault::Pause { .. })),
             count(&|f| matches!(f, Fault::Pause { target: Target::LongHolder, .. })),
             count(&|f| matches!(f, Fault::Crash { .. })),
@@ -211,6 +231,7 @@ impl Plan {
             count(&|f| matches!(f, Fault::Ghost(_))),
             count(&|f| matches!(f, Fault::Proxy { .. })),
             count(&|f| matches!(f, Fault::Jump { .. })),
+            count(&|f| matches!(f, Fault::Garbage(_))),
         )
     }
 }
@@ -333,6 +354,41 @@ fn clock_steps(
             case: None,
         });
         at += rng.between(12_000, 20_000);
+    }
+}
+
+/// Garbage plants every 12-22 s from the warm-up on, until [`GARBAGE_READ_MS`] before the end (three or
+/// four in a 75 s plan, one or two in 45 s), calm stretches included: garbage is no reason for a worker
+/// to stop. On Redis each goes to 1-2 nodes (a minority) or 3-5 (a majority), as often.
+fn garbage(rng: &mut SplitMix64, episodes: &mut Vec<Episode>, total_ms: u64, store: StoreKind) {
+    let mut at = WARMUP_MS + rng.between(0, 4_000);
+    let mut tag = 1;
+    while at + GARBAGE_READ_MS <= total_ms {
+        let nodes = match store {
+            StoreKind::Redis => {
+                let count = if rng.chance(500) {
+                    rng.between(1, 2)
+                } else {
+                    rng.between(3, NODES as u64)
+                } as usize;
+                let order: [usize; NODES] = rng.permutation();
+                order[..count].iter().fold(0u8, |mask, n| mask | 1 << n)
+            }
+            StoreKind::Etcd => 0,
+        };
+        let jobs = super::jobs().len() as u64;
+        episodes.push(Episode {
+            at_ms: at,
+            fault: Fault::Garbage(Garbage {
+                tag,
+                nodes,
+                huge_job: rng.below(jobs) as usize,
+                history_job: rng.below(jobs) as usize,
+            }),
+            case: None,
+        });
+        tag += 1;
+        at += rng.between(12_000, 22_000);
     }
 }
 
@@ -493,7 +549,7 @@ fn fits(episodes: &[Episode], new: &Episode, store: StoreKind) -> bool {
         Fault::Proxy { .. } => !overlapping
             .iter()
             .any(|e| matches!(e.fault, Fault::Proxy { .. })),
-        Fault::Jump { .. } | Fault::Ghost(_) | Fault::Rollout { .. } => true,
+        Fault::Jump { .. } | Fault::Ghost(_) | Fault::Garbage(_) | Fault::Rollout { .. } => true,
     }
 }
 
@@ -721,5 +777,61 @@ mod tests {
         assert!(any(&|f| matches!(f, Fault::Crash { .. })));
         assert!(any(&|f| matches!(f, Fault::Rollout { .. })));
         assert!(any(&|f| matches!(f, Fault::Jump { .. })));
+    }
+
+    /// Garbage is planted three or four times in a 75 s plan (one or two in etcd's 45 s), on a minority of
+    /// the Redis nodes in some plans and a majority in others, each plant with a tag of its own; and the
+    /// plants come from a generator of their own: without them a seed's plan is the same fault for fault.
+    #[test]
+    fn garbage_is_planted_a_few_times_and_moves_no_other_fault() {
+        let (mut minority, mut majority) = (false, false);
+        for seed in 0..200 {
+            for (store, secs, counts) in
+                [(StoreKind::Redis, 75, 3..=5), (StoreKind::Etcd, 45, 1..=3)]
+            {
+                let plan = Plan::generate(seed, secs, TIMING, store);
+                let plants: Vec<Garbage> = plan
+                    .episodes
+                    .iter()
+                    .filter_map(|e| match e.fault {
+                        Fault::Garbage(g) => {
+                            assert!(
+                                e.at_ms >= WARMUP_MS && e.at_ms + GARBAGE_READ_MS <= secs * 1000
+                            );
+                            Some(g)
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                assert!(
+                    counts.contains(&plants.len()),
+                    "seed {seed}: {} plants in {secs} s",
+                    plants.len()
+                );
+                let tags: std::collections::BTreeSet<u8> = plants.iter().map(|g| g.tag).collect();
+                assert_eq!(tags.len(), plants.len(), "seed {seed}: tags repeat");
+                for g in &plants {
+                    let nodes = g.nodes.count_ones() as usize;
+                    match store {
+                        StoreKind::Redis => {
+                            assert!((1..=NODES).contains(&nodes), "seed {seed}");
+                            minority |= nodes <= 2;
+                            majority |= nodes >= 3;
+                        }
+                        StoreKind::Etcd => assert_eq!(nodes, 0),
+                    }
+                }
+                let mut without = plan.clone();
+                without
+                    .episodes
+                    .retain(|e| !matches!(e.fault, Fault::Garbage(_)));
+                assert_eq!(
+                    without,
+                    Plan::draw(seed, secs, TIMING, store, false),
+                    "seed {seed}"
+                );
+            }
+        }
+        assert!(minority && majority);
     }
 }

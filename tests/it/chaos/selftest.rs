@@ -222,6 +222,23 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// A copy in which `instance` logged no `store.entry_skipped`.
+    fn clone_without_skips(&self, instance: usize) -> Scenario {
+        let mut logs = self.logs.clone();
+        logs[instance]
+            .events
+            .retain(|(_, e)| e["event"] != "store.entry_skipped");
+        Scenario {
+            timeline: self.timeline.clone(),
+            logs,
+            ledger: self.ledger.clone(),
+            claims: self.claims.clone(),
+            runs: self.runs,
+        }
+    }
+}
+
 fn token(tick: i64) -> u64 {
     tick as u64 * 1_000
 }
@@ -740,4 +757,94 @@ fn checker_excuses_a_claim_overtaken_by_a_later_tick_only_under_faults() {
         "nothing kept w0 from a majority: {report}"
     );
     passed_explaining(&overtaken(true), "no quorum");
+}
+
+/// A run that no scheduled tick explains fails the run, whatever its token: one for a tick off the
+/// schedule (as a trigger request's tick is: its `requested_at`, to the millisecond), and one on a
+/// scheduled tick that nobody else ran but that carries a trigger request's id. Planted garbage in the
+/// store must never make a job run; without this rule such a run matched its ledger write and passed.
+#[test]
+fn checker_catches_a_run_off_the_schedule() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[]);
+    scenario.run(1, "quick", T0 + 3_417, token(T0 + 3_417), 20);
+    let report = scenario.check();
+    assert!(failed_with(&report, "OFF THE SCHEDULE"), "{report}");
+    assert_eq!(
+        report
+            .failures
+            .iter()
+            .filter(|f| f.contains("OFF THE SCHEDULE"))
+            .count(),
+        2,
+        "the win and the ledger write: {report}"
+    );
+
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[7]);
+    scenario.run(1, "quick", T0 + 7_000, token(T0 + 7_000), 20);
+    for (_, event) in &mut scenario.logs[1].events {
+        event["trigger"] = json!("01000000000000000000000000000001");
+    }
+    let report = scenario.check();
+    assert!(failed_with(&report, "OFF THE SCHEDULE"), "{report}");
+}
+
+/// Garbage planted while every worker runs: each must log `store.entry_skipped` naming every planted
+/// request and member; one that logged nothing fails the run, one paused meanwhile is not asked; a skip
+/// that names nothing planted fails the run too.
+#[test]
+fn checker_requires_every_running_worker_to_skip_the_garbage() {
+    let plant = |scenario: &mut Scenario| {
+        scenario.timeline.push(
+            T0 + 1_000,
+            Happening::Garbage {
+                tag: 1,
+                nodes: vec![0, 3],
+                requests: vec!["04000000000000000000000000000001".into()],
+                members: vec!["mallory1-1".into()],
+                history: Some("quick".into()),
+                failed: Vec::new(),
+            },
+        );
+        scenario.timeline.entries.sort_by_key(|(at, _)| *at);
+    };
+    let skip = |scenario: &mut Scenario, instance: usize, what: &str| {
+        scenario.log(
+            instance,
+            T0 + 2_000,
+            json!({"event": "store.entry_skipped", "error": format!("redis://127.0.0.1:1: {what} skipped: bad")}),
+        );
+    };
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[]);
+    plant(&mut scenario);
+    for instance in 0..WORKERS {
+        skip(
+            &mut scenario,
+            instance,
+            "trigger request \"04000000000000000000000000000001\"",
+        );
+        skip(&mut scenario, instance, "member \"mallory1-1\"");
+    }
+    skip(&mut scenario, 2, "history entry");
+    let report = scenario.check();
+    assert!(report.passed(), "{report}");
+    assert!(
+        report.notes.iter().any(|n| n.contains("1 plants")),
+        "{report}"
+    );
+
+    let mut lazy = scenario.clone_without_skips(1);
+    let report = lazy.check();
+    assert!(failed_with(&report, "GARBAGE UNNOTICED: w1"), "{report}");
+    lazy.timeline
+        .push(T0 + 5_000, Happening::WorkerStopped { instance: 1 });
+    lazy.timeline
+        .push(T0 + 7_000, Happening::WorkerContinued { instance: 1 });
+    lazy.timeline.entries.sort_by_key(|(at, _)| *at);
+    assert!(lazy.check().passed(), "a paused worker is not asked");
+
+    skip(&mut scenario, 3, "member \"w2\"");
+    assert!(failed_with(&scenario.check(), "NOBODY PLANTED"));
 }

@@ -73,6 +73,17 @@ pub enum Happening {
         leased: Vec<usize>,
         confirmed: Vec<usize>,
     },
+    /// Garbage plant `tag` was written ([`super::faults::Garbage`]): on the Redis nodes `nodes` (empty on
+    /// etcd), the trigger requests `requests` and the member records `members` (their ids, those written
+    /// somewhere), and a junk history entry of `history` if it was written; `failed` says what was not.
+    Garbage {
+        tag: u8,
+        nodes: Vec<usize>,
+        requests: Vec<String>,
+        members: Vec<String>,
+        history: Option<String>,
+        failed: Vec<String>,
+    },
     /// A deterministic case began: `instance` was paused while running `run_id`.
     CaseBegan {
         case: Case,

@@ -15,6 +15,7 @@
 //! Not every test module uses every helper, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod garbage;
 mod selftest;
 mod stores;
 

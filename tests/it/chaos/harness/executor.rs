@@ -251,6 +251,10 @@ impl Cluster {
                 let rollout = Rollout::new(version, order, Duration::from_millis(gap_ms));
                 self.advance(index, fault, case, Active::Rollout(rollout), Step::Poll)
             }
+            Fault::Garbage(garbage) => {
+                self.plant_garbage(garbage);
+                None
+            }
             Fault::Ghost(ghost) => match self.ghost_tick(ghost.lead_ms) {
                 Some(tick) => Some(Active::Ghost { tick }),
                 None => self.skip(fault, "no running worker"),

@@ -7,11 +7,13 @@
 //! - [`executor`]: the plan carried out, fault by fault, into the timeline;
 //! - [`rollout`]: a rolling config change, one worker at a time;
 //! - [`ghost`]: a crashed contender's keys, written straight into the nodes;
+//! - [`garbage`]: garbage planted straight into the store;
 //! - [`config`]: the workers' jobs file (two versions) and clocks;
 //! - [`nodes`]: the store's processes, Redis nodes or etcd members.
 
 mod config;
 mod executor;
+mod garbage;
 mod ghost;
 mod journal;
 mod nodes;

@@ -1,0 +1,258 @@
+//! Garbage for the store, planted straight into it as no `redcron` would write it: trigger requests with
+//! absurd times, that are not JSON, that lack fields, carry a bad id or are huge; member records that are
+//! not announcements; a history entry that is not one. Shared by `store_garbage` (one worker, every kind,
+//! once) and the chaos test (a few plants per run, while faults go on).
+//!
+//! Every write here is bounded in time and returns what failed instead of panicking: the chaos harness
+//! plants while nodes are killed and hung, and must go on.
+
+use std::time::Duration;
+
+use chrono::Utc;
+
+use crate::support::{Cluster, EtcdCluster, RedisCluster};
+
+/// How long one node (or the etcd cluster) may take to take a plant.
+const TIMEOUT: Duration = Duration::from_millis(1_000);
+/// The key prefix of the workers (the default `redis.key_prefix` and `etcd.key_prefix`).
+const PREFIX: &str = "redcron";
+
+/// Where garbage goes: some nodes of a Redis cluster, written directly (not through any proxy), or an etcd
+/// cluster through a plain client.
+pub enum Target<'a> {
+    Redis {
+        nodes: &'a RedisCluster,
+        on: Vec<usize>,
+    },
+    Etcd(&'a EtcdCluster),
+}
+
+impl<'a> Target<'a> {
+    /// Every node of `cluster`.
+    pub fn everywhere(cluster: &'a Cluster) -> Target<'a> {
+        match cluster {
+            Cluster::Redis(nodes) => Target::Redis {
+                nodes,
+                on: (0..nodes.len()).collect(),
+            },
+            Cluster::Etcd(members) => Target::Etcd(members),
+        }
+    }
+}
+
+/// A request id: `tag` (two hex digits), then `n` in 30 — the 32 hex digits of a real id.
+fn request_id(tag: u8, n: u8) -> String {
+    format!("{tag:02x}{n:0>30x}")
+}
+
+/// Garbage trigger requests for `job`: `(store key, stored value)`, every key starting with `tag` in hex
+/// (so that plants with different tags never share a key). Every one names `job` where it names a job at
+/// all, so that only its validation keeps it from being raced. With `huge`, two entries of that many
+/// bytes: a request whose `by` is that long, and a blob that is nothing at all.
+pub fn trigger_requests(job: &str, tag: u8, huge: Option<usize>) -> Vec<(String, String)> {
+    let now = Utc::now().to_rfc3339();
+    let later = (Utc::now() + chrono::Duration::seconds(30)).to_rfc3339();
+    let request = |id: &str, requested_at: &str, not_after: &str, by: &str| {
+        serde_json::json!({"id": id, "job": job, "requested_at": requested_at, "not_after": not_after, "by": by})
+            .to_string()
+    };
+    let id = |n: u8| request_id(tag, n);
+    let mut entries = vec![
+        // The review's request: its window ends in the year 262142.
+        (
+            id(1),
+            request(&id(1), &now, "+262142-12-31T23:59:30Z", "mallory@x"),
+        ),
+        // Asked for in the year 262142 too.
+        (
+            id(2),
+            request(
+                &id(2),
+                "+262142-12-31T23:59:00Z",
+                "+262142-12-31T23:59:30Z",
+                "mallory@x",
+            ),
+        ),
+        // A window that ends before it begins.
+        (id(3), request(&id(3), &later, &now, "mallory@x")),
+        // Not JSON, JSON of the wrong shape, fields missing or of the wrong type.
+        (id(0xa), "not json {".into()),
+        (id(0xb), "[1, 2, 3]".into()),
+        (
+            id(4),
+            serde_json::json!({"id": id(4), "job": job}).to_string(),
+        ),
+        (
+            id(5),
+            serde_json::json!({"id": 5, "job": job, "requested_at": now, "not_after": later})
+                .to_string(),
+        ),
+        // An id that is no request id (it ends up in store keys).
+        (
+            id(0xc),
+            request(&format!("../../x:{{{job}}}"), &now, &later, "mallory@x"),
+        ),
+    ];
+    if let Some(len) = huge {
+        entries.push((id(6), request(&id(6), &now, &later, &"x".repeat(len))));
+        entries.push((id(0xd), "x".repeat(len)));
+    }
+    entries
+}
+
+/// Two member records that no worker announced: `<prefix>-1` (not JSON) and `<prefix>-2` (a `host` of
+/// `huge` bytes), as of now: `(id, stored value)`.
+pub fn members(prefix: &str, huge: usize) -> Vec<(String, String)> {
+    let now = Utc::now().timestamp_millis();
+    let id = |n: u8| format!("{prefix}-{n}");
+    let big = serde_json::json!({"id": id(2), "host": "h".repeat(huge), "started_at": "2026-11-23T10:00:00Z"});
+    vec![
+        (id(1), format!("{now} not json")),
+        (id(2), format!("{now} {big}")),
+    ]
+}
+
+/// Writes `entries` as trigger requests; on Redis, with an expiry at `expires_ms` (Unix ms) in the set the
+/// nodes drop requests by, or none (kept for good). Returns what failed, per node.
+pub fn plant_triggers(
+    target: &Target<'_>,
+    entries: &[(String, String)],
+    expires_ms: Option<i64>,
+) -> Vec<String> {
+    plant_keyed(target, "triggers", entries, expires_ms)
+}
+
+/// Writes `entries` (from [`members`]) as member records, alive for an hour. Returns what failed.
+pub fn plant_members(target: &Target<'_>, entries: &[(String, String)]) -> Vec<String> {
+    let alive_until = Utc::now().timestamp_millis() + 3_600_000;
+    plant_keyed(target, "members", entries, Some(alive_until))
+}
+
+/// Writes `entries` under `<prefix>:<kind>`: on Redis into that hash, each id also into the sorted set
+/// `<prefix>:<kind>:expiry` at `expires_ms` if given; on etcd as `<prefix>:<kind>/<id>`.
+fn plant_keyed(
+    target: &Target<'_>,
+    kind: &str,
+    entries: &[(String, String)],
+    expires_ms: Option<i64>,
+) -> Vec<String> {
+    match target {
+        Target::Redis { nodes, on } => on_nodes(nodes, on, |pipe| {
+            for (id, value) in entries {
+                pipe.cmd("HSET")
+                    .arg(format!("{PREFIX}:{kind}"))
+                    .arg(id)
+                    .arg(value)
+                    .ignore();
+                if let Some(at) = expires_ms {
+                    pipe.cmd("ZADD")
+                        .arg(format!("{PREFIX}:{kind}:expiry"))
+                        .arg(at)
+                        .arg(id)
+                        .ignore();
+                }
+            }
+        }),
+        Target::Etcd(members) => put_all(
+            members,
+            entries
+                .iter()
+                .map(|(id, value)| (format!("{PREFIX}:{kind}/{id}"), value.clone()))
+                .collect(),
+        ),
+    }
+}
+
+/// Writes a history entry of `job` for `tick` (Unix ms) under `id` whose value is `value`, indexed as a
+/// real entry is (so that a read of the job's newest entries meets it). Returns what failed.
+pub fn plant_history(
+    target: &Target<'_>,
+    job: &str,
+    tick: i64,
+    id: &str,
+    value: &str,
+) -> Vec<String> {
+    let base = format!("{PREFIX}:{{{job}}}:history");
+    match target {
+        Target::Redis { nodes, on } => on_nodes(nodes, on, |pipe| {
+            pipe.cmd("HSET").arg(&base).arg(id).arg(value).ignore();
+            pipe.cmd("ZADD")
+                .arg(format!("{base}:index"))
+                .arg(tick)
+                .arg(id)
+                .ignore();
+        }),
+        Target::Etcd(members) => {
+            // The tick as the store writes it into keys: 20 digits that sort as the tick does.
+            let sortable = (i128::from(tick) - i128::from(i64::MIN)) as u64;
+            let key = format!("{base}/{sortable:020}/{id}");
+            put_all(members, vec![(key, value.to_string())])
+        }
+    }
+}
+
+/// Runs the pipeline that `fill` builds on each node of `on`, at once, each bounded by [`TIMEOUT`];
+/// returns the failures.
+fn on_nodes(
+    nodes: &RedisCluster,
+    on: &[usize],
+    fill: impl Fn(&mut redis::Pipeline),
+) -> Vec<String> {
+    let mut pipe = redis::pipe();
+    fill(&mut pipe);
+    let pipe = &pipe;
+    std::thread::scope(|scope| {
+        let writes: Vec<_> = on
+            .iter()
+            .map(|&node| {
+                let client = nodes.client(node);
+                scope.spawn(move || {
+                    let attempt = || -> redis::RedisResult<()> {
+                        let mut connection = client.get_connection_with_timeout(TIMEOUT)?;
+                        connection.set_read_timeout(Some(TIMEOUT))?;
+                        connection.set_write_timeout(Some(TIMEOUT))?;
+                        pipe.query(&mut connection)
+                    };
+                    attempt().err().map(|e| format!("node {node}: {e}"))
+                })
+            })
+            .collect();
+        writes
+            .into_iter()
+            .filter_map(|w| w.join().unwrap_or_else(|_| Some("panicked".into())))
+            .collect()
+    })
+}
+
+/// Puts each `(key, value)` through a plain client (one request each: etcd takes at most 1.5 MiB per
+/// request), each within twice [`TIMEOUT`] (an election may be going on); returns the failures.
+fn put_all(members: &EtcdCluster, entries: Vec<(String, String)>) -> Vec<String> {
+    let endpoints = members.endpoints();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return vec![format!("runtime: {e}")],
+    };
+    runtime.block_on(async {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(TIMEOUT)
+            .with_timeout(TIMEOUT * 2);
+        let connect = etcd_client::Client::connect(&endpoints, Some(options));
+        let mut client = match tokio::time::timeout(TIMEOUT * 2, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => return vec![format!("etcd: {e}")],
+            Err(_) => return vec![format!("etcd: no connection within {:?}", TIMEOUT * 2)],
+        };
+        let mut failures = Vec::new();
+        for (key, value) in entries {
+            match tokio::time::timeout(TIMEOUT * 2, client.put(key.as_str(), value, None)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => failures.push(format!("etcd: {key}: {e}")),
+                Err(_) => failures.push(format!("etcd: {key}: no answer within {:?}", TIMEOUT * 2)),
+            }
+        }
+        failures
+    })
+}
