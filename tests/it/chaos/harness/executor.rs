@@ -177,6 +177,13 @@ impl Cluster {
                 Some((instance, tick)) => Some(Active::Aimed { instance, tick }),
                 None => self.skip(fault, "no running worker"),
             },
+            // A fault of a node that is down or hung already (the executor running late after a slow
+            // step, or a leader fault that hit the same node) has no target: skipped, never a panic.
+            Fault::KillNode { node, .. } | Fault::HangNode { node, .. }
+                if !self.nodes.is_serving(node) =>
+            {
+                self.skip(fault, "the node is down or hung already")
+            }
             Fault::KillNode { node, .. } => {
                 self.nodes.kill(node);
                 self.timeline
