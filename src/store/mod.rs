@@ -186,6 +186,19 @@ impl Store {
         }
     }
 
+    /// Resolves once the store tells, unasked, that `lease` is no longer held — on etcd, a watch of its
+    /// lease key (etcd can revoke a lease early: see `EtcdStore::lease_gone`); never on Redis and the
+    /// embedded store, whose leases end only as their renewals say. The watchdog stops the job then.
+    pub fn lease_gone<'a>(
+        &'a self,
+        lease: &Lease,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        match self {
+            Store::Etcd(store) => Box::pin(store.lease_gone(lease)),
+            Store::Redis(_) | Store::Embedded(_) => Box::pin(std::future::pending()),
+        }
+    }
+
     /// Releases the lease on every node where it is still this lease's value; the tick claim and the
     /// fencing counter stay. Never deletes another holder's lease.
     pub async fn release(&self, lease: &Lease) {

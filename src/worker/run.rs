@@ -331,6 +331,8 @@ async fn watch(
         outcome,
         now: false,
     };
+    let gone = context.store.lease_gone(&renewer.lease);
+    tokio::pin!(gone);
     loop {
         // Renewals move the deadline, so the stop point is recomputed on every turn.
         let stop_at = lease_now() + renewer.lease.remaining().saturating_sub(job.stop_grace);
@@ -340,6 +342,12 @@ async fn watch(
                 if renewal == Renewal::Lost {
                     return stop(Outcome::LeaseLost);
                 }
+            }
+            () = &mut gone => {
+                error!(event = "lease.lost", error = "the store took the lease away (its lease key is gone)",
+                       "Lease lost: the job is stopped");
+                context.metrics.lease_lost(&job.name);
+                return stop(Outcome::LeaseLost);
             }
             () = sleep_until(stop_at) => {
                 error!(event = "lease.expiring", remaining_ms = renewer.lease.remaining().as_millis() as u64,

@@ -30,7 +30,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use etcd_client::GetOptions;
+use std::future::Future;
+
+use etcd_client::{EventType, GetOptions, WatchOptions};
 
 use super::cluster::Cluster;
 use super::EtcdStore;
@@ -134,6 +136,80 @@ impl EtcdStore {
                 is.map_or("unknown".to_string(), |t| t.to_string()),
             )),
         }
+    }
+
+    /// Resolves once etcd no longer holds `lease`: its lease key deleted (the etcd lease expired or was
+    /// revoked) or bound to another etcd lease; at once if this store does not know the lease (released).
+    ///
+    /// A watch of the lease key from the claim's revision on, opened again (from the last event seen) on
+    /// another member when its stream ends. It tells the watchdog the moment etcd took the lease away,
+    /// which a renewal would learn only at its next turn: an etcd 3.4 leader that stalled past a lease's
+    /// TTL may, when it resumes, revoke the leases that its successor kept alive (etcd issue 15247, seen
+    /// in the etcd chaos run of seed 9599283955248796073 and by hand: one stall in four) — the job must
+    /// then stop at once, before its next write, since the next tick may be granted to another worker.
+    pub fn lease_gone(&self, lease: &Lease) -> impl Future<Output = ()> + Send + '_ {
+        let id = self.etcd_lease(&lease.value);
+        let key = claim_keys(
+            &self.settings.key_prefix,
+            &lease.job,
+            lease.tick,
+            lease.overlap,
+            &lease.series,
+        )[0]
+        .clone();
+        // The token is the revision of the claim's write: every change of the key since comes after it.
+        let mut from = i64::try_from(lease.token)
+            .unwrap_or(i64::MAX)
+            .saturating_add(1);
+        async move {
+            let Some(id) = id else { return };
+            loop {
+                let opened = self
+                    .cluster
+                    .call(self.settings.node_timeout, |mut client| {
+                        let key = key.clone();
+                        let options = WatchOptions::new().with_start_revision(from);
+                        async move { client.watch(key, Some(options)).await }
+                    })
+                    .await;
+                if let Ok(mut stream) = opened {
+                    while let Ok(Some(answer)) = stream.message().await {
+                        if answer.canceled() || answer.compact_revision() > 0 {
+                            // Compacted past `from` (or cancelled): a read says whether it still holds.
+                            match self.bound_now(&key, id).await {
+                                Some(false) => return,
+                                Some(true) | None => break,
+                            }
+                        }
+                        for event in answer.events() {
+                            let held = event.event_type() == EventType::Put
+                                && event.kv().is_some_and(|kv| kv.lease() == id);
+                            if !held {
+                                return;
+                            }
+                            if let Some(kv) = event.kv() {
+                                from = kv.mod_revision().saturating_add(1);
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    /// Whether `key` is bound to etcd lease `id` now (a linearizable read); `None` if no member answered.
+    async fn bound_now(&self, key: &str, id: i64) -> Option<bool> {
+        let read = self
+            .cluster
+            .call(self.settings.node_timeout, |mut client| async move {
+                client
+                    .get(key, Some(GetOptions::new().with_keys_only()))
+                    .await
+            })
+            .await
+            .ok()?;
+        Some(read.kvs().first().is_some_and(|kv| kv.lease() == id))
     }
 
     /// Revokes the lease's etcd lease (deleting its lease key), also after the lease was lost (the worker
