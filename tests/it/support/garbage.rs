@@ -153,12 +153,19 @@ fn plant_keyed(
                 }
             }
         }),
+        // On etcd the same expiry, as an etcd lease of the time left: garbage that stayed for good made
+        // every worker read megabytes of it each second by the end of a long chaos run, and the cluster
+        // too slow to take a member back (the soaks' "not healthy within 20 s").
         Target::Etcd(members) => put_all(
             members,
             entries
                 .iter()
                 .map(|(id, value)| (format!("{PREFIX}:{kind}/{id}"), value.clone()))
                 .collect(),
+            expires_ms.map(|at| {
+                let left = at.saturating_sub(chrono::Utc::now().timestamp_millis());
+                Duration::from_millis(u64::try_from(left).unwrap_or(0)).max(Duration::from_secs(1))
+            }),
         ),
     }
 }
@@ -186,7 +193,7 @@ pub fn plant_history(
             // The tick as the store writes it into keys: 20 digits that sort as the tick does.
             let sortable = (i128::from(tick) - i128::from(i64::MIN)) as u64;
             let key = format!("{base}/{sortable:020}/{id}");
-            put_all(members, vec![(key, value.to_string())])
+            put_all(members, vec![(key, value.to_string())], None)
         }
     }
 }
@@ -225,8 +232,13 @@ fn on_nodes(
 }
 
 /// Puts each `(key, value)` through a plain client (one request each: etcd takes at most 1.5 MiB per
-/// request), each within twice [`TIMEOUT`] (an election may be going on); returns the failures.
-fn put_all(members: &EtcdCluster, entries: Vec<(String, String)>) -> Vec<String> {
+/// request), each within twice [`TIMEOUT`] (an election may be going on), bound to an etcd lease of
+/// `expires_in` if given (etcd then deletes them); returns the failures.
+fn put_all(
+    members: &EtcdCluster,
+    entries: Vec<(String, String)>,
+    expires_in: Option<Duration>,
+) -> Vec<String> {
     let endpoints = members.endpoints();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -246,8 +258,20 @@ fn put_all(members: &EtcdCluster, entries: Vec<(String, String)>) -> Vec<String>
             Err(_) => return vec![format!("etcd: no connection within {:?}", TIMEOUT * 2)],
         };
         let mut failures = Vec::new();
+        let mut options = None;
+        if let Some(ttl) = expires_in {
+            let seconds = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+            match tokio::time::timeout(TIMEOUT * 2, client.lease_grant(seconds, None)).await {
+                Ok(Ok(lease)) => {
+                    options = Some(etcd_client::PutOptions::new().with_lease(lease.id()))
+                }
+                Ok(Err(e)) => return vec![format!("etcd: lease: {e}")],
+                Err(_) => return vec![format!("etcd: lease: no answer within {:?}", TIMEOUT * 2)],
+            }
+        }
         for (key, value) in entries {
-            match tokio::time::timeout(TIMEOUT * 2, client.put(key.as_str(), value, None)).await {
+            let put = client.put(key.as_str(), value, options.clone());
+            match tokio::time::timeout(TIMEOUT * 2, put).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => failures.push(format!("etcd: {key}: {e}")),
                 Err(_) => failures.push(format!("etcd: {key}: no answer within {:?}", TIMEOUT * 2)),
