@@ -261,12 +261,21 @@ fn put_all(
         let mut options = None;
         if let Some(ttl) = expires_in {
             let seconds = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-            match tokio::time::timeout(TIMEOUT * 2, client.lease_grant(seconds, None)).await {
+            let granted = tokio::time::timeout(TIMEOUT * 2, client.lease_grant(seconds, None)).await;
+            let why = match granted {
                 Ok(Ok(lease)) => {
-                    options = Some(etcd_client::PutOptions::new().with_lease(lease.id()))
+                    options = Some(etcd_client::PutOptions::new().with_lease(lease.id()));
+                    None
                 }
-                Ok(Err(e)) => return vec![format!("etcd: lease: {e}")],
-                Err(_) => return vec![format!("etcd: lease: no answer within {:?}", TIMEOUT * 2)],
+                Ok(Err(e)) => Some(format!("no lease to expire it with: {e}")),
+                Err(_) => Some(format!("no lease to expire it with within {:?}", TIMEOUT * 2)),
+            };
+            // Without its lease nothing is planted: each entry is reported as not planted, by its key.
+            if let Some(why) = why {
+                return entries
+                    .iter()
+                    .map(|(key, _)| format!("etcd: {key}: {why}"))
+                    .collect();
             }
         }
         for (key, value) in entries {
