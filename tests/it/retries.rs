@@ -240,7 +240,18 @@ fn a_retry_looks_the_job_up_again_and_a_removed_or_disabled_job_is_not_retried()
     }
 
     for (job, reason) in skips {
-        let entries = cluster.history(job);
+        // The history writer gathers entries before it writes them, and a loaded machine delays it: wait
+        // for the skip's entry rather than read once.
+        let entries = wait_for(
+            &format!("the history entry of {job}'s skipped retry"),
+            Duration::from_secs(20),
+            || {
+                let entries = cluster.history(job);
+                let written =
+                    (entries.iter()).any(|e| e.kind == Kind::Skipped && e.attempt == Some(1));
+                written.then_some(entries)
+            },
+        );
         let skipped: Vec<_> = entries
             .iter()
             .filter(|e| e.kind == Kind::Skipped && e.attempt == Some(1))
