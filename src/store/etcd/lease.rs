@@ -55,14 +55,7 @@ impl EtcdStore {
             .deadline()
             .saturating_duration_since(start)
             .min(self.settings.node_timeout);
-        let key = claim_keys(
-            &self.settings.key_prefix,
-            &lease.job,
-            lease.tick,
-            lease.overlap,
-            &lease.series,
-        )[0]
-        .clone();
+        let key = self.lease_key(lease);
         let answer = self.keep_alive_on_leader(id, &key, budget).await;
         let expired = BootInstant::now() >= lease.deadline();
         match (answer, expired) {
@@ -149,14 +142,7 @@ impl EtcdStore {
     /// then stop at once, before its next write, since the next tick may be granted to another worker.
     pub fn lease_gone(&self, lease: &Lease) -> impl Future<Output = ()> + Send + '_ {
         let id = self.etcd_lease(&lease.value);
-        let key = claim_keys(
-            &self.settings.key_prefix,
-            &lease.job,
-            lease.tick,
-            lease.overlap,
-            &lease.series,
-        )[0]
-        .clone();
+        let key = self.lease_key(lease);
         // The token is the revision of the claim's write: every change of the key since comes after it.
         let mut from = i64::try_from(lease.token)
             .unwrap_or(i64::MAX)
@@ -235,6 +221,18 @@ impl EtcdStore {
     /// Whether this process released the lease of `value` and etcd has not applied the revoke yet.
     pub(super) fn was_released(&self, value: &str) -> bool {
         lock(&self.released).contains(value)
+    }
+
+    /// The key a granted lease holds: the job's lease key (per tick with `overlap: allow`).
+    fn lease_key(&self, lease: &Lease) -> String {
+        let [key, ..] = claim_keys(
+            &self.settings.key_prefix,
+            &lease.job,
+            lease.tick,
+            lease.overlap,
+            &lease.series,
+        );
+        key
     }
 
     /// Remembers the etcd lease of a granted lease, by its value.
