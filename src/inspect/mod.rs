@@ -27,3 +27,22 @@ pub mod time;
 
 pub use self::notes::{MissingNode, Notes};
 pub use self::time::parse_tick;
+
+/// What the views' unit tests share: a config of one job that fires every minute, and instants.
+#[cfg(test)]
+mod fixtures {
+    use chrono::{DateTime, Utc};
+
+    use crate::config::Config;
+
+    /// A config of one job, `every-minute` (`* * * * *`, UTC, the default misfire grace of 30 s).
+    pub(super) fn config() -> Config {
+        let yaml = "jobs:\n  - name: every-minute\n    schedule: \"* * * * *\"\n    command: [\"/bin/true\"]\n";
+        crate::config::parse(yaml, std::path::Path::new("jobs.yaml")).expect("a valid config")
+    }
+
+    /// `secs` seconds after the Unix epoch.
+    pub(super) fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(secs, 0).unwrap_or_default()
+    }
+}

@@ -1,17 +1,7 @@
 //! The explain view computed from inputs made by hand: no store.
 
 use super::*;
-
-const YAML: &str =
-    "jobs:\n  - name: every-minute\n    schedule: \"* * * * *\"\n    command: [\"/bin/true\"]\n";
-
-fn config() -> crate::config::Config {
-    crate::config::parse(YAML, std::path::Path::new("jobs.yaml")).expect("a valid config")
-}
-
-fn at(secs: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp(secs, 0).unwrap_or_default()
-}
+use crate::inspect::fixtures::{at, config};
 
 /// The tick at 600 s, on the schedule (every minute).
 const TICK: Tick = Tick(600_000);

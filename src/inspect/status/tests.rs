@@ -1,20 +1,10 @@
 //! The status view computed from inputs made by hand: no store.
 
 use super::*;
+use crate::inspect::fixtures::{at, config};
 use crate::lock::Pause;
 use crate::membership::Running;
 use crate::schedule::Tick;
-
-const YAML: &str =
-    "jobs:\n  - name: every-minute\n    schedule: \"* * * * *\"\n    command: [\"/bin/true\"]\n";
-
-fn config() -> Config {
-    crate::config::parse(YAML, std::path::Path::new("jobs.yaml")).expect("a valid config")
-}
-
-fn at(secs: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp(secs, 0).unwrap_or_default()
-}
 
 fn member(id: &str, fingerprint: &str, alive: bool) -> Member {
     let json = format!(
