@@ -1,6 +1,6 @@
 //! The command line: `run`, `check` and `next`, the log options, and the exit codes; the commands that read
-//! the store — `status`, `history`, `explain` — and those that act through it — `pause`, `resume`,
-//! `trigger` — each in a module of its own under `cli/`.
+//! the store — `status`, `history`, `explain`, which print the [`crate::inspect`] model's views — and those
+//! that act through it — `pause`, `resume`, `trigger` — each in a module of its own under `cli/`.
 //!
 //! Kept out of `main.rs` so that the binary stays a few lines and the flags live next to what they do.
 //! Everything the operator needs is here: `--help` documents each flag and the exit codes, `check`
@@ -14,7 +14,6 @@ mod pause;
 mod read;
 mod render;
 mod status;
-mod story;
 mod trigger;
 
 pub use self::explain::ExplainArgs;

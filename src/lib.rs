@@ -18,6 +18,8 @@
 //!   transaction per claim in an etcd cluster, or the embedded single-host store (a SQLite file) — for
 //!   claims, leases, history and membership.
 //! - [`history`]: each worker's account of each tick (who ran it, how it ended, or why not), and its merge.
+//! - [`inspect`]: what `status`, `history` and `explain` know, computed once as plain data from the store's
+//!   reads (pure and unit-tested), for the command line — or a web page — to render as text or JSON.
 //! - [`membership`]: the workers' announcements and heartbeats.
 //! - [`trigger`]: `redcron trigger`'s requests for one extra run now, which the workers claim through the
 //!   lock.
@@ -39,6 +41,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod history;
+pub mod inspect;
 pub mod lock;
 pub mod logging;
 pub mod membership;

@@ -1,28 +1,17 @@
 //! `redcron explain JOB TICK`: one tick's story across the cluster.
 //!
-//! Every entry the workers wrote for `(job, tick)` is read from a majority of the nodes and told as a story:
-//! who raced, who won with which token, how the run ended — or why nobody ran it (the skips with their
-//! reasons, a `missed` entry), or that no entry exists at all, with a hint at why. A tick that is not an
-//! instant of the job's schedule is said to be so, with the nearest ticks before and after it — unless its
-//! entries are those of a `redcron trigger` request, whose run's tick is the request's time.
+//! Reads and tells it through the [`crate::inspect::explain`] model, then prints the story and the entries,
+//! or its JSON. `TICK` is taken in every form `history` and `status` print one: RFC 3339, or milliseconds
+//! since the Unix epoch ([`crate::inspect::parse_tick`]).
 
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 
-use super::read::{Notes, Reader};
-use super::render::instant;
-use super::status::{alive, SETTLE};
-use super::story::{describe, gone, no_entry_hint};
-use super::{load_job, parse_instant, render, ConfigArg};
-use crate::config::JobConfig;
-use crate::history::{Entry, HistorySettings, Kind, Query};
-use crate::membership::Member;
+use super::read::Reader;
+use super::{load_job, render, ConfigArg};
+use crate::inspect::{explain, parse_tick};
 use crate::schedule::Tick;
-
-/// The most entries read for one tick (a few per worker).
-const ENTRIES_PER_TICK: usize = 1000;
 
 /// Arguments of `explain`.
 #[derive(Debug, clap::Args)]
@@ -30,62 +19,15 @@ pub struct ExplainArgs {
     /// The job's name.
     #[arg(value_name = "JOB")]
     pub job: String,
-    /// The tick, RFC 3339 (e.g. 2026-11-23T10:00:00Z, as `history` prints it).
-    #[arg(value_name = "TICK", value_parser = parse_instant)]
+    /// The tick: RFC 3339 (e.g. 2026-11-23T10:00:00Z, as `history` prints it) or milliseconds since the
+    /// Unix epoch (e.g. 1795436705000, as `--json` prints it).
+    #[arg(value_name = "TICK", value_parser = parse_tick)]
     pub tick: DateTime<Utc>,
     #[command(flatten)]
     pub config: ConfigArg,
     /// Print JSON (field names in docs/history.md) instead of text.
     #[arg(long)]
     pub json: bool,
-}
-
-/// How a tick ended up, in one word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(super) enum Verdict {
-    /// A worker ran it and the run ended.
-    Ran,
-    /// A worker runs it now.
-    Running,
-    /// A worker started it, and is no longer alive: the run's end will never be recorded.
-    Unfinished,
-    /// Entries account for it, none of them a run.
-    NotRun,
-    /// Its window has not ended yet (or it lies ahead): workers may still race it.
-    NotYet,
-    /// Its window has ended and no entry accounts for it.
-    NoEntry,
-}
-
-/// What `explain` reports. Field names are stable (docs/history.md).
-#[derive(Debug, Serialize)]
-pub(super) struct Explanation {
-    pub job: String,
-    pub tick: DateTime<Utc>,
-    /// The tick in milliseconds since the Unix epoch, as in the entries.
-    pub tick_ms: i64,
-    /// Whether the tick is an instant of the job's schedule.
-    pub on_schedule: bool,
-    /// The `redcron trigger` requests made at this instant, when its entries say so (two requests made in
-    /// the same millisecond share it; each is claimed and run on its own).
-    pub triggers: Vec<String>,
-    /// The job's nearest ticks strictly before and after it.
-    pub previous_tick: Option<DateTime<Utc>>,
-    pub next_tick: Option<DateTime<Utc>>,
-    pub verdict: Verdict,
-    /// The workers that raced for the tick: they ran it, lost it, or failed to win it.
-    pub raced: Vec<String>,
-    /// The `run` entries (one, unless something is badly wrong).
-    pub runs: Vec<Entry>,
-    /// Every entry of the tick, as stored.
-    pub entries: Vec<Entry>,
-    /// The story, one sentence a line.
-    pub story: Vec<String>,
-    /// What may explain a tick nobody accounted for.
-    pub hint: Option<String>,
-    #[serde(flatten)]
-    pub notes: Notes,
 }
 
 /// Carries out `explain`.
@@ -95,213 +37,17 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let tick = Tick(args.tick.timestamp_millis());
-    let queries = [
-        Query {
-            job: job.name.clone(),
-            since: Some(tick),
-            until: Some(tick),
-            limit: ENTRIES_PER_TICK,
-        },
-        // Whether the history reaches back before this tick at all, for the hint.
-        Query {
-            job: job.name.clone(),
-            since: None,
-            until: Some(Tick(tick.0 - 1)),
-            limit: 1,
-        },
-    ];
-    let read = Reader::open(&config).and_then(|mut reader| {
-        let histories = reader.histories(&queries)?;
-        let members = reader.members()?;
-        Ok((histories, members, reader.notes()))
-    });
-    let (mut histories, members, notes) = match read {
-        Ok(read) => read,
+    let read = Reader::open(&config)
+        .and_then(|reader| reader.gather(explain::read(reader.store(), &job.name, tick)));
+    let inputs = match read {
+        Ok(inputs) => inputs,
         Err(error) => return Ok(super::read_failed(&error)),
     };
-    let earlier = histories.pop().is_some_and(|before| !before.is_empty());
-    let entries = histories.pop().unwrap_or_default();
-    let facts = Facts {
-        job: &job,
-        tick,
-        now: Utc::now(),
-        history: &config.history,
-        earlier,
-        members: &members,
-    };
-    let explanation = explain(&facts, entries, notes);
+    let explanation = explain::explain(&job, &config.history, tick, inputs, Utc::now());
     render::deliver(
         &explanation,
         &explanation.notes,
         args.json,
         render::explanation,
     )
-}
-
-/// What the story of a tick depends on besides its entries.
-pub(super) struct Facts<'a> {
-    pub job: &'a JobConfig,
-    pub tick: Tick,
-    pub now: DateTime<Utc>,
-    pub history: &'a HistorySettings,
-    /// Whether the store holds entries of the job from before this tick.
-    pub earlier: bool,
-    /// The workers the store knows, to tell a run under way from one whose worker died.
-    pub members: &'a [Member],
-}
-
-/// The story of `facts.tick` told by its `entries`.
-pub(super) fn explain(facts: &Facts<'_>, entries: Vec<Entry>, notes: Notes) -> Explanation {
-    let (job, tick) = (facts.job, facts.tick);
-    let schedule = &job.schedule;
-    let on_schedule = schedule.last_at_or_before(tick.to_utc()) == Some(tick);
-    let previous_tick = schedule.last_at_or_before(Tick(tick.0 - 1).to_utc());
-    let next_tick = schedule.next_after(tick.to_utc());
-    let mut story = vec![format!("{} at {}", job.name, instant(tick.to_utc()))];
-    if schedule.timezone() != chrono_tz::UTC {
-        story[0].push_str(&format!(
-            " ({} in {})",
-            schedule.format_tick(tick),
-            schedule.timezone().name()
-        ));
-    }
-    // A trigger's run has the request's time as its tick: an instant off the schedule, by design.
-    let triggers = first_of_each(entries.iter().filter_map(|e| e.trigger.clone()));
-    if !triggers.is_empty() {
-        story.push(format!(
-            "{} asked for by `redcron trigger` (request{} {}){}",
-            if triggers.len() == 1 {
-                "an extra run"
-            } else {
-                "extra runs"
-            },
-            if triggers.len() == 1 { "" } else { "s" },
-            triggers.join(", "),
-            if on_schedule {
-                ""
-            } else {
-                ", not a tick of the schedule"
-            }
-        ));
-    } else if !on_schedule {
-        let show = |t: Option<Tick>| t.map_or("none".to_string(), |t| instant(t.to_utc()));
-        story.push(format!(
-            "{} is not a tick of {} ({schedule}); the nearest are {} before and {} after",
-            instant(tick.to_utc()),
-            job.name,
-            show(previous_tick),
-            show(next_tick)
-        ));
-    }
-    let raced = first_of_each(
-        entries
-            .iter()
-            .filter(|e| raced_for_it(e))
-            .map(|e| e.worker.clone()),
-    );
-    if !raced.is_empty() {
-        story.push(format!(
-            "raced by {} worker{}: {}",
-            raced.len(),
-            if raced.len() == 1 { "" } else { "s" },
-            raced.join(", ")
-        ));
-    }
-    let runs: Vec<Entry> = entries
-        .iter()
-        .filter(|e| e.kind == Kind::Run)
-        .cloned()
-        .collect();
-    // Each series (the schedule, each trigger request, each retry attempt) runs once; several runs of one
-    // series would be a broken promise.
-    let distinct = first_of_each(runs.iter().map(Entry::series)).len();
-    if distinct < runs.len() {
-        story.push(format!(
-            "{} runs recorded for {} claim{} of this tick: each (job, tick) should run once",
-            runs.len(),
-            distinct,
-            if distinct == 1 { "" } else { "s" }
-        ));
-    }
-    story.extend(runs.iter().map(describe));
-    story.extend(entries.iter().filter(|e| e.kind != Kind::Run).map(describe));
-    let window_ends = job.window_end(tick);
-    let settled = window_ends + chrono::Duration::from_std(SETTLE).unwrap_or_default();
-    let verdict = if let Some(run) = runs.first() {
-        if run.ended_at.is_some() {
-            Verdict::Ran
-        } else if alive(facts.members, &run.worker) {
-            Verdict::Running
-        } else {
-            story.push(gone(facts.members, &run.worker));
-            Verdict::Unfinished
-        }
-    } else if facts.now < settled {
-        Verdict::NotYet
-    } else if !entries.is_empty() {
-        Verdict::NotRun
-    } else {
-        Verdict::NoEntry
-    };
-    let mut hint = None;
-    match verdict {
-        Verdict::NotYet if facts.now < tick.to_utc() => {
-            story.push("not yet: the tick lies ahead".to_string())
-        }
-        Verdict::NotYet if facts.now < window_ends => story.push(format!(
-            "not yet: its window is open until {}; workers may still race it",
-            instant(window_ends)
-        )),
-        Verdict::NotYet => story.push(format!(
-            "not yet: its window closed at {}, and the workers' entries may still be landing",
-            instant(window_ends)
-        )),
-        Verdict::NotRun => story.push("nobody ran it".to_string()),
-        Verdict::NoEntry if !on_schedule => {
-            story.push("no entry: no worker races an instant that is not a tick".to_string())
-        }
-        Verdict::NoEntry => {
-            story.push("no entry: nobody accounted for this tick".to_string());
-            hint = Some(no_entry_hint(facts));
-        }
-        Verdict::Ran | Verdict::Running | Verdict::Unfinished => {}
-    }
-    Explanation {
-        job: job.name.clone(),
-        tick: tick.to_utc(),
-        tick_ms: tick.0,
-        on_schedule,
-        triggers,
-        previous_tick: previous_tick.map(Tick::to_utc),
-        next_tick: next_tick.map(Tick::to_utc),
-        verdict,
-        raced,
-        runs,
-        entries,
-        story,
-        hint,
-        notes,
-    }
-}
-
-/// Whether the entry's worker took part in the race: it ran the tick, lost it, or could not win it.
-fn raced_for_it(entry: &Entry) -> bool {
-    match entry.kind {
-        Kind::Run | Kind::Lost => true,
-        Kind::Skipped => matches!(
-            entry.reason.as_deref(),
-            Some("no_quorum" | "contended" | "lease_expired" | "no_slot")
-        ),
-        Kind::Missed | Kind::Unknown => false,
-    }
-}
-
-/// Each item once, in the order of its first appearance.
-fn first_of_each<T: PartialEq>(items: impl Iterator<Item = T>) -> Vec<T> {
-    items.fold(Vec::new(), |mut kept, item| {
-        if !kept.contains(&item) {
-            kept.push(item);
-        }
-        kept
-    })
 }

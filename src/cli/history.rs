@@ -1,18 +1,15 @@
 //! `redcron history`: the entries of the run history — runs and ticks not run — newest first.
 //!
-//! The store answers per job ([`crate::store::Store::history`]); without `--job` every job of the config is
-//! read at once and the answers merged, so the newest `--limit` entries of the whole config come out in tick
-//! order, whichever jobs they belong to.
+//! Without `--job` every job of the config is read; the [`crate::inspect::history`] model merges them, so
+//! the newest `--limit` entries of the whole config come out in tick order, whichever jobs they belong to.
 
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 
-use super::read::{Notes, Reader};
+use super::read::Reader;
 use super::{find_job, load, parse_instant, render, ConfigArg};
-use crate::history::{Entry, Query};
-use crate::schedule::Tick;
+use crate::inspect::history;
 
 /// The most entries one `history` prints.
 pub const MAX_LIMIT: usize = 5000;
@@ -38,15 +35,6 @@ pub struct HistoryArgs {
     pub json: bool,
 }
 
-/// What `history` reports. Field names are stable (docs/history.md).
-#[derive(Debug, Serialize)]
-pub(super) struct History {
-    /// The entries as stored, newest tick first.
-    pub entries: Vec<Entry>,
-    #[serde(flatten)]
-    pub notes: Notes,
-}
-
 /// Carries out `history`.
 pub(super) fn run(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
     let config = match load(&args.config.config) {
@@ -61,44 +49,16 @@ pub(super) fn run(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
         None => config.jobs.iter().map(|job| job.name.clone()).collect(),
     };
     let limit = args.limit as usize;
-    let queries: Vec<Query> = jobs
-        .into_iter()
-        .map(|job| Query {
-            job,
-            since: args.since.map(|t| Tick(t.timestamp_millis())),
-            until: None,
-            limit,
-        })
-        .collect();
-    let read = Reader::open(&config).and_then(|mut reader| {
-        let histories = reader.histories(&queries)?;
-        Ok((histories, reader.notes()))
-    });
-    let (histories, notes) = match read {
-        Ok(read) => read,
+    let read = Reader::open(&config)
+        .and_then(|reader| reader.gather(history::read(reader.store(), &jobs, args.since, limit)));
+    let inputs = match read {
+        Ok(inputs) => inputs,
         Err(error) => return Ok(super::read_failed(&error)),
     };
-    let history = History {
-        entries: newest(histories, limit),
-        notes,
-    };
+    let history = history::history(inputs, limit);
     render::deliver(&history, &history.notes, args.json, |h| {
         render::entries(&h.entries)
     })
-}
-
-/// The newest `limit` of the entries of several jobs: by tick, newest first, then by job, worker and kind.
-pub(super) fn newest(histories: Vec<Vec<Entry>>, limit: usize) -> Vec<Entry> {
-    let mut entries: Vec<Entry> = histories.into_iter().flatten().collect();
-    entries.sort_by(|a, b| {
-        b.tick
-            .cmp(&a.tick)
-            .then_with(|| a.job.cmp(&b.job))
-            .then_with(|| a.worker.cmp(&b.worker))
-            .then_with(|| a.kind.as_str().cmp(b.kind.as_str()))
-    });
-    entries.truncate(limit);
-    entries
 }
 
 /// `--since`: an RFC 3339 instant, or a duration back from now.
@@ -121,21 +81,8 @@ fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::Kind;
 
-    fn entry(job: &str, tick: i64, worker: &str) -> Entry {
-        Entry::new(job, Tick(tick), worker, Kind::Run, DateTime::UNIX_EPOCH)
-    }
-
-    #[test]
-    fn the_jobs_are_merged_newest_tick_first_and_limited() {
-        let a = vec![entry("a", 3000, "w1"), entry("a", 1000, "w1")];
-        let b = vec![entry("b", 3000, "w2"), entry("b", 2000, "w1")];
-        let merged = newest(vec![a, b], 3);
-        let seen: Vec<(&str, i64)> = merged.iter().map(|e| (e.job.as_str(), e.tick)).collect();
-        assert_eq!(seen, [("a", 3000), ("b", 3000), ("b", 2000)]);
-    }
-
+    /// `--since` reads an RFC 3339 instant or a duration back from now, and names both when neither.
     #[test]
     fn since_takes_an_instant_or_a_duration_back() {
         let instant = parse_since("2026-11-23T10:00:00+01:00").expect("RFC 3339");

@@ -22,9 +22,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::honoured::{self, Ignoring};
-use super::read::{Notes, ReadError, Reader};
-use super::render::instant;
+use super::read::{ReadError, Reader};
 use super::{load_job, operator, render, say_error, ConfigArg, EXIT_IGNORED, EXIT_USAGE};
+use crate::inspect::time::instant;
+use crate::inspect::Notes;
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead};
 use crate::membership::Capability;
 

@@ -1,24 +1,25 @@
-//! Reading the store for `status`, `history` and `explain` — and writing it for `pause`, `resume` and
-//! `trigger`: one bounded session, and what it could not read.
+//! A command's session with the store: reading it for `status`, `history` and `explain` (through the
+//! [`crate::inspect`] model's reads), for `pause` and `trigger`, and writing it for `pause`, `resume` and
+//! `trigger` — bounded in time, with what it could not read.
 //!
 //! A command opens the store of its config ([`Store::open`], so it reads what the workers write, whatever
 //! the backend), reads from a majority of the nodes, and keeps a note of every node that did not answer and
-//! every stored item that could not be parsed, for the warnings on stderr and the JSON's `missing_nodes` and
-//! `skipped`. No majority is an error with its own exit code ([`super::EXIT_NO_MAJORITY`]); every read of a
-//! command together is bounded by [`COMMAND_TIMEOUT`], so a command never waits forever, however the nodes
-//! misbehave (each exchange with one node is bounded by the store as well).
+//! every stored item that could not be parsed ([`Notes`]), for the warnings on stderr and the JSON's
+//! `missing_nodes` and `skipped`. No majority is an error with its own exit code
+//! ([`super::EXIT_NO_MAJORITY`]); every read of a command together is bounded by [`COMMAND_TIMEOUT`], so a
+//! command never waits forever, however the nodes misbehave (each exchange with one node is bounded by the
+//! store as well).
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::clock::cluster::{measure, Estimate};
 use crate::config::Config;
 use crate::history::{Entry, Query};
+use crate::inspect::Notes;
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
 use crate::membership::Member;
 use crate::store::{Read, Store, StoreError};
@@ -66,31 +67,12 @@ fn unreachable(failures: &[(String, String)]) -> String {
     nodes.join(", ")
 }
 
-/// A node that did not answer a read, and why; the address never shows a password.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub(super) struct MissingNode {
-    pub node: String,
-    pub error: String,
-}
-
-/// What a command's reads could not see. Part of every report's JSON (`store`, `missing_nodes`, `skipped`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub(super) struct Notes {
-    /// The nodes' addresses (without passwords), or `embedded`.
-    pub store: String,
-    /// The nodes that did not answer; the answer came from the others, a majority.
-    pub missing_nodes: Vec<MissingNode>,
-    /// Stored items that could not be read (garbage on a node), each naming its node.
-    pub skipped: Vec<String>,
-}
-
 /// One command's session with the store: a runtime, the store, a deadline, and the notes so far.
 pub(super) struct Reader {
     runtime: tokio::runtime::Runtime,
     store: Store,
     deadline: Instant,
-    missing: BTreeMap<String, String>,
-    skipped: Vec<String>,
+    notes: Notes,
 }
 
 impl Reader {
@@ -112,11 +94,24 @@ impl Reader {
         };
         Ok(Reader {
             runtime,
+            notes: Notes::new(&store),
             store,
             deadline: Instant::now() + COMMAND_TIMEOUT,
-            missing: BTreeMap::new(),
-            skipped: Vec::new(),
         })
+    }
+
+    /// The store, for a read of the [`crate::inspect`] model handed to [`Reader::gather`].
+    pub(super) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Runs one of the [`crate::inspect`] model's reads within the command's deadline; the read keeps its
+    /// own notes.
+    pub(super) fn gather<T>(
+        &self,
+        read: impl Future<Output = Result<T, QuorumFailure>>,
+    ) -> Result<T, ReadError> {
+        bounded(&self.runtime, self.deadline, read)?.map_err(ReadError::NoMajority)
     }
 
     /// Every worker the store knows, alive or dead.
@@ -174,14 +169,6 @@ impl Reader {
         bounded(&self.runtime, self.deadline, store.resume(job))?.map_err(ReadError::NoMajority)
     }
 
-    /// The trigger requests the nodes hold (each once, oldest first), claimed or not.
-    pub(super) fn triggers(&mut self) -> Result<Vec<TriggerRequest>, ReadError> {
-        let store = &self.store;
-        let read = bounded(&self.runtime, self.deadline, store.triggers())?
-            .map_err(ReadError::NoMajority)?;
-        Ok(self.note(read))
-    }
-
     /// This host's offset to the nodes' clocks, measured as a worker measures it: `None` where the store has
     /// no clock to read (etcd, the embedded store), else the offset or why there is none.
     pub(super) fn measure_clock(
@@ -211,29 +198,12 @@ impl Reader {
 
     /// What the reads so far could not see.
     pub(super) fn notes(&self) -> Notes {
-        Notes {
-            store: self.store.describe(),
-            missing_nodes: self
-                .missing
-                .iter()
-                .map(|(node, error)| MissingNode {
-                    node: node.clone(),
-                    error: error.clone(),
-                })
-                .collect(),
-            skipped: self.skipped.clone(),
-        }
+        self.notes.clone()
     }
 
     /// Keeps the notes of `read` and gives its value.
     fn note<T>(&mut self, read: Read<T>) -> T {
-        self.missing.extend(read.missing);
-        for skipped in read.skipped {
-            if !self.skipped.contains(&skipped) {
-                self.skipped.push(skipped);
-            }
-        }
-        read.value
+        self.notes.keep(read)
     }
 }
 

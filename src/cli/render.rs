@@ -1,19 +1,20 @@
 //! How `status`, `history` and `explain` print what they found: plain-text tables for a person, or JSON.
 //!
-//! Kept apart from the reading and the reasoning so that the reports are plain values (serialized as they
-//! are for `--json`) and the tables can change without touching either. Tables are aligned plain text:
+//! The reports are the [`crate::inspect`] model's plain values (serialized as they are for `--json`); the
+//! tables here can change without touching the reading or the reasoning. Tables are aligned plain text:
 //! columns two spaces apart, times in UTC as RFC 3339 (what `explain` takes), no colours, no crate.
 
 use std::process::ExitCode;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::explain::Explanation;
-use super::read::Notes;
-use super::status::Status;
 use super::{emit, say, EXIT_OK};
 use crate::history::{Entry, Kind};
+use crate::inspect::explain::Explanation;
+use crate::inspect::status::Status;
+use crate::inspect::time::{duration_ms, instant, instant_ms};
+use crate::inspect::Notes;
 
 /// Prints the warnings of `notes` to stderr, then `report` to stdout: as JSON with `json`, else as
 /// `human` renders it.
@@ -246,33 +247,6 @@ fn outcome(run: &Entry) -> String {
         (Some(outcome), _) => outcome.clone(),
         (None, None) => "running".to_string(),
         (None, Some(_)) => "?".to_string(),
-    }
-}
-
-/// An instant as RFC 3339 in UTC, with milliseconds only when it has any: `2026-11-23T10:00:00Z`,
-/// `2026-11-23T10:00:00.012Z`.
-pub(super) fn instant(at: DateTime<Utc>) -> String {
-    let format = if at.timestamp_subsec_millis() == 0 {
-        SecondsFormat::Secs
-    } else {
-        SecondsFormat::Millis
-    };
-    at.to_rfc3339_opts(format, true)
-}
-
-/// [`instant`] of milliseconds since the Unix epoch, as the entries hold ticks.
-fn instant_ms(ms: i64) -> String {
-    DateTime::from_timestamp_millis(ms).map_or_else(|| ms.to_string(), instant)
-}
-
-/// A duration in milliseconds as a person reads it: `850ms`, `1.288s`, `2m 5s`.
-pub(super) fn duration_ms(ms: u64) -> String {
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 {
-        format!("{}.{:03}s", ms / 1000, ms % 1000)
-    } else {
-        humantime::format_duration(std::time::Duration::from_secs(ms / 1000)).to_string()
     }
 }
 

@@ -22,15 +22,17 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::honoured::{self, Ignoring};
-use super::read::{Notes, ReadError, Reader};
-use super::status::alive;
-use super::story::{describe, gone};
+use super::read::{ReadError, Reader};
 use super::{
     load_job, operator, render, say, say_error, ConfigArg, EXIT_IGNORED, EXIT_NO_RUN, EXIT_USAGE,
 };
 use crate::clock::cluster::ClusterClock;
 use crate::config::{show_duration, Config};
 use crate::history::{Entry, Kind, Query};
+use crate::inspect::status::alive;
+use crate::inspect::story::{describe, gone};
+use crate::inspect::time::instant;
+use crate::inspect::Notes;
 use crate::membership::{Capability, Member};
 use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT, MAX_AHEAD, MAX_WINDOW};
 
@@ -367,7 +369,7 @@ fn text(report: &TriggerReport) -> String {
         "trigger {} of {} at {}\n",
         request.id,
         request.job,
-        render::instant(request.requested_at)
+        instant(request.requested_at)
     );
     if let Some(run) = &report.run {
         out.push_str(&describe(run));

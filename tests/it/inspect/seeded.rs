@@ -224,6 +224,49 @@ fn explain_tells_one_ticks_story() {
     );
 }
 
+/// `explain` takes a tick in every form `history` and `status` print it: the JSON's epoch milliseconds
+/// (`tick`) and the RFC 3339 beside them (`tick_rfc3339`, in entries and runs under way) tell the same
+/// story as the table's RFC 3339; a tick in neither form is a usage error that names both.
+#[test]
+fn explain_takes_a_tick_as_history_and_status_print_it() {
+    let fixture = Fixture::new();
+    let ticks = fixture.seed();
+    let history = fixture.json(&["history", "--job", "archive", "--limit", "1"]);
+    let entry = &history["entries"][0];
+    assert_eq!(entry["tick"], ticks[0].as_millis());
+    let rfc3339 = entry["tick_rfc3339"].as_str().expect("tick_rfc3339");
+    assert_eq!(rfc3339, show(ticks[0]));
+    let ms = entry["tick"].to_string();
+    let by_ms = fixture.json(&["explain", "archive", &ms]);
+    let by_rfc3339 = fixture.json(&["explain", "archive", rfc3339]);
+    assert_eq!(by_ms["tick_ms"], ticks[0].as_millis());
+    assert_eq!(by_ms["verdict"], "ran");
+    assert_eq!(by_ms["story"], by_rfc3339["story"]);
+    assert_eq!(by_ms["runs"][0]["tick_rfc3339"], rfc3339);
+    let (code, text, stderr) = fixture.run(&["explain", "archive", &ms]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(text.contains("w2 won it with token 4"), "{text}");
+
+    // `status`: the runs under way and the last run carry their tick in both forms too.
+    let status = fixture.json(&["status"]);
+    let running = &status["jobs"][1]["running"][0];
+    assert_eq!(running["tick"], hourly_tick().as_millis());
+    assert_eq!(running["tick_rfc3339"], show(hourly_tick()));
+    let announced = &status["workers"][1]["running"][0];
+    assert_eq!(announced["tick_rfc3339"], show(hourly_tick()));
+    assert_eq!(status["jobs"][0]["last_run"]["tick_rfc3339"], rfc3339);
+    let by_ms = fixture.json(&["explain", "hourly", &running["tick"].to_string()]);
+    assert_eq!(by_ms["verdict"], "not_run");
+
+    let (code, _, stderr) = fixture.run(&["explain", "archive", "17954367O5000"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("expected an RFC 3339 timestamp")
+            && stderr.contains("milliseconds since the Unix epoch"),
+        "{stderr}"
+    );
+}
+
 /// The embedded store: the commands read its database file as they read Redis nodes; before any worker
 /// made one, they say so (exit 1) and create none.
 #[test]

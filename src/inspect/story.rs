@@ -2,16 +2,17 @@
 //! what may explain a run that will never end or a tick with no entry.
 //!
 //! Apart from [`super::explain`], which decides the verdict, so that the wording can change without the
-//! reasoning, and the reasoning can be read without the wording.
+//! reasoning, and the reasoning can be read without the wording. `redcron trigger` tells its run with the
+//! same sentences.
 
 use super::explain::Facts;
-use super::render::{duration_ms, instant};
+use super::time::{duration_ms, instant};
 use crate::config::show_duration;
 use crate::history::{Entry, Kind};
 use crate::membership::Member;
 
 /// Why the run of `worker`, which is not alive, will never end in the history.
-pub(super) fn gone(members: &[Member], worker: &str) -> String {
+pub(crate) fn gone(members: &[Member], worker: &str) -> String {
     match members
         .iter()
         .find(|m| m.id == worker)
@@ -26,7 +27,7 @@ pub(super) fn gone(members: &[Member], worker: &str) -> String {
 }
 
 /// One entry as a sentence.
-pub(super) fn describe(entry: &Entry) -> String {
+pub(crate) fn describe(entry: &Entry) -> String {
     let worker = &entry.worker;
     match entry.kind {
         Kind::Run => {
@@ -130,7 +131,7 @@ fn why(reason: &str) -> String {
 }
 
 /// Why a tick whose window ended may have no entry at all.
-pub(super) fn no_entry_hint(facts: &Facts<'_>) -> String {
+pub(crate) fn no_entry_hint(facts: &Facts<'_>) -> String {
     if facts.earlier {
         format!(
             "no worker recorded it: none was alive, or every one was down, paused or cut off from a \
