@@ -19,7 +19,7 @@ pub mod redis;
 
 pub use capability::{Backend, Claims, Health, Leases, Pauses, Records, Triggers};
 
-use crate::config::Config;
+use crate::config::{Config, StoreConfig};
 use crate::history::{Entry, HistorySettings, Query};
 use crate::lock::{
     ClaimOutcome, ClaimRequest, InForce, Lease, LockSettings, Pause, PauseOutcome, PauseRead,
@@ -111,37 +111,25 @@ macro_rules! each_store {
 }
 
 impl Store {
-    /// The store `config` names: its `redis:` nodes, its `etcd:` cluster, or else the embedded store.
+    /// The store `config` names ([`crate::config::StoreConfig`]).
     ///
     /// Must be called inside a Tokio runtime. Fails on settings that cannot name a store, and on an
     /// embedded store's database that cannot be opened, or an etcd TLS file that cannot be read (the
     /// error names its path).
     pub fn open(config: &Config) -> Result<Store, StoreError> {
-        let history = config.history.clone();
-        if let Some(etcd) = &config.etcd {
-            let store = etcd::EtcdStore::new(etcd, config.lock.clone(), history)?;
-            return Ok(Store::Etcd(Box::new(store)));
-        }
-        Ok(match &config.redis {
-            Some(redis) => Store::Redis(
-                redis::RedisStore::new(&redis.nodes, config.lock.clone())?.with_history(history),
-            ),
-            None => {
-                // Validation always sets `embedded` without `redis`; the fallback is its default.
-                let path = config.embedded.as_ref().map_or_else(
-                    || {
-                        config
-                            .path
-                            .with_file_name(format!("{}.db", config.lock.key_prefix))
-                    },
-                    |embedded| embedded.path.clone(),
-                );
-                Store::Embedded(embedded::EmbeddedStore::open(
-                    &path,
-                    config.lock.clone(),
-                    history,
-                )?)
+        let (lock, history) = (config.lock.clone(), config.history.clone());
+        Ok(match &config.store {
+            StoreConfig::Redis(redis) => {
+                Store::Redis(redis::RedisStore::new(&redis.nodes, lock)?.with_history(history))
             }
+            StoreConfig::Etcd(etcd) => {
+                Store::Etcd(Box::new(etcd::EtcdStore::new(etcd, lock, history)?))
+            }
+            StoreConfig::Embedded(embedded) => Store::Embedded(embedded::EmbeddedStore::open(
+                &embedded.path,
+                lock,
+                history,
+            )?),
         })
     }
 

@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use crate::clock::cluster::ClusterClock;
-use crate::config::{Config, JobConfig};
+use crate::config::{Config, JobConfig, StoreConfig};
 use crate::control::{Control, Intent};
 use crate::history::{Entry, Kind};
 use crate::lock::{Holder, Overlap, Series};
@@ -114,7 +114,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     let shutdown = control.shutdown().clone();
     let mut config = config;
     let store = Store::open(&config)?;
-    if let Some(embedded) = &config.embedded {
+    if let StoreConfig::Embedded(embedded) = &config.store {
         warn!(
             event = "worker.embedded_store",
             path = %embedded.path.display(),
