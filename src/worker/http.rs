@@ -272,7 +272,7 @@ async fn readyz(State(probe): State<Arc<Probe>>) -> (StatusCode, String) {
             .await
             .unwrap_or_else(|_| {
                 let waited = show_duration(READY_TIMEOUT);
-                Err(format!("the store's nodes did not answer within {waited}"))
+                Err(format!("the store did not answer within {waited}"))
             })
     };
     let shutting_down = context.shutdown.is_requested();
@@ -389,7 +389,7 @@ mod tests {
         );
         let silent = verdict(
             false,
-            Err("the store's nodes did not answer\nwithin 2s".to_string()),
+            Err("the store did not answer\nwithin 2s".to_string()),
             max,
         )
         .expect_err("no answer");

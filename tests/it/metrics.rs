@@ -1,6 +1,7 @@
 //! The worker's HTTP listener (`worker.listen`), read as Prometheus and Kubernetes read it: `/metrics`
 //! parsed by a Prometheus text-format parser and its counters held against the ledger the jobs write,
-//! `/healthz`, and `/readyz` following a majority of the store's nodes. Real nodes, real worker processes.
+//! `/healthz`, and `/readyz` following each store's readiness rule (a majority of the Redis nodes or of the
+//! etcd members, the embedded store's write lock). Real nodes, real worker processes.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use prometheus_parse::{Scrape, Value};
 
-use crate::support::{free_port, RedisCluster, TestDir, Worker};
+use crate::support::{etcd_config, free_port, EtcdCluster, RedisCluster, TestDir, Worker};
 use crate::worker::config;
 
 /// Two workers scraped every 100 ms while they run two jobs (one succeeds, one fails) at 8 consecutive
@@ -222,6 +223,76 @@ fn readyz_follows_a_majority_of_the_nodes() {
     let ready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 200));
     assert!(ready.is_some(), "/readyz does not turn 200 again");
     assert_eq!(nodes_up(port, timeout, 3.0), 3.0);
+    drop(worker);
+}
+
+/// On etcd, `/readyz` is 200 while the cluster serves a linearizable read, 503 with a one-line reason
+/// while the leader and one more of three members are hung (SIGSTOP), and 200 again once they go on.
+#[test]
+fn readyz_follows_a_majority_of_the_etcd_members() {
+    let mut cluster = EtcdCluster::start();
+    let dir = TestDir::new();
+    let jobs = "  - name: tick\n    schedule: \"* * * * * *\"\n    command: 'true'\n";
+    let (worker, port) = listening_worker(&dir, "w", |port| {
+        let section = format!("  listen: 127.0.0.1:{port}\n");
+        etcd_config(&cluster.endpoints_yaml(), &section, jobs)
+    });
+    let timeout = Duration::from_secs(30);
+    let ready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 200));
+    assert_eq!(ready.map(|r| r.2), Some("ready\n".to_owned()));
+
+    let leader = cluster.leader();
+    let stopped = [leader, (leader + 1) % cluster.len()];
+    stopped.iter().for_each(|&i| cluster.stop(i));
+    let unready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 503));
+    stopped.iter().for_each(|&i| cluster.cont(i));
+    let (_, _, reason) = unready.expect("/readyz turns 503 without a majority of the members");
+    assert!(
+        reason.starts_with("no majority of the etcd members answers")
+            || reason.starts_with("the store did not answer"),
+        "{reason}"
+    );
+    assert_eq!(reason.lines().count(), 1, "{reason:?}");
+    assert_eq!(get(port, "/healthz").map(|r| r.0).ok(), Some(200));
+
+    let ready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 200));
+    assert!(ready.is_some(), "/readyz does not turn 200 again");
+    drop(worker);
+}
+
+/// On the embedded store, `/readyz` is 200 while its database gives its write lock, 503 with a one-line
+/// reason while another process holds it (an open `BEGIN IMMEDIATE`), and 200 again once that ends.
+#[test]
+fn readyz_follows_the_embedded_store_s_write_lock() {
+    let dir = TestDir::new();
+    let database = dir.path().join("cron.db");
+    let jobs = "jobs:\n  - name: tick\n    schedule: \"* * * * * *\"\n    command: 'true'\n";
+    let (worker, port) = listening_worker(&dir, "w", |port| {
+        format!(
+            "embedded:\n  path: {}\nworker:\n  listen: 127.0.0.1:{port}\n{jobs}",
+            database.display()
+        )
+    });
+    let timeout = Duration::from_secs(30);
+    let ready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 200));
+    assert_eq!(ready.map(|r| r.2), Some("ready\n".to_owned()));
+
+    let mut holder = rusqlite::Connection::open(&database).expect("the database opens");
+    let lock = holder
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .expect("the write lock is taken");
+    let unready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 503));
+    drop(lock);
+    let (_, _, reason) = unready.expect("/readyz turns 503 while another process holds the file");
+    assert!(
+        reason.starts_with("the database does not answer")
+            || reason.starts_with("the store did not answer"),
+        "{reason}"
+    );
+    assert_eq!(reason.lines().count(), 1, "{reason:?}");
+
+    let ready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 200));
+    assert!(ready.is_some(), "/readyz does not turn 200 again");
     drop(worker);
 }
 
