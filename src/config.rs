@@ -61,7 +61,7 @@ pub struct Config {
     /// The jobs, in file order; names are unique.
     pub jobs: Vec<JobConfig>,
     /// The environment variables that the store's section takes through `${VAR}`, such as a password
-    /// ([`StoreConfig::env_vars`]): never passed to a job unless the job's `env` names them.
+    /// (`StoreConfig::env_vars`): never passed to a job unless the job's `env` names them.
     pub store_env_vars: BTreeSet<String>,
     /// Problems that do not stop the worker but that an operator should see (e.g. an even node count),
     /// each formatted like a [`Problem`]: `file:line:column: field: message`.

@@ -1,8 +1,11 @@
 //! The store: the one seam between redcron and what it keeps its state in.
 //!
 //! The worker and the CLI talk to a [`Store`] — claims and leases ([`crate::lock`]), run history
-//! ([`crate::history`]) and membership ([`crate::membership`]) — obtained from [`Store::open`], and never ask
-//! which backend they hold. Each backend is one module:
+//! ([`crate::history`]), membership ([`crate::membership`]), pauses and trigger requests — obtained from
+//! [`Store::open`], and never ask which backend they hold. What a store must do is the contract of
+//! [`capability`]: one trait per capability ([`Claims`], [`Leases`], [`Records`], [`Pauses`],
+//! [`Triggers`], [`Health`]), each method with its guarantee, and none with a default. Each backend is one
+//! module that implements them all:
 //! - [`redis`]: the Redlock protocol on N independent Redis nodes; every write goes to all nodes, every
 //!   answer needs a majority.
 //! - [`etcd`]: an etcd cluster; every claim is one transaction, totally ordered by etcd's Raft log, and
@@ -10,7 +13,16 @@
 //! - [`embedded`]: the embedded single-host store, one SQLite file being one node and one majority;
 //!   the worker processes of one host may share it.
 //!
-//! Adding a backend means adding its module, a variant here, and its section of the config.
+//! Adding a backend touches, and the compiler points at each once the first is written:
+//! - its module here (`src/store/<name>/`), implementing every trait of [`capability`] — a missing
+//!   method is a compile error;
+//! - a variant of [`Store`] and its arm in `each_store!` (the one `match`, which requires the variant to
+//!   be a [`Backend`]);
+//! - a variant of [`crate::config::StoreConfig`], whose methods (section name, the variables kept from
+//!   jobs, `check`'s line, node count) are `match`es that then fail to compile, and its arm in
+//!   [`Store::open`]; its section's parsing (`config/raw.rs`) and checks (`config/validate.rs`, with the
+//!   one-section rule's list there);
+//! - its docs (README's store sections), and its run of the store tests.
 
 pub mod capability;
 pub mod embedded;
@@ -79,7 +91,7 @@ impl Read<Vec<Entry>> {
 /// The store the worker races through and the CLI reads from.
 ///
 /// An enum rather than a trait object: a closed set of backends, and `async fn` stays plain. Every method
-/// is the capability of the same name ([`capability`]), dispatched by [`each_store!`] — the one `match` over
+/// is the capability of the same name ([`capability`]), dispatched by `each_store!` — the one `match` over
 /// the variants, which also checks at compile time that each variant's type implements every capability.
 pub enum Store {
     Redis(redis::RedisStore),

@@ -108,8 +108,8 @@ pub(crate) struct Context {
 /// Runs the worker until `control` asks it to drain and every running job has ended and released its
 /// lease; reloads the config file when `control` asks.
 ///
-/// Redis nodes that are down at start or later do not stop the worker: it logs them and races again at the
-/// next tick.
+/// A store's nodes (Redis nodes, etcd members) that are down at start or later do not stop the worker: it
+/// logs them and races again at the next tick.
 pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError> {
     let shutdown = control.shutdown().clone();
     let mut config = config;

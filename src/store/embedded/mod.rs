@@ -1,5 +1,5 @@
 //! The embedded store: claims, leases, fencing tokens, run history and membership in one SQLite database
-//! file, for the workers of a single host (a config without `redis:`).
+//! file, for the workers of a single host (a config with `embedded:`, or without any store section).
 //!
 //! Why SQLite: its transactions are ACID across processes on one host (through the file's locks), so
 //! several workers on a host may share one database as they would share Redis nodes; all state is one
@@ -223,7 +223,7 @@ impl Health for EmbeddedStore {
     }
 
     /// The database's write lock taken (`BEGIN IMMEDIATE`, as a claim takes it) and let go, waiting for
-    /// another process's at most [`BUSY_TIMEOUT`]: the file answers, and a claim could be decided now.
+    /// another process's at most `BUSY_TIMEOUT`: the file answers, and a claim could be decided now.
     async fn readiness(&self) -> Result<Option<Readings>, String> {
         self.write(|_, _| Ok(()))
             .await

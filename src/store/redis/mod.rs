@@ -15,10 +15,14 @@
 //! agree — and never waits for a slow or hung node longer than `node_timeout`. The safety argument is in
 //! `docs/protocol.md`.
 //!
-//! Files: this one holds the store's API; `claim.rs` the two rounds of a claim and the reading of a lost
-//! one; `round.rs` how one pipeline goes to every node; `reply.rs` the parsing of the scripts' replies;
-//! `time.rs` the nodes' clocks (`TIME`), for cluster time; `history.rs` run history and membership;
-//! `pause.rs` pauses; `triggers.rs` trigger requests.
+//! Files: this one holds the store's construction and its claims, leases and health (the capabilities of
+//! [`crate::store::capability`]), and the plain lease; `claim.rs` the two rounds of a claim and the
+//! reading of a lost one; `scripts.rs` the Lua scripts, with their safety arguments; `node.rs` one node's
+//! connection and the redaction of its password; `round.rs` how one pipeline goes to every node;
+//! `pace.rs` how long a round waits while the nodes answer slowly; `keeper.rs` the batching of renewals
+//! and releases; `reply.rs` the parsing of the scripts' replies; `time.rs` the nodes' clocks (`TIME`),
+//! for cluster time and readiness; `history.rs` run history and membership; `pause.rs` pauses;
+//! `triggers.rs` trigger requests.
 
 mod claim;
 mod history;
