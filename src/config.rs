@@ -25,7 +25,7 @@ mod validate;
 
 pub use store::{EmbeddedConfig, EtcdConfig, RedisConfig, StoreConfig};
 
-pub use validate::show as show_duration;
+pub(crate) use validate::show as show_duration;
 mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -25,7 +25,7 @@ pub enum StoreConfig {
 
 impl StoreConfig {
     /// The config's top-level section that configures this store.
-    pub fn section(&self) -> &'static str {
+    pub(crate) fn section(&self) -> &'static str {
         match self {
             StoreConfig::Redis(_) => "redis",
             StoreConfig::Etcd(_) => "etcd",
@@ -49,7 +49,7 @@ impl StoreConfig {
     }
 
     /// What `redcron check` says of the store (after `store: `), addresses without passwords.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         match self {
             StoreConfig::Redis(redis) => {
                 let nodes: Vec<String> = redis.nodes.iter().map(|url| redact(url)).collect();
@@ -70,7 +70,7 @@ impl StoreConfig {
 
     /// How many nodes the store has as configured: Redis nodes, etcd members (an etcd pause is in the
     /// cluster's committed state, which every member applies), or the one database file.
-    pub fn nodes(&self) -> usize {
+    pub(crate) fn nodes(&self) -> usize {
         match self {
             StoreConfig::Redis(redis) => redis.nodes.len(),
             StoreConfig::Etcd(etcd) => etcd.endpoints.len(),
@@ -83,7 +83,7 @@ impl StoreConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisConfig {
     /// `redis://` or `rediss://` URLs, as written (after `${VAR}` substitution); may hold passwords, so
-    /// display them only through [`crate::store::redis::node::redact`]. Each parses and names a distinct
+    /// display them only redacted (`redis::node::redact` in the store). Each parses and names a distinct
     /// host and port; there is at least one.
     pub nodes: Vec<String>,
 }

@@ -152,7 +152,7 @@ impl EmbeddedStore {
     }
 
     /// The database file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.shared.path
     }
 

@@ -104,11 +104,6 @@ impl EtcdStore {
         })
     }
 
-    /// The endpoints, as configured.
-    pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
-    }
-
     /// Runs one request on a member that serves, failing over from one that does not, bounded by
     /// `limit` (`cluster.rs`); an error says what went wrong on each member.
     async fn call<T, F, Fut>(&self, limit: Duration, request: F) -> Result<T, String>

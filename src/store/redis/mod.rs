@@ -27,7 +27,7 @@
 mod claim;
 mod history;
 mod keeper;
-pub mod node;
+pub(crate) mod node;
 mod pace;
 mod pause;
 mod reply;
@@ -129,7 +129,7 @@ impl RedisStore {
     }
 
     /// The nodes' addresses, without passwords.
-    pub fn node_labels(&self) -> Vec<String> {
+    pub(crate) fn node_labels(&self) -> Vec<String> {
         self.nodes.iter().map(|node| node.label.clone()).collect()
     }
 
