@@ -237,26 +237,15 @@ fn readyz_follows_a_majority_of_the_etcd_members() {
         let section = format!("  listen: 127.0.0.1:{port}\n");
         etcd_config(&cluster.endpoints_yaml(), &section, jobs)
     });
-    let timeout = Duration::from_secs(30);
-    let ready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 200));
-    assert_eq!(ready.map(|r| r.2), Some("ready\n".to_owned()));
-
+    assert_eq!(readyz_turns(port, 200), "ready\n");
     let leader = cluster.leader();
     let stopped = [leader, (leader + 1) % cluster.len()];
     stopped.iter().for_each(|&i| cluster.stop(i));
-    let unready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 503));
+    let reason = readyz_turns(port, 503);
     stopped.iter().for_each(|&i| cluster.cont(i));
-    let (_, _, reason) = unready.expect("/readyz turns 503 without a majority of the members");
-    assert!(
-        reason.starts_with("no majority of the etcd members answers")
-            || reason.starts_with("the store did not answer"),
-        "{reason}"
-    );
-    assert_eq!(reason.lines().count(), 1, "{reason:?}");
+    one_line_starting(&reason, "no majority of the etcd members answers");
     assert_eq!(get(port, "/healthz").map(|r| r.0).ok(), Some(200));
-
-    let ready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 200));
-    assert!(ready.is_some(), "/readyz does not turn 200 again");
+    readyz_turns(port, 200);
     drop(worker);
 }
 
@@ -268,32 +257,37 @@ fn readyz_follows_the_embedded_store_s_write_lock() {
     let database = dir.path().join("cron.db");
     let jobs = "jobs:\n  - name: tick\n    schedule: \"* * * * * *\"\n    command: 'true'\n";
     let (worker, port) = listening_worker(&dir, "w", |port| {
-        format!(
-            "embedded:\n  path: {}\nworker:\n  listen: 127.0.0.1:{port}\n{jobs}",
-            database.display()
-        )
+        let path = database.display();
+        format!("embedded:\n  path: {path}\nworker:\n  listen: 127.0.0.1:{port}\n{jobs}")
     });
-    let timeout = Duration::from_secs(30);
-    let ready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 200));
-    assert_eq!(ready.map(|r| r.2), Some("ready\n".to_owned()));
-
+    assert_eq!(readyz_turns(port, 200), "ready\n");
     let mut holder = rusqlite::Connection::open(&database).expect("the database opens");
     let lock = holder
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .expect("the write lock is taken");
-    let unready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 503));
+    let reason = readyz_turns(port, 503);
     drop(lock);
-    let (_, _, reason) = unready.expect("/readyz turns 503 while another process holds the file");
-    assert!(
-        reason.starts_with("the database does not answer")
-            || reason.starts_with("the store did not answer"),
-        "{reason}"
-    );
-    assert_eq!(reason.lines().count(), 1, "{reason:?}");
-
-    let ready = wait_for(timeout, || get(port, "/readyz").ok().filter(|r| r.0 == 200));
-    assert!(ready.is_some(), "/readyz does not turn 200 again");
+    one_line_starting(&reason, "the database does not answer");
+    readyz_turns(port, 200);
     drop(worker);
+}
+
+/// The body of `/readyz` once it answers `status` (tried for up to 30 s).
+fn readyz_turns(port: u16, status: u16) -> String {
+    let answer = wait_for(Duration::from_secs(30), || {
+        get(port, "/readyz").ok().filter(|r| r.0 == status)
+    });
+    answer
+        .unwrap_or_else(|| panic!("/readyz does not turn {status}"))
+        .2
+}
+
+/// Asserts that `reason` is one line, starting with `store_s_own` (the store's readiness rule failed) or
+/// saying that the store did not answer within the listener's wait.
+fn one_line_starting(reason: &str, store_s_own: &str) {
+    let known = reason.starts_with(store_s_own) || reason.starts_with("the store did not answer");
+    assert!(known, "{reason}");
+    assert_eq!(reason.lines().count(), 1, "{reason:?}");
 }
 
 /// After SIGTERM, while a running job drains, `/readyz` says the worker is shutting down and `/healthz`

@@ -207,12 +207,10 @@ impl Health for EmbeddedStore {
         false
     }
 
-    /// The lock settings this store was built with.
     fn settings(&self) -> &LockSettings {
         &self.shared.settings
     }
 
-    /// The history settings this store was built with.
     fn history_settings(&self) -> &HistorySettings {
         &self.shared.history
     }

@@ -224,12 +224,10 @@ impl Health for EtcdStore {
         true
     }
 
-    /// The lock settings this store was built with.
     fn settings(&self) -> &LockSettings {
         &self.settings
     }
 
-    /// The history settings this store was built with.
     fn history_settings(&self) -> &HistorySettings {
         &self.history
     }

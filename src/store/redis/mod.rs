@@ -381,12 +381,10 @@ impl Health for RedisStore {
         true
     }
 
-    /// The lock settings this store was built with.
     fn settings(&self) -> &LockSettings {
         &self.settings
     }
 
-    /// The history settings this store was built with.
     fn history_settings(&self) -> &HistorySettings {
         &self.history
     }
