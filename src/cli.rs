@@ -34,7 +34,6 @@ use crate::config::{self, Config};
 use crate::control::{self, Control};
 use crate::logging::{self, LogFormat, LogOptions};
 use crate::shutdown::Shutdown;
-use crate::store::redis::node::redact;
 
 /// Exit code: the worker stopped gracefully, or the command succeeded.
 pub const EXIT_OK: u8 = 0;
@@ -228,34 +227,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     };
     let after = args.after.unwrap_or_else(Utc::now);
     let mut out = String::new();
-    match (&config.redis, &config.etcd) {
-        (None, Some(etcd)) => {
-            out.push_str(&format!(
-                "store: etcd, {} endpoint{}: {}\n",
-                etcd.endpoints.len(),
-                if etcd.endpoints.len() == 1 { "" } else { "s" },
-                etcd.endpoints.join(", ")
-            ));
-        }
-        (None, None) => {
-            let path = config
-                .embedded
-                .as_ref()
-                .map(|e| e.path.display().to_string());
-            out.push_str(&format!(
-                "store: embedded, database {} (shared by the workers of this host that use it)\n",
-                path.unwrap_or_default()
-            ));
-        }
-        (Some(redis), _) => {
-            let nodes: Vec<String> = redis.nodes.iter().map(|url| redact(url)).collect();
-            out.push_str(&format!(
-                "store: {} Redis nodes: {}\n",
-                nodes.len(),
-                nodes.join(", ")
-            ));
-        }
-    }
+    out.push_str(&format!("store: {}\n", config.store.summary()));
     let lock = &config.lock;
     out.push_str(&format!(
         "lock: ttl {}, renew every {}, node timeout {}, drift factor {}, {} retries after {}, key prefix {}\n",

@@ -20,9 +20,12 @@ mod etcd;
 mod jobs;
 mod raw;
 mod retry;
+mod store;
 mod validate;
 
-pub use validate::show as show_duration;
+pub use store::{EmbeddedConfig, EtcdConfig, RedisConfig, StoreConfig};
+
+pub(crate) use validate::show as show_duration;
 mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,12 +45,9 @@ use yaml::Mark;
 pub struct Config {
     /// The file it was read from.
     pub path: PathBuf,
-    /// Redis nodes; `None` means another store.
-    pub redis: Option<RedisConfig>,
-    /// The etcd cluster; `None` means another store. Never given together with `redis`.
-    pub etcd: Option<EtcdConfig>,
-    /// The embedded store's database; `Some` exactly when `redis` and `etcd` are both `None`.
-    pub embedded: Option<EmbeddedConfig>,
+    /// The one store the workers race in: the store section given (`redis:`, `etcd:`), or else the
+    /// embedded store.
+    pub store: StoreConfig,
     /// Lease parameters (`lock:` plus the store's `key_prefix`), checked against each other: `renew_every <
     /// ttl − drift − node_timeout`, `node_timeout <= ttl / 10`, `0 <= drift_factor < 0.5`,
     /// `retries <= 100`.
@@ -60,47 +60,12 @@ pub struct Config {
     pub alerts: Alerts,
     /// The jobs, in file order; names are unique.
     pub jobs: Vec<JobConfig>,
-    /// The environment variables that the store's section (`redis:`, `etcd:`) takes through `${VAR}`, such as
-    /// a password: never passed to a job unless the job's `env` names them.
+    /// The environment variables that the store's section takes through `${VAR}`, such as a password
+    /// (`StoreConfig::env_vars`): never passed to a job unless the job's `env` names them.
     pub store_env_vars: BTreeSet<String>,
     /// Problems that do not stop the worker but that an operator should see (e.g. an even node count),
     /// each formatted like a [`Problem`]: `file:line:column: field: message`.
     pub warnings: Vec<String>,
-}
-
-/// The Redis nodes of the lock.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RedisConfig {
-    /// `redis://` or `rediss://` URLs, as written (after `${VAR}` substitution); may hold passwords, so
-    /// display them only through [`crate::store::redis::node::redact`]. Each parses and names a distinct
-    /// host and port; there is at least one.
-    pub nodes: Vec<String>,
-}
-
-/// The etcd cluster of the store (`etcd:`), with the settings etcd's own clients take.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EtcdConfig {
-    /// `http://host:port` or `https://host:port` of the cluster's members (client URLs), as written; at
-    /// least one, each distinct, all of one scheme.
-    pub endpoints: Vec<String>,
-    /// etcd's user name and password (`username`, `password`), when the cluster has auth enabled.
-    pub user: Option<(String, String)>,
-    /// The CA that signed the members' certificates (`trusted_ca_file`, absolute); without it, https
-    /// endpoints are verified against the Mozilla roots. Only with https endpoints.
-    pub trusted_ca_file: Option<PathBuf>,
-    /// A client certificate and its key (`cert_file`, `key_file`, absolute), for clusters that require
-    /// client certificates. Both or neither; only with https endpoints.
-    pub client_identity: Option<(PathBuf, PathBuf)>,
-}
-
-/// The embedded store (no `redis:` or `etcd:` section): one SQLite database file that the workers of one host
-/// share.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EmbeddedConfig {
-    /// The database file, absolute: `embedded.path` (relative to the config file's directory), or by
-    /// default `<key_prefix>.db` in `$STATE_DIRECTORY` (systemd's `StateDirectory=`) if set, else in
-    /// the config file's directory.
-    pub path: PathBuf,
 }
 
 /// Settings of this worker process.
@@ -392,10 +357,6 @@ fn display_lines(problems: &[Problem]) -> String {
         .join("\n")
 }
 
-/// The top-level sections that configure the lock store: the variables their `${VAR}` take are the
-/// store's secrets, kept from jobs.
-const STORE_SECTIONS: &[&str] = &["redis", "etcd"];
-
 /// Reads and validates the configuration file at `path`, taking `${VAR}` from the process environment.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -434,17 +395,13 @@ pub fn parse_with_env(
         report.error(problem.mark, "", problem.message.clone());
     }
     report.tainted = document.tainted.clone();
-    let store_env_vars: BTreeSet<String> = STORE_SECTIONS
-        .iter()
-        .flat_map(|section| document.variables_under(section))
-        .collect();
     let raw = raw::read(document.root.as_ref(), &mut report);
     let mut config = validate::config(
         raw,
         path,
         &mut report,
         chrono::Utc::now(),
-        store_env_vars,
+        &|section: &str| document.variables_under(section),
         env,
     );
     if !report.problems.is_empty() {

@@ -1,22 +1,24 @@
 //! redcron: a cluster cron in which each (job, tick) runs exactly once.
 //!
 //! Identical worker processes read the same schedule. At every tick of a job they race for that job's
-//! lease — a Redlock held on a majority of independent Redis nodes — and the winner runs the job as a
-//! child process, renewing the lease while it runs and handing the job a fencing token that strictly
-//! increases from run to run.
+//! lease in one shared store — a Redlock held on a majority of independent Redis nodes, a transaction in
+//! an etcd cluster, or, for the workers of one host, an embedded SQLite file — and the winner runs the
+//! job as a child process, renewing the lease while it runs and handing the job a fencing token that
+//! strictly increases from run to run.
 //!
 //! # Layout
 //! - [`config`]: `jobs.yaml`, parsed in two stages (serde form, then a validated form) with errors that
-//!   name the file, line, column and field.
+//!   name the file, line, column and field; its one store section is a [`config::StoreConfig`].
 //! - [`schedule`]: cron expressions (via `croner`), time zones, the DST rule, and [`schedule::Tick`], the
 //!   cluster-wide identity of one scheduled instant.
 //! - [`clock`]: the boot clock that leases are measured on (it counts a host's suspend), and cluster
-//!   time, which ticks are scheduled on (this host's clock corrected by its offset to the Redis nodes').
+//!   time, which ticks are scheduled on (this host's clock, corrected on Redis by its offset to the nodes').
 //! - [`lock`]: what a claim asks and answers — leases, tick claims and their series, pauses, fencing
 //!   tokens, and the names the protocol writes.
 //! - [`store`]: the one seam to where state lives — the Redlock protocol on N Redis nodes, one
 //!   transaction per claim in an etcd cluster, or the embedded single-host store (a SQLite file) — for
-//!   claims, leases, history and membership.
+//!   claims, leases, history, membership, pauses and triggers; its contract is a set of traits
+//!   ([`store::capability`]) that every store implements.
 //! - [`history`]: each worker's account of each tick (who ran it, how it ended, or why not), and its merge.
 //! - [`inspect`]: what `status`, `history` and `explain` know, computed once as plain data from the store's
 //!   reads (pure and unit-tested), for the command line — or a web page — to render as text or JSON.

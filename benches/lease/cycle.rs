@@ -14,6 +14,7 @@ use futures_util::future::join_all;
 use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap};
 use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
+use redcron::store::{Claims, Leases};
 use tokio::sync::oneshot;
 
 use super::stats::Samples;

@@ -13,6 +13,7 @@ use redcron::history::{Entry, Kind};
 use redcron::lock::{ClaimOutcome, ClaimRequest, Overlap};
 use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
+use redcron::store::{Claims, Health, Leases, Records};
 
 use super::cycle::settings;
 use super::nodes::{Nodes, Usage};

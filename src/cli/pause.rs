@@ -165,12 +165,7 @@ fn change(
         Ok((config, job)) => (config, job.name),
         Err(code) => return Ok(code),
     };
-    // An etcd pause is in the cluster's committed state, which every member applies.
-    let configured_nodes = match (&config.redis, &config.etcd) {
-        (Some(redis), _) => redis.nodes.len(),
-        (None, Some(etcd)) => etcd.endpoints.len(),
-        (None, None) => 1,
-    };
+    let configured_nodes = config.store.nodes();
     let done = Reader::open(&config).and_then(|mut reader| {
         let changed = write(&mut reader, &job)?;
         if matches!(changed, Changed::Refused(_)) {

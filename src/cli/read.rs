@@ -17,7 +17,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::clock::cluster::{measure, Estimate};
-use crate::config::Config;
+use crate::config::{Config, StoreConfig};
 use crate::history::{Entry, Query};
 use crate::inspect::Notes;
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
@@ -79,7 +79,7 @@ impl Reader {
     /// Opens the store `config` names; nothing is read yet. An embedded store's database must exist:
     /// reading never creates one.
     pub(super) fn open(config: &Config) -> Result<Reader, ReadError> {
-        if let Some(embedded) = config.embedded.as_ref().filter(|_| config.redis.is_none()) {
+        if let StoreConfig::Embedded(embedded) = &config.store {
             if !embedded.path.exists() {
                 return Err(ReadError::NoDatabase(embedded.path.clone()));
             }

@@ -34,7 +34,10 @@ pub(crate) struct RawConfig {
 
 #[derive(Debug)]
 pub(crate) struct RawRedis {
+    /// Where the section's value starts.
     pub mark: Mark,
+    /// Where the `redis` key is written.
+    pub key: Mark,
     pub nodes: Option<Spanned<Vec<Spanned<String>>>>,
     pub key_prefix: Option<Spanned<String>>,
 }
@@ -135,7 +138,10 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
     let Some(mut top) = Fields::of(root, "", report) else {
         return RawConfig::default();
     };
-    let redis = top.take("redis").and_then(|node| read_redis(node, report));
+    let redis_key = top.key_mark("redis");
+    let redis = top
+        .take("redis")
+        .and_then(|node| read_redis(node, redis_key.unwrap_or(node.mark), report));
     let etcd_key = top.key_mark("etcd");
     let etcd = top
         .take("etcd")
@@ -182,7 +188,7 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
     }
 }
 
-fn read_redis(node: &Node, report: &mut Report) -> Option<RawRedis> {
+fn read_redis(node: &Node, key: Mark, report: &mut Report) -> Option<RawRedis> {
     let mut fields = Fields::of(node, "redis", report)?;
     let nodes = fields
         .take("nodes")
@@ -191,6 +197,7 @@ fn read_redis(node: &Node, report: &mut Report) -> Option<RawRedis> {
     fields.finish(report);
     Some(RawRedis {
         mark: node.mark,
+        key,
         nodes,
         key_prefix,
     })

@@ -16,7 +16,7 @@ use redis::IntoConnectionInfo as _;
 
 use super::raw::{RawConfig, RawEmbedded, RawHistory, RawLock, RawRedis, RawWorker, Spanned};
 use super::yaml::Mark;
-use super::{Config, EmbeddedConfig, RedisConfig, Report, WorkerConfig};
+use super::{Config, EmbeddedConfig, RedisConfig, Report, StoreConfig, WorkerConfig};
 use crate::history::HistorySettings;
 use crate::lock::{default_stop_grace, drift, renewal_slack, LockSettings};
 use crate::store::redis::node::redact;
@@ -24,12 +24,13 @@ use crate::store::redis::node::redact;
 pub(super) const TOP: Mark = Mark { line: 1, column: 1 };
 
 /// Builds the configuration; whatever is wrong goes to `report` (the result is meaningless then).
+/// `variables_under` a top-level section gives the `${VAR}` names written under it.
 pub(crate) fn config(
     raw: RawConfig,
     path: &Path,
     report: &mut Report,
     now: DateTime<Utc>,
-    store_env_vars: BTreeSet<String>,
+    variables_under: &dyn Fn(&str) -> BTreeSet<String>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Config {
     // The store's section names the key prefix: `redis.key_prefix` or `etcd.key_prefix`.
@@ -39,45 +40,26 @@ pub(crate) fn config(
         (None, None) => None,
     };
     let lock = lock(&raw.lock, key_prefix, raw.etcd.is_some(), report);
-    // No store section is legal: the worker warns at start that it uses the embedded store.
-    let redis = raw
-        .redis
-        .as_ref()
-        .and_then(|section| redis(section, report));
-    let etcd = match (&raw.redis, &raw.etcd) {
-        (_, None) => None,
-        (None, Some(section)) => super::etcd::etcd(section, path, report),
-        (Some(_), Some(section)) => {
-            let why = "`etcd:` and `redis:` cannot both be given: workers claim ticks in one store; remove one";
-            report.error(section.mark, "etcd", why);
-            None
-        }
+    one_store_section(&raw, report);
+    // No store section is legal: the worker warns at start that it uses the embedded store. A section
+    // that names no store is reported; the embedded store stands in for it in this (invalid) config.
+    let store = match (&raw.redis, &raw.etcd) {
+        (Some(section), _) => redis(section, report).map(StoreConfig::Redis),
+        (None, Some(section)) => super::etcd::etcd(section, path, report).map(StoreConfig::Etcd),
+        (None, None) => None,
     };
-    let embedded = match (raw.redis.is_some() || raw.etcd.is_some(), &raw.embedded) {
-        (false, section) => Some(embedded(
-            section.as_ref(),
-            path,
-            &lock.key_prefix,
-            env,
-            report,
-        )),
-        (true, Some(section)) => {
-            let other = if raw.redis.is_some() { "redis" } else { "etcd" };
-            let why = format!("`embedded:` and `{other}:` cannot both be given: workers claim ticks in one store (the {other} cluster, or a database file of this host); remove one");
-            report.error(section.mark, "embedded", why);
-            None
-        }
-        (true, None) => None,
-    };
+    let store = store.unwrap_or_else(|| {
+        let section = raw.embedded.as_ref();
+        StoreConfig::Embedded(embedded(section, path, &lock.key_prefix, env, report))
+    });
+    let store_env_vars = store.env_vars(variables_under);
     let worker = worker(&raw.worker, report);
     let history = history(&raw.history, report);
     let alerts = super::jobs::alerts(&raw.alerts, "alerts", report);
     let jobs = super::jobs::jobs(raw.jobs, &lock, &alerts, &store_env_vars, report, now);
     Config {
         path: path.to_path_buf(),
-        redis,
-        etcd,
-        embedded,
+        store,
         lock,
         worker,
         history,
@@ -85,6 +67,31 @@ pub(crate) fn config(
         jobs,
         store_env_vars,
         warnings: Vec::new(),
+    }
+}
+
+/// Reports every store section after the first given (in the order `redis`, `etcd`, `embedded`, which
+/// picks the store), at its key, naming the section it conflicts with and where that is: workers claim
+/// ticks in one store.
+fn one_store_section(raw: &RawConfig, report: &mut Report) {
+    let given: Vec<(&str, Mark)> = [
+        raw.redis.as_ref().map(|section| ("redis", section.key)),
+        raw.etcd.as_ref().map(|section| ("etcd", section.mark)),
+        raw.embedded
+            .as_ref()
+            .map(|section| ("embedded", section.mark)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if let Some(((first, at), others)) = given.split_first() {
+        for (other, mark) in others {
+            let why = format!(
+                "`{other}:` and `{first}:` cannot both be given: workers claim ticks in one store, and `{first}:` (line {}) names it; remove one",
+                at.line
+            );
+            report.error(*mark, other, why);
+        }
     }
 }
 

@@ -3,9 +3,11 @@
 //! A store ([`crate::store::Store`]) answers one question for the worker: *may I run `(job, tick)`, and with which fencing
 //! token?* Expected answers are values ([`ClaimOutcome`]), failures of the store itself are errors.
 //!
-//! The stores of [`crate::store`] implement these answers: the Redlock protocol across N independent Redis
-//! nodes (its safety argument is in `docs/protocol.md` and beside each script), and the embedded store
-//! for a single host. Both write the names of [`keys`]. [`order`] says when each worker starts claiming a
+//! The stores of [`crate::store`] implement these answers ([`crate::store::Claims`],
+//! [`crate::store::Leases`]), whichever section of the config names them: the Redlock protocol across N
+//! independent Redis nodes (`redis:`; its safety argument is in `docs/protocol.md` and beside each
+//! script), one transaction per claim in an etcd cluster (`etcd:`), and the embedded store for a single
+//! host (`embedded:`, or no store section). All write the names of [`keys`]. [`order`] says when each worker starts claiming a
 //! `(job, tick)`, so that contention is rare; no guarantee depends on it.
 
 pub mod keys;
@@ -142,8 +144,8 @@ impl ClaimRequest {
 /// Never above [`keys::MAX_TOKEN`].
 pub type FencingToken = u64;
 
-/// How far a claim's tick may be ahead of the store's clock (a Redis node's, the embedded store's host's):
-/// further, the store refuses it ([`Refusal::TickAhead`]).
+/// How far a claim's tick may be ahead of the store's clock (a Redis node's, the embedded store's host's;
+/// etcd has no clock and does not check it): further, the store refuses it ([`Refusal::TickAhead`]).
 ///
 /// A worker claims a tick once its cluster time has reached it, and a trigger request's tick is the
 /// cluster time it was asked at, so an honest tick is ahead of a node's clock by no more than the offset

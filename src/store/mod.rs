@@ -1,8 +1,11 @@
 //! The store: the one seam between redcron and what it keeps its state in.
 //!
 //! The worker and the CLI talk to a [`Store`] — claims and leases ([`crate::lock`]), run history
-//! ([`crate::history`]) and membership ([`crate::membership`]) — obtained from [`Store::open`], and never ask
-//! which backend they hold. Each backend is one module:
+//! ([`crate::history`]), membership ([`crate::membership`]), pauses and trigger requests — obtained from
+//! [`Store::open`], and never ask which backend they hold. What a store must do is the contract of
+//! [`capability`]: one trait per capability ([`Claims`], [`Leases`], [`Records`], [`Pauses`],
+//! [`Triggers`], [`Health`]), each method with its guarantee, and none with a default. Each backend is one
+//! module that implements them all:
 //! - [`redis`]: the Redlock protocol on N independent Redis nodes; every write goes to all nodes, every
 //!   answer needs a majority.
 //! - [`etcd`]: an etcd cluster; every claim is one transaction, totally ordered by etcd's Raft log, and
@@ -10,13 +13,25 @@
 //! - [`embedded`]: the embedded single-host store, one SQLite file being one node and one majority;
 //!   the worker processes of one host may share it.
 //!
-//! Adding a backend means adding its module, a variant here, and its section of the config.
+//! Adding a backend touches, and the compiler points at each once the first is written:
+//! - its module here (`src/store/<name>/`), implementing every trait of [`capability`] — a missing
+//!   method is a compile error;
+//! - a variant of [`Store`] and its arm in `each_store!` (the one `match`, which requires the variant to
+//!   be a [`Backend`]);
+//! - a variant of [`crate::config::StoreConfig`], whose methods (section name, the variables kept from
+//!   jobs, `check`'s line, node count) are `match`es that then fail to compile, and its arm in
+//!   [`Store::open`]; its section's parsing (`config/raw.rs`) and checks (`config/validate.rs`, with the
+//!   one-section rule's list there);
+//! - its docs (README's store sections), and its run of the store tests.
 
+pub mod capability;
 pub mod embedded;
 pub mod etcd;
 pub mod redis;
 
-use crate::config::Config;
+pub use capability::{Backend, Claims, Health, Leases, Pauses, Records, Triggers};
+
+use crate::config::{Config, StoreConfig};
 use crate::history::{Entry, HistorySettings, Query};
 use crate::lock::{
     ClaimOutcome, ClaimRequest, InForce, Lease, LockSettings, Pause, PauseOutcome, PauseRead,
@@ -75,7 +90,9 @@ impl Read<Vec<Entry>> {
 
 /// The store the worker races through and the CLI reads from.
 ///
-/// An enum rather than a trait object: a closed set of backends, and `async fn` stays plain.
+/// An enum rather than a trait object: a closed set of backends, and `async fn` stays plain. Every method
+/// is the capability of the same name ([`capability`]), dispatched by `each_store!` — the one `match` over
+/// the variants, which also checks at compile time that each variant's type implements every capability.
 pub enum Store {
     Redis(redis::RedisStore),
     /// Boxed: the client's state is large next to the other variants.
@@ -83,88 +100,73 @@ pub enum Store {
     Embedded(embedded::EmbeddedStore),
 }
 
+/// Runs `$body` with `$store` bound to the backend inside `$self` (a `&Store`): the one `match` over the
+/// variants. Each arm hands its backend through [`capability::backend`], so a variant whose type misses a
+/// capability does not compile, and a new variant makes this match (and only this one) non-exhaustive.
+macro_rules! each_store {
+    ($self:expr, $store:ident => $body:expr) => {
+        match $self {
+            Store::Redis($store) => {
+                let $store = capability::backend($store);
+                $body
+            }
+            Store::Etcd($store) => {
+                let $store = capability::backend(&**$store);
+                $body
+            }
+            Store::Embedded($store) => {
+                let $store = capability::backend($store);
+                $body
+            }
+        }
+    };
+}
+
 impl Store {
-    /// The store `config` names: its `redis:` nodes, its `etcd:` cluster, or else the embedded store.
+    /// The store `config` names ([`crate::config::StoreConfig`]).
     ///
     /// Must be called inside a Tokio runtime. Fails on settings that cannot name a store, and on an
     /// embedded store's database that cannot be opened, or an etcd TLS file that cannot be read (the
     /// error names its path).
     pub fn open(config: &Config) -> Result<Store, StoreError> {
-        let history = config.history.clone();
-        if let Some(etcd) = &config.etcd {
-            let store = etcd::EtcdStore::new(etcd, config.lock.clone(), history)?;
-            return Ok(Store::Etcd(Box::new(store)));
-        }
-        Ok(match &config.redis {
-            Some(redis) => Store::Redis(
-                redis::RedisStore::new(&redis.nodes, config.lock.clone())?.with_history(history),
-            ),
-            None => {
-                // Validation always sets `embedded` without `redis`; the fallback is its default.
-                let path = config.embedded.as_ref().map_or_else(
-                    || {
-                        config
-                            .path
-                            .with_file_name(format!("{}.db", config.lock.key_prefix))
-                    },
-                    |embedded| embedded.path.clone(),
-                );
-                Store::Embedded(embedded::EmbeddedStore::open(
-                    &path,
-                    config.lock.clone(),
-                    history,
-                )?)
+        let (lock, history) = (config.lock.clone(), config.history.clone());
+        Ok(match &config.store {
+            StoreConfig::Redis(redis) => {
+                Store::Redis(redis::RedisStore::new(&redis.nodes, lock)?.with_history(history))
             }
+            StoreConfig::Etcd(etcd) => {
+                Store::Etcd(Box::new(etcd::EtcdStore::new(etcd, lock, history)?))
+            }
+            StoreConfig::Embedded(embedded) => Store::Embedded(embedded::EmbeddedStore::open(
+                &embedded.path,
+                lock,
+                history,
+            )?),
         })
     }
 
-    /// Whether other processes share this store: workers on other hosts may race for the same ticks.
+    /// See [`Health::is_shared`].
     pub fn is_shared(&self) -> bool {
-        matches!(self, Store::Redis(_) | Store::Etcd(_))
+        each_store!(self, store => store.is_shared())
     }
 
-    /// What the store is, for logs: the nodes' addresses (without passwords), `etcd:<endpoints>`, or
-    /// `embedded:<path>`.
+    /// See [`Health::describe`].
     pub fn describe(&self) -> String {
-        match self {
-            Store::Redis(store) => store.node_labels().join(","),
-            Store::Etcd(store) => format!("etcd:{}", store.endpoints().join(",")),
-            Store::Embedded(store) => format!("embedded:{}", store.path().display()),
-        }
+        each_store!(self, store => store.describe())
     }
 
-    /// Claims each `(job, tick)` in `requests`, answering in the same order.
-    ///
-    /// All claims go to each node as one pipelined round trip per protocol round, so a tick at which
-    /// 10,000 jobs are due costs the same number of round trips as a tick with one.
+    /// See [`Claims::claim_many`].
     pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
-        match self {
-            Store::Redis(store) => store.claim_many(requests).await,
-            Store::Etcd(store) => store.claim_many(requests).await,
-            Store::Embedded(store) => store.claim_many(requests).await,
-        }
+        each_store!(self, store => store.claim_many(requests).await)
     }
 
-    /// Claims each request like [`Store::claim_many`] (the same pipelining), but hands each outcome to
-    /// `decided`, with the request's index, as soon as it is known, instead of when the whole batch is:
-    /// one claim's retries never hold back another's start. Every request gets exactly one outcome.
+    /// See [`Claims::claim_each`].
     pub async fn claim_each(
         &self,
         requests: &[ClaimRequest],
-        mut decided: impl FnMut(usize, ClaimOutcome),
+        decided: impl FnMut(usize, ClaimOutcome),
     ) {
-        match self {
-            Store::Redis(store) => store.claim_each(requests, decided).await,
-            Store::Etcd(store) => store.claim_each(requests, decided).await,
-            Store::Embedded(store) => {
-                // One transaction decides the whole batch at once: nothing to hand out earlier.
-                let outcomes = store.claim_many(requests).await;
-                outcomes
-                    .into_iter()
-                    .enumerate()
-                    .for_each(|(index, outcome)| decided(index, outcome));
-            }
-        }
+        each_store!(self, store => store.claim_each(requests, decided).await)
     }
 
     /// Claims one `(job, tick)`.
@@ -175,173 +177,99 @@ impl Store {
             .unwrap_or(ClaimOutcome::AlreadyClaimed { by: None })
     }
 
-    /// Extends the lease by a full TTL if a quorum still holds it and its deadline has not passed.
-    ///
-    /// On failure the lease is marked lost and every later call fails with [`RenewError::AlreadyLost`].
+    /// See [`Leases::renew`].
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
-        match self {
-            Store::Redis(store) => store.renew(lease).await,
-            Store::Etcd(store) => store.renew(lease).await,
-            Store::Embedded(store) => store.renew(lease).await,
-        }
+        each_store!(self, store => store.renew(lease).await)
     }
 
-    /// Resolves once the store tells, unasked, that `lease` is no longer held — on etcd, a watch of its
-    /// lease key (etcd can revoke a lease early: see `EtcdStore::lease_gone`); never on Redis and the
-    /// embedded store, whose leases end only as their renewals say. The watchdog stops the job then.
+    /// See [`Leases::lease_gone`].
     pub fn lease_gone<'a>(
         &'a self,
         lease: &Lease,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
-        match self {
-            Store::Etcd(store) => Box::pin(store.lease_gone(lease)),
-            Store::Redis(_) | Store::Embedded(_) => Box::pin(std::future::pending()),
-        }
+        each_store!(self, store => Box::pin(store.lease_gone(lease)))
     }
 
-    /// Releases the lease on every node where it is still this lease's value; the tick claim and the
-    /// fencing counter stay. Never deletes another holder's lease.
+    /// See [`Leases::release`].
     pub async fn release(&self, lease: &Lease) {
-        match self {
-            Store::Redis(store) => store.release(lease).await,
-            Store::Etcd(store) => store.release(lease).await,
-            Store::Embedded(store) => store.release(lease).await,
-        }
+        each_store!(self, store => store.release(lease).await)
     }
 
-    /// One `TIME` to every node, for the worker's clock offset; `None` for the embedded store, whose
-    /// only clock is this host's, and for etcd, which has no clock to read (workers keep their own).
+    /// See [`Health::read_clocks`].
     pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
-        match self {
-            Store::Redis(store) => Some(store.read_clocks().await),
-            Store::Etcd(_) | Store::Embedded(_) => None,
-        }
+        each_store!(self, store => store.read_clocks().await)
     }
 
-    /// Writes history entries to every node (one pipeline per node), each kept within the job's bound.
-    /// Fails when fewer than a majority took them: they may then be lost with that minority.
+    /// See [`Health::readiness`].
+    pub async fn readiness(&self) -> Result<Option<crate::clock::cluster::Readings>, String> {
+        each_store!(self, store => store.readiness().await)
+    }
+
+    /// See [`Records::record`].
     pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
-        match self {
-            Store::Redis(store) => store.record(entries).await,
-            Store::Etcd(store) => store.record(entries).await,
-            Store::Embedded(store) => store.record(entries).await,
-        }
+        each_store!(self, store => store.record(entries).await)
     }
 
-    /// The entries of `query`, read from a majority and merged ([`crate::history::merge`]).
+    /// See [`Records::history`].
     pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
-        match self {
-            Store::Redis(store) => store.history(query).await,
-            Store::Etcd(store) => store.history(query).await,
-            Store::Embedded(store) => store.history(query).await,
-        }
+        each_store!(self, store => store.history(query).await)
     }
 
-    /// Announces `member` (stamped with the store's clock), alive for [`Member::ttl`].
+    /// See [`Records::announce`].
     pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
-        match self {
-            Store::Redis(store) => store.announce(member).await,
-            Store::Etcd(store) => store.announce(member).await,
-            Store::Embedded(store) => store.announce(member).await,
-        }
+        each_store!(self, store => store.announce(member).await)
     }
 
-    /// Every worker announced within [`crate::membership::KEEP_DEAD`], alive or not, read from a majority.
+    /// See [`Records::members`].
     pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
-        match self {
-            Store::Redis(store) => store.members().await,
-            Store::Etcd(store) => store.members().await,
-            Store::Embedded(store) => store.members().await,
-        }
+        each_store!(self, store => store.members().await)
     }
 
-    /// Pauses `job` on every node (until `pause.until`, when each node drops it by itself, or until
-    /// [`Store::resume`]). Fails when fewer than a majority answered: the job may then still run. Once it
-    /// succeeded with [`PauseOutcome::Paused`], no claim of the job is granted whose confirmation had not
-    /// reached a node of that majority before the pause did (`docs/protocol.md`, *Pause*); runs under way
-    /// go on. Atomically on each node, a pause in force that outlasts this one stays unchanged
-    /// ([`PauseOutcome::LongerKept`]) unless `in_force` is [`InForce::Replace`], and a pause that ended
-    /// before it was written is not written ([`PauseOutcome::AlreadyOver`]) — see [`Pause::decide`].
+    /// See [`Pauses::pause`].
     pub async fn pause(
         &self,
         job: &str,
         pause: &Pause,
         in_force: InForce,
     ) -> Result<PauseOutcome, QuorumFailure> {
-        match self {
-            Store::Redis(store) => store.pause(job, pause, in_force).await,
-            Store::Etcd(store) => store.pause(job, pause, in_force).await,
-            Store::Embedded(store) => store.pause(job, pause, in_force).await,
-        }
+        each_store!(self, store => store.pause(job, pause, in_force).await)
     }
 
-    /// Deletes `job`'s pause on every node; `Ok(true)` if a node held one. Fails when fewer than a
-    /// majority took the deletion: the job may then stay paused.
+    /// See [`Pauses::resume`].
     pub async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
-        match self {
-            Store::Redis(store) => store.resume(job).await,
-            Store::Etcd(store) => store.resume(job).await,
-            Store::Embedded(store) => store.resume(job).await,
-        }
+        each_store!(self, store => store.resume(job).await)
     }
 
-    /// The pause of each of `jobs` (in order), read from a majority: the one found on the most nodes, and
-    /// on how many.
+    /// See [`Pauses::pauses`].
     pub async fn pauses(
         &self,
         jobs: &[String],
     ) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
-        match self {
-            Store::Redis(store) => store.pauses(jobs).await,
-            Store::Etcd(store) => store.pauses(jobs).await,
-            Store::Embedded(store) => store.pauses(jobs).await,
-        }
+        each_store!(self, store => store.pauses(jobs).await)
     }
 
-    /// Writes a trigger request to every node (`redcron trigger`). Fails when fewer than a majority took
-    /// it: it may then still run (once), if a worker reads it from a node that has it.
+    /// See [`Triggers::request_trigger`].
     pub async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
-        match self {
-            Store::Redis(store) => store.request_trigger(request).await,
-            Store::Etcd(store) => store.request_trigger(request).await,
-            Store::Embedded(store) => store.request_trigger(request).await,
-        }
+        each_store!(self, store => store.request_trigger(request).await)
     }
 
-    /// Every trigger request the nodes keep (those not past their window plus
-    /// [`crate::trigger::KEEP_AFTER_WINDOW`]), read from a majority and merged, oldest first.
+    /// See [`Triggers::triggers`].
     pub async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
-        match self {
-            Store::Redis(store) => store.triggers().await,
-            Store::Etcd(store) => store.triggers().await,
-            Store::Embedded(store) => store.triggers().await,
-        }
+        each_store!(self, store => store.triggers().await)
     }
 
-    /// Deletes a handled trigger request on every node, in the background (what is missed expires).
+    /// See [`Triggers::forget_trigger`].
     pub fn forget_trigger(&self, id: &str) {
-        match self {
-            Store::Redis(store) => store.forget_trigger(id),
-            Store::Etcd(store) => store.forget_trigger(id),
-            Store::Embedded(store) => store.forget_trigger(id),
-        }
+        each_store!(self, store => store.forget_trigger(id))
     }
 
-    /// The lock settings this store was built with.
+    /// See [`Health::settings`].
     pub fn settings(&self) -> &LockSettings {
-        match self {
-            Store::Redis(store) => store.settings(),
-            Store::Etcd(store) => store.settings(),
-            Store::Embedded(store) => store.settings(),
-        }
+        each_store!(self, store => store.settings())
     }
 
-    /// The history settings this store was built with.
+    /// See [`Health::history_settings`].
     pub fn history_settings(&self) -> &HistorySettings {
-        match self {
-            Store::Redis(store) => store.history_settings(),
-            Store::Etcd(store) => store.history_settings(),
-            Store::Embedded(store) => store.history_settings(),
-        }
+        each_store!(self, store => store.history_settings())
     }
 }

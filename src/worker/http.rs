@@ -6,10 +6,13 @@
 //! after a shutdown request, `/metrics` still shows them end and `/readyz` says the worker is shutting
 //! down. What is ready is decided by [`verdict`], which is pure, so its rules are tested without nodes:
 //! - `/healthz`: 200 while the process runs (its runtime answers).
-//! - `/readyz`: 200 when a majority of the store's nodes answers `TIME` now (one read, as the clock
-//!   check makes; the embedded store is always there), this host's offset to their clocks is within
-//!   `worker.max_clock_offset`, and no shutdown was requested — the config is loaded, as the worker
-//!   runs. Otherwise 503, with the reason in one line.
+//! - `/readyz`: 200 when the store answers now as a claim needs it to — by its own rule
+//!   ([`crate::store::Health::readiness`]): on Redis a majority of the nodes answers `TIME` (one read, as
+//!   the clock check makes) and this host's offset to their clocks is within `worker.max_clock_offset`;
+//!   on etcd a linearizable read answers (only a majority of members can serve it); the embedded store's
+//!   file gives its write lock — and no shutdown was requested (the config is loaded, as the worker
+//!   runs). Otherwise 503, with the reason in one line. The store's answer is awaited at most
+//!   [`READY_TIMEOUT`].
 //! - `/metrics`: [`crate::metrics::Metrics::encode`].
 //!
 //! The listener shares the process's descriptors with the jobs' children, and anyone who reaches the port
@@ -47,7 +50,8 @@ use crate::clock::cluster::{estimate, Estimate, Readings, TooFewSamples};
 use crate::config::{show_duration, WorkerConfig};
 use crate::metrics::Metrics;
 
-/// The longest a `/readyz` waits for the nodes (each is bounded by `lock.node_timeout` already).
+/// The longest a `/readyz` waits for the store (each node or request is bounded by `lock.node_timeout`
+/// already; the embedded store waits for another process's write lock up to 2 s).
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long requests under way may take to finish once the worker has stopped.
 const STOP_GRACE: Duration = Duration::from_secs(1);
@@ -261,40 +265,39 @@ async fn healthz() -> &'static str {
 
 async fn readyz(State(probe): State<Arc<Probe>>) -> (StatusCode, String) {
     let context = &probe.context;
-    let readings = if context.shutdown.is_requested() {
-        None
+    let answer = if context.shutdown.is_requested() {
+        Ok(None)
     } else {
-        match tokio::time::timeout(READY_TIMEOUT, context.store.read_clocks()).await {
-            Ok(readings) => readings.map(Ok),
-            Err(_) => Some(Err(())),
-        }
+        tokio::time::timeout(READY_TIMEOUT, context.store.readiness())
+            .await
+            .unwrap_or_else(|_| {
+                let waited = show_duration(READY_TIMEOUT);
+                Err(format!("the store did not answer within {waited}"))
+            })
     };
     let shutting_down = context.shutdown.is_requested();
-    match verdict(shutting_down, readings, probe.max_clock_offset) {
+    match verdict(shutting_down, answer, probe.max_clock_offset) {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
     }
 }
 
-/// Whether the worker is ready, or why not (one line): `readings` of the nodes' clocks (`None`: the
-/// embedded store, or a shutdown; `Err`: no answer within [`READY_TIMEOUT`]).
+/// Whether the worker is ready, or why not (one line), from the store's answer to its readiness check
+/// ([`crate::store::Health::readiness`]): the nodes' clocks where it has them (a majority must have
+/// answered, within `max_clock_offset` of this host), `None` when it answered without clocks, or why it
+/// did not answer.
 fn verdict(
     shutting_down: bool,
-    readings: Option<Result<Readings, ()>>,
+    answer: Result<Option<Readings>, String>,
     max_clock_offset: Duration,
 ) -> Result<(), String> {
     if shutting_down {
         return Err("shutting down: no new ticks are taken".to_string());
     }
-    let readings = match readings {
-        None => return Ok(()),
-        Some(Ok(readings)) => readings,
-        Some(Err(())) => {
-            let waited = show_duration(READY_TIMEOUT);
-            return Err(format!(
-                "the store's nodes did not answer TIME within {waited}"
-            ));
-        }
+    let readings = match answer {
+        Ok(None) => return Ok(()),
+        Ok(Some(readings)) => readings,
+        Err(why) => return Err(why.replace(['\r', '\n'], " ")),
     };
     let Estimate { offset_us, .. } = estimate(&readings.samples, readings.configured)
         .map_err(|too_few| no_majority(too_few, &readings))?;
@@ -328,7 +331,7 @@ mod tests {
     use crate::clock::cluster::{wall_now_us, Sample};
 
     /// Readings in which the nodes `answering` (of 3) are `offset_ms` ahead of this host.
-    fn readings(answering: &[usize], offset_ms: i64) -> Option<Result<Readings, ()>> {
+    fn readings(answering: &[usize], offset_ms: i64) -> Result<Option<Readings>, String> {
         let samples = answering
             .iter()
             .map(|&node| Sample {
@@ -347,7 +350,7 @@ mod tests {
                 )
             })
             .collect();
-        Some(Ok(Readings {
+        Ok(Some(Readings {
             configured: 3,
             samples,
             failures,
@@ -359,7 +362,11 @@ mod tests {
         let max = Duration::from_millis(500);
         assert_eq!(verdict(false, readings(&[0, 1, 2], 0), max), Ok(()));
         assert_eq!(verdict(false, readings(&[0, 2], 100), max), Ok(()));
-        assert_eq!(verdict(false, None, max), Ok(()), "the embedded store");
+        assert_eq!(
+            verdict(false, Ok(None), max),
+            Ok(()),
+            "etcd, the embedded store"
+        );
     }
 
     #[test]
@@ -380,7 +387,12 @@ mod tests {
             far.ends_with("above worker.max_clock_offset (500ms)"),
             "{far}"
         );
-        let silent = verdict(false, Some(Err(())), max).expect_err("no answer");
+        let silent = verdict(
+            false,
+            Err("the store did not answer\nwithin 2s".to_string()),
+            max,
+        )
+        .expect_err("no answer");
         assert!(silent.contains("did not answer"), "{silent}");
         let stopping = verdict(true, readings(&[0, 1, 2], 0), max).expect_err("shutting down");
         assert!(stopping.starts_with("shutting down"), "{stopping}");

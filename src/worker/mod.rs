@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use crate::clock::cluster::ClusterClock;
-use crate::config::{Config, JobConfig};
+use crate::config::{Config, JobConfig, StoreConfig};
 use crate::control::{Control, Intent};
 use crate::history::{Entry, Kind};
 use crate::lock::{Holder, Overlap, Series};
@@ -108,13 +108,13 @@ pub(crate) struct Context {
 /// Runs the worker until `control` asks it to drain and every running job has ended and released its
 /// lease; reloads the config file when `control` asks.
 ///
-/// Redis nodes that are down at start or later do not stop the worker: it logs them and races again at the
-/// next tick.
+/// A store's nodes (Redis nodes, etcd members) that are down at start or later do not stop the worker: it
+/// logs them and races again at the next tick.
 pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError> {
     let shutdown = control.shutdown().clone();
     let mut config = config;
     let store = Store::open(&config)?;
-    if let Some(embedded) = &config.embedded {
+    if let StoreConfig::Embedded(embedded) = &config.store {
         warn!(
             event = "worker.embedded_store",
             path = %embedded.path.display(),

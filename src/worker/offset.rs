@@ -31,8 +31,9 @@ const REPORT_CHANGE_US: i64 = 50_000;
 const REPORT_EVERY: Duration = Duration::from_secs(3600);
 
 /// Measures the offset once (within about a second, also when the nodes are down), then checks it every
-/// `worker.clock_check_every` in a task of its own until shutdown. `None` for the embedded store, whose
-/// only clock is this host's: nothing to measure.
+/// `worker.clock_check_every` in a task of its own until shutdown. `None` for a store without clocks
+/// ([`crate::store::Health::read_clocks`]: etcd; the embedded store, whose only clock is this host's):
+/// nothing to measure.
 pub(super) async fn start(context: Arc<Context>, worker: &WorkerConfig) -> Option<JoinHandle<()>> {
     let mut task = ClockTask {
         reporter: Reporter::new(worker.max_clock_offset),

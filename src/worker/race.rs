@@ -245,7 +245,7 @@ fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
     match outcome {
         ClaimOutcome::NoQuorum(failure) => {
             warn!(event = "tick.retrying", job = %job, tick = %tick, reason = "no_quorum", error = %failure,
-                  retry_in_ms, "No majority of Redis nodes answered; racing again")
+                  retry_in_ms, "No majority of the store's nodes answered; racing again")
         }
         ClaimOutcome::Contended { holder, .. } => {
             info!(event = "tick.retrying", job = %job, tick = %tick, reason = "contended",
@@ -283,7 +283,7 @@ fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
     match outcome {
         ClaimOutcome::NoQuorum(failure) => {
             warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "no_quorum", error = %failure,
-                   "Skipped: no majority of Redis nodes answered within the grace")
+                   "Skipped: no majority of the store's nodes answered within the grace")
         }
         ClaimOutcome::Contended { holder, .. } => {
             warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "contended",

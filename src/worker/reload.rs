@@ -30,9 +30,7 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
     for warning in &new.warnings {
         warn!(event = "config.warning", "{warning}");
     }
-    if new.redis != running.redis
-        || new.etcd != running.etcd
-        || new.embedded != running.embedded
+    if new.store != running.store
         || new.lock != running.lock
         || new.history != running.history
         || new.worker != running.worker

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use std::collections::BTreeSet;
 
-use redcron::config::{parse_with_env, Command, Config, ConfigError, InheritEnv, Problem};
+use redcron::config::{
+    parse_with_env, Command, Config, ConfigError, InheritEnv, Problem, StoreConfig,
+};
 use redcron::lock::Overlap;
 
 /// The environment the tests see: only these variables are set.
@@ -78,7 +80,10 @@ jobs:
     schedule: "*/10 * * * * *"
     command: echo "$HOME costs $$5"
 "#);
-    let nodes = &config.redis.as_ref().expect("redis").nodes;
+    let StoreConfig::Redis(redis) = &config.store else {
+        panic!("expected a Redis store, got {:?}", config.store)
+    };
+    let nodes = &redis.nodes;
     assert_eq!(nodes[1], "redis://:s3cret@10.0.0.2:6379");
     assert_eq!(nodes.len(), 3);
     let lock = &config.lock;
@@ -141,7 +146,7 @@ jobs:
 #[test]
 fn defaults() {
     let config = ok(JOB);
-    assert!(config.redis.is_none());
+    assert!(matches!(config.store, StoreConfig::Embedded(_)));
     assert_eq!(config.lock, redcron::lock::LockSettings::default());
     assert_eq!(config.worker.shutdown_grace, Duration::from_secs(30));
     assert_eq!(config.worker.max_clock_offset, Duration::from_millis(500));
@@ -674,8 +679,10 @@ fn embedded_path_and_its_default() {
     let at = |text: &str, file: &str, env: &dyn Fn(&str) -> Option<String>| {
         let config = parse_with_env(text, Path::new(file), env)
             .unwrap_or_else(|e| panic!("expected a valid config, got:\n{e}"));
-        assert!(config.redis.is_none());
-        config.embedded.expect("the embedded store's settings").path
+        match config.store {
+            StoreConfig::Embedded(embedded) => embedded.path,
+            other => panic!("expected the embedded store, got {other:?}"),
+        }
     };
     let cwd = std::env::current_dir().expect("a working directory");
     let none = |_: &str| None;
@@ -699,9 +706,10 @@ fn embedded_path_and_its_default() {
         at(&absolute, "/srv/jobs.yaml", &none),
         Path::new("/data/cron.db")
     );
-    assert!(ok(&format!("redis: {{nodes: [redis://a:1]}}\n{JOB}"))
-        .embedded
-        .is_none());
+    assert!(matches!(
+        ok(&format!("redis: {{nodes: [redis://a:1]}}\n{JOB}")).store,
+        StoreConfig::Redis(_)
+    ));
 }
 
 /// `embedded:` with `redis:` is an error at the `embedded` key, and so is a path that names no file.
@@ -727,6 +735,29 @@ fn embedded_with_redis_or_without_a_file_name_is_rejected() {
     }
 }
 
+/// Two store sections are one error, at the second, that names both and the line of the first; three
+/// are two errors.
+#[test]
+fn a_second_store_section_names_the_first_and_its_line() {
+    let got = only_problem(&format!(
+        "etcd:\n  endpoints: [http://b:2379]\nembedded:\n  path: cron.db\n{JOB}"
+    ));
+    assert!(
+        got.starts_with("jobs.yaml:3:1: embedded: `embedded:` and `etcd:` cannot both be given: workers claim ticks in one store, and `etcd:` (line 1) names it"),
+        "{got}"
+    );
+    let all = "redis:\n  nodes: [redis://a:1]\netcd:\n  endpoints: [http://b:2379]\nembedded: {path: x.db}\n";
+    let problems = problems(&format!("{all}{JOB}"));
+    let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(fields, ["etcd", "embedded"]);
+    assert!(
+        problems
+            .iter()
+            .all(|p| p.message.contains("`redis:` (line 1)")),
+        "{problems:?}"
+    );
+}
+
 /// `etcd:` as etcd's clients write it: endpoints, user and password (`${VAR}` kept from jobs), TLS files
 /// relative to the config file; the node timeout defaults to 500 ms, and the key prefix may hold `/`.
 #[test]
@@ -736,7 +767,9 @@ fn etcd_section_reads_back() {
          username: cron\n  password: \"${{REDIS_PASSWORD}}\"\n  trusted_ca_file: tls/ca.pem\n  \
          cert_file: /etc/etcd/client.pem\n  key_file: /etc/etcd/client-key.pem\n{JOB}"
     ));
-    let etcd = config.etcd.as_ref().expect("an etcd section");
+    let StoreConfig::Etcd(etcd) = &config.store else {
+        panic!("expected an etcd store, got {:?}", config.store)
+    };
     assert_eq!(
         etcd.endpoints,
         ["https://10.0.0.1:2379", "https://etcd-2:2379"]
@@ -745,7 +778,6 @@ fn etcd_section_reads_back() {
     let ca = etcd.trusted_ca_file.as_ref().expect("a CA file");
     assert!(ca.is_absolute() && ca.ends_with("tls/ca.pem"), "{ca:?}");
     assert!(etcd.client_identity.is_some());
-    assert!(config.redis.is_none() && config.embedded.is_none());
     assert_eq!(config.lock.key_prefix, "/redcron/prod");
     assert_eq!(config.lock.node_timeout, Duration::from_millis(500));
     assert_eq!(

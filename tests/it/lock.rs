@@ -13,6 +13,7 @@ use std::time::Duration;
 use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap, RenewError};
 use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
+use redcron::store::Leases as _;
 use redcron::store::Store;
 
 use crate::support::{claim_won, store_on, won, Backend, Persistence, RedisCluster};

@@ -1,6 +1,7 @@
 //! The worker's HTTP listener (`worker.listen`), read as Prometheus and Kubernetes read it: `/metrics`
 //! parsed by a Prometheus text-format parser and its counters held against the ledger the jobs write,
-//! `/healthz`, and `/readyz` following a majority of the store's nodes. Real nodes, real worker processes.
+//! `/healthz`, and `/readyz` following each store's readiness rule (a majority of the Redis nodes or of the
+//! etcd members, the embedded store's write lock). Real nodes, real worker processes.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use prometheus_parse::{Scrape, Value};
 
-use crate::support::{free_port, RedisCluster, TestDir, Worker};
+use crate::support::{etcd_config, free_port, EtcdCluster, RedisCluster, TestDir, Worker};
 use crate::worker::config;
 
 /// Two workers scraped every 100 ms while they run two jobs (one succeeds, one fails) at 8 consecutive
@@ -223,6 +224,70 @@ fn readyz_follows_a_majority_of_the_nodes() {
     assert!(ready.is_some(), "/readyz does not turn 200 again");
     assert_eq!(nodes_up(port, timeout, 3.0), 3.0);
     drop(worker);
+}
+
+/// On etcd, `/readyz` is 200 while the cluster serves a linearizable read, 503 with a one-line reason
+/// while the leader and one more of three members are hung (SIGSTOP), and 200 again once they go on.
+#[test]
+fn readyz_follows_a_majority_of_the_etcd_members() {
+    let mut cluster = EtcdCluster::start();
+    let dir = TestDir::new();
+    let jobs = "  - name: tick\n    schedule: \"* * * * * *\"\n    command: 'true'\n";
+    let (worker, port) = listening_worker(&dir, "w", |port| {
+        let section = format!("  listen: 127.0.0.1:{port}\n");
+        etcd_config(&cluster.endpoints_yaml(), &section, jobs)
+    });
+    assert_eq!(readyz_turns(port, 200), "ready\n");
+    let leader = cluster.leader();
+    let stopped = [leader, (leader + 1) % cluster.len()];
+    stopped.iter().for_each(|&i| cluster.stop(i));
+    let reason = readyz_turns(port, 503);
+    stopped.iter().for_each(|&i| cluster.cont(i));
+    one_line_starting(&reason, "no majority of the etcd members answers");
+    assert_eq!(get(port, "/healthz").map(|r| r.0).ok(), Some(200));
+    readyz_turns(port, 200);
+    drop(worker);
+}
+
+/// On the embedded store, `/readyz` is 200 while its database gives its write lock, 503 with a one-line
+/// reason while another process holds it (an open `BEGIN IMMEDIATE`), and 200 again once that ends.
+#[test]
+fn readyz_follows_the_embedded_store_s_write_lock() {
+    let dir = TestDir::new();
+    let database = dir.path().join("cron.db");
+    let jobs = "jobs:\n  - name: tick\n    schedule: \"* * * * * *\"\n    command: 'true'\n";
+    let (worker, port) = listening_worker(&dir, "w", |port| {
+        let path = database.display();
+        format!("embedded:\n  path: {path}\nworker:\n  listen: 127.0.0.1:{port}\n{jobs}")
+    });
+    assert_eq!(readyz_turns(port, 200), "ready\n");
+    let mut holder = rusqlite::Connection::open(&database).expect("the database opens");
+    let lock = holder
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .expect("the write lock is taken");
+    let reason = readyz_turns(port, 503);
+    drop(lock);
+    one_line_starting(&reason, "the database does not answer");
+    readyz_turns(port, 200);
+    drop(worker);
+}
+
+/// The body of `/readyz` once it answers `status` (tried for up to 30 s).
+fn readyz_turns(port: u16, status: u16) -> String {
+    let answer = wait_for(Duration::from_secs(30), || {
+        get(port, "/readyz").ok().filter(|r| r.0 == status)
+    });
+    answer
+        .unwrap_or_else(|| panic!("/readyz does not turn {status}"))
+        .2
+}
+
+/// Asserts that `reason` is one line, starting with `store_s_own` (the store's readiness rule failed) or
+/// saying that the store did not answer within the listener's wait.
+fn one_line_starting(reason: &str, store_s_own: &str) {
+    let known = reason.starts_with(store_s_own) || reason.starts_with("the store did not answer");
+    assert!(known, "{reason}");
+    assert_eq!(reason.lines().count(), 1, "{reason:?}");
 }
 
 /// After SIGTERM, while a running job drains, `/readyz` says the worker is shutting down and `/healthz`

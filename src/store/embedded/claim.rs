@@ -21,11 +21,76 @@ use crate::lock::{
     validity, ClaimOutcome, ClaimRequest, Lease, Refusal, RenewError, MAX_TICK_AHEAD,
 };
 use crate::schedule::Tick;
+use crate::store::{Claims, Leases};
 
-impl EmbeddedStore {
+impl Leases for EmbeddedStore {
+    /// Extends the lease by a full TTL if this attempt still holds it and it has not expired; see
+    /// [`crate::store::Store::renew`].
+    async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
+        lease.start_renewal()?;
+        let key = lease_key(&self.shared.settings.key_prefix, lease);
+        let value = lease.value.clone();
+        let renewed = self
+            .write(move |shared, transaction| {
+                let now = BootInstant::now();
+                let expires = nanos(now + shared.settings.ttl);
+                let changed = transaction.execute(
+                    "UPDATE leases SET expires_ns = ?1
+                     WHERE key = ?2 AND value = ?3 AND boot_id = ?4 AND expires_ns > ?5",
+                    params![expires, key, value, shared.boot_id, nanos(now)],
+                )?;
+                Ok((changed == 1).then_some(now))
+            })
+            .await;
+        match renewed {
+            // As on Redis: a renewal confirmed after the deadline proves nothing about the time between.
+            Ok(Some(_)) if BootInstant::now() >= lease.deadline() => {
+                lease.mark_lost();
+                Err(RenewError::Expired)
+            }
+            Ok(Some(now)) => {
+                let ttl = self.shared.settings.ttl;
+                let drift = validity::drift(ttl, self.shared.settings.drift_factor);
+                lease.extend_to(now + ttl.saturating_sub(drift));
+                Ok(())
+            }
+            Ok(None) => {
+                lease.mark_lost();
+                let failure = self.shared.failure("lease not held".to_string());
+                Err(RenewError::NotHeld(failure))
+            }
+            Err(failure) => Err(RenewError::Unconfirmed(failure)),
+        }
+    }
+
+    /// Deletes the lease if it is still this lease's value (compare-and-delete); the claim record and the
+    /// fence counter stay. A failure is not reported: the lease then expires after its TTL.
+    async fn release(&self, lease: &Lease) {
+        let key = lease_key(&self.shared.settings.key_prefix, lease);
+        let value = lease.value.clone();
+        let _ = self
+            .write(move |_, transaction| {
+                transaction.execute(
+                    "DELETE FROM leases WHERE key = ?1 AND value = ?2",
+                    params![key, value],
+                )
+            })
+            .await;
+    }
+
+    /// Never: a lease of the embedded store ends only as its renewals say.
+    fn lease_gone<'a>(
+        &'a self,
+        _lease: &Lease,
+    ) -> impl std::future::Future<Output = ()> + Send + use<'a> {
+        std::future::pending()
+    }
+}
+
+impl Claims for EmbeddedStore {
     /// Claims every request in one transaction; see [`crate::store::Store::claim_many`]. A failed
     /// transaction (the database busy or unwritable) answers `NoQuorum` for each, to be retried.
-    pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
+    async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         if requests.is_empty() {
             return Vec::new();
         }
@@ -48,58 +113,18 @@ impl EmbeddedStore {
         }
     }
 
-    /// Extends the lease by a full TTL if this attempt still holds it and it has not expired; see
-    /// [`crate::store::Store::renew`].
-    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
-        lease.start_renewal()?;
-        let key = lease_key(&self.settings().key_prefix, lease);
-        let value = lease.value.clone();
-        let renewed = self
-            .write(move |shared, transaction| {
-                let now = BootInstant::now();
-                let expires = nanos(now + shared.settings.ttl);
-                let changed = transaction.execute(
-                    "UPDATE leases SET expires_ns = ?1
-                     WHERE key = ?2 AND value = ?3 AND boot_id = ?4 AND expires_ns > ?5",
-                    params![expires, key, value, shared.boot_id, nanos(now)],
-                )?;
-                Ok((changed == 1).then_some(now))
-            })
-            .await;
-        match renewed {
-            // As on Redis: a renewal confirmed after the deadline proves nothing about the time between.
-            Ok(Some(_)) if BootInstant::now() >= lease.deadline() => {
-                lease.mark_lost();
-                Err(RenewError::Expired)
-            }
-            Ok(Some(now)) => {
-                let ttl = self.settings().ttl;
-                let drift = validity::drift(ttl, self.settings().drift_factor);
-                lease.extend_to(now + ttl.saturating_sub(drift));
-                Ok(())
-            }
-            Ok(None) => {
-                lease.mark_lost();
-                let failure = self.shared.failure("lease not held".to_string());
-                Err(RenewError::NotHeld(failure))
-            }
-            Err(failure) => Err(RenewError::Unconfirmed(failure)),
-        }
-    }
-
-    /// Deletes the lease if it is still this lease's value (compare-and-delete); the claim record and the
-    /// fence counter stay. A failure is not reported: the lease then expires after its TTL.
-    pub async fn release(&self, lease: &Lease) {
-        let key = lease_key(&self.settings().key_prefix, lease);
-        let value = lease.value.clone();
-        let _ = self
-            .write(move |_, transaction| {
-                transaction.execute(
-                    "DELETE FROM leases WHERE key = ?1 AND value = ?2",
-                    params![key, value],
-                )
-            })
-            .await;
+    /// Hands each outcome of [`Claims::claim_many`] to `decided`: one transaction decides the whole batch
+    /// at once, so there is nothing to hand out earlier.
+    async fn claim_each(
+        &self,
+        requests: &[ClaimRequest],
+        mut decided: impl FnMut(usize, ClaimOutcome),
+    ) {
+        let outcomes = self.claim_many(requests).await;
+        outcomes
+            .into_iter()
+            .enumerate()
+            .for_each(|(index, outcome)| decided(index, outcome));
     }
 }
 

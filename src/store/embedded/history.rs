@@ -17,12 +17,13 @@ use crate::clock::boot::BootInstant;
 use crate::history::{Entry, Query};
 use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
+use crate::store::Records;
 use crate::store::{skip_note, Read};
 
-impl EmbeddedStore {
+impl Records for EmbeddedStore {
     /// Keeps `entries` and the newest `keep_ticks` ticks of each of their jobs; see
     /// [`crate::store::Store::record`].
-    pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
+    async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -62,7 +63,7 @@ impl EmbeddedStore {
 
     /// The entries of `query`, newest first; see [`crate::store::Store::history`]. An entry that does not
     /// parse is skipped, and named in [`Read::skipped`].
-    pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+    async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
         let query = query.clone();
         self.blocking(move |shared, connection| {
             let since = query.since.map_or(i64::MIN, |t| t.as_millis());
@@ -97,7 +98,7 @@ impl EmbeddedStore {
 
     /// Keeps `member`'s announcement, stamped now, alive for [`Member::ttl`] (a `stopped` one: not
     /// alive), and drops members dead for longer than [`KEEP_DEAD`]; see [`crate::store::Store::announce`].
-    pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
+    async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
         let member = member.clone();
         self.write(move |shared, transaction| {
             let ttl = member.ttl();
@@ -130,7 +131,7 @@ impl EmbeddedStore {
     ///
     /// Alive is decided on the boot clock, so a live member is listed whatever the reader's wall clock
     /// says (`redcron trigger` compares its clock with the live workers' heartbeats).
-    pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
+    async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
         self.blocking(|shared, connection| {
             let now = BootInstant::now();
             let kept_since = Utc::now()

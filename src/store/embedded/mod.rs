@@ -1,5 +1,5 @@
 //! The embedded store: claims, leases, fencing tokens, run history and membership in one SQLite database
-//! file, for the workers of a single host (a config without `redis:`).
+//! file, for the workers of a single host (a config with `embedded:`, or without any store section).
 //!
 //! Why SQLite: its transactions are ACID across processes on one host (through the file's locks), so
 //! several workers on a host may share one database as they would share Redis nodes; all state is one
@@ -37,9 +37,10 @@ use std::time::Duration;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::clock::boot::{self, BootInstant};
+use crate::clock::cluster::Readings;
 use crate::history::HistorySettings;
 use crate::lock::{LockSettings, QuorumFailure};
-use crate::store::StoreError;
+use crate::store::{Health, StoreError};
 
 /// How long a transaction waits for another process's write lock before it fails (and the claim is
 /// retried like one that found no quorum). Far above a healthy transaction (one fsync), below a lease.
@@ -151,18 +152,8 @@ impl EmbeddedStore {
     }
 
     /// The database file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.shared.path
-    }
-
-    /// The lock settings this store was built with.
-    pub fn settings(&self) -> &LockSettings {
-        &self.shared.settings
-    }
-
-    /// The history settings this store was built with.
-    pub fn history_settings(&self) -> &HistorySettings {
-        &self.shared.history
     }
 
     /// Runs `work` in one `BEGIN IMMEDIATE` transaction on a blocking thread and commits it; a failure
@@ -202,6 +193,47 @@ impl EmbeddedStore {
         joined
             .unwrap_or_else(|e| Err(format!("the database call failed: {e}")))
             .map_err(|why| self.shared.failure(why))
+    }
+}
+
+impl Health for EmbeddedStore {
+    /// `embedded:<path>`.
+    fn describe(&self) -> String {
+        format!("embedded:{}", self.path().display())
+    }
+
+    /// Not shared beyond this host: only its worker processes open the file.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    fn settings(&self) -> &LockSettings {
+        &self.shared.settings
+    }
+
+    fn history_settings(&self) -> &HistorySettings {
+        &self.shared.history
+    }
+
+    /// None: the only clock is this host's.
+    async fn read_clocks(&self) -> Option<Readings> {
+        None
+    }
+
+    /// The database's write lock taken (`BEGIN IMMEDIATE`, as a claim takes it) and let go, waiting for
+    /// another process's at most `BUSY_TIMEOUT`: the file answers, and a claim could be decided now.
+    async fn readiness(&self) -> Result<Option<Readings>, String> {
+        self.write(|_, _| Ok(()))
+            .await
+            .map(|()| None)
+            .map_err(|failure| {
+                let why: Vec<String> = failure
+                    .failures
+                    .iter()
+                    .map(|(path, why)| format!("{path}: {why}"))
+                    .collect();
+                format!("the database does not answer: {}", why.join("; "))
+            })
     }
 }
 

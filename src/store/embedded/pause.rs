@@ -7,13 +7,14 @@ use rusqlite::{params, OptionalExtension as _, Transaction};
 
 use super::{now_ms, EmbeddedStore, Shared};
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
+use crate::store::Pauses;
 use crate::store::Read;
 
-impl EmbeddedStore {
+impl Pauses for EmbeddedStore {
     /// Pauses `job` until `pause.until` (or until resumed), unless a pause in force outlasts it (with
     /// [`InForce::KeepLonger`]) or it has ended: decided and written in one transaction; see
     /// [`crate::store::Store::pause`].
-    pub async fn pause(
+    async fn pause(
         &self,
         job: &str,
         pause: &Pause,
@@ -36,7 +37,7 @@ impl EmbeddedStore {
     }
 
     /// Resumes `job`; whether it was paused; see [`crate::store::Store::resume`].
-    pub async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
+    async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
         let job = job.to_string();
         self.write(move |shared, transaction| {
             let was = shared.pause_of(transaction, &job)?.is_some();
@@ -47,10 +48,7 @@ impl EmbeddedStore {
     }
 
     /// The pause of each of `jobs`, in order; see [`crate::store::Store::pauses`].
-    pub async fn pauses(
-        &self,
-        jobs: &[String],
-    ) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
+    async fn pauses(&self, jobs: &[String]) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
         let jobs = jobs.to_vec();
         self.blocking(move |shared, connection| {
             // A read: a deferred transaction, which never waits for a writer.
@@ -103,6 +101,7 @@ mod tests {
         ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause, PauseOutcome,
     };
     use crate::schedule::Tick;
+    use crate::store::{Claims, Pauses};
 
     fn open(dir: &TempDir) -> EmbeddedStore {
         let path = dir.path().join("redcron.db");

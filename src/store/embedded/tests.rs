@@ -15,7 +15,7 @@ use crate::lock::{
 };
 use crate::membership::Member;
 use crate::schedule::Tick;
-use crate::store::StoreError;
+use crate::store::{Claims, Leases, Records, StoreError};
 
 fn open(dir: &TempDir, ttl_ms: u64) -> EmbeddedStore {
     let settings = LockSettings {

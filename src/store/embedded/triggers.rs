@@ -6,12 +6,13 @@ use rusqlite::types::ValueRef;
 
 use super::{now_ms, EmbeddedStore};
 use crate::lock::QuorumFailure;
+use crate::store::Triggers;
 use crate::store::{skip_note, Read};
 use crate::trigger::{self, TriggerRequest};
 
-impl EmbeddedStore {
+impl Triggers for EmbeddedStore {
     /// Keeps `request` until its expiry; see [`crate::store::Store::request_trigger`].
-    pub async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
+    async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
         let request = request.clone();
         self.write(move |_, transaction| {
             transaction
@@ -33,7 +34,7 @@ impl EmbeddedStore {
     }
 
     /// Every request not past its expiry, oldest first; see [`crate::store::Store::triggers`].
-    pub async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
+    async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
         self.blocking(|shared, connection| {
             let mut select = connection
                 .prepare_cached("SELECT id, request FROM triggers WHERE expires_ms > ?1")?;
@@ -69,7 +70,7 @@ impl EmbeddedStore {
     }
 
     /// Deletes the request, in the background; see [`crate::store::Store::forget_trigger`].
-    pub fn forget_trigger(&self, id: &str) {
+    fn forget_trigger(&self, id: &str) {
         let (store, id) = (self.clone_handle(), id.to_string());
         tokio::spawn(async move {
             let _ = store

@@ -34,6 +34,7 @@ use super::EtcdStore;
 use crate::clock::boot::BootInstant;
 use crate::lock::keys::{attempt_value, Holder};
 use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease};
+use crate::store::Claims;
 
 /// What the compare-and-swap did.
 enum Written {
@@ -51,26 +52,6 @@ struct Granted {
 }
 
 impl EtcdStore {
-    /// Claims every request, each on its own (etcd orders them); see [`crate::store::Store::claim_many`].
-    pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
-        join_all(requests.iter().map(|request| self.claim(request))).await
-    }
-
-    /// Claims every request like [`EtcdStore::claim_many`], handing each outcome to `decided` (with the
-    /// request's index) as soon as its own transaction is decided; see [`crate::store::Store::claim_each`].
-    pub async fn claim_each(
-        &self,
-        requests: &[ClaimRequest],
-        mut decided: impl FnMut(usize, ClaimOutcome),
-    ) {
-        let mut claims: FuturesUnordered<_> = (requests.iter().enumerate())
-            .map(|(index, request)| async move { (index, self.claim(request).await) })
-            .collect();
-        while let Some((index, outcome)) = claims.next().await {
-            decided(index, outcome);
-        }
-    }
-
     /// Claims one request: read, decide, grant, compare-and-swap; retried on a change between read and
     /// write up to `retries` more times.
     async fn claim(&self, request: &ClaimRequest) -> ClaimOutcome {
@@ -266,5 +247,27 @@ impl EtcdStore {
             return Ok(Written::Applied(revision));
         }
         Snapshot::from_responses(keys, answer.op_responses().as_slice()).map(Written::Changed)
+    }
+}
+
+impl Claims for EtcdStore {
+    /// Claims every request, each on its own (etcd orders them); see [`crate::store::Store::claim_many`].
+    async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
+        join_all(requests.iter().map(|request| self.claim(request))).await
+    }
+
+    /// Claims every request like [`EtcdStore::claim_many`], handing each outcome to `decided` (with the
+    /// request's index) as soon as its own transaction is decided; see [`crate::store::Store::claim_each`].
+    async fn claim_each(
+        &self,
+        requests: &[ClaimRequest],
+        mut decided: impl FnMut(usize, ClaimOutcome),
+    ) {
+        let mut claims: FuturesUnordered<_> = (requests.iter().enumerate())
+            .map(|(index, request)| async move { (index, self.claim(request).await) })
+            .collect();
+        while let Some((index, outcome)) = claims.next().await {
+            decided(index, outcome);
+        }
     }
 }

@@ -20,6 +20,7 @@ use super::{sortable, EtcdStore};
 use crate::history::{Entry, Query};
 use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
+use crate::store::Records;
 use crate::store::{skip_note, Read};
 
 /// The longest a history or membership request may take: nothing waits on it but the background writer
@@ -30,28 +31,6 @@ pub(super) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(super) const MAX_TXN_OPS: usize = 128;
 
 impl EtcdStore {
-    /// Writes `entries` and keeps the newest `keep_ticks` ticks of each of their jobs; see
-    /// [`crate::store::Store::record`].
-    pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
-        for chunk in entries.chunks(MAX_TXN_OPS) {
-            let puts: Vec<TxnOp> = chunk
-                .iter()
-                .map(|entry| TxnOp::put(self.entry_key(entry), entry.to_json(), None))
-                .collect();
-            let txn = Txn::new().and_then(puts);
-            self.txn(EXCHANGE_TIMEOUT, txn)
-                .await
-                .map_err(|why| self.failure(why))?;
-        }
-        let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
-        jobs.sort_unstable();
-        jobs.dedup();
-        for job in jobs {
-            self.trim(job).await.map_err(|why| self.failure(why))?;
-        }
-        Ok(())
-    }
-
     /// Deletes the job's entries of every tick older than its newest `keep_ticks`.
     async fn trim(&self, job: &str) -> Result<(), String> {
         let base = self.history_base(job);
@@ -79,85 +58,6 @@ impl EtcdStore {
             .map(|_| ())
     }
 
-    /// The entries of `query`, newest first; see [`crate::store::Store::history`]. An entry that does not
-    /// parse is skipped, and named in [`Read::skipped`].
-    pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
-        let base = self.history_base(&query.job);
-        let from = format!(
-            "{base}{}",
-            sortable(query.since.map_or(i64::MIN, |t| t.as_millis()))
-        );
-        let to = format!(
-            "{base}{}0",
-            sortable(query.until.map_or(i64::MAX, |t| t.as_millis()))
-        );
-        let range = GetOptions::new()
-            .with_range(to)
-            .with_sort(SortTarget::Key, SortOrder::Descend);
-        let answer = self
-            .get(EXCHANGE_TIMEOUT, from, range)
-            .await
-            .map_err(|why| self.failure(why))?;
-        let (mut entries, mut skipped) = (Vec::new(), Vec::new());
-        let mut last_tick = None;
-        // Whole ticks up to the limit, so that the merge's order picks the entries of the last tick.
-        for kv in answer.kvs() {
-            let tick = kv.key().get(base.len()..base.len() + 20);
-            if entries.len() >= query.limit && last_tick != tick {
-                break;
-            }
-            last_tick = tick;
-            match kv
-                .value_str()
-                .map_err(|e| e.to_string())
-                .and_then(|json| Entry::from_json(json).map_err(|e| e.to_string()))
-            {
-                Ok(entry) => entries.push(entry),
-                Err(why) => skipped.push(format!("etcd: history entry skipped: {why}")),
-            }
-        }
-        Ok(Read::newest(entries, query.limit, skipped))
-    }
-
-    /// Keeps `member`'s announcement, stamped now, alive for [`Member::ttl`] (a `stopped` one: not
-    /// alive), and drops members not heard from for [`KEEP_DEAD`]; see [`crate::store::Store::announce`].
-    pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
-        let seen_ms = Utc::now().timestamp_millis();
-        let json = serde_json::to_string(member).unwrap_or_default();
-        let record = self.member_key("members", &member.id);
-        let alive_key = self.member_key("members-alive", &member.id);
-        let mut ops = vec![TxnOp::put(record, format!("{seen_ms} {json}"), None)];
-        let known = self.lock_members().get(&member.id).copied();
-        if member.ttl().is_zero() {
-            ops.push(TxnOp::delete(alive_key, None));
-            if let Some(id) = self.lock_members().remove(&member.id) {
-                self.revoke_later(id);
-            }
-        } else if !self.renew_member(known).await {
-            let ttl = Self::lease_seconds(member.ttl());
-            let id = self
-                .call(EXCHANGE_TIMEOUT, |mut c| async move {
-                    c.lease_grant(ttl, None).await
-                })
-                .await
-                .map_err(|why| self.failure(why))?
-                .id();
-            self.lock_members().insert(member.id.clone(), id);
-            ops.push(TxnOp::put(
-                alive_key,
-                "",
-                Some(PutOptions::new().with_lease(id)),
-            ));
-        }
-        let txn = Txn::new().and_then(ops);
-        self.txn(EXCHANGE_TIMEOUT, txn)
-            .await
-            .map_err(|why| self.failure(why))?;
-        self.drop_dead(seen_ms)
-            .await
-            .map_err(|why| self.failure(why))
-    }
-
     /// Whether etcd lease `id` (a member's) was still alive and is renewed now.
     async fn renew_member(&self, id: Option<i64>) -> bool {
         match id {
@@ -182,30 +82,6 @@ impl EtcdStore {
         }
         let txn = Txn::new().and_then(dead);
         self.txn(EXCHANGE_TIMEOUT, txn).await.map(|_| ())
-    }
-
-    /// Every member announced within [`KEEP_DEAD`], alive or not, sorted by id; see
-    /// [`crate::store::Store::members`].
-    pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
-        let (records, alive) = self.read_members().await.map_err(|why| self.failure(why))?;
-        let (mut members, mut skipped) = (Vec::new(), Vec::new());
-        let prefix = self.member_key("members", "");
-        for (key, seen_ms, json) in records {
-            let id = key.strip_prefix(prefix.as_str()).unwrap_or(&key);
-            match Member::read(id, &json) {
-                Ok(mut member) => {
-                    member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen_ms);
-                    member.alive = alive.contains(&member.id);
-                    members.push(member);
-                }
-                Err(why) => skipped.push(skip_note("etcd", "member", &key, &why)),
-            }
-        }
-        Ok(Read {
-            value: membership::merge([members]),
-            missing: Vec::new(),
-            skipped,
-        })
     }
 
     /// The member records (`(key, seen ms, JSON)`) and the ids whose heartbeat key etcd still keeps.
@@ -265,5 +141,132 @@ impl EtcdStore {
         self.members
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Records for EtcdStore {
+    /// Writes `entries` and keeps the newest `keep_ticks` ticks of each of their jobs; see
+    /// [`crate::store::Store::record`].
+    async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
+        for chunk in entries.chunks(MAX_TXN_OPS) {
+            let puts: Vec<TxnOp> = chunk
+                .iter()
+                .map(|entry| TxnOp::put(self.entry_key(entry), entry.to_json(), None))
+                .collect();
+            let txn = Txn::new().and_then(puts);
+            self.txn(EXCHANGE_TIMEOUT, txn)
+                .await
+                .map_err(|why| self.failure(why))?;
+        }
+        let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        for job in jobs {
+            self.trim(job).await.map_err(|why| self.failure(why))?;
+        }
+        Ok(())
+    }
+
+    /// The entries of `query`, newest first; see [`crate::store::Store::history`]. An entry that does not
+    /// parse is skipped, and named in [`Read::skipped`].
+    async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+        let base = self.history_base(&query.job);
+        let from = format!(
+            "{base}{}",
+            sortable(query.since.map_or(i64::MIN, |t| t.as_millis()))
+        );
+        let to = format!(
+            "{base}{}0",
+            sortable(query.until.map_or(i64::MAX, |t| t.as_millis()))
+        );
+        let range = GetOptions::new()
+            .with_range(to)
+            .with_sort(SortTarget::Key, SortOrder::Descend);
+        let answer = self
+            .get(EXCHANGE_TIMEOUT, from, range)
+            .await
+            .map_err(|why| self.failure(why))?;
+        let (mut entries, mut skipped) = (Vec::new(), Vec::new());
+        let mut last_tick = None;
+        // Whole ticks up to the limit, so that the merge's order picks the entries of the last tick.
+        for kv in answer.kvs() {
+            let tick = kv.key().get(base.len()..base.len() + 20);
+            if entries.len() >= query.limit && last_tick != tick {
+                break;
+            }
+            last_tick = tick;
+            match kv
+                .value_str()
+                .map_err(|e| e.to_string())
+                .and_then(|json| Entry::from_json(json).map_err(|e| e.to_string()))
+            {
+                Ok(entry) => entries.push(entry),
+                Err(why) => skipped.push(format!("etcd: history entry skipped: {why}")),
+            }
+        }
+        Ok(Read::newest(entries, query.limit, skipped))
+    }
+
+    /// Keeps `member`'s announcement, stamped now, alive for [`Member::ttl`] (a `stopped` one: not
+    /// alive), and drops members not heard from for [`KEEP_DEAD`]; see [`crate::store::Store::announce`].
+    async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
+        let seen_ms = Utc::now().timestamp_millis();
+        let json = serde_json::to_string(member).unwrap_or_default();
+        let record = self.member_key("members", &member.id);
+        let alive_key = self.member_key("members-alive", &member.id);
+        let mut ops = vec![TxnOp::put(record, format!("{seen_ms} {json}"), None)];
+        let known = self.lock_members().get(&member.id).copied();
+        if member.ttl().is_zero() {
+            ops.push(TxnOp::delete(alive_key, None));
+            if let Some(id) = self.lock_members().remove(&member.id) {
+                self.revoke_later(id);
+            }
+        } else if !self.renew_member(known).await {
+            let ttl = Self::lease_seconds(member.ttl());
+            let id = self
+                .call(EXCHANGE_TIMEOUT, |mut c| async move {
+                    c.lease_grant(ttl, None).await
+                })
+                .await
+                .map_err(|why| self.failure(why))?
+                .id();
+            self.lock_members().insert(member.id.clone(), id);
+            ops.push(TxnOp::put(
+                alive_key,
+                "",
+                Some(PutOptions::new().with_lease(id)),
+            ));
+        }
+        let txn = Txn::new().and_then(ops);
+        self.txn(EXCHANGE_TIMEOUT, txn)
+            .await
+            .map_err(|why| self.failure(why))?;
+        self.drop_dead(seen_ms)
+            .await
+            .map_err(|why| self.failure(why))
+    }
+
+    /// Every member announced within [`KEEP_DEAD`], alive or not, sorted by id; see
+    /// [`crate::store::Store::members`].
+    async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
+        let (records, alive) = self.read_members().await.map_err(|why| self.failure(why))?;
+        let (mut members, mut skipped) = (Vec::new(), Vec::new());
+        let prefix = self.member_key("members", "");
+        for (key, seen_ms, json) in records {
+            let id = key.strip_prefix(prefix.as_str()).unwrap_or(&key);
+            match Member::read(id, &json) {
+                Ok(mut member) => {
+                    member.seen_at = DateTime::<Utc>::from_timestamp_millis(seen_ms);
+                    member.alive = alive.contains(&member.id);
+                    members.push(member);
+                }
+                Err(why) => skipped.push(skip_note("etcd", "member", &key, &why)),
+            }
+        }
+        Ok(Read {
+            value: membership::merge([members]),
+            missing: Vec::new(),
+            skipped,
+        })
     }
 }

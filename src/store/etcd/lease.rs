@@ -39,45 +39,9 @@ use super::EtcdStore;
 use crate::clock::boot::BootInstant;
 use crate::lock::keys::claim_keys;
 use crate::lock::{validity, Lease, RenewError};
+use crate::store::Leases;
 
 impl EtcdStore {
-    /// Extends the lease by a full TTL if etcd still holds it, before its deadline; see
-    /// [`crate::store::Store::renew`].
-    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
-        let start = lease.start_renewal()?;
-        let Some(id) = self.etcd_lease(&lease.value) else {
-            lease.mark_lost();
-            let failure = self.failure("no etcd lease known for this lease".to_string());
-            return Err(RenewError::NotHeld(failure));
-        };
-        // A renewal confirmed after the deadline proves nothing about the time in between.
-        let budget = lease
-            .deadline()
-            .saturating_duration_since(start)
-            .min(self.settings.node_timeout);
-        let key = self.lease_key(lease);
-        let answer = self.keep_alive_on_leader(id, &key, budget).await;
-        let expired = BootInstant::now() >= lease.deadline();
-        match (answer, expired) {
-            (Ok(false), _) => {
-                lease.mark_lost();
-                let why = "lease not held: etcd expired or revoked it".to_string();
-                Err(RenewError::NotHeld(self.failure(why)))
-            }
-            (_, true) => {
-                lease.mark_lost();
-                Err(RenewError::Expired)
-            }
-            (Ok(true), false) => {
-                let ttl = self.settings.ttl;
-                let drift = validity::drift(ttl, self.settings.drift_factor);
-                lease.extend_to(start + ttl.saturating_sub(drift));
-                Ok(())
-            }
-            (Err(why), false) => Err(RenewError::Unconfirmed(self.failure(why))),
-        }
-    }
-
     /// One keep-alive of etcd lease `id`, bound to `key`, believed only if the cluster's leader restarted
     /// its TTL (see the module's doc): a serializable read of `key`, the keep-alive and a linearizable read
     /// of `key`, all on one member, within `limit`. `Ok(true)`: renewed by the leader; `Ok(false)`: the
@@ -131,6 +95,98 @@ impl EtcdStore {
         }
     }
 
+    /// Whether `key` is bound to etcd lease `id` now (a linearizable read); `None` if no member answered.
+    async fn bound_now(&self, key: &str, id: i64) -> Option<bool> {
+        let read = self
+            .cluster
+            .call(self.settings.node_timeout, |mut client| async move {
+                client
+                    .get(key, Some(GetOptions::new().with_keys_only()))
+                    .await
+            })
+            .await
+            .ok()?;
+        Some(read.kvs().first().is_some_and(|kv| kv.lease() == id))
+    }
+
+    /// Whether this process released the lease of `value` and etcd has not applied the revoke yet.
+    pub(super) fn was_released(&self, value: &str) -> bool {
+        lock(&self.released).contains(value)
+    }
+
+    /// The key a granted lease holds: the job's lease key (per tick with `overlap: allow`).
+    fn lease_key(&self, lease: &Lease) -> String {
+        let [key, ..] = claim_keys(
+            &self.settings.key_prefix,
+            &lease.job,
+            lease.tick,
+            lease.overlap,
+            &lease.series,
+        );
+        key
+    }
+
+    /// Remembers the etcd lease of a granted lease, by its value.
+    pub(super) fn remember(&self, value: &str, id: i64) {
+        self.lock_leases().insert(value.to_string(), id);
+    }
+
+    /// The etcd lease of a granted lease.
+    fn etcd_lease(&self, value: &str) -> Option<i64> {
+        self.lock_leases().get(value).copied()
+    }
+
+    /// Forgets a lease that is released or lost; returns its etcd lease.
+    fn forget(&self, value: &str) -> Option<i64> {
+        self.lock_leases().remove(value)
+    }
+
+    fn lock_leases(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, i64>> {
+        // A panic while holding the map leaves it whole (every use is one call on it).
+        self.leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Leases for EtcdStore {
+    /// Extends the lease by a full TTL if etcd still holds it, before its deadline; see
+    /// [`crate::store::Store::renew`].
+    async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
+        let start = lease.start_renewal()?;
+        let Some(id) = self.etcd_lease(&lease.value) else {
+            lease.mark_lost();
+            let failure = self.failure("no etcd lease known for this lease".to_string());
+            return Err(RenewError::NotHeld(failure));
+        };
+        // A renewal confirmed after the deadline proves nothing about the time in between.
+        let budget = lease
+            .deadline()
+            .saturating_duration_since(start)
+            .min(self.settings.node_timeout);
+        let key = self.lease_key(lease);
+        let answer = self.keep_alive_on_leader(id, &key, budget).await;
+        let expired = BootInstant::now() >= lease.deadline();
+        match (answer, expired) {
+            (Ok(false), _) => {
+                lease.mark_lost();
+                let why = "lease not held: etcd expired or revoked it".to_string();
+                Err(RenewError::NotHeld(self.failure(why)))
+            }
+            (_, true) => {
+                lease.mark_lost();
+                Err(RenewError::Expired)
+            }
+            (Ok(true), false) => {
+                let ttl = self.settings.ttl;
+                let drift = validity::drift(ttl, self.settings.drift_factor);
+                lease.extend_to(start + ttl.saturating_sub(drift));
+                Ok(())
+            }
+            (Err(why), false) => Err(RenewError::Unconfirmed(self.failure(why))),
+        }
+    }
+
     /// Resolves once etcd no longer holds `lease`: its lease key deleted (the etcd lease expired or was
     /// revoked) or bound to another etcd lease; at once if this store does not know the lease (released).
     ///
@@ -140,7 +196,7 @@ impl EtcdStore {
     /// TTL may, when it resumes, revoke the leases that its successor kept alive (etcd issue 15247, seen
     /// in the etcd chaos run of seed 9599283955248796073 and by hand: one stall in four) — the job must
     /// then stop at once, before its next write, since the next tick may be granted to another worker.
-    pub fn lease_gone(&self, lease: &Lease) -> impl Future<Output = ()> + Send + '_ {
+    fn lease_gone<'a>(&'a self, lease: &Lease) -> impl Future<Output = ()> + Send + use<'a> {
         let id = self.etcd_lease(&lease.value);
         let key = self.lease_key(lease);
         // The token is the revision of the claim's write: every change of the key since comes after it.
@@ -184,26 +240,12 @@ impl EtcdStore {
         }
     }
 
-    /// Whether `key` is bound to etcd lease `id` now (a linearizable read); `None` if no member answered.
-    async fn bound_now(&self, key: &str, id: i64) -> Option<bool> {
-        let read = self
-            .cluster
-            .call(self.settings.node_timeout, |mut client| async move {
-                client
-                    .get(key, Some(GetOptions::new().with_keys_only()))
-                    .await
-            })
-            .await
-            .ok()?;
-        Some(read.kvs().first().is_some_and(|kv| kv.lease() == id))
-    }
-
     /// Revokes the lease's etcd lease (deleting its lease key), also after the lease was lost (the worker
     /// releases every lease it won); the claim record stays. Returns once etcd answered, or after
     /// `node_timeout`; a revoke fails over from a member that is down or hung to one that serves, and one
     /// that failed even so (an election) is tried again in the background until etcd answers, bounded by
     /// the TTL (after which etcd has expired the lease anyway).
-    pub async fn release(&self, lease: &Lease) {
+    async fn release(&self, lease: &Lease) {
         let Some(id) = self.forget(&lease.value) else {
             return;
         };
@@ -216,45 +258,6 @@ impl EtcdStore {
             lock(&released).remove(&value);
         });
         let _ = tokio::time::timeout(self.settings.node_timeout, revoke).await;
-    }
-
-    /// Whether this process released the lease of `value` and etcd has not applied the revoke yet.
-    pub(super) fn was_released(&self, value: &str) -> bool {
-        lock(&self.released).contains(value)
-    }
-
-    /// The key a granted lease holds: the job's lease key (per tick with `overlap: allow`).
-    fn lease_key(&self, lease: &Lease) -> String {
-        let [key, ..] = claim_keys(
-            &self.settings.key_prefix,
-            &lease.job,
-            lease.tick,
-            lease.overlap,
-            &lease.series,
-        );
-        key
-    }
-
-    /// Remembers the etcd lease of a granted lease, by its value.
-    pub(super) fn remember(&self, value: &str, id: i64) {
-        self.lock_leases().insert(value.to_string(), id);
-    }
-
-    /// The etcd lease of a granted lease.
-    fn etcd_lease(&self, value: &str) -> Option<i64> {
-        self.lock_leases().get(value).copied()
-    }
-
-    /// Forgets a lease that is released or lost; returns its etcd lease.
-    fn forget(&self, value: &str) -> Option<i64> {
-        self.lock_leases().remove(value)
-    }
-
-    fn lock_leases(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, i64>> {
-        // A panic while holding the map leaves it whole (every use is one call on it).
-        self.leases
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

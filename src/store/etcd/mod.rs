@@ -45,7 +45,8 @@ use etcd_client::{
 pub use self::pause_guard::{Guarded, PauseGuard};
 
 use self::cluster::Cluster;
-use super::StoreError;
+use super::{Health, StoreError};
+use crate::clock::cluster::Readings;
 use crate::config::EtcdConfig;
 use crate::history::HistorySettings;
 use crate::lock::quorum::quorum;
@@ -101,21 +102,6 @@ impl EtcdStore {
             members: Mutex::new(HashMap::new()),
             released: Arc::new(Mutex::new(HashSet::new())),
         })
-    }
-
-    /// The endpoints, as configured.
-    pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
-    }
-
-    /// The lock settings this store was built with.
-    pub fn settings(&self) -> &LockSettings {
-        &self.settings
-    }
-
-    /// The history settings this store was built with.
-    pub fn history_settings(&self) -> &HistorySettings {
-        &self.history
     }
 
     /// Runs one request on a member that serves, failing over from one that does not, bounded by
@@ -225,6 +211,41 @@ impl EtcdStore {
             settings.node_timeout,
             settings.ttl,
         ));
+    }
+}
+
+impl Health for EtcdStore {
+    /// `etcd:<endpoints>`, separated by commas.
+    fn describe(&self) -> String {
+        format!("etcd:{}", self.endpoints.join(","))
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn settings(&self) -> &LockSettings {
+        &self.settings
+    }
+
+    fn history_settings(&self) -> &HistorySettings {
+        &self.history
+    }
+
+    /// None: etcd has no clock to read; workers keep their own.
+    async fn read_clocks(&self) -> Option<Readings> {
+        None
+    }
+
+    /// A linearizable read of one key under the prefix, bounded by `node_timeout`: etcd serves it only
+    /// through a leader that a majority of members still follows, as it commits a claim.
+    async fn readiness(&self) -> Result<Option<Readings>, String> {
+        let key = format!("{}:ready", self.settings.key_prefix);
+        let options = GetOptions::new().with_keys_only().with_limit(1);
+        self.get(self.settings.node_timeout, key, options)
+            .await
+            .map(|_| None)
+            .map_err(|why| format!("no majority of the etcd members answers: {why}"))
     }
 }
 

@@ -15,13 +15,14 @@ use super::pause_guard::Change;
 use super::EtcdStore;
 use crate::lock::keys::pause_key;
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
+use crate::store::Pauses;
 use crate::store::Read;
 
-impl EtcdStore {
+impl Pauses for EtcdStore {
     /// Writes the pause, bound to an etcd lease of its duration if it has one, in a transaction that a
     /// stale copy cannot apply and that applies only on the pause it was decided on (`pause_guard.rs`);
     /// see [`crate::store::Store::pause`].
-    pub async fn pause(
+    async fn pause(
         &self,
         job: &str,
         pause: &Pause,
@@ -32,17 +33,14 @@ impl EtcdStore {
 
     /// Deletes the pause, in a transaction that a stale copy cannot apply (`pause_guard.rs`); whether
     /// there was one when it applied; see [`crate::store::Store::resume`].
-    pub async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
+    async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
         self.write_guarded(job, &Change::Resume).await
     }
 
     /// The pause of each of `jobs`, in order, read in read-only transactions; see
     /// [`crate::store::Store::pauses`]. A pause stands on every member: it is in the cluster's committed
     /// state, which each member applies.
-    pub async fn pauses(
-        &self,
-        jobs: &[String],
-    ) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
+    async fn pauses(&self, jobs: &[String]) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
         let mut value = Vec::with_capacity(jobs.len());
         for chunk in jobs.chunks(MAX_TXN_OPS) {
             let gets: Vec<TxnOp> = chunk

@@ -106,7 +106,7 @@ impl EtcdStore {
     }
 
     /// One attempt at pausing `job` under `guard`: applies only if no pause or resume applied since the
-    /// guard was read. [`Self::pause`] retries it until it applies.
+    /// guard was read. [`crate::store::Pauses::pause`] retries it until it applies.
     pub async fn pause_if(
         &self,
         job: &str,

@@ -12,6 +12,7 @@ use etcd_client::{GetOptions, PutOptions};
 use super::history::EXCHANGE_TIMEOUT;
 use super::EtcdStore;
 use crate::lock::QuorumFailure;
+use crate::store::Triggers;
 use crate::store::{skip_note, Read};
 use crate::trigger::{self, TriggerRequest, KEEP_AFTER_WINDOW};
 
@@ -25,10 +26,10 @@ fn requests_prefix(prefix: &str) -> String {
     format!("{prefix}:triggers/")
 }
 
-impl EtcdStore {
+impl Triggers for EtcdStore {
     /// Writes `request`, kept for its window plus [`KEEP_AFTER_WINDOW`] (a duration from the request
     /// itself: no clock is read); see [`crate::store::Store::request_trigger`].
-    pub async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
+    async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
         let window = (request.not_after - request.requested_at)
             .to_std()
             .unwrap_or_default();
@@ -46,7 +47,7 @@ impl EtcdStore {
     }
 
     /// Every request etcd keeps, oldest first; see [`crate::store::Store::triggers`].
-    pub async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
+    async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
         let prefix = requests_prefix(&self.settings.key_prefix);
         let answer = self
             .get(
@@ -77,7 +78,7 @@ impl EtcdStore {
 
     /// Deletes the request in the background (a delete that fails leaves it to expire); see
     /// [`crate::store::Store::forget_trigger`].
-    pub fn forget_trigger(&self, id: &str) {
+    fn forget_trigger(&self, id: &str) {
         let cluster = std::sync::Arc::clone(&self.cluster);
         let key = request_key(&self.settings.key_prefix, id);
         tokio::spawn(async move {

@@ -23,6 +23,7 @@ use crate::history::{self, Entry, Query};
 use crate::lock::quorum::quorum;
 use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
+use crate::store::Records;
 use crate::store::{skip_note, Read};
 
 /// The longest any history or membership exchange with one node may take. Longer than a claim's round:
@@ -128,117 +129,6 @@ fn member_keys(prefix: &str) -> [String; 2] {
 }
 
 impl RedisStore {
-    /// Writes `entries` to every node, one script call per job in one pipeline per node; see
-    /// [`crate::store::Store::record`].
-    pub async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
-        if entries.is_empty() {
-            return Ok(());
-        }
-        let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
-        jobs.sort_unstable();
-        jobs.dedup();
-        let keep = self.history.keep_ticks.to_string();
-        let mut pipeline = redis::pipe();
-        for job in jobs {
-            let mut args: Vec<String> = vec![keep.clone()];
-            for entry in entries.iter().filter(|e| e.job == job) {
-                args.extend([entry.id(), entry.tick.to_string(), entry.to_json()]);
-            }
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let keys = history_keys(&self.settings.key_prefix, job);
-            pipeline.add_command(evalsha(&RECORD, &keys, &args));
-        }
-        let answers = self.ask_all(&pipeline).await;
-        self.written_by_majority(answers)
-    }
-
-    /// The entries of `query`, read from every node that answers and merged; see
-    /// [`crate::store::Store::history`].
-    pub async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
-        let since = query
-            .since
-            .map_or("-inf".to_string(), |t| t.as_millis().to_string());
-        let until = query
-            .until
-            .map_or("+inf".to_string(), |t| t.as_millis().to_string());
-        let limit = query.limit.to_string();
-        let [entries, _, index] = history_keys(&self.settings.key_prefix, &query.job);
-        let keys = [entries, index];
-        let mut pipeline = redis::pipe();
-        pipeline.add_command(evalsha(&HISTORY, &keys, &[&since, &until, &limit]));
-        let answers = self.ask_all(&pipeline).await;
-        let mut skipped = Vec::new();
-        let read = self.read_majority(answers, |node, value| {
-            let mut entries = Vec::new();
-            for item in strings(value)? {
-                let Some(json) = item else { continue };
-                match Entry::from_json(&json) {
-                    Ok(entry) => entries.push(entry),
-                    Err(why) => skipped.push(format!("{node}: history entry skipped: {why}")),
-                }
-            }
-            Ok(entries)
-        })?;
-        let mut merged = history::merge(read.value);
-        merged.truncate(query.limit);
-        skipped.extend(read.skipped);
-        Ok(Read {
-            value: merged,
-            missing: read.missing,
-            skipped,
-        })
-    }
-
-    /// Announces `member` on every node; see [`crate::store::Store::announce`].
-    pub async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
-        let keys = member_keys(&self.settings.key_prefix);
-        let json = serde_json::to_string(member).unwrap_or_default();
-        let (ttl, keep) = (
-            member.ttl().as_millis().to_string(),
-            KEEP_DEAD.as_millis().to_string(),
-        );
-        let mut pipeline = redis::pipe();
-        pipeline.add_command(evalsha(&ANNOUNCE, &keys, &[&member.id, &json, &ttl, &keep]));
-        let answers = self.ask_all(&pipeline).await;
-        self.written_by_majority(answers)
-    }
-
-    /// Every member known to a majority, merged; see [`crate::store::Store::members`].
-    pub async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
-        let keys = member_keys(&self.settings.key_prefix);
-        let mut pipeline = redis::pipe();
-        pipeline.add_command(evalsha(&MEMBERS, &keys, &[]));
-        let answers = self.ask_all(&pipeline).await;
-        let mut skipped = Vec::new();
-        let read = self.read_majority(answers, |node, value| {
-            let items = strings(value)?;
-            let now: i64 = items
-                .first()
-                .and_then(|n| n.as_deref()?.parse().ok())
-                .ok_or("no time in the reply")?;
-            let mut members = Vec::new();
-            for triple in items[1..].chunks(3) {
-                let [id, stored, expiry] = triple else { break };
-                let id = id.as_deref().unwrap_or("(not UTF-8)");
-                let parsed = match (stored, expiry) {
-                    (Some(stored), Some(expiry)) => parse_member(id, stored, expiry, now),
-                    _ => Err("not UTF-8 text".to_string()),
-                };
-                match parsed {
-                    Ok(member) => members.push(member),
-                    Err(why) => skipped.push(skip_note(node, "member", id, &why)),
-                }
-            }
-            Ok(members)
-        })?;
-        skipped.extend(read.skipped);
-        Ok(Read {
-            value: membership::merge(read.value),
-            missing: read.missing,
-            skipped,
-        })
-    }
-
     /// Sends `pipeline` to every node at once and waits for every answer, each bounded by
     /// [`EXCHANGE_TIMEOUT`]: `(node label, its values or why it failed)`.
     pub(super) async fn ask_all(
@@ -319,6 +209,119 @@ impl RedisStore {
             value: values,
             missing,
             skipped: Vec::new(),
+        })
+    }
+}
+
+impl Records for RedisStore {
+    /// Writes `entries` to every node, one script call per job in one pipeline per node; see
+    /// [`crate::store::Store::record`].
+    async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        let keep = self.history.keep_ticks.to_string();
+        let mut pipeline = redis::pipe();
+        for job in jobs {
+            let mut args: Vec<String> = vec![keep.clone()];
+            for entry in entries.iter().filter(|e| e.job == job) {
+                args.extend([entry.id(), entry.tick.to_string(), entry.to_json()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let keys = history_keys(&self.settings.key_prefix, job);
+            pipeline.add_command(evalsha(&RECORD, &keys, &args));
+        }
+        let answers = self.ask_all(&pipeline).await;
+        self.written_by_majority(answers)
+    }
+
+    /// The entries of `query`, read from every node that answers and merged; see
+    /// [`crate::store::Store::history`].
+    async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+        let since = query
+            .since
+            .map_or("-inf".to_string(), |t| t.as_millis().to_string());
+        let until = query
+            .until
+            .map_or("+inf".to_string(), |t| t.as_millis().to_string());
+        let limit = query.limit.to_string();
+        let [entries, _, index] = history_keys(&self.settings.key_prefix, &query.job);
+        let keys = [entries, index];
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(evalsha(&HISTORY, &keys, &[&since, &until, &limit]));
+        let answers = self.ask_all(&pipeline).await;
+        let mut skipped = Vec::new();
+        let read = self.read_majority(answers, |node, value| {
+            let mut entries = Vec::new();
+            for item in strings(value)? {
+                let Some(json) = item else { continue };
+                match Entry::from_json(&json) {
+                    Ok(entry) => entries.push(entry),
+                    Err(why) => skipped.push(format!("{node}: history entry skipped: {why}")),
+                }
+            }
+            Ok(entries)
+        })?;
+        let mut merged = history::merge(read.value);
+        merged.truncate(query.limit);
+        skipped.extend(read.skipped);
+        Ok(Read {
+            value: merged,
+            missing: read.missing,
+            skipped,
+        })
+    }
+
+    /// Announces `member` on every node; see [`crate::store::Store::announce`].
+    async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
+        let keys = member_keys(&self.settings.key_prefix);
+        let json = serde_json::to_string(member).unwrap_or_default();
+        let (ttl, keep) = (
+            member.ttl().as_millis().to_string(),
+            KEEP_DEAD.as_millis().to_string(),
+        );
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(evalsha(&ANNOUNCE, &keys, &[&member.id, &json, &ttl, &keep]));
+        let answers = self.ask_all(&pipeline).await;
+        self.written_by_majority(answers)
+    }
+
+    /// Every member known to a majority, merged; see [`crate::store::Store::members`].
+    async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
+        let keys = member_keys(&self.settings.key_prefix);
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(evalsha(&MEMBERS, &keys, &[]));
+        let answers = self.ask_all(&pipeline).await;
+        let mut skipped = Vec::new();
+        let read = self.read_majority(answers, |node, value| {
+            let items = strings(value)?;
+            let now: i64 = items
+                .first()
+                .and_then(|n| n.as_deref()?.parse().ok())
+                .ok_or("no time in the reply")?;
+            let mut members = Vec::new();
+            for triple in items[1..].chunks(3) {
+                let [id, stored, expiry] = triple else { break };
+                let id = id.as_deref().unwrap_or("(not UTF-8)");
+                let parsed = match (stored, expiry) {
+                    (Some(stored), Some(expiry)) => parse_member(id, stored, expiry, now),
+                    _ => Err("not UTF-8 text".to_string()),
+                };
+                match parsed {
+                    Ok(member) => members.push(member),
+                    Err(why) => skipped.push(skip_note(node, "member", id, &why)),
+                }
+            }
+            Ok(members)
+        })?;
+        skipped.extend(read.skipped);
+        Ok(Read {
+            value: membership::merge(read.value),
+            missing: read.missing,
+            skipped,
         })
     }
 }

@@ -15,15 +15,19 @@
 //! agree — and never waits for a slow or hung node longer than `node_timeout`. The safety argument is in
 //! `docs/protocol.md`.
 //!
-//! Files: this one holds the store's API; `claim.rs` the two rounds of a claim and the reading of a lost
-//! one; `round.rs` how one pipeline goes to every node; `reply.rs` the parsing of the scripts' replies;
-//! `time.rs` the nodes' clocks (`TIME`), for cluster time; `history.rs` run history and membership;
-//! `pause.rs` pauses; `triggers.rs` trigger requests.
+//! Files: this one holds the store's construction and its claims, leases and health (the capabilities of
+//! [`crate::store::capability`]), and the plain lease; `claim.rs` the two rounds of a claim and the
+//! reading of a lost one; `scripts.rs` the Lua scripts, with their safety arguments; `node.rs` one node's
+//! connection and the redaction of its password; `round.rs` how one pipeline goes to every node;
+//! `pace.rs` how long a round waits while the nodes answer slowly; `keeper.rs` the batching of renewals
+//! and releases; `reply.rs` the parsing of the scripts' replies; `time.rs` the nodes' clocks (`TIME`),
+//! for cluster time and readiness; `history.rs` run history and membership; `pause.rs` pauses;
+//! `triggers.rs` trigger requests.
 
 mod claim;
 mod history;
 mod keeper;
-pub mod node;
+pub(crate) mod node;
 mod pace;
 mod pause;
 mod reply;
@@ -32,6 +36,7 @@ pub mod scripts;
 mod time;
 mod triggers;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -41,8 +46,9 @@ use tokio::time::Instant;
 use self::node::Node;
 use self::reply::{parse_integer, parse_set};
 use self::round::evalsha;
-use super::StoreError;
+use super::{Claims, Health, Leases, StoreError};
 use crate::clock::boot::BootInstant;
+use crate::clock::cluster::Readings;
 use crate::history::HistorySettings;
 use crate::lock::keys::{attempt_value, claim_keys, lease_key};
 use crate::lock::quorum::{quorum, Vote};
@@ -123,13 +129,8 @@ impl RedisStore {
     }
 
     /// The nodes' addresses, without passwords.
-    pub fn node_labels(&self) -> Vec<String> {
+    pub(crate) fn node_labels(&self) -> Vec<String> {
         self.nodes.iter().map(|node| node.label.clone()).collect()
-    }
-
-    /// The lock settings this store was built with.
-    pub fn settings(&self) -> &LockSettings {
-        &self.settings
     }
 
     /// The same store with its lease keeper started (its own copy has none).
@@ -147,99 +148,6 @@ impl RedisStore {
     /// The same store with `history` as its history bound.
     pub fn with_history(self, history: HistorySettings) -> RedisStore {
         RedisStore { history, ..self }
-    }
-
-    /// The history settings this store was built with.
-    pub fn history_settings(&self) -> &HistorySettings {
-        &self.history
-    }
-
-    /// Claims every request, retrying split votes and ambiguous rounds up to `retries` more times; see
-    /// [`super::Store::claim_many`].
-    ///
-    /// A split vote (no holder with a majority) is broken in two ways. The contender with the most votes
-    /// (ties to the smallest value, which every contender sees alike) keeps its keys and retries soon, so
-    /// it picks up the nodes the others free; the others undo and retry after the leader's next round
-    /// ([`RedisStore::yield_delay`]) plus random jitter, by which time they usually find the leader
-    /// holding a majority and stop.
-    pub async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
-        let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
-        self.claim_each(requests, |index, outcome| outcomes[index] = Some(outcome))
-            .await;
-        outcomes
-            .into_iter()
-            .map(|outcome| outcome.unwrap_or(ClaimOutcome::AlreadyClaimed { by: None }))
-            .collect()
-    }
-
-    /// Claims every request like [`RedisStore::claim_many`], handing each outcome to `decided` (with the
-    /// request's index) as soon as it is final for this call, so that a claim won in the first attempt is
-    /// acted on while split votes of the same batch are still being retried. Every request gets exactly
-    /// one outcome.
-    pub async fn claim_each(
-        &self,
-        requests: &[ClaimRequest],
-        mut decided: impl FnMut(usize, ClaimOutcome),
-    ) {
-        // Per pending request: when it may go again, how many attempts are left, and a value it kept.
-        let mut pending: Vec<(usize, Instant, u32, Option<String>)> = (0..requests.len())
-            .map(|index| (index, Instant::now(), self.settings.retries, None))
-            .collect();
-        while !pending.is_empty() {
-            let ready_at = pending
-                .iter()
-                .map(|p| p.1)
-                .min()
-                .unwrap_or_else(Instant::now);
-            // Only sleep for a retry: a timer, even an expired one, waits for the next millisecond tick.
-            if ready_at > Instant::now() {
-                tokio::time::sleep_until(ready_at).await;
-            }
-            let now = Instant::now();
-            let (ready, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.1 <= now);
-            pending = waiting;
-            let batch: Vec<Try<'_>> = ready
-                .iter()
-                .map(|(index, _, left, value)| Try {
-                    request: &requests[*index],
-                    value: value.clone(),
-                    may_keep: *left > 0,
-                })
-                .collect();
-            let results = self.attempt(&batch).await;
-            // One retry time per kind for the whole batch, so that its retries travel together again (one
-            // round trip per node) instead of one by one at scattered instants. The random jitter breaks
-            // the symmetry between contenders; it need not differ between the jobs of one contender.
-            let (base, done) = (self.settings.retry_delay, Instant::now());
-            let jitter = base.mul_f64(rand::rng().random::<f64>());
-            let soon = done + base / 4;
-            let later = done + base + jitter;
-            let yielded = done + self.yield_delay(batch.len()) + jitter;
-            for ((index, _, left, _), result) in ready.into_iter().zip(results) {
-                match result {
-                    Attempt::Won(lease) => decided(index, ClaimOutcome::Won(lease)),
-                    Attempt::Lost {
-                        retry: Retry::Soon(value),
-                        ..
-                    } if left > 0 => {
-                        pending.push((index, soon, left - 1, Some(value)));
-                    }
-                    Attempt::Lost {
-                        retry: Retry::Later,
-                        ..
-                    } if left > 0 => {
-                        pending.push((index, later, left - 1, None));
-                    }
-                    Attempt::Lost {
-                        retry: Retry::Yield,
-                        ..
-                    } if left > 0 => {
-                        pending.push((index, yielded, left - 1, None));
-                    }
-                    Attempt::Lost { outcome, .. } => decided(index, outcome),
-                }
-            }
-        }
     }
 
     /// A plain Redlock lease on `resource`: `SET NX PX` on every node, no tick claim and no fencing token
@@ -313,25 +221,6 @@ impl RedisStore {
             .into_iter()
             .filter_map(|(node, a)| a.err().map(|why| (node, why)));
         ClaimOutcome::NoQuorum(self.quorum_failure(failures, granted, answered.into_iter()))
-    }
-
-    /// Extends the lease if a majority still holds it, before its deadline; see [`super::Store::renew`].
-    /// Goes out with the other renewals asked for meanwhile ([`keeper`]).
-    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
-        let outcome = match &self.keeper {
-            Some(keeper) => keeper.renew(lease).await,
-            None => None,
-        };
-        let (renewed, result) = match outcome {
-            Some(outcome) => outcome,
-            None => self
-                .renew_each(vec![lease.clone()])
-                .await
-                .pop()
-                .unwrap_or((lease.clone(), Err(RenewError::AlreadyLost))),
-        };
-        *lease = renewed;
-        result
     }
 
     /// Renews every lease of `leases` in one round (one pipeline per node), each decided on its own: the
@@ -446,19 +335,6 @@ impl RedisStore {
         Err(RenewError::Unconfirmed(failure))
     }
 
-    /// Compare-and-delete on every node, with the other releases asked for meanwhile ([`keeper`]).
-    /// Returns once a majority has answered (or the round's budget has passed); the other nodes' answers
-    /// are awaited in the background, bounded by the TTL (after which the key is gone anyway), so a slow or
-    /// hung node never delays the caller.
-    pub async fn release(&self, lease: &Lease) {
-        if let Some(keeper) = &self.keeper {
-            if keeper.release(lease).await {
-                return;
-            }
-        }
-        self.release_each(std::slice::from_ref(lease)).await;
-    }
-
     /// Releases every lease of `leases` in one pipeline per node; see [`RedisStore::release`].
     pub(super) async fn release_each(&self, leases: &[Lease]) {
         let mut pipeline = redis::pipe();
@@ -492,5 +368,162 @@ impl RedisStore {
         if !all.is_empty() {
             tokio::spawn(async move { while all.next().await.is_some() {} });
         }
+    }
+}
+
+impl Health for RedisStore {
+    /// The nodes' addresses, without passwords, separated by commas.
+    fn describe(&self) -> String {
+        self.node_labels().join(",")
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn settings(&self) -> &LockSettings {
+        &self.settings
+    }
+
+    fn history_settings(&self) -> &HistorySettings {
+        &self.history
+    }
+
+    async fn read_clocks(&self) -> Option<Readings> {
+        Some(self.read_time().await)
+    }
+
+    /// The readings of `TIME` on every node: `/readyz` judges from them whether a majority answered.
+    async fn readiness(&self) -> Result<Option<Readings>, String> {
+        Ok(Some(self.read_time().await))
+    }
+}
+
+impl Claims for RedisStore {
+    /// Claims every request, retrying split votes and ambiguous rounds up to `retries` more times; see
+    /// [`super::Store::claim_many`].
+    ///
+    /// A split vote (no holder with a majority) is broken in two ways. The contender with the most votes
+    /// (ties to the smallest value, which every contender sees alike) keeps its keys and retries soon, so
+    /// it picks up the nodes the others free; the others undo and retry after the leader's next round
+    /// ([`RedisStore::yield_delay`]) plus random jitter, by which time they usually find the leader
+    /// holding a majority and stop.
+    async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
+        let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
+        self.claim_each(requests, |index, outcome| outcomes[index] = Some(outcome))
+            .await;
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or(ClaimOutcome::AlreadyClaimed { by: None }))
+            .collect()
+    }
+
+    /// Claims every request like [`RedisStore::claim_many`], handing each outcome to `decided` (with the
+    /// request's index) as soon as it is final for this call, so that a claim won in the first attempt is
+    /// acted on while split votes of the same batch are still being retried. Every request gets exactly
+    /// one outcome.
+    async fn claim_each(
+        &self,
+        requests: &[ClaimRequest],
+        mut decided: impl FnMut(usize, ClaimOutcome),
+    ) {
+        // Per pending request: when it may go again, how many attempts are left, and a value it kept.
+        let mut pending: Vec<(usize, Instant, u32, Option<String>)> = (0..requests.len())
+            .map(|index| (index, Instant::now(), self.settings.retries, None))
+            .collect();
+        while !pending.is_empty() {
+            let ready_at = pending
+                .iter()
+                .map(|p| p.1)
+                .min()
+                .unwrap_or_else(Instant::now);
+            // Only sleep for a retry: a timer, even an expired one, waits for the next millisecond tick.
+            if ready_at > Instant::now() {
+                tokio::time::sleep_until(ready_at).await;
+            }
+            let now = Instant::now();
+            let (ready, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.1 <= now);
+            pending = waiting;
+            let batch: Vec<Try<'_>> = ready
+                .iter()
+                .map(|(index, _, left, value)| Try {
+                    request: &requests[*index],
+                    value: value.clone(),
+                    may_keep: *left > 0,
+                })
+                .collect();
+            let results = self.attempt(&batch).await;
+            // One retry time per kind for the whole batch, so that its retries travel together again (one
+            // round trip per node) instead of one by one at scattered instants. The random jitter breaks
+            // the symmetry between contenders; it need not differ between the jobs of one contender.
+            let (base, done) = (self.settings.retry_delay, Instant::now());
+            let jitter = base.mul_f64(rand::rng().random::<f64>());
+            let soon = done + base / 4;
+            let later = done + base + jitter;
+            let yielded = done + self.yield_delay(batch.len()) + jitter;
+            for ((index, _, left, _), result) in ready.into_iter().zip(results) {
+                match result {
+                    Attempt::Won(lease) => decided(index, ClaimOutcome::Won(lease)),
+                    Attempt::Lost {
+                        retry: Retry::Soon(value),
+                        ..
+                    } if left > 0 => {
+                        pending.push((index, soon, left - 1, Some(value)));
+                    }
+                    Attempt::Lost {
+                        retry: Retry::Later,
+                        ..
+                    } if left > 0 => {
+                        pending.push((index, later, left - 1, None));
+                    }
+                    Attempt::Lost {
+                        retry: Retry::Yield,
+                        ..
+                    } if left > 0 => {
+                        pending.push((index, yielded, left - 1, None));
+                    }
+                    Attempt::Lost { outcome, .. } => decided(index, outcome),
+                }
+            }
+        }
+    }
+}
+
+impl Leases for RedisStore {
+    /// Extends the lease if a majority still holds it, before its deadline; see [`super::Store::renew`].
+    /// Goes out with the other renewals asked for meanwhile ([`keeper`]).
+    async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
+        let outcome = match &self.keeper {
+            Some(keeper) => keeper.renew(lease).await,
+            None => None,
+        };
+        let (renewed, result) = match outcome {
+            Some(outcome) => outcome,
+            None => self
+                .renew_each(vec![lease.clone()])
+                .await
+                .pop()
+                .unwrap_or((lease.clone(), Err(RenewError::AlreadyLost))),
+        };
+        *lease = renewed;
+        result
+    }
+
+    /// Never: a Redis lease ends only as its renewals say.
+    fn lease_gone<'a>(&'a self, _lease: &Lease) -> impl Future<Output = ()> + Send + use<'a> {
+        std::future::pending()
+    }
+
+    /// Compare-and-delete on every node, with the other releases asked for meanwhile ([`keeper`]).
+    /// Returns once a majority has answered (or the round's budget has passed); the other nodes' answers
+    /// are awaited in the background, bounded by the TTL (after which the key is gone anyway), so a slow or
+    /// hung node never delays the caller.
+    async fn release(&self, lease: &Lease) {
+        if let Some(keeper) = &self.keeper {
+            if keeper.release(lease).await {
+                return;
+            }
+        }
+        self.release_each(std::slice::from_ref(lease)).await;
     }
 }

@@ -15,6 +15,7 @@ use super::round::evalsha;
 use super::RedisStore;
 use crate::lock::keys::pause_key;
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
+use crate::store::Pauses;
 use crate::store::Read;
 
 /// Writes a pause unless a pause in force outlasts it, or it has ended: [`Pause::decide`], atomically on
@@ -60,10 +61,10 @@ pub(super) fn sources() -> [&'static str; 1] {
     [PAUSE_LUA]
 }
 
-impl RedisStore {
+impl Pauses for RedisStore {
     /// Writes the pause to every node, unless a pause in force outlasts it there (with
     /// [`InForce::KeepLonger`]) or it has ended; see [`crate::store::Store::pause`].
-    pub async fn pause(
+    async fn pause(
         &self,
         job: &str,
         pause: &Pause,
@@ -85,7 +86,7 @@ impl RedisStore {
     }
 
     /// Deletes the pause on every node; whether a node held it; see [`crate::store::Store::resume`].
-    pub async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
+    async fn resume(&self, job: &str) -> Result<bool, QuorumFailure> {
         let mut pipeline = redis::pipe();
         pipeline
             .cmd("DEL")
@@ -100,10 +101,7 @@ impl RedisStore {
 
     /// The pause of each of `jobs` found on the most nodes, with their number, read from a majority; see
     /// [`crate::store::Store::pauses`].
-    pub async fn pauses(
-        &self,
-        jobs: &[String],
-    ) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
+    async fn pauses(&self, jobs: &[String]) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
         if jobs.is_empty() {
             return Ok(Read {
                 value: Vec::new(),

@@ -18,7 +18,7 @@ impl RedisStore {
     ///
     /// Waits for all nodes (bounded by the timeout) rather than for a majority: the more clocks, the
     /// better the median.
-    pub async fn read_clocks(&self) -> Readings {
+    pub(super) async fn read_time(&self) -> Readings {
         let timeout = self.settings.node_timeout;
         let answers = join_all(
             self.nodes

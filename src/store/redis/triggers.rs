@@ -11,6 +11,7 @@ use super::history::strings;
 use super::round::evalsha;
 use super::RedisStore;
 use crate::lock::QuorumFailure;
+use crate::store::Triggers;
 use crate::store::{skip_note, Read};
 use crate::trigger::{self, TriggerRequest};
 
@@ -54,9 +55,9 @@ fn trigger_keys(prefix: &str) -> [String; 2] {
     [base.clone(), format!("{base}:expiry")]
 }
 
-impl RedisStore {
+impl Triggers for RedisStore {
     /// Writes `request` to every node; see [`crate::store::Store::request_trigger`].
-    pub async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
+    async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
         let keys = trigger_keys(&self.settings.key_prefix);
         let expires = request.expires_at_ms().to_string();
         let mut pipeline = redis::pipe();
@@ -70,7 +71,7 @@ impl RedisStore {
     }
 
     /// Every request known to a majority's nodes, merged; see [`crate::store::Store::triggers`].
-    pub async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
+    async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
         let keys = trigger_keys(&self.settings.key_prefix);
         let mut pipeline = redis::pipe();
         pipeline.add_command(evalsha(&LIST, &keys, &[]));
@@ -101,7 +102,7 @@ impl RedisStore {
     }
 
     /// Deletes the request on every node, in the background; see [`crate::store::Store::forget_trigger`].
-    pub fn forget_trigger(&self, id: &str) {
+    fn forget_trigger(&self, id: &str) {
         let [requests, expiry] = trigger_keys(&self.settings.key_prefix);
         let mut pipeline = redis::pipe();
         pipeline.cmd("HDEL").arg(requests).arg(id);

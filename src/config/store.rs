@@ -1,0 +1,115 @@
+//! The store a config names: one [`StoreConfig`], whose variant is the store section given.
+//!
+//! Each variant owns what differs between stores outside the store's own module: its section's name, the
+//! environment variables its settings take (kept from jobs), its line in `redcron check`, and its node
+//! count. Every one of these is a `match` on the variant, so a new store's variant makes the compiler
+//! point at each; its readiness rule and everything it does at run time are its backend's
+//! ([`crate::store::Backend`]), which [`crate::store::Store::open`] builds from the variant.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use crate::store::redis::node::redact;
+
+/// The one store of a config: exactly one store section is given (two are an error naming both), and
+/// none means the embedded store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreConfig {
+    /// `redis:`: the Redlock protocol on N independent Redis nodes.
+    Redis(RedisConfig),
+    /// `etcd:`: an etcd cluster.
+    Etcd(EtcdConfig),
+    /// `embedded:`, or no store section: a SQLite file of this host.
+    Embedded(EmbeddedConfig),
+}
+
+impl StoreConfig {
+    /// The config's top-level section that configures this store.
+    pub(crate) fn section(&self) -> &'static str {
+        match self {
+            StoreConfig::Redis(_) => "redis",
+            StoreConfig::Etcd(_) => "etcd",
+            StoreConfig::Embedded(_) => "embedded",
+        }
+    }
+
+    /// The environment variables this store's settings take through `${VAR}` (`variables_under` a
+    /// section gives those written under it), which are the store's secrets: never passed to a job unless
+    /// the job's `env` names them. Redis URLs and etcd's settings may hold passwords, so every variable
+    /// of their section is kept; the embedded store's one setting is a file path, no secret, so a
+    /// variable it shares with jobs (a state directory) stays theirs.
+    pub(crate) fn env_vars(
+        &self,
+        variables_under: &dyn Fn(&str) -> BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        match self {
+            StoreConfig::Redis(_) | StoreConfig::Etcd(_) => variables_under(self.section()),
+            StoreConfig::Embedded(_) => BTreeSet::new(),
+        }
+    }
+
+    /// What `redcron check` says of the store (after `store: `), addresses without passwords.
+    pub(crate) fn summary(&self) -> String {
+        match self {
+            StoreConfig::Redis(redis) => {
+                let nodes: Vec<String> = redis.nodes.iter().map(|url| redact(url)).collect();
+                format!("{} Redis nodes: {}", nodes.len(), nodes.join(", "))
+            }
+            StoreConfig::Etcd(etcd) => format!(
+                "etcd, {} endpoint{}: {}",
+                etcd.endpoints.len(),
+                if etcd.endpoints.len() == 1 { "" } else { "s" },
+                etcd.endpoints.join(", ")
+            ),
+            StoreConfig::Embedded(embedded) => format!(
+                "embedded, database {} (shared by the workers of this host that use it)",
+                embedded.path.display()
+            ),
+        }
+    }
+
+    /// How many nodes the store has as configured: Redis nodes, etcd members (an etcd pause is in the
+    /// cluster's committed state, which every member applies), or the one database file.
+    pub(crate) fn nodes(&self) -> usize {
+        match self {
+            StoreConfig::Redis(redis) => redis.nodes.len(),
+            StoreConfig::Etcd(etcd) => etcd.endpoints.len(),
+            StoreConfig::Embedded(_) => 1,
+        }
+    }
+}
+
+/// The Redis nodes of the lock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisConfig {
+    /// `redis://` or `rediss://` URLs, as written (after `${VAR}` substitution); may hold passwords, so
+    /// display them only redacted (`redis::node::redact` in the store). Each parses and names a distinct
+    /// host and port; there is at least one.
+    pub nodes: Vec<String>,
+}
+
+/// The etcd cluster of the store (`etcd:`), with the settings etcd's own clients take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EtcdConfig {
+    /// `http://host:port` or `https://host:port` of the cluster's members (client URLs), as written; at
+    /// least one, each distinct, all of one scheme.
+    pub endpoints: Vec<String>,
+    /// etcd's user name and password (`username`, `password`), when the cluster has auth enabled.
+    pub user: Option<(String, String)>,
+    /// The CA that signed the members' certificates (`trusted_ca_file`, absolute); without it, https
+    /// endpoints are verified against the Mozilla roots. Only with https endpoints.
+    pub trusted_ca_file: Option<PathBuf>,
+    /// A client certificate and its key (`cert_file`, `key_file`, absolute), for clusters that require
+    /// client certificates. Both or neither; only with https endpoints.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// The embedded store (`embedded:`, or no other store section): one SQLite database file that the workers of one host
+/// share.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddedConfig {
+    /// The database file, absolute: `embedded.path` (relative to the config file's directory), or by
+    /// default `<key_prefix>.db` in `$STATE_DIRECTORY` (systemd's `StateDirectory=`) if set, else in
+    /// the config file's directory.
+    pub path: PathBuf,
+}
