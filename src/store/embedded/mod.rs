@@ -302,5 +302,3 @@ fn prepare(connection: &mut Connection) -> Result<(), Unprepared> {
     transaction.commit().map_err(not_usable)
 }
 
-#[cfg(test)]
-mod tests;
