@@ -48,8 +48,8 @@ pub(super) async fn the_store_keeps_the_newest_ticks_newest_first(backend: Backe
     let newest = read.iter().find(|e| e.worker == "w1").expect("w1's entry");
     assert_eq!(newest.reason.as_deref(), Some("already_claimed"));
     let three = store.history(&query(3)).await.expect("read").value;
-    let ids: Vec<String> = three.iter().map(Entry::id).collect();
-    assert_eq!(ids, ["5000|w1|lost", "5000|w2|lost", "4000|w1|lost"]);
+    let ticks: Vec<i64> = three.iter().map(|e| e.tick).collect();
+    assert_eq!(ticks, [5_000, 5_000, 4_000], "{three:#?}");
     let mut window = query(100);
     (window.since, window.until) = (Some(Tick(4_000)), Some(Tick(4_000)));
     assert_eq!(store.history(&window).await.expect("read").value.len(), 2);
