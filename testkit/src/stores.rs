@@ -279,12 +279,12 @@ impl Cluster {
         }
     }
 
-    /// Empties every node (the embedded store: a new, empty file).
-    pub fn flush(&mut self) {
+    /// Empties every node (the embedded store: every table of its file).
+    pub fn flush(&self) {
         match self {
             Cluster::Redis(cluster) => (0..cluster.len()).for_each(|i| cluster.flushall(i)),
             Cluster::Etcd(cluster) => cluster.delete_all(),
-            Cluster::Embedded(file) => *file = EmbeddedFile::new(),
+            Cluster::Embedded(file) => file.empty(),
         }
     }
 }
@@ -370,6 +370,30 @@ impl EmbeddedFile {
         });
         is_held.recv().expect("the lock is taken");
         self.lock = Some(release);
+    }
+
+    /// Deletes every row of every table (a file no store opened yet stays as it is).
+    fn empty(&self) {
+        if !self.path.exists() {
+            return;
+        }
+        let connection = rusqlite::Connection::open(&self.path).expect("open the database");
+        connection
+            .busy_timeout(Duration::from_secs(10))
+            .expect("a busy timeout");
+        let mut tables = connection
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .expect("list the tables");
+        let names: Vec<String> = tables
+            .query_map([], |row| row.get(0))
+            .expect("list the tables")
+            .filter_map(Result::ok)
+            .collect();
+        for name in names {
+            connection
+                .execute(&format!("DELETE FROM \"{name}\""), [])
+                .expect("empty a table");
+        }
     }
 
     /// Ends the transaction that [`Self::lock`] holds.
