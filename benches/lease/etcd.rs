@@ -100,7 +100,9 @@ pub fn run(
 
 /// `claims` claims of new ticks of one job by one claimant, each released before the next.
 async fn latency(nodes: &Cluster, claims: usize) -> Result<(Samples, Samples, usize), String> {
-    let store = nodes.open(settings_for(nodes.backend())).map_err(|e| e.to_string())?;
+    let store = nodes
+        .open(settings_for(nodes.backend()))
+        .map_err(|e| e.to_string())?;
     let (mut claim, mut release, mut failed) = (Samples::default(), Samples::default(), 0);
     for i in 0..claims + 5 {
         let tick = Tick(1_000 * (i as i64 + 1));
@@ -126,7 +128,11 @@ async fn latency(nodes: &Cluster, claims: usize) -> Result<(Samples, Samples, us
 /// with the nodes' own counters per (job, tick).
 async fn race(nodes: &Cluster, jobs: usize, ticks: usize) -> Result<Batch, String> {
     let stores = (0..CONTENDERS)
-        .map(|_| nodes.open(settings_for(nodes.backend())).map_err(|e| e.to_string()))
+        .map(|_| {
+            nodes
+                .open(settings_for(nodes.backend()))
+                .map_err(|e| e.to_string())
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let names: Vec<String> = (0..jobs).map(|j| format!("r{jobs}-{j}")).collect();
     race_once(&stores, &names, Tick(1)).await;

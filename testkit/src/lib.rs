@@ -30,9 +30,7 @@ use std::path::PathBuf;
 pub use self::delay_proxy::DelayProxy;
 pub use self::etcd::{linearizable_read, EtcdCluster};
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
-pub use self::stores::{
-    store_keeping, store_on, worker_config, Backend, Cluster, EmbeddedFile,
-};
+pub use self::stores::{store_keeping, store_on, worker_config, Backend, Cluster, EmbeddedFile};
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};
 
 /// A loopback port that was free a moment ago (the caller retries if someone else takes it first).

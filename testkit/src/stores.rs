@@ -152,7 +152,12 @@ impl Cluster {
 
     /// A store on this cluster with `settings` as they are (not adapted), the default history bound.
     pub fn open(&self, settings: LockSettings) -> Result<Store, StoreError> {
-        open(self.backend(), &self.urls(), settings, HistorySettings::default())
+        open(
+            self.backend(),
+            &self.urls(),
+            settings,
+            HistorySettings::default(),
+        )
     }
 
     /// `redis|<url>,…`, `etcd|<endpoint>,…` or `embedded|<path>`: the cluster for a store built in another
@@ -457,15 +462,25 @@ fn open(
 impl RedisCluster {
     /// A redcron store on every node, with `settings` as they are and the default history bound.
     pub fn store(&self, settings: LockSettings) -> Store {
-        open(Backend::Redis, &self.urls(), settings, HistorySettings::default())
-            .expect("valid node URLs")
+        open(
+            Backend::Redis,
+            &self.urls(),
+            settings,
+            HistorySettings::default(),
+        )
+        .expect("valid node URLs")
     }
 }
 
 impl EtcdCluster {
     /// A redcron store on every member, with `settings` as they are and the default history bound.
     pub fn store(&self, settings: LockSettings) -> Store {
-        open(Backend::Etcd, &self.endpoints(), settings, HistorySettings::default())
-            .expect("no TLS files to read")
+        open(
+            Backend::Etcd,
+            &self.endpoints(),
+            settings,
+            HistorySettings::default(),
+        )
+        .expect("no TLS files to read")
     }
 }

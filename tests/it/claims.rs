@@ -12,9 +12,7 @@ use redcron::store::redis::scripts;
 use redcron::store::Store;
 
 use crate::conformance::{settings, warm};
-use crate::support::{
-    claim_until_final, store_on, won, DelayProxy, RedisCluster, TestDir, Worker,
-};
+use crate::support::{claim_until_final, store_on, won, DelayProxy, RedisCluster, TestDir, Worker};
 
 /// A store on the Redis nodes at `urls`: a lease of 3 s, a node timeout of 50 ms.
 fn store(urls: &[String]) -> Store {

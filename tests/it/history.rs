@@ -255,7 +255,12 @@ fn history_survives_a_minority_of_nodes_lost() {
         })
         .collect();
     runtime()
-        .block_on(async { cluster.store(LockSettings::default()).record(&entries).await })
+        .block_on(async {
+            cluster
+                .store(LockSettings::default())
+                .record(&entries)
+                .await
+        })
         .expect("written to a majority");
     assert_eq!(history(&cluster, "job").len(), 20);
     cluster.kill(0);

@@ -8,17 +8,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redcron::history::{Entry, Kind};
-use redcron::lock::{
-    ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause,
-};
+use redcron::lock::{ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause};
 use redcron::schedule::Tick;
 use redcron::store::redis::scripts;
 
 use crate::inspect::workers::wait_for;
 use crate::inspect::{inspect, parse};
-use crate::support::{
-    Backend, Cluster, DelayProxy, RedisCluster, TestDir, Worker,
-};
+use crate::support::{Backend, Cluster, DelayProxy, RedisCluster, TestDir, Worker};
 use crate::worker::{ledger, ledger_job, start_workers, start_workers_with, tick_time};
 
 /// A claimant of `report` at `tick`.

@@ -301,4 +301,3 @@ fn prepare(connection: &mut Connection) -> Result<(), Unprepared> {
     }
     transaction.commit().map_err(not_usable)
 }
-

@@ -406,7 +406,11 @@ fn fence(cluster: &Cluster, job: &str) -> Option<u64> {
     };
     let majority = fences.len() / 2 + 1;
     let held = |value: &Option<u64>| fences.iter().filter(|f| *f == value).count();
-    fences.iter().find(|value| held(value) >= majority).copied().flatten()
+    fences
+        .iter()
+        .find(|value| held(value) >= majority)
+        .copied()
+        .flatten()
 }
 
 /// Sets the fence counter of `job` to `fence` on every node, as a claim of a far-off tick left it.

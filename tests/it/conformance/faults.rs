@@ -33,7 +33,10 @@ pub(super) async fn no_majority_grants_nothing_and_the_store_recovers(backend: B
         started.elapsed()
     );
     let entry = Entry::new("quorum", Tick(1_000), "a", Kind::Lost, chrono::Utc::now());
-    assert!(store.record(&[entry]).await.is_err(), "recorded without a majority");
+    assert!(
+        store.record(&[entry]).await.is_err(),
+        "recorded without a majority"
+    );
     cluster.cont_all(&stopped);
     let lease = claim_won(&store, &request("a", "quorum", 1_000)).await;
     store.release(&lease).await;
@@ -46,7 +49,9 @@ pub(super) async fn no_majority_grants_nothing_and_the_store_recovers(backend: B
 
 /// Redis: a minority down (2 of 5 killed): acquire and renew still work. A majority down (3 of 5): no quorum,
 /// reported promptly and naming the failed nodes.
-pub(super) async fn a_minority_down_still_claims_and_a_majority_down_is_no_quorum(backend: Backend) {
+pub(super) async fn a_minority_down_still_claims_and_a_majority_down_is_no_quorum(
+    backend: Backend,
+) {
     let mut nodes = backend.start();
     let store = nodes.store(settings(2_000));
     let Cluster::Redis(cluster) = &mut nodes else {
@@ -139,7 +144,8 @@ pub(super) async fn a_member_killed_and_restarted_costs_no_grant(backend: Backen
     store.release(&first).await;
     let victim = (cluster.leader() + 1) % cluster.len();
     cluster.kill(victim);
-    let mut lease = won(etcd::claim_until_final(&store, &etcd::request("w", "killed", 2_000)).await);
+    let mut lease =
+        won(etcd::claim_until_final(&store, &etcd::request("w", "killed", 2_000)).await);
     assert!(lease.token > first.token);
     etcd::renew_until_confirmed(&store, &mut lease).await;
     store.release(&lease).await;
@@ -180,4 +186,3 @@ pub(super) async fn a_hung_leader_costs_an_election_not_a_grant(backend: Backend
         "{late:?}"
     );
 }
-

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use redcron::lock::{ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause, PauseOutcome, Series};
+use redcron::lock::{
+    ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause, PauseOutcome, Series,
+};
 use redcron::schedule::Tick;
 use redcron::store::Store;
 
@@ -28,8 +30,13 @@ pub(super) async fn a_paused_job_is_refused_in_every_series_until_resumed(backen
     let cluster = backend.start();
     let store = cluster.store(LockSettings::default());
     warm(&store).await;
-    let outcome = store.pause("report", &pause(None), InForce::KeepLonger).await;
-    assert_eq!(outcome.expect("a majority took the pause"), PauseOutcome::Paused);
+    let outcome = store
+        .pause("report", &pause(None), InForce::KeepLonger)
+        .await;
+    assert_eq!(
+        outcome.expect("a majority took the pause"),
+        PauseOutcome::Paused
+    );
     let tick = Utc::now().timestamp_millis();
     let retry = request("a", "report", tick).in_series(Series::Retry(1), Tick(tick + 60_000));
     for claim in [request("a", "report", tick), retry] {
@@ -41,7 +48,10 @@ pub(super) async fn a_paused_job_is_refused_in_every_series_until_resumed(backen
             assert!(redis.get(node, "redcron:{report}:paused").is_some());
         }
     }
-    let read = store.pauses(&["report".into(), "other".into()]).await.expect("read");
+    let read = store
+        .pauses(&["report".into(), "other".into()])
+        .await
+        .expect("read");
     assert_eq!(read.value[0].as_ref().map(|r| r.nodes), Some(cluster.len()));
     assert_eq!(read.value[1], None);
     assert!(store.resume("report").await.expect("resumed"));
@@ -59,9 +69,14 @@ pub(super) async fn a_pause_for_a_while_ends_by_itself(backend: Backend) {
     let cluster = backend.start();
     let store = cluster.store(LockSettings::default());
     warm(&store).await;
-    let outcome = store.pause("report", &pause(Some(2_000)), InForce::KeepLonger).await;
+    let outcome = store
+        .pause("report", &pause(Some(2_000)), InForce::KeepLonger)
+        .await;
     assert_eq!(outcome.expect("paused"), PauseOutcome::Paused);
-    assert_paused_for(&settled(&store, &request("a", "report", 1_000)).await, "migration");
+    assert_paused_for(
+        &settled(&store, &request("a", "report", 1_000)).await,
+        "migration",
+    );
     tokio::time::sleep(backend.expiry(Duration::from_secs(2))).await;
     // etcd's leases: the whole seconds, its expiry check, the revoke's commit; margins for a loaded machine.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -290,4 +305,3 @@ pub(super) async fn a_pause_racing_a_claim_in_flight_is_linearizable(backend: Ba
     let tally = pause_races_claims(cluster.store(settings.clone()), cluster.store(settings)).await;
     eprintln!("{backend:?}: {tally}");
 }
-

@@ -24,7 +24,13 @@ pub(super) async fn the_store_keeps_the_newest_ticks_newest_first(backend: Backe
     let mut entries = Vec::new();
     for tick in 1..=5 {
         for worker in ["w1", "w2"] {
-            entries.push(Entry::new("kept", Tick(tick * 1_000), worker, Kind::Lost, now));
+            entries.push(Entry::new(
+                "kept",
+                Tick(tick * 1_000),
+                worker,
+                Kind::Lost,
+                now,
+            ));
         }
     }
     store.record(&entries).await.expect("recorded");
@@ -76,7 +82,11 @@ pub(super) async fn members_are_alive_until_they_stop_or_expire(backend: Backend
         found.map(|m| (m.alive, m.seen_at.is_some()))
     };
     let members = store.members().await.expect("read").value;
-    assert_eq!(alive(&members, "stopping"), Some((true, true)), "{members:#?}");
+    assert_eq!(
+        alive(&members, "stopping"),
+        Some((true, true)),
+        "{members:#?}"
+    );
     assert_eq!(alive(&members, "dying"), Some((true, true)), "{members:#?}");
     let stopped = Member {
         state: "stopped".to_string(),
@@ -84,7 +94,11 @@ pub(super) async fn members_are_alive_until_they_stop_or_expire(backend: Backend
     };
     store.announce(&stopped).await.expect("announced");
     let members = store.members().await.expect("read").value;
-    assert_eq!(alive(&members, "stopping"), Some((false, true)), "{members:#?}");
+    assert_eq!(
+        alive(&members, "stopping"),
+        Some((false, true)),
+        "{members:#?}"
+    );
 
     let deadline = Instant::now() + backend.expiry(dying.ttl()) + Duration::from_secs(10);
     loop {

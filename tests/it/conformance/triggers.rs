@@ -30,7 +30,10 @@ pub(super) async fn trigger_requests_are_written_read_and_forgotten(backend: Bac
     }
     let read = reader.triggers().await.expect("read");
     assert_eq!(read.value, [first.clone(), second.clone()]);
-    assert!(read.missing.is_empty() && read.skipped.is_empty(), "{read:?}");
+    assert!(
+        read.missing.is_empty() && read.skipped.is_empty(),
+        "{read:?}"
+    );
 
     store.forget_trigger(&first.id);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -39,7 +42,10 @@ pub(super) async fn trigger_requests_are_written_read_and_forgotten(backend: Bac
         if left == [second.clone()] {
             break;
         }
-        assert!(Instant::now() < deadline, "the request is still there: {left:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the request is still there: {left:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -27,8 +27,8 @@ pub use self::stores::{claim_until_final, claim_won, won, SETTLE};
 #[allow(unused_imports)]
 pub use testkit::{
     children, free_port, libfaketime, linearizable_read, require_program, store_keeping, store_on,
-    worker_config, Backend, Cluster, DelayProxy, EmbeddedFile, EtcdCluster, Persistence, RedisCluster,
-    RedisClusterBuilder, Worker, WorkerBuilder,
+    worker_config, Backend, Cluster, DelayProxy, EmbeddedFile, EtcdCluster, Persistence,
+    RedisCluster, RedisClusterBuilder, Worker, WorkerBuilder,
 };
 
 /// A temporary directory for one test: its `jobs.yaml`, its ledger, anything else it writes.
