@@ -9,8 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap};
-use redcron::schedule::Tick;
+use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings};
 use redcron::store::Store;
 
 use crate::support::{store_on, won, Backend, EtcdCluster, SETTLE};
@@ -29,9 +28,8 @@ pub(crate) fn store(cluster: &EtcdCluster) -> Store {
     cluster.store(settings())
 }
 
-pub(crate) fn request(worker: &str, job: &str, tick: i64) -> ClaimRequest {
-    ClaimRequest::new(worker, job, Tick(tick), Overlap::Skip, "test")
-}
+/// A claimant of `(job, tick)` (`overlap: skip`), as in every store test.
+pub(crate) use crate::conformance::request;
 
 /// Claims `request` as the worker does, for the usual patience ([`crate::support::claim_until_final`]).
 pub(crate) async fn claim_until_final(store: &Store, request: &ClaimRequest) -> ClaimOutcome {

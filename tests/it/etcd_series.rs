@@ -15,7 +15,7 @@ use redcron::trigger::TriggerRequest;
 use crate::support::{won, Backend, Cluster};
 
 fn request(worker: &str, tick: Tick) -> ClaimRequest {
-    crate::etcd::request(worker, "job", tick.0)
+    crate::conformance::request(worker, "job", tick.0)
 }
 
 /// Polls `check` every 100 ms until it holds, for at most `limit`.

@@ -140,22 +140,21 @@ pub(super) async fn a_member_killed_and_restarted_costs_no_grant(backend: Backen
     let Cluster::Etcd(cluster) = &mut nodes else {
         panic!("an etcd cluster")
     };
-    let first = won(etcd::claim_until_final(&store, &etcd::request("w", "killed", 1_000)).await);
+    let first = won(etcd::claim_until_final(&store, &request("w", "killed", 1_000)).await);
     store.release(&first).await;
     let victim = (cluster.leader() + 1) % cluster.len();
     cluster.kill(victim);
-    let mut lease =
-        won(etcd::claim_until_final(&store, &etcd::request("w", "killed", 2_000)).await);
+    let mut lease = won(etcd::claim_until_final(&store, &request("w", "killed", 2_000)).await);
     assert!(lease.token > first.token);
     etcd::renew_until_confirmed(&store, &mut lease).await;
     store.release(&lease).await;
     cluster.restart(victim);
-    let again = etcd::claim_until_final(&store, &etcd::request("other", "killed", 2_000)).await;
+    let again = etcd::claim_until_final(&store, &request("other", "killed", 2_000)).await;
     assert!(
         matches!(again, ClaimOutcome::AlreadyClaimed { .. }),
         "a claimed tick was granted again after the member rejoined: {again:?}"
     );
-    let third = won(etcd::claim_until_final(&store, &etcd::request("w", "killed", 3_000)).await);
+    let third = won(etcd::claim_until_final(&store, &request("w", "killed", 3_000)).await);
     assert!(third.token > lease.token);
 }
 
@@ -168,19 +167,19 @@ pub(super) async fn a_hung_leader_costs_an_election_not_a_grant(backend: Backend
     let Cluster::Etcd(cluster) = &mut nodes else {
         panic!("an etcd cluster")
     };
-    let first = won(etcd::claim_until_final(&store, &etcd::request("w", "hung", 1_000)).await);
+    let first = won(etcd::claim_until_final(&store, &request("w", "hung", 1_000)).await);
     store.release(&first).await;
     let leader = cluster.leader();
     cluster.stop(leader);
-    let mut lease = won(etcd::claim_until_final(&store, &etcd::request("a", "hung", 2_000)).await);
+    let mut lease = won(etcd::claim_until_final(&store, &request("a", "hung", 2_000)).await);
     etcd::renew_until_confirmed(&store, &mut lease).await;
-    let contender = etcd::claim_until_final(&store, &etcd::request("b", "hung", 2_000)).await;
+    let contender = etcd::claim_until_final(&store, &request("b", "hung", 2_000)).await;
     assert!(
         matches!(contender, ClaimOutcome::AlreadyClaimed { .. }),
         "{contender:?}"
     );
     cluster.cont(leader);
-    let late = etcd::claim_until_final(&store, &etcd::request("c", "hung", 2_000)).await;
+    let late = etcd::claim_until_final(&store, &request("c", "hung", 2_000)).await;
     assert!(
         matches!(late, ClaimOutcome::AlreadyClaimed { .. }),
         "{late:?}"
