@@ -20,7 +20,7 @@ use redcron::store::redis::RedisStore;
 use redcron::store::Store;
 
 use super::cycle::settings;
-use super::nodes::{self, Nodes};
+use super::nodes::{Backend, Cluster, Counters};
 use super::peer::{self, PeerRace};
 use super::proxy::Proxy;
 use super::stats::{ms, quotient, Samples, Table, Verdict};
@@ -60,7 +60,7 @@ pub fn run(
     cost_jobs: usize,
     print: &mut dyn FnMut(&str),
 ) -> Result<(Vec<Batch>, Vec<super::ops::Op>), String> {
-    let nodes = Nodes::start(nodes::Store::Redis, 5);
+    let nodes = Backend::Redis.start_nodes(5);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -78,7 +78,7 @@ pub fn run(
     Ok((batches, ops))
 }
 
-async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String> {
+async fn race(nodes: &Cluster, jobs: usize, ticks: usize) -> Result<Batch, String> {
     let shas = super::workers::script_shas();
     let mut proxies = Vec::new();
     let mut stores = Vec::new();
@@ -106,7 +106,7 @@ async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String>
     };
     let redis_cpu = || {
         (0..nodes.len())
-            .map(|i| super::workers::cpu_ticks(nodes.pid(i)))
+            .map(|i| super::workers::cpu_ticks(nodes.pid(i).unwrap_or(0)))
             .sum::<u64>()
     };
     let (commands_before, trips_before) = counts(&proxies);

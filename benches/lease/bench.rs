@@ -47,7 +47,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cycle::{Contender, Kind, Plan, Series};
-use nodes::{Nodes, Store};
+use nodes::{Backend, Cluster};
 use proxy::Proxy;
 use report::{faulty_table, lease_table, lease_verdicts};
 use stats::Verdict;
@@ -142,7 +142,7 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
     };
     emit(&mut report, machine());
     if options.sections.iter().any(|s| *s == 1 || *s == 2) {
-        let mut nodes = Nodes::start(Store::Redis, 5);
+        let mut nodes = Backend::Redis.start_nodes(5);
         // The worker's runtime (multi-threaded, one thread per core), unless asked otherwise.
         let mut builder = if options.current_thread {
             tokio::runtime::Builder::new_current_thread()
@@ -257,7 +257,7 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
 
 /// One scenario of items 1–2: connect every contender, warm up, (fault), measure, (heal).
 async fn lease_scenario(
-    nodes: &mut Nodes,
+    nodes: &mut Cluster,
     scenario: &str,
     kinds: &[Kind],
     plan: Plan,
@@ -282,11 +282,11 @@ async fn lease_scenario(
     let tag = format!("{scenario}-{}", std::process::id());
     cycle::warm_up(&mut contenders, plan.warm, &tag, plan.call_timeout).await;
     if scenario == "hung" {
-        nodes.hang(FAULTY);
+        nodes.stop(FAULTY);
     }
     let series = cycle::measure(&mut contenders, plan, &tag).await;
     if scenario == "hung" {
-        nodes.resume(FAULTY);
+        nodes.cont(FAULTY);
     }
     // The redlock thread may still be inside a call to the hung node; it ends once the node answers.
     drop(contenders);

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redcron::schedule::Tick;
 
-use super::nodes::{Nodes, Store};
+use super::nodes::{Backend, Cluster, Counters};
 use super::proxy::Proxy;
 use super::stats::{ms, Samples, Table, Verdict};
 use super::workers::{
@@ -98,7 +98,7 @@ pub fn run(
     smoke: bool,
     print: &mut dyn FnMut(&str),
 ) -> Result<Results, String> {
-    let nodes = Nodes::start(Store::Redis, 5);
+    let nodes = Backend::Redis.start_nodes(5);
     let dir = tempfile::Builder::new()
         .prefix("redcron-bench-workers-")
         .tempdir()
@@ -207,7 +207,7 @@ pub fn run(
 }
 
 struct Setup<'a> {
-    nodes: &'a Nodes,
+    nodes: &'a Cluster,
     worker: &'a Path,
     probe: &'a [String],
     dir: &'a Path,
@@ -252,7 +252,7 @@ impl Setup<'_> {
             fs::write(
                 &config,
                 config_yaml(
-                    Store::Redis,
+                    Backend::Redis,
                     &urls,
                     &format!("w{w}"),
                     jobs,
@@ -271,7 +271,7 @@ impl Setup<'_> {
         sleep_until_ms(first - 500);
         let redis_cpu = || {
             (0..self.nodes.len())
-                .map(|i| cpu_ticks(self.nodes.pid(i)))
+                .map(|i| cpu_ticks(self.nodes.pid(i).unwrap_or(0)))
                 .sum::<u64>()
         };
         let cpu_before: Vec<u64> = workers.iter().map(|w| cpu_ticks(w.pid())).collect();
@@ -413,7 +413,7 @@ impl Setup<'_> {
         for w in 0..WORKERS {
             let config = self.dir.join(format!("idle-w{w}.yaml"));
             let yaml = config_yaml(
-                Store::Redis,
+                Backend::Redis,
                 &self.nodes.urls(),
                 &format!("w{w}"),
                 jobs,

@@ -17,7 +17,7 @@ use redcron::schedule::Tick;
 use super::batch::{race_once, race_ticks, Batch};
 use super::cycle::settings;
 use super::herd::{self, Herd};
-use super::nodes::{Nodes, Store};
+use super::nodes::{Backend, Cluster, Counters};
 use super::peer::CONTENDERS;
 use super::stats::{ms, quotient, Samples, Table, Verdict};
 
@@ -36,7 +36,7 @@ pub struct Sizes {
 /// What one store measured.
 #[derive(Debug, Clone)]
 pub struct Side {
-    pub store: Store,
+    pub store: Backend,
     pub nodes: usize,
     /// One claimant claims a new tick of one job, then releases it.
     pub claim: Samples,
@@ -56,10 +56,10 @@ pub struct Versus {
 
 /// The lock settings of the item: those of items 1–4, with etcd's default `node_timeout` (500 ms: a
 /// write is a Raft commit, fsynced on a majority) on etcd.
-fn settings_for(store: Store) -> LockSettings {
+fn settings_for(store: Backend) -> LockSettings {
     match store {
-        Store::Redis => settings(),
-        Store::Etcd => LockSettings {
+        Backend::Redis | Backend::Embedded => settings(),
+        Backend::Etcd => LockSettings {
             node_timeout: Duration::from_millis(500),
             ..settings()
         },
@@ -78,8 +78,8 @@ pub fn run(
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     let mut sides = Vec::new();
-    for (store, n) in [(Store::Redis, 5), (Store::Etcd, 3)] {
-        let nodes = Nodes::start(store, n);
+    for (store, n) in [(Backend::Redis, 5), (Backend::Etcd, 3)] {
+        let nodes = store.start_nodes(n);
         let (claim, release, failed) = runtime.block_on(latency(&nodes, sizes.claims))?;
         let race = runtime.block_on(race(&nodes, sizes.race_jobs, sizes.race_ticks))?;
         let herd = herd::on_nodes(&nodes, worker, probe, sizes.herd)?;
@@ -99,8 +99,10 @@ pub fn run(
 }
 
 /// `claims` claims of new ticks of one job by one claimant, each released before the next.
-async fn latency(nodes: &Nodes, claims: usize) -> Result<(Samples, Samples, usize), String> {
-    let store = nodes.open(settings_for(nodes.store()))?;
+async fn latency(nodes: &Cluster, claims: usize) -> Result<(Samples, Samples, usize), String> {
+    let store = nodes
+        .open(settings_for(nodes.backend()))
+        .map_err(|e| e.to_string())?;
     let (mut claim, mut release, mut failed) = (Samples::default(), Samples::default(), 0);
     for i in 0..claims + 5 {
         let tick = Tick(1_000 * (i as i64 + 1));
@@ -124,9 +126,13 @@ async fn latency(nodes: &Nodes, claims: usize) -> Result<(Samples, Samples, usiz
 
 /// The lock-alone race of item 4b on `nodes`: 3 stores race for `jobs` jobs at each of `ticks` ticks,
 /// with the nodes' own counters per (job, tick).
-async fn race(nodes: &Nodes, jobs: usize, ticks: usize) -> Result<Batch, String> {
+async fn race(nodes: &Cluster, jobs: usize, ticks: usize) -> Result<Batch, String> {
     let stores = (0..CONTENDERS)
-        .map(|_| nodes.open(settings_for(nodes.store())))
+        .map(|_| {
+            nodes
+                .open(settings_for(nodes.backend()))
+                .map_err(|e| e.to_string())
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let names: Vec<String> = (0..jobs).map(|j| format!("r{jobs}-{j}")).collect();
     race_once(&stores, &names, Tick(1)).await;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{Timelike as _, Utc};
 
-use super::nodes::{Nodes, Store, Usage};
+use super::nodes::{Backend, Cluster, Counters, Usage};
 use super::peer::{self, PeerRace};
 use super::stats::{ms, quotient, Samples, Table, Verdict};
 use super::workers::{
@@ -90,7 +90,7 @@ pub fn run(
     jobs: usize,
     print: &mut dyn FnMut(&str),
 ) -> Result<Herd, String> {
-    let nodes = Nodes::start(Store::Redis, 5);
+    let nodes = Backend::Redis.start_nodes(5);
     let mut herd = on_nodes(&nodes, worker, probe, jobs)?;
     herd.spawn = spawn_loop(
         jobs,
@@ -121,7 +121,7 @@ pub fn run(
 /// recorded, the nodes' counters from just before the tick until the runs' writes were done. Leaves
 /// `spawn` and `peer` empty.
 pub fn on_nodes(
-    nodes: &Nodes,
+    nodes: &Cluster,
     worker: &Path,
     probe: &[String],
     jobs: usize,
@@ -145,7 +145,7 @@ pub fn on_nodes(
     for w in 0..WORKERS {
         let config = dir.path().join(format!("herd-w{w}.yaml"));
         let yaml = config_yaml(
-            nodes.store(),
+            nodes.backend(),
             &nodes.urls(),
             &format!("w{w}"),
             jobs,

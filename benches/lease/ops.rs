@@ -16,7 +16,7 @@ use redcron::store::redis::RedisStore;
 use redcron::store::{Claims, Health, Leases, Records};
 
 use super::cycle::settings;
-use super::nodes::{Nodes, Usage};
+use super::nodes::{Cluster, Counters, Usage};
 use super::stats::Table;
 
 /// How many times the claim step sends the claims that are not final yet.
@@ -45,7 +45,7 @@ impl Op {
 }
 
 /// Claims, renews, records and releases `jobs` jobs once each; one [`Op`] per step.
-pub async fn measure(nodes: &Nodes, jobs: usize) -> Result<Vec<Op>, String> {
+pub async fn measure(nodes: &Cluster, jobs: usize) -> Result<Vec<Op>, String> {
     let store = RedisStore::new(&nodes.urls(), settings()).map_err(|e| e.to_string())?;
     let tick = Tick(chrono::Utc::now().timestamp_millis());
     let requests: Vec<ClaimRequest> = (0..jobs)

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use testkit::Worker;
 
 use super::cluster::Load;
-use super::nodes::Store;
+use super::nodes::Backend;
 use super::proxy::Proxy;
 
 /// A jobs.yaml on `store`'s nodes at `urls`: `jobs` jobs named `j00000…` on `schedule`, all running
 /// `command`; the store's default lock settings.
 pub fn config_yaml(
-    store: Store,
+    store: Backend,
     urls: &[String],
     id: &str,
     jobs: usize,

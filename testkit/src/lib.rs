@@ -16,11 +16,13 @@
 //! - [`etcd`]: [`EtcdCluster`], N etcd members to kill, hang and restart, with their leader and metrics.
 //! - [`delay_proxy`]: [`DelayProxy`], a TCP proxy that holds back requests carrying a marker.
 //! - [`worker`]: [`Worker`], one `redcron run` process and its JSON log.
+//! - [`stores`]: [`Backend`] and [`Cluster`], any store's nodes (or file) and a redcron store on them.
 
 pub mod children;
 pub mod delay_proxy;
 pub mod etcd;
 pub mod redis;
+pub mod stores;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -28,6 +30,7 @@ use std::path::PathBuf;
 pub use self::delay_proxy::DelayProxy;
 pub use self::etcd::{linearizable_read, EtcdCluster};
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
+pub use self::stores::{store_keeping, store_on, worker_config, Backend, Cluster, EmbeddedFile};
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};
 
 /// A loopback port that was free a moment ago (the caller retries if someone else takes it first).

@@ -6,42 +6,17 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redcron::lock::keys::{token_floor, MAX_TOKEN};
-use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, Refusal, Series};
+use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap};
 use redcron::schedule::Tick;
 use redcron::store::redis::scripts;
-use redcron::store::redis::RedisStore;
 use redcron::store::Store;
 
-use crate::support::{
-    claim_until_final, claim_won, won, DelayProxy, RedisCluster, TestDir, Worker,
-};
+use crate::conformance::{settings, warm};
+use crate::support::{claim_until_final, store_on, won, DelayProxy, RedisCluster, TestDir, Worker};
 
-fn settings() -> LockSettings {
-    LockSettings {
-        ttl: Duration::from_millis(3_000),
-        renew_every: Duration::from_millis(1_000),
-        node_timeout: Duration::from_millis(50),
-        retry_delay: Duration::from_millis(30),
-        ..LockSettings::default()
-    }
-}
-
+/// A store on the Redis nodes at `urls`: a lease of 3 s, a node timeout of 50 ms.
 fn store(urls: &[String]) -> Store {
-    Store::Redis(RedisStore::new(urls, settings()).expect("valid node URLs"))
-}
-
-/// Waits until every node of a fresh store answers, so that the first claim does not race the connects.
-async fn warm(store: &Store) {
-    let _ = store
-        .claim(&ClaimRequest::new(
-            "warm",
-            "warm-up",
-            Tick(1),
-            Overlap::Skip,
-            "w",
-        ))
-        .await;
+    store_on(&format!("redis|{}", urls.join(",")), settings(3_000))
 }
 
 /// Finding 1: two workers race every tick with different `overlap` (so different lease keys) and
@@ -210,8 +185,7 @@ async fn a_split_vote_under_a_hung_node_goes_to_its_leader() {
         retries: 1,
         ..LockSettings::default()
     };
-    let open =
-        || Store::Redis(RedisStore::new(&cluster.urls(), slow.clone()).expect("valid node URLs"));
+    let open = || cluster.store(slow.clone());
     let (leader, loser) = (open(), open());
     warm(&leader).await;
     warm(&loser).await;
@@ -291,68 +265,6 @@ fn a_rollout_that_changes_overlap_runs_each_tick_once() {
     assert_eq!(differs["job"], "rollout");
 }
 
-/// Series are independent: a trigger claimed at a time later than a pending scheduled tick does not make
-/// that tick unclaimable (each series has its own claim records), while it shares the job's lease (the
-/// scheduled tick is busy while the trigger's run holds it, `overlap: skip`) and its fence (the tick's token
-/// is above the trigger's). Each trigger request and retry attempt is granted once.
-#[tokio::test]
-async fn a_trigger_later_than_a_pending_tick_leaves_the_tick_claimable() {
-    let cluster = RedisCluster::start(3);
-    let store = store(&cluster.urls());
-    warm(&store).await;
-    let window = Tick(chrono::Utc::now().timestamp_millis() + 60_000);
-    let trigger = |worker: &str| {
-        ClaimRequest::new(worker, "report", Tick(9_000), Overlap::Skip, "f")
-            .in_series(Series::Trigger("t1".to_string()), window)
-    };
-    let triggered = claim_won(&store, &trigger("a")).await;
-    let scheduled = ClaimRequest::new("b", "report", Tick(5_000), Overlap::Skip, "f");
-    let busy = store.claim(&scheduled).await;
-    assert!(matches!(busy, ClaimOutcome::Busy { .. }), "{busy:?}");
-    store.release(&triggered).await;
-    let again = claim_until_final(&store, &trigger("c"), Duration::from_secs(5)).await;
-    assert!(
-        matches!(again, ClaimOutcome::AlreadyClaimed { .. }),
-        "{again:?}"
-    );
-    let tick = won(claim_until_final(&store, &scheduled, Duration::from_secs(5)).await);
-    assert!(
-        tick.token > triggered.token,
-        "{} after {}",
-        tick.token,
-        triggered.token
-    );
-    store.release(&tick).await;
-    let retry = |worker: &str| {
-        ClaimRequest::new(worker, "report", Tick(5_000), Overlap::Skip, "f")
-            .in_series(Series::Retry(1), window)
-    };
-    let retried = claim_won(&store, &retry("d")).await;
-    assert!(retried.token > tick.token);
-    store.release(&retried).await;
-    let twice = claim_until_final(&store, &retry("e"), Duration::from_secs(5)).await;
-    assert!(
-        matches!(twice, ClaimOutcome::AlreadyClaimed { .. }),
-        "{twice:?}"
-    );
-    // The one-off claim records expire after their window; the schedule's record is kept.
-    let ttl: i64 = cluster.query(
-        0,
-        redis::cmd("PTTL").arg("redcron:{report}:claim:trigger:t1"),
-    );
-    assert!(ttl > 3_600_000, "PTTL {ttl}");
-    let kept: i64 = cluster.query(0, redis::cmd("PTTL").arg("redcron:{report}:claim"));
-    assert_eq!(kept, -1);
-    // A claim whose window has ended on the nodes' clocks is refused.
-    let late = ClaimRequest::new("f", "report", Tick(5_000), Overlap::Skip, "f")
-        .in_series(Series::Retry(2), Tick(1));
-    let refused = store.claim(&late).await;
-    assert!(
-        matches!(refused, ClaimOutcome::AlreadyClaimed { by: None }),
-        "{refused:?}"
-    );
-}
-
 /// Outcomes are handed out as each is decided: in one batch, a free job's claim is won in the first
 /// attempt and reported while another job's claim — held by a contender that crashed between its rounds
 /// — is still being retried inside the store. (`claim_many` returned both together, so the free job's
@@ -385,109 +297,4 @@ async fn a_won_claim_is_handed_out_while_another_of_its_batch_is_retried() {
         "the held job is still contended after the store's retries: {decided:?}"
     );
     store.release(&lease).await;
-}
-
-/// The fence counter on every node of `cluster` for `job`, as stored.
-fn fences(cluster: &RedisCluster, job: &str) -> Vec<Option<String>> {
-    (0..cluster.len())
-        .map(|node| cluster.get(node, &format!("redcron:{{{job}}}:fence")))
-        .collect()
-}
-
-/// Sets the fence counter of `job` to `fence` on every node, as a store written past 2^53 left it.
-fn plant_fence(cluster: &RedisCluster, job: &str, fence: u64) {
-    for node in 0..cluster.len() {
-        let mut set = redis::cmd("SET");
-        set.arg(format!("redcron:{{{job}}}:fence")).arg(fence);
-        let () = cluster.query(node, &set);
-    }
-}
-
-/// Issue 20, finding 1: with the fence counter past 2^53 (a trigger from a clock at 2300 put it there),
-/// each claim's token is exactly one above the last, and every node keeps it exactly — `CONFIRM` compares
-/// the counter as decimal text, not as a Lua double, where `fence + 1 == fence` kept the token standing
-/// still. At 2^63 − 1 the next claim is refused, naming the bound, instead of repeating the token.
-#[tokio::test]
-async fn a_fence_past_2_pow_53_rises_by_one_and_stops_with_an_error_at_its_bound() {
-    let cluster = RedisCluster::start(5);
-    let store = store(&cluster.urls());
-    warm(&store).await;
-    plant_fence(&cluster, "big", 10_413_792_000_569_000);
-    let now = chrono::Utc::now().timestamp_millis();
-    let mut tokens = Vec::new();
-    for (n, tick) in [now, now + 1, now + 2].into_iter().enumerate() {
-        let request = ClaimRequest::new(&format!("w{n}"), "big", Tick(tick), Overlap::Skip, "f");
-        let lease = claim_won(&store, &request).await;
-        tokens.push(lease.token);
-        store.release(&lease).await;
-    }
-    assert_eq!(
-        tokens,
-        [
-            10_413_792_000_569_001,
-            10_413_792_000_569_002,
-            10_413_792_000_569_003
-        ]
-    );
-    assert!(
-        fences(&cluster, "big")
-            .iter()
-            .all(|fence| fence.as_deref() == Some("10413792000569003")),
-        "{:?}",
-        fences(&cluster, "big")
-    );
-
-    plant_fence(&cluster, "big", MAX_TOKEN - 1);
-    let last = ClaimRequest::new("w3", "big", Tick(now + 3), Overlap::Skip, "f");
-    let lease = claim_won(&store, &last).await;
-    assert_eq!(lease.token, MAX_TOKEN);
-    store.release(&lease).await;
-    let past = ClaimRequest::new("w4", "big", Tick(now + 4), Overlap::Skip, "f");
-    match claim_until_final(&store, &past, Duration::from_secs(10)).await {
-        ClaimOutcome::Refused(refusal @ Refusal::TokenLimit { fence, .. }) => {
-            assert_eq!(fence, MAX_TOKEN);
-            assert!(refusal.to_string().contains("2^63 - 1"), "{refusal}");
-        }
-        other => panic!("expected a refusal at the bound, got {other:?}"),
-    }
-    // Refused before round 2: no lease is left behind, and the counter stands at the bound.
-    let free = ClaimRequest::new("w5", "other", Tick(now), Overlap::Skip, "f");
-    claim_won(&store, &free).await;
-    assert!(fences(&cluster, "big")
-        .iter()
-        .all(|fence| fence.as_deref() == Some(MAX_TOKEN.to_string().as_str())));
-    assert!((0..cluster.len()).all(|node| cluster.get(node, "redcron:{big}:lease").is_none()));
-}
-
-/// Issue 20, finding 1: a claim of a tick more than an hour ahead of the nodes' clocks (the year 2300) is
-/// refused by the nodes, in the schedule and in a trigger's series, writing nothing: the job's fence stays
-/// where it was, and the next claim of a tick of now gets a token of now.
-#[tokio::test]
-async fn a_tick_far_ahead_of_the_nodes_clocks_is_refused() {
-    let cluster = RedisCluster::start(5);
-    let store = store(&cluster.urls());
-    warm(&store).await;
-    let far: chrono::DateTime<chrono::Utc> = "2300-01-01T00:00:00Z".parse().expect("a time");
-    let far = Tick(far.timestamp_millis());
-    let scheduled = ClaimRequest::new("w0", "j", far, Overlap::Skip, "f");
-    let triggered = ClaimRequest::new("w1", "j", far, Overlap::Skip, "f")
-        .in_series(Series::Trigger("t1".into()), Tick(far.as_millis() + 30_000));
-    for request in [scheduled, triggered] {
-        match claim_until_final(&store, &request, Duration::from_secs(10)).await {
-            ClaimOutcome::Refused(refusal @ Refusal::TickAhead { tick, .. }) => {
-                assert_eq!(tick, far);
-                assert_eq!(refusal.reason(), "tick_ahead");
-            }
-            other => panic!("expected the far tick refused, got {other:?}"),
-        }
-    }
-    assert!(fences(&cluster, "j").iter().all(Option::is_none));
-    assert!((0..cluster.len()).all(|node| cluster.keys(node, "redcron:{j}:*").is_empty()));
-    let now = chrono::Utc::now().timestamp_millis();
-    let lease = claim_won(
-        &store,
-        &ClaimRequest::new("w2", "j", Tick(now), Overlap::Skip, "f"),
-    )
-    .await;
-    assert_eq!(lease.token, token_floor(Tick(now)));
 }

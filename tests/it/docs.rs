@@ -13,6 +13,7 @@ const MODULES: &[&str] = &[
     "cli",
     "clock",
     "config",
+    "conformance",
     "deploy",
     "embedded",
     "etcd",

@@ -3,8 +3,10 @@
 //! What the file adds over process memory is what these prove: a restarted worker — even one whose wall
 //! clock stepped back across the restart — runs no tick again and hands out higher tokens; two worker
 //! processes sharing one file run each tick once, also while one of them is frozen inside a transaction;
-//! history outlives the process that wrote it; and a file that is not a database stops the worker with an
-//! error that names it.
+//! history outlives the process that wrote it; a store reopened on the file keeps its claims, fences and
+//! leases, but not a lease of another boot; and a file that is not a database stops the worker (and the
+//! store) with an error that names it. What the embedded store guarantees as every store does is the
+//! conformance suite (`conformance::embedded::…`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,19 +14,28 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use redcron::history::{Entry, Kind, Query};
+use redcron::history::{Entry, HistorySettings, Kind, Query};
+use redcron::lock::{ClaimOutcome, LockSettings};
 use redcron::membership::Member;
 use redcron::schedule::Tick;
-use redcron::store::Store;
+use redcron::store::embedded::EmbeddedStore;
+use redcron::store::{Store, StoreError};
 
-use crate::support::{TestDir, Worker};
+use crate::conformance::request;
+use crate::support::{won, TestDir, Worker};
 use crate::worker::{ledger, ledger_job, tick_time};
 
-/// A config without `redis:`: the database is `redcron.db` beside it. Short leases, as in the other tests.
-fn config(id: &str, jobs: &str) -> String {
+/// A config without a store section: the database is `redcron.db` beside it. Short leases, as in the
+/// other tests.
+pub(crate) fn config(id: &str, jobs: &str) -> String {
+    config_with(&format!("  id: {id}\n"), jobs)
+}
+
+/// [`config`] with `worker_section` (YAML under `worker:`, already indented) for the worker.
+pub(crate) fn config_with(worker_section: &str, jobs: &str) -> String {
     format!(
         "lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
-         worker:\n  id: {id}\njobs:\n{jobs}"
+         worker:\n{worker_section}jobs:\n{jobs}"
     )
 }
 
@@ -454,4 +465,67 @@ fn a_worker_stopped_inside_a_transaction_blocks_nothing_for_good() {
          {reported} ticks skipped or missed (reported), b timed out on the lock {locked} times, integrity ok",
         runs.len()
     );
+}
+
+/// A store on the database file `redcron.db` in `dir`, with leases of a minute.
+fn open(dir: &TestDir) -> Store {
+    let settings = LockSettings {
+        ttl: Duration::from_secs(60),
+        ..LockSettings::default()
+    };
+    let path = dir.join("state/redcron.db");
+    let store = EmbeddedStore::open(&path, settings, HistorySettings::default());
+    Store::Embedded(store.expect("the store opens"))
+}
+
+/// A reopened store (a restarted worker) keeps the claims and the fence: an earlier tick stays claimed,
+/// the lease of the previous process still holds the job, and tokens go on rising.
+#[tokio::test]
+async fn claims_fences_and_leases_survive_a_reopen() {
+    let dir = TestDir::new();
+    let first = won(open(&dir).claim(&request("a", "job", 5_000)).await);
+    let store = open(&dir);
+    let early = store.claim(&request("b", "job", 4_000)).await;
+    assert!(
+        matches!(early, ClaimOutcome::AlreadyClaimed { .. }),
+        "{early:?}"
+    );
+    let busy = store.claim(&request("b", "job", 6_000)).await;
+    assert!(matches!(busy, ClaimOutcome::Busy { .. }), "{busy:?}");
+    store.release(&first).await;
+    let next = won(store.claim(&request("b", "job", 6_000)).await);
+    assert!(next.token > first.token);
+}
+
+/// A lease stored in another boot of the host has expired, whatever its time on the boot clock says.
+#[tokio::test]
+async fn a_lease_of_another_boot_has_expired() {
+    let dir = TestDir::new();
+    let store = open(&dir);
+    won(store.claim(&request("a", "job", 1_000)).await);
+    let file = rusqlite::Connection::open(dir.join("state/redcron.db")).expect("open");
+    file.execute("UPDATE leases SET boot_id = 'an-earlier-boot'", [])
+        .expect("update");
+    won(store.claim(&request("b", "job", 2_000)).await);
+}
+
+/// A file that is not a database, or a directory that cannot be made, fails with the path named.
+#[test]
+fn an_unusable_file_is_an_error_that_names_it() {
+    let dir = TestDir::new();
+    let garbage = dir.write("garbage.db", vec![b'x'; 8192]);
+    let under_a_file = garbage.join("redcron.db");
+    for path in [garbage, under_a_file] {
+        let opened = EmbeddedStore::open(&path, LockSettings::default(), Default::default());
+        match opened {
+            Err(error @ StoreError::Embedded { .. }) => {
+                assert!(
+                    error.to_string().contains(&path.display().to_string()),
+                    "{error}"
+                );
+            }
+            Err(other) => panic!("{path:?}: unexpected error {other}"),
+            Ok(_) => panic!("{path:?} opened"),
+        }
+    }
 }

@@ -1,6 +1,7 @@
-//! The etcd store under the faults of its own cluster: a member killed, a member hung, the leader killed
-//! while workers claim. (The claim, renew, release and token suite that both stores share is in
-//! `tests/it/lock.rs`; workers on etcd are in `tests/it/worker.rs`.)
+//! The etcd store under the faults of its own cluster: the leader killed while workers claim, a deposed
+//! leader's keep-alive, a lease taken away, TLS and auth. (The suite every store passes, with a member
+//! killed and the leader hung, is `tests/it/conformance`, `conformance::etcd::…`; workers on etcd are in
+//! `tests/it/worker.rs`.)
 //!
 //! etcd answers for its majority, so a fault costs time — an election, a reconnect, a retry of the same
 //! claimant — and never a grant: each test checks that every tick is granted exactly once and tokens rise.
@@ -8,8 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap};
-use redcron::schedule::Tick;
+use redcron::lock::{ClaimOutcome, ClaimRequest, Lease, LockSettings};
 use redcron::store::Store;
 
 use crate::support::{store_on, won, Backend, EtcdCluster, SETTLE};
@@ -25,15 +25,11 @@ pub(crate) fn settings() -> LockSettings {
 
 /// A store on every member of `cluster`, with [`settings`].
 pub(crate) fn store(cluster: &EtcdCluster) -> Store {
-    store_on(
-        &format!("etcd|{}", cluster.endpoints().join(",")),
-        settings(),
-    )
+    cluster.store(settings())
 }
 
-pub(crate) fn request(worker: &str, job: &str, tick: i64) -> ClaimRequest {
-    ClaimRequest::new(worker, job, Tick(tick), Overlap::Skip, "test")
-}
+/// A claimant of `(job, tick)` (`overlap: skip`), as in every store test.
+pub(crate) use crate::conformance::request;
 
 /// Claims `request` as the worker does, for the usual patience ([`crate::support::claim_until_final`]).
 pub(crate) async fn claim_until_final(store: &Store, request: &ClaimRequest) -> ClaimOutcome {
@@ -41,63 +37,13 @@ pub(crate) async fn claim_until_final(store: &Store, request: &ClaimRequest) -> 
 }
 
 /// Renews until confirmed (a renewal that times out is retried, as the watchdog does).
-async fn renew_until_confirmed(store: &Store, lease: &mut Lease) {
+pub(crate) async fn renew_until_confirmed(store: &Store, lease: &mut Lease) {
     let deadline = Instant::now() + SETTLE;
     while let Err(e) = store.renew(lease).await {
         assert!(!e.is_lost(), "the lease was lost: {e}");
         assert!(Instant::now() < deadline, "no renewal confirmed: {e}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// A member killed, then restarted: claims, renewals and releases go on with the two left, the claims
-/// made meanwhile stay claimed after the member rejoins, and tokens keep rising.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_killed_and_restarted_costs_no_grant() {
-    let mut cluster = EtcdCluster::start();
-    let store = store(&cluster);
-    let first = won(claim_until_final(&store, &request("w", "killed", 1_000)).await);
-    store.release(&first).await;
-    let victim = (cluster.leader() + 1) % cluster.len();
-    cluster.kill(victim);
-    let mut lease = won(claim_until_final(&store, &request("w", "killed", 2_000)).await);
-    assert!(lease.token > first.token);
-    renew_until_confirmed(&store, &mut lease).await;
-    store.release(&lease).await;
-    cluster.restart(victim);
-    let again = claim_until_final(&store, &request("other", "killed", 2_000)).await;
-    assert!(
-        matches!(again, ClaimOutcome::AlreadyClaimed { .. }),
-        "a claimed tick was granted again after the member rejoined: {again:?}"
-    );
-    let third = won(claim_until_final(&store, &request("w", "killed", 3_000)).await);
-    assert!(third.token > lease.token);
-}
-
-/// The leader hung (SIGSTOP: its connections stay open and silent): the others elect a new leader, and
-/// the same claimant's retries are granted once; a contender of the same tick is refused; after the old
-/// leader resumes it follows, and the tick stays claimed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_leader_costs_an_election_not_a_grant() {
-    let mut cluster = EtcdCluster::start();
-    let store = store(&cluster);
-    let first = won(claim_until_final(&store, &request("w", "hung", 1_000)).await);
-    store.release(&first).await;
-    let leader = cluster.leader();
-    cluster.stop(leader);
-    let mut lease = won(claim_until_final(&store, &request("a", "hung", 2_000)).await);
-    renew_until_confirmed(&store, &mut lease).await;
-    let contender = claim_until_final(&store, &request("b", "hung", 2_000)).await;
-    assert!(
-        matches!(contender, ClaimOutcome::AlreadyClaimed { .. }),
-        "{contender:?}"
-    );
-    cluster.cont(leader);
-    let late = claim_until_final(&store, &request("c", "hung", 2_000)).await;
-    assert!(
-        matches!(late, ClaimOutcome::AlreadyClaimed { .. }),
-        "{late:?}"
-    );
 }
 
 /// Three workers (each its own store and connections) race 24 ticks of one job, as the worker does

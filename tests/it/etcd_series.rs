@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use etcd_client::{Client, LeaseTimeToLiveOptions};
-use redcron::lock::{ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause, Series};
+use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Series};
 use redcron::schedule::Tick;
 use redcron::store::Store;
 use redcron::trigger::TriggerRequest;
@@ -15,7 +15,7 @@ use redcron::trigger::TriggerRequest;
 use crate::support::{won, Backend, Cluster};
 
 fn request(worker: &str, tick: Tick) -> ClaimRequest {
-    ClaimRequest::new(worker, "job", tick, Overlap::Skip, "f")
+    crate::conformance::request(worker, "job", tick.0)
 }
 
 /// Polls `check` every 100 ms until it holds, for at most `limit`.
@@ -95,50 +95,4 @@ async fn a_trigger_is_claimed_once_while_its_request_stands() {
         store.claim(&never).await,
         ClaimOutcome::AlreadyClaimed { by: None }
     ));
-}
-
-/// A pause refuses every series of the job, stands on every member (for `status`), and a `--for` pause
-/// is dropped by etcd when its etcd lease expires; `resume` ends a pause without end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_pause_refuses_every_series_until_its_lease_expires_or_resume() {
-    let cluster = Backend::Etcd.start();
-    let store = cluster.store(LockSettings::default());
-    let pause = |until| Pause {
-        until,
-        by: "ops@test".to_string(),
-        reason: "migration".to_string(),
-    };
-    store
-        .pause(
-            "job",
-            &pause(Some(Utc::now() + chrono::Duration::seconds(2))),
-            InForce::KeepLonger,
-        )
-        .await
-        .expect("paused");
-    let tick = Tick(Utc::now().timestamp_millis());
-    let retry = request("a", tick).in_series(Series::Retry(1), Tick(tick.0 + 60_000));
-    for claim in [request("a", tick), retry] {
-        match store.claim(&claim).await {
-            ClaimOutcome::Paused(found) => assert_eq!(found.reason, "migration"),
-            other => panic!("expected Paused, got {other:?}"),
-        }
-    }
-    let read = store.pauses(&["job".into(), "other".into()]).await;
-    let read = read.expect("read").value;
-    assert_eq!(read[0].as_ref().map(|r| r.nodes), Some(3));
-    assert_eq!(read[1], None);
-    // etcd's leases: the 2 s, its expiry check, the revoke's commit; margins for a loaded machine.
-    eventually("the pause expired", Duration::from_secs(15), async || {
-        matches!(store.claim(&request("a", tick)).await, ClaimOutcome::Won(_))
-    })
-    .await;
-    store
-        .pause("job", &pause(None), InForce::KeepLonger)
-        .await
-        .expect("paused");
-    let later = request("a", Tick(tick.0 + 1_000));
-    assert!(matches!(store.claim(&later).await, ClaimOutcome::Paused(_)));
-    assert!(store.resume("job").await.expect("resumed"));
-    assert!(!store.resume("job").await.expect("resumed again"));
 }

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use redcron::history::{Entry, Kind, Query};
 use redcron::lock::{LockSettings, QuorumFailure};
-use redcron::store::redis::RedisStore;
-use redcron::store::{Read, Store};
+use redcron::store::Read;
 
 use crate::support::{Persistence, RedisCluster, TestDir, Worker};
 use crate::worker::{config, start_workers};
@@ -19,13 +18,6 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// The cluster's store, as a CLI would open it.
-fn store(cluster: &RedisCluster) -> Store {
-    Store::Redis(
-        RedisStore::new(&cluster.urls(), LockSettings::default()).expect("valid node URLs"),
-    )
-}
-
 /// Every entry of `job` on the cluster, read from every node that answers.
 fn read_history(cluster: &RedisCluster, job: &str) -> Result<Read<Vec<Entry>>, QuorumFailure> {
     let query = Query {
@@ -34,7 +26,7 @@ fn read_history(cluster: &RedisCluster, job: &str) -> Result<Read<Vec<Entry>>, Q
         until: None,
         limit: 5_000,
     };
-    runtime().block_on(async { store(cluster).history(&query).await })
+    runtime().block_on(async { cluster.store(LockSettings::default()).history(&query).await })
 }
 
 /// Every entry of `job` on the cluster, read from a majority.
@@ -206,7 +198,7 @@ fn workers_announce_themselves_and_expire_when_they_die() {
         .collect();
     let members = || {
         runtime()
-            .block_on(async { store(&cluster).members().await })
+            .block_on(async { cluster.store(LockSettings::default()).members().await })
             .expect("a majority answers")
             .value
     };
@@ -263,7 +255,12 @@ fn history_survives_a_minority_of_nodes_lost() {
         })
         .collect();
     runtime()
-        .block_on(async { store(&cluster).record(&entries).await })
+        .block_on(async {
+            cluster
+                .store(LockSettings::default())
+                .record(&entries)
+                .await
+        })
         .expect("written to a majority");
     assert_eq!(history(&cluster, "job").len(), 20);
     cluster.kill(0);
@@ -334,73 +331,4 @@ fn a_run_that_lost_its_lease_is_in_the_history_after_the_outage() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("lease_lost"), "{stdout}");
     drop(worker);
-}
-
-crate::on_every_store!(async: [the_store_keeps_the_newest_ticks_and_the_members], sync: []);
-
-/// Through the store alone, the same on Redis and on etcd: entries of 5 ticks by two workers, with
-/// `keep_ticks: 3`, read back as the newest 3 ticks, newest first, within the limit; a later version of
-/// an entry replaces the earlier one; a member announced is alive, and listed but dead once it announced
-/// that it stopped.
-async fn the_store_keeps_the_newest_ticks_and_the_members(backend: crate::support::Backend) {
-    use redcron::history::HistorySettings;
-    use redcron::membership::Member;
-    use redcron::schedule::Tick;
-
-    let cluster = backend.start();
-    let history = HistorySettings {
-        keep_ticks: 3,
-        ..HistorySettings::default()
-    };
-    let settings = backend.adapt(LockSettings::default());
-    let store = crate::support::store_keeping(&cluster.spec(), settings, history);
-    let now = chrono::Utc::now();
-    let mut entries = Vec::new();
-    for tick in 1..=5 {
-        for worker in ["w1", "w2"] {
-            entries.push(Entry::new(
-                "kept",
-                Tick(tick * 1_000),
-                worker,
-                Kind::Lost,
-                now,
-            ));
-        }
-    }
-    store.record(&entries).await.expect("recorded");
-    let mut ended = Entry::new("kept", Tick(5_000), "w1", Kind::Lost, now);
-    ended.reason = Some("already_claimed".to_string());
-    ended.recorded_at = now + chrono::Duration::seconds(1);
-    store.record(&[ended]).await.expect("recorded");
-    let query = |limit| Query {
-        job: "kept".to_string(),
-        since: None,
-        until: None,
-        limit,
-    };
-    let read = store.history(&query(100)).await.expect("read").value;
-    let ticks: Vec<i64> = read.iter().map(|e| e.tick).collect();
-    assert_eq!(
-        ticks,
-        [5_000, 5_000, 4_000, 4_000, 3_000, 3_000],
-        "{read:#?}"
-    );
-    let newest = read.iter().find(|e| e.worker == "w1").expect("w1's entry");
-    assert_eq!(newest.reason.as_deref(), Some("already_claimed"));
-    assert_eq!(store.history(&query(3)).await.expect("read").value.len(), 3);
-
-    let member: Member = serde_json::from_value(serde_json::json!({
-        "id": "w1", "started_at": now, "heartbeat_ms": 1000
-    }))
-    .expect("a member");
-    store.announce(&member).await.expect("announced");
-    let members = store.members().await.expect("read").value;
-    assert!(members.len() == 1 && members[0].alive, "{members:#?}");
-    let stopped = Member {
-        state: "stopped".to_string(),
-        ..member
-    };
-    store.announce(&stopped).await.expect("announced");
-    let members = store.members().await.expect("read").value;
-    assert!(members.len() == 1 && !members[0].alive, "{members:#?}");
 }

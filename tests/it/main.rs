@@ -8,6 +8,7 @@ mod claims;
 mod cli;
 mod clock;
 mod config;
+mod conformance;
 mod deploy;
 mod docs;
 mod embedded;

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use prometheus_parse::{Scrape, Value};
 
-use crate::support::{etcd_config, free_port, EtcdCluster, RedisCluster, TestDir, Worker};
+use crate::support::{
+    free_port, worker_config, Backend, EtcdCluster, RedisCluster, TestDir, Worker,
+};
 use crate::worker::config;
 
 /// Two workers scraped every 100 ms while they run two jobs (one succeeds, one fails) at 8 consecutive
@@ -235,7 +237,7 @@ fn readyz_follows_a_majority_of_the_etcd_members() {
     let jobs = "  - name: tick\n    schedule: \"* * * * * *\"\n    command: 'true'\n";
     let (worker, port) = listening_worker(&dir, "w", |port| {
         let section = format!("  listen: 127.0.0.1:{port}\n");
-        etcd_config(&cluster.endpoints_yaml(), &section, jobs)
+        worker_config(Backend::Etcd, &cluster.endpoints(), &section, jobs)
     });
     assert_eq!(readyz_turns(port, 200), "ready\n");
     let leader = cluster.leader();

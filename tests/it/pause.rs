@@ -4,32 +4,22 @@
 //! ran out.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redcron::history::{Entry, HistorySettings, Kind};
-use redcron::lock::{
-    ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause, PauseOutcome,
-};
+use redcron::history::{Entry, Kind};
+use redcron::lock::{ClaimOutcome, ClaimRequest, InForce, LockSettings, Overlap, Pause};
 use redcron::schedule::Tick;
-use redcron::store::embedded::EmbeddedStore;
-use redcron::store::redis::{scripts, RedisStore};
-use redcron::store::Store;
+use redcron::store::redis::scripts;
 
 use crate::inspect::workers::wait_for;
 use crate::inspect::{inspect, parse};
-use crate::support::{
-    claim_until_final, Backend, Cluster, DelayProxy, RedisCluster, TestDir, Worker, SETTLE,
-};
+use crate::support::{Backend, Cluster, DelayProxy, RedisCluster, TestDir, Worker};
 use crate::worker::{ledger, ledger_job, start_workers, start_workers_with, tick_time};
 
-fn store(urls: &[String], settings: LockSettings) -> Store {
-    Store::Redis(RedisStore::new(urls, settings).expect("valid node URLs"))
-}
-
+/// A claimant of `report` at `tick`.
 fn request(worker: &str, tick: i64) -> ClaimRequest {
-    ClaimRequest::new(worker, "report", Tick(tick), Overlap::Skip, "f")
+    crate::conformance::request(worker, "report", tick)
 }
 
 fn pause(for_ms: Option<i64>) -> Pause {
@@ -57,7 +47,7 @@ fn assert_paused(outcome: &ClaimOutcome) {
 #[tokio::test]
 async fn a_paused_job_is_granted_nowhere_until_resumed() {
     let cluster = RedisCluster::start(3);
-    let store = store(&cluster.urls(), LockSettings::default());
+    let store = cluster.store(LockSettings::default());
     store
         .pause("report", &pause(None), InForce::KeepLonger)
         .await
@@ -87,7 +77,7 @@ async fn a_paused_job_is_granted_nowhere_until_resumed() {
 #[tokio::test]
 async fn a_pause_for_a_while_expires_on_every_node() {
     let cluster = RedisCluster::start(3);
-    let store = store(&cluster.urls(), LockSettings::default());
+    let store = cluster.store(LockSettings::default());
     store
         .pause("report", &pause(Some(1_000)), InForce::KeepLonger)
         .await
@@ -122,11 +112,9 @@ async fn a_pause_that_lands_between_the_rounds_refuses_the_confirmation() {
         node_timeout: Duration::from_secs(3),
         ..LockSettings::default()
     };
-    let claimant = store(
-        &proxies.iter().map(DelayProxy::url).collect::<Vec<_>>(),
-        slow,
-    );
-    let operator = store(&cluster.urls(), LockSettings::default());
+    let proxied: Vec<String> = proxies.iter().map(DelayProxy::url).collect();
+    let claimant = crate::support::store_on(&format!("redis|{}", proxied.join(",")), slow);
+    let operator = cluster.store(LockSettings::default());
     let warm = ClaimRequest::new("warm", "warm-up", Tick(1), Overlap::Skip, "f");
     let _ = claimant.claim(&warm).await;
     proxies.iter().for_each(|proxy| proxy.delay_next(1));
@@ -148,84 +136,6 @@ async fn a_pause_that_lands_between_the_rounds_refuses_the_confirmation() {
             None,
             "node {node}"
         );
-    }
-}
-
-/// A pause that had ended when it was written is not written; a shorter pause leaves a longer one in
-/// force as it was (value, and on Redis its TTL on every node), also one that is over; `Replace` replaces
-/// it; a pause without end replaces one with an end. On Redis and on etcd.
-async fn a_shorter_pause_keeps_the_longer_in_force_unless_replaced(backend: Backend) {
-    let cluster = backend.start();
-    let store = cluster.store(LockSettings::default());
-    let why = |for_ms, reason: &str| Pause {
-        reason: reason.to_string(),
-        ..pause(for_ms)
-    };
-    let pause_now = |pause: Pause, in_force| {
-        let store = &store;
-        async move {
-            store
-                .pause("report", &pause, in_force)
-                .await
-                .expect("answered")
-        }
-    };
-    let reason_in_force = || async {
-        let read = store.pauses(&["report".to_string()]).await.expect("read");
-        read.value[0].as_ref().map(|read| read.pause.reason.clone())
-    };
-    let keep = InForce::KeepLonger;
-    assert_eq!(
-        pause_now(why(Some(-1), "over"), keep).await,
-        PauseOutcome::AlreadyOver
-    );
-    assert_eq!(reason_in_force().await, None, "a pause over is not written");
-
-    assert_eq!(
-        pause_now(why(Some(3_600_000), "long"), keep).await,
-        PauseOutcome::Paused
-    );
-    for shorter in [why(Some(2_000), "short"), why(Some(-1), "over")] {
-        match pause_now(shorter, keep).await {
-            PauseOutcome::LongerKept(kept) => assert_eq!(kept.reason, "long"),
-            other => panic!("expected the longer pause kept, got {other:?}"),
-        }
-    }
-    assert_eq!(reason_in_force().await.as_deref(), Some("long"));
-    assert_paused_for(&store.claim(&request("a", 1_000)).await, "long");
-    if let Cluster::Redis(redis) = &cluster {
-        for node in 0..redis.len() {
-            let pttl: i64 = redis.query(node, ::redis::cmd("PTTL").arg("redcron:{report}:paused"));
-            assert!(
-                pttl > 3_000_000,
-                "node {node}: the long pause's TTL is {pttl} ms"
-            );
-        }
-    }
-    assert_eq!(
-        pause_now(why(Some(-1), "over"), InForce::Replace).await,
-        PauseOutcome::AlreadyOver
-    );
-    assert_eq!(
-        pause_now(why(Some(2_000), "short"), InForce::Replace).await,
-        PauseOutcome::Paused
-    );
-    assert_eq!(reason_in_force().await.as_deref(), Some("short"));
-    assert_eq!(
-        pause_now(why(None, "until resumed"), keep).await,
-        PauseOutcome::Paused
-    );
-    match pause_now(why(Some(3_600_000), "long"), keep).await {
-        PauseOutcome::LongerKept(kept) => assert_eq!(kept.reason, "until resumed"),
-        other => panic!("expected the pause without end kept, got {other:?}"),
-    }
-    assert!(store.resume("report").await.expect("resumed"));
-}
-
-fn assert_paused_for(outcome: &ClaimOutcome, reason: &str) {
-    match outcome {
-        ClaimOutcome::Paused(pause) => assert_eq!(pause.reason, reason),
-        other => panic!("expected Paused, got {other:?}"),
     }
 }
 
@@ -475,158 +385,6 @@ fn pause_errors_are_clear_and_no_majority_exits_3() {
     );
 }
 
-/// How one claim raced one `pause` of its job: when each began and returned, and the claim's outcome.
-struct Race {
-    claim: (Instant, Instant),
-    pause: (Instant, Instant),
-    outcome: ClaimOutcome,
-}
-
-/// One claim of `tick` by `claimant` and one `pause` of `job` by `operator`, the second started `offset`
-/// after the first (the claim first for a positive offset).
-async fn race_once(
-    claimant: &Arc<Store>,
-    operator: &Arc<Store>,
-    job: &str,
-    tick: i64,
-    offset: i64,
-) -> Race {
-    let wait = |us: i64| Duration::from_micros(u64::try_from(us).unwrap_or(0));
-    let request = ClaimRequest::new("claimant", job, Tick(tick), Overlap::Skip, "f");
-    let claim = tokio::spawn({
-        let claimant = Arc::clone(claimant);
-        async move {
-            tokio::time::sleep(wait(-offset)).await;
-            let start = Instant::now();
-            let outcome = claimant.claim(&request).await;
-            ((start, Instant::now()), outcome)
-        }
-    });
-    let pausing = tokio::spawn({
-        let (operator, job) = (Arc::clone(operator), job.to_string());
-        async move {
-            tokio::time::sleep(wait(offset)).await;
-            let start = Instant::now();
-            operator
-                .pause(&job, &pause(None), InForce::KeepLonger)
-                .await
-                .expect("a majority took the pause");
-            (start, Instant::now())
-        }
-    });
-    let (claim, outcome) = claim.await.expect("the claim task");
-    let pause = pausing.await.expect("the pause task");
-    Race {
-        claim,
-        pause,
-        outcome,
-    }
-}
-
-/// `pause` racing a claim of a tick of its job, 40 times (a new job each time), started a random moment
-/// apart within about the time each takes, from two stores (two processes' connections): the two are
-/// linearizable — a claim that began after `pause` returned is refused (`Paused`), one that returned
-/// before `pause` began is won, those in between go either way — and afterwards the pause stands: another
-/// claimant's claim of the tick, and the claim of the next tick, are refused. Returns the tally.
-async fn pause_races_claims(claimant: Store, operator: Store) -> String {
-    const RACES: i64 = 40;
-    let (claimant, operator) = (Arc::new(claimant), Arc::new(operator));
-    // Offsets within the time one claim or pause takes (the median so far: a loaded machine has outliers).
-    let took = |race: &Race| {
-        let micros = |(start, end): (Instant, Instant)| (end - start).as_micros() as i64;
-        micros(race.claim).max(micros(race.pause))
-    };
-    let mut durations = Vec::new();
-    for warm_up in 0..3 {
-        let warm = race_once(&claimant, &operator, &format!("warm-{warm_up}"), 1_000, 0).await;
-        durations.push(took(&warm));
-    }
-    let median = |durations: &mut Vec<i64>| {
-        durations.sort_unstable();
-        durations[durations.len() / 2].max(200)
-    };
-    let (mut won, mut paused, mut undecided, mut overlapped) = (0, 0, 0, 0);
-    for race in 1..=RACES {
-        let (job, tick) = (format!("race-{race}"), race * 1_000);
-        let spread = median(&mut durations);
-        let offset = rand::random_range(-spread..=spread);
-        let raced = race_once(&claimant, &operator, &job, tick, offset).await;
-        durations.push(took(&raced));
-        let Race {
-            claim,
-            pause,
-            outcome,
-        } = raced;
-        let overlap = claim.0 < pause.1 && pause.0 < claim.1;
-        overlapped += usize::from(overlap);
-        match outcome {
-            ClaimOutcome::Won(lease) => {
-                assert!(
-                    claim.0 < pause.1,
-                    "race {race}: a claim begun after the pause won"
-                );
-                won += 1;
-                claimant.release(&lease).await;
-            }
-            ClaimOutcome::Paused(_) => {
-                assert!(
-                    claim.1 > pause.0,
-                    "race {race}: a claim done before the pause was refused"
-                );
-                paused += 1;
-            }
-            // A claim that found no quorum in time (a loaded machine): neither granted nor refused.
-            ClaimOutcome::NoQuorum(_) => undecided += 1,
-            other => panic!("race {race}: {other:?}"),
-        }
-        for (who, at) in [("rival", tick), ("claimant", tick + 1_000)] {
-            let request = ClaimRequest::new(who, &job, Tick(at), Overlap::Skip, "f");
-            let after = claim_until_final(&claimant, &request, SETTLE).await;
-            assert!(
-                matches!(after, ClaimOutcome::Paused(_)),
-                "race {race}: {who}'s claim of {at} after the pause: {after:?}"
-            );
-        }
-    }
-    assert!(
-        won + paused >= RACES as usize / 2,
-        "too few races decided: {won} won, {paused} paused"
-    );
-    assert!(overlapped > 0, "no claim overlapped a pause");
-    format!(
-        "{RACES} pauses racing a claim ({overlapped} overlapping in time, offsets within {} µs): {won} \
-         claims won, {paused} refused as paused, {undecided} without quorum; 0 won after the pause \
-         returned; the pause stood every time",
-        median(&mut durations)
-    )
-}
-
-/// `pause` racing a claim in flight, on Redis or etcd (see [`pause_races_claims`]).
-async fn a_pause_racing_a_claim_in_flight_is_linearizable(backend: Backend) {
-    let cluster = backend.start();
-    let settings = LockSettings::default();
-    let tally = pause_races_claims(cluster.store(settings.clone()), cluster.store(settings)).await;
-    eprintln!("{backend:?}: {tally}");
-}
-
-/// `pause` racing a claim in flight on the embedded store, from two connections to one file (two processes
-/// of one host) (see [`pause_races_claims`]).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_pause_racing_a_claim_in_flight_is_linearizable_on_the_embedded_store() {
-    let dir = TestDir::new();
-    let open = || {
-        let store = EmbeddedStore::open(
-            &dir.join("redcron.db"),
-            LockSettings::default(),
-            HistorySettings::default(),
-        )
-        .expect("the database opens");
-        Store::Embedded(store)
-    };
-    let tally = pause_races_claims(open(), open()).await;
-    eprintln!("Embedded: {tally}");
-}
-
 /// `pause` sent at a random moment from 5 ms before to 5 ms after a tick of a job every second — while the
 /// tick's claims are in flight — 12 times (resumed 1.3 s later), two workers racing each tick: no tick
 /// whose claims began after `pause` returned ran (a tick more than 20 ms after it, for the offset between
@@ -645,7 +403,7 @@ fn a_pause_at_a_tick_refuses_every_claim_begun_after_it() {
         &ledger_job("tick", "* * * * * *", &dir.ledger()),
     );
     let runtime = crate::history::runtime();
-    let operator = runtime.block_on(async { store(&cluster.urls(), LockSettings::default()) });
+    let operator = runtime.block_on(async { cluster.store(LockSettings::default()) });
     let mut rounds = Vec::new();
     for _ in 0..ROUNDS {
         // A tick at least a second away, so that the job runs again after the last resume.
@@ -720,10 +478,7 @@ fn a_pause_at_a_tick_refuses_every_claim_begun_after_it() {
 }
 
 crate::on_every_store!(
-    async: [
-        a_shorter_pause_keeps_the_longer_in_force_unless_replaced,
-        a_pause_racing_a_claim_in_flight_is_linearizable
-    ],
+    async: [],
     sync: [
         three_workers_start_nothing_while_paused_and_run_again_after_resume,
         a_pause_for_two_seconds_ends_by_itself,

@@ -143,12 +143,7 @@ crate::on_every_store!(
 #[test]
 fn garbage_trigger_requests_in_the_embedded_store_are_skipped() {
     let dir = TestDir::new();
-    let yaml = format!(
-        "lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
-         worker:\n  id: w0\njobs:\n{}",
-        job(&dir)
-    );
-    let config = dir.write_config(&yaml);
+    let config = dir.write_config(&crate::embedded::config("w0", &job(&dir)));
     let mut worker = Worker::spawn(&config, &[]);
     worker
         .wait_for_event("worker.started", Duration::from_secs(10))

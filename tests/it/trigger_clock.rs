@@ -38,10 +38,7 @@ impl Site {
     fn config(&self, worker: &str) -> String {
         match self {
             Site::Shared(cluster) => cluster.config(worker, JOB),
-            Site::Embedded => format!(
-                "lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
-                 worker:\n{worker}jobs:\n{JOB}"
-            ),
+            Site::Embedded => crate::embedded::config_with(worker, JOB),
         }
     }
 

@@ -4,15 +4,13 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use crate::support::{etcd_config, EtcdCluster, Persistence, RedisCluster, TestDir, Worker};
+use crate::support::{
+    worker_config, Backend, EtcdCluster, Persistence, RedisCluster, TestDir, Worker,
+};
 
 /// A config with the cluster's nodes, short leases and `jobs` (YAML list items, already indented).
 pub(crate) fn config(cluster: &RedisCluster, worker_section: &str, jobs: &str) -> String {
-    let nodes = cluster.nodes_yaml();
-    format!(
-        "redis:\n  nodes: {nodes}\nlock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
-         worker:\n{worker_section}jobs:\n{jobs}"
-    )
+    worker_config(Backend::Redis, &cluster.urls(), worker_section, jobs)
 }
 
 /// `n` workers `w0`, `w1`, … on `cluster`, each with its own `w<i>.yaml` in `dir` (`worker_section` after
@@ -102,8 +100,8 @@ fn three_workers_run_each_tick_exactly_once() {
 #[test]
 fn three_workers_on_etcd_run_each_tick_exactly_once() {
     let mut cluster = EtcdCluster::start();
-    let endpoints = cluster.endpoints_yaml();
-    let config = |worker: &str, jobs: &str| etcd_config(&endpoints, worker, jobs);
+    let endpoints = cluster.endpoints();
+    let config = |worker: &str, jobs: &str| worker_config(Backend::Etcd, &endpoints, worker, jobs);
     let kill_the_leader = || {
         let leader = cluster.leader();
         cluster.kill(leader);

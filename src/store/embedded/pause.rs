@@ -90,8 +90,6 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use chrono::Utc;
     use tempfile::TempDir;
 
@@ -127,6 +125,8 @@ mod tests {
         assert_eq!(outcome.expect("written"), PauseOutcome::Paused);
     }
 
+    /// A pause survives a reopen of the file (the suite's `conformance::embedded` proves the rest of
+    /// pause and resume on one open store).
     #[tokio::test]
     async fn a_paused_job_is_refused_until_resumed_and_a_reopen_keeps_the_pause() {
         let dir = TempDir::new().expect("a temporary directory");
@@ -154,55 +154,6 @@ mod tests {
             claim(&reopened, 1_000).await,
             ClaimOutcome::Won(_)
         ));
-    }
-
-    #[tokio::test]
-    async fn a_pause_for_a_while_ends_by_itself() {
-        let dir = TempDir::new().expect("a temporary directory");
-        let store = open(&dir);
-        paused(&store, pause(Some(200))).await;
-        assert!(matches!(
-            claim(&store, 1_000).await,
-            ClaimOutcome::Paused(_)
-        ));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(matches!(claim(&store, 1_000).await, ClaimOutcome::Won(_)));
-        assert_eq!(
-            store.pauses(&["job".into()]).await.expect("read").value,
-            [None]
-        );
-    }
-
-    /// A shorter pause leaves a longer one in force (one over too), `Replace` replaces it, and a pause over
-    /// when written is not written: decided in the write's transaction.
-    #[tokio::test]
-    async fn a_shorter_pause_keeps_the_longer_in_force_unless_replaced() {
-        let dir = TempDir::new().expect("a temporary directory");
-        let store = open(&dir);
-        let why = |for_ms, reason: &str| Pause {
-            reason: reason.to_string(),
-            ..pause(for_ms)
-        };
-        let over = why(Some(-1), "over");
-        let outcome = store.pause("job", &over, InForce::KeepLonger).await;
-        assert_eq!(outcome.expect("answered"), PauseOutcome::AlreadyOver);
-        let reason = || async {
-            let read = store.pauses(&["job".into()]).await.expect("read").value;
-            read[0].as_ref().map(|read| read.pause.reason.clone())
-        };
-        assert_eq!(reason().await, None);
-        paused(&store, why(Some(3_600_000), "long")).await;
-        for shorter in [why(Some(2_000), "short"), why(Some(-1), "over")] {
-            match store.pause("job", &shorter, InForce::KeepLonger).await {
-                Ok(PauseOutcome::LongerKept(kept)) => assert_eq!(kept.reason, "long"),
-                other => panic!("expected the longer pause kept, got {other:?}"),
-            }
-        }
-        assert_eq!(reason().await.as_deref(), Some("long"));
-        let short = why(Some(2_000), "short");
-        let outcome = store.pause("job", &short, InForce::Replace).await;
-        assert_eq!(outcome.expect("answered"), PauseOutcome::Paused);
-        assert_eq!(reason().await.as_deref(), Some("short"));
     }
 
     /// A database written by the previous version (schema 1) is upgraded in place, its claims kept.

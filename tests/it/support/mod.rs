@@ -9,7 +9,7 @@
 //!
 //! The nodes, the etcd members, the proxy, the workers and the child-process handling live in the
 //! `testkit` crate (shared with the benchmark) and are re-exported here, so tests name them as
-//! `crate::support::…`; what only the tests need (the sandbox directory, the store-generic [`Cluster`])
+//! `crate::support::…`; what only the tests need (the sandbox directory, claiming as the worker claims)
 //! stays in this crate's `support` modules.
 //!
 //! Not every test module uses every helper, hence the `dead_code` allowance.
@@ -22,15 +22,13 @@ mod stores;
 use std::path::{Path, PathBuf};
 
 #[allow(unused_imports)]
-pub use self::stores::{
-    claim_until_final, claim_won, etcd_config, store_keeping, store_on, won, Backend, Cluster,
-    SETTLE,
-};
+pub use self::stores::{claim_until_final, claim_won, won, SETTLE};
 // The builders are named by tests that store them, not only chained.
 #[allow(unused_imports)]
 pub use testkit::{
-    children, free_port, libfaketime, linearizable_read, require_program, DelayProxy, EtcdCluster,
-    Persistence, RedisCluster, RedisClusterBuilder, Worker, WorkerBuilder,
+    children, free_port, libfaketime, linearizable_read, require_program, store_keeping, store_on,
+    worker_config, Backend, Cluster, DelayProxy, EmbeddedFile, EtcdCluster, Persistence,
+    RedisCluster, RedisClusterBuilder, Worker, WorkerBuilder,
 };
 
 /// A temporary directory for one test: its `jobs.yaml`, its ledger, anything else it writes.

@@ -1,0 +1,486 @@
+//! [`Backend`] and [`Cluster`]: one harness for every store, shared by the tests and the benchmark.
+//!
+//! A test or a benchmark item takes a [`Backend`], starts its [`Cluster`] (Redis nodes, an etcd cluster,
+//! or an embedded store's SQLite file in a temporary directory) and builds redcron's
+//! [`Store`](redcron::store::Store) on it through [`Cluster::store`]. What differs between the stores —
+//! etcd's lease TTLs are whole seconds and its writes are Raft commits, so it needs longer TTLs and
+//! timeouts, and it drops an expired lease only at its next expiry check; the embedded store fsyncs
+//! every write — is answered here ([`Backend::adapt`], [`Backend::expiry`]), so that the callers say the
+//! same thing for every store. A new store is a variant of each enum, and the compiler points at every
+//! `match` that must answer for it.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use redcron::config::EtcdConfig;
+use redcron::history::{Entry, HistorySettings, Query};
+use redcron::lock::LockSettings;
+use redcron::store::embedded::EmbeddedStore;
+use redcron::store::etcd::EtcdStore;
+use redcron::store::redis::RedisStore;
+use redcron::store::{Store, StoreError};
+
+use crate::{EtcdCluster, RedisCluster};
+
+/// Which store a test or a benchmark item runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Redis,
+    Etcd,
+    Embedded,
+}
+
+impl Backend {
+    /// Its name in reports: `Redis`, `etcd`, `embedded`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Redis => "Redis",
+            Backend::Etcd => "etcd",
+            Backend::Embedded => "embedded",
+        }
+    }
+
+    /// Starts the backend's usual cluster: 5 Redis nodes without persistence, 3 etcd members, or one
+    /// embedded database file.
+    pub fn start(self) -> Cluster {
+        match self {
+            Backend::Redis => self.start_nodes(5),
+            Backend::Etcd => self.start_nodes(3),
+            Backend::Embedded => self.start_nodes(1),
+        }
+    }
+
+    /// Starts `n` nodes (or members) of the backend and waits until each answers; panics with a node's log
+    /// otherwise. The embedded store is one file: `n` must be 1.
+    pub fn start_nodes(self, n: usize) -> Cluster {
+        match self {
+            Backend::Redis => Cluster::Redis(RedisCluster::start(n)),
+            Backend::Etcd => Cluster::Etcd(EtcdCluster::with_members(n)),
+            Backend::Embedded => {
+                assert_eq!(n, 1, "the embedded store is one database file");
+                Cluster::Embedded(EmbeddedFile::new())
+            }
+        }
+    }
+
+    /// `settings` as this backend can honour them: etcd leases live whole seconds (at least one, more
+    /// with etcd's minimum) and an etcd write waits for an fsync on a majority, so the TTL is at least
+    /// 2 s and the node timeout at least a quarter of it (several times a commit on a loaded 2-core
+    /// machine, and still well inside the lease); an embedded store's write is an fsync'd commit, slow on a
+    /// loaded machine, so its TTL is at least a second.
+    pub fn adapt(self, settings: LockSettings) -> LockSettings {
+        match self {
+            Backend::Redis => settings,
+            Backend::Etcd => {
+                let ttl = settings.ttl.max(Duration::from_secs(2));
+                LockSettings {
+                    ttl,
+                    renew_every: settings.renew_every.max(ttl / 3),
+                    node_timeout: settings.node_timeout.max(ttl / 4),
+                    ..settings
+                }
+            }
+            Backend::Embedded => {
+                let ttl = settings.ttl.max(Duration::from_secs(1));
+                LockSettings {
+                    ttl,
+                    renew_every: settings.renew_every.max(ttl / 3),
+                    ..settings
+                }
+            }
+        }
+    }
+
+    /// How long after its holder's deadline the store surely has dropped a lease of `ttl` that nobody
+    /// renewed: on Redis and the embedded store the TTL (plus a margin); on etcd the lease's whole
+    /// seconds, the leader's expiry check (every 500 ms) and the revoke's commit.
+    pub fn expiry(self, ttl: Duration) -> Duration {
+        match self {
+            Backend::Redis | Backend::Embedded => ttl + Duration::from_millis(100),
+            Backend::Etcd => {
+                Duration::from_secs(ttl.as_millis().div_ceil(1000) as u64)
+                    + Duration::from_millis(1_500)
+            }
+        }
+    }
+
+    /// The `jobs.yaml` section that names a store at `addresses`: `redis: nodes:`, `etcd: endpoints:`,
+    /// or `embedded: path:` (the one address being the database file).
+    pub fn section(self, addresses: &[String]) -> String {
+        // JSON strings are YAML strings; `$` is doubled because the config expands `${VAR}`.
+        let quoted: Vec<String> = addresses
+            .iter()
+            .map(|a| serde_json::to_string(&a.replace('$', "$$")).unwrap_or_default())
+            .collect();
+        match self {
+            Backend::Redis => format!("redis:\n  nodes: [{}]\n", quoted.join(", ")),
+            Backend::Etcd => format!("etcd:\n  endpoints: [{}]\n", quoted.join(", ")),
+            Backend::Embedded => format!("embedded:\n  path: {}\n", quoted.join(", ")),
+        }
+    }
+}
+
+/// A running cluster of one backend, stopped (or its file removed) on drop.
+pub enum Cluster {
+    Redis(RedisCluster),
+    Etcd(EtcdCluster),
+    Embedded(EmbeddedFile),
+}
+
+impl Cluster {
+    pub fn backend(&self) -> Backend {
+        match self {
+            Cluster::Redis(_) => Backend::Redis,
+            Cluster::Etcd(_) => Backend::Etcd,
+            Cluster::Embedded(_) => Backend::Embedded,
+        }
+    }
+
+    /// A store on this cluster with `settings` adapted to the backend ([`Backend::adapt`]) and the default
+    /// history bound. Each call opens a new store: its own connections (on the embedded store, its own
+    /// connection to the file), as another process would.
+    pub fn store(&self, settings: LockSettings) -> Store {
+        self.store_keeping(settings, HistorySettings::default())
+    }
+
+    /// [`Self::store`] with `history` as the store's history bound.
+    pub fn store_keeping(&self, settings: LockSettings, history: HistorySettings) -> Store {
+        let settings = self.backend().adapt(settings);
+        store_keeping(&self.spec(), settings, history)
+    }
+
+    /// A store on this cluster with `settings` as they are (not adapted), the default history bound.
+    pub fn open(&self, settings: LockSettings) -> Result<Store, StoreError> {
+        open(
+            self.backend(),
+            &self.urls(),
+            settings,
+            HistorySettings::default(),
+        )
+    }
+
+    /// `redis|<url>,…`, `etcd|<endpoint>,…` or `embedded|<path>`: the cluster for a store built in another
+    /// process ([`store_on`]).
+    pub fn spec(&self) -> String {
+        let kind = match self.backend() {
+            Backend::Redis => "redis",
+            Backend::Etcd => "etcd",
+            Backend::Embedded => "embedded",
+        };
+        format!("{kind}|{}", self.urls().join(","))
+    }
+
+    /// The nodes' URLs, the members' endpoints, or the database file's path.
+    pub fn urls(&self) -> Vec<String> {
+        match self {
+            Cluster::Redis(cluster) => cluster.urls(),
+            Cluster::Etcd(cluster) => cluster.endpoints(),
+            Cluster::Embedded(file) => vec![file.path().display().to_string()],
+        }
+    }
+
+    /// A worker's `jobs.yaml` on this cluster: `worker_section` (YAML under `worker:`, already indented)
+    /// and `jobs` (YAML list items), with short leases — on etcd as short as its whole-second leases
+    /// and Raft commits on a loaded machine allow.
+    pub fn config(&self, worker_section: &str, jobs: &str) -> String {
+        worker_config(self.backend(), &self.urls(), worker_section, jobs)
+    }
+
+    /// How many nodes (or members) the cluster has: 1 for the embedded store's file.
+    pub fn len(&self) -> usize {
+        match self {
+            Cluster::Redis(cluster) => cluster.len(),
+            Cluster::Etcd(cluster) => cluster.len(),
+            Cluster::Embedded(_) => 1,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Node `i`'s client port; panics on the embedded store, which has none.
+    pub fn port(&self, i: usize) -> u16 {
+        match self {
+            Cluster::Redis(cluster) => cluster.port(i),
+            Cluster::Etcd(cluster) => cluster.client_port(i),
+            Cluster::Embedded(_) => panic!("the embedded store has no port"),
+        }
+    }
+
+    /// Node `i`'s process id, if it runs (the embedded store has no process of its own).
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        match self {
+            Cluster::Redis(cluster) => cluster.pid(i),
+            Cluster::Etcd(cluster) => cluster.pid(i),
+            Cluster::Embedded(_) => None,
+        }
+    }
+
+    /// Every history entry of `job`, as a CLI reads it from this cluster.
+    pub fn history(&self, job: &str) -> Vec<Entry> {
+        let query = Query {
+            job: job.to_string(),
+            since: None,
+            until: None,
+            limit: 5_000,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let store = self.store(LockSettings::default());
+            store
+                .history(&query)
+                .await
+                .expect("the store answers")
+                .value
+        })
+    }
+
+    /// Hangs node `i`: SIGSTOP for a Redis node or an etcd member (its socket accepts requests and never
+    /// answers); on the embedded store, another connection takes the file's write lock and keeps it, so
+    /// that every write waits for it until its busy timeout.
+    pub fn stop(&mut self, i: usize) {
+        match self {
+            Cluster::Redis(cluster) => cluster.stop(i),
+            Cluster::Etcd(cluster) => cluster.stop(i),
+            Cluster::Embedded(file) => file.lock(),
+        }
+    }
+
+    /// Resumes node `i` hung by [`Self::stop`].
+    pub fn cont(&mut self, i: usize) {
+        match self {
+            Cluster::Redis(cluster) => cluster.cont(i),
+            Cluster::Etcd(cluster) => cluster.cont(i),
+            Cluster::Embedded(file) => file.unlock(),
+        }
+    }
+
+    /// Hangs ([`Self::stop`]) a majority: Redis nodes 0..N/2+1; on etcd the leader and one more member, so
+    /// that the member left cannot answer for the cluster; the embedded store's file.
+    pub fn stop_majority(&mut self) -> Vec<usize> {
+        let stopped: Vec<usize> = match self {
+            Cluster::Redis(cluster) => (0..cluster.len() / 2 + 1).collect(),
+            Cluster::Etcd(cluster) => {
+                let leader = cluster.leader();
+                vec![leader, (leader + 1) % cluster.len()]
+            }
+            Cluster::Embedded(_) => vec![0],
+        };
+        for &i in &stopped {
+            self.stop(i);
+        }
+        stopped
+    }
+
+    /// Resumes the nodes or members hung by [`Self::stop_majority`].
+    pub fn cont_all(&mut self, stopped: &[usize]) {
+        for &i in stopped {
+            self.cont(i);
+        }
+    }
+
+    /// Empties every node (the embedded store: every table of its file).
+    pub fn flush(&self) {
+        match self {
+            Cluster::Redis(cluster) => (0..cluster.len()).for_each(|i| cluster.flushall(i)),
+            Cluster::Etcd(cluster) => cluster.delete_all(),
+            Cluster::Embedded(file) => file.empty(),
+        }
+    }
+}
+
+/// A worker's `jobs.yaml` on the `backend` store at `addresses` ([`Backend::section`]): `worker_section`
+/// (YAML under `worker:`, already indented) and `jobs` (YAML list items), with short leases — on etcd as
+/// short as its whole-second leases and Raft commits on a loaded machine allow.
+pub fn worker_config(
+    backend: Backend,
+    addresses: &[String],
+    worker_section: &str,
+    jobs: &str,
+) -> String {
+    let lock = match backend {
+        Backend::Redis | Backend::Embedded => SHORT_LEASES,
+        Backend::Etcd => ETCD_LEASES,
+    };
+    let section = backend.section(addresses);
+    format!("{section}{lock}worker:\n{worker_section}jobs:\n{jobs}")
+}
+
+/// The lock settings of a worker's config on Redis and the embedded store: short leases, quick tests.
+const SHORT_LEASES: &str =
+    "lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n";
+
+/// The lock settings of a worker's config on etcd: whole-second leases, room for Raft commits.
+const ETCD_LEASES: &str =
+    "lock:\n  ttl: 5s\n  renew_every: 1s\n  node_timeout: 500ms\n  retry_delay: 50ms\n";
+
+/// The embedded store's database file, `redcron.db` in a temporary directory removed on drop, and the
+/// connection that holds its write lock while it is hung ([`Cluster::stop`]).
+pub struct EmbeddedFile {
+    dir: tempfile::TempDir,
+    path: PathBuf,
+    /// Set while the file is locked: dropping it ends the locking transaction.
+    lock: Option<mpsc::Sender<()>>,
+}
+
+impl EmbeddedFile {
+    fn new() -> EmbeddedFile {
+        let dir = tempfile::Builder::new()
+            .prefix("redcron-embedded-")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        let path = dir.path().join("redcron.db");
+        EmbeddedFile {
+            dir,
+            path,
+            lock: None,
+        }
+    }
+
+    /// The database file (created by the first store opened on it).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory the file is in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Takes the file's write lock (`BEGIN IMMEDIATE`, as every write of the store begins) on a
+    /// connection of its own, held by a thread until [`Self::unlock`]; returns once it is held.
+    fn lock(&mut self) {
+        if self.lock.is_some() {
+            return;
+        }
+        let (release, released) = mpsc::channel::<()>();
+        let (held, is_held) = mpsc::channel::<()>();
+        let path = self.path.clone();
+        std::thread::spawn(move || {
+            let connection = rusqlite::Connection::open(&path).expect("open the database");
+            connection
+                .busy_timeout(Duration::from_secs(10))
+                .expect("a busy timeout");
+            connection
+                .execute_batch("BEGIN IMMEDIATE")
+                .expect("take the write lock");
+            let _ = held.send(());
+            let _ = released.recv();
+            let _ = connection.execute_batch("ROLLBACK");
+        });
+        is_held.recv().expect("the lock is taken");
+        self.lock = Some(release);
+    }
+
+    /// Deletes every row of every table (a file no store opened yet stays as it is).
+    fn empty(&self) {
+        if !self.path.exists() {
+            return;
+        }
+        let connection = rusqlite::Connection::open(&self.path).expect("open the database");
+        connection
+            .busy_timeout(Duration::from_secs(10))
+            .expect("a busy timeout");
+        let mut tables = connection
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .expect("list the tables");
+        let names: Vec<String> = tables
+            .query_map([], |row| row.get(0))
+            .expect("list the tables")
+            .filter_map(Result::ok)
+            .collect();
+        for name in names {
+            connection
+                .execute(&format!("DELETE FROM \"{name}\""), [])
+                .expect("empty a table");
+        }
+    }
+
+    /// Ends the transaction that [`Self::lock`] holds.
+    fn unlock(&mut self) {
+        if let Some(release) = self.lock.take() {
+            let _ = release.send(());
+        }
+    }
+}
+
+impl Drop for EmbeddedFile {
+    fn drop(&mut self) {
+        self.unlock();
+    }
+}
+
+/// A store for the cluster `spec` names ([`Cluster::spec`]), with `settings` as they are.
+pub fn store_on(spec: &str, settings: LockSettings) -> Store {
+    store_keeping(spec, settings, HistorySettings::default())
+}
+
+/// [`store_on`] with `history` as the store's history bound.
+pub fn store_keeping(spec: &str, settings: LockSettings, history: HistorySettings) -> Store {
+    let (kind, list) = spec.split_once('|').expect("a cluster spec is kind|list");
+    let addresses: Vec<String> = list.split(',').map(str::to_string).collect();
+    let backend = match kind {
+        "redis" => Backend::Redis,
+        "etcd" => Backend::Etcd,
+        "embedded" => Backend::Embedded,
+        other => panic!("unknown store kind {other}"),
+    };
+    open(backend, &addresses, settings, history)
+        .unwrap_or_else(|e| panic!("a store on {spec}: {e}"))
+}
+
+/// The `backend` store at `addresses` (node URLs, member endpoints, or the one database file).
+fn open(
+    backend: Backend,
+    addresses: &[String],
+    settings: LockSettings,
+    history: HistorySettings,
+) -> Result<Store, StoreError> {
+    Ok(match backend {
+        Backend::Redis => Store::Redis(RedisStore::new(addresses, settings)?.with_history(history)),
+        Backend::Etcd => {
+            let config = EtcdConfig {
+                endpoints: addresses.to_vec(),
+                user: None,
+                trusted_ca_file: None,
+                client_identity: None,
+            };
+            Store::Etcd(Box::new(EtcdStore::new(&config, settings, history)?))
+        }
+        Backend::Embedded => {
+            let path = addresses.first().map(PathBuf::from).unwrap_or_default();
+            Store::Embedded(EmbeddedStore::open(&path, settings, history)?)
+        }
+    })
+}
+
+impl RedisCluster {
+    /// A redcron store on every node, with `settings` as they are and the default history bound.
+    pub fn store(&self, settings: LockSettings) -> Store {
+        open(
+            Backend::Redis,
+            &self.urls(),
+            settings,
+            HistorySettings::default(),
+        )
+        .expect("valid node URLs")
+    }
+}
+
+impl EtcdCluster {
+    /// A redcron store on every member, with `settings` as they are and the default history bound.
+    pub fn store(&self, settings: LockSettings) -> Store {
+        open(
+            Backend::Etcd,
+            &self.endpoints(),
+            settings,
+            HistorySettings::default(),
+        )
+        .expect("no TLS files to read")
+    }
+}
