@@ -24,7 +24,7 @@ use serde::Serialize;
 use super::honoured::{self, Ignoring};
 use super::read::{Notes, ReadError, Reader};
 use super::render::instant;
-use super::{load_job, operator, render, say_error, ConfigArg, EXIT_IGNORED, EXIT_USAGE};
+use super::{load_job, operator, render, say_error, ConfigArg, Exit};
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead};
 use crate::membership::Capability;
 
@@ -189,7 +189,7 @@ fn change(
         } => {
             render::warn_notes(&notes);
             say_error(&over(&job, paused.as_ref()));
-            return Ok(ExitCode::from(EXIT_USAGE));
+            return Ok(ExitCode::from(Exit::Usage));
         }
         Changed::Paused {
             outcome: PauseOutcome::LongerKept(_),
@@ -204,7 +204,7 @@ fn change(
             render::warn_notes(&notes);
             let effect = format!("it would go on running {job}'s ticks while paused");
             say_error(&honoured::refusal("pause", &job, &ignoring, &effect));
-            return Ok(ExitCode::from(EXIT_IGNORED));
+            return Ok(ExitCode::from(Exit::Ignored));
         }
     };
     let report = PauseReport {

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::explain::Explanation;
 use super::read::Notes;
 use super::status::Status;
-use super::{emit, say, EXIT_OK};
+use super::{emit, say, Exit};
 use crate::history::{Entry, Kind};
 
 /// Prints the warnings of `notes` to stderr, then `report` to stdout: as JSON with `json`, else as
@@ -32,7 +32,7 @@ pub(super) fn deliver<T: Serialize>(
         human(report)
     };
     emit(&text)?;
-    Ok(ExitCode::from(EXIT_OK))
+    Ok(ExitCode::from(Exit::Ok))
 }
 
 /// Prints the warnings of `notes` to stderr, one line each.
