@@ -7,6 +7,7 @@
 //! reports every problem of a config file at once, and `next` shows exactly which instants a job fires
 //! at (in its own time zone) — the quickest way to see the DST rule at work.
 
+mod exit;
 mod explain;
 mod history;
 mod honoured;
@@ -16,6 +17,7 @@ mod render;
 mod status;
 mod trigger;
 
+pub use self::exit::Exit;
 pub use self::explain::ExplainArgs;
 pub use self::history::HistoryArgs;
 pub use self::pause::{PauseArgs, ResumeArgs};
@@ -35,50 +37,18 @@ use crate::control::{self, Control};
 use crate::logging::{self, LogFormat, LogOptions};
 use crate::shutdown::Shutdown;
 
-/// Exit code: the worker stopped gracefully, or the command succeeded.
-pub const EXIT_OK: u8 = 0;
-/// Exit code: a failure at run time (the worker could not start or stopped on an error).
-pub const EXIT_FAILURE: u8 = 1;
-/// Exit code: the configuration or the command line is wrong; nothing was run (also `pause` whose `--for`
-/// had run out before the pause reached the store: nothing was written).
-pub const EXIT_USAGE: u8 = 2;
-/// Exit code: the store could not be reached: fewer than a majority of its nodes answered (`status`,
-/// `history`, `explain`), or took the change (`pause`, `resume`, `trigger`).
-pub const EXIT_NO_MAJORITY: u8 = 3;
-/// Exit code of `trigger`: no run came of the request within its `--timeout` (no live worker runs the job,
-/// the job is paused, another run held it the whole time), or, with `--wait`, the run's worker died before
-/// recording its end.
-pub const EXIT_NO_RUN: u8 = 4;
-/// Exit code of `pause` and `trigger`: a live worker would ignore the command (one of an earlier release,
-/// which does not list it in its announcement's `honours`); nothing was written. `--even-if-ignored` acts
-/// anyway.
-pub const EXIT_IGNORED: u8 = 5;
-/// Exit code: a second SIGINT/SIGTERM stopped the worker (and its jobs) at once.
-pub const EXIT_STOPPED: u8 = 130;
-
-const AFTER_HELP: &str = "\
-Exit codes:
-  0    success; for `run`, stopped gracefully after SIGINT/SIGTERM
-  1    runtime failure
-  2    bad configuration or usage (every problem is printed as file:line:column: field: message);
-       pause: its --for ran out before the pause reached the store (nothing was written)
-  3    the store could not be reached: no majority of its nodes answered (status, history, explain)
-       or took the change (pause, resume: the job may then still run, or stay paused; trigger: the
-       request may still run once)
-  4    trigger: no run came of the request within --timeout (no live worker runs the job, it is
-       paused, or another run held it throughout), or with --wait its worker died during the run
-  5    pause, trigger: a live worker would ignore the command (an earlier release); nothing was
-       written; the error names the worker; --even-if-ignored acts anyway
-  trigger --wait exits with the job's exit code (128+N if signal N ended it, 1 if it could not start);
-       use --json to tell it from redcron's own codes
-  130  stopped at once by a second SIGINT/SIGTERM
-
-In the config file, ${VAR} is replaced from the environment and $$ is a literal $.";
+/// What `--help` says after the options: the exit codes, and how the config file is read.
+fn after_help() -> String {
+    format!(
+        "{}\nIn the config file, ${{VAR}} is replaced from the environment and $$ is a literal $.",
+        Exit::help()
+    )
+}
 
 /// A cluster cron: identical workers read one jobs.yaml, race for a lease per (job, tick), and the
 /// winner runs the job.
 #[derive(Debug, clap::Parser)]
-#[command(name = "redcron", version, after_help = AFTER_HELP)]
+#[command(name = "redcron", version, after_help = after_help())]
 pub struct Args {
     #[command(subcommand)]
     pub action: Action,
@@ -162,7 +132,7 @@ pub struct NextArgs {
 }
 
 /// Carries out `args`. Problems the user must fix (config, usage) are printed to stderr and give
-/// [`EXIT_USAGE`]; an `Err` is a runtime failure, for the caller to print and exit with [`EXIT_FAILURE`].
+/// [`Exit::Usage`]; an `Err` is a runtime failure, for the caller to print and exit with [`Exit::Failure`].
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.action {
         Action::Run(config) => run_worker(&args, &config.config),
@@ -189,7 +159,7 @@ fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
     };
     if let Err(e) = logging::init(&options) {
         say_error(&e.to_string());
-        return Ok(ExitCode::from(EXIT_USAGE));
+        return Ok(ExitCode::from(Exit::Usage));
     }
     for warning in &config.warnings {
         tracing::warn!(event = "config.warning", "{warning}");
@@ -208,14 +178,14 @@ fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
     })?;
     runtime.shutdown_timeout(Duration::from_secs(1));
     if shutdown.is_immediate() {
-        return Ok(ExitCode::from(EXIT_STOPPED));
+        return Ok(ExitCode::from(Exit::Stopped));
     }
     match result {
-        Ok(()) => Ok(ExitCode::from(EXIT_OK)),
+        Ok(()) => Ok(ExitCode::from(Exit::Ok)),
         Err(e) => {
             tracing::error!(event = "worker.failed", error = %e, "Worker failed");
             say_error(&e.to_string());
-            Ok(ExitCode::from(EXIT_FAILURE))
+            Ok(ExitCode::from(Exit::Failure))
         }
     }
 }
@@ -267,7 +237,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         plural(warnings)
     ));
     emit(&out)?;
-    Ok(ExitCode::from(EXIT_OK))
+    Ok(ExitCode::from(Exit::Ok))
 }
 
 fn next(args: &NextArgs) -> anyhow::Result<ExitCode> {
@@ -282,7 +252,7 @@ fn next(args: &NextArgs) -> anyhow::Result<ExitCode> {
         out.push('\n');
     }
     emit(&out)?;
-    Ok(ExitCode::from(EXIT_OK))
+    Ok(ExitCode::from(Exit::Ok))
 }
 
 /// The config of `arg` and its job named `name`; or, printed, every problem of the file or an error naming
@@ -308,7 +278,7 @@ fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a config::JobConfig,
         "no job named {name:?} in {}; known jobs: {known}",
         config.path.display()
     ));
-    Err(ExitCode::from(EXIT_USAGE))
+    Err(ExitCode::from(Exit::Usage))
 }
 
 /// Who runs this command, for the pauses and trigger requests it writes: `$USER@host`.
@@ -338,7 +308,7 @@ fn load(path: &Path) -> Result<Config, ExitCode> {
                 plural(count)
             ));
         }
-        ExitCode::from(EXIT_USAGE)
+        ExitCode::from(Exit::Usage)
     })
 }
 

@@ -7,6 +7,8 @@
 //! repeating them at each call site. tracing-subscriber's own JSON format nests span fields, so this
 //! module has a small [`FormatEvent`] of its own; the text format renders the same flat fields.
 
+pub(crate) mod events;
+
 use std::fmt::Write as _;
 use std::io;
 

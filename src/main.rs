@@ -15,7 +15,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(error) => {
             let _ = writeln!(std::io::stderr(), "error: {error:#}");
-            ExitCode::from(redcron::cli::EXIT_FAILURE)
+            ExitCode::from(redcron::cli::Exit::Failure)
         }
     }
 }

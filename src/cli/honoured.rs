@@ -1,6 +1,6 @@
 //! Whether the live workers obey a command before it acts: `pause` and `trigger` read the membership and,
 //! when a live worker does not list the command in its announcement (`honours`, see
-//! [`crate::membership::Capability`]), name it and refuse with [`super::EXIT_IGNORED`] — unless told
+//! [`crate::membership::Capability`]), name it and refuse with [`super::Exit::Ignored`] — unless told
 //! `--even-if-ignored`, and then the report says which workers ignore it.
 //!
 //! Why refuse: a worker of a release before pauses existed claims through scripts that never read the

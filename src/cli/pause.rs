@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::honoured::{self, Ignoring};
 use super::read::{ReadError, Reader};
-use super::{load_job, operator, render, say_error, ConfigArg, EXIT_IGNORED, EXIT_USAGE};
+use super::{load_job, operator, render, say_error, ConfigArg, Exit};
 use crate::inspect::time::instant;
 use crate::inspect::Notes;
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead};
@@ -185,7 +185,7 @@ fn change(
         } => {
             render::warn_notes(&notes);
             say_error(&over(&job, paused.as_ref()));
-            return Ok(ExitCode::from(EXIT_USAGE));
+            return Ok(ExitCode::from(Exit::Usage));
         }
         Changed::Paused {
             outcome: PauseOutcome::LongerKept(_),
@@ -200,7 +200,7 @@ fn change(
             render::warn_notes(&notes);
             let effect = format!("it would go on running {job}'s ticks while paused");
             say_error(&honoured::refusal("pause", &job, &ignoring, &effect));
-            return Ok(ExitCode::from(EXIT_IGNORED));
+            return Ok(ExitCode::from(Exit::Ignored));
         }
     };
     let report = PauseReport {

@@ -6,7 +6,7 @@
 //! the backend), reads from a majority of the nodes, and keeps a note of every node that did not answer and
 //! every stored item that could not be parsed ([`Notes`]), for the warnings on stderr and the JSON's
 //! `missing_nodes` and `skipped`. No majority is an error with its own exit code
-//! ([`super::EXIT_NO_MAJORITY`]); every read of a command together is bounded by [`COMMAND_TIMEOUT`], so a
+//! ([`super::Exit::NoMajority`]); every read of a command together is bounded by [`COMMAND_TIMEOUT`], so a
 //! command never waits forever, however the nodes misbehave (each exchange with one node is bounded by the
 //! store as well).
 
@@ -48,13 +48,13 @@ pub(super) enum ReadError {
 
 impl ReadError {
     /// The documented exit code for this failure.
-    pub(super) fn exit_code(&self) -> u8 {
+    pub(super) fn exit_code(&self) -> super::Exit {
         match self {
-            ReadError::NoMajority(_) => super::EXIT_NO_MAJORITY,
+            ReadError::NoMajority(_) => super::Exit::NoMajority,
             ReadError::Timeout
             | ReadError::NoDatabase(_)
             | ReadError::Store(_)
-            | ReadError::Runtime(_) => super::EXIT_FAILURE,
+            | ReadError::Runtime(_) => super::Exit::Failure,
         }
     }
 }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::{emit, say, EXIT_OK};
+use super::{emit, say, Exit};
 use crate::history::{Entry, Kind};
 use crate::inspect::explain::Explanation;
 use crate::inspect::status::Status;
@@ -33,7 +33,7 @@ pub(super) fn deliver<T: Serialize>(
         human(report)
     };
     emit(&text)?;
-    Ok(ExitCode::from(EXIT_OK))
+    Ok(ExitCode::from(Exit::Ok))
 }
 
 /// Prints the warnings of `notes` to stderr, one line each.

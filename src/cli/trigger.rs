@@ -9,7 +9,7 @@
 //! returns once the run has started (its id, worker and token); with `--wait`, once it has ended, and exits
 //! with the job's exit code. No run within the request's window (`--timeout`, 30 s by default) — no live
 //! worker runs the job, the job is paused, another run held it the whole time — is an error that says
-//! which, with its own exit code ([`super::EXIT_NO_RUN`]).
+//! which, with its own exit code ([`Exit::NoRun`]).
 //!
 //! A worker of an earlier release never claims a request, so the command first reads the live workers and
 //! refuses, naming them, while one of them does not honour triggers ([`super::honoured`]);
@@ -23,9 +23,7 @@ use serde::Serialize;
 
 use super::honoured::{self, Ignoring};
 use super::read::{ReadError, Reader};
-use super::{
-    load_job, operator, render, say, say_error, ConfigArg, EXIT_IGNORED, EXIT_NO_RUN, EXIT_USAGE,
-};
+use super::{load_job, operator, render, say, say_error, ConfigArg, Exit};
 use crate::clock::cluster::ClusterClock;
 use crate::config::{show_duration, Config};
 use crate::history::{Entry, Kind, Query};
@@ -117,7 +115,7 @@ pub(super) fn run(args: &TriggerArgs) -> anyhow::Result<ExitCode> {
             job.name,
             config.path.display()
         ));
-        return Ok(ExitCode::from(EXIT_USAGE));
+        return Ok(ExitCode::from(Exit::Usage));
     }
     let mut reader = match Reader::open(&config) {
         Ok(reader) => reader,
@@ -136,13 +134,13 @@ pub(super) fn run(args: &TriggerArgs) -> anyhow::Result<ExitCode> {
             &ignored_by,
             effect,
         ));
-        return Ok(ExitCode::from(EXIT_IGNORED));
+        return Ok(ExitCode::from(Exit::Ignored));
     }
     let clock = match cluster_clock(&mut reader, &config) {
         Ok(Ok(clock)) => clock,
         Ok(Err(refusal)) => {
             say_error(&refusal);
-            return Ok(ExitCode::from(super::EXIT_FAILURE));
+            return Ok(ExitCode::from(Exit::Failure));
         }
         Err(error) => return Ok(super::read_failed(&error)),
     };
@@ -349,16 +347,16 @@ fn not_run(entries: &[Entry], live: usize, request: &TriggerRequest) -> String {
     format!("nobody ran it within {window}: {}", told.join("; "))
 }
 
-/// The exit code for `report`: the job's with `--wait`, [`EXIT_NO_RUN`] when no run came of it.
-fn exit_code(report: &TriggerReport) -> u8 {
+/// The exit code for `report`: the job's with `--wait`, [`Exit::NoRun`] when no run came of it.
+fn exit_code(report: &TriggerReport) -> Exit {
     match (report.verdict, &report.run) {
-        (Verdict::Started, _) => super::EXIT_OK,
+        (Verdict::Started, _) => Exit::Ok,
         (Verdict::Ended, Some(run)) => match (run.exit_code, run.signal) {
-            (Some(code), _) => u8::try_from(code).unwrap_or(super::EXIT_FAILURE),
-            (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(super::EXIT_FAILURE),
-            (None, None) => super::EXIT_FAILURE,
+            (Some(code), _) => u8::try_from(code).map_or(Exit::Failure, Exit::Job),
+            (None, Some(signal)) => u8::try_from(128 + signal).map_or(Exit::Failure, Exit::Job),
+            (None, None) => Exit::Failure,
         },
-        (Verdict::Ended, None) | (Verdict::NotRun | Verdict::Unfinished, _) => EXIT_NO_RUN,
+        (Verdict::Ended, None) | (Verdict::NotRun | Verdict::Unfinished, _) => Exit::NoRun,
     }
 }
 
