@@ -34,7 +34,7 @@ use chrono::{DateTime, Utc};
 
 use crate::config::{self, Config};
 use crate::control::{self, Control};
-use crate::logging::{self, LogFormat, LogOptions};
+use crate::logging::{self, events, LogFormat, LogOptions};
 use crate::shutdown::Shutdown;
 
 /// What `--help` says after the options: the exit codes, and how the config file is read.
@@ -162,7 +162,7 @@ fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(Exit::Usage));
     }
     for warning in &config.warnings {
-        tracing::warn!(event = "config.warning", "{warning}");
+        tracing::warn!(event = events::config::WARNING, "{warning}");
     }
     let shutdown = Shutdown::new();
     let control = Control::new(shutdown.clone());
@@ -183,7 +183,7 @@ fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
     match result {
         Ok(()) => Ok(ExitCode::from(Exit::Ok)),
         Err(e) => {
-            tracing::error!(event = "worker.failed", error = %e, "Worker failed");
+            tracing::error!(event = events::worker::FAILED, error = %e, "Worker failed");
             say_error(&e.to_string());
             Ok(ExitCode::from(Exit::Failure))
         }

@@ -331,11 +331,11 @@ mod tests {
             token = 42u64
         );
         let _entered = run.enter();
-        info!(event = "run.started", pid = 1234, "Started the job");
+        info!(event = events::run::STARTED, pid = 1234, "Started the job");
         let inner = info_span!("renew", node = 2);
         inner.in_scope(|| {
             warn!(
-                event = "lease.renew_failed",
+                event = events::lease::RENEW_FAILED,
                 ok = false,
                 token = 43u64,
                 "Renewal failed"
@@ -390,7 +390,7 @@ mod tests {
     fn json_fills_missing_event_and_message() {
         let out = capture(LogFormat::Json, || {
             info!(job = "a", "No name");
-            info!(event = "tick.won", worker = "someone-else");
+            info!(event = events::tick::WON, worker = "someone-else");
         });
         let lines: Vec<Value> = out
             .lines()

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn, Instrument, Span};
 
 use crate::config::Command;
+use crate::logging::events;
 
 /// Output lines longer than this are cut (and logged with `truncated = true`), so a job printing a
 /// binary blob cannot make the worker buffer it whole.
@@ -223,7 +224,7 @@ impl RunningChild {
             .is_err()
         {
             warn!(
-                event = "run.output_abandoned",
+                event = events::run::OUTPUT_ABANDONED,
                 pid = self.pid,
                 "Output still open after SIGKILL (a descendant left the process group); stopped reading it"
             );
@@ -298,7 +299,7 @@ async fn log_lines<R: AsyncRead + Unpin>(stream: Option<R>, name: &'static str) 
         let chunk = match reader.fill_buf().await {
             Ok(chunk) => chunk,
             Err(error) => {
-                warn!(event = "run.output_error", stream = name, error = %error, "Cannot read the job's output");
+                warn!(event = events::run::OUTPUT_ERROR, stream = name, error = %error, "Cannot read the job's output");
                 return;
             }
         };
@@ -329,9 +330,9 @@ fn emit(stream: &'static str, line: &[u8], cut: bool) {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let text = String::from_utf8_lossy(line);
     if cut {
-        info!(event = "run.output", stream, line = %text, truncated = true, "Output line (cut at 64 KiB)");
+        info!(event = events::run::OUTPUT, stream, line = %text, truncated = true, "Output line (cut at 64 KiB)");
     } else {
-        info!(event = "run.output", stream, line = %text, "Output line");
+        info!(event = events::run::OUTPUT, stream, line = %text, "Output line");
     }
 }
 

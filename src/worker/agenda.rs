@@ -10,6 +10,7 @@ use tracing::warn;
 
 use crate::config::JobConfig;
 use crate::lock::Overlap;
+use crate::logging::events;
 use crate::schedule::Tick;
 
 /// The most passed-over ticks of one job that one call reports (the newest); a worker paused for an hour
@@ -190,7 +191,7 @@ fn log_passed(
             .map(|(tick, _)| *tick)
             .collect();
         if let (Some(first), Some(last)) = (older.first(), older.last()) {
-            warn!(event = "tick.skipped", job = %name, tick = %first, reason = why.as_str(),
+            warn!(event = events::tick::SKIPPED, job = %name, tick = %first, reason = why.as_str(),
                   count = older.len() as u64, through = %last,
                   "Skipped this many ticks, the oldest passed over at once (the newest are logged one by one)");
         }
@@ -199,11 +200,11 @@ fn log_passed(
         let late_ms = (now - tick.to_utc()).num_milliseconds();
         match why {
             Passed::Misfire => {
-                warn!(event = "tick.skipped", job = %name, tick = %tick, reason = "misfire", count = 1u64, late_ms,
+                warn!(event = events::tick::SKIPPED, job = %name, tick = %tick, reason = "misfire", count = 1u64, late_ms,
                       "Skipped: the tick is older than the job's misfire grace")
             }
             Passed::Superseded => {
-                warn!(event = "tick.skipped", job = %name, tick = %tick, reason = "superseded", count = 1u64,
+                warn!(event = events::tick::SKIPPED, job = %name, tick = %tick, reason = "superseded", count = 1u64,
                       latest = %latest.map_or(String::new(), |t| t.to_string()), late_ms,
                       "Skipped: the worker came late to this tick and a later one is due too; racing only the latest (overlap: skip)")
             }

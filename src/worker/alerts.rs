@@ -37,6 +37,7 @@ use super::env::job_environment;
 use super::Context;
 use crate::config::{Command, JobConfig};
 use crate::history::{Entry, Kind, Query};
+use crate::logging::events;
 use crate::process::{ChildSpec, ExitKind, RunningChild};
 
 /// The longest a hook may run; it is killed after.
@@ -142,7 +143,7 @@ async fn earlier_outcomes(
         let entries = match context.store.history(&query).await {
             Ok(found) => found.value,
             Err(failure) => {
-                warn!(event = "alert.history_unavailable", error = %failure,
+                warn!(event = events::alert::HISTORY_UNAVAILABLE, error = %failure,
                       "Could not read the job's earlier runs: a failure alerts as a first failure, a success alerts nobody");
                 return None;
             }
@@ -226,7 +227,7 @@ async fn run_hook(
     let mut child = match RunningChild::spawn(&spec) {
         Ok(child) => child,
         Err(err) => {
-            warn!(event = "alert.failed", alert = fields.kind, error = %err, "Could not start the alert hook");
+            warn!(event = events::alert::FAILED, alert = fields.kind, error = %err, "Could not start the alert hook");
             return;
         }
     };
@@ -235,7 +236,7 @@ async fn run_hook(
         Err(_) => {
             child.kill_now();
             warn!(
-                event = "alert.failed",
+                event = events::alert::FAILED,
                 alert = fields.kind,
                 error = "timed out",
                 timeout_ms = HOOK_TIMEOUT.as_millis() as u64,
@@ -247,17 +248,17 @@ async fn run_hook(
     match exit {
         Ok(ExitKind::Code(0)) => {
             info!(
-                event = "alert.sent",
+                event = events::alert::SENT,
                 alert = fields.kind,
                 failures = fields.in_a_row as u64,
                 "Alert hook ran"
             );
         }
         Ok(kind) => {
-            warn!(event = "alert.failed", alert = fields.kind, exit = ?kind, "The alert hook failed");
+            warn!(event = events::alert::FAILED, alert = fields.kind, exit = ?kind, "The alert hook failed");
         }
         Err(err) => {
-            warn!(event = "alert.failed", alert = fields.kind, error = %err, "The alert hook failed");
+            warn!(event = events::alert::FAILED, alert = fields.kind, error = %err, "The alert hook failed");
         }
     }
 }

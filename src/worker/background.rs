@@ -18,6 +18,7 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 use tracing::error;
 
+use crate::logging::events;
 use crate::shutdown::Shutdown;
 
 /// The first wait before a task that panicked starts again; it doubles up to [`RESTART_MAX`].
@@ -47,7 +48,7 @@ where
                 return;
             };
             if shutdown.is_requested() {
-                error!(event = "worker.task_panicked", task, error = %panic, restart = false,
+                error!(event = events::worker::TASK_PANICKED, task, error = %panic, restart = false,
                        "A background task of the worker panicked while the worker stops; it is not started again");
                 return;
             }
@@ -55,7 +56,7 @@ where
                 backoff = RESTART_AFTER;
             }
             restarts += 1;
-            error!(event = "worker.task_panicked", task, error = %panic, restart = true, restarts,
+            error!(event = events::worker::TASK_PANICKED, task, error = %panic, restart = true, restarts,
                    restart_in_ms = backoff.as_millis() as u64,
                    "A background task of the worker panicked (a bug: please report it); starting it again");
             // A shutdown meanwhile starts the task at once: it stops (or drains) as it does at a shutdown.
@@ -71,7 +72,7 @@ where
 /// Logs `ended` as an ERROR if the short-lived task `task` (not restarted) panicked.
 pub(super) fn log_panic(task: &'static str, ended: Result<(), JoinError>) {
     if let Some(panic) = ended.err().and_then(panic_message) {
-        error!(event = "worker.task_panicked", task, error = %panic, restart = false,
+        error!(event = events::worker::TASK_PANICKED, task, error = %panic, restart = false,
                "A task of the worker panicked (a bug: please report it); what it was doing is given up");
     }
 }

@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::Context;
+use crate::logging::events;
 use crate::membership::{Capability, Member};
 
 /// How soon the live workers are read again after the view changed, or while the worker is young.
@@ -84,7 +85,7 @@ impl Heartbeat {
         let _ = self.task.await;
         let last = now_member(&self.context, &self.member, "stopped");
         if let Err(failure) = self.context.store.announce(&last).await {
-            warn!(event = "worker.heartbeat_failed", error = %failure,
+            warn!(event = events::worker::HEARTBEAT_FAILED, error = %failure,
                   "Could not announce that this worker stopped; it will show as dead once its heartbeat expires");
         }
     }
@@ -107,14 +108,14 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
             Ok(()) if failing => {
                 failing = false;
                 info!(
-                    event = "worker.heartbeat_recovered",
+                    event = events::worker::HEARTBEAT_RECOVERED,
                     "Announcing this worker to the store again"
                 );
             }
             Ok(()) => {}
             Err(failure) if !failing => {
                 failing = true;
-                warn!(event = "worker.heartbeat_failed", error = %failure,
+                warn!(event = events::worker::HEARTBEAT_FAILED, error = %failure,
                       "Could not announce this worker to a majority of nodes; `redcron status` may show it dead");
             }
             Err(_) => {}
@@ -158,7 +159,7 @@ async fn read_members(context: &Context) -> bool {
     let names = live.join(",");
     let changed = context.set_live_members(live);
     if changed {
-        info!(event = "members.changed", count, members = %names,
+        info!(event = events::members::CHANGED, count, members = %names,
               "The live workers changed; the claim order now ranks these");
     }
     changed

@@ -48,6 +48,7 @@ use tracing::{info, warn};
 use super::{Context, WorkerError};
 use crate::clock::cluster::{estimate, Estimate, Readings, TooFewSamples};
 use crate::config::{show_duration, WorkerConfig};
+use crate::logging::events;
 use crate::metrics::Metrics;
 
 /// The longest a `/readyz` waits for the store (each node or request is bounded by `lock.node_timeout`
@@ -113,7 +114,7 @@ impl Server {
         let address = listener
             .local_addr()
             .map_or_else(|e| e.to_string(), |a| a.to_string());
-        info!(event = "worker.listening", address = %address,
+        info!(event = events::worker::LISTENING, address = %address,
               max_connections = limits.connections as u64,
               "Serving /metrics, /healthz and /readyz");
         let probe = Arc::new(Probe {
@@ -132,7 +133,7 @@ impl Server {
             // rather than lost with the task.
             if let Err(panic) = AssertUnwindSafe(serving).catch_unwind().await {
                 let error = panic_message(panic.as_ref());
-                warn!(event = "worker.listener_failed", address = %address, error = %error,
+                warn!(event = events::worker::LISTENER_FAILED, address = %address, error = %error,
                       "The metrics and health listener stopped; the worker goes on without it");
             }
         });
@@ -201,7 +202,7 @@ async fn serve(
                 ) => {}
             Err(error) => {
                 if !failing {
-                    warn!(event = "worker.listener_accept_failed", error = %error,
+                    warn!(event = events::worker::LISTENER_ACCEPT_FAILED, error = %error,
                           "The metrics and health listener cannot accept connections (out of descriptors?); it tries again every 100ms");
                     failing = true;
                 }

@@ -27,6 +27,7 @@ use super::Context;
 use crate::config::JobConfig;
 use crate::history::{Entry, Kind, Query};
 use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Series};
+use crate::logging::events;
 use crate::schedule::Tick;
 
 /// The most ticks per job a starting worker looks back at.
@@ -146,7 +147,7 @@ async fn look_back(context: &Context, jobs: &[JobConfig]) -> Vec<(JobConfig, Tic
                 }
             }
             Err(failure) => {
-                warn!(event = "tick.missed_check_failed", job = %job.name, error = %failure,
+                warn!(event = events::tick::MISSED_CHECK_FAILED, job = %job.name, error = %failure,
                       "Could not read the job's history at start: ticks missed while no worker ran are not reported");
                 continue;
             }
@@ -194,7 +195,7 @@ async fn check(
                 read.value
             }
             Err(failure) => {
-                debug!(event = "tick.missed_check_failed", job = %name, error = %failure,
+                debug!(event = events::tick::MISSED_CHECK_FAILED, job = %name, error = %failure,
                        "Could not read the job's history to check for missed ticks; trying again");
                 retry.extend(
                     ticks
@@ -260,7 +261,7 @@ async fn raise(context: &Context, job: &JobConfig, tick: Tick, claimed_by: Optio
             } else {
                 "unclaimed"
             };
-            error!(event = "tick.missed", job = %job.name, tick = %tick, reason,
+            error!(event = events::tick::MISSED, job = %job.name, tick = %tick, reason,
                    claimed_by = claimed_by.as_deref().unwrap_or(""),
                    window_ended_at = %give_up_at(job, tick).to_rfc3339(),
                    "Missed: nobody ran this tick within its window");

@@ -41,6 +41,7 @@ use crate::config::{Config, JobConfig, StoreConfig};
 use crate::control::{Control, Intent};
 use crate::history::{Entry, Kind};
 use crate::lock::{Holder, Overlap, Series};
+use crate::logging::events;
 use crate::membership::Running;
 use crate::schedule::Tick;
 use crate::shutdown::Shutdown;
@@ -116,7 +117,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     let store = Store::open(&config)?;
     if let StoreConfig::Embedded(embedded) = &config.store {
         warn!(
-            event = "worker.embedded_store",
+            event = events::worker::EMBEDDED_STORE,
             path = %embedded.path.display(),
             "No redis or etcd section in the config: using the embedded store, a database file of this host. \
              Workers on this host may share it; configure Redis nodes or an etcd cluster to run workers on several hosts."
@@ -124,7 +125,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     }
     if let Err(error) = crate::clock::boot::start_alarm() {
         warn!(
-            event = "clock.alarm_unavailable",
+            event = events::clock::ALARM_UNAVAILABLE,
             error = %error,
             "Cannot make the boot-clock timer (a timerfd and its thread): lease deadlines are checked once a \
              second instead, so a job may outlive its lease by up to a second after a suspend"
@@ -147,7 +148,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     };
     let child_slots = slots::ChildSlots::new(slots::slots_for(fds, listener_fds));
     info!(
-        event = "worker.started",
+        event = events::worker::STARTED,
         config = %config.path.display(),
         nodes = %nodes,
         jobs = %jobs.iter().map(|job| job.name.as_str()).collect::<Vec<_>>().join(","),
@@ -242,7 +243,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     }
 
     info!(
-        event = "worker.stopping",
+        event = events::worker::STOPPING,
         running = context.busy_count(),
         grace_ms = context.shutdown_grace.as_millis() as u64,
         "Stopping: no new ticks; running jobs get the shutdown grace"
@@ -259,7 +260,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     context.recorder.close();
     let _ = recorder_task.await;
     server.stop().await;
-    info!(event = "worker.stopped", "Worker stopped");
+    info!(event = events::worker::STOPPED, "Worker stopped");
     Ok(())
 }
 
@@ -287,7 +288,7 @@ fn start_due(context: &Arc<Context>, agenda: &mut Agenda, races: &mut JoinSet<()
         // Only a run under way here makes a tick skip for overlap: a tick whose claim is still being
         // raced (a slow batch, retries) holds nothing, and the nodes decide between it and the next.
         if job.overlap == Overlap::Skip && context.runs_here(&job.name) {
-            info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "overlap",
+            info!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = "overlap",
                       "Skipped: this worker is still running the previous tick");
             context.note(
                 job,
@@ -360,7 +361,7 @@ impl Context {
                 seen.clear();
             }
             if seen.insert(note.clone()) {
-                warn!(event = "store.entry_skipped", error = %note,
+                warn!(event = events::store::ENTRY_SKIPPED, error = %note,
                       "An entry in the store cannot be read (or is not one redcron can have written): skipped");
             }
         }
@@ -461,7 +462,7 @@ impl Context {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let key = (job.name.clone(), other.worker.clone(), theirs.to_string());
         if seen.insert(key) {
-            warn!(event = "job.config_differs", job = %job.name, tick = %tick, other_worker = %other.worker,
+            warn!(event = events::job::CONFIG_DIFFERS, job = %job.name, tick = %tick, other_worker = %other.worker,
                   fingerprint = %ours, other_fingerprint = %theirs,
                   "Another worker runs a different definition of this job (a rollout in progress?); each tick still runs once");
         }

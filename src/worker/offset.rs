@@ -19,6 +19,7 @@ use super::Context;
 use crate::clock::cluster::{measure, Estimate};
 use crate::config::WorkerConfig;
 use crate::lock::QuorumFailure;
+use crate::logging::events;
 
 /// How long the start waits, at most, for a first measurement before the first tick is scheduled.
 const START_BUDGET: Duration = Duration::from_secs(1);
@@ -108,7 +109,7 @@ impl ClockTask {
                         "local_clock"
                     };
                     let offset_ms = clock.offset().num_milliseconds();
-                    warn!(event = "clock.unmeasured", error = %failure, fallback, offset_ms,
+                    warn!(event = events::clock::UNMEASURED, error = %failure, fallback, offset_ms,
                           "Cannot measure the offset to the Redis nodes' clocks; scheduling on the last \
                            known offset, or on this host's own clock if there is none");
                 }
@@ -121,18 +122,18 @@ impl ClockTask {
         let (offset_ms, error_ms) = (millis(estimate.offset_us), millis_up(estimate.error_us));
         if let Some(failed_checks) = notes.recovered {
             info!(
-                event = "clock.recovered",
+                event = events::clock::RECOVERED,
                 failed_checks, "Measured the offset to the Redis nodes' clocks again"
             );
         }
         if notes.offset {
-            info!(event = "clock.offset", offset_ms, error_ms, sampled = estimate.sampled,
+            info!(event = events::clock::OFFSET, offset_ms, error_ms, sampled = estimate.sampled,
                   configured = estimate.configured,
                   "Measured this host's clock offset to the Redis nodes' clocks; ticks are scheduled on their time");
         }
         if notes.high {
             let max_offset_ms = millis(self.reporter.max_offset_us);
-            warn!(event = "clock.offset_high", offset_ms, error_ms, max_offset_ms,
+            warn!(event = events::clock::OFFSET_HIGH, offset_ms, error_ms, max_offset_ms,
                   "This host's clock is further off the Redis nodes' clocks than worker.max_clock_offset; \
                    ticks still run on time, but check its time synchronisation (NTP)");
         }

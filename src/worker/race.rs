@@ -22,6 +22,7 @@ use super::{run, BusyGuard, Context};
 use crate::config::JobConfig;
 use crate::history::Kind;
 use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Refusal, Series};
+use crate::logging::events;
 use crate::schedule::Tick;
 
 /// The first wait before a tick that found no quorum is raced again; it doubles up to the maximum.
@@ -136,7 +137,7 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
         if context.shutdown.is_requested() {
             for p in &pending {
                 p.span().in_scope(|| {
-                    info!(event = "tick.skipped", job = %p.job.name, tick = %p.request.tick, reason = "shutdown",
+                    info!(event = events::tick::SKIPPED, job = %p.job.name, tick = %p.request.tick, reason = "shutdown",
                           "Skipped: shutdown was requested while the tick was being raced")
                 });
                 let (tick, series) = (p.request.tick, &p.request.series);
@@ -244,21 +245,21 @@ fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
     let (job, tick, retry_in_ms) = (&p.job.name, p.request.tick, wait.as_millis() as u64);
     match outcome {
         ClaimOutcome::NoQuorum(failure) => {
-            warn!(event = "tick.retrying", job = %job, tick = %tick, reason = "no_quorum", error = %failure,
+            warn!(event = events::tick::RETRYING, job = %job, tick = %tick, reason = "no_quorum", error = %failure,
                   retry_in_ms, "No majority of the store's nodes answered; racing again")
         }
         ClaimOutcome::Contended { holder, .. } => {
-            info!(event = "tick.retrying", job = %job, tick = %tick, reason = "contended",
+            info!(event = events::tick::RETRYING, job = %job, tick = %tick, reason = "contended",
                   holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()), retry_in_ms,
                   "Another worker holds the lease for this tick without having claimed it; racing again once it has decided or its lease expired")
         }
         ClaimOutcome::Busy { holder, .. } => {
-            info!(event = "tick.retrying", job = %job, tick = %tick, reason = "busy",
+            info!(event = events::tick::RETRYING, job = %job, tick = %tick, reason = "busy",
                   holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()), retry_in_ms,
                   "Another run holds the job; claiming again once it has ended")
         }
         _ => {
-            warn!(event = "tick.retrying", job = %job, tick = %tick, reason = "lease_expired",
+            warn!(event = events::tick::RETRYING, job = %job, tick = %tick, reason = "lease_expired",
                   retry_in_ms, "Won the tick, but the lease expired before the job could start (was this process paused?); claiming it again")
         }
     }
@@ -282,21 +283,21 @@ fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
     let (job, tick) = (&p.job.name, p.request.tick);
     match outcome {
         ClaimOutcome::NoQuorum(failure) => {
-            warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "no_quorum", error = %failure,
+            warn!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "no_quorum", error = %failure,
                    "Skipped: no majority of the store's nodes answered within the grace")
         }
         ClaimOutcome::Contended { holder, .. } => {
-            warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "contended",
+            warn!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "contended",
                    holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
                    "Skipped: another worker held this tick's lease without claiming it until the grace ended")
         }
         ClaimOutcome::Busy { holder, .. } => {
-            info!(event = "tick.skipped", job = %job, tick = %tick, reason = "overlap",
+            info!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "overlap",
                   holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
                   "Skipped: another run held the job until the window ended")
         }
         _ => {
-            warn!(event = "tick.skipped", job = %job, tick = %tick, reason = "lease_expired",
+            warn!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "lease_expired",
                    "Skipped: every lease won for this tick expired before the job could start, until the grace ended")
         }
     }
@@ -329,7 +330,7 @@ async fn settle(
         // Also when shutdown was requested while racing: the tick is granted to this worker, so no other
         // worker may run it; the run gets the shutdown grace like any running job.
         ClaimOutcome::Won(lease) => {
-            info!(event = "tick.won", job = %job.name, tick = %tick, token = lease.token, "Won the tick");
+            info!(event = events::tick::WON, job = %job.name, tick = %tick, token = lease.token, "Won the tick");
             // While the run is under way here, this worker skips the job's next ticks (`overlap: skip`).
             let guard =
                 (job.overlap == Overlap::Skip).then(|| BusyGuard::enter(&context, &job.name));
@@ -346,13 +347,13 @@ async fn settle(
             // says nothing of who, if anyone, claimed this one — the history does.
             let reason = match by.as_ref().and_then(|by| by.tick) {
                 Some(later) if later > tick => {
-                    info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "later_tick_claimed",
+                    info!(event = events::tick::LOST, job = %job.name, tick = %tick, reason = "later_tick_claimed",
                           by = claimant, by_tick = %later,
                           "Lost the tick: a later tick of the job was claimed first, so this one can no longer be (whether it ran is in the history)");
                     "later_tick_claimed"
                 }
                 _ => {
-                    info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "already_claimed",
+                    info!(event = events::tick::LOST, job = %job.name, tick = %tick, reason = "already_claimed",
                           by = claimant, "Lost the tick: another worker claimed it");
                     "already_claimed"
                 }
@@ -361,7 +362,7 @@ async fn settle(
             context.note(&job, tick, series, Kind::Lost, Some(reason), by.as_deref());
         }
         ClaimOutcome::Busy { holder, ttl } => {
-            info!(event = "tick.lost", job = %job.name, tick = %tick, reason = "busy",
+            info!(event = events::tick::LOST, job = %job.name, tick = %tick, reason = "busy",
                   holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
                   holder_tick = %holder.as_ref().and_then(|h| h.tick).map_or(String::new(), |t| t.to_string()),
                   holder_ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis() as u64),
@@ -377,14 +378,14 @@ async fn settle(
             );
         }
         ClaimOutcome::Paused(pause) => {
-            info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "paused",
+            info!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = "paused",
                   paused_by = %pause.by, paused_reason = %pause.reason,
                   paused_until = %pause.until.map_or(String::new(), |until| until.to_rfc3339()),
                   "Skipped: the job is paused (redcron pause)");
             context.note(&job, tick, series, Kind::Skipped, Some("paused"), None);
         }
         ClaimOutcome::Refused(refusal) => {
-            error!(event = "tick.skipped", job = %job.name, tick = %tick, reason = refusal.reason(),
+            error!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = refusal.reason(),
                    error = %refusal, "Skipped: the store refuses this claim as out of bounds");
             // A tick far ahead is not written to the history: it would stand there as the job's newest
             // tick, and a clock far off would write one per tick.

@@ -18,6 +18,7 @@ use tracing::warn;
 
 use super::Context;
 use crate::history::Entry;
+use crate::logging::events;
 
 /// How many entries may wait for the writer; beyond it new entries are dropped (and counted).
 const QUEUE: usize = 10_000;
@@ -131,7 +132,7 @@ async fn write(context: &Context, unwritten: &mut Vec<Entry>) -> bool {
     let dropped = context.recorder.dropped.swap(0, Ordering::Relaxed);
     if dropped > 0 {
         warn!(
-            event = "history.dropped",
+            event = events::history::DROPPED,
             entries = dropped,
             "History entries dropped: the writer fell too far behind (the nodes were unreachable for long)"
         );
@@ -144,7 +145,7 @@ async fn write(context: &Context, unwritten: &mut Vec<Entry>) -> bool {
             }
             Err(failure) => {
                 context.metrics.history_write_failed();
-                warn!(event = "history.write_failed", entries = unwritten.len() as u64, error = %failure,
+                warn!(event = events::history::WRITE_FAILED, entries = unwritten.len() as u64, error = %failure,
                       "History entries not written to a majority of nodes yet; trying again");
                 return false;
             }
@@ -179,7 +180,7 @@ fn give_up(context: &Context, unwritten: &[Entry]) {
         .dropped
         .fetch_add(unwritten.len() as u64, Ordering::Relaxed);
     warn!(
-        event = "history.dropped",
+        event = events::history::DROPPED,
         entries = unwritten.len() as u64,
         "History entries dropped at shutdown: no majority of nodes took them"
     );

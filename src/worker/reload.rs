@@ -7,6 +7,7 @@ use tracing::{error, info, warn};
 
 use super::{enabled_jobs, Context};
 use crate::config::Config;
+use crate::logging::events;
 
 /// Reads the config file again for a reload asked for by `why`. A file with problems changes nothing:
 /// each problem is logged (file:line:column) and `None` returned. A valid one is returned, and what
@@ -17,25 +18,25 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
         Err(e) => {
             context.metrics.config_reloaded(false);
             for problem in e.problems() {
-                error!(event = "config.reload_failed", why, problem = %problem,
+                error!(event = events::config::RELOAD_FAILED, why, problem = %problem,
                        "Config not reloaded: the file has a problem; the worker keeps the config it runs");
             }
             if e.problems().is_empty() {
-                error!(event = "config.reload_failed", why, problem = %e,
+                error!(event = events::config::RELOAD_FAILED, why, problem = %e,
                        "Config not reloaded: the file could not be read; the worker keeps the config it runs");
             }
             return None;
         }
     };
     for warning in &new.warnings {
-        warn!(event = "config.warning", "{warning}");
+        warn!(event = events::config::WARNING, "{warning}");
     }
     if new.store != running.store
         || new.lock != running.lock
         || new.history != running.history
         || new.worker != running.worker
     {
-        warn!(event = "config.restart_needed", why,
+        warn!(event = events::config::RESTART_NEEDED, why,
               "The store, lock, history or worker settings changed: they apply after a restart; jobs are reloaded now");
     }
     let names = |config: &Config| -> BTreeMap<String, String> {
@@ -67,7 +68,7 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
         .config_fingerprint
         .lock()
         .unwrap_or_else(|p| p.into_inner()) = new.fingerprint();
-    info!(event = "config.reloaded", why, added = %added, changed = %changed, removed = %removed,
+    info!(event = events::config::RELOADED, why, added = %added, changed = %changed, removed = %removed,
           jobs = after.len() as u64, fingerprint = %new.fingerprint(),
           "Config reloaded: new and changed jobs take effect from their next tick; removed jobs are no longer raced; running jobs go on");
     Some(new)

@@ -31,6 +31,7 @@ use super::Context;
 use crate::config::JobConfig;
 use crate::history::{Entry, Kind};
 use crate::lock::Series;
+use crate::logging::events;
 use crate::schedule::Tick;
 
 /// Whether a run that ended with `outcome` is tried again (when attempts are left).
@@ -70,7 +71,7 @@ async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series
     let Some(wait_ms) = ended.retry_in_ms else {
         let failed = ended.outcome.as_deref().is_some_and(retried);
         if failed && attempt > 0 && series.trigger().is_none() {
-            warn!(event = "run.retries_exhausted", job = %job.name, tick = %tick, attempts = attempt + 1,
+            warn!(event = events::run::RETRIES_EXHAUSTED, job = %job.name, tick = %tick, attempts = attempt + 1,
                   "The job failed on every attempt; no retry is left");
         }
         super::alerts::after_run(context, job, ended);
@@ -80,7 +81,7 @@ async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series
     let wait = Duration::from_millis(wait_ms);
     let span = series_span(&next);
     span.in_scope(|| {
-        info!(event = "run.retry_scheduled", job = %job.name, tick = %tick,
+        info!(event = events::run::RETRY_SCHEDULED, job = %job.name, tick = %tick,
               outcome = ended.outcome.as_deref().unwrap_or(""), retry_in_ms = wait.as_millis() as u64,
               "The run failed: trying again after the backoff");
     });
@@ -88,7 +89,7 @@ async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series
         () = tokio::time::sleep(wait) => {}
         () = context.shutdown.graceful() => {
             span.in_scope(|| {
-                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason = "shutdown",
+                info!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = "shutdown",
                       "Skipped: shutdown was requested while the retry waited for its backoff");
             });
             context.note(&job, tick, &next, Kind::Skipped, Some("shutdown"), None);
@@ -100,7 +101,7 @@ async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series
         Ok(now) if attempt < now.retry.retries => now,
         Ok(now) => {
             span.in_scope(|| {
-                info!(event = "tick.skipped", job = %now.name, tick = %tick, reason = "retries_lowered",
+                info!(event = events::tick::SKIPPED, job = %now.name, tick = %tick, reason = "retries_lowered",
                       retries = now.retry.retries,
                       "Skipped: a reload lowered the job's retries while this retry waited; the last failure stands");
             });
@@ -120,7 +121,7 @@ async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series
         }
         Err(reason) => {
             span.in_scope(|| {
-                info!(event = "tick.skipped", job = %job.name, tick = %tick, reason,
+                info!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason,
                       "Skipped: a reload removed or disabled the job while this retry waited; it is not retried");
             });
             context.note(&job, tick, &next, Kind::Skipped, Some(reason), None);

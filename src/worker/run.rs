@@ -28,6 +28,7 @@ use super::Context;
 use crate::config::JobConfig;
 use crate::history::{Entry, Kind};
 use crate::lock::{renew_when_left, Lease, RenewError};
+use crate::logging::events;
 use crate::membership::Running;
 use crate::metrics::Metrics;
 use crate::process::{ChildSpec, ExitKind, ProcessError, RunningChild};
@@ -152,7 +153,7 @@ async fn supervise(
     match exit {
         Ok(ExitKind::Code(code)) => {
             info!(
-                event = "run.finished",
+                event = events::run::FINISHED,
                 outcome,
                 exit_code = code,
                 duration_ms,
@@ -161,12 +162,12 @@ async fn supervise(
         }
         Ok(ExitKind::Signal(signal)) => {
             info!(
-                event = "run.finished",
+                event = events::run::FINISHED,
                 outcome, signal, duration_ms, "Job finished"
             )
         }
         Err(err) => {
-            error!(event = "run.finished", outcome, error = %err, duration_ms, "Job finished")
+            error!(event = events::run::FINISHED, outcome, error = %err, duration_ms, "Job finished")
         }
     }
     Some(entry)
@@ -216,7 +217,7 @@ async fn start(
             let reason = match waited {
                 Waited::Slot(_) => {
                     error!(
-                        event = "lease.lost",
+                        event = events::lease::LOST,
                         error =
                             "lease deadline (less stop_grace) passed before the job could start",
                         "Lease lost before the job started: not starting it"
@@ -228,7 +229,7 @@ async fn start(
                 Waited::Lost => "lease_expired",
                 Waited::Shutdown => {
                     info!(
-                        event = "tick.skipped",
+                        event = events::tick::SKIPPED,
                         reason = "shutdown",
                         "Skipped: shutdown was requested while the run waited for a slot"
                     );
@@ -236,7 +237,7 @@ async fn start(
                 }
                 Waited::NoSlot => {
                     let max_children = context.child_slots.capacity();
-                    error!(event = "tick.skipped", reason = "no_slot", max_children,
+                    error!(event = events::tick::SKIPPED, reason = "no_slot", max_children,
                            "Skipped: this worker ran its most children at once until the tick's window ended (see fd_limit in worker.started)");
                     "no_slot"
                 }
@@ -252,11 +253,15 @@ async fn start(
     };
     match RunningChild::spawn(&spec) {
         Ok(child) => {
-            info!(event = "run.started", pid = child.pid(), "Job started");
+            info!(
+                event = events::run::STARTED,
+                pid = child.pid(),
+                "Job started"
+            );
             Ok((child, slot))
         }
         Err(err) => {
-            error!(event = "run.finished", outcome = Outcome::Failure.as_str(), error = %err, duration_ms = 0u64,
+            error!(event = events::run::FINISHED, outcome = Outcome::Failure.as_str(), error = %err, duration_ms = 0u64,
                    "Could not start the job");
             let failure = Outcome::Failure.as_str();
             context
@@ -344,26 +349,26 @@ async fn watch(
                 }
             }
             () = &mut gone => {
-                error!(event = "lease.lost", error = "the store took the lease away (its lease key is gone)",
+                error!(event = events::lease::LOST, error = "the store took the lease away (its lease key is gone)",
                        "Lease lost: the job is stopped");
                 context.metrics.lease_lost(&job.name);
                 return stop(Outcome::LeaseLost);
             }
             () = sleep_until(stop_at) => {
-                error!(event = "lease.expiring", remaining_ms = renewer.lease.remaining().as_millis() as u64,
+                error!(event = events::lease::EXPIRING, remaining_ms = renewer.lease.remaining().as_millis() as u64,
                        stop_grace_ms = job.stop_grace.as_millis() as u64,
                        "Lease not renewed by stop_grace before its deadline: stopping the job so that it is gone by then");
                 context.metrics.lease_lost(&job.name);
                 return stop(Outcome::LeaseLost);
             }
             () = tokio::time::sleep_until(timeout.unwrap_or(far)), if timeout.is_some() => {
-                warn!(event = "run.timeout", timeout_ms = job.timeout.map_or(0, |t| t.as_millis() as u64),
+                warn!(event = events::run::TIMEOUT, timeout_ms = job.timeout.map_or(0, |t| t.as_millis() as u64),
                       "Job timed out: stopping it");
                 return stop(Outcome::Timeout);
             }
             () = context.shutdown.graceful(), if grace_end.is_none() => {
                 grace_end = Some(tokio::time::Instant::now() + context.shutdown_grace);
-                info!(event = "run.draining", grace_ms = context.shutdown_grace.as_millis() as u64,
+                info!(event = events::run::DRAINING, grace_ms = context.shutdown_grace.as_millis() as u64,
                       "Shutdown requested: the job may finish within the grace");
             }
             () = tokio::time::sleep_until(grace_end.unwrap_or(far)), if grace_end.is_some() => {
@@ -392,7 +397,7 @@ async fn stop(
         renewer.lease.deadline().min(lease_now() + job.stop_grace)
     };
     let kill_in = kill_at.saturating_duration_since(lease_now());
-    info!(event = "run.stopping", reason = outcome.as_str(), kill_in_ms = kill_in.as_millis() as u64,
+    info!(event = events::run::STOPPING, reason = outcome.as_str(), kill_in_ms = kill_in.as_millis() as u64,
           "Stopping the job: SIGTERM now, SIGKILL if it has not exited by the lease's deadline or stop_grace");
     let kill = async {
         tokio::select! {
@@ -407,7 +412,7 @@ async fn stop(
             exit = &mut stopping => return exit,
             renewal = renewer.next() => {
                 if renewal == Renewal::Renewed {
-                    info!(event = "lease.renewed_while_stopping",
+                    info!(event = events::lease::RENEWED_WHILE_STOPPING,
                           "Lease renewed while the job is being stopped; the stop goes on");
                 }
             }
@@ -480,14 +485,14 @@ impl<'a> Renewer<'a> {
             }
             Err(RenewError::Unconfirmed(failure)) => {
                 let remaining = self.lease.remaining();
-                warn!(event = "lease.renew_failed", error = %failure, remaining_ms = remaining.as_millis() as u64,
+                warn!(event = events::lease::RENEW_FAILED, error = %failure, remaining_ms = remaining.as_millis() as u64,
                       "Renewal not confirmed by a majority; retrying until the lease's deadline");
                 self.metrics.lease_renew_failed(&self.lease.job);
                 self.next_at = lease_now() + (remaining / 4).max(Duration::from_millis(20));
                 Renewal::Unconfirmed
             }
             Err(lost) => {
-                error!(event = "lease.lost", error = %lost, "Lease lost: the job is stopped (or, still waiting to start, not started)");
+                error!(event = events::lease::LOST, error = %lost, "Lease lost: the job is stopped (or, still waiting to start, not started)");
                 self.metrics.lease_lost(&self.lease.job);
                 Renewal::Lost
             }

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use super::race::{self, Due};
 use super::Context;
 use crate::lock::Series;
+use crate::logging::events;
 use crate::trigger::{TriggerRequest, KEEP_AFTER_WINDOW};
 
 /// How often the requests are read.
@@ -58,7 +59,7 @@ async fn poll(context: Arc<Context>) {
             }
             Err(failure) => {
                 if !failing {
-                    warn!(event = "trigger.poll_failed", error = %failure,
+                    warn!(event = events::trigger::POLL_FAILED, error = %failure,
                           "Trigger requests could not be read from a majority of nodes; retrying every second");
                 }
                 failing = true;
@@ -100,7 +101,7 @@ fn due(
             continue;
         };
         if let Err(unfit) = request.fits(now) {
-            warn!(event = "trigger.refused", job = %job.name, trigger = %request.id, reason = unfit.reason(),
+            warn!(event = events::trigger::REFUSED, job = %job.name, trigger = %request.id, reason = unfit.reason(),
                   requested_by = %request.by, error = %unfit,
                   "A trigger request out of bounds: not claimed, and deleted from the store");
             // Remembered for KEEP_AFTER_WINDOW, by which time its deletion has landed: warned of once.
@@ -108,7 +109,7 @@ fn due(
             context.store.forget_trigger(&request.id);
             continue;
         }
-        info!(event = "trigger.received", job = %job.name, trigger = %request.id, tick = %request.tick(),
+        info!(event = events::trigger::RECEIVED, job = %job.name, trigger = %request.id, tick = %request.tick(),
               requested_by = %request.by, not_after = %request.not_after.to_rfc3339(),
               "A trigger request for this job: claiming it");
         raced.insert(request.id.clone(), request.not_after);
