@@ -1,6 +1,7 @@
 //! The names the protocol writes on every node: keys, lease values, claim records, and the token floor.
 //!
-//! Both stores use these, so the embedded store gives the same answers as the Redis nodes.
+//! Every store writes these — on the Redis nodes, in the etcd cluster, in the embedded store's file — so
+//! the stores give the same answers and the CLI reads them the same way.
 //!
 //! - A **claimant** is one worker's chain of attempts at one `(job, tick)`: `<worker id>/<uuid>`, made once
 //!   ([`super::ClaimRequest::new`]) and reused by every retry of that tick. Each node confirms at most one

@@ -1,14 +1,15 @@
 //! Leases, tick claims and fencing tokens.
 //!
-//! A store ([`crate::store::Store`]) answers one question for the worker: *may I run `(job, tick)`, and with which fencing
-//! token?* Expected answers are values ([`ClaimOutcome`]), failures of the store itself are errors.
+//! A store ([`crate::store::Store`]) answers one question for the worker: *may I run `(job, tick)`, and with
+//! which fencing token?* Expected answers are values ([`ClaimOutcome`]), failures of the store itself are
+//! errors.
 //!
 //! The stores of [`crate::store`] implement these answers ([`crate::store::Claims`],
 //! [`crate::store::Leases`]), whichever section of the config names them: the Redlock protocol across N
 //! independent Redis nodes (`redis:`; its safety argument is in `docs/protocol.md` and beside each
 //! script), one transaction per claim in an etcd cluster (`etcd:`), and the embedded store for a single
-//! host (`embedded:`, or no store section). All write the names of [`keys`]. [`order`] says when each worker starts claiming a
-//! `(job, tick)`, so that contention is rare; no guarantee depends on it.
+//! host (`embedded:`, or no store section). All write the names of [`keys`]. [`order`] says when each
+//! worker starts claiming a `(job, tick)`, so that contention is rare; no guarantee depends on it.
 
 pub mod keys;
 pub mod order;

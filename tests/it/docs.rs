@@ -39,15 +39,22 @@ const MODULES: &[&str] = &[
     "yaml_limits",
 ];
 
-/// Every `module::name` in backticks in `text` whose module is one of [`MODULES`].
+/// The stores a suite is instantiated for (`conformance::etcd::name`, `lock::redis::name`): a citation may
+/// name the store between the module and the test.
+const STORES: &[&str] = &["redis", "etcd", "embedded"];
+
+/// Every `module::name` (or `module::<store>::name`, one store's run of a test) in backticks in `text`
+/// whose module is one of [`MODULES`].
 fn citations(text: &str) -> BTreeSet<(String, String)> {
     let mut found = BTreeSet::new();
+    let is_ident =
+        |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     for quoted in text.split('`').skip(1).step_by(2) {
-        let Some((module, name)) = quoted.split_once("::") else {
-            continue;
+        let (module, name) = match quoted.split("::").collect::<Vec<_>>()[..] {
+            [module, name] => (module, name),
+            [module, store, name] if STORES.contains(&store) => (module, name),
+            _ => continue,
         };
-        let is_ident =
-            |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if MODULES.contains(&module) && is_ident(name) {
             found.insert((module.to_string(), name.to_string()));
         }
