@@ -405,3 +405,42 @@ async fn settle(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of what `f` returns, without calling it (a future's size is known from its type alone).
+    fn size_of_output<A, R>(_: &impl FnOnce(A) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// The task spawned per claim settled (every won, lost or skipped tick of every worker) stays small:
+    /// a herd or a high tick rate holds thousands of them at once.
+    #[test]
+    fn settle_task_is_small() {
+        let task = |(context, job, tick, series, until, outcome): (
+            Arc<Context>,
+            JobConfig,
+            Tick,
+            Series,
+            DateTime<Utc>,
+            ClaimOutcome,
+        )| settle(context, job, tick, series, until, outcome).instrument(Span::none());
+        let size = size_of_output(&task);
+        println!("settle task: {size} bytes");
+        let run = |(context, job, lease, until): (Arc<Context>, &'static JobConfig, crate::lock::Lease, DateTime<Utc>)| {
+            run::run(context, job, lease, until)
+        };
+        println!(
+            "run: {}, JobConfig: {}, ClaimOutcome: {}, Entry: {}, Lease: {}, Series: {}",
+            size_of_output(&run),
+            std::mem::size_of::<JobConfig>(),
+            std::mem::size_of::<ClaimOutcome>(),
+            std::mem::size_of::<crate::history::Entry>(),
+            std::mem::size_of::<crate::lock::Lease>(),
+            std::mem::size_of::<Series>(),
+        );
+        assert!(size <= 100_000, "the settle task is {size} bytes");
+    }
+}
