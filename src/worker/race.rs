@@ -33,7 +33,8 @@ const BUSY_RETRY: Duration = Duration::from_secs(1);
 
 /// One claim to race: a scheduled tick, a trigger request or a retry attempt.
 pub(super) struct Due {
-    pub(super) job: JobConfig,
+    /// Shared with the agenda and the other claims of the job: a tick costs no copy of its definition.
+    pub(super) job: Arc<JobConfig>,
     pub(super) tick: Tick,
     pub(super) series: Series,
     /// When it stops being raced (cluster time): the tick's window, the trigger's, the retry's.
@@ -44,9 +45,9 @@ pub(super) struct Due {
 
 impl Due {
     /// A scheduled tick: raced after the job's jitter, until its window ends ([`give_up_at`]).
-    pub(super) fn scheduled(job: &JobConfig, tick: Tick) -> Due {
+    pub(super) fn scheduled(job: &Arc<JobConfig>, tick: Tick) -> Due {
         Due {
-            job: job.clone(),
+            job: Arc::clone(job),
             tick,
             series: Series::Schedule,
             until: give_up_at(job, tick),
@@ -58,7 +59,7 @@ impl Due {
 /// One claim being raced: the job, its claim request (one claimant, kept across retries), and when to
 /// try again.
 struct Pending {
-    job: JobConfig,
+    job: Arc<JobConfig>,
     request: ClaimRequest,
     until: DateTime<Utc>,
     retry_at: tokio::time::Instant,
@@ -314,7 +315,7 @@ pub(super) fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
 /// pause or as out of bounds, is handled: it is deleted from the store.
 async fn settle(
     context: Arc<Context>,
-    job: JobConfig,
+    job: Arc<JobConfig>,
     tick: Tick,
     series: Series,
     until: DateTime<Utc>,
@@ -421,17 +422,22 @@ mod tests {
     fn settle_task_is_small() {
         let task = |(context, job, tick, series, until, outcome): (
             Arc<Context>,
-            JobConfig,
+            Arc<JobConfig>,
             Tick,
             Series,
             DateTime<Utc>,
             ClaimOutcome,
-        )| settle(context, job, tick, series, until, outcome).instrument(Span::none());
+        )| {
+            settle(context, job, tick, series, until, outcome).instrument(Span::none())
+        };
         let size = size_of_output(&task);
         println!("settle task: {size} bytes");
-        let run = |(context, job, lease, until): (Arc<Context>, &'static JobConfig, crate::lock::Lease, DateTime<Utc>)| {
-            run::run(context, job, lease, until)
-        };
+        let run = |(context, job, lease, until): (
+            Arc<Context>,
+            &'static JobConfig,
+            crate::lock::Lease,
+            DateTime<Utc>,
+        )| { run::run(context, job, lease, until) };
         println!(
             "run: {}, JobConfig: {}, ClaimOutcome: {}, Entry: {}, Lease: {}, Series: {}",
             size_of_output(&run),
