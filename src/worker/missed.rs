@@ -37,9 +37,14 @@ const ENTRY_SETTLE: Duration = Duration::from_secs(2);
 /// The wait before a check that found no majority is tried again.
 const RECHECK_AFTER: Duration = Duration::from_secs(5);
 
+/// A tick to check, with its job's definition (shared with the agenda, not copied).
+type Suspect = (Arc<JobConfig>, Tick);
+/// Suspects to check: (job name, tick) → job.
+type Suspects = BTreeMap<(String, Tick), Arc<JobConfig>>;
+
 /// The worker's handle on the missed-tick checker.
 pub(crate) struct Sentinel {
-    queue: mpsc::UnboundedSender<(Arc<JobConfig>, Tick)>,
+    queue: mpsc::UnboundedSender<Suspect>,
 }
 
 impl Sentinel {
@@ -73,14 +78,13 @@ impl Sentinel {
 async fn watch(
     context: Arc<Context>,
     jobs: Vec<Arc<JobConfig>>,
-    suspects: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<(Arc<JobConfig>, Tick)>>>,
+    suspects: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Suspect>>>,
     max_clock_offset: Duration,
 ) {
     let mut suspects = suspects.lock().await;
     let margin = chrono::Duration::from_std(max_clock_offset + ENTRY_SETTLE).unwrap_or_default();
     // When to check, and what: (job name, tick) → job.
-    let mut due: BTreeMap<DateTime<Utc>, BTreeMap<(String, Tick), Arc<JobConfig>>> =
-        BTreeMap::new();
+    let mut due: BTreeMap<DateTime<Utc>, Suspects> = BTreeMap::new();
     for (job, tick) in look_back(&context, &jobs).await {
         due.entry(context.clock.now())
             .or_default()
@@ -103,7 +107,7 @@ async fn watch(
         }
         let now = context.clock.now();
         let ready: Vec<_> = due.range(..=now).map(|(at, _)| *at).collect();
-        let mut batch: BTreeMap<(String, Tick), Arc<JobConfig>> = BTreeMap::new();
+        let mut batch: Suspects = BTreeMap::new();
         for at in ready {
             batch.extend(due.remove(&at).unwrap_or_default());
         }
@@ -127,7 +131,7 @@ async fn watch(
 
 /// The ticks a starting worker suspects: per job, those after its newest history entry whose window has
 /// ended, within the look-back, newest [`LOOKBACK_TICKS`]. A job with no history at all is new: nothing.
-async fn look_back(context: &Context, jobs: &[Arc<JobConfig>]) -> Vec<(Arc<JobConfig>, Tick)> {
+async fn look_back(context: &Context, jobs: &[Arc<JobConfig>]) -> Vec<Suspect> {
     let now = context.clock.now();
     let lookback = chrono::Duration::from_std(context.store.history_settings().missed_lookback)
         .unwrap_or_default();
@@ -175,10 +179,7 @@ async fn look_back(context: &Context, jobs: &[Arc<JobConfig>]) -> Vec<(Arc<JobCo
 }
 
 /// Checks `batch`; returns the suspects whose check could not be made (no majority) for a later try.
-async fn check(
-    context: &Context,
-    batch: BTreeMap<(String, Tick), Arc<JobConfig>>,
-) -> Vec<((String, Tick), Arc<JobConfig>)> {
+async fn check(context: &Context, batch: Suspects) -> Vec<((String, Tick), Arc<JobConfig>)> {
     let mut retry = Vec::new();
     let mut by_job: BTreeMap<String, Vec<(Tick, Arc<JobConfig>)>> = BTreeMap::new();
     for ((name, tick), job) in batch {
