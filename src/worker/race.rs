@@ -15,13 +15,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::Either;
+use futures_util::FutureExt as _;
 use tokio::task::JoinSet;
 use tracing::{error, info, info_span, warn, Instrument as _, Span};
 
 use super::{run, BusyGuard, Context};
 use crate::config::JobConfig;
 use crate::history::Kind;
-use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Refusal, Series};
+use crate::lock::{ClaimOutcome, ClaimRequest, Lease, Overlap, Refusal, Series};
 use crate::logging::events;
 use crate::schedule::Tick;
 
@@ -209,9 +211,20 @@ fn act_on(
     };
     let Some(wait) = wait else {
         let span = p.span();
-        let (tick, series) = (p.request.tick, p.request.series);
-        let settled = settle(Arc::clone(context), p.job, tick, series, p.until, outcome);
-        settling.spawn(settled.instrument(span));
+        let (job, tick, series) = (p.job, p.request.tick, p.request.series);
+        let context = Arc::clone(context);
+        // A won tick's task holds its run; any other outcome is a log line and a note, settled in a task
+        // a tenth of that size (most of a herd's claims are lost ones).
+        match outcome {
+            ClaimOutcome::Won(lease) => {
+                let won = span.in_scope(|| run_won(context, job, tick, series, p.until, lease));
+                settling.spawn(won.instrument(span));
+            }
+            outcome => {
+                let settled = async move { settle(&context, &job, tick, &series, outcome) };
+                settling.spawn(settled.instrument(span));
+            }
+        }
         return None;
     };
     let retry_at = context.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
@@ -310,38 +323,50 @@ pub(super) fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
     job.window_end(tick)
 }
 
-/// Acts on a final claim outcome: runs a won tick (its start may wait for a child slot until `until`,
-/// the end of the claim's window), logs a lost one. A trigger request that was won, or refused for a
-/// pause or as out of bounds, is handled: it is deleted from the store.
-async fn settle(
+/// Runs a won tick (its start may wait for a child slot until `until`, the end of the claim's window),
+/// then its retries or alert hooks. A trigger request that was won is handled: it is deleted from the store.
+///
+/// Also when shutdown was requested while racing: the tick is granted to this worker, so no other worker
+/// may run it; the run gets the shutdown grace like any running job.
+///
+/// Not an `async fn`: the run's future is made here, so that the task does not also keep the arguments it
+/// was made from (a herd holds thousands of these tasks at once).
+fn run_won(
     context: Arc<Context>,
     job: Arc<JobConfig>,
     tick: Tick,
     series: Series,
     until: DateTime<Utc>,
-    outcome: ClaimOutcome,
-) {
-    if let (Some(id), ClaimOutcome::Won(_) | ClaimOutcome::Paused(_) | ClaimOutcome::Refused(_)) =
+    lease: Lease,
+) -> impl std::future::Future<Output = ()> + Send {
+    if let Some(id) = series.trigger() {
+        context.store.forget_trigger(id);
+    }
+    info!(event = events::tick::WON, job = %job.name, tick = %tick, token = lease.token, "Won the tick");
+    // While the run is under way here, this worker skips the job's next ticks (`overlap: skip`).
+    let guard = (job.overlap == Overlap::Skip).then(|| BusyGuard::enter(&context, &job.name));
+    let run = run::run(Arc::clone(&context), Arc::clone(&job), lease, until);
+    // Chained rather than awaited in an `async` block, which would keep the run's future twice (the
+    // block's copy and the one it awaits).
+    run.then(move |ended| {
+        // This worker no longer runs the job: its next ticks are raced here again meanwhile.
+        drop(guard);
+        match ended {
+            Some(ended) => Either::Left(super::retry::after_run(context, job, tick, series, ended)),
+            None => Either::Right(std::future::ready(())),
+        }
+    })
+}
+
+/// Acts on a final claim outcome other than a win ([`run_won`]): logs and records a lost or skipped tick.
+/// A trigger request refused for a pause or as out of bounds is handled: it is deleted from the store.
+fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outcome: ClaimOutcome) {
+    if let (Some(id), ClaimOutcome::Paused(_) | ClaimOutcome::Refused(_)) =
         (series.trigger(), &outcome)
     {
         context.store.forget_trigger(id);
     }
-    let series = &series;
     match outcome {
-        // Also when shutdown was requested while racing: the tick is granted to this worker, so no other
-        // worker may run it; the run gets the shutdown grace like any running job.
-        ClaimOutcome::Won(lease) => {
-            info!(event = events::tick::WON, job = %job.name, tick = %tick, token = lease.token, "Won the tick");
-            // While the run is under way here, this worker skips the job's next ticks (`overlap: skip`).
-            let guard =
-                (job.overlap == Overlap::Skip).then(|| BusyGuard::enter(&context, &job.name));
-            let ended = run::run(Arc::clone(&context), &job, lease, until).await;
-            // This worker no longer runs the job: its next ticks are raced here again meanwhile.
-            drop(guard);
-            if let Some(ended) = ended {
-                super::retry::after_run(context, job, tick, series.clone(), ended).await;
-            }
-        }
         ClaimOutcome::AlreadyClaimed { by } => {
             let claimant = by.as_ref().map_or("unknown", |by| by.worker.as_str());
             // The nodes refuse a tick once a later one of the series is confirmed (claims only grow): that
@@ -360,7 +385,7 @@ async fn settle(
                 }
             };
             let by = by.map(|by| by.worker);
-            context.note(&job, tick, series, Kind::Lost, Some(reason), by.as_deref());
+            context.note(job, tick, series, Kind::Lost, Some(reason), by.as_deref());
         }
         ClaimOutcome::Busy { holder, ttl } => {
             info!(event = events::tick::LOST, job = %job.name, tick = %tick, reason = "busy",
@@ -370,7 +395,7 @@ async fn settle(
                   "Lost the tick: the previous run still holds the job");
             let by = holder.map(|holder| holder.worker);
             context.note(
-                &job,
+                job,
                 tick,
                 series,
                 Kind::Skipped,
@@ -383,7 +408,7 @@ async fn settle(
                   paused_by = %pause.by, paused_reason = %pause.reason,
                   paused_until = %pause.until.map_or(String::new(), |until| until.to_rfc3339()),
                   "Skipped: the job is paused (redcron pause)");
-            context.note(&job, tick, series, Kind::Skipped, Some("paused"), None);
+            context.note(job, tick, series, Kind::Skipped, Some("paused"), None);
         }
         ClaimOutcome::Refused(refusal) => {
             error!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = refusal.reason(),
@@ -392,7 +417,7 @@ async fn settle(
             // tick, and a clock far off would write one per tick.
             if let Refusal::TokenLimit { .. } = refusal {
                 context.note(
-                    &job,
+                    job,
                     tick,
                     series,
                     Kind::Skipped,
@@ -401,8 +426,9 @@ async fn settle(
                 );
             }
         }
-        ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
-            // Never settled: `race` retries these until it gives up, and logs that.
+        ClaimOutcome::Won(_) | ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
+            // A win is run (`run_won`); the others are never settled: `race` retries them until it gives
+            // up, and logs that.
         }
     }
 }
@@ -419,34 +445,29 @@ mod tests {
     /// The task spawned per claim settled (every won, lost or skipped tick of every worker) stays small:
     /// a herd or a high tick rate holds thousands of them at once.
     #[test]
-    fn settle_task_is_small() {
-        let task = |(context, job, tick, series, until, outcome): (
+    fn settle_tasks_are_small() {
+        let won = |(context, job, tick, series, until, lease): (
             Arc<Context>,
             Arc<JobConfig>,
             Tick,
             Series,
             DateTime<Utc>,
+            Lease,
+        )| {
+            run_won(context, job, tick, series, until, lease).instrument(Span::none())
+        };
+        let other = |(context, job, tick, series, outcome): (
+            Arc<Context>,
+            Arc<JobConfig>,
+            Tick,
+            Series,
             ClaimOutcome,
         )| {
-            settle(context, job, tick, series, until, outcome).instrument(Span::none())
+            async move { settle(&context, &job, tick, &series, outcome) }.instrument(Span::none())
         };
-        let size = size_of_output(&task);
-        println!("settle task: {size} bytes");
-        let run = |(context, job, lease, until): (
-            Arc<Context>,
-            &'static JobConfig,
-            crate::lock::Lease,
-            DateTime<Utc>,
-        )| { run::run(context, job, lease, until) };
-        println!(
-            "run: {}, JobConfig: {}, ClaimOutcome: {}, Entry: {}, Lease: {}, Series: {}",
-            size_of_output(&run),
-            std::mem::size_of::<JobConfig>(),
-            std::mem::size_of::<ClaimOutcome>(),
-            std::mem::size_of::<crate::history::Entry>(),
-            std::mem::size_of::<crate::lock::Lease>(),
-            std::mem::size_of::<Series>(),
-        );
-        assert!(size <= 100_000, "the settle task is {size} bytes");
+        let (won, other) = (size_of_output(&won), size_of_output(&other));
+        println!("settle task: {won} bytes for a won tick, {other} for any other outcome");
+        assert!(won <= 100_000, "a won tick's task is {won} bytes");
+        assert!(other <= 1_000, "a lost tick's task is {other} bytes");
     }
 }
