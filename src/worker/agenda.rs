@@ -4,6 +4,7 @@
 //! worker races, superseded and misfired ticks — are unit-tested with fixed times.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use chrono::Utc;
 use tracing::warn;
@@ -46,7 +47,8 @@ pub(super) struct Due {
 
 /// The next tick of every job, ordered by time.
 pub(super) struct Agenda {
-    jobs: Vec<JobConfig>,
+    /// Shared with the worker's context and the claims of each tick (a reload swaps in new ones).
+    jobs: Vec<Arc<JobConfig>>,
     /// tick → indexes of the jobs due then.
     due: BTreeMap<Tick, Vec<usize>>,
 }
@@ -57,7 +59,7 @@ impl Agenda {
     ///
     /// Every store keeps its claims across restarts (the Redis nodes, the embedded store's file), so a
     /// restarted worker that races a tick another process already ran finds it claimed.
-    pub(super) fn new(jobs: Vec<JobConfig>, now: chrono::DateTime<Utc>) -> Agenda {
+    pub(super) fn new(jobs: Vec<Arc<JobConfig>>, now: chrono::DateTime<Utc>) -> Agenda {
         let mut agenda = Agenda {
             jobs,
             due: BTreeMap::new(),
@@ -86,7 +88,7 @@ impl Agenda {
     /// The agenda of `jobs` after a reload of the config: a job whose definition is unchanged keeps the
     /// tick it waits for; a new or changed job starts from its next tick after `now`; a removed job is no
     /// longer raced.
-    pub(super) fn reload(self, jobs: Vec<JobConfig>, now: chrono::DateTime<Utc>) -> Agenda {
+    pub(super) fn reload(self, jobs: Vec<Arc<JobConfig>>, now: chrono::DateTime<Utc>) -> Agenda {
         let mut waiting: HashMap<(String, String), Tick> = HashMap::new();
         for (tick, indexes) in &self.due {
             for index in indexes {
@@ -108,7 +110,7 @@ impl Agenda {
     }
 
     /// The job at `index` (as [`Agenda::take_due`] names them).
-    pub(super) fn job(&self, index: usize) -> &JobConfig {
+    pub(super) fn job(&self, index: usize) -> &Arc<JobConfig> {
         &self.jobs[index]
     }
 
@@ -223,8 +225,8 @@ mod tests {
     use crate::config::Command;
     use crate::schedule::Schedule;
 
-    fn job(name: &str, overlap: Overlap, grace_secs: u64) -> JobConfig {
-        JobConfig {
+    fn job(name: &str, overlap: Overlap, grace_secs: u64) -> Arc<JobConfig> {
+        Arc::new(JobConfig {
             name: name.to_string(),
             schedule: Schedule::parse("* * * * * *", chrono_tz::UTC).expect("valid"),
             command: Command::Argv(vec!["true".to_string()]),
@@ -239,7 +241,7 @@ mod tests {
             alerts: Default::default(),
             retry: Default::default(),
             enabled: true,
-        }
+        })
     }
 
     fn at(secs: i64) -> DateTime<Utc> {

@@ -77,7 +77,7 @@ fn before(entry: &Entry, ended: &Entry) -> bool {
 
 /// Decides, in the background, whether the run `ended` (its final history entry) is a change, and runs
 /// the job's hook for it. Nothing for an outcome that is not final (see the module's doc).
-pub(crate) fn after_run(context: Arc<Context>, job: JobConfig, ended: Entry) {
+pub(crate) fn after_run(context: Arc<Context>, job: Arc<JobConfig>, ended: Entry) {
     let Some(outcome) = final_outcome(&ended).map(str::to_string) else {
         return;
     };

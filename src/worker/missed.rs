@@ -37,16 +37,21 @@ const ENTRY_SETTLE: Duration = Duration::from_secs(2);
 /// The wait before a check that found no majority is tried again.
 const RECHECK_AFTER: Duration = Duration::from_secs(5);
 
+/// A tick to check, with its job's definition (shared with the agenda, not copied).
+type Suspect = (Arc<JobConfig>, Tick);
+/// Suspects to check: (job name, tick) → job.
+type Suspects = BTreeMap<(String, Tick), Arc<JobConfig>>;
+
 /// The worker's handle on the missed-tick checker.
 pub(crate) struct Sentinel {
-    queue: mpsc::UnboundedSender<(JobConfig, Tick)>,
+    queue: mpsc::UnboundedSender<Suspect>,
 }
 
 impl Sentinel {
     /// Starts the checker for `jobs`; `max_clock_offset` is added to every window before a check.
     pub(crate) fn start(
         context: Arc<Context>,
-        jobs: Vec<JobConfig>,
+        jobs: Vec<Arc<JobConfig>>,
         max_clock_offset: Duration,
     ) -> (Sentinel, tokio::task::JoinHandle<()>) {
         let (queue, suspects) = mpsc::unbounded_channel();
@@ -63,8 +68,8 @@ impl Sentinel {
     }
 
     /// Asks for `tick` of `job` to be checked once its window has ended.
-    pub(crate) fn suspect(&self, job: &JobConfig, tick: Tick) {
-        let _ = self.queue.send((job.clone(), tick));
+    pub(crate) fn suspect(&self, job: &Arc<JobConfig>, tick: Tick) {
+        let _ = self.queue.send((Arc::clone(job), tick));
     }
 }
 
@@ -72,14 +77,14 @@ impl Sentinel {
 /// shutdown.
 async fn watch(
     context: Arc<Context>,
-    jobs: Vec<JobConfig>,
-    suspects: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<(JobConfig, Tick)>>>,
+    jobs: Vec<Arc<JobConfig>>,
+    suspects: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Suspect>>>,
     max_clock_offset: Duration,
 ) {
     let mut suspects = suspects.lock().await;
     let margin = chrono::Duration::from_std(max_clock_offset + ENTRY_SETTLE).unwrap_or_default();
     // When to check, and what: (job name, tick) → job.
-    let mut due: BTreeMap<DateTime<Utc>, BTreeMap<(String, Tick), JobConfig>> = BTreeMap::new();
+    let mut due: BTreeMap<DateTime<Utc>, Suspects> = BTreeMap::new();
     for (job, tick) in look_back(&context, &jobs).await {
         due.entry(context.clock.now())
             .or_default()
@@ -102,7 +107,7 @@ async fn watch(
         }
         let now = context.clock.now();
         let ready: Vec<_> = due.range(..=now).map(|(at, _)| *at).collect();
-        let mut batch: BTreeMap<(String, Tick), JobConfig> = BTreeMap::new();
+        let mut batch: Suspects = BTreeMap::new();
         for at in ready {
             batch.extend(due.remove(&at).unwrap_or_default());
         }
@@ -126,7 +131,7 @@ async fn watch(
 
 /// The ticks a starting worker suspects: per job, those after its newest history entry whose window has
 /// ended, within the look-back, newest [`LOOKBACK_TICKS`]. A job with no history at all is new: nothing.
-async fn look_back(context: &Context, jobs: &[JobConfig]) -> Vec<(JobConfig, Tick)> {
+async fn look_back(context: &Context, jobs: &[Arc<JobConfig>]) -> Vec<Suspect> {
     let now = context.clock.now();
     let lookback = chrono::Duration::from_std(context.store.history_settings().missed_lookback)
         .unwrap_or_default();
@@ -163,18 +168,20 @@ async fn look_back(context: &Context, jobs: &[JobConfig]) -> Vec<(JobConfig, Tic
             }
         }
         let skip = ticks.len().saturating_sub(LOOKBACK_TICKS);
-        suspects.extend(ticks.into_iter().skip(skip).map(|tick| (job.clone(), tick)));
+        suspects.extend(
+            ticks
+                .into_iter()
+                .skip(skip)
+                .map(|tick| (Arc::clone(job), tick)),
+        );
     }
     suspects
 }
 
 /// Checks `batch`; returns the suspects whose check could not be made (no majority) for a later try.
-async fn check(
-    context: &Context,
-    batch: BTreeMap<(String, Tick), JobConfig>,
-) -> Vec<((String, Tick), JobConfig)> {
+async fn check(context: &Context, batch: Suspects) -> Vec<((String, Tick), Arc<JobConfig>)> {
     let mut retry = Vec::new();
-    let mut by_job: BTreeMap<String, Vec<(Tick, JobConfig)>> = BTreeMap::new();
+    let mut by_job: BTreeMap<String, Vec<(Tick, Arc<JobConfig>)>> = BTreeMap::new();
     for ((name, tick), job) in batch {
         by_job.entry(name).or_default().push((tick, job));
     }

@@ -96,7 +96,7 @@ pub(crate) struct Context {
     config_fingerprint: Mutex<String>,
     /// The jobs of the config in force (the disabled ones too), for the trigger requests and the retries,
     /// which look their job up when they are due.
-    jobs: Mutex<Vec<JobConfig>>,
+    jobs: Mutex<Vec<Arc<JobConfig>>>,
     /// What `/metrics` serves: each fact is recorded where it is logged.
     pub(crate) metrics: crate::metrics::Metrics,
     /// The slots for running children (a run waits for one before it spawns).
@@ -133,7 +133,8 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     }
     let listener = http::bind(config.worker.listen).await?;
     let nodes = store.describe();
-    let jobs = enabled_jobs(&config);
+    let all_jobs = shared_jobs(&config);
+    let jobs = enabled_jobs(&all_jobs);
     let fd_limit = slots::raise_fd_limit();
     let fds = fd_limit.map_or(1_024, |l| l.after);
     // The listener's connections are counted beside the reserve, so that they never take a child's
@@ -175,7 +176,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         running: Mutex::new(BTreeMap::new()),
         sentinel: OnceLock::new(),
         config_fingerprint: Mutex::new(config.fingerprint()),
-        jobs: Mutex::new(config.jobs.clone()),
+        jobs: Mutex::new(all_jobs),
         metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
         child_slots,
         live_members: Mutex::new(None),
@@ -224,8 +225,9 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                     // over, with a word) before a changed job starts again from its next tick.
                     start_due(&context, &mut agenda, &mut races);
                     if let Some(new) = reload::reload(&context, &config, why) {
-                        context.set_jobs(new.jobs.clone());
-                        agenda = agenda.reload(enabled_jobs(&new), clock.now());
+                        let all_jobs = shared_jobs(&new);
+                        agenda = agenda.reload(enabled_jobs(&all_jobs), clock.now());
+                        context.set_jobs(all_jobs);
                         config = new;
                     }
                     continue;
@@ -307,14 +309,15 @@ fn start_due(context: &Arc<Context>, agenda: &mut Agenda, races: &mut JoinSet<()
     }
 }
 
-/// The jobs of `config` that are raced.
-fn enabled_jobs(config: &Config) -> Vec<JobConfig> {
-    config
-        .jobs
-        .iter()
-        .filter(|job| job.enabled)
-        .cloned()
-        .collect()
+/// The jobs of `config` (the disabled ones too), each held once and shared by the agenda, the context and
+/// every claim of it: a tick clones a pointer, not the job's definition.
+fn shared_jobs(config: &Config) -> Vec<Arc<JobConfig>> {
+    config.jobs.iter().cloned().map(Arc::new).collect()
+}
+
+/// The jobs of `jobs` that are raced.
+fn enabled_jobs(jobs: &[Arc<JobConfig>]) -> Vec<Arc<JobConfig>> {
+    jobs.iter().filter(|job| job.enabled).cloned().collect()
 }
 
 impl Context {
@@ -368,31 +371,31 @@ impl Context {
     }
 
     /// Has `(job, tick)` checked for a miss once its window has ended.
-    fn suspect(&self, job: &JobConfig, tick: Tick) {
+    fn suspect(&self, job: &Arc<JobConfig>, tick: Tick) {
         if let Some(sentinel) = self.sentinel.get() {
             sentinel.suspect(job, tick);
         }
     }
 
     /// The enabled job `name` of the config in force, if there is one.
-    fn job(&self, name: &str) -> Option<JobConfig> {
+    fn job(&self, name: &str) -> Option<Arc<JobConfig>> {
         self.job_now(name).ok()
     }
 
     /// The job `name` as the config in force defines it now, if it is enabled; else why not: `removed`
-    /// (no such job: removed or renamed by a reload) or `disabled`. One job is cloned, not the whole list:
+    /// (no such job: removed or renamed by a reload) or `disabled`. The definition is shared, not copied:
     /// the trigger poller asks every second, and a worker may run thousands of jobs.
-    fn job_now(&self, name: &str) -> Result<JobConfig, &'static str> {
+    fn job_now(&self, name: &str) -> Result<Arc<JobConfig>, &'static str> {
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         match jobs.iter().find(|job| job.name == name) {
-            Some(job) if job.enabled => Ok(job.clone()),
+            Some(job) if job.enabled => Ok(Arc::clone(job)),
             Some(_) => Err("disabled"),
             None => Err("removed"),
         }
     }
 
     /// Replaces the jobs after a reload.
-    fn set_jobs(&self, jobs: Vec<JobConfig>) {
+    fn set_jobs(&self, jobs: Vec<Arc<JobConfig>>) {
         *self.jobs.lock().unwrap_or_else(|p| p.into_inner()) = jobs;
     }
 

@@ -15,13 +15,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::Either;
+use futures_util::FutureExt as _;
 use tokio::task::JoinSet;
 use tracing::{error, info, info_span, warn, Instrument as _, Span};
 
 use super::{run, BusyGuard, Context};
 use crate::config::JobConfig;
 use crate::history::Kind;
-use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Refusal, Series};
+use crate::lock::{ClaimOutcome, ClaimRequest, Lease, Overlap, Refusal, Series};
 use crate::logging::events;
 use crate::schedule::Tick;
 
@@ -33,7 +35,8 @@ const BUSY_RETRY: Duration = Duration::from_secs(1);
 
 /// One claim to race: a scheduled tick, a trigger request or a retry attempt.
 pub(super) struct Due {
-    pub(super) job: JobConfig,
+    /// Shared with the agenda and the other claims of the job: a tick costs no copy of its definition.
+    pub(super) job: Arc<JobConfig>,
     pub(super) tick: Tick,
     pub(super) series: Series,
     /// When it stops being raced (cluster time): the tick's window, the trigger's, the retry's.
@@ -44,9 +47,9 @@ pub(super) struct Due {
 
 impl Due {
     /// A scheduled tick: raced after the job's jitter, until its window ends ([`give_up_at`]).
-    pub(super) fn scheduled(job: &JobConfig, tick: Tick) -> Due {
+    pub(super) fn scheduled(job: &Arc<JobConfig>, tick: Tick) -> Due {
         Due {
-            job: job.clone(),
+            job: Arc::clone(job),
             tick,
             series: Series::Schedule,
             until: give_up_at(job, tick),
@@ -58,7 +61,7 @@ impl Due {
 /// One claim being raced: the job, its claim request (one claimant, kept across retries), and when to
 /// try again.
 struct Pending {
-    job: JobConfig,
+    job: Arc<JobConfig>,
     request: ClaimRequest,
     until: DateTime<Utc>,
     retry_at: tokio::time::Instant,
@@ -208,9 +211,20 @@ fn act_on(
     };
     let Some(wait) = wait else {
         let span = p.span();
-        let (tick, series) = (p.request.tick, p.request.series);
-        let settled = settle(Arc::clone(context), p.job, tick, series, p.until, outcome);
-        settling.spawn(settled.instrument(span));
+        let (job, tick, series) = (p.job, p.request.tick, p.request.series);
+        let context = Arc::clone(context);
+        // A won tick's task holds its run; any other outcome is a log line and a note, settled in a task
+        // a tenth of that size (most of a herd's claims are lost ones).
+        match outcome {
+            ClaimOutcome::Won(lease) => {
+                let won = span.in_scope(|| run_won(context, job, tick, series, p.until, lease));
+                settling.spawn(won.instrument(span));
+            }
+            outcome => {
+                let settled = async move { settle(&context, &job, tick, &series, outcome) };
+                settling.spawn(settled.instrument(span));
+            }
+        }
         return None;
     };
     let retry_at = context.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
@@ -309,38 +323,50 @@ pub(super) fn give_up_at(job: &JobConfig, tick: Tick) -> chrono::DateTime<Utc> {
     job.window_end(tick)
 }
 
-/// Acts on a final claim outcome: runs a won tick (its start may wait for a child slot until `until`,
-/// the end of the claim's window), logs a lost one. A trigger request that was won, or refused for a
-/// pause or as out of bounds, is handled: it is deleted from the store.
-async fn settle(
+/// Runs a won tick (its start may wait for a child slot until `until`, the end of the claim's window),
+/// then its retries or alert hooks. A trigger request that was won is handled: it is deleted from the store.
+///
+/// Also when shutdown was requested while racing: the tick is granted to this worker, so no other worker
+/// may run it; the run gets the shutdown grace like any running job.
+///
+/// Not an `async fn`: the run's future is made here, so that the task does not also keep the arguments it
+/// was made from (a herd holds thousands of these tasks at once).
+fn run_won(
     context: Arc<Context>,
-    job: JobConfig,
+    job: Arc<JobConfig>,
     tick: Tick,
     series: Series,
     until: DateTime<Utc>,
-    outcome: ClaimOutcome,
-) {
-    if let (Some(id), ClaimOutcome::Won(_) | ClaimOutcome::Paused(_) | ClaimOutcome::Refused(_)) =
+    lease: Lease,
+) -> impl std::future::Future<Output = ()> + Send {
+    if let Some(id) = series.trigger() {
+        context.store.forget_trigger(id);
+    }
+    info!(event = events::tick::WON, job = %job.name, tick = %tick, token = lease.token, "Won the tick");
+    // While the run is under way here, this worker skips the job's next ticks (`overlap: skip`).
+    let guard = (job.overlap == Overlap::Skip).then(|| BusyGuard::enter(&context, &job.name));
+    let run = run::run(Arc::clone(&context), Arc::clone(&job), lease, until);
+    // Chained rather than awaited in an `async` block, which would keep the run's future twice (the
+    // block's copy and the one it awaits).
+    run.then(move |ended| {
+        // This worker no longer runs the job: its next ticks are raced here again meanwhile.
+        drop(guard);
+        match ended {
+            Some(ended) => Either::Left(super::retry::after_run(context, job, tick, series, ended)),
+            None => Either::Right(std::future::ready(())),
+        }
+    })
+}
+
+/// Acts on a final claim outcome other than a win ([`run_won`]): logs and records a lost or skipped tick.
+/// A trigger request refused for a pause or as out of bounds is handled: it is deleted from the store.
+fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outcome: ClaimOutcome) {
+    if let (Some(id), ClaimOutcome::Paused(_) | ClaimOutcome::Refused(_)) =
         (series.trigger(), &outcome)
     {
         context.store.forget_trigger(id);
     }
-    let series = &series;
     match outcome {
-        // Also when shutdown was requested while racing: the tick is granted to this worker, so no other
-        // worker may run it; the run gets the shutdown grace like any running job.
-        ClaimOutcome::Won(lease) => {
-            info!(event = events::tick::WON, job = %job.name, tick = %tick, token = lease.token, "Won the tick");
-            // While the run is under way here, this worker skips the job's next ticks (`overlap: skip`).
-            let guard =
-                (job.overlap == Overlap::Skip).then(|| BusyGuard::enter(&context, &job.name));
-            let ended = run::run(Arc::clone(&context), &job, lease, until).await;
-            // This worker no longer runs the job: its next ticks are raced here again meanwhile.
-            drop(guard);
-            if let Some(ended) = ended {
-                super::retry::after_run(context, job, tick, series.clone(), ended).await;
-            }
-        }
         ClaimOutcome::AlreadyClaimed { by } => {
             let claimant = by.as_ref().map_or("unknown", |by| by.worker.as_str());
             // The nodes refuse a tick once a later one of the series is confirmed (claims only grow): that
@@ -359,7 +385,7 @@ async fn settle(
                 }
             };
             let by = by.map(|by| by.worker);
-            context.note(&job, tick, series, Kind::Lost, Some(reason), by.as_deref());
+            context.note(job, tick, series, Kind::Lost, Some(reason), by.as_deref());
         }
         ClaimOutcome::Busy { holder, ttl } => {
             info!(event = events::tick::LOST, job = %job.name, tick = %tick, reason = "busy",
@@ -369,7 +395,7 @@ async fn settle(
                   "Lost the tick: the previous run still holds the job");
             let by = holder.map(|holder| holder.worker);
             context.note(
-                &job,
+                job,
                 tick,
                 series,
                 Kind::Skipped,
@@ -382,7 +408,7 @@ async fn settle(
                   paused_by = %pause.by, paused_reason = %pause.reason,
                   paused_until = %pause.until.map_or(String::new(), |until| until.to_rfc3339()),
                   "Skipped: the job is paused (redcron pause)");
-            context.note(&job, tick, series, Kind::Skipped, Some("paused"), None);
+            context.note(job, tick, series, Kind::Skipped, Some("paused"), None);
         }
         ClaimOutcome::Refused(refusal) => {
             error!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = refusal.reason(),
@@ -391,7 +417,7 @@ async fn settle(
             // tick, and a clock far off would write one per tick.
             if let Refusal::TokenLimit { .. } = refusal {
                 context.note(
-                    &job,
+                    job,
                     tick,
                     series,
                     Kind::Skipped,
@@ -400,8 +426,48 @@ async fn settle(
                 );
             }
         }
-        ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
-            // Never settled: `race` retries these until it gives up, and logs that.
+        ClaimOutcome::Won(_) | ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
+            // A win is run (`run_won`); the others are never settled: `race` retries them until it gives
+            // up, and logs that.
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of what `f` returns, without calling it (a future's size is known from its type alone).
+    fn size_of_output<A, R>(_: &impl FnOnce(A) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// The task spawned per claim settled (every won, lost or skipped tick of every worker) stays small:
+    /// a herd or a high tick rate holds thousands of them at once.
+    #[test]
+    fn settle_tasks_are_small() {
+        let won = |(context, job, tick, series, until, lease): (
+            Arc<Context>,
+            Arc<JobConfig>,
+            Tick,
+            Series,
+            DateTime<Utc>,
+            Lease,
+        )| {
+            run_won(context, job, tick, series, until, lease).instrument(Span::none())
+        };
+        let other = |(context, job, tick, series, outcome): (
+            Arc<Context>,
+            Arc<JobConfig>,
+            Tick,
+            Series,
+            ClaimOutcome,
+        )| {
+            async move { settle(&context, &job, tick, &series, outcome) }.instrument(Span::none())
+        };
+        let (won, other) = (size_of_output(&won), size_of_output(&other));
+        println!("settle task: {won} bytes for a won tick, {other} for any other outcome");
+        assert!(won <= 100_000, "a won tick's task is {won} bytes");
+        assert!(other <= 1_000, "a lost tick's task is {other} bytes");
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use tracing::{error, info, warn};
 
-use super::{enabled_jobs, Context};
+use super::Context;
 use crate::config::Config;
 use crate::logging::events;
 
@@ -40,8 +40,10 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
               "The store, lock, history or worker settings changed: they apply after a restart; jobs are reloaded now");
     }
     let names = |config: &Config| -> BTreeMap<String, String> {
-        enabled_jobs(config)
+        config
+            .jobs
             .iter()
+            .filter(|job| job.enabled)
             .map(|job| (job.name.clone(), job.fingerprint()))
             .collect()
     };

@@ -58,7 +58,7 @@ pub(super) fn retry_in_ms(job: &JobConfig, series: &Series, outcome: &str) -> Op
 /// ended, and the compiler cannot infer the `Send` of a future that contains itself.
 pub(super) fn after_run(
     context: Arc<Context>,
-    job: JobConfig,
+    job: Arc<JobConfig>,
     tick: Tick,
     series: Series,
     ended: Entry,
@@ -66,7 +66,13 @@ pub(super) fn after_run(
     Box::pin(retry(context, job, tick, series, ended))
 }
 
-async fn retry(context: Arc<Context>, job: JobConfig, tick: Tick, series: Series, ended: Entry) {
+async fn retry(
+    context: Arc<Context>,
+    job: Arc<JobConfig>,
+    tick: Tick,
+    series: Series,
+    ended: Entry,
+) {
     let attempt = series.attempt();
     let Some(wait_ms) = ended.retry_in_ms else {
         let failed = ended.outcome.as_deref().is_some_and(retried);

@@ -67,28 +67,30 @@ enum Watched {
 /// Runs `job` under `lease` and releases it; returns the run's final history entry, or `None` if it was
 /// not run (for the retries and the alert hooks, [`super::retry::after_run`]). The start may wait for a
 /// child slot until `until` (cluster time), the end of the claim's window.
-pub(crate) async fn run(
+///
+/// Not an `async fn`: its arguments would be kept in the future beside the copies `supervise` keeps, and
+/// a herd holds thousands of these futures at once.
+pub(crate) fn run(
     context: Arc<Context>,
-    job: &JobConfig,
+    job: Arc<JobConfig>,
     lease: Lease,
     until: DateTime<Utc>,
-) -> Option<Entry> {
+) -> impl Future<Output = Option<Entry>> + Send {
     let run_id = uuid::Uuid::new_v4();
     let span = info_span!("run", job = %job.name, tick = %lease.tick, run_id = %run_id, token = lease.token);
-    supervise(&context, job, lease, until, run_id)
-        .instrument(span)
-        .await
+    supervise(context, job, lease, until, run_id).instrument(span)
 }
 
 /// Runs the job to its end; returns the run's final history entry (also for a child that could not be
 /// started), or `None` if it was not run.
 async fn supervise(
-    context: &Context,
-    job: &JobConfig,
+    context: Arc<Context>,
+    job: Arc<JobConfig>,
     lease: Lease,
     until: DateTime<Utc>,
     run_id: uuid::Uuid,
 ) -> Option<Entry> {
+    let (context, job) = (&*context, &*job);
     // The watchdog keeps the lease from the win on, also while the run waits to start.
     let mut renewer = Renewer::new(context, lease);
     // The slot is held until the run has ended: its child exited and its output was read.
