@@ -113,3 +113,67 @@ fn every_test_the_documents_cite_exists() {
         missing.join("\n")
     );
 }
+
+/// The tests that only some stores run: for each store, the `extra:` list of its `conformance!` line in
+/// `tests/it/conformance/mod.rs` (the suite's shared tests run on every store).
+fn conformance_extras(root: &Path) -> Vec<(String, BTreeSet<String>)> {
+    let text =
+        std::fs::read_to_string(root.join("tests/it/conformance/mod.rs")).expect("the suite");
+    let mut stores = Vec::new();
+    for line in text.split("\nconformance!(").skip(1) {
+        let Some((store, rest)) = line.split_once(',') else {
+            continue;
+        };
+        let Some(list) = rest
+            .split_once("extra: [")
+            .and_then(|(_, list)| list.split_once(']'))
+        else {
+            continue;
+        };
+        let names = list
+            .0
+            .split(',')
+            .filter_map(|item| item.trim().rsplit("::").next())
+            .filter(|name| !name.is_empty())
+            .map(str::to_string)
+            .collect();
+        stores.push((store.trim().to_string(), names));
+    }
+    stores
+}
+
+/// A document that cites a conformance test that only some stores run names the store
+/// (`conformance::redis::name`, a filter `cargo test` takes), and that store runs it; `conformance::name`
+/// alone is for the tests every store runs.
+#[test]
+fn conformance_citations_name_a_store_that_runs_the_test() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let extras = conformance_extras(root);
+    assert!(
+        extras.len() == STORES.len() && extras.iter().any(|(_, names)| !names.is_empty()),
+        "cannot read the stores' extra tests from the suite: {extras:?}"
+    );
+    let mut wrong = Vec::new();
+    for doc in ["README.md", "docs/protocol.md", "docs/model.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).expect("document");
+        for quoted in text.split('`').skip(1).step_by(2) {
+            let runs_it = |store: &str, name: &str| {
+                extras
+                    .iter()
+                    .any(|(s, names)| s == store && names.contains(name))
+            };
+            let only_some = |name: &str| extras.iter().any(|(_, names)| names.contains(name));
+            match quoted.split("::").collect::<Vec<_>>()[..] {
+                ["conformance", name] if only_some(name) => wrong.push(format!(
+                    "{doc}: `{quoted}` runs on some stores only: name the store"
+                )),
+                ["conformance", store, name] if only_some(name) && !runs_it(store, name) => wrong
+                    .push(format!(
+                        "{doc}: `{quoted}`: the {store} store does not run it"
+                    )),
+                _ => {}
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
