@@ -122,6 +122,19 @@ pub struct Entry {
     /// on every other entry — and on the entries of workers that predate the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_in_ms: Option<u64>,
+    /// On a winner's run entry: the workers that raced for the tick as the winner saw them (the live
+    /// members that run the job), in the order the tick's ranking ([`crate::lock::order::rank`]) put
+    /// them — so the winner's place is its index. A routine loser writes nothing: this list is how
+    /// `explain` names it. Absent on other entries and on the entries of workers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raced: Option<Vec<String>>,
+    /// On the end of a run whose outcome is not `success`: the last bytes of its standard output, at most
+    /// the job's `output_tail` (UTF-8, lossy). Absent when the job's `output_tail` is 0, or it printed nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_out: Option<String>,
+    /// As [`Entry::tail_out`], of its standard error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_err: Option<String>,
     /// When the writer wrote this version of the entry (its cluster time).
     pub recorded_at: DateTime<Utc>,
 }
@@ -148,6 +161,9 @@ impl Entry {
             trigger: None,
             attempt: None,
             retry_in_ms: None,
+            raced: None,
+            tail_out: None,
+            tail_err: None,
             recorded_at: now,
         }
     }
