@@ -42,6 +42,10 @@ pub const DEFAULT_KEEP_TICKS: usize = 200;
 /// The default of [`HistorySettings::missed_lookback`].
 pub const DEFAULT_MISSED_LOOKBACK: Duration = Duration::from_secs(3600);
 
+/// The writer part of the [`Entry::id`] of an entry about its whole tick (`skipped`, `missed`). Those
+/// kinds never carry a worker there, so a worker named `-` cannot make two facts share an id.
+pub const TICK_LEVEL: &str = "-";
+
 /// What an entry says about its `(job, tick)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -184,10 +188,19 @@ impl Entry {
         }
     }
 
-    /// The entry's identity in the store: one per (tick, worker, kind) — and series, for a trigger's or a
+    /// The entry's identity in the store: one per (tick, writer, kind) — and series, for a trigger's or a
     /// retry's — so that a later version of the same fact (a run that ended) replaces the earlier one.
+    ///
+    /// A `skipped` or `missed` entry says why nobody ran its tick, a fact of the tick rather than of its
+    /// writer: its writer part is [`TICK_LEVEL`] (`<tick>|-|skipped`), so a second worker that writes the
+    /// same skip replaces the first instead of adding to it. The other kinds keep their writer (`run`,
+    /// `lost`: one per worker), as every earlier version wrote them.
     pub fn id(&self) -> String {
-        let id = format!("{}|{}|{}", self.tick, self.worker, self.kind.as_str());
+        let writer = match self.kind {
+            Kind::Skipped | Kind::Missed => TICK_LEVEL,
+            Kind::Run | Kind::Lost | Kind::Unknown => self.worker.as_str(),
+        };
+        let id = format!("{}|{writer}|{}", self.tick, self.kind.as_str());
         match self.series().tag() {
             Some(tag) => format!("{id}|{tag}"),
             None => id,
@@ -282,6 +295,36 @@ mod tests {
         let c = Entry::new("j", Tick(2000), "w2", Kind::Run, at(2));
         let merged = merge(vec![vec![a.clone(), b.clone()], vec![c.clone(), a.clone()]]);
         assert_eq!(merged, vec![c, a, b]);
+    }
+
+    #[test]
+    fn a_skip_or_miss_is_one_per_tick_and_series_whoever_writes_it() {
+        let skip = |worker: &str, series: &Series| {
+            let mut entry = Entry::new("j", Tick(1000), worker, Kind::Skipped, at(1));
+            entry.reason = Some("paused".into());
+            entry.in_series(series)
+        };
+        assert_eq!(skip("w1", &Series::Schedule).id(), "1000|-|skipped");
+        assert_eq!(
+            skip("w1", &Series::Schedule).id(),
+            skip("w2", &Series::Schedule).id()
+        );
+        assert_eq!(skip("w1", &Series::Retry(2)).id(), "1000|-|skipped|retry:2");
+        let missed = Entry::new("j", Tick(1000), "w3", Kind::Missed, at(1));
+        assert_eq!(missed.id(), "1000|-|missed");
+        // A run and a loser's entry stay one per worker, with the ids every version wrote.
+        let run = Entry::new("j", Tick(1000), "w1", Kind::Run, at(1));
+        assert_eq!(run.id(), "1000|w1|run");
+        let lost = Entry::new("j", Tick(1000), "w2", Kind::Lost, at(1));
+        assert_eq!(lost.id(), "1000|w2|lost");
+        // Two workers' skips of one tick merge into one; the run beside them stays.
+        let mut later = skip("w2", &Series::Schedule);
+        later.recorded_at = at(2);
+        let merged = merge(vec![
+            vec![skip("w1", &Series::Schedule), run.clone()],
+            vec![later.clone()],
+        ]);
+        assert_eq!(merged, vec![run, later]);
     }
 
     #[test]
