@@ -334,7 +334,12 @@ fn in_claim_order(mut members: Vec<String>, me: &str, job: &str, tick: Tick) -> 
     }
     let mut placed: Vec<(usize, String)> = members
         .iter()
-        .map(|member| (crate::lock::order::rank(&members, member, job, tick), member.clone()))
+        .map(|member| {
+            (
+                crate::lock::order::rank(&members, member, job, tick),
+                member.clone(),
+            )
+        })
         .collect();
     placed.sort();
     placed.into_iter().map(|(_, member)| member).collect()
@@ -560,7 +565,10 @@ mod tests {
             let ordered = in_claim_order(members[..3].to_vec(), "d", "job", tick);
             assert_eq!(ordered.len(), 4);
             for (place, member) in ordered.iter().enumerate() {
-                assert_eq!(crate::lock::order::rank(&members, member, "job", tick), place);
+                assert_eq!(
+                    crate::lock::order::rank(&members, member, "job", tick),
+                    place
+                );
             }
             assert_eq!(ordered, in_claim_order(members.clone(), "a", "job", tick));
         }
