@@ -1,8 +1,10 @@
 //! Run history: each worker's account of each `(job, tick)` it took part in, kept by the store itself.
 //!
 //! An [`Entry`] is written by the worker that knows the fact — the winner its run (once when the job
-//! starts, again when it ends), a worker that skipped or gave up a tick its reason, the worker whose check
-//! found a tick unclaimed the miss — to every node, after the fact and off the claim's path. Each node keeps
+//! starts, again when it ends, naming the workers that raced), a worker that skipped or gave up a tick its
+//! reason (once per tick: a skip's [`Entry::id`] names no worker), a loser only when its loss was not the
+//! routine one its claim order expected, the worker whose check found a tick unclaimed the miss — to every
+//! node, after the fact and off the claim's path. Each node keeps
 //! the entries of the newest [`HistorySettings::keep_ticks`] ticks of each job, so memory stays flat however
 //! long the cluster runs. A reader asks a majority and [`merge`]s: a minority of nodes that lost or never
 //! got an entry loses no history, as long as it reached a majority.
@@ -82,12 +84,15 @@ pub const TICK_LEVEL: &str = "-";
 pub enum Kind {
     /// This worker won the tick and ran (or is running) the job.
     Run,
-    /// This worker did not run the tick, and says why (`reason`): `overlap`, `superseded`, `no_quorum`,
-    /// `contended`, `lease_expired`, `shutdown`, `paused`.
+    /// Nobody ran the tick (or this series of it), and why as the writer found (`reason`): `overlap`,
+    /// `superseded`, `no_quorum`, `contended`, `lease_expired`, `shutdown`, `paused`, … One per tick and
+    /// series: a second worker's skip replaces the first ([`Entry::id`]).
     Skipped,
-    /// This worker raced and another claimant won (`by`), or the previous run held the job (`busy`).
+    /// This worker raced and another claimant won (`by`), and that was not the routine loss to the first
+    /// in its claim order (which is not written: the winner's `raced` names the losers).
     Lost,
-    /// Nobody claimed the tick by the end of its window; written once, by the worker whose check claimed it.
+    /// Nobody claimed the tick by the end of its window; written once, by the worker whose check claimed it
+    /// (its id, like a skip's, names no worker).
     Missed,
     /// A kind written by a newer version of redcron.
     #[serde(other)]

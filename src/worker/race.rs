@@ -6,8 +6,10 @@
 //! soon as it is decided ([`crate::store::Store::claim_each`]), so one job's split vote never holds back
 //! another job's start. Each keeps its claimant across retries, so a retry continues the claim instead of
 //! competing with it. What a worker learns about a claim it did not run (lost to another claimant,
-//! skipped for overlap or a pause, given up at the end of its window) goes to the history, and a
-//! scheduled tick given up is checked for a miss. A trigger or a retry that finds the job busy (`overlap:
+//! skipped for overlap or a pause, given up at the end of its window) goes to the history — except a
+//! routine loss, to the worker first in the tick's claim order, which the winner's run entry tells
+//! (`raced`), and a pause, which the first in the order tells for all — and a scheduled tick given up
+//! is checked for a miss. A trigger or a retry that finds the job busy (`overlap:
 //! skip`) waits for it, retrying every [`BUSY_RETRY`] until its window ends, since it asks for a run
 //! *besides* the schedule's.
 

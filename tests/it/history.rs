@@ -395,5 +395,8 @@ fn a_routine_tick_leaves_one_entry_per_node() {
             }
         }
     }
-    assert!(routine >= 3 * 3, "only {routine} routine ticks on the nodes");
+    assert!(
+        routine >= 3 * 3,
+        "only {routine} routine ticks on the nodes"
+    );
 }
