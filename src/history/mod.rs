@@ -56,7 +56,7 @@ impl HistorySettings {
     /// with a chance of 1 in 5,000 per cut (about one every 50 ticks).
     pub fn checks_bound_at(&self, tick: i64) -> bool {
         let every = (self.keep_ticks / 50).max(1) as u64;
-        every == 1 || mix(tick as u64) % every == 0
+        every == 1 || mix(tick as u64).is_multiple_of(every)
     }
 }
 
