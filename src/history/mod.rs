@@ -1,8 +1,10 @@
 //! Run history: each worker's account of each `(job, tick)` it took part in, kept by the store itself.
 //!
 //! An [`Entry`] is written by the worker that knows the fact — the winner its run (once when the job
-//! starts, again when it ends), a worker that skipped or gave up a tick its reason, the worker whose check
-//! found a tick unclaimed the miss — to every node, after the fact and off the claim's path. Each node keeps
+//! starts, again when it ends, naming the workers that raced), a worker that skipped or gave up a tick its
+//! reason (once per tick: a skip's [`Entry::id`] names no worker), a loser only when its loss was not the
+//! routine one its claim order expected, the worker whose check found a tick unclaimed the miss — to every
+//! node, after the fact and off the claim's path. Each node keeps
 //! the entries of the newest [`HistorySettings::keep_ticks`] ticks of each job, so memory stays flat however
 //! long the cluster runs. A reader asks a majority and [`merge`]s: a minority of nodes that lost or never
 //! got an entry loses no history, as long as it reached a majority.
@@ -37,10 +39,44 @@ impl Default for HistorySettings {
     }
 }
 
+impl HistorySettings {
+    /// The most ticks of a job a store holds before it cuts them back to [`HistorySettings::keep_ticks`]:
+    /// a quarter more (`keep_ticks × 1.25`, rounded down). The slack lets a store look at a job's size
+    /// only now and then ([`HistorySettings::checks_bound_at`]) instead of on every write, and cut a
+    /// quarter of its ticks at once instead of one per write.
+    pub fn most_ticks(&self) -> usize {
+        self.keep_ticks.saturating_add(self.keep_ticks / 4)
+    }
+
+    /// Whether a write of an entry of `tick` checks its job's size against [`HistorySettings::most_ticks`]
+    /// (and cuts it back to `keep_ticks` if it is larger): one tick in `keep_ticks / 50` (every tick below
+    /// 100 kept), picked by a hash of the tick, so every node and every writer checks at the same ticks,
+    /// whatever the schedule's period. A job past `most_ticks` is cut at the next check: with the default
+    /// 200, one tick in 4, it holds 250 ticks plus the 4 written since on average, more than 30 more
+    /// with a chance of 1 in 5,000 per cut (about one every 50 ticks).
+    pub fn checks_bound_at(&self, tick: i64) -> bool {
+        let every = (self.keep_ticks / 50).max(1) as u64;
+        every == 1 || mix(tick as u64).is_multiple_of(every)
+    }
+}
+
+/// A 64-bit finaliser (SplitMix64's): every bit of `x` moves every bit of the result, so ticks a fixed
+/// period apart still fall evenly over any modulus.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 /// The default of [`HistorySettings::keep_ticks`].
 pub const DEFAULT_KEEP_TICKS: usize = 200;
 /// The default of [`HistorySettings::missed_lookback`].
 pub const DEFAULT_MISSED_LOOKBACK: Duration = Duration::from_secs(3600);
+
+/// The writer part of the [`Entry::id`] of an entry about its whole tick (`skipped`, `missed`). Those
+/// kinds never carry a worker there, so a worker named `-` cannot make two facts share an id.
+pub const TICK_LEVEL: &str = "-";
 
 /// What an entry says about its `(job, tick)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -48,12 +84,15 @@ pub const DEFAULT_MISSED_LOOKBACK: Duration = Duration::from_secs(3600);
 pub enum Kind {
     /// This worker won the tick and ran (or is running) the job.
     Run,
-    /// This worker did not run the tick, and says why (`reason`): `overlap`, `superseded`, `no_quorum`,
-    /// `contended`, `lease_expired`, `shutdown`, `paused`.
+    /// Nobody ran the tick (or this series of it), and why as the writer found (`reason`): `overlap`,
+    /// `superseded`, `no_quorum`, `contended`, `lease_expired`, `shutdown`, `paused`, … One per tick and
+    /// series: a second worker's skip replaces the first ([`Entry::id`]).
     Skipped,
-    /// This worker raced and another claimant won (`by`), or the previous run held the job (`busy`).
+    /// This worker raced and another claimant won (`by`), and that was not the routine loss to the first
+    /// in its claim order (which is not written: the winner's `raced` names the losers).
     Lost,
-    /// Nobody claimed the tick by the end of its window; written once, by the worker whose check claimed it.
+    /// Nobody claimed the tick by the end of its window; written once, by the worker whose check claimed it
+    /// (its id, like a skip's, names no worker).
     Missed,
     /// A kind written by a newer version of redcron.
     #[serde(other)]
@@ -184,10 +223,19 @@ impl Entry {
         }
     }
 
-    /// The entry's identity in the store: one per (tick, worker, kind) — and series, for a trigger's or a
+    /// The entry's identity in the store: one per (tick, writer, kind) — and series, for a trigger's or a
     /// retry's — so that a later version of the same fact (a run that ended) replaces the earlier one.
+    ///
+    /// A `skipped` or `missed` entry says why nobody ran its tick, a fact of the tick rather than of its
+    /// writer: its writer part is [`TICK_LEVEL`] (`<tick>|-|skipped`), so a second worker that writes the
+    /// same skip replaces the first instead of adding to it. The other kinds keep their writer (`run`,
+    /// `lost`: one per worker), as every earlier version wrote them.
     pub fn id(&self) -> String {
-        let id = format!("{}|{}|{}", self.tick, self.worker, self.kind.as_str());
+        let writer = match self.kind {
+            Kind::Skipped | Kind::Missed => TICK_LEVEL,
+            Kind::Run | Kind::Lost | Kind::Unknown => self.worker.as_str(),
+        };
+        let id = format!("{}|{writer}|{}", self.tick, self.kind.as_str());
         match self.series().tag() {
             Some(tag) => format!("{id}|{tag}"),
             None => id,
@@ -282,6 +330,56 @@ mod tests {
         let c = Entry::new("j", Tick(2000), "w2", Kind::Run, at(2));
         let merged = merge(vec![vec![a.clone(), b.clone()], vec![c.clone(), a.clone()]]);
         assert_eq!(merged, vec![c, a, b]);
+    }
+
+    #[test]
+    fn a_skip_or_miss_is_one_per_tick_and_series_whoever_writes_it() {
+        let skip = |worker: &str, series: &Series| {
+            let mut entry = Entry::new("j", Tick(1000), worker, Kind::Skipped, at(1));
+            entry.reason = Some("paused".into());
+            entry.in_series(series)
+        };
+        assert_eq!(skip("w1", &Series::Schedule).id(), "1000|-|skipped");
+        assert_eq!(
+            skip("w1", &Series::Schedule).id(),
+            skip("w2", &Series::Schedule).id()
+        );
+        assert_eq!(skip("w1", &Series::Retry(2)).id(), "1000|-|skipped|retry:2");
+        let missed = Entry::new("j", Tick(1000), "w3", Kind::Missed, at(1));
+        assert_eq!(missed.id(), "1000|-|missed");
+        // A run and a loser's entry stay one per worker, with the ids every version wrote.
+        let run = Entry::new("j", Tick(1000), "w1", Kind::Run, at(1));
+        assert_eq!(run.id(), "1000|w1|run");
+        let lost = Entry::new("j", Tick(1000), "w2", Kind::Lost, at(1));
+        assert_eq!(lost.id(), "1000|w2|lost");
+        // Two workers' skips of one tick merge into one; the run beside them stays.
+        let mut later = skip("w2", &Series::Schedule);
+        later.recorded_at = at(2);
+        let merged = merge(vec![
+            vec![skip("w1", &Series::Schedule), run.clone()],
+            vec![later.clone()],
+        ]);
+        assert_eq!(merged, vec![run, later]);
+    }
+
+    /// The size check comes at every tick for a small bound, and at about one tick in `keep / 50` for a
+    /// large one, also for a schedule whose ticks are a round period apart.
+    #[test]
+    fn the_bound_is_checked_now_and_then_whatever_the_period() {
+        let small = HistorySettings {
+            keep_ticks: 8,
+            ..HistorySettings::default()
+        };
+        assert_eq!(small.most_ticks(), 10);
+        assert!((0..100).all(|n| small.checks_bound_at(n * 60_000)));
+        let default = HistorySettings::default();
+        assert_eq!(default.most_ticks(), 250);
+        for period in [1_000, 60_000, 3_600_000, 86_400_000] {
+            let checked = (0..6_000)
+                .filter(|n| default.checks_bound_at(1_795_000_000_000 + n * period))
+                .count();
+            assert!((1_300..1_700).contains(&checked), "{period}: {checked}");
+        }
     }
 
     #[test]

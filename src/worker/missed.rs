@@ -221,6 +221,8 @@ async fn check(context: &Context, batch: Suspects) -> Vec<((String, Tick), Arc<J
             if accounted.contains(&tick.as_millis()) {
                 continue;
             }
+            // A loser's entry names the claimant only when its loss was not routine (a routine one is
+            // not written): a tick whose expected winner claimed it and died reads as unclaimed.
             let claimed_by = entries
                 .iter()
                 .filter(|e| e.tick == tick.as_millis())

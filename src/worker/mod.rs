@@ -292,14 +292,20 @@ fn start_due(context: &Arc<Context>, agenda: &mut Agenda, races: &mut JoinSet<()
         if job.overlap == Overlap::Skip && context.runs_here(&job.name) {
             info!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = "overlap",
                       "Skipped: this worker is still running the previous tick");
-            context.note(
-                job,
-                tick,
-                &Series::Schedule,
-                Kind::Skipped,
-                Some("overlap"),
-                None,
-            );
+            // Any other live worker races the tick and finds the job busy, and records that (once, naming
+            // this worker): written here only when no other worker is there to.
+            if context.races_alone(&job.name, tick) {
+                context.note(
+                    job,
+                    tick,
+                    &Series::Schedule,
+                    Kind::Skipped,
+                    Some("overlap"),
+                    None,
+                );
+            } else {
+                context.metrics.tick_skipped(&job.name, "overlap");
+            }
             continue;
         }
         batch.push(race::Due::scheduled(job, tick));
@@ -318,6 +324,25 @@ fn shared_jobs(config: &Config) -> Vec<Arc<JobConfig>> {
 /// The jobs of `jobs` that are raced.
 fn enabled_jobs(jobs: &[Arc<JobConfig>]) -> Vec<Arc<JobConfig>> {
     jobs.iter().filter(|job| job.enabled).cloned().collect()
+}
+
+/// `members` and `me` (counted even if the view does not list it yet, as the claim order does), in
+/// the claim order of `(job, tick)`: index `i` is the worker whose [`crate::lock::order::rank`] is `i`.
+fn in_claim_order(mut members: Vec<String>, me: &str, job: &str, tick: Tick) -> Vec<String> {
+    if !members.iter().any(|member| member == me) {
+        members.push(me.to_string());
+    }
+    let mut placed: Vec<(usize, String)> = members
+        .iter()
+        .map(|member| {
+            (
+                crate::lock::order::rank(&members, member, job, tick),
+                member.clone(),
+            )
+        })
+        .collect();
+    placed.sort();
+    placed.into_iter().map(|(_, member)| member).collect()
 }
 
 impl Context {
@@ -347,6 +372,24 @@ impl Context {
         entry.reason = reason.map(str::to_string);
         entry.by = by.map(str::to_string);
         self.recorder.note(entry);
+    }
+
+    /// The workers ranked for `(job, tick)` as this worker's claim order ranks them
+    /// ([`crate::lock::order::rank`] over its view of the live members, itself included): place 0 claims
+    /// first. `None` before the first view. A winner's run entry names them (`raced`); a loser finds
+    /// out from it whether its loss was routine.
+    pub(crate) fn ranked(&self, job: &str, tick: Tick) -> Option<Vec<String>> {
+        let members = self.live_members()?;
+        Some(in_claim_order(members, &self.worker_id, job, tick))
+    }
+
+    /// Whether no other worker races `(job, tick)`: the store is not shared, or this worker's view of
+    /// the live members is itself alone. A skip only this worker sees is then the tick's only account.
+    fn races_alone(&self, job: &str, tick: Tick) -> bool {
+        !self.store.is_shared()
+            || self
+                .ranked(job, tick)
+                .is_none_or(|ranked| ranked.iter().all(|member| *member == self.worker_id))
     }
 
     /// Warns about each entry a read of the store skipped ([`crate::store::Read::skipped`]: garbage, or a
@@ -505,6 +548,29 @@ impl Drop for BusyGuard {
             if *runs == 0 {
                 busy.remove(&self.job);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The order a run entry names (`raced`) is the claim order itself: each worker's index is the place
+    /// from which it claims, on its own view and on every other worker's with the same members.
+    #[test]
+    fn the_raced_order_is_the_claim_order() {
+        let members: Vec<String> = ["a", "b", "c", "d"].iter().map(|m| m.to_string()).collect();
+        for tick in [Tick(1_000), Tick(2_000), Tick(3_000)] {
+            let ordered = in_claim_order(members[..3].to_vec(), "d", "job", tick);
+            assert_eq!(ordered.len(), 4);
+            for (place, member) in ordered.iter().enumerate() {
+                assert_eq!(
+                    crate::lock::order::rank(&members, member, "job", tick),
+                    place
+                );
+            }
+            assert_eq!(ordered, in_claim_order(members.clone(), "a", "job", tick));
         }
     }
 }

@@ -6,8 +6,10 @@
 //! soon as it is decided ([`crate::store::Store::claim_each`]), so one job's split vote never holds back
 //! another job's start. Each keeps its claimant across retries, so a retry continues the claim instead of
 //! competing with it. What a worker learns about a claim it did not run (lost to another claimant,
-//! skipped for overlap or a pause, given up at the end of its window) goes to the history, and a
-//! scheduled tick given up is checked for a miss. A trigger or a retry that finds the job busy (`overlap:
+//! skipped for overlap or a pause, given up at the end of its window) goes to the history — except a
+//! routine loss, to the worker first in the tick's claim order, which the winner's run entry tells
+//! (`raced`), and a pause, which the first in the order tells for all — and a scheduled tick given up
+//! is checked for a miss. A trigger or a retry that finds the job busy (`overlap:
 //! skip`) waits for it, retrying every [`BUSY_RETRY`] until its window ends, since it asks for a run
 //! *besides* the schedule's.
 
@@ -385,7 +387,11 @@ fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outco
                 }
             };
             let by = by.map(|by| by.worker);
-            context.note(job, tick, series, Kind::Lost, Some(reason), by.as_deref());
+            // The winner's run entry names every worker that raced (`raced`): a routine loss adds nothing.
+            let ranked = context.ranked(&job.name, tick);
+            if !routine_loss(ranked.as_deref(), reason, by.as_deref()) {
+                context.note(job, tick, series, Kind::Lost, Some(reason), by.as_deref());
+            }
         }
         ClaimOutcome::Busy { holder, ttl } => {
             info!(event = events::tick::LOST, job = %job.name, tick = %tick, reason = "busy",
@@ -408,7 +414,13 @@ fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outco
                   paused_by = %pause.by, paused_reason = %pause.reason,
                   paused_until = %pause.until.map_or(String::new(), |until| until.to_rfc3339()),
                   "Skipped: the job is paused (redcron pause)");
-            context.note(job, tick, series, Kind::Skipped, Some("paused"), None);
+            // Every worker finds the pause: the one first in the tick's order records it, once.
+            let ranked = context.ranked(&job.name, tick);
+            if first_or_unranked(ranked.as_deref(), &context.worker_id) {
+                context.note(job, tick, series, Kind::Skipped, Some("paused"), None);
+            } else {
+                context.metrics.tick_skipped(&job.name, "paused");
+            }
         }
         ClaimOutcome::Refused(refusal) => {
             error!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = refusal.reason(),
@@ -433,9 +445,54 @@ fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outco
     }
 }
 
+/// Whether a lost claim is routine, and goes unrecorded: `already_claimed` by the worker first in the
+/// tick's order as this worker ranks it (`ranked`, [`Context::ranked`]) — the winner it expected, whose run
+/// entry names this worker among those that raced. Any other loss (a later tick claimed, a claimant this
+/// worker did not expect, no view of the members) is an anomaly `explain` shows: recorded.
+fn routine_loss(ranked: Option<&[String]>, reason: &str, by: Option<&str>) -> bool {
+    let first = ranked.and_then(<[String]>::first).map(String::as_str);
+    reason == "already_claimed" && by.is_some() && by == first
+}
+
+/// Whether `me` records a skip that every worker finds alike (a pause): the worker first in the tick's
+/// order (`ranked`), or any worker without a view of the members (the id of a skip is one per tick, so a
+/// second writer replaces the first).
+fn first_or_unranked(ranked: Option<&[String]>, me: &str) -> bool {
+    ranked
+        .and_then(<[String]>::first)
+        .is_none_or(|first| first == me)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn view(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(|id| id.to_string()).collect()
+    }
+
+    /// A loss to the worker first in the loser's order is routine (nothing written); a loss to anyone
+    /// else, a later tick's claim, or a loss without a view is written.
+    #[test]
+    fn only_a_loss_to_the_expected_winner_goes_unrecorded() {
+        let ranked = view(&["w2", "w1", "w3"]);
+        let ranked = Some(ranked.as_slice());
+        assert!(routine_loss(ranked, "already_claimed", Some("w2")));
+        assert!(!routine_loss(ranked, "already_claimed", Some("w3")));
+        assert!(!routine_loss(ranked, "later_tick_claimed", Some("w2")));
+        assert!(!routine_loss(ranked, "already_claimed", None));
+        assert!(!routine_loss(None, "already_claimed", Some("w2")));
+    }
+
+    /// A pause is recorded by the worker first in the tick's order alone, or by each worker that has no
+    /// view of the members yet.
+    #[test]
+    fn a_pause_is_recorded_by_the_first_in_the_order() {
+        let ranked = view(&["w2", "w1", "w3"]);
+        assert!(first_or_unranked(Some(&ranked), "w2"));
+        assert!(!first_or_unranked(Some(&ranked), "w1"));
+        assert!(first_or_unranked(None, "w1"));
+    }
 
     /// The size of what `f` returns, without calling it (a future's size is known from its type alone).
     fn size_of_output<A, R>(_: &impl FnOnce(A) -> R) -> usize {

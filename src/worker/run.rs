@@ -105,6 +105,7 @@ async fn supervise(
     entry.token = Some(lease.token);
     entry.run_id = Some(run_id.to_string());
     entry.started_at = Some(entry.recorded_at);
+    entry.raced = context.ranked(&job.name, lease.tick);
     if lease.series.attempt() == 0 {
         // The schedule lag of a retry would be its backoff.
         context

@@ -14,7 +14,7 @@ use crate::worker::{ledger, ledger_job, start_workers, tick_time};
 const VIEW_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Waits until every worker's view holds `count` live workers (its `members.changed` event).
-fn wait_for_views(workers: &[Worker], count: u64) {
+pub(crate) fn wait_for_views(workers: &[Worker], count: u64) {
     for worker in workers {
         worker
             .wait_for(VIEW_PATIENCE, |event| {

@@ -1,9 +1,11 @@
 //! Run history and membership on the embedded store, in the same shape as on the Redis nodes
 //! ([`crate::store::redis::history`]).
 //!
-//! History: one row per entry identity (job, tick, worker, kind), replaced by a later version of the same
-//! fact; each write keeps the newest `keep_ticks` ticks of its job, in the same transaction, so the file
-//! never holds more. Members: one row per worker, stamped with this host's wall clock when it announced
+//! History: one row per entry identity (job, [`crate::history::Entry::id`]), replaced by a later version
+//! of the same fact. A batch is one transaction; as on Redis, a write of a tick that checks the bound
+//! ([`crate::history::HistorySettings::checks_bound_at`]) counts its job's ticks in the same transaction
+//! and cuts them back to `keep_ticks` once there are more than
+//! [`crate::history::HistorySettings::most_ticks`]. Members: one row per worker, stamped with this host's wall clock when it announced
 //! (`seen_at`), alive until its heartbeat expires on the boot clock of the boot it announced in (a
 //! `stopped` announcement is not alive), and dropped once it has been dead for [`KEEP_DEAD`].
 
@@ -21,7 +23,7 @@ use crate::store::Records;
 use crate::store::{skip_note, Read};
 
 impl Records for EmbeddedStore {
-    /// Keeps `entries` and the newest `keep_ticks` ticks of each of their jobs; see
+    /// Keeps `entries`, and each of their jobs within its bound (see the module); see
     /// [`crate::store::Store::record`].
     async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
         if entries.is_empty() {
@@ -36,17 +38,31 @@ impl Records for EmbeddedStore {
             for entry in &entries {
                 insert.execute(params![entry.job, entry.id(), entry.tick, entry.to_json()])?;
             }
-            let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
+            // Only the jobs with an entry of a tick that checks the bound are counted (as on Redis).
+            let settings = &shared.history;
+            let mut jobs: Vec<&str> = entries
+                .iter()
+                .filter(|e| settings.checks_bound_at(e.tick))
+                .map(|e| e.job.as_str())
+                .collect();
             jobs.sort_unstable();
             jobs.dedup();
-            let keep = i64::try_from(shared.history.keep_ticks).unwrap_or(i64::MAX);
+            let keep = i64::try_from(settings.keep_ticks).unwrap_or(i64::MAX);
+            let most = i64::try_from(settings.most_ticks()).unwrap_or(i64::MAX);
+            let mut tick_past = transaction.prepare_cached(
+                "SELECT tick FROM history WHERE job = ?1 GROUP BY tick ORDER BY tick DESC
+                 LIMIT 1 OFFSET ?2",
+            )?;
             for job in jobs {
-                // The newest tick past the bound, if any: it and every older tick go.
-                let mut oldest_dropped = transaction.prepare_cached(
-                    "SELECT tick FROM history WHERE job = ?1 GROUP BY tick ORDER BY tick DESC
-                     LIMIT 1 OFFSET ?2",
-                )?;
-                let cutoff: Option<i64> = oldest_dropped
+                // More ticks than `most`: the newest tick past `keep`, and every older one, go.
+                let over: Option<i64> = tick_past
+                    .query_map(params![job, most], |row| row.get(0))?
+                    .next()
+                    .transpose()?;
+                if over.is_none() {
+                    continue;
+                }
+                let cutoff: Option<i64> = tick_past
                     .query_map(params![job, keep], |row| row.get(0))?
                     .next()
                     .transpose()?;

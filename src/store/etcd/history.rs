@@ -2,10 +2,12 @@
 //! ([`crate::store::redis`]'s `history.rs`).
 //!
 //! History: one key per entry, `<prefix>:{<job>}:history/<tick>/<entry id>` (the tick as 20 digits that
-//! sort as it does), holding the entry's JSON; a later version of the same fact replaces it. After each
-//! write the job's oldest ticks past `keep_ticks` are deleted with one range delete, so etcd never holds
-//! more than the bound for long (a write and its trim are two requests: a worker that dies between them
-//! leaves the excess to the next write). Members: `<prefix>:members/<id>` holds `<seen ms> <JSON>`
+//! sort as it does), holding the entry's JSON; a later version of the same fact replaces it. A batch is
+//! one transaction (per [`MAX_TXN_OPS`] entries). After a write of a tick that checks the bound
+//! ([`crate::history::HistorySettings::checks_bound_at`]) its job's ticks are listed, and once there are
+//! more than [`crate::history::HistorySettings::most_ticks`] the oldest past `keep_ticks` are deleted with
+//! one range delete (a write and its trim are separate requests: a worker that dies between them leaves
+//! the excess to the next check). Members: `<prefix>:members/<id>` holds `<seen ms> <JSON>`
 //! (stamped with the announcing worker's wall clock: etcd has no clock to read), and
 //! `<prefix>:members-alive/<id>` is bound to an etcd lease with the heartbeat's TTL, kept alive by each
 //! announcement: a worker is alive exactly while etcd keeps that key. Records older than [`KEEP_DEAD`] are
@@ -31,7 +33,8 @@ pub(super) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(super) const MAX_TXN_OPS: usize = 128;
 
 impl EtcdStore {
-    /// Deletes the job's entries of every tick older than its newest `keep_ticks`.
+    /// Deletes the job's entries of every tick older than its newest `keep_ticks`, once it has more than
+    /// [`crate::history::HistorySettings::most_ticks`].
     async fn trim(&self, job: &str) -> Result<(), String> {
         let base = self.history_base(job);
         let keys = GetOptions::new()
@@ -46,8 +49,10 @@ impl EtcdStore {
             .filter_map(|kv| kv.key().get(base.len()..base.len() + 20))
             .collect();
         ticks.dedup();
-        let keep = self.history.keep_ticks;
-        let Some(newest_dropped) = ticks.get(keep) else {
+        if ticks.len() <= self.history.most_ticks() {
+            return Ok(());
+        }
+        let Some(newest_dropped) = ticks.get(self.history.keep_ticks) else {
             return Ok(());
         };
         // Every key of a tick up to the newest dropped one: `…/<tick>/…` sorts below `…/<tick>0`.
@@ -145,7 +150,7 @@ impl EtcdStore {
 }
 
 impl Records for EtcdStore {
-    /// Writes `entries` and keeps the newest `keep_ticks` ticks of each of their jobs; see
+    /// Writes `entries`, and keeps each of their jobs within its bound (see the module); see
     /// [`crate::store::Store::record`].
     async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
         for chunk in entries.chunks(MAX_TXN_OPS) {
@@ -158,7 +163,12 @@ impl Records for EtcdStore {
                 .await
                 .map_err(|why| self.failure(why))?;
         }
-        let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
+        // A job's ticks are listed only at a write of a tick that checks the bound (as on Redis).
+        let mut jobs: Vec<&str> = entries
+            .iter()
+            .filter(|e| self.history.checks_bound_at(e.tick))
+            .map(|e| e.job.as_str())
+            .collect();
         jobs.sort_unstable();
         jobs.dedup();
         for job in jobs {

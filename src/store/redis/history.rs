@@ -2,8 +2,12 @@
 //!
 //! Per job, each node keeps three keys with the job's hash tag: `…:{<job>}:history` (a hash, entry id →
 //! entry JSON), `…:{<job>}:history:index` (a sorted set of entry ids by tick) and `…:{<job>}:history:ticks`
-//! (a sorted set of the ticks that have entries). [`RECORD`] writes entries and drops the oldest ticks past
-//! the bound in the same atomic step, so a node never holds more than `keep_ticks` ticks of a job. Members
+//! (a sorted set of the ticks that have entries). [`RECORD`] writes a whole batch of entries, of any jobs,
+//! in one call per node (per [`RECORD_CHUNK`] entries): the keys of several jobs in one script, which is
+//! why the nodes must be standalone Redis servers, not a Redis Cluster (redcron follows no `MOVED`
+//! anyway). Now and then ([`crate::history::HistorySettings::checks_bound_at`]) the same atomic step
+//! counts a job's ticks and drops the oldest once there are more than
+//! [`crate::history::HistorySettings::most_ticks`], down to `keep_ticks`. Members
 //! are `…:members` (a hash, worker id → `<seen ms> <JSON>`) and `…:members:expiry` (a sorted set of worker
 //! ids by heartbeat expiry); both stamped with the node's own `TIME`, so no worker's clock decides who is
 //! alive.
@@ -30,32 +34,44 @@ use crate::store::{skip_note, Read};
 /// nothing waits on it but the background writer and the CLI.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Writes entries of one job and keeps the job's newest `keep` ticks.
+/// Writes entries of several jobs and keeps each job within the bound.
 ///
-/// KEYS: entries (hash), ticks (sorted set), index (sorted set). ARGV: keep, then `id, tick, json` per entry.
+/// KEYS: per job, entries (hash), ticks (sorted set), index (sorted set). ARGV: keep, most, then `job,
+/// id, tick, check, json` per entry, `job` the 1-based place of its job's keys (in threes). Each entry
+/// is an `HSET` and two `ZADD`s; only an entry that adds a tick to the node and carries `check` (`1`)
+/// counts its job's ticks (`ZCARD`), and cuts them back to `keep` once there are more than `most`.
 /// Returns how many ticks were dropped.
 pub static RECORD: LazyLock<Script> = LazyLock::new(|| Script::new(RECORD_LUA));
 const RECORD_LUA: &str = r#"
 local keep = tonumber(ARGV[1])
-for i = 2, #ARGV, 3 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
-  redis.call('ZADD', KEYS[3], ARGV[i + 1], ARGV[i])
-  redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i + 1])
-end
-local excess = redis.call('ZCARD', KEYS[2]) - keep
-if excess > 0 then
-  local old = redis.call('ZRANGE', KEYS[2], 0, excess - 1)
-  local newest_dropped = old[#old]
-  local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', newest_dropped)
-  for j = 1, #ids, 500 do
-    redis.call('HDEL', KEYS[1], unpack(ids, j, math.min(j + 499, #ids)))
+local most = tonumber(ARGV[2])
+local dropped = 0
+for i = 3, #ARGV, 5 do
+  local k = (tonumber(ARGV[i]) - 1) * 3
+  local entries, ticks, index = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  redis.call('HSET', entries, ARGV[i + 1], ARGV[i + 4])
+  redis.call('ZADD', index, ARGV[i + 2], ARGV[i + 1])
+  if redis.call('ZADD', ticks, ARGV[i + 2], ARGV[i + 2]) == 1 and ARGV[i + 3] == '1' then
+    local excess = redis.call('ZCARD', ticks) - keep
+    if excess > most - keep then
+      local old = redis.call('ZRANGE', ticks, 0, excess - 1)
+      local newest_dropped = old[#old]
+      local ids = redis.call('ZRANGEBYSCORE', index, '-inf', newest_dropped)
+      for j = 1, #ids, 500 do
+        redis.call('HDEL', entries, unpack(ids, j, math.min(j + 499, #ids)))
+      end
+      redis.call('ZREMRANGEBYSCORE', index, '-inf', newest_dropped)
+      redis.call('ZREMRANGEBYRANK', ticks, 0, excess - 1)
+      dropped = dropped + excess
+    end
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', newest_dropped)
-  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, excess - 1)
-  return excess
 end
-return 0
+return dropped
 "#;
+
+/// The most entries written by one call of [`RECORD`]: a larger batch takes several calls (in one
+/// pipeline), so that no call holds a node for long.
+const RECORD_CHUNK: usize = 100;
 
 /// Reads a job's entries with ticks in `[ARGV[1], ARGV[2]]`, newest first, at most `ARGV[3]` of them.
 ///
@@ -120,6 +136,46 @@ fn history_keys(prefix: &str, job: &str) -> [String; 3] {
         format!("{base}:ticks"),
         format!("{base}:index"),
     ]
+}
+
+/// The keys and arguments of one [`RECORD`] call writing `entries`: each job's three keys once, in the
+/// order its first entry comes.
+fn record_call(
+    prefix: &str,
+    settings: &history::HistorySettings,
+    entries: &[Entry],
+) -> (Vec<String>, Vec<String>) {
+    let mut jobs: Vec<&str> = Vec::new();
+    let mut args = vec![
+        settings.keep_ticks.to_string(),
+        settings.most_ticks().to_string(),
+    ];
+    for entry in entries {
+        let place = match jobs.iter().position(|job| *job == entry.job) {
+            Some(place) => place,
+            None => {
+                jobs.push(&entry.job);
+                jobs.len() - 1
+            }
+        };
+        let check = if settings.checks_bound_at(entry.tick) {
+            "1"
+        } else {
+            "0"
+        };
+        args.extend([
+            (place + 1).to_string(),
+            entry.id(),
+            entry.tick.to_string(),
+            check.to_string(),
+            entry.to_json(),
+        ]);
+    }
+    let keys = jobs
+        .into_iter()
+        .flat_map(|job| history_keys(prefix, job))
+        .collect();
+    (keys, args)
 }
 
 /// The membership keys: members, expiry.
@@ -214,24 +270,16 @@ impl RedisStore {
 }
 
 impl Records for RedisStore {
-    /// Writes `entries` to every node, one script call per job in one pipeline per node; see
-    /// [`crate::store::Store::record`].
+    /// Writes `entries` to every node: one script call per [`RECORD_CHUNK`] entries, whatever their
+    /// jobs, in one pipeline per node; see [`crate::store::Store::record`].
     async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
         if entries.is_empty() {
             return Ok(());
         }
-        let mut jobs: Vec<&str> = entries.iter().map(|e| e.job.as_str()).collect();
-        jobs.sort_unstable();
-        jobs.dedup();
-        let keep = self.history.keep_ticks.to_string();
         let mut pipeline = redis::pipe();
-        for job in jobs {
-            let mut args: Vec<String> = vec![keep.clone()];
-            for entry in entries.iter().filter(|e| e.job == job) {
-                args.extend([entry.id(), entry.tick.to_string(), entry.to_json()]);
-            }
+        for chunk in entries.chunks(RECORD_CHUNK) {
+            let (keys, args) = record_call(&self.settings.key_prefix, &self.history, chunk);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let keys = history_keys(&self.settings.key_prefix, job);
             pipeline.add_command(evalsha(&RECORD, &keys, &args));
         }
         let answers = self.ask_all(&pipeline).await;

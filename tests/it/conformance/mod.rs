@@ -91,6 +91,9 @@ macro_rules! conformance {
                 triggers::trigger_requests_are_written_read_and_forgotten,
                 records::the_store_keeps_the_newest_ticks_newest_first,
                 records::members_are_alive_until_they_stop_or_expire,
+                records::a_second_skip_of_a_tick_replaces_the_first,
+                records::the_bound_holds_with_its_slack,
+                records::old_format_entries_are_still_read,
                 faults::no_majority_grants_nothing_and_the_store_recovers,
                 $($module::$extra,)*
             );

@@ -61,6 +61,126 @@ pub(super) async fn the_store_keeps_the_newest_ticks_newest_first(backend: Backe
     assert_eq!(store.history(&window).await.expect("read").value.len(), 2);
 }
 
+/// The entries of `job` read back (limit 5,000).
+async fn read_all(store: &redcron::store::Store, job: &str) -> Vec<Entry> {
+    let query = Query {
+        job: job.to_string(),
+        since: None,
+        until: None,
+        limit: 5_000,
+    };
+    store.history(&query).await.expect("read").value
+}
+
+/// A skip is one per tick: a second worker's skip of a tick replaces the first, while the tick's run, a
+/// loser's entry and the skip of another series stay beside it.
+pub(super) async fn a_second_skip_of_a_tick_replaces_the_first(backend: Backend) {
+    let cluster = backend.start();
+    let store = cluster.store(LockSettings::default());
+    let now = chrono::Utc::now();
+    let skip = |worker: &str, reason: &str, at: chrono::DateTime<chrono::Utc>| {
+        let mut entry = Entry::new("once", Tick(1_000), worker, Kind::Skipped, at);
+        entry.reason = Some(reason.to_string());
+        entry
+    };
+    let run = Entry::new("once", Tick(1_000), "w1", Kind::Run, now);
+    let lost = Entry::new("once", Tick(1_000), "w3", Kind::Lost, now);
+    let retry = skip("w1", "shutdown", now).in_series(&redcron::lock::Series::Retry(1));
+    let first = skip("w1", "paused", now);
+    store
+        .record(&[run, lost, retry, first])
+        .await
+        .expect("recorded");
+    let second = skip("w2", "paused", now + chrono::Duration::seconds(1));
+    store.record(&[second]).await.expect("recorded");
+    let read = read_all(&store, "once").await;
+    let mut kept: Vec<(String, String, Option<u32>)> = read
+        .iter()
+        .map(|e| (e.kind.as_str().to_string(), e.worker.clone(), e.attempt))
+        .collect();
+    kept.sort();
+    let expected = [
+        ("lost", "w3", None),
+        ("run", "w1", None),
+        ("skipped", "w1", Some(1)),
+        ("skipped", "w2", None),
+    ]
+    .map(|(kind, worker, attempt)| (kind.to_string(), worker.to_string(), attempt));
+    assert_eq!(kept, expected, "{read:#?}");
+}
+
+/// The bound holds with its slack: with `keep_ticks: 8` (checked at every tick) a job never holds more
+/// than 10 ticks and never fewer than the 8 newest; with the default 200 (checked at one tick in 4) a job
+/// written 1,500 ticks, 25 at a time, holds more than 200 but never more than 250 plus the ticks written
+/// since the last check (here fewer than 30), nor fewer than 200 once it had them.
+pub(super) async fn the_bound_holds_with_its_slack(backend: Backend) {
+    let cluster = backend.start();
+    for (keep, ticks, per_write) in [(8_usize, 40_i64, 1_usize), (200, 1_500, 25)] {
+        let history = HistorySettings {
+            keep_ticks: keep,
+            ..HistorySettings::default()
+        };
+        // Past `most`, a job is cut at the next tick that checks (every tick for the small bound).
+        let most = history.most_ticks() + if keep < 100 { 0 } else { 30 };
+        let store = cluster.store_keeping(LockSettings::default(), history);
+        let job = format!("bound{keep}");
+        let now = chrono::Utc::now();
+        let entries: Vec<Entry> = (1..=ticks)
+            .map(|n| {
+                Entry::new(
+                    &job,
+                    Tick(1_795_000_000_000 + n * 60_000),
+                    "w1",
+                    Kind::Run,
+                    now,
+                )
+            })
+            .collect();
+        let mut largest = 0;
+        for (written, batch) in entries.chunks(per_write).enumerate() {
+            store.record(batch).await.expect("recorded");
+            let read = read_all(&store, &job).await;
+            let held = read.len();
+            let written = (written + 1) * per_write;
+            assert!(held <= most, "{keep}: {held} ticks held, more than {most}");
+            assert!(
+                held >= written.min(keep),
+                "{keep}: {held} ticks held of {written}"
+            );
+            let newest = read.first().map(|e| e.tick);
+            assert_eq!(
+                newest,
+                batch.last().map(|e| e.tick),
+                "{keep}: the newest tick stays"
+            );
+            largest = largest.max(held);
+        }
+        println!("keep_ticks {keep}: at most {largest} ticks held");
+        assert!(largest > keep, "{keep}: the slack is used ({largest})");
+    }
+}
+
+/// Entries in the format of earlier versions are read: a loser's `lost` entry, with the id every version
+/// gave it and none of the newer fields, beside a new run entry that names who raced.
+pub(super) async fn old_format_entries_are_still_read(backend: Backend) {
+    let cluster = backend.start();
+    let store = cluster.store(LockSettings::default());
+    let old = r#"{"job":"mixed","tick":2000,"worker":"old-1","kind":"lost","reason":"already_claimed",
+        "by":"new-1","fingerprint":"0429ee8171572cf5","recorded_at":"2026-11-23T12:25:05.019Z"}"#;
+    let old = Entry::from_json(old).expect("an entry of an earlier version");
+    assert_eq!(old.id(), "2000|old-1|lost");
+    let mut run = Entry::new("mixed", Tick(2_000), "new-1", Kind::Run, chrono::Utc::now());
+    run.raced = Some(vec!["new-1".to_string(), "old-1".to_string()]);
+    store
+        .record(&[old.clone(), run.clone()])
+        .await
+        .expect("recorded");
+    let read = read_all(&store, "mixed").await;
+    assert_eq!(read.len(), 2, "{read:#?}");
+    assert!(read.contains(&old), "{read:#?}");
+    assert!(read.contains(&run), "{read:#?}");
+}
+
 /// A member announced is alive and stamped by the store; once it announced that it stopped it is listed
 /// but dead at once; one that stops announcing is listed but dead once its heartbeat expired.
 pub(super) async fn members_are_alive_until_they_stop_or_expire(backend: Backend) {
