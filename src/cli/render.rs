@@ -10,8 +10,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::{emit, say, Exit};
+use crate::history::tick::TickRecord;
 use crate::history::{Entry, Kind};
 use crate::inspect::explain::Explanation;
+use crate::inspect::history::History;
 use crate::inspect::status::Status;
 use crate::inspect::time::{duration_ms, instant, instant_ms};
 use crate::inspect::Notes;
@@ -192,22 +194,9 @@ pub(super) fn entries(entries: &[Entry]) -> String {
         "TICK", "JOB", "KIND", "WORKER", "TOKEN", "OUTCOME", "EXIT", "DURATION", "DETAIL",
     ]);
     for e in entries {
-        let (outcome_text, mut detail) = match e.kind {
-            Kind::Run => (outcome(e), e.run_id.clone().unwrap_or_default()),
-            _ => {
-                let by = e.by.as_ref().map(|by| format!("by {by}"));
-                let parts: Vec<String> = e.reason.iter().cloned().chain(by).collect();
-                ("-".to_string(), parts.join(" "))
-            }
-        };
-        // A trigger's or a retry's entry says so first.
-        if let Some(tag) = e.series().tag() {
-            detail = format!("{tag} {detail}").trim_end().to_string();
-        }
-        let exit = match (e.exit_code, e.signal) {
-            (Some(code), _) => code.to_string(),
-            (None, Some(signal)) => format!("signal {signal}"),
-            (None, None) => "-".to_string(),
+        let outcome_text = match e.kind {
+            Kind::Run => outcome(e),
+            _ => "-".to_string(),
         };
         table.row(vec![
             instant_ms(e.tick),
@@ -216,12 +205,103 @@ pub(super) fn entries(entries: &[Entry]) -> String {
             e.worker.clone(),
             e.token.map_or("-".to_string(), |t| t.to_string()),
             outcome_text,
-            exit,
+            exit(e),
             e.duration_ms.map_or("-".to_string(), duration_ms),
-            or_dash(detail),
+            or_dash(detail(e)),
         ]);
     }
     table.render()
+}
+
+/// The history: one line per tick, in the order given — when, who ran it (token, outcome, exit, duration)
+/// or why nobody did, and a count of the notes beside it; a double run first and loud.
+pub(super) fn ticks(history: &History) -> String {
+    let mut out = String::new();
+    if history.ticks.is_empty() {
+        out.push_str("no entries\n");
+    } else {
+        let mut table = Table::new(&[
+            "TICK", "JOB", "WORKER", "TOKEN", "OUTCOME", "EXIT", "DURATION", "DETAIL", "NOTES",
+        ]);
+        for record in &history.ticks {
+            let e = &record.record;
+            let outcome_text = match e.kind {
+                Kind::Run => outcome(e),
+                kind => kind.as_str().to_string(),
+            };
+            table.row(vec![
+                instant_ms(e.tick),
+                e.job.clone(),
+                e.worker.clone(),
+                e.token.map_or("-".to_string(), |t| t.to_string()),
+                outcome_text,
+                exit(e),
+                e.duration_ms.map_or("-".to_string(), duration_ms),
+                or_dash(detail(e)),
+                or_dash(notes(record)),
+            ]);
+        }
+        out.push_str(&table.render());
+    }
+    if let Some(cut) = &history.cut_short {
+        out.push_str(&format!("note: {cut}\n"));
+    }
+    out
+}
+
+/// The notes of a tick in a few words: `DOUBLE RUN` with the other runs first, then the other entries
+/// counted by kind and reason (`2 lost: already_claimed`), in the order first seen.
+fn notes(record: &TickRecord) -> String {
+    let mut parts: Vec<String> = record
+        .other_runs
+        .iter()
+        .map(|run| {
+            format!(
+                "DOUBLE RUN: also run by {} (token {}, {})",
+                run.worker,
+                run.token.map_or("-".to_string(), |t| t.to_string()),
+                outcome(run)
+            )
+        })
+        .collect();
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for note in &record.notes {
+        let key = match &note.reason {
+            Some(reason) => format!("{}: {reason}", note.kind.as_str()),
+            None => note.kind.as_str().to_string(),
+        };
+        match counts.iter_mut().find(|(seen, _)| *seen == key) {
+            Some((_, count)) => *count += 1,
+            None => counts.push((key, 1)),
+        }
+    }
+    parts.extend(counts.into_iter().map(|(key, count)| format!("{count} {key}")));
+    parts.join(", ")
+}
+
+/// An entry's detail: its series first (a trigger's, a retry's), then its run id, or why and by whom.
+fn detail(e: &Entry) -> String {
+    let detail = match e.kind {
+        Kind::Run => e.run_id.clone().unwrap_or_default(),
+        _ => {
+            let by = e.by.as_ref().map(|by| format!("by {by}"));
+            let parts: Vec<String> = e.reason.iter().cloned().chain(by).collect();
+            parts.join(" ")
+        }
+    };
+    match e.series().tag() {
+        Some(tag) => format!("{tag} {detail}").trim_end().to_string(),
+        None => detail,
+    }
+}
+
+/// How a run's child ended: its exit code, or the signal that ended it.
+fn exit(e: &Entry) -> String {
+    match (e.exit_code, e.signal) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(signal)) => format!("signal {signal}"),
+        (None, None) => "-".to_string(),
+    }
 }
 
 /// `explain`: the story, a hint, then the entries.
@@ -234,9 +314,37 @@ pub(super) fn explanation(explanation: &Explanation) -> String {
     if let Some(hint) = &explanation.hint {
         out.push_str(&format!("hint: {hint}\n"));
     }
+    for run in &explanation.runs {
+        for (stream, tail) in [("stdout", &run.tail_out), ("stderr", &run.tail_err)] {
+            if let Some(text) = tail {
+                out.push_str(&output_tail(run, stream, text));
+            }
+        }
+    }
     if !explanation.entries.is_empty() {
         out.push('\n');
         out.push_str(&entries(&explanation.entries));
+    }
+    out
+}
+
+/// The most lines of a run's kept output that `explain` prints, per stream.
+const TAIL_LINES: usize = 20;
+
+/// The end of a run's output on `stream`, as its worker kept it: a heading, then its last
+/// [`TAIL_LINES`] lines, indented.
+fn output_tail(run: &Entry, stream: &str, text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let shown = &lines[lines.len().saturating_sub(TAIL_LINES)..];
+    let mut out = format!(
+        "{}'s run{}, {stream}, last {} line{}:\n",
+        run.worker,
+        run.token.map_or(String::new(), |t| format!(" (token {t})")),
+        shown.len(),
+        super::plural(shown.len())
+    );
+    for line in shown {
+        out.push_str(&format!("    {line}\n"));
     }
     out
 }
@@ -307,5 +415,89 @@ impl Table {
             out.push('\n');
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::tick;
+    use crate::inspect::history::History;
+    use crate::schedule::Tick;
+
+    fn entry(tick: i64, worker: &str, kind: Kind, reason: Option<&str>) -> Entry {
+        let mut entry = Entry::new("j", Tick(tick), worker, kind, DateTime::UNIX_EPOCH);
+        entry.reason = reason.map(str::to_string);
+        entry
+    }
+
+    fn run(tick: i64, worker: &str, token: u64) -> Entry {
+        let mut run = entry(tick, worker, Kind::Run, None);
+        run.token = Some(token);
+        run.ended_at = Some(DateTime::UNIX_EPOCH);
+        run.outcome = Some("failure".to_string());
+        run.exit_code = Some(3);
+        run.duration_ms = Some(1250);
+        run
+    }
+
+    fn history_of(entries: Vec<Entry>) -> History {
+        History {
+            entries: Vec::new(),
+            ticks: tick::group(entries),
+            cut_short: None,
+            notes: Notes::default(),
+        }
+    }
+
+    /// One line per tick: a run with its token, outcome, exit and duration, legacy losers counted as a
+    /// note; a tick nobody ran with why; a double run loud.
+    #[test]
+    fn history_is_one_line_per_tick_with_its_notes_counted() {
+        let mut raced = run(3000, "w2", 5);
+        raced.raced = Some(vec!["w2".into(), "w1".into()]);
+        let text = ticks(&history_of(vec![
+            raced,
+            run(2000, "w2", 4),
+            entry(2000, "w1", Kind::Lost, Some("already_claimed")),
+            entry(2000, "w3", Kind::Lost, Some("already_claimed")),
+            entry(1000, "w1", Kind::Skipped, Some("paused")),
+            entry(1000, "w2", Kind::Skipped, Some("paused")),
+            run(500, "w1", 1),
+            run(500, "w2", 2),
+        ]));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(lines[0].starts_with("TICK "), "{text}");
+        let words = |line: &str| line.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(
+            words(lines[1]),
+            "1970-01-01T00:00:03Z j w2 5 failure 3 1.250s - -"
+        );
+        assert_eq!(
+            words(lines[2]),
+            "1970-01-01T00:00:02Z j w2 4 failure 3 1.250s - 2 lost: already_claimed"
+        );
+        assert_eq!(
+            words(lines[3]),
+            "1970-01-01T00:00:01Z j w1 - skipped - - paused 1 skipped: paused"
+        );
+        assert!(
+            lines[4].contains("DOUBLE RUN: also run by w2 (token 2, failure)"),
+            "{text}"
+        );
+        assert_eq!(ticks(&history_of(Vec::new())), "no entries\n");
+    }
+
+    /// A failed run's kept output: its last lines, indented, under a heading naming the run and stream.
+    #[test]
+    fn a_runs_output_tail_is_its_last_lines_indented() {
+        let text: String = (1..=25).map(|n| format!("line {n}\n")).collect();
+        let shown = output_tail(&run(1000, "w2", 4), "stderr", &text);
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines[0], "w2's run (token 4), stderr, last 20 lines:");
+        assert_eq!(lines[1], "    line 6");
+        assert_eq!(lines.last().copied(), Some("    line 25"));
+        assert_eq!(lines.len(), 21);
     }
 }

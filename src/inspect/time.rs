@@ -9,6 +9,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Serialize, Serializer};
 
+use crate::history::tick::TickRecord;
 use crate::history::Entry;
 use crate::membership::{Member, Running};
 
@@ -88,6 +89,29 @@ impl<'a> StampedEntry<'a> {
 /// `#[serde(serialize_with)]`.
 pub(crate) fn entries<S: Serializer>(entries: &[Entry], serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_seq(entries.iter().map(StampedEntry::of))
+}
+
+/// A tick's record as the views print it: the record's entry as stored with `tick_rfc3339`, then the
+/// other workers' runs of it (a double run) and its notes, each stamped the same way.
+#[derive(Serialize)]
+struct StampedRecord<'a> {
+    #[serde(flatten)]
+    record: StampedEntry<'a>,
+    other_runs: Vec<StampedEntry<'a>>,
+    notes: Vec<StampedEntry<'a>>,
+}
+
+/// Serialises tick records ([`TickRecord`]), each as its record's fields with `tick_rfc3339`, and
+/// `other_runs` and `notes` as entries are, for `#[serde(serialize_with)]`.
+pub(crate) fn records<S: Serializer>(
+    records: &[TickRecord],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(records.iter().map(|r| StampedRecord {
+        record: StampedEntry::of(&r.record),
+        other_runs: r.other_runs.iter().map(StampedEntry::of).collect(),
+        notes: r.notes.iter().map(StampedEntry::of).collect(),
+    }))
 }
 
 /// [`entries`] of at most one entry (`null` for none).
