@@ -275,7 +275,11 @@ fn notes(record: &TickRecord) -> String {
             None => counts.push((key, 1)),
         }
     }
-    parts.extend(counts.into_iter().map(|(key, count)| format!("{count} {key}")));
+    parts.extend(
+        counts
+            .into_iter()
+            .map(|(key, count)| format!("{count} {key}")),
+    );
     parts.join(", ")
 }
 

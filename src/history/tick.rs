@@ -67,7 +67,10 @@ impl TickRecord {
     /// run names them, then every other worker whose entry says it took part — it ran the tick, lost it,
     /// or could not win it (`no_quorum`, `contended`, `lease_expired`, `no_slot`). Each once.
     pub fn raced(&self) -> Vec<String> {
-        let view = self.run().and_then(|run| run.raced.clone()).unwrap_or_default();
+        let view = self
+            .run()
+            .and_then(|run| run.raced.clone())
+            .unwrap_or_default();
         let mut raced = view;
         for entry in self.entries().filter(|e| raced_for_it(e)) {
             if !raced.contains(&entry.worker) {

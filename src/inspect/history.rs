@@ -45,7 +45,9 @@ pub async fn read(
     since: Option<DateTime<Utc>>,
     limit: usize,
 ) -> Result<HistoryInputs, QuorumFailure> {
-    let mut asked = limit.saturating_mul(ENTRIES_PER_TICK).min(MAX_ENTRIES_PER_JOB);
+    let mut asked = limit
+        .saturating_mul(ENTRIES_PER_TICK)
+        .min(MAX_ENTRIES_PER_JOB);
     loop {
         let queries: Vec<Query> = jobs
             .iter()
@@ -69,7 +71,9 @@ pub async fn read(
         if asked >= MAX_ENTRIES_PER_JOB || newest(&inputs, limit).complete {
             return Ok(inputs);
         }
-        asked = asked.saturating_mul(ENTRIES_PER_TICK).min(MAX_ENTRIES_PER_JOB);
+        asked = asked
+            .saturating_mul(ENTRIES_PER_TICK)
+            .min(MAX_ENTRIES_PER_JOB);
     }
 }
 
@@ -107,7 +111,11 @@ pub fn history(inputs: HistoryInputs, limit: usize) -> History {
         )),
         _ => None,
     };
-    let mut entries: Vec<Entry> = ticks.iter().flat_map(TickRecord::entries).cloned().collect();
+    let mut entries: Vec<Entry> = ticks
+        .iter()
+        .flat_map(TickRecord::entries)
+        .cloned()
+        .collect();
     entries.sort_by(|a, b| {
         b.tick
             .cmp(&a.tick)
@@ -252,7 +260,10 @@ mod tests {
         let tick = &json["ticks"][0];
         assert_eq!(tick["tick"], 1_795_436_705_012_i64);
         assert_eq!(tick["tick_rfc3339"], "2026-11-23T12:25:05.012Z");
-        assert_eq!((&tick["worker"], &tick["kind"]), (&"w1".into(), &"run".into()));
+        assert_eq!(
+            (&tick["worker"], &tick["kind"]),
+            (&"w1".into(), &"run".into())
+        );
         assert_eq!(tick["other_runs"], serde_json::json!([]));
         assert_eq!(tick["notes"][0]["by"], "w1");
         assert_eq!(tick["notes"][0]["tick_rfc3339"], "2026-11-23T12:25:05.012Z");

@@ -26,7 +26,10 @@ fn run(tick: i64, worker: &str, token: u64, outcome: Option<&str>) -> Entry {
 }
 
 fn workers(entries: &[Entry]) -> Vec<(&str, Kind)> {
-    entries.iter().map(|e| (e.worker.as_str(), e.kind)).collect()
+    entries
+        .iter()
+        .map(|e| (e.worker.as_str(), e.kind))
+        .collect()
 }
 
 /// A current winner's run names the racers: one record, no notes, the silent losers named from its view.
