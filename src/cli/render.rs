@@ -194,23 +194,32 @@ pub(super) fn entries(entries: &[Entry]) -> String {
         "TICK", "JOB", "KIND", "WORKER", "TOKEN", "OUTCOME", "EXIT", "DURATION", "DETAIL",
     ]);
     for e in entries {
-        let outcome_text = match e.kind {
-            Kind::Run => outcome(e),
-            _ => "-".to_string(),
-        };
-        table.row(vec![
-            instant_ms(e.tick),
-            e.job.clone(),
-            e.kind.as_str().to_string(),
-            e.worker.clone(),
-            e.token.map_or("-".to_string(), |t| t.to_string()),
-            outcome_text,
-            exit(e),
-            e.duration_ms.map_or("-".to_string(), duration_ms),
-            or_dash(detail(e)),
-        ]);
+        table.row(cells(e, true));
     }
     table.render()
+}
+
+/// An entry's cells: tick, job, its kind (`with_kind`, the entries' table), worker, token, outcome (of a
+/// run; else `-` beside the kind, or the kind itself), exit, duration, detail.
+fn cells(e: &Entry, with_kind: bool) -> Vec<String> {
+    let outcome_text = match (e.kind, with_kind) {
+        (Kind::Run, _) => outcome(e),
+        (_, true) => "-".to_string(),
+        (kind, false) => kind.as_str().to_string(),
+    };
+    let mut cells = vec![instant_ms(e.tick), e.job.clone()];
+    if with_kind {
+        cells.push(e.kind.as_str().to_string());
+    }
+    cells.extend([
+        e.worker.clone(),
+        e.token.map_or("-".to_string(), |t| t.to_string()),
+        outcome_text,
+        exit(e),
+        e.duration_ms.map_or("-".to_string(), duration_ms),
+        or_dash(detail(e)),
+    ]);
+    cells
 }
 
 /// The history: one line per tick, in the order given — when, who ran it (token, outcome, exit, duration)
@@ -224,22 +233,9 @@ pub(super) fn ticks(history: &History) -> String {
             "TICK", "JOB", "WORKER", "TOKEN", "OUTCOME", "EXIT", "DURATION", "DETAIL", "NOTES",
         ]);
         for record in &history.ticks {
-            let e = &record.record;
-            let outcome_text = match e.kind {
-                Kind::Run => outcome(e),
-                kind => kind.as_str().to_string(),
-            };
-            table.row(vec![
-                instant_ms(e.tick),
-                e.job.clone(),
-                e.worker.clone(),
-                e.token.map_or("-".to_string(), |t| t.to_string()),
-                outcome_text,
-                exit(e),
-                e.duration_ms.map_or("-".to_string(), duration_ms),
-                or_dash(detail(e)),
-                or_dash(notes(record)),
-            ]);
+            let mut row = cells(&record.record, false);
+            row.push(or_dash(notes(record)));
+            table.row(row);
         }
         out.push_str(&table.render());
     }
