@@ -92,8 +92,8 @@ fn status_shows_workers_and_jobs() {
 
 /// `history`: every job's ticks merged newest first, one line each with its notes counted, whether its
 /// losers wrote entries or nothing; the JSON's `ticks` and every entry of them; `--job`, `--limit` (in
-/// ticks), `--since` (an instant or a duration back); an unknown job or a limit out of range is a usage
-/// error.
+/// ticks; a tick with more entries than the first read asks for is read again, whole), `--since` (an
+/// instant or a duration back); an unknown job or a limit out of range is a usage error.
 #[test]
 fn history_lists_ticks_newest_first() {
     let fixture = Fixture::new();
@@ -175,6 +175,25 @@ fn history_lists_ticks_newest_first() {
     assert_eq!(json["ticks"].as_array().expect("ticks").len(), 2);
     let json = fixture.json(&["history", "--since", "1h"]);
     assert_eq!(json["entries"], serde_json::json!([]));
+    // A tick with more entries than the first read asks for (4 per tick): read again, whole.
+    let losers: Vec<Entry> = ["w5", "w6", "w7"]
+        .iter()
+        .map(|worker| {
+            let mut lost = Entry::new("archive", ticks[0], worker, Kind::Lost, chrono::Utc::now());
+            lost.reason = Some("already_claimed".to_string());
+            lost
+        })
+        .collect();
+    fixture.record(&losers);
+    let json = fixture.json(&["history", "--job", "archive", "--limit", "1"]);
+    assert_eq!(json["ticks"].as_array().expect("ticks").len(), 1, "{json}");
+    assert_eq!(
+        json["ticks"][0]["notes"].as_array().expect("notes").len(),
+        5
+    );
+    assert_eq!(json["entries"].as_array().expect("entries").len(), 6);
+    assert!(json["cut_short"].is_null());
+
     let (code, stdout, _) = fixture.run(&["history", "--job", "idle"]);
     assert_eq!((code, stdout.as_str()), (0, "no entries\n"));
 
