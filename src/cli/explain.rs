@@ -1,8 +1,9 @@
 //! `redcron explain JOB TICK`: one tick's story across the cluster.
 //!
 //! Reads and tells it through the [`crate::inspect::explain`] model, then prints the story and the entries,
-//! or its JSON. `TICK` is taken in every form `history` and `status` print one: RFC 3339, or milliseconds
-//! since the Unix epoch ([`crate::inspect::parse_tick`]).
+//! (with a failed run's kept output, its last lines indented), or its JSON. `TICK` is taken in every form
+//! `history` and `status` print one: RFC 3339, milliseconds since the Unix epoch, or a run under way as
+//! `status` shows it, `JOB@TICK#TOKEN` ([`crate::inspect::parse_tick`]).
 
 use std::process::ExitCode;
 
@@ -19,8 +20,9 @@ pub struct ExplainArgs {
     /// The job's name.
     #[arg(value_name = "JOB")]
     pub job: String,
-    /// The tick: RFC 3339 (e.g. 2026-11-23T10:00:00Z, as `history` prints it) or milliseconds since the
-    /// Unix epoch (e.g. 1795436705000, as `--json` prints it).
+    /// The tick: RFC 3339 (e.g. 2026-11-23T10:00:00Z, as `history` and `status` print it) or milliseconds
+    /// since the Unix epoch (e.g. 1795436705000, as `--json` prints it); a run under way as `status`
+    /// prints it (job@2026-11-23T10:00:00Z#token) is taken too.
     #[arg(value_name = "TICK", value_parser = parse_tick)]
     pub tick: DateTime<Utc>,
     #[command(flatten)]

@@ -1,7 +1,8 @@
-//! `redcron history`: the entries of the run history — runs and ticks not run — newest first.
+//! `redcron history`: the run history — runs and ticks not run — one line per tick, newest first.
 //!
-//! Without `--job` every job of the config is read; the [`crate::inspect::history`] model merges them, so
-//! the newest `--limit` entries of the whole config come out in tick order, whichever jobs they belong to.
+//! Without `--job` every job of the config is read; the [`crate::inspect::history`] model folds each
+//! tick's entries into its record and merges the jobs, so the newest `--limit` ticks of the whole config
+//! come out in tick order, whichever jobs they belong to.
 
 use std::process::ExitCode;
 
@@ -11,7 +12,7 @@ use super::read::Reader;
 use super::{find_job, load, parse_instant, render, ConfigArg};
 use crate::inspect::history;
 
-/// The most entries one `history` prints.
+/// The most ticks one `history` prints.
 pub const MAX_LIMIT: usize = 5000;
 
 /// Arguments of `history`.
@@ -26,7 +27,7 @@ pub struct HistoryArgs {
     /// (90s, 30m, 1h, 2days).
     #[arg(long, value_name = "TIME", value_parser = parse_since)]
     pub since: Option<DateTime<Utc>>,
-    /// Print at most this many entries, newest first (1 to 5000).
+    /// Print at most this many ticks, newest first (1 to 5000), each with all its entries in `--json`.
     #[arg(long, value_name = "N", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..=MAX_LIMIT as i64))]
     pub limit: u32,
@@ -56,9 +57,12 @@ pub(super) fn run(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
         Err(error) => return Ok(super::read_failed(&error)),
     };
     let history = history::history(inputs, limit);
-    render::deliver(&history, &history.notes, args.json, |h| {
-        render::entries(&h.entries)
-    })
+    if let Some(cut) = &history.cut_short {
+        if args.json {
+            super::say(&format!("warning: {cut}"));
+        }
+    }
+    render::deliver(&history, &history.notes, args.json, render::ticks)
 }
 
 /// `--since`: an RFC 3339 instant, or a duration back from now.

@@ -10,8 +10,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::{emit, say, Exit};
+use crate::history::tick::TickRecord;
 use crate::history::{Entry, Kind};
 use crate::inspect::explain::Explanation;
+use crate::inspect::history::History;
 use crate::inspect::status::Status;
 use crate::inspect::time::{duration_ms, instant, instant_ms};
 use crate::inspect::Notes;
@@ -192,36 +194,114 @@ pub(super) fn entries(entries: &[Entry]) -> String {
         "TICK", "JOB", "KIND", "WORKER", "TOKEN", "OUTCOME", "EXIT", "DURATION", "DETAIL",
     ]);
     for e in entries {
-        let (outcome_text, mut detail) = match e.kind {
-            Kind::Run => (outcome(e), e.run_id.clone().unwrap_or_default()),
-            _ => {
-                let by = e.by.as_ref().map(|by| format!("by {by}"));
-                let parts: Vec<String> = e.reason.iter().cloned().chain(by).collect();
-                ("-".to_string(), parts.join(" "))
-            }
-        };
-        // A trigger's or a retry's entry says so first.
-        if let Some(tag) = e.series().tag() {
-            detail = format!("{tag} {detail}").trim_end().to_string();
-        }
-        let exit = match (e.exit_code, e.signal) {
-            (Some(code), _) => code.to_string(),
-            (None, Some(signal)) => format!("signal {signal}"),
-            (None, None) => "-".to_string(),
-        };
-        table.row(vec![
-            instant_ms(e.tick),
-            e.job.clone(),
-            e.kind.as_str().to_string(),
-            e.worker.clone(),
-            e.token.map_or("-".to_string(), |t| t.to_string()),
-            outcome_text,
-            exit,
-            e.duration_ms.map_or("-".to_string(), duration_ms),
-            or_dash(detail),
-        ]);
+        table.row(cells(e, true));
     }
     table.render()
+}
+
+/// An entry's cells: tick, job, its kind (`with_kind`, the entries' table), worker, token, outcome (of a
+/// run; else `-` beside the kind, or the kind itself), exit, duration, detail.
+fn cells(e: &Entry, with_kind: bool) -> Vec<String> {
+    let outcome_text = match (e.kind, with_kind) {
+        (Kind::Run, _) => outcome(e),
+        (_, true) => "-".to_string(),
+        (kind, false) => kind.as_str().to_string(),
+    };
+    let mut cells = vec![instant_ms(e.tick), e.job.clone()];
+    if with_kind {
+        cells.push(e.kind.as_str().to_string());
+    }
+    cells.extend([
+        e.worker.clone(),
+        e.token.map_or("-".to_string(), |t| t.to_string()),
+        outcome_text,
+        exit(e),
+        e.duration_ms.map_or("-".to_string(), duration_ms),
+        or_dash(detail(e)),
+    ]);
+    cells
+}
+
+/// The history: one line per tick, in the order given — when, who ran it (token, outcome, exit, duration)
+/// or why nobody did, and a count of the notes beside it; a double run first and loud.
+pub(super) fn ticks(history: &History) -> String {
+    let mut out = String::new();
+    if history.ticks.is_empty() {
+        out.push_str("no entries\n");
+    } else {
+        let mut table = Table::new(&[
+            "TICK", "JOB", "WORKER", "TOKEN", "OUTCOME", "EXIT", "DURATION", "DETAIL", "NOTES",
+        ]);
+        for record in &history.ticks {
+            let mut row = cells(&record.record, false);
+            row.push(or_dash(notes(record)));
+            table.row(row);
+        }
+        out.push_str(&table.render());
+    }
+    if let Some(cut) = &history.cut_short {
+        out.push_str(&format!("note: {cut}\n"));
+    }
+    out
+}
+
+/// The notes of a tick in a few words: `DOUBLE RUN` with the other runs first, then the other entries
+/// counted by kind and reason (`2 lost: already_claimed`), in the order first seen.
+fn notes(record: &TickRecord) -> String {
+    let mut parts: Vec<String> = record
+        .other_runs
+        .iter()
+        .map(|run| {
+            format!(
+                "DOUBLE RUN: also run by {} (token {}, {})",
+                run.worker,
+                run.token.map_or("-".to_string(), |t| t.to_string()),
+                outcome(run)
+            )
+        })
+        .collect();
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for note in &record.notes {
+        let key = match &note.reason {
+            Some(reason) => format!("{}: {reason}", note.kind.as_str()),
+            None => note.kind.as_str().to_string(),
+        };
+        match counts.iter_mut().find(|(seen, _)| *seen == key) {
+            Some((_, count)) => *count += 1,
+            None => counts.push((key, 1)),
+        }
+    }
+    parts.extend(
+        counts
+            .into_iter()
+            .map(|(key, count)| format!("{count} {key}")),
+    );
+    parts.join(", ")
+}
+
+/// An entry's detail: its series first (a trigger's, a retry's), then its run id, or why and by whom.
+fn detail(e: &Entry) -> String {
+    let detail = match e.kind {
+        Kind::Run => e.run_id.clone().unwrap_or_default(),
+        _ => {
+            let by = e.by.as_ref().map(|by| format!("by {by}"));
+            let parts: Vec<String> = e.reason.iter().cloned().chain(by).collect();
+            parts.join(" ")
+        }
+    };
+    match e.series().tag() {
+        Some(tag) => format!("{tag} {detail}").trim_end().to_string(),
+        None => detail,
+    }
+}
+
+/// How a run's child ended: its exit code, or the signal that ended it.
+fn exit(e: &Entry) -> String {
+    match (e.exit_code, e.signal) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(signal)) => format!("signal {signal}"),
+        (None, None) => "-".to_string(),
+    }
 }
 
 /// `explain`: the story, a hint, then the entries.
@@ -234,9 +314,37 @@ pub(super) fn explanation(explanation: &Explanation) -> String {
     if let Some(hint) = &explanation.hint {
         out.push_str(&format!("hint: {hint}\n"));
     }
+    for run in &explanation.runs {
+        for (stream, tail) in [("stdout", &run.tail_out), ("stderr", &run.tail_err)] {
+            if let Some(text) = tail {
+                out.push_str(&output_tail(run, stream, text));
+            }
+        }
+    }
     if !explanation.entries.is_empty() {
         out.push('\n');
         out.push_str(&entries(&explanation.entries));
+    }
+    out
+}
+
+/// The most lines of a run's kept output that `explain` prints, per stream.
+const TAIL_LINES: usize = 20;
+
+/// The end of a run's output on `stream`, as its worker kept it: a heading, then its last
+/// [`TAIL_LINES`] lines, indented.
+fn output_tail(run: &Entry, stream: &str, text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let shown = &lines[lines.len().saturating_sub(TAIL_LINES)..];
+    let mut out = format!(
+        "{}'s run{}, {stream}, last {} line{}:\n",
+        run.worker,
+        run.token.map_or(String::new(), |t| format!(" (token {t})")),
+        shown.len(),
+        super::plural(shown.len())
+    );
+    for line in shown {
+        out.push_str(&format!("    {line}\n"));
     }
     out
 }
@@ -309,3 +417,6 @@ impl Table {
         out
     }
 }
+
+#[cfg(test)]
+mod tests;

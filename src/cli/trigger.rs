@@ -26,10 +26,11 @@ use super::read::{ReadError, Reader};
 use super::{load_job, operator, render, say, say_error, ConfigArg, Exit};
 use crate::clock::cluster::ClusterClock;
 use crate::config::{show_duration, Config};
+use crate::history::tick;
 use crate::history::{Entry, Kind, Query};
 use crate::inspect::status::alive;
 use crate::inspect::story::{describe, gone};
-use crate::inspect::time::instant;
+use crate::inspect::time::{self, instant};
 use crate::inspect::Notes;
 use crate::membership::{Capability, Member};
 use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT, MAX_AHEAD, MAX_WINDOW};
@@ -89,9 +90,12 @@ pub(super) struct TriggerReport {
     /// The request as written.
     pub request: TriggerRequest,
     pub verdict: Verdict,
-    /// The run's entry, as stored.
+    /// The run's entry, as stored, with `tick_rfc3339`.
+    #[serde(serialize_with = "time::entry")]
     pub run: Option<Entry>,
-    /// Every entry about the request (the run, and the workers that lost or skipped it).
+    /// Every entry about the request (the run, and the workers that lost or skipped it), each with
+    /// `tick_rfc3339`.
+    #[serde(serialize_with = "time::entries")]
     pub entries: Vec<Entry>,
     /// Why no run came of it (`not_run`), or why its end will not come (`unfinished`).
     pub reason: Option<String>,
@@ -258,7 +262,7 @@ fn follow(
     let settle = chrono::Duration::from_std(SETTLE).unwrap_or_default();
     let mut alive_checked = Instant::now();
     let report = |verdict, entries: Vec<Entry>, reason, live_workers, notes| TriggerReport {
-        run: entries.iter().find(|e| e.kind == Kind::Run).cloned(),
+        run: run_of(&entries),
         request: request.clone(),
         verdict,
         entries,
@@ -275,7 +279,7 @@ fn follow(
             .flatten()
             .filter(|e| e.trigger.as_deref() == Some(request.id.as_str()))
             .collect();
-        let run = entries.iter().find(|e| e.kind == Kind::Run);
+        let run = run_of(&entries);
         let paused = entries
             .iter()
             .any(|e| e.kind == Kind::Skipped && e.reason.as_deref() == Some("paused"));
@@ -324,6 +328,14 @@ fn follow(
         }
         reader.sleep(POLL_EVERY);
     }
+}
+
+/// The run of a request's entries: its record's (the ended one, should two workers have run it), whether
+/// the workers that lost it wrote entries (earlier versions) or nothing.
+fn run_of(entries: &[Entry]) -> Option<Entry> {
+    tick::group(entries.iter().cloned())
+        .into_iter()
+        .find_map(|record| record.run().cloned())
 }
 
 /// Why a request whose window passed has no run.
@@ -432,6 +444,29 @@ mod tests {
         assert_eq!(far_off(at(-11), &[member("b", seen, false)]), None);
         let year_2300 = "2300-01-01T00:00:00Z".parse().unwrap_or(seen);
         assert!(far_off(year_2300, &members).is_some());
+    }
+
+    /// The request's run is found whether its losers wrote entries (earlier versions) or nothing (the
+    /// winner names them); of two runs, the ended one.
+    #[test]
+    fn the_run_is_the_records_whoever_wrote_entries() {
+        let entry = |worker: &str, kind| {
+            let mut entry = Entry::new("j", crate::schedule::Tick(5), worker, kind, Utc::now());
+            entry.trigger = Some("abc".to_string());
+            entry
+        };
+        let mut ended = entry("w2", Kind::Run);
+        ended.ended_at = Some(Utc::now());
+        let legacy = [
+            entry("w1", Kind::Lost),
+            ended.clone(),
+            entry("w3", Kind::Lost),
+        ];
+        assert_eq!(run_of(&legacy).map(|r| r.worker), Some("w2".to_string()));
+        assert_eq!(run_of(std::slice::from_ref(&ended)), Some(ended.clone()));
+        let double = [entry("w1", Kind::Run), ended.clone()];
+        assert_eq!(run_of(&double), Some(ended));
+        assert_eq!(run_of(&[entry("w1", Kind::Skipped)]), None);
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! Entries are JSON with stable field names (`docs/history.md`); readers ignore fields they do not know and
 //! tolerate missing ones, so workers of different versions share one history.
 
+pub mod tick;
+
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -1,7 +1,9 @@
 //! The explain view: one tick's story across the cluster.
 //!
 //! [`read`] gathers every entry the workers wrote for `(job, tick)`, whether the history reaches back before
-//! it, and the members; [`explain`] tells the story: who raced, who won with which token, how the run ended
+//! it, and the members; [`explain`] tells the story: who raced (the winner's view of them when its run
+//! names them — routine losers record nothing — else each loser's entry), who won with which token, how
+//! the run ended
 //! — or why nobody ran it (the skips with their reasons, a `missed` entry), or that no entry exists at all,
 //! with a hint at why — and a one-word verdict. A tick that is not an instant of the job's schedule is said
 //! to be so, with the nearest ticks before and after it — unless its entries are those of a
@@ -16,6 +18,7 @@ use super::story::{describe, gone, no_entry_hint};
 use super::time::{self, instant};
 use super::Notes;
 use crate::config::JobConfig;
+use crate::history::tick::{self, raced_for_it, TickRecord};
 use crate::history::{Entry, HistorySettings, Kind, Query};
 use crate::lock::QuorumFailure;
 use crate::membership::Member;
@@ -104,14 +107,21 @@ pub struct Explanation {
     pub previous_tick: Option<DateTime<Utc>>,
     pub next_tick: Option<DateTime<Utc>>,
     pub verdict: Verdict,
-    /// The workers that raced for the tick: they ran it, lost it, or failed to win it.
+    /// The workers that raced for the tick: the winner's view of them (`raced` on its run), then every
+    /// worker whose entry says it ran it, lost it, or failed to win it.
     pub raced: Vec<String>,
-    /// The `run` entries (one, unless something is badly wrong), each with `tick_rfc3339`.
+    /// The `run` entries (one per series, unless something is badly wrong), each series' latest attempt
+    /// first, each with `tick_rfc3339`; a failed run's carries the end of its output (`tail_out`,
+    /// `tail_err`) when its worker kept it.
     #[serde(serialize_with = "time::entries")]
     pub runs: Vec<Entry>,
     /// Every entry of the tick, as stored, each with `tick_rfc3339`.
     #[serde(serialize_with = "time::entries")]
     pub entries: Vec<Entry>,
+    /// The tick's records, one per series (the schedule, each retry attempt, each trigger request), as
+    /// `history` lists them in `ticks`.
+    #[serde(serialize_with = "time::records")]
+    pub records: Vec<TickRecord>,
     /// The story, one sentence a line.
     pub story: Vec<String>,
     /// What may explain a tick nobody accounted for.
@@ -193,13 +203,24 @@ pub fn explain(
             show(next_tick)
         ));
     }
+    let records = tick::group(entries.iter().cloned());
+    // The winners' views name the racers, routine losers included; the entries name the rest (and all
+    // of them, on the entries of earlier versions, where each loser wrote one).
+    let views: Vec<&TickRecord> = records.iter().filter(|r| view(r).is_some()).collect();
     let raced = first_of_each(
-        entries
+        views
             .iter()
-            .filter(|e| raced_for_it(e))
-            .map(|e| e.worker.clone()),
+            .filter_map(|r| view(r))
+            .flatten()
+            .cloned()
+            .chain(
+                entries
+                    .iter()
+                    .filter(|e| raced_for_it(e))
+                    .map(|e| e.worker.clone()),
+            ),
     );
-    if !raced.is_empty() {
+    if views.is_empty() && !raced.is_empty() {
         story.push(format!(
             "raced by {} worker{}: {}",
             raced.len(),
@@ -207,9 +228,11 @@ pub fn explain(
             raced.join(", ")
         ));
     }
-    let runs: Vec<Entry> = entries
+    story.extend(views.iter().filter_map(|r| race(r)));
+    // The runs, each series' latest attempt first, the one that ended first.
+    let runs: Vec<Entry> = records
         .iter()
-        .filter(|e| e.kind == Kind::Run)
+        .flat_map(|r| r.run().into_iter().chain(&r.other_runs))
         .cloned()
         .collect();
     // Each series (the schedule, each trigger request, each retry attempt) runs once; several runs of one
@@ -217,7 +240,7 @@ pub fn explain(
     let distinct = first_of_each(runs.iter().map(Entry::series)).len();
     if distinct < runs.len() {
         story.push(format!(
-            "{} runs recorded for {} claim{} of this tick: each (job, tick) should run once",
+            "DOUBLE RUN: {} runs recorded for {} claim{} of this tick: each (job, tick) should run once",
             runs.len(),
             distinct,
             if distinct == 1 { "" } else { "s" }
@@ -227,7 +250,7 @@ pub fn explain(
     story.extend(entries.iter().filter(|e| e.kind != Kind::Run).map(describe));
     let window_ends = job.window_end(tick);
     let settled = window_ends + chrono::Duration::from_std(SETTLE).unwrap_or_default();
-    let verdict = if let Some(run) = runs.first() {
+    let verdict = if let Some(run) = records.iter().find_map(TickRecord::run) {
         if run.ended_at.is_some() {
             Verdict::Ran
         } else if alive(facts.members, &run.worker) {
@@ -278,22 +301,42 @@ pub fn explain(
         raced,
         runs,
         entries,
+        records,
         story,
         hint,
         notes,
     }
 }
 
-/// Whether the entry's worker took part in the race: it ran the tick, lost it, or could not win it.
-fn raced_for_it(entry: &Entry) -> bool {
-    match entry.kind {
-        Kind::Run | Kind::Lost => true,
-        Kind::Skipped => matches!(
-            entry.reason.as_deref(),
-            Some("no_quorum" | "contended" | "lease_expired" | "no_slot")
-        ),
-        Kind::Missed | Kind::Unknown => false,
+/// The winner's view of the racers, if its run names them.
+fn view(record: &TickRecord) -> Option<&Vec<String>> {
+    record.run()?.raced.as_ref()
+}
+
+/// The race of a record whose run names the racers: who raced (the winner's view), the winner's place
+/// and token, and the workers that found the tick confirmed and, as routine losers, recorded nothing.
+fn race(record: &TickRecord) -> Option<String> {
+    let run = record.run()?;
+    let view = run.raced.as_ref()?;
+    let mut text = format!("raced by {} (the winner's view)", view.join(", "));
+    if let Some(tag) = record.series().tag() {
+        text.push_str(&format!(" for {tag}"));
     }
+    match record.winner_place() {
+        Some(place) => text.push_str(&format!("; {} won at place {place}", run.worker)),
+        None => text.push_str(&format!("; {} won, outside its own view", run.worker)),
+    }
+    if let Some(token) = run.token {
+        text.push_str(&format!(" with token {token}"));
+    }
+    let silent = record.silent();
+    if !silent.is_empty() {
+        text.push_str(&format!(
+            "; {} found the tick confirmed: already_claimed, routine, not recorded",
+            silent.join(", ")
+        ));
+    }
+    Some(text)
 }
 
 /// Each item once, in the order of its first appearance.

@@ -14,8 +14,9 @@
 //! [`parse_tick`] takes a tick in either form, as the views print it.
 //!
 //! - [`status`]: the workers the store knows and each job of the config, as they stand now.
-//! - [`history`]: the entries of several jobs merged, newest first.
-//! - [`explain`]: one tick's story, with its verdict.
+//! - [`history`]: the ticks of several jobs merged, newest first, one record each
+//!   ([`crate::history::tick`]).
+//! - [`explain`]: one tick's story, with its verdict, who raced and why each loser lost.
 //! - `story`: the sentences of that story (and of `trigger`'s report), apart from the reasoning.
 
 pub mod explain;

@@ -17,6 +17,7 @@ use serde::Serialize;
 use super::time;
 use super::Notes;
 use crate::config::{Config, JobConfig};
+use crate::history::tick::{self, TickRecord};
 use crate::history::{Entry, Kind, Query};
 use crate::lock::{PauseRead, QuorumFailure};
 use crate::membership::Member;
@@ -233,11 +234,14 @@ fn job_status(
     members: &[Member],
     now: DateTime<Utc>,
 ) -> JobStatus {
-    // One run per tick: its last attempt (the merged entries have it first).
+    // One run per tick: the run of its latest attempt (the records have it first), the one that ended
+    // of a double run; a tick whose losers wrote nothing counts as one whose losers wrote entries.
     let mut seen = std::collections::HashSet::new();
-    let runs: Vec<&Entry> = entries
+    let records = tick::group(entries.iter().cloned());
+    let runs: Vec<&Entry> = records
         .iter()
-        .filter(|e| e.kind == Kind::Run && seen.insert(e.tick))
+        .filter_map(TickRecord::run)
+        .filter(|run| seen.insert(run.tick))
         .collect();
     let mut runs = runs.into_iter();
     let last_run = runs.clone().next().cloned();

@@ -9,6 +9,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Serialize, Serializer};
 
+use crate::history::tick::TickRecord;
 use crate::history::Entry;
 use crate::membership::{Member, Running};
 
@@ -40,10 +41,14 @@ pub fn duration_ms(ms: u64) -> String {
     }
 }
 
-/// A tick as the views print it: RFC 3339 (`2026-11-23T10:00:00Z`, any offset) or milliseconds since the
-/// Unix epoch (`1795436705000`, as the JSON's `tick` of entries and runs). The error says both forms.
+/// A tick as the views print it: RFC 3339 (`2026-11-23T10:00:00Z`, any offset, as the tables and
+/// `tick_rfc3339` print it) or milliseconds since the Unix epoch (`1795436705000`, as the JSON's `tick` of
+/// entries and runs) — also inside a run under way as `status` prints it, `JOB@TICK#TOKEN`. The error
+/// says both forms.
 pub fn parse_tick(text: &str) -> Result<DateTime<Utc>, String> {
     let text = text.trim();
+    let text = text.rsplit_once('@').map_or(text, |(_, tick)| tick);
+    let text = text.split_once('#').map_or(text, |(tick, _)| tick);
     let digits = text.strip_prefix('-').unwrap_or(text);
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         return text
@@ -88,6 +93,29 @@ impl<'a> StampedEntry<'a> {
 /// `#[serde(serialize_with)]`.
 pub(crate) fn entries<S: Serializer>(entries: &[Entry], serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_seq(entries.iter().map(StampedEntry::of))
+}
+
+/// A tick's record as the views print it: the record's entry as stored with `tick_rfc3339`, then the
+/// other workers' runs of it (a double run) and its notes, each stamped the same way.
+#[derive(Serialize)]
+struct StampedRecord<'a> {
+    #[serde(flatten)]
+    record: StampedEntry<'a>,
+    other_runs: Vec<StampedEntry<'a>>,
+    notes: Vec<StampedEntry<'a>>,
+}
+
+/// Serialises tick records ([`TickRecord`]), each as its record's fields with `tick_rfc3339`, and
+/// `other_runs` and `notes` as entries are, for `#[serde(serialize_with)]`.
+pub(crate) fn records<S: Serializer>(
+    records: &[TickRecord],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(records.iter().map(|r| StampedRecord {
+        record: StampedEntry::of(&r.record),
+        other_runs: r.other_runs.iter().map(StampedEntry::of).collect(),
+        notes: r.notes.iter().map(StampedEntry::of).collect(),
+    }))
 }
 
 /// [`entries`] of at most one entry (`null` for none).
@@ -188,6 +216,16 @@ mod tests {
         assert_eq!(parse_tick("2026-11-23T12:25:05.012Z"), Ok(tick));
         assert_eq!(parse_tick(&instant(tick)), Ok(tick));
         assert_eq!(parse_tick("2026-11-23T13:25:05.012+01:00"), Ok(tick));
+        // The other forms the tables print: a run under way in `status`, a second's tick, the JSON's
+        // nanoseconds.
+        assert_eq!(
+            parse_tick("rollup@2026-11-23T12:25:05.012Z#1795436705000000"),
+            Ok(tick)
+        );
+        let whole = DateTime::from_timestamp_millis(1_795_436_705_000).expect("in range");
+        assert_eq!(parse_tick(&instant_ms(1_795_436_705_000)), Ok(whole));
+        let json = serde_json::json!(tick);
+        assert_eq!(parse_tick(json.as_str().unwrap_or_default()), Ok(tick));
         assert_eq!(
             parse_tick("-1000"),
             Ok(DateTime::UNIX_EPOCH - chrono::Duration::seconds(1))

@@ -257,3 +257,78 @@ fn two_runs_of_one_tick_are_said_to_break_the_promise() {
         "2 runs recorded for 1 claim of this tick: each (job, tick) should run once",
     );
 }
+
+/// A current winner names the racers and its losers write nothing: the story says who raced (the winner's
+/// view), its place and token, and that the others found the tick confirmed; the JSON's `raced` is the
+/// same as for the entries of earlier versions, and its record stands alone.
+#[test]
+fn a_run_naming_the_racers_tells_the_silent_losers() {
+    let mut won = run("w2", 4, Some("failure"));
+    won.raced = Some(vec!["w2".into(), "w1".into(), "w3".into()]);
+    won.tail_err = Some("line 1\nboom\n".into());
+    let explanation = explain_at(700, vec![won], vec![], true);
+    assert_eq!(explanation.verdict, Verdict::Ran);
+    assert_eq!(explanation.raced, ["w2", "w1", "w3"]);
+    assert_eq!(
+        explanation.story[1],
+        "raced by w2, w1, w3 (the winner's view); w2 won at place 0 with token 4; w1, w3 found the \
+         tick confirmed: already_claimed, routine, not recorded"
+    );
+    assert_told(&explanation, "w2 won it with token 4 (run run-4)");
+    assert_eq!(explanation.records.len(), 1);
+    let json = serde_json::to_value(&explanation).expect("json");
+    assert_eq!(json["runs"][0]["tail_err"], "line 1\nboom\n");
+    assert_eq!(json["records"][0]["raced"][2], "w3");
+    assert_eq!(json["records"][0]["notes"], serde_json::json!([]));
+}
+
+/// A rolling upgrade: a current winner names the racers, a worker of an earlier version still wrote its
+/// loss, and another lost for a reason that is not routine: each named once, the written losses told,
+/// only the worker with no entry said to be silent.
+#[test]
+fn a_view_and_written_losses_are_told_together() {
+    let mut won = run("w2", 4, Some("success"));
+    won.raced = Some(vec!["w1".into(), "w2".into(), "w3".into()]);
+    let entries = vec![
+        entry("w1", Kind::Lost, Some("already_claimed"), Some("w2")),
+        won,
+        entry("w4", Kind::Skipped, Some("no_quorum"), None),
+    ];
+    let explanation = explain_at(700, entries, vec![], true);
+    assert_eq!(explanation.raced, ["w1", "w2", "w3", "w4"]);
+    assert_told(
+        &explanation,
+        "raced by w1, w2, w3 (the winner's view); w2 won at place 1 with token 4; w3 found the tick \
+         confirmed",
+    );
+    assert_told(&explanation, "w1 lost it to w2: already_claimed");
+    assert_told(&explanation, "w4 skipped it: no_quorum");
+}
+
+/// Of two runs of one tick the ended one decides the verdict, whichever worker's name sorts first; the
+/// double run is said loudly.
+#[test]
+fn a_double_run_is_loud_and_the_ended_run_decides() {
+    let entries = vec![run("w1", 4, None), run("w2", 5, Some("success"))];
+    let explanation = explain_at(700, entries, vec![member("w1", true)], true);
+    assert_eq!(explanation.verdict, Verdict::Ran);
+    assert_eq!(explanation.runs[0].worker, "w2");
+    assert_told(&explanation, "DOUBLE RUN: 2 runs recorded for 1 claim");
+}
+
+/// Retry attempts: the latest attempt's run decides the verdict (here still running), and its runs come
+/// first in the story.
+#[test]
+fn the_latest_attempt_decides_the_verdict() {
+    let first = run("w1", 4, Some("failure"));
+    let retried = run("w2", 5, None).in_series(&crate::lock::Series::Retry(1));
+    let explanation = explain_at(700, vec![first, retried], vec![member("w2", true)], true);
+    assert_eq!(explanation.verdict, Verdict::Running);
+    assert_eq!(explanation.runs[0].attempt, Some(1));
+    assert_eq!(explanation.records.len(), 2);
+    assert!(
+        !explanation.story.iter().any(|l| l.contains("DOUBLE RUN")),
+        "{:#?}",
+        explanation.story
+    );
+}

@@ -226,3 +226,71 @@ fn the_last_run_and_success_carry_their_tick_in_rfc_3339() {
     assert_eq!(job["last_success"]["tick_rfc3339"], "1970-01-01T00:08:00Z");
     assert_eq!(job["last_success"]["outcome"], "success");
 }
+
+/// The same history written by current workers (the winner names the racers, losers write nothing) and
+/// by earlier ones (a `lost` entry per loser) gives the same last run, failures in a row and last success;
+/// a retried tick counts once, by its latest attempt; of a double run, the ended one.
+#[test]
+fn records_count_the_same_whether_losers_wrote_entries_or_nothing() {
+    let config = config();
+    let lost = |tick_secs: i64| {
+        let mut entry = Entry::new(
+            "every-minute",
+            Tick(tick_secs * 1000),
+            "w2",
+            Kind::Lost,
+            at(tick_secs),
+        );
+        entry.reason = Some("already_claimed".to_string());
+        entry
+    };
+    let named = |tick_secs: i64, outcome: &str| {
+        let mut entry = run(tick_secs, outcome);
+        entry.raced = Some(vec!["w1".to_string(), "w2".to_string()]);
+        entry
+    };
+    let legacy = vec![
+        run(540, "failure"),
+        lost(540),
+        run(480, "failure"),
+        lost(480),
+        run(420, "success"),
+        lost(420),
+    ];
+    let current = vec![
+        named(540, "failure"),
+        named(480, "failure"),
+        named(420, "success"),
+    ];
+    let of = |entries| {
+        let job = &status(&config, inputs(vec![], entries), at(600)).jobs[0];
+        (
+            job.last_run.as_ref().map(|e| e.tick),
+            job.failures_in_a_row,
+            job.last_success.as_ref().map(|e| e.tick),
+            job.overdue.is_none(),
+        )
+    };
+    assert_eq!(of(legacy), (Some(540_000), 2, Some(420_000), true));
+    assert_eq!(of(current), (Some(540_000), 2, Some(420_000), true));
+
+    // Tick 540 failed, and its retry (attempt 1, by w2) succeeded: no failure in a row.
+    let mut retried = run(540, "success").in_series(&crate::lock::Series::Retry(1));
+    retried.worker = "w2".to_string();
+    let mut running = run(480, "success");
+    running.worker = "w0".to_string();
+    running.ended_at = None;
+    running.outcome = None;
+    let entries = vec![run(540, "failure"), retried, running.clone()];
+    let job = &status(&config, inputs(vec![], entries), at(600)).jobs[0];
+    assert_eq!(job.last_run.as_ref().map(|e| e.attempt), Some(Some(1)));
+    assert_eq!(job.failures_in_a_row, 0);
+    assert_eq!(job.last_success.as_ref().map(|e| e.tick), Some(540_000));
+    // A double run of tick 480: the ended one (w1's failure) is the last run, not w0's, which has no end
+    // (and whose name sorts first).
+    let entries = vec![running, run(480, "failure")];
+    let job = &status(&config, inputs(vec![], entries), at(600)).jobs[0];
+    assert_eq!(job.last_run.as_ref().map(|e| e.worker.as_str()), Some("w1"));
+    assert_eq!(job.failures_in_a_row, 1);
+    assert!(!job.unfinished);
+}

@@ -1,7 +1,9 @@
 //! `status`, `history` and `explain`: the built binary reading real `redis-server` nodes.
 //!
 //! `seeded` and `faults` seed members and history entries through the library's `Store` (`announce`,
-//! `record`) on nodes with a password, which must never show, and check the commands' tables and JSON — and
+//! `record`) on nodes with a password, which must never show — some ticks as current workers write them (the
+//! winner's run names the racers, routine losers write nothing), some as earlier versions did (an entry
+//! per loser) — and check the commands' tables and JSON — and
 //! what they do when a node is down, when no majority answers, and when a node holds garbage. `workers`
 //! reads what three real worker processes recorded.
 
@@ -130,8 +132,10 @@ impl Fixture {
 
     /// The history and members every test starts from; returns the ticks of `archive`, newest first.
     ///
-    /// `archive`: 4 yearly ticks — success by w1; failure by w2 (w1 lost to it); timeout by w1 (w3 skipped:
-    /// overlap); failure by w2 (w1 and w3 lost): three failures in a row since the last success. `hourly`:
+    /// `archive`: 4 yearly ticks — success by w1; failure by w2, written as current workers write it (its
+    /// run names the racers, w2 then w1, and keeps the end of its stderr; w1, a routine loser, wrote
+    /// nothing); timeout by w1 (w3 skipped: overlap); failure by w2, written as earlier versions wrote it
+    /// (w1 and w3 each wrote its loss): three failures in a row since the last success. `hourly`:
     /// one old tick that nobody ran (w1 no quorum, w2 missed), and before it a run by w4 that never ended.
     /// Workers: w1, w2 on this config (w2 running `hourly`), w3 on another, w4 stopped.
     fn seed(&self) -> Vec<Tick> {
@@ -159,20 +163,15 @@ impl Fixture {
                 entry.by = by.map(str::to_string);
                 entry
             };
+        let mut named = run(ticks[2], "w2", 2, "failure");
+        named.raced = Some(vec!["w2".to_string(), "w1".to_string()]);
+        named.tail_err = Some("copying\ndisk full\n".to_string());
         let hourly_tick = hourly_tick();
         let mut unfinished = Entry::new("hourly", hourly_tick_at(-1), "w4", Kind::Run, Utc::now());
         unfinished.token = Some(8);
         self.record(&[
             run(ticks[3], "w1", 1, "success"),
-            run(ticks[2], "w2", 2, "failure"),
-            other(
-                "archive",
-                ticks[2],
-                "w1",
-                Kind::Lost,
-                "already_claimed",
-                Some("w2"),
-            ),
+            named,
             run(ticks[1], "w1", 3, "timeout"),
             other("archive", ticks[1], "w3", Kind::Skipped, "overlap", None),
             run(ticks[0], "w2", 4, "failure"),

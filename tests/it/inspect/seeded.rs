@@ -90,42 +90,110 @@ fn status_shows_workers_and_jobs() {
     assert!(jobs[2]["overdue"].is_null());
 }
 
-/// `history`: every job's entries merged newest first, `--job`, `--limit`, `--since` (an instant or a
-/// duration back); an unknown job or a limit out of range is a usage error.
+/// `history`: every job's ticks merged newest first, one line each with its notes counted, whether its
+/// losers wrote entries or nothing; the JSON's `ticks` and every entry of them; `--job`, `--limit` (in
+/// ticks; a tick with more entries than the first read asks for is read again, whole), `--since` (an
+/// instant or a duration back); an unknown job or a limit out of range is a usage error.
 #[test]
-fn history_lists_entries_newest_first() {
+fn history_lists_ticks_newest_first() {
     let fixture = Fixture::new();
     let ticks = fixture.seed();
     let (code, stdout, stderr) = fixture.run(&["history", "--limit", "5"]);
     assert_eq!(code, 0, "{stderr}");
     let rows: Vec<&str> = stdout.lines().skip(1).collect();
     assert_eq!(rows.len(), 5, "{stdout}");
-    assert!(rows[0].starts_with(&show(hourly_tick())), "{stdout}");
-    assert!(
-        rows[2].starts_with(&format!("{}  archive  lost     w1", show(ticks[0]))),
+    let words = |row: &str| row.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert_eq!(
+        words(rows[0]),
+        format!(
+            "{} hourly w2 - missed - - unclaimed 1 skipped: no_quorum",
+            show(hourly_tick())
+        ),
         "{stdout}"
     );
+    assert_eq!(
+        words(rows[1]),
+        format!(
+            "{} archive w2 4 failure 3 1.250s run-4 2 lost: already_claimed",
+            show(ticks[0])
+        ),
+        "{stdout}"
+    );
+    assert!(words(rows[2]).contains("hourly w4 8 running"), "{stdout}");
     assert!(
-        rows[3].contains("run") && rows[3].contains("failure") && rows[3].contains("run-4"),
+        words(rows[3]).ends_with("timeout signal 15 1.250s run-3 1 skipped: overlap"),
+        "{stdout}"
+    );
+    // The tick whose winner named the racers: one line like the others, nothing to note.
+    assert_eq!(
+        words(rows[4]),
+        format!("{} archive w2 2 failure 3 1.250s run-2 -", show(ticks[2])),
         "{stdout}"
     );
 
     let json = fixture.json(&["history", "--job", "archive"]);
     let entries = json["entries"].as_array().expect("entries");
-    assert_eq!(entries.len(), 8);
+    assert_eq!(entries.len(), 7);
     let order: Vec<i64> = entries
         .iter()
         .map(|e| e["tick"].as_i64().expect("tick"))
         .collect();
     assert!(order.windows(2).all(|w| w[0] >= w[1]), "{order:?}");
-    assert_eq!(entries[7]["outcome"], "success");
+    assert_eq!(entries[6]["outcome"], "success");
     assert_eq!(entries[3]["signal"], 15);
+    let listed = json["ticks"].as_array().expect("ticks");
+    let told: Vec<(i64, &str, usize)> = listed
+        .iter()
+        .map(|t| {
+            (
+                t["tick"].as_i64().expect("tick"),
+                t["worker"].as_str().expect("worker"),
+                t["notes"].as_array().expect("notes").len(),
+            )
+        })
+        .collect();
+    let ms = |i: usize| ticks[i].as_millis();
+    assert_eq!(
+        told,
+        [
+            (ms(0), "w2", 2),
+            (ms(1), "w1", 1),
+            (ms(2), "w2", 0),
+            (ms(3), "w1", 0)
+        ]
+    );
+    assert_eq!(listed[0]["tick_rfc3339"], show(ticks[0]).as_str());
+    assert_eq!(listed[2]["raced"], serde_json::json!(["w2", "w1"]));
+    assert_eq!(listed[0]["other_runs"], serde_json::json!([]));
+    let json = fixture.json(&["history", "--job", "archive", "--limit", "2"]);
+    assert_eq!(json["ticks"].as_array().expect("ticks").len(), 2);
+    assert_eq!(json["entries"].as_array().expect("entries").len(), 5);
 
     let since = show(ticks[1]);
     let json = fixture.json(&["history", "--job", "archive", "--since", &since]);
     assert_eq!(json["entries"].as_array().expect("entries").len(), 5);
+    assert_eq!(json["ticks"].as_array().expect("ticks").len(), 2);
     let json = fixture.json(&["history", "--since", "1h"]);
     assert_eq!(json["entries"], serde_json::json!([]));
+    // A tick with more entries than the first read asks for (4 per tick): read again, whole.
+    let losers: Vec<Entry> = ["w5", "w6", "w7"]
+        .iter()
+        .map(|worker| {
+            let mut lost = Entry::new("archive", ticks[0], worker, Kind::Lost, chrono::Utc::now());
+            lost.reason = Some("already_claimed".to_string());
+            lost
+        })
+        .collect();
+    fixture.record(&losers);
+    let json = fixture.json(&["history", "--job", "archive", "--limit", "1"]);
+    assert_eq!(json["ticks"].as_array().expect("ticks").len(), 1, "{json}");
+    assert_eq!(
+        json["ticks"][0]["notes"].as_array().expect("notes").len(),
+        5
+    );
+    assert_eq!(json["entries"].as_array().expect("entries").len(), 6);
+    assert!(json["cut_short"].is_null());
+
     let (code, stdout, _) = fixture.run(&["history", "--job", "idle"]);
     assert_eq!((code, stdout.as_str()), (0, "no entries\n"));
 
@@ -165,6 +233,28 @@ fn explain_tells_one_ticks_story() {
     ] {
         assert!(stdout.contains(part), "{part:?} not in:\n{stdout}");
     }
+    // The same race written by current workers: the winner's view names the loser that wrote nothing,
+    // and the end of the failed run's output is shown.
+    let (code, stdout, _) = fixture.run(&["explain", "archive", &show(ticks[2])]);
+    assert_eq!(code, 0);
+    for part in [
+        "raced by w2, w1 (the winner's view); w2 won at place 0 with token 2; w1 found the tick \
+         confirmed: already_claimed, routine, not recorded",
+        "w2 won it with token 2 (run run-2)",
+        "w2's run (token 2), stderr, last 2 lines:\n    copying\n    disk full\n",
+    ] {
+        assert!(stdout.contains(part), "{part:?} not in:\n{stdout}");
+    }
+    let json = fixture.json(&["explain", "archive", &show(ticks[2])]);
+    assert_eq!(json["raced"], serde_json::json!(["w2", "w1"]));
+    assert_eq!(json["runs"][0]["tail_err"], "copying\ndisk full\n");
+    let json = fixture.json(&["explain", "archive", &show(ticks[0])]);
+    assert_eq!(json["raced"], serde_json::json!(["w1", "w2", "w3"]));
+    assert_eq!(
+        json["records"][0]["notes"].as_array().expect("notes").len(),
+        2
+    );
+
     let json = fixture.json(&["explain", "archive", &show(ticks[1])]);
     assert_eq!(json["verdict"], "ran");
     assert_eq!(json["on_schedule"], true);
@@ -236,6 +326,10 @@ fn explain_takes_a_tick_as_history_and_status_print_it() {
     assert_eq!(entry["tick"], ticks[0].as_millis());
     let rfc3339 = entry["tick_rfc3339"].as_str().expect("tick_rfc3339");
     assert_eq!(rfc3339, show(ticks[0]));
+    let listed = &history["ticks"][0];
+    assert_eq!(listed["tick"], ticks[0].as_millis());
+    assert_eq!(listed["tick_rfc3339"], rfc3339);
+    assert_eq!(listed["notes"][0]["tick_rfc3339"], rfc3339);
     let ms = entry["tick"].to_string();
     let by_ms = fixture.json(&["explain", "archive", &ms]);
     let by_rfc3339 = fixture.json(&["explain", "archive", rfc3339]);
@@ -257,6 +351,24 @@ fn explain_takes_a_tick_as_history_and_status_print_it() {
     assert_eq!(status["jobs"][0]["last_run"]["tick_rfc3339"], rfc3339);
     let by_ms = fixture.json(&["explain", "hourly", &running["tick"].to_string()]);
     assert_eq!(by_ms["verdict"], "not_run");
+    // The tables' forms: the run under way as `status` prints it, the tick as `history` prints it.
+    let (_, table, _) = fixture.run(&["status"]);
+    let cell = super::line(&table, "w2")
+        .split_whitespace()
+        .find(|cell| cell.starts_with("hourly@"))
+        .expect("w2 runs hourly")
+        .to_string();
+    assert_eq!(
+        fixture.json(&["explain", "hourly", &cell])["story"],
+        by_ms["story"]
+    );
+    let (_, table, _) = fixture.run(&["history", "--job", "hourly", "--limit", "1"]);
+    let first = table
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next());
+    let by_table = fixture.json(&["explain", "hourly", first.expect("a tick")]);
+    assert_eq!(by_table["story"], by_ms["story"]);
 
     let (code, _, stderr) = fixture.run(&["explain", "archive", "17954367O5000"]);
     assert_eq!(code, 2);

@@ -76,18 +76,16 @@ fn what_three_workers_did_is_told_by_history_and_explain() {
             },
         );
         let tick = finished["tick"].as_str().expect("tick").to_string();
+        // The racers: each loser's entry (earlier writers), or the winner's view of them (current ones,
+        // whose routine losers write nothing) — 3 either way.
         let story = wait_for(
-            &format!("3 workers' entries for {job} at {tick}"),
+            &format!("3 racers of {job} at {tick}"),
             Duration::from_secs(30),
             || {
                 let story = json(&["explain", job, &tick]);
-                let workers: std::collections::BTreeSet<&str> = story["entries"]
-                    .as_array()?
-                    .iter()
-                    .filter_map(|e| e["worker"].as_str())
-                    .collect();
+                let raced = story["raced"].as_array()?.len();
                 let ended = !story["runs"][0]["ended_at"].is_null();
-                (workers.len() == 3 && ended).then(|| story.clone())
+                (raced == 3 && ended).then(|| story.clone())
             },
         );
         assert_eq!(story["verdict"], "ran", "{story}");
@@ -118,6 +116,22 @@ fn what_three_workers_did_is_told_by_history_and_explain() {
         assert!(
             listed,
             "the {outcome} of {job} at {tick} is not in the history"
+        );
+        // One record per tick, the run its record; never two runs of one tick.
+        let ticks = history["ticks"].as_array().expect("ticks");
+        let record = ticks
+            .iter()
+            .find(|t| t["token"] == finished["token"])
+            .unwrap_or_else(|| panic!("no tick of {job} run with {}", finished["token"]));
+        assert_eq!(
+            (&record["kind"], &record["outcome"]),
+            (&"run".into(), &outcome.into())
+        );
+        assert!(
+            ticks
+                .iter()
+                .all(|t| t["other_runs"] == serde_json::json!([])),
+            "a double run of {job}: {history}"
         );
     }
 

@@ -1,0 +1,82 @@
+//! The tables made from reports built by hand: no store.
+
+use super::*;
+use crate::history::tick;
+use crate::inspect::history::History;
+use crate::schedule::Tick;
+
+fn entry(tick: i64, worker: &str, kind: Kind, reason: Option<&str>) -> Entry {
+    let mut entry = Entry::new("j", Tick(tick), worker, kind, DateTime::UNIX_EPOCH);
+    entry.reason = reason.map(str::to_string);
+    entry
+}
+
+fn run(tick: i64, worker: &str, token: u64) -> Entry {
+    let mut run = entry(tick, worker, Kind::Run, None);
+    run.token = Some(token);
+    run.ended_at = Some(DateTime::UNIX_EPOCH);
+    run.outcome = Some("failure".to_string());
+    run.exit_code = Some(3);
+    run.duration_ms = Some(1250);
+    run
+}
+
+fn history_of(entries: Vec<Entry>) -> History {
+    History {
+        entries: Vec::new(),
+        ticks: tick::group(entries),
+        cut_short: None,
+        notes: Notes::default(),
+    }
+}
+
+/// One line per tick: a run with its token, outcome, exit and duration, legacy losers counted as a
+/// note; a tick nobody ran with why; a double run loud.
+#[test]
+fn history_is_one_line_per_tick_with_its_notes_counted() {
+    let mut raced = run(3000, "w2", 5);
+    raced.raced = Some(vec!["w2".into(), "w1".into()]);
+    let text = ticks(&history_of(vec![
+        raced,
+        run(2000, "w2", 4),
+        entry(2000, "w1", Kind::Lost, Some("already_claimed")),
+        entry(2000, "w3", Kind::Lost, Some("already_claimed")),
+        entry(1000, "w1", Kind::Skipped, Some("paused")),
+        entry(1000, "w2", Kind::Skipped, Some("paused")),
+        run(500, "w1", 1),
+        run(500, "w2", 2),
+    ]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    assert!(lines[0].starts_with("TICK "), "{text}");
+    let words = |line: &str| line.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert_eq!(
+        words(lines[1]),
+        "1970-01-01T00:00:03Z j w2 5 failure 3 1.250s - -"
+    );
+    assert_eq!(
+        words(lines[2]),
+        "1970-01-01T00:00:02Z j w2 4 failure 3 1.250s - 2 lost: already_claimed"
+    );
+    assert_eq!(
+        words(lines[3]),
+        "1970-01-01T00:00:01Z j w1 - skipped - - paused 1 skipped: paused"
+    );
+    assert!(
+        lines[4].contains("DOUBLE RUN: also run by w2 (token 2, failure)"),
+        "{text}"
+    );
+    assert_eq!(ticks(&history_of(Vec::new())), "no entries\n");
+}
+
+/// A failed run's kept output: its last lines, indented, under a heading naming the run and stream.
+#[test]
+fn a_runs_output_tail_is_its_last_lines_indented() {
+    let text: String = (1..=25).map(|n| format!("line {n}\n")).collect();
+    let shown = output_tail(&run(1000, "w2", 4), "stderr", &text);
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines[0], "w2's run (token 4), stderr, last 20 lines:");
+    assert_eq!(lines[1], "    line 6");
+    assert_eq!(lines.last().copied(), Some("    line 25"));
+    assert_eq!(lines.len(), 21);
+}
