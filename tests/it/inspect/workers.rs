@@ -66,28 +66,29 @@ fn what_three_workers_did_is_told_by_history_and_explain() {
         ("fails", "failure", ": failure, exit code 3"),
         ("slow", "timeout", ": timeout"),
     ] {
-        let finished = wait_for(
-            &format!("a {outcome} of {job}"),
-            Duration::from_secs(60),
+        // The newest such run as its worker logged it, once `explain` tells its 3 racers: each loser's entry
+        // (earlier writers) or the winner's view of them (current ones, whose routine losers write
+        // nothing) — 3 either way, but only for ticks after the workers came to see each other, so an
+        // early tick (raced by fewer) is passed over for a later one.
+        let (finished, story) = wait_for(
+            &format!("a {outcome} of {job} raced by all 3 workers"),
+            Duration::from_secs(90),
             || {
-                event(&|e| {
-                    e["event"] == "run.finished" && e["job"] == job && e["outcome"] == outcome
-                })
-            },
-        );
-        let tick = finished["tick"].as_str().expect("tick").to_string();
-        // The racers: each loser's entry (earlier writers), or the winner's view of them (current ones,
-        // whose routine losers write nothing) — 3 either way.
-        let story = wait_for(
-            &format!("3 racers of {job} at {tick}"),
-            Duration::from_secs(30),
-            || {
+                let newest = workers
+                    .iter()
+                    .flat_map(|w| w.logs())
+                    .filter(|e| {
+                        e["event"] == "run.finished" && e["job"] == job && e["outcome"] == outcome
+                    })
+                    .max_by_key(|e| e["tick"].as_str().unwrap_or_default().to_string())?;
+                let tick = newest["tick"].as_str()?.to_string();
                 let story = json(&["explain", job, &tick]);
                 let raced = story["raced"].as_array()?.len();
                 let ended = !story["runs"][0]["ended_at"].is_null();
-                (raced == 3 && ended).then(|| story.clone())
+                (raced == 3 && ended).then(|| (newest.clone(), story.clone()))
             },
         );
+        let tick = finished["tick"].as_str().expect("tick").to_string();
         assert_eq!(story["verdict"], "ran", "{story}");
         assert_eq!(story["on_schedule"], true);
         let run = &story["runs"][0];
