@@ -57,11 +57,13 @@ impl RedisStore {
     /// the budget passed first: answers that come late are what stretches later rounds, and nodes that
     /// never answer (hung, partitioned) stretch nothing.
     ///
-    /// Returns, for each command of the pipeline, the answers as `(node index, answer)`; nodes that had not
-    /// answered when the round was decided are absent.
+    /// Returns, for each answer of the pipeline (each command's, or with [`Shape::Calls`] each claim's of
+    /// each call, in order), the answers as `(node index, answer)`; nodes that had not answered when the
+    /// round was decided are absent.
     pub(super) async fn round<A>(
         &self,
         pipeline: Pipeline,
+        shape: Shape,
         configured: Duration,
         cap: Duration,
         parse: fn(Value) -> A,
@@ -72,8 +74,9 @@ impl RedisStore {
         let start = Instant::now();
         let (needed, mut answered) = (quorum(self.nodes.len()), 0);
         let commands = pipeline.cmd_iter().count();
-        let mut answers: Vec<Vec<(usize, A)>> = (0..commands).map(|_| Vec::new()).collect();
-        let mut tallies: Vec<Tally> = (0..commands)
+        let count = shape.answers(commands);
+        let mut answers: Vec<Vec<(usize, A)>> = (0..count).map(|_| Vec::new()).collect();
+        let mut tallies: Vec<Tally> = (0..count)
             .map(|_| Tally::new(self.nodes.len()))
             .collect();
         // Each request owns what it needs, so that the stragglers can be watched after the round.
@@ -109,10 +112,10 @@ impl RedisStore {
             }
             match result {
                 Ok(values) if values.len() == commands => {
-                    for (command, value) in values.into_iter().enumerate() {
-                        let answer = parse(value);
-                        tallies[command].add(&vote(&answer));
-                        answers[command].push((node, answer));
+                    for (index, answer) in shape.unpack(values, parse, failed).into_iter().enumerate()
+                    {
+                        tallies[index].add(&vote(&answer));
+                        answers[index].push((node, answer));
                     }
                 }
                 Ok(values) => {
@@ -141,6 +144,55 @@ impl RedisStore {
                     }
                 }
             });
+        }
+        answers
+    }
+}
+
+/// How a round's replies map to its answers.
+pub(super) enum Shape {
+    /// One answer per command.
+    Commands,
+    /// Per command a script call of a batch ([`super::scripts::Calls`]): its claim count, and one array
+    /// reply of that many answers.
+    Calls(Vec<usize>),
+}
+
+impl Shape {
+    /// How many answers a pipeline of `commands` commands gives.
+    fn answers(&self, commands: usize) -> usize {
+        match self {
+            Shape::Commands => commands,
+            Shape::Calls(sizes) => sizes.iter().sum(),
+        }
+    }
+
+    /// One node's replies (one per command) as answers: a call's reply that is not an array of its claim
+    /// count (a server error, a garbled reply) fails each of its claims, with the reason.
+    pub(super) fn unpack<A>(
+        &self,
+        values: Vec<Value>,
+        parse: fn(Value) -> A,
+        failed: fn(String) -> A,
+    ) -> Vec<A> {
+        let Shape::Calls(sizes) = self else {
+            return values.into_iter().map(parse).collect();
+        };
+        let mut answers = Vec::with_capacity(self.answers(values.len()));
+        for (value, &size) in values.into_iter().zip(sizes) {
+            match value {
+                Value::Array(items) if items.len() == size => {
+                    answers.extend(items.into_iter().map(parse));
+                }
+                Value::ServerError(error) => {
+                    let why = format!("{error:?}");
+                    answers.extend((0..size).map(|_| failed(why.clone())));
+                }
+                other => {
+                    let why = format!("unexpected reply to a call of {size}: {other:?}");
+                    answers.extend((0..size).map(|_| failed(why.clone())));
+                }
+            }
         }
         answers
     }
