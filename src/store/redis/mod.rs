@@ -66,6 +66,8 @@ pub struct RedisStore {
     pace: Arc<pace::Pace>,
     /// Sends renewals and releases together ([`keeper`]); `None` in the keeper's own copy.
     keeper: Option<Arc<keeper::Keeper>>,
+    /// The last full list of trigger requests, read again only when it changed ([`triggers`]).
+    last_list: Arc<triggers::LastList>,
 }
 
 /// One request in one attempt.
@@ -125,6 +127,7 @@ impl RedisStore {
             nodes: Arc::new(nodes),
             pace: Arc::default(),
             keeper: None,
+            last_list: Arc::default(),
         }
         .with_keeper())
     }
