@@ -243,7 +243,10 @@ impl RedisStore {
         for (index, lease) in leases.iter_mut().enumerate() {
             match lease.start_renewal() {
                 Ok(start) => {
-                    renewals.push(([lease_key(&settings.key_prefix, lease)], lease.value.clone()));
+                    renewals.push((
+                        [lease_key(&settings.key_prefix, lease)],
+                        lease.value.clone(),
+                    ));
                     sent.push((index, start));
                 }
                 Err(error) => outcomes[index] = Some(Err(error)),

@@ -76,9 +76,7 @@ impl RedisStore {
         let commands = pipeline.cmd_iter().count();
         let count = shape.answers(commands);
         let mut answers: Vec<Vec<(usize, A)>> = (0..count).map(|_| Vec::new()).collect();
-        let mut tallies: Vec<Tally> = (0..count)
-            .map(|_| Tally::new(self.nodes.len()))
-            .collect();
+        let mut tallies: Vec<Tally> = (0..count).map(|_| Tally::new(self.nodes.len())).collect();
         // Each request owns what it needs, so that the stragglers can be watched after the round.
         let late = configured.mul_f64(MAX_STRETCH).max(budget);
         let pipeline = Arc::new(pipeline);
@@ -112,7 +110,8 @@ impl RedisStore {
             }
             match result {
                 Ok(values) if values.len() == commands => {
-                    for (index, answer) in shape.unpack(values, parse, failed).into_iter().enumerate()
+                    for (index, answer) in
+                        shape.unpack(values, parse, failed).into_iter().enumerate()
                     {
                         tallies[index].add(&vote(&answer));
                         answers[index].push((node, answer));
@@ -222,4 +221,43 @@ pub(super) fn evalsha(script: &redis::Script, keys: &[String], args: &[&str]) ->
         .arg(keys)
         .arg(args);
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::Shape;
+
+    fn text(value: Value) -> Result<String, String> {
+        match value {
+            Value::BulkString(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    /// Each call's array reply becomes its claims' answers, in order; a call whose reply has another count
+    /// or is no array fails each of its claims, and only those.
+    #[test]
+    fn calls_unpack_into_their_claims_answers() {
+        let item = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let shape = Shape::Calls(vec![2, 1, 2]);
+        let answers = shape.unpack(
+            vec![
+                Value::Array(vec![item("a"), item("b")]),
+                Value::Array(vec![item("c"), item("d")]),
+                Value::Okay,
+            ],
+            text,
+            Err,
+        );
+        assert_eq!(answers.len(), 5);
+        assert_eq!(answers[..2], [Ok("a".to_string()), Ok("b".to_string())]);
+        assert!(matches!(&answers[2], Err(why) if why.contains("a call of 1")));
+        assert!(answers[3..]
+            .iter()
+            .all(|a| matches!(a, Err(why) if why.contains("a call of 2"))));
+        let plain = Shape::Commands.unpack(vec![item("x")], text, Err);
+        assert_eq!(plain, [Ok("x".to_string())]);
+    }
 }

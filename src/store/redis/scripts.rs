@@ -420,7 +420,13 @@ impl Calls {
         calls
     }
 
-    fn push(&mut self, script: &Script, keys: &mut Vec<String>, args: &mut Vec<&str>, size: &mut usize) {
+    fn push(
+        &mut self,
+        script: &Script,
+        keys: &mut Vec<String>,
+        args: &mut Vec<&str>,
+        size: &mut usize,
+    ) {
         self.pipeline
             .add_command(super::round::evalsha(script, keys, args));
         self.sizes.push(*size);

@@ -73,7 +73,11 @@ pub(super) fn sources() -> [String; 2] {
 /// The trigger keys: requests, expiry, change count.
 fn trigger_keys(prefix: &str) -> [String; 3] {
     let base = format!("{prefix}:triggers");
-    [base.clone(), format!("{base}:expiry"), format!("{base}:seq")]
+    [
+        base.clone(),
+        format!("{base}:expiry"),
+        format!("{base}:seq"),
+    ]
 }
 
 /// What a reader last listed: the merged requests, each node's change count just before (`None`: the node
