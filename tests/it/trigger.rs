@@ -243,7 +243,7 @@ async fn trigger_polls_list_the_requests_only_when_they_changed() {
     let request = TriggerRequest::new("report", chrono::Utc::now(), DEFAULT_TIMEOUT, "new");
     writer.request_trigger(&request).await.expect("written");
     let read = reader.triggers().await.expect("read").value;
-    assert_eq!(ids(read), [request.id.clone()]);
+    assert_eq!(ids(read), [request.id]);
 
     // An older `redcron trigger`: the request and its expiry, no change count.
     let old = TriggerRequest::new("report", chrono::Utc::now(), DEFAULT_TIMEOUT, "old");

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::reply::{parse_round1, parse_round2, Round1, Round2};
-use super::round::Shape;
 use super::scripts::{self, Calls};
 use super::{Attempt, RedisStore, Retry, Try};
 use crate::clock::boot::BootInstant;
@@ -65,8 +64,7 @@ impl RedisStore {
         );
         let answers = self
             .round(
-                round1.pipeline,
-                Shape::Calls(round1.sizes),
+                round1.for_round(),
                 batch_budget(settings.node_timeout, tries.len()),
                 // Room for the confirming round and the run's start within the validity.
                 settings.ttl / 4,
@@ -135,8 +133,7 @@ impl RedisStore {
             );
             let confirmed = self
                 .round(
-                    round2.pipeline,
-                    Shape::Calls(round2.sizes),
+                    round2.for_round(),
                     batch_budget(settings.node_timeout, confirming.len()),
                     deadline.remaining(),
                     parse_round2,

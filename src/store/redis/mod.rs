@@ -180,8 +180,7 @@ impl RedisStore {
             .arg(self.settings.ttl.as_millis() as u64);
         let answers = self
             .round(
-                pipeline,
-                Shape::Commands,
+                (pipeline, Shape::Commands),
                 self.settings.node_timeout,
                 self.settings.ttl / 4,
                 parse_set,
@@ -270,8 +269,7 @@ impl RedisStore {
             );
             let answers = self
                 .round(
-                    calls.pipeline,
-                    Shape::Calls(calls.sizes),
+                    calls.for_round(),
                     configured,
                     configured.min(latest),
                     parse_integer,

@@ -62,8 +62,7 @@ impl RedisStore {
     /// round was decided are absent.
     pub(super) async fn round<A>(
         &self,
-        pipeline: Pipeline,
-        shape: Shape,
+        (pipeline, shape): (Pipeline, Shape),
         configured: Duration,
         cap: Duration,
         parse: fn(Value) -> A,
@@ -148,7 +147,7 @@ impl RedisStore {
     }
 }
 
-/// How a round's replies map to its answers.
+/// How a round's replies map to its answers: [`RedisStore::round`] takes a pipeline with its shape.
 pub(super) enum Shape {
     /// One answer per command.
     Commands,

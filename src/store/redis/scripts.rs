@@ -395,6 +395,11 @@ pub(super) struct Calls {
 }
 
 impl Calls {
+    /// The pipeline, and its shape for a round.
+    pub(super) fn for_round(self) -> (redis::Pipeline, super::round::Shape) {
+        (self.pipeline, super::round::Shape::Calls(self.sizes))
+    }
+
     /// The calls of `script` for `items`, each its keys and its arguments, in order.
     pub(super) fn new<'a, K, A>(script: &Script, items: impl IntoIterator<Item = (K, A)>) -> Calls
     where
