@@ -29,6 +29,8 @@ use super::workers::{
 };
 
 const WORKERS: usize = 3;
+/// How many of the most called Redis commands the table names.
+const TOP_COMMANDS: usize = 6;
 
 /// What one load (N jobs, each firing every second) measured.
 #[derive(Debug, Clone, Default)]
@@ -53,6 +55,8 @@ pub struct Load {
     /// Redis commands and Redis CPU seconds per run in the window, all nodes, from the nodes' own counters.
     pub commands_per_run: Option<f64>,
     pub redis_cpu_per_run: Option<f64>,
+    /// The Redis commands most called in the window, per run (all nodes), most first.
+    pub top_commands: Vec<(String, f64)>,
     /// `tick.skipped` events in the window, by reason, over all workers.
     pub skipped: Vec<(String, usize)>,
     /// Per worker: CPU seconds per minute (user + system, the worker process only, not its jobs).
@@ -279,12 +283,27 @@ impl Setup<'_> {
         let jobs_before = jobs_cpu();
         let (redis_before, machine_before) = (redis_cpu(), machine_ticks());
         let usage_before = (!counted).then(|| self.nodes.total_usage());
+        let calls_before = (!counted).then(|| self.nodes.command_calls());
         let counts_before = counts(&proxies);
         sleep_until_ms(last + 500);
         let cpu_after: Vec<u64> = workers.iter().map(|w| cpu_ticks(w.pid())).collect();
         let jobs_after = jobs_cpu();
         let (redis_after, machine_after) = (redis_cpu(), machine_ticks());
         let usage = usage_before.map(|before| before.until(self.nodes.total_usage()));
+        let calls = calls_before.map(|before| {
+            let mut calls: Vec<(String, u64)> = self
+                .nodes
+                .command_calls()
+                .into_iter()
+                .map(|(name, after)| {
+                    let since = after.saturating_sub(before.get(&name).copied().unwrap_or(0));
+                    (name, since)
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            calls.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            calls
+        });
         let counts_after = counts(&proxies);
         let (rss_kb, peak_rss_kb) = workers.iter().map(|w| memory(w.pid())).unzip();
         // Let the last window's runs end, then stop gracefully.
@@ -334,6 +353,12 @@ impl Setup<'_> {
         let runs = (load.once + load.duplicates).max(1) as f64;
         load.commands_per_run = usage.map(|u| u.commands as f64 / runs);
         load.redis_cpu_per_run = usage.map(|u| u.cpu / runs);
+        load.top_commands = calls
+            .unwrap_or_default()
+            .into_iter()
+            .take(TOP_COMMANDS)
+            .map(|(name, n)| (name, n as f64 / runs))
+            .collect();
         load.job_cpu_per_run = load.jobs_cores * window / runs;
         Ok(load)
     }
@@ -453,6 +478,7 @@ fn load_table(loads: &[Load]) -> String {
         "commands /worker/tick",
         "redis commands /run",
         "redis CPU µs /run",
+        "top redis commands /run",
         "CPU s /worker/min",
         "peak RSS MB /worker",
         "runs per worker",
@@ -513,6 +539,15 @@ fn load_table(loads: &[Load]) -> String {
                 .map_or("–".to_string(), |c| format!("{c:.1}")),
             load.redis_cpu_per_run
                 .map_or("–".to_string(), |c| format!("{:.0}", c * 1e6)),
+            if load.top_commands.is_empty() {
+                "–".to_string()
+            } else {
+                load.top_commands
+                    .iter()
+                    .map(|(name, n)| format!("{name} {n:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
             mean(&load.cpu_per_minute).map_or("–".to_string(), |c| format!("{c:.2}")),
             peak,
             runs.join(", "),
@@ -537,7 +572,8 @@ fn load_table(loads: &[Load]) -> String {
          of the 3 workers, from counting proxies in a separate run of the same load; a claim round trip is \
          an `ACQUIRE` or `CONFIRM` pipeline, a release round trip one of releases or undos. Redis commands \
          and CPU per run: the nodes' own `INFO commandstats` / `INFO cpu`, all 5 nodes, over the window's \
-         runs (claims, renewals, releases, history, membership). CPU: the \
+         runs (claims, renewals, releases, history, membership; an `EVALSHA` and each command its script \
+         calls count one each); top redis commands: the most called of them, per run. CPU: the \
          worker process (user + system), not its jobs; redis CPU: the 5 nodes together, in cores; jobs' CPU: the runs themselves (the \
          workers' reaped children: spawn, exec, the probe), in cores and per run; machine \
          busy: all CPUs, everything running (other users' work too).\n\n{}",

@@ -6,6 +6,8 @@
 //! store costs. Every node is killed when its [`Cluster`] is dropped, and with the benchmark if it is
 //! killed.
 
+use std::collections::BTreeMap;
+
 pub use testkit::{Backend, Cluster};
 
 /// A node's own counters, read before and after a measured window.
@@ -34,6 +36,9 @@ pub trait Counters {
     fn usage(&self, i: usize) -> Usage;
     /// The counters of every node.
     fn total_usage(&self) -> Usage;
+    /// Redis: calls per command name (`INFO commandstats`, without `info`), summed over the nodes; empty
+    /// for other stores.
+    fn command_calls(&self) -> BTreeMap<String, u64>;
 }
 
 impl Counters for Cluster {
@@ -88,5 +93,32 @@ impl Counters for Cluster {
             Cluster::Embedded(_) => 0,
         };
         Usage { commands, cpu }
+    }
+
+    fn command_calls(&self) -> BTreeMap<String, u64> {
+        let mut calls = BTreeMap::new();
+        let Cluster::Redis(cluster) = self else {
+            return calls;
+        };
+        for i in 0..cluster.len() {
+            let info: String = cluster.query(i, redis::cmd("INFO").arg("commandstats"));
+            for line in info.lines() {
+                // `cmdstat_<name>:calls=<n>,…`
+                let Some((name, rest)) = line
+                    .strip_prefix("cmdstat_")
+                    .and_then(|l| l.split_once(':'))
+                else {
+                    continue;
+                };
+                let count = rest
+                    .strip_prefix("calls=")
+                    .and_then(|r| r.split(',').next())
+                    .and_then(|n| n.parse::<u64>().ok());
+                if let (Some(count), false) = (count, name == "info") {
+                    *calls.entry(name.to_string()).or_insert(0) += count;
+                }
+            }
+        }
+        calls
     }
 }

@@ -25,7 +25,8 @@ use crate::lock::Series;
 use crate::logging::events;
 use crate::trigger::{TriggerRequest, KEEP_AFTER_WINDOW};
 
-/// How often the requests are read.
+/// How often the requests are read (the Redis store answers most reads from a `GET` of a change count per
+/// node, listing the requests only when it moved: `store::redis::triggers`).
 pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
 
 /// Starts the poller (supervised: [`super::background`]); it returns at shutdown, once the requests it

@@ -298,3 +298,31 @@ async fn a_won_claim_is_handed_out_while_another_of_its_batch_is_retried() {
     );
     store.release(&lease).await;
 }
+
+/// A batch goes to each node as one script call whose claims are applied one after the other: the
+/// schedule tick and a trigger request of one job share its lease key, so the second claim of the call
+/// reads the lease the first one took in the same call and is refused as busy — as two scripts run back
+/// to back would answer — instead of taking the lease as well.
+#[tokio::test]
+async fn a_later_claim_of_a_batch_sees_the_lease_an_earlier_one_took() {
+    let cluster = RedisCluster::start(3);
+    let store = store(&cluster.urls());
+    warm(&store).await;
+    let now = chrono::Utc::now().timestamp_millis();
+    let schedule = ClaimRequest::new("w", "report", Tick(now), Overlap::Skip, "f");
+    let trigger = ClaimRequest::new("w", "report", Tick(now), Overlap::Skip, "f").in_series(
+        redcron::lock::Series::Trigger("t1".to_string()),
+        Tick(now + 60_000),
+    );
+    let mut outcomes = store.claim_many(&[schedule.clone(), trigger]).await;
+    let busy = outcomes.pop();
+    let lease = won(outcomes.pop().expect("two outcomes"));
+    match busy {
+        Some(ClaimOutcome::Busy {
+            holder: Some(holder),
+            ..
+        }) => assert_eq!(holder.claimant, schedule.claimant),
+        other => panic!("expected the trigger's claim to find the schedule's lease, got {other:?}"),
+    }
+    store.release(&lease).await;
+}

@@ -212,3 +212,67 @@ crate::on_every_store!(
     async: [],
     sync: [two_commands_and_three_workers_give_one_run_per_request],
 );
+
+/// A poller lists the trigger requests only when a node's change count moved: reads of an unchanged list
+/// run no script on the nodes (a plain `GET` each), a request another store writes is seen at the next
+/// read, and a request written without the count — by an older `redcron trigger` — is still seen by the
+/// full list every 10 s.
+#[tokio::test]
+async fn trigger_polls_list_the_requests_only_when_they_changed() {
+    use redcron::trigger::{TriggerRequest, DEFAULT_TIMEOUT};
+    let cluster = RedisCluster::start(3);
+    let reader = cluster.store(redcron::lock::LockSettings::default());
+    let writer = cluster.store(redcron::lock::LockSettings::default());
+    let ids =
+        |read: Vec<TriggerRequest>| -> Vec<String> { read.into_iter().map(|r| r.id).collect() };
+    let scripts_run = || -> u64 {
+        let info: String = cluster.query(0, ::redis::cmd("INFO").arg("commandstats"));
+        info.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(reader.triggers().await.expect("listed").value.is_empty());
+    let before = scripts_run();
+    for _ in 0..3 {
+        assert!(reader.triggers().await.expect("read").value.is_empty());
+    }
+    assert_eq!(scripts_run(), before, "an unchanged list was listed again");
+
+    let request = TriggerRequest::new("report", chrono::Utc::now(), DEFAULT_TIMEOUT, "new");
+    writer.request_trigger(&request).await.expect("written");
+    let read = reader.triggers().await.expect("read").value;
+    assert_eq!(ids(read), [request.id]);
+
+    // An older `redcron trigger`: the request and its expiry, no change count.
+    let old = TriggerRequest::new("report", chrono::Utc::now(), DEFAULT_TIMEOUT, "old");
+    for node in 0..cluster.len() {
+        let mut write = ::redis::pipe();
+        write
+            .cmd("HSET")
+            .arg("redcron:triggers")
+            .arg(&old.id)
+            .arg(old.to_json());
+        write
+            .cmd("ZADD")
+            .arg("redcron:triggers:expiry")
+            .arg(old.expires_at_ms())
+            .arg(&old.id);
+        let () = write
+            .query(&mut cluster.connection(node))
+            .expect("written the old way");
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let read = ids(reader.triggers().await.expect("read").value);
+        if read.contains(&old.id) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(25),
+            "an old writer's request was not seen within 25 s: {read:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -4,8 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::reply::{parse_round1, parse_round2, Round1, Round2};
-use super::round::evalsha;
-use super::scripts;
+use super::scripts::{self, Calls};
 use super::{Attempt, RedisStore, Retry, Try};
 use crate::clock::boot::BootInstant;
 use crate::lock::keys::{attempt_value, claim_keys, next_token, Holder};
@@ -50,23 +49,22 @@ impl RedisStore {
         // The stopwatch starts before the first SET can reach any node, so the validity computed from it
         // never outlives the keys.
         let start = BootInstant::now();
-        let mut pipeline = redis::pipe();
-        for (index, request) in requests.iter().enumerate() {
-            pipeline.add_command(evalsha(
-                &scripts::ACQUIRE,
-                &keys[index],
-                &[
-                    &values[index],
+        let round1 = Calls::new(
+            &scripts::ACQUIRE,
+            requests.iter().enumerate().map(|(index, request)| {
+                let args = [
+                    values[index].as_str(),
                     &ttl_ms,
                     &ticks[index],
                     &request.claimant,
                     &windows[index].0,
-                ],
-            ));
-        }
+                ];
+                (&keys[index], args)
+            }),
+        );
         let answers = self
             .round(
-                pipeline,
+                round1.for_round(),
                 batch_budget(settings.node_timeout, tries.len()),
                 // Room for the confirming round and the run's start within the validity.
                 settings.ttl / 4,
@@ -118,24 +116,24 @@ impl RedisStore {
             }
         }
         if !confirming.is_empty() {
-            let mut pipeline = redis::pipe();
-            for &(index, token) in &confirming {
-                pipeline.add_command(evalsha(
-                    &scripts::CONFIRM,
-                    &keys[index],
-                    &[
-                        &values[index],
-                        &token.to_string(),
+            let tokens: Vec<String> = confirming.iter().map(|(_, t)| t.to_string()).collect();
+            let round2 = Calls::new(
+                &scripts::CONFIRM,
+                confirming.iter().zip(&tokens).map(|(&(index, _), token)| {
+                    let args = [
+                        values[index].as_str(),
+                        token,
                         &ticks[index],
                         &requests[index].claimant,
                         &windows[index].0,
                         &windows[index].1,
-                    ],
-                ));
-            }
+                    ];
+                    (&keys[index], args)
+                }),
+            );
             let confirmed = self
                 .round(
-                    pipeline,
+                    round2.for_round(),
                     batch_budget(settings.node_timeout, confirming.len()),
                     deadline.remaining(),
                     parse_round2,
@@ -171,7 +169,8 @@ impl RedisStore {
         // touches only this attempt's value, so it can never delete a later attempt of the same claimant. A
         // claim record this attempt confirmed stays: it is ours, and a retry of the same request goes on
         // from it. See [`may_hold_our_set`] for the nodes that are spared.
-        let mut undo: Vec<redis::Pipeline> = self.nodes.iter().map(|_| redis::pipe()).collect();
+        // One batch of releases per node, the attempts it may hold.
+        let mut undo: Vec<Vec<usize>> = self.nodes.iter().map(|_| Vec::new()).collect();
         for (index, result) in results.iter().enumerate() {
             if matches!(
                 result,
@@ -184,17 +183,22 @@ impl RedisStore {
                 continue;
             }
             let fresh = tries[index].value.is_none();
-            for (node, pipeline) in undo.iter_mut().enumerate() {
+            for (node, undone) in undo.iter_mut().enumerate() {
                 let answer = answers[index].iter().find(|(n, _)| *n == node);
                 if may_hold_our_set(answer.map(|(_, a)| a), fresh) {
-                    pipeline.add_command(evalsha(
-                        &scripts::RELEASE,
-                        &keys[index][..1],
-                        &[&values[index]],
-                    ));
+                    undone.push(index);
                 }
             }
         }
+        let undo = undo
+            .into_iter()
+            .map(|undone| {
+                let leases = undone
+                    .into_iter()
+                    .map(|index| (&keys[index][..1], [values[index].as_str()]));
+                Calls::new(&scripts::RELEASE, leases).pipeline
+            })
+            .collect();
         self.spawn_on_each(undo);
         results
             .into_iter()

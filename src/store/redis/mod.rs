@@ -45,7 +45,8 @@ use tokio::time::Instant;
 
 use self::node::Node;
 use self::reply::{parse_integer, parse_set};
-use self::round::evalsha;
+use self::round::Shape;
+use self::scripts::Calls;
 use super::{Claims, Health, Leases, StoreError};
 use crate::clock::boot::BootInstant;
 use crate::clock::cluster::Readings;
@@ -65,6 +66,8 @@ pub struct RedisStore {
     pace: Arc<pace::Pace>,
     /// Sends renewals and releases together ([`keeper`]); `None` in the keeper's own copy.
     keeper: Option<Arc<keeper::Keeper>>,
+    /// The last full list of trigger requests, read again only when it changed ([`triggers`]).
+    last_list: Arc<triggers::LastList>,
 }
 
 /// One request in one attempt.
@@ -124,6 +127,7 @@ impl RedisStore {
             nodes: Arc::new(nodes),
             pace: Arc::default(),
             keeper: None,
+            last_list: Arc::default(),
         }
         .with_keeper())
     }
@@ -176,7 +180,7 @@ impl RedisStore {
             .arg(self.settings.ttl.as_millis() as u64);
         let answers = self
             .round(
-                pipeline,
+                (pipeline, Shape::Commands),
                 self.settings.node_timeout,
                 self.settings.ttl / 4,
                 parse_set,
@@ -206,9 +210,8 @@ impl RedisStore {
                 start + self.settings.ttl.saturating_sub(drift),
             ));
         }
-        let mut undo = redis::pipe();
-        undo.add_command(evalsha(&scripts::RELEASE, &[key], &[&value]));
-        self.spawn_everywhere(undo);
+        let undo = Calls::new(&scripts::RELEASE, [([key], [value.as_str()])]);
+        self.spawn_everywhere(undo.pipeline);
         let refused = answers.iter().filter(|(_, a)| a == &Ok(false)).count();
         if refused > 0 {
             return ClaimOutcome::Busy {
@@ -233,17 +236,15 @@ impl RedisStore {
         let ttl_ms = settings.ttl.as_millis().to_string();
         let mut outcomes: Vec<Option<Result<(), RenewError>>> =
             leases.iter().map(|_| None).collect();
-        let mut pipeline = redis::pipe();
         // Each renewal's stopwatch starts before its pipeline is sent.
         let mut sent: Vec<(usize, BootInstant)> = Vec::new();
+        let mut renewals: Vec<([String; 1], String)> = Vec::new();
         for (index, lease) in leases.iter_mut().enumerate() {
             match lease.start_renewal() {
                 Ok(start) => {
-                    let key = lease_key(&settings.key_prefix, lease);
-                    pipeline.add_command(evalsha(
-                        &scripts::RENEW,
-                        &[key],
-                        &[&lease.value, &ttl_ms],
+                    renewals.push((
+                        [lease_key(&settings.key_prefix, lease)],
+                        lease.value.clone(),
                     ));
                     sent.push((index, start));
                 }
@@ -260,9 +261,15 @@ impl RedisStore {
                 .map(|(index, start)| leases[*index].deadline().saturating_duration_since(*start))
                 .max()
                 .unwrap_or_default();
+            let calls = Calls::new(
+                &scripts::RENEW,
+                renewals
+                    .iter()
+                    .map(|(key, value)| (key, [value.as_str(), ttl_ms.as_str()])),
+            );
             let answers = self
                 .round(
-                    pipeline,
+                    calls.for_round(),
                     configured,
                     configured.min(latest),
                     parse_integer,
@@ -337,12 +344,14 @@ impl RedisStore {
 
     /// Releases every lease of `leases` in one pipeline per node; see [`RedisStore::release`].
     pub(super) async fn release_each(&self, leases: &[Lease]) {
-        let mut pipeline = redis::pipe();
-        for lease in leases {
-            let key = lease_key(&self.settings.key_prefix, lease);
-            pipeline.add_command(evalsha(&scripts::RELEASE, &[key], &[&lease.value]));
-        }
-        let pipeline = Arc::new(pipeline);
+        let calls = Calls::new(
+            &scripts::RELEASE,
+            leases.iter().map(|lease| {
+                let key = lease_key(&self.settings.key_prefix, lease);
+                ([key], [lease.value.as_str()])
+            }),
+        );
+        let pipeline = Arc::new(calls.pipeline);
         let bound = self.settings.ttl;
         // Each future owns what it needs, so the stragglers can move to a background task. Every request is
         // handed to its node's connection on the first poll, so it is sent whoever awaits the answer.

@@ -57,11 +57,12 @@ impl RedisStore {
     /// the budget passed first: answers that come late are what stretches later rounds, and nodes that
     /// never answer (hung, partitioned) stretch nothing.
     ///
-    /// Returns, for each command of the pipeline, the answers as `(node index, answer)`; nodes that had not
-    /// answered when the round was decided are absent.
+    /// Returns, for each answer of the pipeline (each command's, or with [`Shape::Calls`] each claim's of
+    /// each call, in order), the answers as `(node index, answer)`; nodes that had not answered when the
+    /// round was decided are absent.
     pub(super) async fn round<A>(
         &self,
-        pipeline: Pipeline,
+        (pipeline, shape): (Pipeline, Shape),
         configured: Duration,
         cap: Duration,
         parse: fn(Value) -> A,
@@ -72,10 +73,9 @@ impl RedisStore {
         let start = Instant::now();
         let (needed, mut answered) = (quorum(self.nodes.len()), 0);
         let commands = pipeline.cmd_iter().count();
-        let mut answers: Vec<Vec<(usize, A)>> = (0..commands).map(|_| Vec::new()).collect();
-        let mut tallies: Vec<Tally> = (0..commands)
-            .map(|_| Tally::new(self.nodes.len()))
-            .collect();
+        let count = shape.answers(commands);
+        let mut answers: Vec<Vec<(usize, A)>> = (0..count).map(|_| Vec::new()).collect();
+        let mut tallies: Vec<Tally> = (0..count).map(|_| Tally::new(self.nodes.len())).collect();
         // Each request owns what it needs, so that the stragglers can be watched after the round.
         let late = configured.mul_f64(MAX_STRETCH).max(budget);
         let pipeline = Arc::new(pipeline);
@@ -109,10 +109,11 @@ impl RedisStore {
             }
             match result {
                 Ok(values) if values.len() == commands => {
-                    for (command, value) in values.into_iter().enumerate() {
-                        let answer = parse(value);
-                        tallies[command].add(&vote(&answer));
-                        answers[command].push((node, answer));
+                    for (index, answer) in
+                        shape.unpack(values, parse, failed).into_iter().enumerate()
+                    {
+                        tallies[index].add(&vote(&answer));
+                        answers[index].push((node, answer));
                     }
                 }
                 Ok(values) => {
@@ -146,6 +147,55 @@ impl RedisStore {
     }
 }
 
+/// How a round's replies map to its answers: [`RedisStore::round`] takes a pipeline with its shape.
+pub(super) enum Shape {
+    /// One answer per command.
+    Commands,
+    /// Per command a script call of a batch ([`super::scripts::Calls`]): its claim count, and one array
+    /// reply of that many answers.
+    Calls(Vec<usize>),
+}
+
+impl Shape {
+    /// How many answers a pipeline of `commands` commands gives.
+    fn answers(&self, commands: usize) -> usize {
+        match self {
+            Shape::Commands => commands,
+            Shape::Calls(sizes) => sizes.iter().sum(),
+        }
+    }
+
+    /// One node's replies (one per command) as answers: a call's reply that is not an array of its claim
+    /// count (a server error, a garbled reply) fails each of its claims, with the reason.
+    pub(super) fn unpack<A>(
+        &self,
+        values: Vec<Value>,
+        parse: fn(Value) -> A,
+        failed: fn(String) -> A,
+    ) -> Vec<A> {
+        let Shape::Calls(sizes) = self else {
+            return values.into_iter().map(parse).collect();
+        };
+        let mut answers = Vec::with_capacity(self.answers(values.len()));
+        for (value, &size) in values.into_iter().zip(sizes) {
+            match value {
+                Value::Array(items) if items.len() == size => {
+                    answers.extend(items.into_iter().map(parse));
+                }
+                Value::ServerError(error) => {
+                    let why = format!("{error:?}");
+                    answers.extend((0..size).map(|_| failed(why.clone())));
+                }
+                other => {
+                    let why = format!("unexpected reply to a call of {size}: {other:?}");
+                    answers.extend((0..size).map(|_| failed(why.clone())));
+                }
+            }
+        }
+        answers
+    }
+}
+
 /// Counts a node's failure against every command of the round.
 fn record_failure<A>(
     answers: &mut [Vec<(usize, A)>],
@@ -170,4 +220,43 @@ pub(super) fn evalsha(script: &redis::Script, keys: &[String], args: &[&str]) ->
         .arg(keys)
         .arg(args);
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::Shape;
+
+    fn text(value: Value) -> Result<String, String> {
+        match value {
+            Value::BulkString(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    /// Each call's array reply becomes its claims' answers, in order; a call whose reply has another count
+    /// or is no array fails each of its claims, and only those.
+    #[test]
+    fn calls_unpack_into_their_claims_answers() {
+        let item = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let shape = Shape::Calls(vec![2, 1, 2]);
+        let answers = shape.unpack(
+            vec![
+                Value::Array(vec![item("a"), item("b")]),
+                Value::Array(vec![item("c"), item("d")]),
+                Value::Okay,
+            ],
+            text,
+            Err,
+        );
+        assert_eq!(answers.len(), 5);
+        assert_eq!(answers[..2], [Ok("a".to_string()), Ok("b".to_string())]);
+        assert!(matches!(&answers[2], Err(why) if why.contains("a call of 1")));
+        assert!(answers[3..]
+            .iter()
+            .all(|a| matches!(a, Err(why) if why.contains("a call of 2"))));
+        let plain = Shape::Commands.unpack(vec![item("x")], text, Err);
+        assert_eq!(plain, [Ok("x".to_string())]);
+    }
 }

@@ -1,13 +1,32 @@
 //! The Lua scripts of the protocol, each beside its safety argument.
 //!
-//! Per job, each node holds these keys (named in [`crate::lock::keys`]), all with the hash tag `{<job>}` so
-//! that a node may be a Redis Cluster shard: the lease (`…:lease`, or `…:lease:<tick>` with `overlap:
-//! allow`), whose value is one attempt of one claimant, with a TTL; the fence counter (`…:fence`), the
-//! highest token this node has confirmed; the claim records (`…:claim` for the schedule, and one per
-//! trigger request or retry attempt, `…:claim:trigger:<id>`, `…:claim:retry:<tick>:<n>`, see
-//! [`crate::lock::series`]), `<tick ms> <lease value>`: the highest tick this node has confirmed in that
-//! series, and which attempt of which claimant confirmed it; and the pause (`…:paused`), present while the
-//! job is paused. A script runs atomically on its node, so each one is a compare-and-set on that node.
+//! Per job, each node holds these keys (named in [`crate::lock::keys`]), all with the hash tag `{<job>}`:
+//! the lease (`…:lease`, or `…:lease:<tick>` with `overlap: allow`), whose value is one attempt of one
+//! claimant, with a TTL; the fence counter (`…:fence`), the highest token this node has confirmed; the
+//! claim records (`…:claim` for the schedule, and one per trigger request or retry attempt,
+//! `…:claim:trigger:<id>`, `…:claim:retry:<tick>:<n>`, see [`crate::lock::series`]), `<tick ms> <lease
+//! value>`: the highest tick this node has confirmed in that series, and which attempt of which claimant
+//! confirmed it; and the pause (`…:paused`), present while the job is paused. A script runs atomically on
+//! its node, so each one is a compare-and-set on that node.
+//!
+//! **One call, many claims.** Each script takes a batch of claims (of leases, for `RENEW` and `RELEASE`)
+//! and applies them one after the other, in the order given, replying with one array of the per-claim
+//! replies; a batch of one is the single claim. The keys of the whole call are read with one `MGET` into a
+//! per-call cache that every write updates, so a later claim of the batch reads what an earlier one wrote
+//! (a job's schedule tick and a trigger of it share the lease and fence keys), and the node's clock is
+//! read (`TIME`) at most once per call. So a call is exactly the same scripts run back to back with nothing
+//! in between: a script is atomic on its node (no other command runs between its reads and its writes, and
+//! no key expires during it), the cache holds what the node holds at every step, and the claims are
+//! applied in order. Each claim's checks, in their order, and its reply are those of the single-claim
+//! script stated below, and every local invariant below holds after each claim of the batch; G1 and G2
+//! (`docs/protocol.md`) rest only on those, so they stand. Reading the clock once means every claim of the
+//! call sees the instant of the call's first read instead of one a few microseconds later: what the same
+//! scripts would see when run at that instant.
+//!
+//! Keys of several jobs in one call: **each node must be a standalone Redis server** (or a primary
+//! holding every key), not a Redis Cluster shard — redcron follows no `MOVED` redirection anyway, and the
+//! hash tags keep a job's own keys together only.
+//!
 //! Numbers travel as decimal strings, and fence counters and ticks are compared as such (`compare_int`),
 //! never as Lua numbers: those are doubles, exact only below 2^53, and a token past it compared as one
 //! stood still (`fence + 1 == fence`). Tokens go up to [`crate::lock::keys::MAX_TOKEN`].
@@ -20,17 +39,23 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Reads the claim record (`KEYS[3]`) against our tick (`ARGV[3]`) and claimant (`ARGV[4]`): returns the
-/// record if another claimant confirmed this tick or any later one here, else `nil`. Also `refusal`: the
-/// refusal of a claim while the job is paused (`KEYS[4]`), or once the window of a one-off claim
-/// (`ARGV[5]`, ms; `0` for the schedule) has ended on the node's clock; and `ahead`: the refusal of a tick
-/// more than [`crate::lock::MAX_TICK_AHEAD`] ahead of the node's clock.
+/// The most claims (leases) in one script call: a node runs a call of 64 in well under a millisecond, so a
+/// big batch is cut into calls that other clients' commands can come between, and a call's keys stay far
+/// below Lua's limit on `unpack`.
+pub(crate) const CLAIMS_PER_CALL: usize = 64;
+
+/// The helpers every claim script shares: [`COMPARE_INT_LUA`], the per-call key cache, the node's clock
+/// read once per call, and the checks of a claim — `claimed_by_other`: the claim record against our tick
+/// and claimant, the record if another claimant confirmed this tick or any later one here, else `nil`;
+/// `refusal`: the refusal of a claim while the job is paused, or once the window of a one-off claim
+/// (`not_after`, ms; `0` for the schedule) has ended on the node's clock; and `ahead`: the refusal of a
+/// tick more than [`crate::lock::MAX_TICK_AHEAD`] ahead of the node's clock.
 ///
 /// A bare number (a record written before claimants existed) counts as another claimant's; a record that
 /// does not parse counts as claimed, since nothing proves the tick free.
-static CLAIMED_BY_OTHER_LUA: LazyLock<String> = LazyLock::new(|| {
+static CLAIM_HELPERS_LUA: LazyLock<String> = LazyLock::new(|| {
     let ahead_ms = crate::lock::MAX_TICK_AHEAD.as_millis();
-    format!("local MAX_AHEAD_MS = {ahead_ms}\n{COMPARE_INT_LUA}{CLAIMED_BY_OTHER_BODY}")
+    format!("local MAX_AHEAD_MS = {ahead_ms}\n{COMPARE_INT_LUA}{CACHE_LUA}{CLAIM_CHECKS_LUA}")
 });
 
 /// `compare_int(a, b)`: -1, 0 or 1 as the integer written `a` (decimal, an optional `-`, leading zeros
@@ -78,23 +103,78 @@ local function compare_int(a, b)
 end
 "#;
 
-const CLAIMED_BY_OTHER_BODY: &str = r#"
+/// The per-call key cache: every key of the call (`KEYS`, each once) read with one `MGET`; `get` answers
+/// from the cache, `put` writes through to it and marks the key for the call's one `MSET` (`flush`, at
+/// the end: keys without a TTL), `forget` marks a key deleted. Writes with a TTL (`SET … PX`) and
+/// deletions go to the node at once and only update the cache. `node_ms`: the node's clock, read at most
+/// once per call.
+const CACHE_LUA: &str = r#"
+local cache = {}
+do
+  local distinct, seen = {}, {}
+  for i = 1, #KEYS do
+    if not seen[KEYS[i]] then
+      seen[KEYS[i]] = true
+      distinct[#distinct + 1] = KEYS[i]
+    end
+  end
+  local values = redis.call('MGET', unpack(distinct))
+  for i = 1, #distinct do
+    cache[distinct[i]] = values[i]
+  end
+end
+local function get(key)
+  local value = cache[key]
+  if value == false or value == nil then
+    return nil
+  end
+  return value
+end
+local dirty, dirty_order = {}, {}
+local function put(key, value)
+  cache[key] = value
+  if not dirty[key] then
+    dirty[key] = true
+    dirty_order[#dirty_order + 1] = key
+  end
+end
+local function flush()
+  if #dirty_order == 0 then
+    return
+  end
+  local pairs_ = {}
+  for i = 1, #dirty_order do
+    pairs_[#pairs_ + 1] = dirty_order[i]
+    pairs_[#pairs_ + 1] = cache[dirty_order[i]]
+  end
+  redis.call('MSET', unpack(pairs_))
+end
+local function forget(key)
+  cache[key] = false
+end
+local now_ms
+local function node_ms()
+  if not now_ms then
+    local t = redis.call('TIME')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_ms
+end
+"#;
+
+const CLAIM_CHECKS_LUA: &str = r#"
 local function claimant_of(value)
   return string.match(value, '^([^|]*)')
 end
-local function node_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
--- The pause (KEYS[4]) and the window refuse a claim in both rounds. A claim with a window (ARGV[5] > 0: a
--- trigger or a retry) is refused once the window has ended on this node's clock: its claim record expires
--- after that, and must never be needed again.
-local function refusal()
-  local paused = redis.call('GET', KEYS[4])
+-- The pause and the window refuse a claim in both rounds. A claim with a window (not_after > 0: a trigger
+-- or a retry) is refused once the window has ended on this node's clock: its claim record expires after
+-- that, and must never be needed again.
+local function refusal(paused_key, not_after)
+  local paused = get(paused_key)
   if paused then
     return {'paused', paused}
   end
-  local limit = tonumber(ARGV[5]) or 0
+  local limit = tonumber(not_after) or 0
   if limit > 0 and node_ms() > limit then
     return {'claimed', 'late'}
   end
@@ -105,27 +185,27 @@ end
 -- saying the node's time (round 2 follows a round 1 that a majority passed). Compared as numbers, and
 -- still exactly: the node's time plus the margin is below 2^53, and a tick that is not rounds to a number
 -- at least 2^53, above it all the same.
-local function ahead()
+local function ahead(tick)
   local now = node_ms()
-  if (tonumber(ARGV[3]) or math.huge) > now + MAX_AHEAD_MS then
+  if (tonumber(tick) or math.huge) > now + MAX_AHEAD_MS then
     return {'ahead', string.format('%d', now)}
   end
   return nil
 end
-local function claimed_by_other()
-  local record = redis.call('GET', KEYS[3])
+local function claimed_by_other(claim_key, tick, claimant)
+  local record = get(claim_key)
   if not record then
     return nil
   end
   local claimed, value = string.match(record, '^(%-?%d+) (.+)$')
   if claimed then
-    local order = compare_int(claimed, ARGV[3]) or 1
-    if order > 0 or (order == 0 and claimant_of(value) ~= ARGV[4]) then
+    local order = compare_int(claimed, tick) or 1
+    if order > 0 or (order == 0 and claimant_of(value) ~= claimant) then
       return record
     end
     return nil
   end
-  local legacy = compare_int(record, ARGV[3])
+  local legacy = compare_int(record, tick)
   if legacy == nil or legacy >= 0 then
     return record
   end
@@ -133,64 +213,77 @@ local function claimed_by_other()
 end
 "#;
 
-/// Round 1 of a claim: take the lease on this node unless the job is paused, the claim's window has ended,
-/// its tick is far ahead of the node's clock, another claimant confirmed this tick (or a later one) here or
-/// holds the lease, and report the node's fence counter (as stored: decimal text).
+/// Round 1 of a batch of claims; per claim: take the lease on this node unless the job is paused, the
+/// claim's window has ended, its tick is far ahead of the node's clock, another claimant confirmed this
+/// tick (or a later one) here or holds the lease, and report the node's fence counter (as stored: decimal
+/// text).
 ///
-/// KEYS: lease, fence, claim, paused. ARGV: value, ttl (ms), tick (ms), claimant, not after (ms, `0`: no
-/// window).
-/// Returns `{"ok", fence}`, `{"paused", pause}`, `{"claimed", record}` (`"late"` after the window),
-/// `{"ahead", node ms}` or `{"busy", holder, pttl}`.
+/// Per claim, four KEYS: lease, fence, claim, paused; five ARGV: value, ttl (ms), tick (ms), claimant, not
+/// after (ms, `0`: no window). Returns one reply per claim, in order: `{"ok", fence}`, `{"paused",
+/// pause}`, `{"claimed", record}` (`"late"` after the window), `{"ahead", node ms}` or `{"busy", holder,
+/// pttl}`.
 ///
 /// Invariant: a node answers `ok` only if the job is not paused here, no other claimant confirmed a tick ≥
 /// ours here and the lease is free or held by an earlier attempt of our own claimant (which this one
-/// replaces: a retry is idempotent). `SET … PX` starts the TTL on the node's clock at the moment of the write, which is after
-/// the caller started its stopwatch, so the caller's validity (`ttl − elapsed − drift`) never outlives the
-/// key under the bounded drift rate.
+/// replaces: a retry is idempotent). `SET … PX` starts the TTL on the node's clock at the moment of the
+/// write, which is after the caller started its stopwatch, so the caller's validity (`ttl − elapsed −
+/// drift`) never outlives the key under the bounded drift rate.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(&acquire_source()));
 fn acquire_source() -> String {
-    format!("{}{ACQUIRE_BODY}", *CLAIMED_BY_OTHER_LUA)
+    format!("{}{ACQUIRE_BODY}", *CLAIM_HELPERS_LUA)
 }
 const ACQUIRE_BODY: &str = r#"
-local refused = refusal() or ahead()
-if refused then
-  return refused
+local function acquire(lease, fence, claim, paused, value, ttl, tick, claimant, not_after)
+  local refused = refusal(paused, not_after) or ahead(tick)
+  if refused then
+    return refused
+  end
+  local record = claimed_by_other(claim, tick, claimant)
+  if record then
+    return {'claimed', record}
+  end
+  local holder = get(lease)
+  if holder and holder ~= value and claimant_of(holder) ~= claimant then
+    return {'busy', holder, redis.call('PTTL', lease)}
+  end
+  redis.call('SET', lease, value, 'PX', ttl)
+  cache[lease] = value
+  return {'ok', get(fence) or '0'}
 end
-local record = claimed_by_other()
-if record then
-  return {'claimed', record}
+local replies = {}
+for i = 0, #KEYS / 4 - 1 do
+  local k, a = 4 * i, 5 * i
+  replies[i + 1] = acquire(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+    ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
 end
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] and claimant_of(holder) ~= ARGV[4] then
-  return {'busy', holder, redis.call('PTTL', KEYS[1])}
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {'ok', redis.call('GET', KEYS[2]) or '0'}
+return replies
 "#;
 
-/// Round 2 of a claim: on a node where this attempt still holds the lease, the job is not paused, the
-/// claim's window has not ended and no other claimant confirmed this tick or a later one, raise the fence
-/// counter to the token and record the tick as confirmed by us. (A tick far ahead of the node's clock was
-/// refused in round 1.)
+/// Round 2 of a batch of claims; per claim: on a node where this attempt still holds the lease, the job is
+/// not paused, the claim's window has not ended and no other claimant confirmed this tick or a later one,
+/// raise the fence counter to the token and record the tick as confirmed by us. (A tick far ahead of the
+/// node's clock was refused in round 1.) The fence counters and claim records of the call are written by
+/// one `MSET` at its end (then `PEXPIREAT` on the records that expire): the claims after a write read it
+/// from the cache, and nothing else runs before the `MSET`, so this is the single-claim script's `SET`s.
 ///
-/// KEYS: lease, fence, claim, paused. ARGV: value, token, tick (ms), claimant, not after (ms, `0`: no
-/// window), record expiry (ms since the epoch, `0`: never).
-/// Returns `{"ok"}`, `{"lost"}` (the lease is not this attempt's here any more), `{"paused", pause}` or
-/// `{"claimed", record}` (`"late"` after the window).
+/// Per claim, four KEYS: lease, fence, claim, paused; six ARGV: value, token, tick (ms), claimant, not
+/// after (ms, `0`: no window), record expiry (ms since the epoch, `0`: never). Returns one reply per
+/// claim, in order: `{"ok"}`, `{"lost"}` (the lease is not this attempt's here any more), `{"paused",
+/// pause}` or `{"claimed", record}` (`"late"` after the window).
 ///
 /// The pause is checked here too, not only in round 1: a claim whose round 1 ran before the pause reached
 /// this node and whose round 2 arrives after it is refused, so once the pause is on a majority no claim is
 /// granted whose confirmation had not reached a node of that majority before it (every grant needs a
 /// majority of confirmations, and two majorities meet).
 ///
-/// A one-off claim's record (a trigger's, a retry's) expires at `ARGV[6]`, after the window: until then
-/// the rule below holds on this node, and after it every claim is refused by `too_late`, so the node still
-/// confirms at most one claimant per claim instance, ever — as long as its clock does not step back by more
-/// than the margin between the two ([`crate::lock::ONE_OFF_RECORD_KEEP`]).
+/// A one-off claim's record (a trigger's, a retry's) expires at its record expiry, after the window: until
+/// then the rule below holds on this node, and after it every claim is refused by the window, so the node
+/// still confirms at most one claimant per claim instance, ever — as long as its clock does not step back
+/// by more than the margin between the two ([`crate::lock::ONE_OFF_RECORD_KEEP`]).
 ///
-/// Invariant — the heart of G1: a node confirms at most one claimant per `(job, series, tick)`, ever. The record's
-/// tick only grows, and a record of our tick is overwritten only by the claimant that wrote it. So two
-/// claimants can never both be confirmed by a majority, whatever lease keys they hold (workers that
+/// Invariant — the heart of G1: a node confirms at most one claimant per `(job, series, tick)`, ever. The
+/// record's tick only grows, and a record of our tick is overwritten only by the claimant that wrote it.
+/// So two claimants can never both be confirmed by a majority, whatever lease keys they hold (workers that
 /// disagree on `overlap` hold different ones) and however their messages are delayed. A claimant that
 /// retries after an ambiguous round finds its own record and goes on: the round is idempotent.
 ///
@@ -198,59 +291,155 @@ return {'ok', redis.call('GET', KEYS[2]) or '0'}
 /// text (exact at any size; a counter that is no integer — garbage — is overwritten, as `0` would be).
 pub static CONFIRM: LazyLock<Script> = LazyLock::new(|| Script::new(&confirm_source()));
 fn confirm_source() -> String {
-    format!("{}{CONFIRM_BODY}", *CLAIMED_BY_OTHER_LUA)
+    format!("{}{CONFIRM_BODY}", *CLAIM_HELPERS_LUA)
 }
 const CONFIRM_BODY: &str = r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return {'lost'}
+-- Record key -> its expiry (ms since the epoch, 0: none) as the last claim that wrote it asked.
+local expiry, expiry_order = {}, {}
+local function confirm(lease, fence, claim, paused, value, token, tick, claimant, not_after, expires)
+  if get(lease) ~= value then
+    return {'lost'}
+  end
+  local refused = refusal(paused, not_after)
+  if refused then
+    return refused
+  end
+  local record = claimed_by_other(claim, tick, claimant)
+  if record then
+    return {'claimed', record}
+  end
+  if (compare_int(get(fence), token) or -1) < 0 then
+    put(fence, token)
+  end
+  put(claim, tick .. ' ' .. value)
+  if expiry[claim] == nil then
+    expiry_order[#expiry_order + 1] = claim
+  end
+  expiry[claim] = tonumber(expires) or 0
+  return {'ok'}
 end
-local refused = refusal()
-if refused then
-  return refused
+local replies = {}
+for i = 0, #KEYS / 4 - 1 do
+  local k, a = 4 * i, 6 * i
+  replies[i + 1] = confirm(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+    ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6])
 end
-local record = claimed_by_other()
-if record then
-  return {'claimed', record}
+flush()
+for i = 1, #expiry_order do
+  local claim = expiry_order[i]
+  if expiry[claim] > 0 then
+    redis.call('PEXPIREAT', claim, expiry[claim])
+  end
 end
-if (compare_int(redis.call('GET', KEYS[2]), ARGV[2]) or -1) < 0 then
-  redis.call('SET', KEYS[2], ARGV[2])
-end
-redis.call('SET', KEYS[3], ARGV[3] .. ' ' .. ARGV[1])
-local expires = tonumber(ARGV[6]) or 0
-if expires > 0 then
-  redis.call('PEXPIREAT', KEYS[3], expires)
-end
-return {'ok'}
+return replies
 "#;
 
-/// The watchdog's renewal: compare-and-`PEXPIRE`.
+/// The watchdog's renewals: per lease, compare-and-`PEXPIRE`.
 ///
-/// KEYS: lease. ARGV: value, ttl (ms). Returns 1 if this node still held our value and was extended, else 0.
+/// Per lease, one KEY: the lease; two ARGV: value, ttl (ms). Returns per lease, in order, 1 if this node
+/// still held our value and it was extended, else 0.
 ///
 /// Invariant: only our own value is ever extended. A key that already expired is *not* re-created, so a
 /// renewal can never resurrect a lease on a node where another holder may have taken it meanwhile.
-pub static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
-const RENEW_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+pub static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(&renew_source()));
+fn renew_source() -> String {
+    format!("{CACHE_LUA}{RENEW_BODY}")
+}
+const RENEW_BODY: &str = r#"
+local replies = {}
+for i = 1, #KEYS do
+  if get(KEYS[i]) == ARGV[2 * i - 1] then
+    replies[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+  else
+    replies[i] = 0
+  end
 end
-return 0
+return replies
 "#;
 
-/// Release: compare-and-delete.
+/// Release: per lease, compare-and-delete; the leases still ours are deleted with one `DEL`.
 ///
-/// KEYS: lease. ARGV: value. Returns 1 if our value was deleted, else 0.
+/// Per lease, one KEY: the lease; one ARGV: value. Returns per lease, in order, 1 if our value was deleted,
+/// else 0.
 ///
 /// Invariant: never deletes another holder's lease (a plain `DEL` would, after our lease expired and
 /// someone else took it). The fence counter and the claim stay: they are what keeps later acquisitions
 /// honest after the lease is gone.
-pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-const RELEASE_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(&release_source()));
+fn release_source() -> String {
+    format!("{CACHE_LUA}{RELEASE_BODY}")
+}
+const RELEASE_BODY: &str = r#"
+local replies, gone = {}, {}
+for i = 1, #KEYS do
+  if get(KEYS[i]) == ARGV[i] then
+    gone[#gone + 1] = KEYS[i]
+    forget(KEYS[i])
+    replies[i] = 1
+  else
+    replies[i] = 0
+  end
 end
-return 0
+if #gone > 0 then
+  redis.call('DEL', unpack(gone))
+end
+return replies
 "#;
+
+/// A batch of claims (or leases) for one script, cut into calls of at most [`CLAIMS_PER_CALL`]: the
+/// `EVALSHA`s of a pipeline, and how many claims each call carries, so that each call's array reply can be
+/// unpacked into the per-claim replies ([`super::round::Shape::Calls`]).
+pub(super) struct Calls {
+    pub(super) pipeline: redis::Pipeline,
+    pub(super) sizes: Vec<usize>,
+}
+
+impl Calls {
+    /// The pipeline, and its shape for a round.
+    pub(super) fn for_round(self) -> (redis::Pipeline, super::round::Shape) {
+        (self.pipeline, super::round::Shape::Calls(self.sizes))
+    }
+
+    /// The calls of `script` for `items`, each its keys and its arguments, in order.
+    pub(super) fn new<'a, K, A>(script: &Script, items: impl IntoIterator<Item = (K, A)>) -> Calls
+    where
+        K: AsRef<[String]>,
+        A: IntoIterator<Item = &'a str>,
+    {
+        let mut calls = Calls {
+            pipeline: redis::pipe(),
+            sizes: Vec::new(),
+        };
+        let (mut keys, mut args, mut size) = (Vec::<String>::new(), Vec::<&str>::new(), 0);
+        for (item_keys, item_args) in items {
+            keys.extend_from_slice(item_keys.as_ref());
+            args.extend(item_args);
+            size += 1;
+            if size == CLAIMS_PER_CALL {
+                calls.push(script, &mut keys, &mut args, &mut size);
+            }
+        }
+        if size > 0 {
+            calls.push(script, &mut keys, &mut args, &mut size);
+        }
+        calls
+    }
+
+    fn push(
+        &mut self,
+        script: &Script,
+        keys: &mut Vec<String>,
+        args: &mut Vec<&str>,
+        size: &mut usize,
+    ) {
+        self.pipeline
+            .add_command(super::round::evalsha(script, keys, args));
+        self.sizes.push(*size);
+        keys.clear();
+        args.clear();
+        *size = 0;
+    }
+}
 
 /// The source of every script, for `SCRIPT LOAD` after a node answered `NOSCRIPT` (it restarted, or its
 /// script cache was flushed).
@@ -258,7 +447,7 @@ pub fn sources() -> [String; 4] {
     [
         acquire_source(),
         confirm_source(),
-        RENEW_LUA.to_string(),
-        RELEASE_LUA.to_string(),
+        renew_source(),
+        release_source(),
     ]
 }

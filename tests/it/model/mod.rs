@@ -8,6 +8,13 @@
 //! `docs/model.md` says what is modelled and what is abstracted. Each check is exhaustive over its
 //! configuration and runs in seconds in a debug build (`cargo test --test it model -- --nocapture`
 //! prints the number of states and the time of each).
+//!
+//! Batches need no change here: a worker sends its claims of one instant as one script call per node
+//! (`src/store/redis/scripts.rs`, *One call, many claims*), which applies them one after the other, each
+//! exactly as the single-claim script the model's node step is, with nothing in between. That is one of
+//! the interleavings the checker already explores (each claim's step on a node, then the next claim's
+//! step on the same node), and the claims of other jobs touch none of the one modelled job's keys, so the
+//! properties checked for single-claim steps hold for batches (see `docs/protocol.md`, *Batches*).
 
 mod config;
 mod contender;
