@@ -6,13 +6,17 @@
 //! span, so each line carries the run's `job`, `tick`, `run_id` and `token`), and [`RunningChild::wait`]
 //! returns only once the child has exited and its output has been fully logged, so the exit event is
 //! always the run's last line. The child inherits no environment: it gets exactly [`ChildSpec::env`]
-//! (the worker decides what that holds, see `worker::env`).
+//! (the worker decides what that holds, see `worker::env`). The same readers keep the last bytes of each
+//! stream when asked ([`RunningChild::spawn_keeping`], `tail`), for the history of a run that failed.
+
+mod tail;
 
 use std::ffi::OsString;
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
@@ -108,6 +112,18 @@ pub enum ProcessError {
     },
 }
 
+/// The last bytes a child printed on each stream (see [`RunningChild::tails`]); `None` for a stream that
+/// printed nothing or whose tail was not kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputTails {
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+}
+
+/// The tails of stdout and stderr, shared by the output task and the child's owner, so that what was read
+/// before the task was abandoned (see [`RunningChild::stop_when`]) is still there.
+type SharedTails = Arc<Mutex<[tail::Tail; 2]>>;
+
 /// A spawned child: its process group, its exit status once known, and the tasks logging its output.
 #[derive(Debug)]
 pub struct RunningChild {
@@ -116,6 +132,8 @@ pub struct RunningChild {
     status: Option<ExitKind>,
     /// Logs stdout and stderr; `None` once both reached end of file (or were abandoned).
     output: Option<JoinHandle<()>>,
+    /// The last bytes of each stream, when kept.
+    tails: Option<SharedTails>,
 }
 
 impl RunningChild {
@@ -125,6 +143,13 @@ impl RunningChild {
     /// Each output line is logged as `run.output` (`stream`, `line`) inside the caller's current span.
     /// Must be called within a tokio runtime. Dropping the value SIGKILLs the group if it may still run.
     pub fn spawn(spec: &ChildSpec) -> Result<RunningChild, ProcessError> {
+        RunningChild::spawn_keeping(spec, 0)
+    }
+
+    /// As [`RunningChild::spawn`], and the same readers keep the last `tail` bytes of stdout and of stderr
+    /// ([`RunningChild::tails`]); 0 keeps nothing. At most `tail` bytes per stream, allocated only once the
+    /// stream prints.
+    pub fn spawn_keeping(spec: &ChildSpec, tail: usize) -> Result<RunningChild, ProcessError> {
         let (program, args): (&str, &[String]) = match &spec.command {
             Command::Argv(argv) => match argv.split_first() {
                 Some((program, args)) => (program, args),
@@ -160,9 +185,27 @@ impl RunningChild {
         // Both were set to `Stdio::piped()` above, so both are present.
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let span = Span::current();
+        let tails = (tail > 0)
+            .then(|| Arc::new(Mutex::new([tail::Tail::new(tail), tail::Tail::new(tail)])));
+        let keep = |stream: usize| {
+            let tails = tails.clone();
+            move |chunk: &[u8]| {
+                if let Some(tails) = &tails {
+                    // A panic while holding the lock cannot leave a tail inconsistent: take it as it is.
+                    let mut tails = tails
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    tails[stream].push(chunk);
+                }
+            }
+        };
+        let (keep_out, keep_err) = (keep(0), keep(1));
         let output = tokio::spawn(
             async move {
-                tokio::join!(log_lines(stdout, "stdout"), log_lines(stderr, "stderr"));
+                tokio::join!(
+                    log_lines(stdout, "stdout", keep_out),
+                    log_lines(stderr, "stderr", keep_err)
+                );
             }
             .instrument(span),
         );
@@ -171,7 +214,23 @@ impl RunningChild {
             pid,
             status: None,
             output: Some(output),
+            tails,
         })
+    }
+
+    /// The last bytes of stdout and stderr read so far (all of them once [`RunningChild::wait`] returned),
+    /// each cut on a UTF-8 boundary and lossy; empty when spawned without a tail.
+    pub fn tails(&self) -> OutputTails {
+        let Some(tails) = &self.tails else {
+            return OutputTails::default();
+        };
+        let tails = tails
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        OutputTails {
+            stdout: tails[0].text(),
+            stderr: tails[1].text(),
+        }
     }
 
     /// The process id of the child, which is also the id of its process group.
@@ -288,8 +347,13 @@ impl Drop for RunningChild {
     }
 }
 
-/// Logs each line of `stream` as `run.output`; lines over [`MAX_LINE_BYTES`] are cut.
-async fn log_lines<R: AsyncRead + Unpin>(stream: Option<R>, name: &'static str) {
+/// Logs each line of `stream` as `run.output`; lines over [`MAX_LINE_BYTES`] are cut. Every byte read is
+/// also handed to `keep`, as it arrives.
+async fn log_lines<R: AsyncRead + Unpin>(
+    stream: Option<R>,
+    name: &'static str,
+    mut keep: impl FnMut(&[u8]),
+) {
     let Some(stream) = stream else { return };
     // Small: a worker may have thousands of children running, most of which print little or nothing.
     let mut reader = BufReader::with_capacity(1024, stream);
@@ -313,6 +377,7 @@ async fn log_lines<R: AsyncRead + Unpin>(stream: Option<R>, name: &'static str) 
             Some(newline) => (newline + 1, true),
             None => (chunk.len(), false),
         };
+        keep(&chunk[..taken]);
         let room = MAX_LINE_BYTES.saturating_sub(line.len());
         let body = &chunk[..taken - usize::from(at_end)];
         cut |= body.len() > room;
@@ -507,6 +572,32 @@ mod tests {
         assert_eq!(output[0]["truncated"], true);
         assert_eq!(output[1]["line"], "x\u{FFFD}y");
         assert!(output[1].get("truncated").is_none());
+    }
+
+    /// With a tail, the last bytes of each stream are kept (more than the bound was printed), and what
+    /// was printed is still logged in full; without one, nothing is kept.
+    #[tokio::test]
+    async fn tails_keep_the_last_bytes_of_each_stream() {
+        let (logs, _guard) = Logs::capture();
+        let script = "i=0; while [ $i -lt 300 ]; do echo out$i; echo err$i >&2; i=$((i+1)); done; printf end";
+        let mut child = RunningChild::spawn_keeping(&shell(script), 20).expect("spawns");
+        assert_eq!(child.wait().await.expect("waits"), ExitKind::Code(0));
+        let tails = child.tails();
+        assert_eq!(tails.stdout.as_deref(), Some("97\nout298\nout299\nend"));
+        assert_eq!(tails.stderr.as_deref(), Some("rr297\nerr298\nerr299\n"));
+        assert_eq!(logs.lines("stdout").len(), 301);
+
+        let mut quiet = RunningChild::spawn_keeping(&shell("echo only >&2"), 20).expect("spawns");
+        quiet.wait().await.expect("waits");
+        let only_err = OutputTails {
+            stdout: None,
+            stderr: Some("only\n".into()),
+        };
+        assert_eq!(quiet.tails(), only_err);
+
+        let mut off = RunningChild::spawn(&shell("echo out; echo err >&2")).expect("spawns");
+        off.wait().await.expect("waits");
+        assert_eq!(off.tails(), OutputTails::default());
     }
 
     /// The spec's env, nothing else of the worker's, and the working directory reach the child.
