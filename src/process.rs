@@ -157,7 +157,7 @@ impl RunningChild {
             },
             Command::Shell(script) => ("/bin/sh", std::slice::from_ref(script)),
         };
-        let mut command = tokio::process::Command::new(program);
+        let mut command = tokio::process::Command::new(resolve(program, spec));
         if matches!(spec.command, Command::Shell(_)) {
             command.arg("-c");
         }
@@ -345,6 +345,37 @@ impl Drop for RunningChild {
             output.abort();
         }
     }
+}
+
+/// The program to start: `program` as found on the child's `PATH` when it names no directory, so that
+/// std starts the child with `posix_spawn` (a `vfork`) rather than `fork` + `execvp`. std forks whenever
+/// the environment was cleared or sets `PATH` and the program has no `/`, to search the child's `PATH`
+/// in the child; a fork copies the worker's page tables, which costs more the larger the worker is.
+/// Searched as `execvp` would: the child's `PATH` (glibc's default `/bin:/usr/bin` without one), an empty
+/// entry meaning the working directory, the first executable file. Not found: `program` unchanged, so
+/// the spawn fails (or finds it) exactly as before.
+fn resolve(program: &str, spec: &ChildSpec) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    if program.contains('/') || program.is_empty() {
+        return PathBuf::from(program);
+    }
+    let path = spec.env.iter().rev().find(|(key, _)| key == "PATH");
+    let path = path.map_or(OsString::from("/bin:/usr/bin"), |(_, value)| value.clone());
+    let here = spec.workdir.clone().unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| {
+            let dir = if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            };
+            here.join(dir).join(program)
+        })
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        })
+        .unwrap_or_else(|| PathBuf::from(program))
 }
 
 /// Logs each line of `stream` as `run.output`; lines over [`MAX_LINE_BYTES`] are cut. Every byte read is
@@ -598,6 +629,47 @@ mod tests {
         let mut off = RunningChild::spawn(&shell("echo out; echo err >&2")).expect("spawns");
         off.wait().await.expect("waits");
         assert_eq!(off.tails(), OutputTails::default());
+    }
+
+    /// A program without a directory is found on the child's own `PATH` (not the worker's), as execvp
+    /// would, so that it can be started without a fork; one found nowhere fails as before.
+    #[tokio::test]
+    async fn programs_are_found_on_the_childs_path() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let tool = dir.path().join("only-here");
+        std::fs::write(&tool, "#!/bin/sh\necho found\n").expect("writes");
+        std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let path = format!("/nonexistent:{}:/bin:/usr/bin", dir.path().display());
+        let spec = ChildSpec {
+            command: Command::Argv(vec!["only-here".into()]),
+            env: vec![("PATH".into(), path.into())],
+            workdir: None,
+        };
+        assert_eq!(resolve("only-here", &spec), tool);
+        assert_eq!(resolve("/bin/sh", &spec), PathBuf::from("/bin/sh"));
+        let (logs, _guard) = Logs::capture();
+        assert_eq!(run(&spec).await, ExitKind::Code(0));
+        assert_eq!(logs.lines("stdout"), ["found"]);
+        let without_path = ChildSpec {
+            env: Vec::new(),
+            ..spec.clone()
+        };
+        assert_eq!(
+            resolve("only-here", &without_path),
+            PathBuf::from("only-here")
+        );
+        assert_eq!(
+            resolve("sh", &without_path).parent(),
+            Some(std::path::Path::new("/bin"))
+        );
+        let error = RunningChild::spawn(&without_path).expect_err("not on /bin:/usr/bin");
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot start only-here: No such file"),
+            "{error}"
+        );
     }
 
     /// The spec's env, nothing else of the worker's, and the working directory reach the child.
