@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
 use super::raw::{OneOrList, RawAlerts, RawJob, Spanned};
-use super::validate::{duration, positive_duration, stop_grace, TOP};
+use super::validate::{duration, positive_duration, stop_grace, whole_number, TOP};
 use super::yaml::{is_variable_name, Mark};
 use super::{Alerts, Command, InheritEnv, JobConfig, Report};
 use crate::lock::{LockSettings, Overlap};
@@ -219,20 +219,8 @@ pub(crate) const MAX_OUTPUT_TAIL: usize = 64 * 1024;
 /// `output_tail`: a whole number of bytes from 0 (off) to [`MAX_OUTPUT_TAIL`]; the default when absent
 /// or invalid (reported).
 fn output_tail(value: Option<&Spanned<String>>, field: &str, report: &mut Report) -> usize {
-    let Some(value) = value else {
-        return DEFAULT_OUTPUT_TAIL;
-    };
-    match value.value.trim().parse::<usize>() {
-        Ok(bytes) if bytes <= MAX_OUTPUT_TAIL => bytes,
-        _ => {
-            let why = format!(
-                "invalid output_tail {:?}: expected a whole number of bytes from 0 (keep none) to {MAX_OUTPUT_TAIL}",
-                value.value
-            );
-            report.error(value.mark, field, why);
-            DEFAULT_OUTPUT_TAIL
-        }
-    }
+    let expected = format!("a whole number of bytes from 0 (keep none) to {MAX_OUTPUT_TAIL}");
+    whole_number(value, field, MAX_OUTPUT_TAIL, &expected, report).unwrap_or(DEFAULT_OUTPUT_TAIL)
 }
 
 /// `all`, `none`, or a list of variable names; a listed store variable is warned about, since it is
@@ -327,15 +315,8 @@ fn required<'a, T>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::retry::tests::parse;
     use super::{DEFAULT_OUTPUT_TAIL, MAX_OUTPUT_TAIL};
-
-    fn parse(fields: &str) -> Result<crate::config::Config, Vec<String>> {
-        let yaml = format!(
-            "jobs:\n  - name: j\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n{fields}"
-        );
-        crate::config::parse(&yaml, std::path::Path::new("jobs.yaml"))
-            .map_err(|e| e.problems().iter().map(ToString::to_string).collect())
-    }
 
     /// `output_tail`: 2048 by default, 0 turns it off, up to 64 KiB; a number too big or of the wrong
     /// type is an error naming the file, the line and the field.
