@@ -13,7 +13,7 @@
 //! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, `worker.max_clock_offset` 500ms,
 //! `worker.clock_check_every` 60s, `worker.heartbeat_every` 5s, `worker.listen` none, `history.keep_ticks` 200, `history.missed_lookback` 1h, `embedded.path`
 //! `<key_prefix>.db` in `$STATE_DIRECTORY` or else beside the config file, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
-//! `enabled` true, no timeout, `retries` 0 (`retry_backoff` 10s, `retry_backoff_max` 10m), `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
+//! `enabled` true, no timeout, `retries` 0 (`retry_backoff` 10s, `retry_backoff_max` 10m), `output_tail` 2048, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
 //! see [`crate::lock::renewal_slack`]).
 
 mod etcd;
@@ -122,6 +122,9 @@ pub struct JobConfig {
     pub alerts: Alerts,
     /// How a failed run is tried again (`retries`, `retry_backoff`, `retry_backoff_max`).
     pub retry: RetryPolicy,
+    /// How many of the last bytes of its stdout and of its stderr a run that does not succeed keeps in
+    /// its history entry (`tail_out`, `tail_err`); 0: none. At most 64 KiB, default 2048.
+    pub output_tail: usize,
 }
 
 /// How a job's failed run is tried again: up to `retries` more attempts, attempt `k` waiting

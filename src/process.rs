@@ -6,13 +6,17 @@
 //! span, so each line carries the run's `job`, `tick`, `run_id` and `token`), and [`RunningChild::wait`]
 //! returns only once the child has exited and its output has been fully logged, so the exit event is
 //! always the run's last line. The child inherits no environment: it gets exactly [`ChildSpec::env`]
-//! (the worker decides what that holds, see `worker::env`).
+//! (the worker decides what that holds, see `worker::env`). The same readers keep the last bytes of each
+//! stream when asked ([`RunningChild::spawn_keeping`], `tail`), for the history of a run that failed.
+
+mod tail;
 
 use std::ffi::OsString;
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
@@ -108,6 +112,18 @@ pub enum ProcessError {
     },
 }
 
+/// The last bytes a child printed on each stream (see [`RunningChild::tails`]); `None` for a stream that
+/// printed nothing or whose tail was not kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputTails {
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+}
+
+/// The tails of stdout and stderr, shared by the output task and the child's owner, so that what was read
+/// before the task was abandoned (see [`RunningChild::stop_when`]) is still there.
+type SharedTails = Arc<Mutex<[tail::Tail; 2]>>;
+
 /// A spawned child: its process group, its exit status once known, and the tasks logging its output.
 #[derive(Debug)]
 pub struct RunningChild {
@@ -116,6 +132,8 @@ pub struct RunningChild {
     status: Option<ExitKind>,
     /// Logs stdout and stderr; `None` once both reached end of file (or were abandoned).
     output: Option<JoinHandle<()>>,
+    /// The last bytes of each stream, when kept.
+    tails: Option<SharedTails>,
 }
 
 impl RunningChild {
@@ -125,6 +143,13 @@ impl RunningChild {
     /// Each output line is logged as `run.output` (`stream`, `line`) inside the caller's current span.
     /// Must be called within a tokio runtime. Dropping the value SIGKILLs the group if it may still run.
     pub fn spawn(spec: &ChildSpec) -> Result<RunningChild, ProcessError> {
+        RunningChild::spawn_keeping(spec, 0)
+    }
+
+    /// As [`RunningChild::spawn`], and the same readers keep the last `tail` bytes of stdout and of stderr
+    /// ([`RunningChild::tails`]); 0 keeps nothing. At most `tail` bytes per stream, allocated only once the
+    /// stream prints.
+    pub fn spawn_keeping(spec: &ChildSpec, tail: usize) -> Result<RunningChild, ProcessError> {
         let (program, args): (&str, &[String]) = match &spec.command {
             Command::Argv(argv) => match argv.split_first() {
                 Some((program, args)) => (program, args),
@@ -132,7 +157,7 @@ impl RunningChild {
             },
             Command::Shell(script) => ("/bin/sh", std::slice::from_ref(script)),
         };
-        let mut command = tokio::process::Command::new(program);
+        let mut command = tokio::process::Command::new(resolve(program, spec));
         if matches!(spec.command, Command::Shell(_)) {
             command.arg("-c");
         }
@@ -160,9 +185,27 @@ impl RunningChild {
         // Both were set to `Stdio::piped()` above, so both are present.
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let span = Span::current();
+        let tails = (tail > 0)
+            .then(|| Arc::new(Mutex::new([tail::Tail::new(tail), tail::Tail::new(tail)])));
+        let keep = |stream: usize| {
+            let tails = tails.clone();
+            move |chunk: &[u8]| {
+                if let Some(tails) = &tails {
+                    // A panic while holding the lock cannot leave a tail inconsistent: take it as it is.
+                    let mut tails = tails
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    tails[stream].push(chunk);
+                }
+            }
+        };
+        let (keep_out, keep_err) = (keep(0), keep(1));
         let output = tokio::spawn(
             async move {
-                tokio::join!(log_lines(stdout, "stdout"), log_lines(stderr, "stderr"));
+                tokio::join!(
+                    log_lines(stdout, "stdout", keep_out),
+                    log_lines(stderr, "stderr", keep_err)
+                );
             }
             .instrument(span),
         );
@@ -171,7 +214,23 @@ impl RunningChild {
             pid,
             status: None,
             output: Some(output),
+            tails,
         })
+    }
+
+    /// The last bytes of stdout and stderr read so far (all of them once [`RunningChild::wait`] returned),
+    /// each cut on a UTF-8 boundary and lossy; empty when spawned without a tail.
+    pub fn tails(&self) -> OutputTails {
+        let Some(tails) = &self.tails else {
+            return OutputTails::default();
+        };
+        let tails = tails
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        OutputTails {
+            stdout: tails[0].text(),
+            stderr: tails[1].text(),
+        }
     }
 
     /// The process id of the child, which is also the id of its process group.
@@ -288,8 +347,44 @@ impl Drop for RunningChild {
     }
 }
 
-/// Logs each line of `stream` as `run.output`; lines over [`MAX_LINE_BYTES`] are cut.
-async fn log_lines<R: AsyncRead + Unpin>(stream: Option<R>, name: &'static str) {
+/// The program to start: `program` as found on the child's `PATH` when it names no directory, so that
+/// std starts the child with `posix_spawn` (a `vfork`) rather than `fork` + `execvp`. std forks whenever
+/// the environment was cleared or sets `PATH` and the program has no `/`, to search the child's `PATH`
+/// in the child; a fork copies the worker's page tables, which costs more the larger the worker is.
+/// Searched as `execvp` would: the child's `PATH` (glibc's default `/bin:/usr/bin` without one), an empty
+/// entry meaning the working directory, the first executable file. Not found: `program` unchanged, so
+/// the spawn fails (or finds it) exactly as before.
+fn resolve(program: &str, spec: &ChildSpec) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    if program.contains('/') || program.is_empty() {
+        return PathBuf::from(program);
+    }
+    let path = spec.env.iter().rev().find(|(key, _)| key == "PATH");
+    let path = path.map_or(OsString::from("/bin:/usr/bin"), |(_, value)| value.clone());
+    let here = spec.workdir.clone().unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| {
+            let dir = if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            };
+            here.join(dir).join(program)
+        })
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        })
+        .unwrap_or_else(|| PathBuf::from(program))
+}
+
+/// Logs each line of `stream` as `run.output`; lines over [`MAX_LINE_BYTES`] are cut. Every byte read is
+/// also handed to `keep`, as it arrives.
+async fn log_lines<R: AsyncRead + Unpin>(
+    stream: Option<R>,
+    name: &'static str,
+    mut keep: impl FnMut(&[u8]),
+) {
     let Some(stream) = stream else { return };
     // Small: a worker may have thousands of children running, most of which print little or nothing.
     let mut reader = BufReader::with_capacity(1024, stream);
@@ -313,6 +408,7 @@ async fn log_lines<R: AsyncRead + Unpin>(stream: Option<R>, name: &'static str) 
             Some(newline) => (newline + 1, true),
             None => (chunk.len(), false),
         };
+        keep(&chunk[..taken]);
         let room = MAX_LINE_BYTES.saturating_sub(line.len());
         let body = &chunk[..taken - usize::from(at_end)];
         cut |= body.len() > room;
@@ -507,6 +603,73 @@ mod tests {
         assert_eq!(output[0]["truncated"], true);
         assert_eq!(output[1]["line"], "x\u{FFFD}y");
         assert!(output[1].get("truncated").is_none());
+    }
+
+    /// With a tail, the last bytes of each stream are kept (more than the bound was printed), and what
+    /// was printed is still logged in full; without one, nothing is kept.
+    #[tokio::test]
+    async fn tails_keep_the_last_bytes_of_each_stream() {
+        let (logs, _guard) = Logs::capture();
+        let script = "i=0; while [ $i -lt 300 ]; do echo out$i; echo err$i >&2; i=$((i+1)); done; printf end";
+        let mut child = RunningChild::spawn_keeping(&shell(script), 20).expect("spawns");
+        assert_eq!(child.wait().await.expect("waits"), ExitKind::Code(0));
+        let tails = child.tails();
+        assert_eq!(tails.stdout.as_deref(), Some("97\nout298\nout299\nend"));
+        assert_eq!(tails.stderr.as_deref(), Some("rr297\nerr298\nerr299\n"));
+        assert_eq!(logs.lines("stdout").len(), 301);
+
+        let mut quiet = RunningChild::spawn_keeping(&shell("echo only >&2"), 20).expect("spawns");
+        quiet.wait().await.expect("waits");
+        let only_err = OutputTails {
+            stdout: None,
+            stderr: Some("only\n".into()),
+        };
+        assert_eq!(quiet.tails(), only_err);
+
+        let mut off = RunningChild::spawn(&shell("echo out; echo err >&2")).expect("spawns");
+        off.wait().await.expect("waits");
+        assert_eq!(off.tails(), OutputTails::default());
+    }
+
+    /// A program without a directory is found on the child's own `PATH` (not the worker's), as execvp
+    /// would, so that it can be started without a fork; one found nowhere fails as before.
+    #[tokio::test]
+    async fn programs_are_found_on_the_childs_path() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let tool = dir.path().join("only-here");
+        std::fs::write(&tool, "#!/bin/sh\necho found\n").expect("writes");
+        std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let path = format!("/nonexistent:{}:/bin:/usr/bin", dir.path().display());
+        let spec = ChildSpec {
+            command: Command::Argv(vec!["only-here".into()]),
+            env: vec![("PATH".into(), path.into())],
+            workdir: None,
+        };
+        assert_eq!(resolve("only-here", &spec), tool);
+        assert_eq!(resolve("/bin/sh", &spec), PathBuf::from("/bin/sh"));
+        let (logs, _guard) = Logs::capture();
+        assert_eq!(run(&spec).await, ExitKind::Code(0));
+        assert_eq!(logs.lines("stdout"), ["found"]);
+        let without_path = ChildSpec {
+            env: Vec::new(),
+            ..spec.clone()
+        };
+        assert_eq!(
+            resolve("only-here", &without_path),
+            PathBuf::from("only-here")
+        );
+        assert_eq!(
+            resolve("sh", &without_path).parent(),
+            Some(std::path::Path::new("/bin"))
+        );
+        let error = RunningChild::spawn(&without_path).expect_err("not on /bin:/usr/bin");
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot start only-here: No such file"),
+            "{error}"
+        );
     }
 
     /// The spec's env, nothing else of the worker's, and the working directory reach the child.

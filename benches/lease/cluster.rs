@@ -32,6 +32,10 @@ const WORKERS: usize = 3;
 /// How many of the most called Redis commands the table names.
 const TOP_COMMANDS: usize = 6;
 
+/// The jobs of item 3's herd every second (`sh -c` jobs, all due at each second), and the most jobs a load
+/// runs the plain loop for.
+const HERD_EVERY_SECOND: usize = 300;
+
 /// What one load (N jobs, each firing every second) measured.
 #[derive(Debug, Clone, Default)]
 pub struct Load {
@@ -129,6 +133,15 @@ pub fn run(
                     shell: true,
                 },
             ));
+            // Issue 22's herd every second: 300 shell jobs due at one instant, against the plain loop.
+            loads.push((
+                HERD_EVERY_SECOND,
+                Durations {
+                    main: 15,
+                    counted: 3,
+                    shell: true,
+                },
+            ));
         }
     }
     if !smoke && (sections.contains(&4) || sections.contains(&5)) {
@@ -185,7 +198,7 @@ pub fn run(
         load.release_round_trips = counted.release_round_trips;
         load.round_trips = counted.round_trips;
         load.commands = counted.commands;
-        if jobs <= 10 {
+        if jobs <= HERD_EVERY_SECOND {
             load.plain_loop = setup.plain_loop(&format!("l{phase}"), jobs, main.0, main.2)?;
         }
         results.loads.push(load);
@@ -636,6 +649,29 @@ impl Results {
                     ));
                 }
             }
+        }
+        let herd = self
+            .loads
+            .iter()
+            .find(|l| l.shell && l.jobs == HERD_EVERY_SECOND);
+        if let Some(l) = herd {
+            let (p99, floor) = (l.tick_to_start.p99(), l.plain_loop.p99());
+            let ratio = match (p99, floor) {
+                (Some(p99), Some(floor)) if !floor.is_zero() => {
+                    Some(p99.as_secs_f64() / floor.as_secs_f64())
+                }
+                _ => None,
+            };
+            verdicts.push(Verdict::new(
+                format!("{} sh -c jobs due at one instant every second: tick→start p99 within 1.5× a plain loop's", l.jobs),
+                format!(
+                    "{} ms against {} ms: {}",
+                    ms(p99),
+                    ms(floor),
+                    ratio.map_or("–".to_string(), |r| format!("{r:.2}×"))
+                ),
+                ratio.map(|r| r <= 1.5),
+            ));
         }
         for l in &self.loads {
             verdicts.push(Verdict::new(

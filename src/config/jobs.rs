@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
 use super::raw::{OneOrList, RawAlerts, RawJob, Spanned};
-use super::validate::{duration, positive_duration, stop_grace, TOP};
+use super::validate::{duration, positive_duration, stop_grace, whole_number, TOP};
 use super::yaml::{is_variable_name, Mark};
 use super::{Alerts, Command, InheritEnv, JobConfig, Report};
 use crate::lock::{LockSettings, Overlap};
@@ -190,6 +190,7 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
             .or_else(|| shared.alerts.on_recovery.clone()),
     };
     let retry = super::retry::policy(raw, path, report);
+    let output_tail = output_tail(raw.output_tail.as_ref(), &field("output_tail"), report);
     Some(JobConfig {
         alerts,
         retry,
@@ -205,7 +206,21 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
         misfire_grace,
         jitter,
         enabled,
+        output_tail,
     })
+}
+
+/// `output_tail` when not given: enough for the last lines of an error message.
+pub(crate) const DEFAULT_OUTPUT_TAIL: usize = 2048;
+
+/// The largest `output_tail`: the tail lives in every failed run's history entry, on every node.
+pub(crate) const MAX_OUTPUT_TAIL: usize = 64 * 1024;
+
+/// `output_tail`: a whole number of bytes from 0 (off) to [`MAX_OUTPUT_TAIL`]; the default when absent
+/// or invalid (reported).
+fn output_tail(value: Option<&Spanned<String>>, field: &str, report: &mut Report) -> usize {
+    let expected = format!("a whole number of bytes from 0 (keep none) to {MAX_OUTPUT_TAIL}");
+    whole_number(value, field, MAX_OUTPUT_TAIL, &expected, report).unwrap_or(DEFAULT_OUTPUT_TAIL)
 }
 
 /// `all`, `none`, or a list of variable names; a listed store variable is warned about, since it is
@@ -296,4 +311,45 @@ fn required<'a, T>(
         report.error(mark, field, format!("missing field `{name}`"));
     }
     value.as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::retry::tests::parse;
+    use super::{DEFAULT_OUTPUT_TAIL, MAX_OUTPUT_TAIL};
+
+    /// `output_tail`: 2048 by default, 0 turns it off, up to 64 KiB; a number too big or of the wrong
+    /// type is an error naming the file, the line and the field.
+    #[test]
+    fn output_tail_is_read_and_checked_with_its_place() {
+        assert_eq!(
+            parse("").expect("valid").jobs[0].output_tail,
+            DEFAULT_OUTPUT_TAIL
+        );
+        assert_eq!(DEFAULT_OUTPUT_TAIL, 2048);
+        assert_eq!(
+            parse("    output_tail: 0\n").expect("valid").jobs[0].output_tail,
+            0
+        );
+        let max = format!("    output_tail: {MAX_OUTPUT_TAIL}\n");
+        assert_eq!(parse(&max).expect("valid").jobs[0].output_tail, 65_536);
+        let big = parse("    output_tail: 65537\n").expect_err("too big");
+        assert_eq!(big.len(), 1, "{big:?}");
+        assert!(
+            big[0].starts_with("jobs.yaml:5:18: jobs[0].output_tail: invalid output_tail \"65537\": expected a whole number of bytes from 0 (keep none) to 65536"),
+            "{big:?}"
+        );
+        for wrong in ["-1", "2k", "lots"] {
+            let problems = parse(&format!("    output_tail: {wrong}\n")).expect_err("not a number");
+            assert!(
+                problems[0].starts_with("jobs.yaml:5:18: jobs[0].output_tail: invalid output_tail"),
+                "{problems:?}"
+            );
+        }
+        let list = parse("    output_tail: [1, 2]\n").expect_err("a list");
+        assert!(
+            list[0].starts_with("jobs.yaml:5:18: jobs[0].output_tail: "),
+            "{list:?}"
+        );
+    }
 }

@@ -117,6 +117,7 @@ pub(crate) struct RawJob {
     pub retry_backoff: Option<Spanned<String>>,
     pub retry_backoff_max: Option<Spanned<String>>,
     pub enabled: Option<Spanned<String>>,
+    pub output_tail: Option<Spanned<String>>,
 }
 
 /// A value written either as one scalar or as a list of scalars (`command`, `inherit_env`).
@@ -325,6 +326,7 @@ fn read_job(node: &Node, path: &str, report: &mut Report) -> Option<RawJob> {
         retry_backoff: fields.scalar("retry_backoff", report),
         retry_backoff_max: fields.scalar("retry_backoff_max", report),
         enabled: fields.scalar("enabled", report),
+        output_tail: fields.scalar("output_tail", report),
     };
     fields.finish(report);
     Some(job)

@@ -61,7 +61,7 @@ pub(super) fn policy(raw: &RawJob, path: &str, report: &mut Report) -> RetryPoli
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -76,7 +76,9 @@ mod tests {
         assert_eq!(policy.delay(100), Duration::from_secs(600));
     }
 
-    fn parse(fields: &str) -> Result<crate::config::Config, Vec<String>> {
+    /// `jobs.yaml` with one job `j` and its `fields` (indented as list-item fields): the config, or its
+    /// problems as printed.
+    pub(in crate::config) fn parse(fields: &str) -> Result<crate::config::Config, Vec<String>> {
         let yaml = format!(
             "jobs:\n  - name: j\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n{fields}"
         );

@@ -510,14 +510,25 @@ pub(super) fn retries(
     field: &str,
     report: &mut Report,
 ) -> Option<u32> {
+    let retries = whole_number(value, field, 100, "a whole number from 0 to 100", report)?;
+    u32::try_from(retries).ok()
+}
+
+/// A whole number from 0 to `max`; `None` when absent or invalid, reported as `invalid <name> "<value>":
+/// expected <expected>`, `<name>` being the field's last part.
+pub(super) fn whole_number(
+    value: Option<&Spanned<String>>,
+    field: &str,
+    max: usize,
+    expected: &str,
+    report: &mut Report,
+) -> Option<usize> {
     let value = value?;
-    match value.value.trim().parse::<u32>() {
-        Ok(retries) if retries <= 100 => Some(retries),
+    match value.value.trim().parse::<usize>() {
+        Ok(number) if number <= max => Some(number),
         _ => {
-            let why = format!(
-                "invalid retries {:?}: expected a whole number from 0 to 100",
-                value.value
-            );
+            let name = field.rsplit('.').next().unwrap_or(field);
+            let why = format!("invalid {name} {:?}: expected {expected}", value.value);
             report.error(value.mark, field, why);
             None
         }

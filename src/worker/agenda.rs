@@ -241,6 +241,7 @@ mod tests {
             alerts: Default::default(),
             retry: Default::default(),
             enabled: true,
+            output_tail: 0,
         })
     }
 

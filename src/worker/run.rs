@@ -138,6 +138,11 @@ async fn supervise(
     context.store.release(&renewer.lease).await;
     context.set_running(&run_key, None);
     let duration_ms = started.elapsed().as_millis() as u64;
+    if outcome != Outcome::Success {
+        // Read whole: `watch` and `stop` return once the output was (or was abandoned after SIGKILL).
+        let tails = child.tails();
+        (entry.tail_out, entry.tail_err) = (tails.stdout, tails.stderr);
+    }
     let outcome = outcome.as_str();
     entry.recorded_at = context.clock.now();
     entry.ended_at = Some(entry.recorded_at);
@@ -254,7 +259,7 @@ async fn start(
             return Err(None);
         }
     };
-    match RunningChild::spawn(&spec) {
+    match RunningChild::spawn_keeping(&spec, job.output_tail) {
         Ok(child) => {
             info!(
                 event = events::run::STARTED,

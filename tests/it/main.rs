@@ -28,6 +28,7 @@ mod metrics;
 mod model;
 mod old_workers;
 mod order;
+mod output_tail;
 mod pause;
 mod reload;
 mod retries;
