@@ -326,3 +326,34 @@ async fn a_later_claim_of_a_batch_sees_the_lease_an_earlier_one_took() {
     }
     store.release(&lease).await;
 }
+
+/// A key of another type in place of a job's claim record (written by hand: the batch scripts read keys
+/// with `MGET`, which reads it as absent) proves no tick free: on a majority of nodes it makes the tick
+/// lost, never won, and the nodes keep it as it was.
+#[tokio::test]
+async fn a_claim_record_of_another_type_is_taken_as_claimed() {
+    let cluster = RedisCluster::start(3);
+    let store = store(&cluster.urls());
+    warm(&store).await;
+    for node in 0..2 {
+        let _: () = redis::cmd("HSET")
+            .arg("redcron:{report}:claim")
+            .arg("junk")
+            .arg("1")
+            .query(&mut cluster.connection(node))
+            .expect("plant a hash");
+    }
+    let now = chrono::Utc::now().timestamp_millis();
+    let request = ClaimRequest::new("w", "report", Tick(now), Overlap::Skip, "f");
+    match claim_until_final(&store, &request, Duration::from_secs(5)).await {
+        ClaimOutcome::AlreadyClaimed { .. } => {}
+        other => panic!("expected the tick lost to the unreadable record, got {other:?}"),
+    }
+    for node in 0..2 {
+        let kind: String = redis::cmd("TYPE")
+            .arg("redcron:{report}:claim")
+            .query(&mut cluster.connection(node))
+            .expect("TYPE");
+        assert_eq!(kind, "hash", "node {node}");
+    }
+}

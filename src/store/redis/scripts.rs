@@ -52,7 +52,8 @@ pub(crate) const CLAIMS_PER_CALL: usize = 64;
 /// tick more than [`crate::lock::MAX_TICK_AHEAD`] ahead of the node's clock.
 ///
 /// A bare number (a record written before claimants existed) counts as another claimant's; a record that
-/// does not parse counts as claimed, since nothing proves the tick free.
+/// does not parse — or a key of another type in its place, which `MGET` reads as absent — counts as
+/// claimed, since nothing proves the tick free.
 static CLAIM_HELPERS_LUA: LazyLock<String> = LazyLock::new(|| {
     let ahead_ms = crate::lock::MAX_TICK_AHEAD.as_millis();
     format!("local MAX_AHEAD_MS = {ahead_ms}\n{COMPARE_INT_LUA}{CACHE_LUA}{CLAIM_CHECKS_LUA}")
@@ -195,6 +196,11 @@ end
 local function claimed_by_other(claim_key, tick, claimant)
   local record = get(claim_key)
   if not record then
+    -- MGET reads a key of another type as absent; such a key (written by hand) proves no tick free, like
+    -- a record that does not parse. Checked only when the record is missing: once per series.
+    if cache[claim_key] == false and redis.call('TYPE', claim_key).ok ~= 'none' then
+      return '(not a string)'
+    end
     return nil
   end
   local claimed, value = string.match(record, '^(%-?%d+) (.+)$')
