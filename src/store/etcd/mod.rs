@@ -23,6 +23,7 @@
 //! Its build script compiles etcd's `.proto` files with protoc; the `protoc-bin-vendored` crate brings
 //! one, so a build needs no protoc package (`.cargo/config.toml`).
 
+mod batch;
 mod claim;
 mod cluster;
 mod history;
