@@ -35,7 +35,9 @@ async fn a_batch_larger_than_max_txn_ops_grants_each_job_once_in_few_transaction
     won(crate::etcd::claim_until_final(&b, &request("b", "warm-b", 1)).await);
     let jobs: Vec<String> = (0..300).map(|j| format!("herd-{j}")).collect();
     let of = |worker: &str| -> Vec<ClaimRequest> {
-        jobs.iter().map(|job| request(worker, job, 60_000)).collect()
+        jobs.iter()
+            .map(|job| request(worker, job, 60_000))
+            .collect()
     };
     let (ra, rb) = (of("a"), of("b"));
     let before = transactions(&cluster);
@@ -47,7 +49,11 @@ async fn a_batch_larger_than_max_txn_ops_grants_each_job_once_in_few_transaction
             .filter(|o| matches!(o, ClaimOutcome::Won(_)))
             .count();
         assert_eq!(wins, 1, "{job}: {x:?} / {y:?}");
-        let lost = if matches!(x, ClaimOutcome::Won(_)) { y } else { x };
+        let lost = if matches!(x, ClaimOutcome::Won(_)) {
+            y
+        } else {
+            x
+        };
         assert!(
             matches!(lost, ClaimOutcome::AlreadyClaimed { by: Some(_) }),
             "{job}: the loser was told {lost:?}"

@@ -1,6 +1,7 @@
 //! Many claims at once on etcd: one read of every claim's keys, then several claims per write transaction.
 //!
-//! A batch of claims (the jobs due at one tick) costs a few transactions, not three requests per claim:
+//! A batch of claims (the jobs due at one tick) costs a few transactions and a lease grant per claim that
+//! may take its tick, not three requests per claim:
 //!
 //! 1. **Read**: every claim's keys as gets in read-only transactions of at most [`MAX_TXN_OPS`] gets
 //!    (etcd's `--max-txn-ops` default), each claim's keys within one transaction, so each claim still
@@ -24,8 +25,10 @@
 //! cluster whose `--max-txn-ops` is below the default), is settled claim by claim by reading the claims'
 //! keys back (`claim.rs`: this attempt's value written since the compared read is a grant at that
 //! revision); each claim of it is written alone from then on. A read transaction that fails is tried
-//! again claim by claim. So every claim ends with one of a single claim's outcomes, and a claim is never
-//! granted twice: whatever the grouping, what writes a claim is its own compare-and-swap.
+//! again claim by claim. No request of a batch reads at a past revision (the gets read the current one,
+//! the compares name the `mod_revision`s read), so a compaction refuses none of them. So every claim ends
+//! with one of a single claim's outcomes, and a claim is never granted twice: whatever the grouping, what
+//! writes a claim is its own compare-and-swap.
 
 use std::collections::HashMap;
 
@@ -93,7 +96,11 @@ impl EtcdStore {
             .collect();
         let snapshots = self.read_all(&keys.iter().collect::<Vec<_>>()).await;
         let mut claims = Vec::new();
-        for ((index, request), (keys, read)) in requests.iter().enumerate().zip(keys.into_iter().zip(snapshots)) {
+        for ((index, request), (keys, read)) in requests
+            .iter()
+            .enumerate()
+            .zip(keys.into_iter().zip(snapshots))
+        {
             match read {
                 Ok(snapshot) => claims.push(Claim {
                     index,
@@ -229,7 +236,11 @@ impl EtcdStore {
     /// value, written after the read its compares used (an earlier claim of the same claimant wrote the
     /// same value), and then the record's `mod_revision` is the token. Else it decides again on `now`.
     fn settle<'a>(&self, mut claim: Claim<'a>, now: Snapshot) -> Step<'a> {
-        let compared = claim.snapshot.claim.as_ref().map_or(0, |seen| seen.mod_revision);
+        let compared = claim
+            .snapshot
+            .claim
+            .as_ref()
+            .map_or(0, |seen| seen.mod_revision);
         match &now.claim {
             Some(record)
                 if record.value == record_value(claim.request.tick, &claim.value)
@@ -248,7 +259,13 @@ impl EtcdStore {
     /// The grant of `claim` at `revision` ([`EtcdStore::won`]).
     fn claim_won(&self, claim: &Claim<'_>, revision: i64) -> ClaimOutcome {
         let lease = claim.granted.map_or(0, |ids| ids.lease);
-        self.won(claim.request, revision, claim.value.clone(), lease, claim.deadline)
+        self.won(
+            claim.request,
+            revision,
+            claim.value.clone(),
+            lease,
+            claim.deadline,
+        )
     }
 
     /// Every claim's keys, read in read-only transactions of at most [`MAX_TXN_OPS`] gets sent at once,
@@ -304,13 +321,25 @@ impl EtcdStore {
     /// The compare-and-swaps of `group` in one transaction: a claim alone as it is, several as nested
     /// transactions of one that compares nothing; each claim's own answer, or an error for all when the
     /// transaction's answer is lost or it is refused as a whole.
-    async fn write_group(&self, group: &[Claim<'_>]) -> Result<Vec<Result<Written, String>>, String> {
+    async fn write_group(
+        &self,
+        group: &[Claim<'_>],
+    ) -> Result<Vec<Result<Written, String>>, String> {
         let cas = |claim: &Claim<'_>| {
             let ids = claim.granted.ok_or("no etcd lease granted")?;
-            Ok::<_, String>(self.cas(&claim.keys, &claim.snapshot, claim.request, &claim.value, ids))
+            Ok::<_, String>(self.cas(
+                &claim.keys,
+                &claim.snapshot,
+                claim.request,
+                &claim.value,
+                ids,
+            ))
         };
         if let [claim] = group {
-            return self.write(&claim.keys, cas(claim)?).await.map(|w| vec![Ok(w)]);
+            return self
+                .write(&claim.keys, cas(claim)?)
+                .await
+                .map(|w| vec![Ok(w)]);
         }
         let nested = group.iter().map(|claim| cas(claim).map(TxnOp::txn));
         let nested = nested.collect::<Result<Vec<TxnOp>, String>>()?;

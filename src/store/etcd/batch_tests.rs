@@ -36,23 +36,26 @@ async fn read<'a>(store: &EtcdStore, requests: &'a [ClaimRequest]) -> Vec<Claim<
     let keys: Vec<Keys> = requests.iter().map(|r| Keys::of(prefix, r)).collect();
     let snapshots = store.read_all(&keys.iter().collect::<Vec<_>>()).await;
     let deadline = crate::clock::boot::BootInstant::now() + Duration::from_secs(5);
-    (requests.iter().enumerate().zip(keys.into_iter().zip(snapshots)))
-        .map(|((index, request), (keys, snapshot))| Claim {
-            index,
-            request,
-            value: attempt_value(
-                &request.claimant,
-                request.tick,
-                &request.fingerprint,
-                &request.series,
-            ),
-            keys,
-            deadline,
-            snapshot: snapshot.expect("a read"),
-            granted: None,
-            alone: false,
-        })
-        .collect()
+    (requests
+        .iter()
+        .enumerate()
+        .zip(keys.into_iter().zip(snapshots)))
+    .map(|((index, request), (keys, snapshot))| Claim {
+        index,
+        request,
+        value: attempt_value(
+            &request.claimant,
+            request.tick,
+            &request.fingerprint,
+            &request.series,
+        ),
+        keys,
+        deadline,
+        snapshot: snapshot.expect("a read"),
+        granted: None,
+        alone: false,
+    })
+    .collect()
 }
 
 /// One claim's compare failing refuses only that claim: the other claims of its write transaction are
@@ -86,7 +89,10 @@ async fn a_failed_compare_refuses_only_its_own_claim() {
             other => panic!("claim {i} not granted: {other:?}"),
         })
         .collect();
-    assert_eq!(tokens[0], tokens[1], "a and c were written in one transaction");
+    assert_eq!(
+        tokens[0], tokens[1],
+        "a and c were written in one transaction"
+    );
     assert!(tokens[0] > their_lease.token);
     match &outcomes[1] {
         Some(ClaimOutcome::AlreadyClaimed { by: Some(by) }) => {
@@ -112,7 +118,9 @@ async fn groups_never_put_one_job_twice_in_a_transaction() {
     let groups = groups(claims);
     let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
     assert!(sizes.iter().all(|n| *n <= CLAIMS_PER_WRITE), "{sizes:?}");
-    assert!(groups.iter().any(|g| g.len() == 1 && g[0].request.job == "j1"));
+    assert!(groups
+        .iter()
+        .any(|g| g.len() == 1 && g[0].request.job == "j1"));
     assert_eq!(sizes.iter().sum::<usize>(), 303);
     for group in &groups {
         let mut jobs: Vec<&str> = group.iter().map(|c| c.request.job.as_str()).collect();

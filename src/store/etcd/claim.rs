@@ -1,9 +1,10 @@
 //! Claims on etcd: read the claim's keys, decide, and write the claim record and the lease key in one
 //! transaction that holds only if none of the keys read changed since.
 //!
-//! One claim is three requests: a read of its keys (`snapshot.rs`: the series' claim record, the job's
-//! lease key and pause, a trigger's request key), an etcd lease grant with the lock's TTL (only when the
-//! claim may be taken), and the compare-and-swap:
+//! A claim is a read of its keys (`snapshot.rs`: the series' claim record, the job's lease key and pause,
+//! a trigger's request key), an etcd lease grant with the lock's TTL (only when the claim may be taken),
+//! and the compare-and-swap; the claims of a batch share the read and write transactions (`batch.rs`),
+//! each with compares of its own:
 //!
 //! ```text
 //! if   mod_revision(k) == seen(k)  for every key read                      (0: the key does not exist)
@@ -16,10 +17,29 @@
 //! writes apply, since etcd applies transactions one at a time in revision order. So a record of `T` is
 //! written for one claimant only (G1), the record's tick never goes down (G1′), nothing is granted once a
 //! pause is committed, and the revision of the write — the token — is above that of every grant before it
-//! in every series (G2), with no clock in the argument. A transaction whose answer is lost, or that was
-//! refused because a copy of it sent to another member applied first (`cluster.rs`), is settled by the
-//! record read back: this attempt's value written since the compared read is a grant, with the record's
-//! `mod_revision` as its token.
+//! in every series (G2; a grant of another job written in the same transaction has the same revision,
+//! one of the same job never does), with no clock in the argument. A transaction whose answer is lost,
+//! or that was refused because a copy of it sent to another member applied first (`cluster.rs`), is
+//! settled by the record read back: this attempt's value written since the compared read is a grant,
+//! with the record's `mod_revision` as its token.
+//!
+//! **One etcd lease per claim, also in a batch.** Sharing one grant among the claims of a batch would
+//! save a request per claim, and is not done, for these reasons:
+//! - A release revokes the run's etcd lease, which deletes exactly the keys bound to it (`lease.rs`). A
+//!   shared lease revoked at one run's end would delete the lease keys of the other runs of the batch
+//!   while they still run, and their jobs' next ticks could be granted elsewhere under them.
+//! - So with a shared lease a release could only delete its own key (compare and delete), and the lease
+//!   would be revoked after the last of its runs; but a shared lease is kept alive while any of its runs
+//!   renews it. A run that stopped after its renewals failed, and whose delete did not land (the
+//!   election that failed its renewals), would keep its job's lease key for as long as another run of
+//!   the batch lasts, not for one TTL: the job busy for every worker, for the length of a stranger's run.
+//! - A lease's loss would be every run's: an expiry or an early revoke by etcd (issue 15247, `lease.rs`)
+//!   would stop all the batch's runs at once, where each run's lease now lives by its own renewals.
+//! - A one-off record's lease lasts from its tick to its window's end plus an hour, which differs from
+//!   request to request, so those could be shared only among equal windows.
+//!
+//! The grants of a batch go out at once (`batch.rs`), each a small request whose Raft entry the leader
+//! appends and fsyncs together with the others proposed at the same time.
 //!
 //! The record of a trigger or a retry attempt (a one-off instance, [`crate::lock::Series`]) is bound to an
 //! etcd lease of its window plus [`crate::lock::ONE_OFF_RECORD_KEEP`], so etcd drops it by itself; why
