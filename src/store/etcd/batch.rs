@@ -90,33 +90,15 @@ impl EtcdStore {
             + settings
                 .ttl
                 .saturating_sub(validity::drift(settings.ttl, settings.drift_factor));
-        let keys: Vec<Keys> = requests
-            .iter()
-            .map(|request| Keys::of(&settings.key_prefix, request))
-            .collect();
-        let snapshots = self.read_all(&keys.iter().collect::<Vec<_>>()).await;
         let mut claims = Vec::new();
-        for ((index, request), (keys, read)) in requests
-            .iter()
+        for (index, read) in self
+            .read_claims(requests, deadline)
+            .await
+            .into_iter()
             .enumerate()
-            .zip(keys.into_iter().zip(snapshots))
         {
             match read {
-                Ok(snapshot) => claims.push(Claim {
-                    index,
-                    request,
-                    value: attempt_value(
-                        &request.claimant,
-                        request.tick,
-                        &request.fingerprint,
-                        &request.series,
-                    ),
-                    keys,
-                    deadline,
-                    snapshot,
-                    granted: None,
-                    alone: false,
-                }),
+                Ok(claim) => claims.push(claim),
                 Err(why) => decided(index, ClaimOutcome::NoQuorum(self.failure(why))),
             }
         }
@@ -136,6 +118,39 @@ impl EtcdStore {
             };
             decided(claim.index, outcome);
         }
+    }
+
+    /// Each request's claim as read ([`EtcdStore::read_all`]), in order, with the validity's `deadline`.
+    async fn read_claims<'a>(
+        &self,
+        requests: &'a [ClaimRequest],
+        deadline: BootInstant,
+    ) -> Vec<Result<Claim<'a>, String>> {
+        let prefix = &self.settings.key_prefix;
+        let keys: Vec<Keys> = requests.iter().map(|r| Keys::of(prefix, r)).collect();
+        let snapshots = self.read_all(&keys.iter().collect::<Vec<_>>()).await;
+        let read = requests
+            .iter()
+            .enumerate()
+            .zip(keys.into_iter().zip(snapshots));
+        read.map(|((index, request), (keys, snapshot))| {
+            Ok(Claim {
+                index,
+                request,
+                value: attempt_value(
+                    &request.claimant,
+                    request.tick,
+                    &request.fingerprint,
+                    &request.series,
+                ),
+                keys,
+                deadline,
+                snapshot: snapshot?,
+                granted: None,
+                alone: false,
+            })
+        })
+        .collect()
     }
 
     /// One round: decide each claim on its snapshot, grant the etcd leases of those that may take their

@@ -8,10 +8,8 @@ use testkit::EtcdCluster;
 use super::{groups, Claim, CLAIMS_PER_WRITE};
 use crate::config::EtcdConfig;
 use crate::history::HistorySettings;
-use crate::lock::keys::attempt_value;
 use crate::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap};
 use crate::schedule::Tick;
-use crate::store::etcd::snapshot::Keys;
 use crate::store::etcd::EtcdStore;
 use crate::store::Claims as _;
 
@@ -32,30 +30,9 @@ fn store(cluster: &EtcdCluster) -> EtcdStore {
 
 /// The claims of `requests` as a batch has them after its read.
 async fn read<'a>(store: &EtcdStore, requests: &'a [ClaimRequest]) -> Vec<Claim<'a>> {
-    let prefix = &store.settings.key_prefix;
-    let keys: Vec<Keys> = requests.iter().map(|r| Keys::of(prefix, r)).collect();
-    let snapshots = store.read_all(&keys.iter().collect::<Vec<_>>()).await;
     let deadline = crate::clock::boot::BootInstant::now() + Duration::from_secs(5);
-    (requests
-        .iter()
-        .enumerate()
-        .zip(keys.into_iter().zip(snapshots)))
-    .map(|((index, request), (keys, snapshot))| Claim {
-        index,
-        request,
-        value: attempt_value(
-            &request.claimant,
-            request.tick,
-            &request.fingerprint,
-            &request.series,
-        ),
-        keys,
-        deadline,
-        snapshot: snapshot.expect("a read"),
-        granted: None,
-        alone: false,
-    })
-    .collect()
+    let claims = store.read_claims(requests, deadline).await;
+    claims.into_iter().map(|c| c.expect("a read")).collect()
 }
 
 /// One claim's compare failing refuses only that claim: the other claims of its write transaction are
