@@ -20,11 +20,6 @@
 //!    token. In separate transactions each grant of a job has its own revision, so tokens still strictly
 //!    increase per job in grant order.
 //!
-//! A batch larger than one write transaction is claimed in slices of [`CLAIMS_PER_WRITE`] requests, a
-//! few at a time, each slice the batch above; each worker starts at a random slice, so workers racing
-//! one herd mostly meet jobs the others already claimed, which they read as claimed and grant nothing
-//! for ([`EtcdStore::claim_batch`]).
-//!
 //! A claim refused by its compare goes to the next round (at most `retries` more), as a single claim
 //! retries. A write transaction whose answer is lost, or that etcd refused as a whole (too large, or a
 //! cluster whose `--max-txn-ops` is below the default), is settled claim by claim by reading the claims'
@@ -57,9 +52,6 @@ const OPS_PER_CLAIM: usize = 4;
 /// one's own operations (one per claim) leave of `--max-txn-ops`.
 pub(super) const CLAIMS_PER_WRITE: usize = MAX_TXN_OPS - OPS_PER_CLAIM;
 
-/// How many slices of a large batch are claimed at once ([`EtcdStore::claim_batch`]).
-const SLICES_AT_ONCE: usize = 2;
-
 /// One claim of a batch, as it goes.
 struct Claim<'a> {
     /// The request's index in the batch.
@@ -86,48 +78,7 @@ enum Step<'a> {
 impl EtcdStore {
     /// Claims every request (see the module's doc), handing each outcome to `decided` with the request's
     /// index as soon as it is known; every request gets exactly one.
-    ///
-    /// A batch of more than [`CLAIMS_PER_WRITE`] requests is claimed in slices of that many,
-    /// [`SLICES_AT_ONCE`] at a time, from a slice chosen at random on: workers racing the same herd
-    /// start at different places, so a worker mostly reaches a job after another claimed it, reads it
-    /// claimed, and grants (and revokes) no etcd lease for it. Each slice is a batch of its own.
     pub(super) async fn claim_batch(
-        &self,
-        requests: &[ClaimRequest],
-        decided: &mut impl FnMut(usize, ClaimOutcome),
-    ) {
-        let n = requests.len().div_ceil(CLAIMS_PER_WRITE);
-        if n <= 1 {
-            return self.claim_slice(requests, decided).await;
-        }
-        let start = rand::random_range(0..n);
-        let (sender, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
-        let slices = futures_util::stream::iter((0..n).map(|k| (start + k) % n * CLAIMS_PER_WRITE))
-            .map(move |offset| {
-                let sender = sender.clone();
-                async move {
-                    let end = (offset + CLAIMS_PER_WRITE).min(requests.len());
-                    let slice = requests.get(offset..end).unwrap_or(&[]);
-                    let mut send = |index: usize, outcome| {
-                        // The receiver lives until every slice is done.
-                        let _ = sender.send((offset + index, outcome));
-                    };
-                    self.claim_slice(slice, &mut send).await;
-                }
-            })
-            .buffer_unordered(SLICES_AT_ONCE)
-            .collect::<Vec<()>>();
-        // The receiver ends once every slice (and with it every sender) is done.
-        let hand_over = async {
-            while let Some((index, outcome)) = outcomes.recv().await {
-                decided(index, outcome);
-            }
-        };
-        futures_util::future::join(slices, hand_over).await;
-    }
-
-    /// Claims every request of one slice: one read, then rounds of grants and writes.
-    async fn claim_slice(
         &self,
         requests: &[ClaimRequest],
         decided: &mut impl FnMut(usize, ClaimOutcome),
