@@ -307,7 +307,7 @@ fn table(versus: &Versus) -> String {
                 .map_or("–".into(), |c| format!("{c:.1}"))
         },
         match (etcd.steady.commands_per_run, redis.steady.commands_per_run) {
-            (Some(e), Some(r)) => cpu_ratio(e, r),
+            (Some(e), Some(r)) => format!("{:.2}×", e / r.max(1e-12)),
             _ => "–".into(),
         },
     );
