@@ -235,6 +235,7 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
                 race_jobs: 10,
                 race_ticks: 2,
                 herd: options.etcd_herd.min(20),
+                steady_seconds: 2,
             }
         } else {
             etcd::Sizes {
@@ -242,6 +243,7 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
                 race_jobs: 10,
                 race_ticks: 20,
                 herd: options.etcd_herd,
+                steady_seconds: 10,
             }
         };
         let versus = etcd::run(&worker, &options.probe, sizes, &mut |text: &str| {

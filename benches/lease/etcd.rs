@@ -7,6 +7,9 @@
 //! items' code on either store: [`super::batch::race_ticks`] for the race and [`super::herd::on_nodes`]
 //! for the herd. The stores' own counters differ: Redis counts commands (summed over its 5 nodes), etcd
 //! counts Raft entries committed (the same on every member); CPU is summed over the nodes either way.
+//! A steady phase (item 3's load: 10 jobs every second on 3 workers) gives the store's traffic per run
+//! from its own counters: Redis commands summed over the nodes, etcd requests answered
+//! (`grpc_server_handled_total`) summed over the members, each request being answered by one.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,11 +18,19 @@ use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap};
 use redcron::schedule::Tick;
 
 use super::batch::{race_once, race_ticks, Batch};
+use super::cluster::Load;
 use super::cycle::settings;
 use super::herd::{self, Herd};
 use super::nodes::{Backend, Cluster, Counters};
 use super::peer::CONTENDERS;
 use super::stats::{ms, quotient, Samples, Table, Verdict};
+use super::workers::{
+    config_yaml, now_ms, read_ledger, sleep_until_ms, spawn, stop_all, wait_started,
+};
+
+/// The steady phase: jobs, each due every second, on this many workers.
+const STEADY_JOBS: usize = 10;
+const STEADY_WORKERS: usize = 3;
 
 /// How much of each measurement to run.
 #[derive(Debug, Clone, Copy)]
@@ -31,6 +42,8 @@ pub struct Sizes {
     pub race_ticks: usize,
     /// Jobs of the herd, the same on both stores.
     pub herd: usize,
+    /// Ticks measured in the steady phase.
+    pub steady_seconds: u64,
 }
 
 /// What one store measured.
@@ -45,6 +58,7 @@ pub struct Side {
     pub failed: usize,
     pub race: Batch,
     pub herd: Herd,
+    pub steady: Load,
 }
 
 /// Both stores, Redis first.
@@ -83,6 +97,7 @@ pub fn run(
         let (claim, release, failed) = runtime.block_on(latency(&nodes, sizes.claims))?;
         let race = runtime.block_on(race(&nodes, sizes.race_jobs, sizes.race_ticks))?;
         let herd = herd::on_nodes(&nodes, worker, probe, sizes.herd)?;
+        let steady = steady(&nodes, worker, probe, sizes.steady_seconds)?;
         sides.push(Side {
             store,
             nodes: n,
@@ -91,11 +106,80 @@ pub fn run(
             failed,
             race,
             herd,
+            steady,
         });
     }
     let versus = Versus { sizes, sides };
     print(&table(&versus));
     Ok(versus)
+}
+
+/// Item 3's steady load on `nodes`: [`STEADY_WORKERS`] workers run [`STEADY_JOBS`] jobs every second;
+/// over `seconds` ticks, exactly-once from the jobs' ledger and the store's requests per run
+/// ([`requests`]) in `commands_per_run`.
+fn steady(nodes: &Cluster, worker: &Path, probe: &[String], seconds: u64) -> Result<Load, String> {
+    nodes.flush();
+    let dir = tempfile::Builder::new()
+        .prefix("redcron-bench-steady-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let ledger = dir.path().join("ledger");
+    let command: Vec<String> = (probe.iter().cloned())
+        .chain([ledger.display().to_string()])
+        .collect();
+    let mut workers = Vec::new();
+    for w in 0..STEADY_WORKERS {
+        let config = dir.path().join(format!("steady-w{w}.yaml"));
+        let (id, urls) = (format!("w{w}"), nodes.urls());
+        let yaml = config_yaml(
+            nodes.backend(),
+            &urls,
+            &id,
+            STEADY_JOBS,
+            "* * * * * *",
+            &command,
+        );
+        std::fs::write(&config, yaml).map_err(|e| e.to_string())?;
+        workers.push(spawn(worker, &config));
+    }
+    wait_started(&workers, Duration::from_secs(30))?;
+    // Two whole seconds for the workers to settle; the counters are read half a second before the
+    // window's first tick and half a second after its last.
+    let first = (now_ms() / 1000 + 3) * 1000;
+    let last = first + (seconds.max(1) as i64 - 1) * 1000;
+    sleep_until_ms(first - 500);
+    let before = requests(nodes);
+    sleep_until_ms(last + 500);
+    let spent = requests(nodes).saturating_sub(before);
+    std::thread::sleep(Duration::from_millis(1500));
+    stop_all(&mut workers);
+    let mut load = Load {
+        jobs: STEADY_JOBS,
+        ticks: seconds.max(1) as usize,
+        ..Load::default()
+    };
+    read_ledger(&ledger, first, last, &mut load)?;
+    let runs = (load.once + load.duplicates).max(1) as f64;
+    load.commands_per_run = Some(spent as f64 / runs);
+    Ok(load)
+}
+
+/// The store's own count of what it was asked: Redis commands summed over the nodes ([`Counters`]),
+/// etcd requests answered (`grpc_server_handled_total`, every method) summed over the members.
+fn requests(nodes: &Cluster) -> u64 {
+    let Cluster::Etcd(cluster) = nodes else {
+        return nodes.total_usage().commands;
+    };
+    let handled = |text: String| -> f64 {
+        text.lines()
+            .filter(|line| line.starts_with("grpc_server_handled_total{"))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (0..cluster.len())
+        .filter_map(|i| cluster.metrics(i))
+        .map(handled)
+        .sum::<f64>() as u64
 }
 
 /// `claims` claims of new ticks of one job by one claimant, each released before the next.
@@ -213,6 +297,28 @@ fn table(versus: &Versus) -> String {
         &|s| format!("{:.0}", lock_cpu(s) * 1e6),
         cpu_ratio(lock_cpu(etcd), lock_cpu(redis)),
     );
+    row(
+        &format!(
+            "steady ({STEADY_JOBS} jobs/s, {STEADY_WORKERS} workers): Redis commands or etcd requests /run"
+        ),
+        &|s| {
+            s.steady
+                .commands_per_run
+                .map_or("–".into(), |c| format!("{c:.1}"))
+        },
+        match (etcd.steady.commands_per_run, redis.steady.commands_per_run) {
+            (Some(e), Some(r)) => format!("{:.2}×", e / r.max(1e-12)),
+            _ => "–".into(),
+        },
+    );
+    row(
+        "steady: runs exactly once / twice / never",
+        &|s| {
+            let l = &s.steady;
+            format!("{} / {} / {}", l.once, l.duplicates, l.missing)
+        },
+        "–".into(),
+    );
     let herd_cpu = |s: &Side| s.herd.cpu_per_claim();
     row(
         "herd: Redis commands or etcd commits /claim",
@@ -240,12 +346,17 @@ fn table(versus: &Versus) -> String {
          processes. Redis: `node_timeout` 50 ms, no persistence; etcd: `node_timeout` 500 ms (its \
          default), every write a Raft commit fsynced on a majority. Counters: Redis commands summed over \
          the nodes; etcd Raft entries committed (`etcd_server_proposals_committed_total`, one member's); \
-         CPU summed over the nodes (`INFO cpu`, `process_cpu_seconds_total`).\n\n{}",
+         CPU summed over the nodes (`INFO cpu`, `process_cpu_seconds_total`). Steady: item 3's load, {} \
+         jobs every second on {} workers for {} s; per run, Redis commands (summed over the nodes) or \
+         etcd requests answered (`grpc_server_handled_total`, summed over the members).\n\n{}",
         sizes.herd,
         sizes.claims,
         sizes.race_jobs,
         sizes.race_ticks,
         sizes.herd,
+        STEADY_JOBS,
+        STEADY_WORKERS,
+        sizes.steady_seconds,
         table.render()
     )
 }
@@ -278,6 +389,15 @@ pub fn verdicts(versus: &Versus) -> Vec<Verdict> {
                 herd.once, herd.jobs, herd.twice, herd.missing
             ),
             Some(herd.twice == 0 && herd.missing == 0),
+        ));
+        let steady = &side.steady;
+        verdicts.push(Verdict::new(
+            format!("{name}: steady load, no run twice"),
+            format!(
+                "{} once, {} twice, {} never",
+                steady.once, steady.duplicates, steady.missing
+            ),
+            Some(steady.duplicates == 0),
         ));
     }
     verdicts

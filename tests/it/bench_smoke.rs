@@ -121,6 +121,12 @@ fn benchmark_runs_in_smoke_mode() {
             "{}: every job of the herd runs exactly once: {herd:?}",
             side.store.name()
         );
+        let steady = &side.steady;
+        assert!(
+            steady.duplicates == 0 && steady.commands_per_run.is_some_and(|n| n > 0.0),
+            "{}: the steady phase ran no tick twice and counted the store's requests: {steady:?}",
+            side.store.name()
+        );
     }
 }
 

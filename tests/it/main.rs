@@ -13,6 +13,7 @@ mod deploy;
 mod docs;
 mod embedded;
 mod etcd;
+mod etcd_batch;
 mod etcd_failover;
 mod etcd_in_flight;
 mod etcd_pause;

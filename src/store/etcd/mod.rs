@@ -1,12 +1,14 @@
 //! The etcd store: claims, leases, fencing tokens, run history and membership in an etcd cluster.
 //!
 //! etcd replicates every write through Raft and orders all of them by one revision, so the store needs no
-//! majority logic of its own and no clock: a claim of `(job, T)` is one transaction that writes the job's
-//! claim record (`<T> <lease value>`, the names of [`crate::lock::keys`]) and its lease key (bound to an
-//! etcd lease with the lock's TTL) only if both are unchanged since they were read and the record said
-//! that no other claimant confirmed `T` or a later tick (`claim.rs`). The revision of that write is the
-//! fencing token: strictly increasing in grant order across all workers and jobs, and kept through any
-//! restart by the Raft log. Renewals are etcd keep-alives, a release revokes the etcd lease (which deletes
+//! majority logic of its own and no clock: a claim of `(job, T)` is a compare-and-swap that writes the
+//! job's claim record (`<T> <lease value>`, the names of [`crate::lock::keys`]) and its lease key (bound
+//! to an etcd lease with the lock's TTL) only if both are unchanged since they were read and the record
+//! said that no other claimant confirmed `T` or a later tick (`claim.rs`); the claims of a batch are read
+//! together and written several to a transaction, never two of one job (`batch.rs`). The revision of
+//! that write is the fencing token: strictly increasing in grant order across all workers for each job
+//! (other jobs' claims written in the same transaction share it), and kept through any restart by the
+//! Raft log. Renewals are etcd keep-alives, a release revokes the etcd lease (which deletes
 //! only the keys bound to it: this attempt's), and a lease is lost only as etcd decides (`lease.rs`).
 //! Each series instance (the schedule, a trigger, a retry attempt) has its own claim record under the
 //! job's lease key (`snapshot.rs`); a pause is the job's `…:paused` key, which every claim reads and
@@ -23,6 +25,7 @@
 //! Its build script compiles etcd's `.proto` files with protoc; the `protoc-bin-vendored` crate brings
 //! one, so a build needs no protoc package (`.cargo/config.toml`).
 
+mod batch;
 mod claim;
 mod cluster;
 mod history;
