@@ -240,13 +240,21 @@ fn acquire_source() -> String {
 }
 const ACQUIRE_BODY: &str = r#"
 local function acquire(lease, fence, claim, paused, value, ttl, tick, claimant, not_after)
-  local refused = refusal(paused, not_after) or ahead(tick)
+  local refused = refusal(paused, not_after)
   if refused then
     return refused
   end
+  -- The claim record before the clock: a claim that finds its tick confirmed by another (every backup
+  -- claimant of a routine tick) is answered without reading the node's clock. Both answers refuse and write
+  -- nothing; they meet only for a tick far ahead that another claimant confirmed, which only a tick at
+  -- least as far ahead can be, and either answer then says why the claim cannot be granted.
   local record = claimed_by_other(claim, tick, claimant)
   if record then
     return {'claimed', record}
+  end
+  refused = ahead(tick)
+  if refused then
+    return refused
   end
   local holder = get(lease)
   if holder and holder ~= value and claimant_of(holder) ~= claimant then
