@@ -112,12 +112,26 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {string.format('%d', now)}
 local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+if #all == 0 then
+  return out
+end
+-- One HMGET for every member (in chunks, far below Lua's limit on unpack), not an HGET each.
+local ids = {}
 for i = 1, #all, 2 do
-  local value = redis.call('HGET', KEYS[1], all[i])
-  if value then
-    table.insert(out, all[i])
-    table.insert(out, value)
-    table.insert(out, all[i + 1])
+  ids[#ids + 1] = all[i]
+end
+local values = {}
+for j = 1, #ids, 500 do
+  local part = redis.call('HMGET', KEYS[1], unpack(ids, j, math.min(j + 499, #ids)))
+  for k = 1, #part do
+    values[#values + 1] = part[k]
+  end
+end
+for i = 1, #ids do
+  if values[i] then
+    table.insert(out, ids[i])
+    table.insert(out, values[i])
+    table.insert(out, all[2 * i])
   end
 end
 return out
