@@ -8,7 +8,7 @@
 //! competing with it. What a worker learns about a claim it did not run (lost to another claimant,
 //! skipped for overlap or a pause, given up at the end of its window) goes to the history — except a
 //! routine loss, to the worker first in the tick's claim order, which the winner's run entry tells
-//! (`raced`), and a pause, which the first in the order tells for all — and a scheduled tick given up
+//! (`raced`) — and a scheduled tick given up
 //! is checked for a miss. A trigger or a retry that finds the job busy (`overlap:
 //! skip`) waits for it, retrying every [`BUSY_RETRY`] until its window ends, since it asks for a run
 //! *besides* the schedule's.
@@ -414,13 +414,11 @@ fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outco
                   paused_by = %pause.by, paused_reason = %pause.reason,
                   paused_until = %pause.until.map_or(String::new(), |until| until.to_rfc3339()),
                   "Skipped: the job is paused (redcron pause)");
-            // Every worker finds the pause: the one first in the tick's order records it, once.
-            let ranked = context.ranked(&job.name, tick);
-            if first_or_unranked(ranked.as_deref(), &context.worker_id) {
-                context.note(job, tick, series, Kind::Skipped, Some("paused"), None);
-            } else {
-                context.metrics.tick_skipped(&job.name, "paused");
-            }
+            // Every worker finds the pause, and each records it: the skip's id is one per tick, so the
+            // store keeps one record however many write it. (Leaving it to the worker first in the tick's
+            // order lost it when the views disagreed — that worker's own view may still lack itself or
+            // rank another first — and a paused tick then read as missed.)
+            context.note(job, tick, series, Kind::Skipped, Some("paused"), None);
         }
         ClaimOutcome::Refused(refusal) => {
             error!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = refusal.reason(),
@@ -454,15 +452,6 @@ fn routine_loss(ranked: Option<&[String]>, reason: &str, by: Option<&str>) -> bo
     reason == "already_claimed" && by.is_some() && by == first
 }
 
-/// Whether `me` records a skip that every worker finds alike (a pause): the worker first in the tick's
-/// order (`ranked`), or any worker without a view of the members (the id of a skip is one per tick, so a
-/// second writer replaces the first).
-fn first_or_unranked(ranked: Option<&[String]>, me: &str) -> bool {
-    ranked
-        .and_then(<[String]>::first)
-        .is_none_or(|first| first == me)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,16 +471,6 @@ mod tests {
         assert!(!routine_loss(ranked, "later_tick_claimed", Some("w2")));
         assert!(!routine_loss(ranked, "already_claimed", None));
         assert!(!routine_loss(None, "already_claimed", Some("w2")));
-    }
-
-    /// A pause is recorded by the worker first in the tick's order alone, or by each worker that has no
-    /// view of the members yet.
-    #[test]
-    fn a_pause_is_recorded_by_the_first_in_the_order() {
-        let ranked = view(&["w2", "w1", "w3"]);
-        assert!(first_or_unranked(Some(&ranked), "w2"));
-        assert!(!first_or_unranked(Some(&ranked), "w1"));
-        assert!(first_or_unranked(None, "w1"));
     }
 
     /// The size of what `f` returns, without calling it (a future's size is known from its type alone).
