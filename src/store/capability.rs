@@ -59,6 +59,11 @@ pub trait Leases {
     /// Releases the lease on every node where it is still this lease's value; the tick claim and the
     /// fencing counter stay. Never deletes another holder's lease.
     fn release(&self, lease: &Lease) -> impl Future<Output = ()> + Send;
+
+    /// As [`Leases::release`], for a caller that does not need the unlock at once (a run that ended): the
+    /// store may hold it a few milliseconds to send it with others (Redis gathers the releases of one
+    /// tick's short runs into one script call per node), or release at once.
+    fn release_soon(&self, lease: &Lease) -> impl Future<Output = ()> + Send;
 }
 
 /// Run history and membership: what ran, and which workers are there.

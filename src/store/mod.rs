@@ -195,6 +195,11 @@ impl Store {
         each_store!(self, store => store.release(lease).await)
     }
 
+    /// See [`Leases::release_soon`].
+    pub async fn release_soon(&self, lease: &Lease) {
+        each_store!(self, store => store.release_soon(lease).await)
+    }
+
     /// See [`Health::read_clocks`].
     pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
         each_store!(self, store => store.read_clocks().await)

@@ -135,7 +135,7 @@ async fn supervise(
             (exit, outcome)
         }
     };
-    context.store.release(&renewer.lease).await;
+    context.store.release_soon(&renewer.lease).await;
     context.set_running(&run_key, None);
     let duration_ms = started.elapsed().as_millis() as u64;
     if outcome != Outcome::Success {

@@ -63,6 +63,11 @@ impl Leases for EmbeddedStore {
         }
     }
 
+    /// At once, as [`Leases::release`]: there is nothing to gather a release with here.
+    async fn release_soon(&self, lease: &Lease) {
+        Leases::release(self, lease).await
+    }
+
     /// Deletes the lease if it is still this lease's value (compare-and-delete); the claim record and the
     /// fence counter stay. A failure is not reported: the lease then expires after its TTL.
     async fn release(&self, lease: &Lease) {

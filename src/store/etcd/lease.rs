@@ -240,6 +240,11 @@ impl Leases for EtcdStore {
         }
     }
 
+    /// At once, as [`Leases::release`]: there is nothing to gather a release with here.
+    async fn release_soon(&self, lease: &Lease) {
+        Leases::release(self, lease).await
+    }
+
     /// Revokes the lease's etcd lease (deleting its lease key), also after the lease was lost (the worker
     /// releases every lease it won); the claim record stays. Returns once etcd answered, or after
     /// `node_timeout`; a revoke fails over from a member that is down or hung to one that serves, and one

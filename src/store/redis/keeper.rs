@@ -32,10 +32,12 @@ const RENEWALS: Limits = Limits {
     batch: 100,
     gather: Duration::ZERO,
 };
-/// Release batches on their way at once, and the most leases in one. A release waits [`RELEASE_GATHER`]
-/// for others: the runs of one tick that end within a few milliseconds of each other (short jobs) then
-/// share one script call per node (`RELEASE` takes a batch) instead of one each — a third of a short
-/// run's commands on the nodes. The lease is held that much longer, far less than any tick apart.
+/// Release batches on their way at once, and the most leases in one. A *patient* release (a run's end,
+/// [`crate::store::Store::release_soon`]) waits up to [`RELEASE_GATHER`] for others: the runs of one tick
+/// that end within a few milliseconds of each other (short jobs) then share one script call per node
+/// (`RELEASE` takes a batch) instead of one each — a third of a short run's commands on the nodes — and
+/// the lease is held that much longer, far less than any tick apart. Any other release goes at once (with
+/// whatever waits with it), so a caller that waits on its unlock (the lease API) never pays the gathering.
 const RELEASES: Limits = Limits {
     in_flight: 4,
     batch: 1_000,
@@ -49,14 +51,16 @@ const RELEASE_GATHER: Duration = Duration::from_millis(10);
 struct Limits {
     in_flight: usize,
     batch: usize,
-    /// How long a batch waits from its first request for more.
+    /// How long a batch of patient requests waits from its first request for more; a request that is not
+    /// patient ends the wait.
     gather: Duration,
 }
 
 /// A renewal asked for: the lease, and where its outcome goes.
 type Renewal = (Lease, oneshot::Sender<(Lease, Result<(), RenewError>)>);
-/// A release asked for: the lease, and who waits until a majority has answered.
-type Release = (Lease, oneshot::Sender<()>);
+/// A release asked for: the lease, who waits until a majority has answered, and whether it may wait for
+/// others ([`RELEASES`]).
+type Release = (Lease, oneshot::Sender<()>, bool);
 
 /// The channels to the keeper's two tasks; they end when the store is dropped.
 #[derive(Debug)]
@@ -75,6 +79,7 @@ impl Keeper {
         tokio::spawn(coalesce(
             renewal_queue,
             RENEWALS,
+            |_| false,
             move |batch: Vec<Renewal>| {
                 let store = Arc::clone(&renewing);
                 async move {
@@ -90,10 +95,14 @@ impl Keeper {
         tokio::spawn(coalesce(
             release_queue,
             RELEASES,
+            |release: &Release| release.2,
             move |batch: Vec<Release>| {
                 let store = Arc::clone(&store);
                 async move {
-                    let (leases, replies): (Vec<Lease>, Vec<_>) = batch.into_iter().unzip();
+                    let (leases, replies): (Vec<Lease>, Vec<_>) = batch
+                        .into_iter()
+                        .map(|(lease, reply, _)| (lease, reply))
+                        .unzip();
                     store.release_each(&leases).await;
                     for reply in replies {
                         let _ = reply.send(());
@@ -111,11 +120,11 @@ impl Keeper {
         outcome.await.ok()
     }
 
-    /// Releases `lease` in the next batch; returns once a majority has answered (or the batch's budget
-    /// passed); `false` if the keeper is gone.
-    pub(super) async fn release(&self, lease: &Lease) -> bool {
+    /// Releases `lease` in the next batch — `patient`: after waiting a little for others to go with it —;
+    /// returns once a majority has answered (or the batch's budget passed); `false` if the keeper is gone.
+    pub(super) async fn release(&self, lease: &Lease, patient: bool) -> bool {
         let (reply, done) = oneshot::channel();
-        if self.releases.send((lease.clone(), reply)).is_err() {
+        if self.releases.send((lease.clone(), reply, patient)).is_err() {
             return false;
         }
         done.await.is_ok()
@@ -123,9 +132,14 @@ impl Keeper {
 }
 
 /// Takes requests from `queue` in batches — whatever has gathered when a batch may start, up to
-/// `limits.batch` — and runs each batch with `run`, at most `limits.in_flight` at once.
-async fn coalesce<T, F, W>(mut queue: mpsc::UnboundedReceiver<T>, limits: Limits, run: F)
-where
+/// `limits.batch`, and while every request of the batch is `patient`, what comes within `limits.gather`
+/// — and runs each batch with `run`, at most `limits.in_flight` at once.
+async fn coalesce<T, F, W>(
+    mut queue: mpsc::UnboundedReceiver<T>,
+    limits: Limits,
+    patient: fn(&T) -> bool,
+    run: F,
+) where
     T: Send + 'static,
     F: Fn(Vec<T>) -> W,
     W: Future<Output = ()> + Send + 'static,
@@ -136,14 +150,21 @@ where
         let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
             return;
         };
+        let mut waits = patient(&first);
         let mut batch = vec![first];
         let until = tokio::time::Instant::now() + limits.gather;
         while batch.len() < limits.batch {
             match queue.try_recv() {
-                Ok(request) => batch.push(request),
-                Err(_) if limits.gather.is_zero() => break,
+                Ok(request) => {
+                    waits &= patient(&request);
+                    batch.push(request);
+                }
+                Err(_) if !waits || limits.gather.is_zero() => break,
                 Err(_) => match tokio::time::timeout_at(until, queue.recv()).await {
-                    Ok(Some(request)) => batch.push(request),
+                    Ok(Some(request)) => {
+                        waits &= patient(&request);
+                        batch.push(request);
+                    }
                     Ok(None) | Err(_) => break,
                 },
             }

@@ -529,7 +529,18 @@ impl Leases for RedisStore {
     /// hung node never delays the caller.
     async fn release(&self, lease: &Lease) {
         if let Some(keeper) = &self.keeper {
-            if keeper.release(lease).await {
+            if keeper.release(lease, false).await {
+                return;
+            }
+        }
+        self.release_each(std::slice::from_ref(lease)).await;
+    }
+
+    /// As [`RedisStore::release`], after waiting up to 10 ms for other runs' releases to travel in the same
+    /// script call (the keeper's `RELEASE_GATHER`).
+    async fn release_soon(&self, lease: &Lease) {
+        if let Some(keeper) = &self.keeper {
+            if keeper.release(lease, true).await {
                 return;
             }
         }
