@@ -23,7 +23,9 @@ mod retry;
 mod store;
 mod validate;
 
-pub use store::{EmbeddedConfig, EtcdConfig, RedisConfig, StoreConfig};
+pub use store::{
+    EmbeddedConfig, EtcdConfig, RedisConfig, SqlConfig, SqlDialect, SqlTls, StoreConfig,
+};
 
 pub(crate) use validate::show as show_duration;
 mod yaml;

@@ -21,6 +21,8 @@ pub enum StoreConfig {
     Etcd(EtcdConfig),
     /// `embedded:`, or no store section: a SQLite file of this host.
     Embedded(EmbeddedConfig),
+    /// `postgres:` or `mysql:`: one SQL database server (its dialect says which).
+    Sql(SqlConfig),
 }
 
 impl StoreConfig {
@@ -30,6 +32,7 @@ impl StoreConfig {
             StoreConfig::Redis(_) => "redis",
             StoreConfig::Etcd(_) => "etcd",
             StoreConfig::Embedded(_) => "embedded",
+            StoreConfig::Sql(sql) => sql.dialect.section(),
         }
     }
 
@@ -43,7 +46,9 @@ impl StoreConfig {
         variables_under: &dyn Fn(&str) -> BTreeSet<String>,
     ) -> BTreeSet<String> {
         match self {
-            StoreConfig::Redis(_) | StoreConfig::Etcd(_) => variables_under(self.section()),
+            StoreConfig::Redis(_) | StoreConfig::Etcd(_) | StoreConfig::Sql(_) => {
+                variables_under(self.section())
+            }
             StoreConfig::Embedded(_) => BTreeSet::new(),
         }
     }
@@ -65,6 +70,16 @@ impl StoreConfig {
                 "embedded, database {} (shared by the workers of this host that use it)",
                 embedded.path.display()
             ),
+            StoreConfig::Sql(sql) => format!(
+                "{}, database {} (TLS {}, a pool of {} connections)",
+                match sql.dialect {
+                    SqlDialect::Postgres => "PostgreSQL",
+                    SqlDialect::Mysql => "MySQL/MariaDB",
+                },
+                redact(&sql.url),
+                sql.tls.name(),
+                sql.pool_size
+            ),
         }
     }
 
@@ -74,7 +89,7 @@ impl StoreConfig {
         match self {
             StoreConfig::Redis(redis) => redis.nodes.len(),
             StoreConfig::Etcd(etcd) => etcd.endpoints.len(),
-            StoreConfig::Embedded(_) => 1,
+            StoreConfig::Embedded(_) | StoreConfig::Sql(_) => 1,
         }
     }
 }
@@ -112,4 +127,93 @@ pub struct EmbeddedConfig {
     /// default `<key_prefix>.db` in `$STATE_DIRECTORY` (systemd's `StateDirectory=`) if set, else in
     /// the config file's directory.
     pub path: PathBuf,
+}
+
+/// The SQL database of the store (`postgres:` or `mysql:`): one server (a primary), reached with a pool of
+/// connections. Tables are named `<key_prefix>_<table>` in the URL's database.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqlConfig {
+    /// Which server speaks: the section's name.
+    pub dialect: SqlDialect,
+    /// `postgres://user:pass@host:port/db` or `mysql://user:pass@host:port/db`, as written (after `${VAR}`
+    /// substitution): it may hold a password, so display it only redacted. It names a host and a
+    /// database, and carries no query string (TLS is [`SqlConfig::tls`]).
+    pub url: String,
+    /// How the connection uses TLS (`tls`, default `prefer`).
+    pub tls: SqlTls,
+    /// The CA that signed the server's certificate (`ca_file`, absolute); without it, a verifying mode
+    /// checks against the Mozilla roots.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate and its key (`cert_file`, `key_file`, absolute). Both or neither.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// Connections the worker keeps to the server at most (`pool_size`, default
+    /// [`SqlConfig::DEFAULT_POOL_SIZE`], 1 to 64).
+    pub pool_size: u32,
+}
+
+impl SqlConfig {
+    /// `pool_size` unless given: a batch of claims is one transaction on one connection; renewals, history
+    /// writes and the CLI's reads take the others.
+    pub const DEFAULT_POOL_SIZE: u32 = 8;
+}
+
+/// The SQL server a [`SqlConfig`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlDialect {
+    /// PostgreSQL 13 or later (`postgres:`).
+    Postgres,
+    /// MySQL 8.0 or later, or MariaDB 10.6 or later (`mysql:`).
+    Mysql,
+}
+
+impl SqlDialect {
+    /// The config section that names this server: `postgres` or `mysql`.
+    pub fn section(self) -> &'static str {
+        match self {
+            SqlDialect::Postgres => "postgres",
+            SqlDialect::Mysql => "mysql",
+        }
+    }
+}
+
+/// `tls:` of a SQL store, with libpq's `sslmode` names (MySQL's `ssl-mode` means the same by other names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SqlTls {
+    /// `disable`: never TLS.
+    Disable,
+    /// `prefer` (the default, as libpq's and MySQL's clients): TLS if the server offers it, unverified.
+    #[default]
+    Prefer,
+    /// `require`: TLS or no connection, the certificate unverified.
+    Require,
+    /// `verify-ca`: TLS with a certificate signed by the CA (`ca_file`, else the Mozilla roots).
+    VerifyCa,
+    /// `verify-full`: as `verify-ca`, and the certificate names the URL's host.
+    VerifyFull,
+}
+
+impl SqlTls {
+    /// The setting's name as written in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            SqlTls::Disable => "disable",
+            SqlTls::Prefer => "prefer",
+            SqlTls::Require => "require",
+            SqlTls::VerifyCa => "verify-ca",
+            SqlTls::VerifyFull => "verify-full",
+        }
+    }
+
+    /// The mode named `name` (as [`SqlTls::name`] gives it), if any.
+    pub fn from_name(name: &str) -> Option<SqlTls> {
+        [
+            SqlTls::Disable,
+            SqlTls::Prefer,
+            SqlTls::Require,
+            SqlTls::VerifyCa,
+            SqlTls::VerifyFull,
+        ]
+        .into_iter()
+        .find(|mode| mode.name() == name)
+    }
 }

@@ -49,6 +49,13 @@ pub enum StoreError {
     NoNodes(usize),
     #[error("etcd store: {reason}")]
     Etcd { reason: String },
+    /// A SQL store that cannot be used: `target` is `host:port/database` (never a password).
+    #[error("{dialect} store {target}: {reason}")]
+    Sql {
+        dialect: &'static str,
+        target: String,
+        reason: String,
+    },
     #[error("embedded store {}: {reason}", path.display())]
     Embedded {
         path: std::path::PathBuf,
@@ -142,6 +149,13 @@ impl Store {
                 lock,
                 history,
             )?),
+            StoreConfig::Sql(sql) => {
+                return Err(StoreError::Sql {
+                    dialect: sql.dialect.section(),
+                    target: crate::store::redis::node::redact(&sql.url),
+                    reason: "the SQL store is being built on this branch".to_string(),
+                })
+            }
         })
     }
 
