@@ -92,11 +92,13 @@ impl Reader {
             let _inside = runtime.enter();
             Store::open(config)?
         };
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        bounded(&runtime, deadline, store.prepare())??;
         Ok(Reader {
             runtime,
             notes: Notes::new(&store),
             store,
-            deadline: Instant::now() + COMMAND_TIMEOUT,
+            deadline,
         })
     }
 

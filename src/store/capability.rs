@@ -20,7 +20,7 @@ use crate::lock::{
 use crate::membership::Member;
 use crate::trigger::TriggerRequest;
 
-use super::Read;
+use super::{Read, StoreError};
 
 /// Claims of `(job, tick)`: the lease, the tick's claim record and the fencing token, at once.
 pub trait Claims {
@@ -158,6 +158,14 @@ pub trait Health {
     /// (etcd: a linearizable read, which only a majority of members can serve; the embedded store: its
     /// file's write lock taken and let go), or `Err` with why not, in one line.
     fn readiness(&self) -> impl Future<Output = Result<Option<Readings>, String>> + Send;
+
+    /// Makes the store ready for its first call, once, and says whether it can ever be used: the SQL
+    /// store connects, checks the server's version and its tables, and creates them on a new database.
+    /// `Err` only for what will not get better by itself (refused credentials, a missing database, a
+    /// server too old, tables of a newer redcron); a server that does not answer yet is `Ok`, and the
+    /// calls that need it fail as a node's do. The worker stops at start on `Err`. Stores with nothing to
+    /// prepare (Redis, etcd, the embedded store, which opens its file in `open`) answer `Ok` at once.
+    fn prepare(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// Every capability: what a type must implement to be a variant of [`super::Store`].

@@ -10,6 +10,8 @@
 //!   answer needs a majority.
 //! - [`etcd`]: an etcd cluster; every claim is one transaction, totally ordered by etcd's Raft log, and
 //!   its revision is the fencing token.
+//! - [`sql`]: one PostgreSQL or MySQL/MariaDB database; every claim is one transaction that locks its
+//!   job's fence row, with times from the database's clock.
 //! - [`embedded`]: the embedded single-host store, one SQLite file being one node and one majority;
 //!   the worker processes of one host may share it.
 //!
@@ -28,6 +30,7 @@ pub mod capability;
 pub mod embedded;
 pub mod etcd;
 pub mod redis;
+pub mod sql;
 
 pub use capability::{Backend, Claims, Health, Leases, Pauses, Records, Triggers};
 
@@ -105,6 +108,8 @@ pub enum Store {
     /// Boxed: the client's state is large next to the other variants.
     Etcd(Box<etcd::EtcdStore>),
     Embedded(embedded::EmbeddedStore),
+    /// Boxed: the pool's state is large next to the other variants.
+    Sql(Box<sql::SqlStore>),
 }
 
 /// Runs `$body` with `$store` bound to the backend inside `$self` (a `&Store`): the one `match` over the
@@ -123,6 +128,10 @@ macro_rules! each_store {
             }
             Store::Embedded($store) => {
                 let $store = capability::backend($store);
+                $body
+            }
+            Store::Sql($store) => {
+                let $store = capability::backend(&**$store);
                 $body
             }
         }
@@ -149,13 +158,7 @@ impl Store {
                 lock,
                 history,
             )?),
-            StoreConfig::Sql(sql) => {
-                return Err(StoreError::Sql {
-                    dialect: sql.dialect.section(),
-                    target: crate::store::redis::node::redact(&sql.url),
-                    reason: "the SQL store is being built on this branch".to_string(),
-                })
-            }
+            StoreConfig::Sql(sql) => Store::Sql(Box::new(sql::SqlStore::new(sql, lock, history)?)),
         })
     }
 
@@ -217,6 +220,11 @@ impl Store {
     /// See [`Health::read_clocks`].
     pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
         each_store!(self, store => store.read_clocks().await)
+    }
+
+    /// See [`Health::prepare`].
+    pub async fn prepare(&self) -> Result<(), StoreError> {
+        each_store!(self, store => store.prepare().await)
     }
 
     /// See [`Health::readiness`].

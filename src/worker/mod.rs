@@ -115,6 +115,9 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     let shutdown = control.shutdown().clone();
     let mut config = config;
     let store = Store::open(&config)?;
+    // A store that can never be used (the SQL server refused the login, …) stops the worker here; one that
+    // does not answer yet is retried by every call, as nodes down at start are.
+    store.prepare().await?;
     if let StoreConfig::Embedded(embedded) = &config.store {
         warn!(
             event = events::worker::EMBEDDED_STORE,

@@ -235,6 +235,11 @@ impl Health for EmbeddedStore {
                 format!("the database does not answer: {}", why.join("; "))
             })
     }
+
+    /// Nothing to prepare: ready at once.
+    async fn prepare(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 impl Shared {

@@ -250,6 +250,11 @@ impl Health for EtcdStore {
             .map(|_| None)
             .map_err(|why| format!("no majority of the etcd members answers: {why}"))
     }
+
+    /// Nothing to prepare: ready at once.
+    async fn prepare(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// An etcd client error in one line (gRPC statuses by their message, as etcd words them).

@@ -406,6 +406,11 @@ impl Health for RedisStore {
     async fn readiness(&self) -> Result<Option<Readings>, String> {
         Ok(Some(self.read_time().await))
     }
+
+    /// Nothing to prepare: ready at once.
+    async fn prepare(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 impl Claims for RedisStore {

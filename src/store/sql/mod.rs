@@ -1,0 +1,477 @@
+//! The SQL store: claims, leases, fencing tokens, run history, membership, pauses and trigger requests in
+//! the tables of one PostgreSQL (13+) or MySQL (8.0+) / MariaDB (10.6+) database — the database most teams
+//! already run (a config with `postgres:` or `mysql:`).
+//!
+//! One database server is one node and one majority, as the embedded store's file is: both rounds of a
+//! claim happen in one transaction with the rules of the Lua scripts ([`crate::store::redis::scripts`])
+//! and the keys of [`crate::lock::keys`] (`claim.rs`), so the answers are those a Redis cluster gives in the
+//! same situation. What serialises two workers' decisions on one job is a row lock: every transaction that
+//! decides on a job's claims or pause first locks the job's fence row (`SELECT … FOR UPDATE`) and holds it
+//! to its commit, so the token strictly increases in commit order. Every time a decision depends on is
+//! read from **the database's clock** (`clock_timestamp()`, `UTC_TIMESTAMP(6)`), never a worker's. No
+//! session state is used (no advisory locks, no session variables), so the store works behind a pooler
+//! in transaction mode (PgBouncer).
+//!
+//! The code is one for both servers: sqlx's `Any` driver runs the SQL text of the server's
+//! [`dialect::Dialect`] (placeholders, upserts, the clock, column types). Times are stored as integers (ms
+//! or µs since the epoch), so no time zone setting of the server or the session can change them.
+//!
+//! What this store assumes, and what a failure of the server costs: docs/protocol.md, *The SQL store*.
+
+mod claim;
+mod dialect;
+mod pause;
+mod records;
+mod schema;
+mod triggers;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyConnection, AnyPool, Connection as _};
+
+use crate::clock::cluster::{Readings, Sample};
+use crate::config::SqlConfig;
+use crate::history::HistorySettings;
+use crate::lock::{LockSettings, QuorumFailure};
+use crate::store::{Health, StoreError};
+
+pub use dialect::Dialect;
+pub use schema::Unusable;
+
+/// How many times a transaction that the server aborted as a serialization failure or a deadlock
+/// (SQLSTATE `40001`, `40P01`; MySQL's 1213 is `40001`) is run again before its caller is told it failed.
+const CONFLICT_RETRIES: u32 = 5;
+
+/// Claims, leases, tokens, history, membership, pauses and triggers in one SQL database.
+pub struct SqlStore {
+    shared: Arc<Shared>,
+}
+
+/// What the calls of a store share, with the tasks it spawns.
+struct Shared {
+    settings: LockSettings,
+    history: HistorySettings,
+    dialect: Dialect,
+    /// `host:port/database`, to name the server in logs and errors (never a password).
+    target: String,
+    pool: AnyPool,
+    /// Set once the schema has been checked (and created or upgraded) on the server.
+    prepared: tokio::sync::OnceCell<()>,
+}
+
+/// Why a transaction did not answer.
+#[derive(Debug)]
+enum Failed {
+    /// The server answered with an error before anything was committed (or could not be reached).
+    Before(String),
+    /// The commit was sent and its answer lost (the connection broke, or the budget ran out while it was
+    /// under way): the transaction may have committed or not. Reading back tells.
+    Unknown(String),
+    /// The server answered, but the store cannot be used (see [`Unusable`]).
+    Unusable(Unusable),
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Before(why) => f.write_str(why),
+            Failed::Unknown(why) => write!(f, "the commit's answer was lost: {why}"),
+            Failed::Unusable(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl SqlStore {
+    /// A store on the database `config` names, with a pool of lazily opened connections: nothing is sent
+    /// to the server until the first call ([`Health::prepare`] checks it at once). Must be called inside
+    /// a Tokio runtime. Fails only on settings that cannot name a server.
+    pub fn new(
+        config: &SqlConfig,
+        settings: LockSettings,
+        history: HistorySettings,
+    ) -> Result<SqlStore, StoreError> {
+        sqlx::any::install_default_drivers();
+        let dialect = Dialect::new(config.dialect, &settings.key_prefix);
+        let target = dialect::target(&config.url);
+        let fail = |reason: String| StoreError::Sql {
+            dialect: config.dialect.section(),
+            target: target.clone(),
+            reason,
+        };
+        let url = dialect::connect_url(config).map_err(fail)?;
+        let options: AnyConnectOptions = url.parse().map_err(|e: sqlx::Error| {
+            fail(format!(
+                "the URL does not parse: {}",
+                dialect::scrub(&e.to_string())
+            ))
+        })?;
+        // Bounds on lock waits and on idle sessions, in whole seconds on MySQL (see Dialect::on_connect).
+        let lock_s = settings.node_timeout.as_secs().max(1);
+        let idle_s = settings.ttl.as_secs().max(2);
+        let on_connect: Arc<[String]> = dialect.on_connect(lock_s, idle_s).into();
+        let pool = AnyPoolOptions::new()
+            .after_connect(move |connection, _| {
+                let on_connect = Arc::clone(&on_connect);
+                Box::pin(async move {
+                    for statement in on_connect.iter() {
+                        sqlx::Executor::execute(
+                            &mut *connection,
+                            sqlx::AssertSqlSafe(statement.clone()),
+                        )
+                        .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .max_connections(config.pool_size)
+            .min_connections(0)
+            // A connection that cannot be had within the lock's bounds is the server's failure for this
+            // call, as a node's timeout is on Redis.
+            .acquire_timeout(settings.node_timeout * 2)
+            .idle_timeout(Duration::from_secs(300))
+            .max_lifetime(Duration::from_secs(1800))
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        Ok(SqlStore {
+            shared: Arc::new(Shared {
+                settings,
+                history,
+                dialect,
+                target,
+                pool,
+                prepared: tokio::sync::OnceCell::new(),
+            }),
+        })
+    }
+
+    /// Another handle on the same store (the same pool), for a write in the background.
+    fn clone_handle(&self) -> SqlStore {
+        SqlStore {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// `host:port/database`: the server, as logs and errors name it.
+    pub fn target(&self) -> &str {
+        &self.shared.target
+    }
+
+    /// The statement `sql` with the store's tables and the server's placeholders ([`Dialect::sql`]).
+    fn sql(&self, sql: &str) -> String {
+        self.shared.dialect.sql(sql)
+    }
+
+    /// The budget of one call: a node's timeout, as on the other stores, and at least the time a commit
+    /// takes on a loaded server.
+    fn budget(&self) -> Duration {
+        self.shared.settings.node_timeout
+    }
+
+    /// Runs `work` in one transaction (`READ COMMITTED`: each statement sees what committed before it)
+    /// and commits it, within `budget`: again, up to [`CONFLICT_RETRIES`] times, when the server aborts it
+    /// as a serialization failure or a deadlock (nothing was written). A transaction cut off by the
+    /// budget, or whose connection broke, is rolled back by the server, and its connection is closed,
+    /// never reused.
+    async fn transaction<T, F>(&self, budget: Duration, work: F) -> Result<T, Failed>
+    where
+        T: Send,
+        F: for<'c> Fn(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
+    {
+        self.prepared().await?;
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let left = budget.saturating_sub(started.elapsed());
+            let outcome = self.attempt(left, &work).await;
+            match outcome {
+                Err(Failed::Before(_))
+                    if attempt < CONFLICT_RETRIES && self.last_was_conflict(&outcome) =>
+                {
+                    attempt += 1;
+                    let jitter = rand::random_range(1..=5 * u64::from(attempt));
+                    tokio::time::sleep(Duration::from_millis(jitter)).await;
+                }
+                other => return other.map(|(value, _)| value),
+            }
+        }
+    }
+
+    /// Whether a failed attempt was the server's serialization failure or deadlock.
+    fn last_was_conflict<T>(&self, outcome: &Result<T, Failed>) -> bool {
+        matches!(outcome, Err(Failed::Before(why)) if why.starts_with(CONFLICT_MARK))
+    }
+
+    /// One attempt of [`Self::transaction`]; the value and whether it committed.
+    async fn attempt<T, F>(&self, budget: Duration, work: &F) -> Result<(T, ()), Failed>
+    where
+        T: Send,
+        F: for<'c> Fn(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
+    {
+        let mut connection = tokio::time::timeout(budget, self.shared.pool.acquire())
+            .await
+            .map_err(|_| Failed::Before(format!("no connection within {budget:?}")))?
+            .map_err(|e| Failed::Before(self.describe_error(&e)))?;
+        let mut committing = false;
+        let result = tokio::time::timeout(budget, async {
+            let mut transaction = connection.begin_with(self.shared.dialect.begin()).await?;
+            let settings = &self.shared.settings;
+            if let Some(bounds) = self
+                .shared
+                .dialect
+                .in_transaction(settings.node_timeout.as_millis(), settings.ttl.as_millis())
+            {
+                sqlx::Executor::execute(&mut *transaction, sqlx::AssertSqlSafe(bounds)).await?;
+            }
+            let value = work(&mut transaction).await?;
+            committing = true;
+            transaction.commit().await?;
+            Ok::<T, sqlx::Error>(value)
+        })
+        .await;
+        match result {
+            Ok(Ok(value)) => Ok((value, ())),
+            Ok(Err(e)) => {
+                let answered = matches!(e, sqlx::Error::Database(_));
+                if !answered {
+                    // The connection broke: never hand it out again.
+                    connection.close_on_drop();
+                }
+                let why = self.describe_error(&e);
+                if committing && !answered {
+                    Err(Failed::Unknown(why))
+                } else {
+                    Err(Failed::Before(why))
+                }
+            }
+            Err(_) => {
+                connection.close_on_drop();
+                let why = format!("no answer within {budget:?}");
+                if committing {
+                    Err(Failed::Unknown(why))
+                } else {
+                    Err(Failed::Before(why))
+                }
+            }
+        }
+    }
+
+    /// One statement (or a few) outside a transaction, on a connection of the pool, within `budget`.
+    async fn with_connection<T, F>(&self, budget: Duration, work: F) -> Result<T, Failed>
+    where
+        T: Send,
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send,
+    {
+        self.prepared().await?;
+        let mut connection = tokio::time::timeout(budget, self.shared.pool.acquire())
+            .await
+            .map_err(|_| Failed::Before(format!("no connection within {budget:?}")))?
+            .map_err(|e| Failed::Before(self.describe_error(&e)))?;
+        match tokio::time::timeout(budget, work(&mut connection)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                if !matches!(e, sqlx::Error::Database(_)) {
+                    connection.close_on_drop();
+                }
+                Err(Failed::Before(self.describe_error(&e)))
+            }
+            Err(_) => {
+                connection.close_on_drop();
+                Err(Failed::Before(format!("no answer within {budget:?}")))
+            }
+        }
+    }
+
+    /// The schema checked once ([`Health::prepare`]); a failure as this call's.
+    async fn prepared(&self) -> Result<(), Failed> {
+        let shared = &self.shared;
+        shared
+            .prepared
+            .get_or_try_init(|| schema::prepare(self))
+            .await
+            .map(|_| ())
+    }
+
+    /// `e` in one line without a password, marked when it is a conflict worth running again.
+    fn describe_error(&self, e: &sqlx::Error) -> String {
+        let text = dialect::scrub(&e.to_string());
+        match e.as_database_error().and_then(|e| e.code()) {
+            Some(code) if matches!(&*code, "40001" | "40P01") => format!("{CONFLICT_MARK}{text}"),
+            _ => text,
+        }
+    }
+
+    /// The store's one node as a failed majority: `why` names the server.
+    fn failure(&self, why: impl std::fmt::Display) -> QuorumFailure {
+        QuorumFailure {
+            configured: 1,
+            needed: 1,
+            granted: 0,
+            failures: vec![(self.shared.target.clone(), why.to_string())],
+        }
+    }
+
+    /// The database's clock, in µs since the epoch, with the round trip it took.
+    async fn read_clock(&self) -> Result<Sample, Failed> {
+        let sql = self.sql("SELECT {now_us}");
+        let sent_us = chrono::Utc::now().timestamp_micros();
+        let sent = Instant::now();
+        let node_us: i64 = self
+            .with_connection(self.budget(), move |connection| {
+                Box::pin(async move {
+                    let row: (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                        .fetch_one(connection)
+                        .await?;
+                    Ok(row.0)
+                })
+            })
+            .await?;
+        Ok(Sample {
+            node: 0,
+            sent_us,
+            rtt: sent.elapsed(),
+            node_us,
+        })
+    }
+}
+
+/// The start of a failure's text that marks it as the server's serialization failure or deadlock.
+const CONFLICT_MARK: &str = "conflict: ";
+
+impl Health for SqlStore {
+    /// `postgres:<host:port/database>` or `mysql:<host:port/database>`.
+    fn describe(&self) -> String {
+        format!("{}:{}", self.shared.dialect.section(), self.shared.target)
+    }
+
+    /// Shared: every worker that names the database races in it.
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn settings(&self) -> &LockSettings {
+        &self.shared.settings
+    }
+
+    fn history_settings(&self) -> &HistorySettings {
+        &self.shared.history
+    }
+
+    /// The database's clock, read once: cluster time is the server's.
+    async fn read_clocks(&self) -> Option<Readings> {
+        Some(self.clock_readings().await)
+    }
+
+    /// The database's clock, read as a claim reads it; the server in recovery or read-only (a standby, or
+    /// a primary fenced by the operator) is not ready, since no claim could be written.
+    async fn readiness(&self) -> Result<Option<Readings>, String> {
+        let sql = self.sql("SELECT {read_only}");
+        let read_only = self
+            .with_connection(self.budget(), move |connection| {
+                Box::pin(async move {
+                    let row: (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                        .fetch_one(connection)
+                        .await?;
+                    Ok(row.0 != 0)
+                })
+            })
+            .await
+            .map_err(|e| format!("{}: {e}", self.shared.target))?;
+        if read_only {
+            return Err(format!(
+                "{}: the server is read-only (a standby, or read_only set): no claim can be written",
+                self.shared.target
+            ));
+        }
+        Ok(Some(self.clock_readings().await))
+    }
+
+    /// See [`SqlStore::prepared`]: the schema checked, created or upgraded.
+    async fn prepare(&self) -> Result<(), StoreError> {
+        match self.prepared().await {
+            Ok(()) | Err(Failed::Before(_)) | Err(Failed::Unknown(_)) => Ok(()),
+            Err(Failed::Unusable(why)) => Err(StoreError::Sql {
+                dialect: self.shared.dialect.section(),
+                target: self.shared.target.clone(),
+                reason: why.to_string(),
+            }),
+        }
+    }
+}
+
+impl SqlStore {
+    /// The one reading of the database's clock, as [`Readings`].
+    async fn clock_readings(&self) -> Readings {
+        let mut readings = Readings {
+            configured: 1,
+            ..Readings::default()
+        };
+        match self.read_clock().await {
+            Ok(sample) => readings.samples.push(sample),
+            Err(why) => readings
+                .failures
+                .push((self.shared.target.clone(), why.to_string())),
+        }
+        readings
+    }
+}
+
+#[cfg(test)]
+mod scratch {
+    use super::*;
+    use crate::config::{SqlDialect, SqlTls};
+    use crate::lock::{ClaimOutcome, ClaimRequest, Overlap};
+    use crate::schedule::Tick;
+    use crate::store::{Claims, Leases};
+
+    async fn run(dialect: SqlDialect, url: &str) {
+        let config = SqlConfig {
+            dialect,
+            url: url.to_string(),
+            tls: SqlTls::Disable,
+            ca_file: None,
+            client_identity: None,
+            pool_size: 8,
+        };
+        let mut settings = LockSettings::default();
+        settings.node_timeout = Duration::from_millis(500);
+        let store = SqlStore::new(&config, settings, HistorySettings::default()).unwrap();
+        store.prepare().await.unwrap();
+        let tick = Tick(chrono::Utc::now().timestamp_millis());
+        let a = ClaimRequest::new("w1", "job", tick, Overlap::Skip, "f");
+        let b = ClaimRequest::new("w2", "job", tick, Overlap::Skip, "f");
+        let oa = store.claim_many(&[a]).await;
+        let ob = store.claim_many(&[b]).await;
+        println!("{oa:?}\n{ob:?}");
+        let mut lease = match oa.into_iter().next().unwrap() {
+            ClaimOutcome::Won(l) => l,
+            other => panic!("{other:?}"),
+        };
+        store.renew(&mut lease).await.unwrap();
+        store.release(&lease).await;
+        println!("{:?}", store.read_clocks().await);
+        println!("{:?}", store.readiness().await);
+    }
+
+    #[tokio::test]
+    #[ignore]
+    async fn pg() {
+        run(
+            SqlDialect::Postgres,
+            "postgres://redcron:pw@127.0.0.1:55432/redcron",
+        )
+        .await
+    }
+
+    #[tokio::test]
+    #[ignore]
+    async fn my() {
+        run(
+            SqlDialect::Mysql,
+            "mysql://redcron:pw@127.0.0.1:53306/redcron",
+        )
+        .await
+    }
+}

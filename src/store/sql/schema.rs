@@ -1,0 +1,360 @@
+//! The store's tables on the server: created by the first worker that finds none, checked by every
+//! store before its first call, versioned in `<prefix>_schema`.
+//!
+//! Schema 1 is this module's [`tables`]: per key, as in Redis, fence counters, claim records (with the
+//! expiry of those of triggers and retries) and leases (expiring on the database's clock, in µs); history
+//! entries by job and id; members by id; pauses by job; trigger requests by id. A server that answers but
+//! cannot hold them — refused credentials, a missing database, a version older than the store needs, a
+//! schema of a newer redcron, a table changed by hand, a user without the right to create tables — is
+//! [`Unusable`], with what to do about it.
+
+use sqlx::{AnyConnection, Connection as _, Executor as _};
+
+use super::dialect::TABLES;
+use super::{Dialect, Failed, SqlStore};
+use crate::config::SqlDialect;
+
+/// The schema this version of redcron writes and reads.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Why the server answers but the store cannot use it; each says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    #[error("the server refused the login: {0} (check the user and the password in the URL)")]
+    Login(String),
+    #[error("the database does not exist: {0} (create it, or name an existing one in the URL)")]
+    NoDatabase(String),
+    #[error("the server is {found}; the SQL store needs {needed} or later")]
+    TooOld { found: String, needed: &'static str },
+    #[error("its tables were written by a newer redcron (schema {found}; this one knows {SCHEMA_VERSION}): upgrade this worker")]
+    Newer { found: i64 },
+    #[error("table {table} does not have the columns redcron made ({why}): was it changed by hand? Restore it, or drop the store's tables to start afresh")]
+    Changed { table: String, why: String },
+    #[error("this user may not create the store's tables ({why}). Have an administrator run, in this database:\n{sql}")]
+    NoDdl { why: String, sql: String },
+}
+
+/// The columns of each table, in order, with their types (`{key}`, `{text}`, `{job}`, `{id}` per
+/// server, see [`Dialect::sql`]), and the primary key.
+fn columns(table: &str) -> (&'static [(&'static str, &'static str)], &'static str) {
+    match table {
+        "schema" => (&[("id", "INT NOT NULL"), ("version", "INT NOT NULL")], "id"),
+        "fences" => (
+            &[("lock_key", "{key} NOT NULL"), ("token", "BIGINT NOT NULL")],
+            "lock_key",
+        ),
+        "claims" => (
+            &[
+                ("lock_key", "{key} NOT NULL"),
+                ("tick", "BIGINT NOT NULL"),
+                ("value", "{text} NOT NULL"),
+                ("token", "BIGINT NOT NULL"),
+                ("expires_ms", "BIGINT"),
+            ],
+            "lock_key",
+        ),
+        "leases" => (
+            &[
+                ("lock_key", "{key} NOT NULL"),
+                ("value", "{text} NOT NULL"),
+                ("expires_us", "BIGINT NOT NULL"),
+            ],
+            "lock_key",
+        ),
+        "history" => (
+            &[
+                ("job", "{job} NOT NULL"),
+                ("id", "{id} NOT NULL"),
+                ("tick", "BIGINT NOT NULL"),
+                ("entry", "{text} NOT NULL"),
+            ],
+            "job, id",
+        ),
+        "members" => (
+            &[
+                ("id", "{id} NOT NULL"),
+                ("seen_ms", "BIGINT NOT NULL"),
+                ("member", "{text} NOT NULL"),
+                ("expires_us", "BIGINT NOT NULL"),
+                ("expired_ms", "BIGINT NOT NULL"),
+            ],
+            "id",
+        ),
+        "paused" => (
+            &[
+                ("job", "{job} NOT NULL"),
+                ("value", "{text} NOT NULL"),
+                ("until_ms", "BIGINT"),
+            ],
+            "job",
+        ),
+        _ => (
+            &[
+                ("id", "{job} NOT NULL"),
+                ("job", "{job} NOT NULL"),
+                ("request", "{text} NOT NULL"),
+                ("expires_ms", "BIGINT NOT NULL"),
+            ],
+            "id",
+        ),
+    }
+}
+
+/// The statements that create schema 1 on an empty database, in order (each idempotent, so that two
+/// workers starting together on a new database both succeed).
+pub fn tables(dialect: &Dialect) -> Vec<String> {
+    let mut statements = Vec::new();
+    for table in TABLES {
+        let (columns, key) = columns(table);
+        let mut body: Vec<String> = columns
+            .iter()
+            .map(|(name, kind)| format!("{name} {kind}"))
+            .collect();
+        body.push(format!("PRIMARY KEY ({key})"));
+        let history_index = table == "history";
+        if history_index && dialect.kind() == SqlDialect::Mysql {
+            body.push(format!(
+                "INDEX {}_by_tick (job, tick)",
+                dialect.table("history")
+            ));
+        }
+        let options = match dialect.kind() {
+            SqlDialect::Postgres => "",
+            SqlDialect::Mysql => " ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+        };
+        statements.push(dialect.sql(&format!(
+            "CREATE TABLE IF NOT EXISTS {{{table}}} (\n  {}\n){options}",
+            body.join(",\n  ")
+        )));
+        if history_index && dialect.kind() == SqlDialect::Postgres {
+            statements.push(dialect.sql(&format!(
+                "CREATE INDEX IF NOT EXISTS {}_by_tick ON {{history}} (job, tick)",
+                dialect.table("history")
+            )));
+        }
+    }
+    let version = format!("INSERT INTO {{schema}} (id, version) VALUES (1, {SCHEMA_VERSION})");
+    statements.push(dialect.sql(&match dialect.kind() {
+        SqlDialect::Postgres => format!("{version} ON CONFLICT DO NOTHING"),
+        SqlDialect::Mysql => format!("{version} ON DUPLICATE KEY UPDATE id = id"),
+    }));
+    statements
+}
+
+/// The tables' SQL as an administrator runs it by hand: every statement of [`tables`], `;`-terminated.
+pub fn script(dialect: &Dialect) -> String {
+    tables(dialect)
+        .iter()
+        .map(|statement| format!("{statement};\n"))
+        .collect()
+}
+
+/// Checks the server and the schema, creating the tables on a database without them; see
+/// [`crate::store::Health::prepare`].
+pub(super) async fn prepare(store: &SqlStore) -> Result<(), Failed> {
+    let shared = &store.shared;
+    let budget = shared
+        .settings
+        .node_timeout
+        .max(std::time::Duration::from_secs(5));
+    let mut connection = tokio::time::timeout(budget, shared.pool.acquire())
+        .await
+        .map_err(|_| Failed::Before(format!("no connection within {budget:?}")))?
+        .map_err(|e| classify(store, &e))?;
+    let checked = tokio::time::timeout(budget, check(&shared.dialect, &mut connection)).await;
+    match checked {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(failed)) => {
+            connection.close_on_drop();
+            Err(failed)
+        }
+        Err(_) => {
+            connection.close_on_drop();
+            Err(Failed::Before(format!(
+                "the schema check got no answer within {budget:?}"
+            )))
+        }
+    }
+    .map_err(|failed| match failed {
+        Failed::Before(why) => Failed::Before(why),
+        other => other,
+    })
+}
+
+/// A failure to connect: the login refused and the database missing are [`Unusable`]; anything else
+/// (the server down, a timeout) may pass.
+fn classify(store: &SqlStore, e: &sqlx::Error) -> Failed {
+    let why = store.describe_error(e);
+    let code = e
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.to_string());
+    let number = e
+        .as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .map(|d| d.number());
+    match (code.as_deref(), number) {
+        (Some("28P01" | "28000"), _) | (_, Some(1045 | 1698)) => {
+            Failed::Unusable(Unusable::Login(why))
+        }
+        (Some("3D000"), _) | (_, Some(1049)) => Failed::Unusable(Unusable::NoDatabase(why)),
+        _ => Failed::Before(why),
+    }
+}
+
+/// The server's version, the schema's version and columns, and the tables created if there are none.
+async fn check(dialect: &Dialect, connection: &mut AnyConnection) -> Result<(), Failed> {
+    let before = |e: sqlx::Error| Failed::Before(super::dialect::scrub(&e.to_string()));
+    server_version(dialect, connection).await?;
+    let version = schema_version(dialect, connection).await?;
+    match version {
+        None => create(dialect, connection).await?,
+        Some(SCHEMA_VERSION) => {}
+        Some(found) if found > SCHEMA_VERSION => {
+            return Err(Failed::Unusable(Unusable::Newer { found }))
+        }
+        Some(found) => {
+            return Err(Failed::Unusable(Unusable::Changed {
+                table: dialect.table("schema"),
+                why: format!("schema version {found}, which no redcron wrote"),
+            }))
+        }
+    }
+    for table in TABLES {
+        let (expected, _) = columns(table);
+        let sql = dialect.sql(match dialect.kind() {
+            SqlDialect::Postgres => {
+                "SELECT CAST(column_name AS TEXT) FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position"
+            }
+            SqlDialect::Mysql => {
+                "SELECT CAST(column_name AS CHAR) FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position"
+            }
+        });
+        let found: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(dialect.table(table))
+            .fetch_all(&mut *connection)
+            .await
+            .map_err(before)?;
+        let found: Vec<&str> = found.iter().map(|(name,)| name.as_str()).collect();
+        let missing: Vec<&str> = expected
+            .iter()
+            .map(|(name, _)| *name)
+            .filter(|name| !found.iter().any(|f| f.eq_ignore_ascii_case(name)))
+            .collect();
+        if !missing.is_empty() {
+            let why = if found.is_empty() {
+                "the table is missing".to_string()
+            } else {
+                format!("no column {}", missing.join(", "))
+            };
+            return Err(Failed::Unusable(Unusable::Changed {
+                table: dialect.table(table),
+                why,
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a server older than the store needs: PostgreSQL 13, MySQL 8.0, MariaDB 10.6.
+async fn server_version(dialect: &Dialect, connection: &mut AnyConnection) -> Result<(), Failed> {
+    let before = |e: sqlx::Error| Failed::Before(super::dialect::scrub(&e.to_string()));
+    let (version,): (String,) = sqlx::query_as(match dialect.kind() {
+        SqlDialect::Postgres => "SELECT CAST(current_setting('server_version') AS TEXT)",
+        SqlDialect::Mysql => "SELECT CAST(VERSION() AS CHAR)",
+    })
+    .fetch_one(&mut *connection)
+    .await
+    .map_err(before)?;
+    let numbers: Vec<u32> = version
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    let (major, minor) = (
+        numbers.first().copied().unwrap_or(0),
+        numbers.get(1).copied().unwrap_or(0),
+    );
+    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+    let (ok, needed, name) = match dialect.kind() {
+        SqlDialect::Postgres => (major >= 13, "PostgreSQL 13", "PostgreSQL"),
+        SqlDialect::Mysql if mariadb => ((major, minor) >= (10, 6), "MariaDB 10.6", "MariaDB"),
+        SqlDialect::Mysql => (major >= 8, "MySQL 8.0", "MySQL"),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Failed::Unusable(Unusable::TooOld {
+            found: format!("{name} {}", crate::logging::shorten(&version, 60)),
+            needed,
+        }))
+    }
+}
+
+/// The schema version the database holds, `None` if it has no schema table (a new database).
+async fn schema_version(
+    dialect: &Dialect,
+    connection: &mut AnyConnection,
+) -> Result<Option<i64>, Failed> {
+    let sql = dialect.sql("SELECT version FROM {schema} WHERE id = 1");
+    match sqlx::query_as::<_, (i64,)>(sqlx::AssertSqlSafe(sql))
+        .fetch_optional(&mut *connection)
+        .await
+    {
+        Ok(Some((version,))) => Ok(Some(version)),
+        // The table exists without its row: an interrupted creation, finished by `create`.
+        Ok(None) => Ok(None),
+        Err(e) if missing_table(&e) => Ok(None),
+        Err(e) => Err(Failed::Before(super::dialect::scrub(&e.to_string()))),
+    }
+}
+
+/// Whether `e` says that a table does not exist (PostgreSQL `42P01`, MySQL 1146).
+fn missing_table(e: &sqlx::Error) -> bool {
+    let Some(db) = e.as_database_error() else {
+        return false;
+    };
+    let number = db
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|d| d.number());
+    db.code().as_deref() == Some("42P01") || number == Some(1146)
+}
+
+/// Creates the tables; a user without the right to is told the SQL to have run for it. Two workers
+/// creating them at once both succeed (every statement is idempotent; a race inside PostgreSQL's
+/// catalog is tried again).
+async fn create(dialect: &Dialect, connection: &mut AnyConnection) -> Result<(), Failed> {
+    for attempt in 0..3 {
+        let mut failed = None;
+        for statement in tables(dialect) {
+            if let Err(e) = connection.execute(sqlx::AssertSqlSafe(statement)).await {
+                failed = Some(e);
+                break;
+            }
+        }
+        let Some(e) = failed else {
+            return Ok(());
+        };
+        let db = e.as_database_error();
+        let code = db.and_then(|d| d.code()).map(|c| c.to_string());
+        let number = db
+            .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+            .map(|d| d.number());
+        let why = super::dialect::scrub(&e.to_string());
+        if code.as_deref() == Some("42501") || matches!(number, Some(1142 | 1044 | 1227)) {
+            return Err(Failed::Unusable(Unusable::NoDdl {
+                why,
+                sql: script(dialect),
+            }));
+        }
+        // Two creators racing on PostgreSQL's catalog: the other one's table is there now.
+        if attempt < 2 && matches!(code.as_deref(), Some("23505" | "42P07")) {
+            continue;
+        }
+        return Err(Failed::Before(why));
+    }
+    let _ = connection.ping().await;
+    Ok(())
+}
