@@ -112,6 +112,11 @@ pub struct CheckArgs {
     /// Show fire times after this instant (RFC 3339, e.g. 2026-10-25T00:00:00Z) instead of now.
     #[arg(long, value_name = "RFC3339", value_parser = parse_instant)]
     pub after: Option<DateTime<Utc>>,
+    /// With a `postgres:` or `mysql:` store: print the SQL that creates the store's tables (what the
+    /// first worker runs on a new database), for an administrator to run when redcron's user may not
+    /// create tables, and nothing else.
+    #[arg(long)]
+    pub sql: bool,
 }
 
 /// Arguments of `next`.
@@ -129,6 +134,11 @@ pub struct NextArgs {
     /// instead of now.
     #[arg(long, value_name = "RFC3339", value_parser = parse_instant)]
     pub after: Option<DateTime<Utc>>,
+    /// With a `postgres:` or `mysql:` store: print the SQL that creates the store's tables (what the
+    /// first worker runs on a new database), for an administrator to run when redcron's user may not
+    /// create tables, and nothing else.
+    #[arg(long)]
+    pub sql: bool,
 }
 
 /// Carries out `args`. Problems the user must fix (config, usage) are printed to stderr and give
@@ -196,8 +206,30 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let after = args.after.unwrap_or_else(Utc::now);
+    let schema = match &config.store {
+        crate::config::StoreConfig::Sql(sql) => Some(crate::store::sql::Schema::new(
+            sql.dialect,
+            &config.lock.key_prefix,
+        )),
+        _ => None,
+    };
+    if args.sql {
+        let Some(schema) = schema else {
+            say_error("--sql: the config names no SQL store (`postgres:` or `mysql:`)");
+            return Ok(ExitCode::from(Exit::Usage));
+        };
+        emit(&schema.script())?;
+        return Ok(ExitCode::from(Exit::Ok));
+    }
     let mut out = String::new();
     out.push_str(&format!("store: {}\n", config.store.summary()));
+    if let Some(schema) = &schema {
+        out.push_str(&format!(
+            "tables: {} (schema {}), created by the first worker if missing; `redcron check --sql` prints their SQL\n",
+            schema.tables().join(", "),
+            crate::store::sql::SCHEMA_VERSION
+        ));
+    }
     let lock = &config.lock;
     out.push_str(&format!(
         "lock: ttl {}, renew every {}, node timeout {}, drift factor {}, {} retries after {}, key prefix {}\n",

@@ -39,7 +39,7 @@ use crate::lock::{LockSettings, QuorumFailure};
 use crate::store::{Health, StoreError};
 
 pub use dialect::Dialect;
-pub use schema::Unusable;
+pub use schema::{Schema, Unusable, SCHEMA_VERSION};
 
 /// How many times a transaction that the server aborted as a serialization failure or a deadlock
 /// (SQLSTATE `40001`, `40P01`; MySQL's 1213 is `40001`) is run again before its caller is told it failed.

@@ -34,6 +34,30 @@ pub enum Unusable {
     NoDdl { why: String, sql: String },
 }
 
+/// The store's tables for one server and key prefix, as `redcron check` shows them.
+pub struct Schema {
+    dialect: Dialect,
+}
+
+impl Schema {
+    /// The tables of a `kind` store with `key_prefix`.
+    pub fn new(kind: SqlDialect, key_prefix: &str) -> Schema {
+        Schema {
+            dialect: Dialect::new(kind, key_prefix),
+        }
+    }
+
+    /// The tables' names, in the order they are created.
+    pub fn tables(&self) -> Vec<String> {
+        TABLES.iter().map(|table| self.dialect.table(table)).collect()
+    }
+
+    /// The SQL that creates them ([`script`]).
+    pub fn script(&self) -> String {
+        script(&self.dialect)
+    }
+}
+
 /// The columns of each table, in order, with their types (`{key}`, `{text}`, `{job}`, `{id}` per
 /// server, see [`Dialect::sql`]), and the primary key.
 fn columns(table: &str) -> (&'static [(&'static str, &'static str)], &'static str) {
