@@ -44,11 +44,8 @@ pub(super) fn sql(
         return None;
     };
     if let Some(why) = url_problem(&url.value, dialect) {
-        let why = format!(
-            "invalid {} URL {}: {why}",
-            server(dialect),
-            shown(&url.value)
-        );
+        let shown = shown(&url.value).map_or(String::new(), |url| format!(" {url}"));
+        let why = format!("invalid {} URL{shown}: {why}", server(dialect));
         report.error(url.mark, &format!("{section}.url"), why);
     }
     let tls = match &raw.tls {
@@ -146,11 +143,23 @@ fn example(dialect: SqlDialect) -> &'static str {
 }
 
 /// `url` as a message may show it: redacted, without a query string or fragment (which may hold a
-/// password too).
-fn shown(url: &str) -> String {
+/// password too); nothing if it does not begin with a scheme, as text before a `://` could be anything.
+fn shown(url: &str) -> Option<String> {
+    let (scheme, _) = url.split_once("://")?;
+    if !plain_scheme(scheme) {
+        return None;
+    }
     let redacted = redact(url);
     let end = redacted.find(['?', '#']).unwrap_or(redacted.len());
-    redacted[..end].to_string()
+    Some(redacted[..end].to_string())
+}
+
+/// Whether `scheme` is one as URLs write them.
+fn plain_scheme(scheme: &str) -> bool {
+    !scheme.is_empty()
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
 }
 
 /// Why `url` does not name a server and database of `dialect`, if it does not; never quoting the user
@@ -177,12 +186,8 @@ fn url_problem(url: &str, dialect: SqlDialect) -> Option<String> {
         ));
     }
     if !ours.contains(&scheme) {
-        let plain = !scheme.is_empty()
-            && scheme
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
         // Only a scheme that looks like one is quoted: text before a `://` could be anything.
-        let named = if plain {
+        let named = if plain_scheme(scheme) {
             format!("scheme {scheme}:// is not supported")
         } else {
             "no scheme".to_string()
@@ -337,10 +342,15 @@ mod tests {
     #[test]
     fn shown_urls_hold_no_password() {
         assert_eq!(
-            shown("postgres://u:secret@h/db?password=x"),
-            "postgres://u:***@h/db"
+            shown("postgres://u:secret@h/db?password=x").as_deref(),
+            Some("postgres://u:***@h/db")
         );
-        assert_eq!(shown("postgres://u:a/b@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            shown("postgres://u:a/b@h/db").as_deref(),
+            Some("postgres://u:***@h/db")
+        );
+        assert_eq!(shown("u:secret@h://db"), None);
+        assert_eq!(shown("u:secret@h/db"), None);
     }
 
     #[test]
