@@ -1054,7 +1054,7 @@ fn sql_section_problems_name_their_field() {
             "jobs.yaml:3:14: postgres.pool_size: invalid pool_size \"0\": expected a whole number from 1 to 64",
         ),
         (
-            format!("mysql:\n  url: mysql://h/cron\n  pool_size: 65\n"),
+            "mysql:\n  url: mysql://h/cron\n  pool_size: 65\n".to_string(),
             "jobs.yaml:3:14: mysql.pool_size: invalid pool_size \"65\"",
         ),
         (
@@ -1066,7 +1066,7 @@ fn sql_section_problems_name_their_field() {
             "jobs.yaml:3:14: postgres.cert_file: missing `key_file`: a client certificate needs its key",
         ),
         (
-            format!("mysql:\n  url: mysql://h/cron\n  key_file: k.pem\n"),
+            "mysql:\n  url: mysql://h/cron\n  key_file: k.pem\n".to_string(),
             "jobs.yaml:3:13: mysql.key_file: missing `cert_file`",
         ),
         (
@@ -1098,7 +1098,7 @@ fn sql_section_problems_name_their_field() {
             "jobs.yaml:3:1: mysql: `mysql:` and `postgres:` cannot both be given",
         ),
         (
-            format!("mysql:\n  url: mysql://h/cron\nembedded:\n  path: cron.db\n"),
+            "mysql:\n  url: mysql://h/cron\nembedded:\n  path: cron.db\n".to_string(),
             "jobs.yaml:3:1: embedded: `embedded:` and `mysql:` cannot both be given",
         ),
     ];
