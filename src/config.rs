@@ -20,6 +20,7 @@ mod etcd;
 mod jobs;
 mod raw;
 mod retry;
+mod sql;
 mod store;
 mod validate;
 

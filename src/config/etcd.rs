@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::raw::{RawEtcd, Spanned};
+use super::validate::{config_file, pair};
 use super::{EtcdConfig, Report};
 
 /// `lock.node_timeout` with an etcd store, unless given: an etcd write is a Raft commit (an fsync on a
@@ -61,19 +62,13 @@ pub(super) fn etcd(raw: &RawEtcd, config_path: &Path, report: &mut Report) -> Op
         let why = "endpoints mix http:// and https://: a cluster serves its clients one way; write every endpoint with the same scheme";
         report.error(endpoints.mark, "etcd.endpoints", why);
     }
-    let dir = config_path.parent().unwrap_or(Path::new(""));
     let file = |value: &Option<Spanned<String>>, field: &str, report: &mut Report| {
         let value = value.as_ref()?;
         if !https {
             let why = format!("{field} needs https:// endpoints: the endpoints are http://, so the connection would not use TLS");
             report.error(value.mark, &format!("etcd.{field}"), why);
         }
-        if value.value.trim().is_empty() {
-            report.error(value.mark, &format!("etcd.{field}"), "an empty file name");
-            return None;
-        }
-        let path = dir.join(&value.value);
-        Some(std::path::absolute(&path).unwrap_or(path))
+        config_file(value, &format!("etcd.{field}"), config_path, report)
     };
     let trusted_ca_file = file(&raw.trusted_ca_file, "trusted_ca_file", report);
     let cert_file = file(&raw.cert_file, "cert_file", report);
@@ -82,7 +77,7 @@ pub(super) fn etcd(raw: &RawEtcd, config_path: &Path, report: &mut Report) -> Op
         (cert_file, &raw.cert_file, "cert_file"),
         (key_file, &raw.key_file, "key_file"),
         "a client certificate needs its key",
-        raw.mark,
+        ("etcd", raw.mark),
         report,
     );
     let user = pair(
@@ -97,7 +92,7 @@ pub(super) fn etcd(raw: &RawEtcd, config_path: &Path, report: &mut Report) -> Op
             "password",
         ),
         "etcd's auth takes a user name with its password",
-        raw.mark,
+        ("etcd", raw.mark),
         report,
     );
     Some(EtcdConfig {
@@ -110,35 +105,6 @@ pub(super) fn etcd(raw: &RawEtcd, config_path: &Path, report: &mut Report) -> Op
         trusted_ca_file,
         client_identity,
     })
-}
-
-/// Both values of a pair of fields, or neither; one without the other is reported at the one given.
-fn pair<T>(
-    first: (Option<T>, &Option<Spanned<String>>, &str),
-    second: (Option<T>, &Option<Spanned<String>>, &str),
-    why: &str,
-    section: super::yaml::Mark,
-    report: &mut Report,
-) -> Option<(T, T)> {
-    match (first.0, second.0) {
-        (Some(a), Some(b)) => Some((a, b)),
-        (None, None) => None,
-        (given, _) => {
-            let (present, missing) = if given.is_some() {
-                (first.1, second.2)
-            } else {
-                (second.1, first.2)
-            };
-            let field = if given.is_some() { first.2 } else { second.2 };
-            let mark = present.as_ref().map_or(section, |value| value.mark);
-            report.error(
-                mark,
-                &format!("etcd.{field}"),
-                format!("missing `{missing}`: {why}"),
-            );
-            None
-        }
-    }
 }
 
 /// The scheme (`http` or `https`) and `host:port` of an endpoint, or why it is not one.

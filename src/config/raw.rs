@@ -23,6 +23,8 @@ pub(crate) struct Spanned<T> {
 pub(crate) struct RawConfig {
     pub redis: Option<RawRedis>,
     pub etcd: Option<RawEtcd>,
+    pub postgres: Option<RawSql>,
+    pub mysql: Option<RawSql>,
     pub embedded: Option<RawEmbedded>,
     pub lock: RawLock,
     pub worker: RawWorker,
@@ -54,6 +56,20 @@ pub(crate) struct RawEtcd {
     pub trusted_ca_file: Option<Spanned<String>>,
     pub cert_file: Option<Spanned<String>>,
     pub key_file: Option<Spanned<String>>,
+}
+
+/// `postgres:` or `mysql:`: one SQL server, its TLS settings (libpq's `sslmode` names) and pool.
+#[derive(Debug)]
+pub(crate) struct RawSql {
+    /// Where the section's key (`postgres` or `mysql`) is written.
+    pub mark: Mark,
+    pub url: Option<Spanned<String>>,
+    pub key_prefix: Option<Spanned<String>>,
+    pub tls: Option<Spanned<String>>,
+    pub ca_file: Option<Spanned<String>>,
+    pub cert_file: Option<Spanned<String>>,
+    pub key_file: Option<Spanned<String>>,
+    pub pool_size: Option<Spanned<String>>,
 }
 
 #[derive(Debug)]
@@ -147,6 +163,14 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
     let etcd = top
         .take("etcd")
         .and_then(|node| read_etcd(node, etcd_key.unwrap_or(node.mark), report));
+    let postgres_key = top.key_mark("postgres");
+    let postgres = top
+        .take("postgres")
+        .and_then(|node| read_sql(node, "postgres", postgres_key.unwrap_or(node.mark), report));
+    let mysql_key = top.key_mark("mysql");
+    let mysql = top
+        .take("mysql")
+        .and_then(|node| read_sql(node, "mysql", mysql_key.unwrap_or(node.mark), report));
     let embedded_key = top.key_mark("embedded");
     let embedded = top
         .take("embedded")
@@ -180,6 +204,8 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
     RawConfig {
         redis,
         etcd,
+        postgres,
+        mysql,
         embedded,
         lock,
         worker,
@@ -221,6 +247,23 @@ fn read_etcd(node: &Node, key: Mark, report: &mut Report) -> Option<RawEtcd> {
     };
     fields.finish(report);
     Some(etcd)
+}
+
+/// `postgres:` or `mysql:` (`section`): both take the same fields.
+fn read_sql(node: &Node, section: &str, key: Mark, report: &mut Report) -> Option<RawSql> {
+    let mut fields = Fields::of(node, section, report)?;
+    let sql = RawSql {
+        mark: key,
+        url: fields.scalar("url", report),
+        key_prefix: fields.scalar("key_prefix", report),
+        tls: fields.scalar("tls", report),
+        ca_file: fields.scalar("ca_file", report),
+        cert_file: fields.scalar("cert_file", report),
+        key_file: fields.scalar("key_file", report),
+        pool_size: fields.scalar("pool_size", report),
+    };
+    fields.finish(report);
+    Some(sql)
 }
 
 /// A list of single values (`redis.nodes`, `etcd.endpoints`), each with its position.

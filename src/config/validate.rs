@@ -8,15 +8,17 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redis::IntoConnectionInfo as _;
 
-use super::raw::{RawConfig, RawEmbedded, RawHistory, RawLock, RawRedis, RawWorker, Spanned};
+use super::raw::{
+    RawConfig, RawEmbedded, RawHistory, RawLock, RawRedis, RawSql, RawWorker, Spanned,
+};
 use super::yaml::Mark;
-use super::{Config, EmbeddedConfig, RedisConfig, Report, StoreConfig, WorkerConfig};
+use super::{Config, EmbeddedConfig, RedisConfig, Report, SqlDialect, StoreConfig, WorkerConfig};
 use crate::history::HistorySettings;
 use crate::lock::{default_stop_grace, drift, renewal_slack, LockSettings};
 use crate::store::redis::node::redact;
@@ -33,20 +35,31 @@ pub(crate) fn config(
     variables_under: &dyn Fn(&str) -> BTreeSet<String>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Config {
-    // The store's section names the key prefix: `redis.key_prefix` or `etcd.key_prefix`.
-    let key_prefix = match (&raw.redis, &raw.etcd) {
-        (Some(redis), _) => redis.key_prefix.as_ref().map(|p| (p, "redis.key_prefix")),
-        (None, Some(etcd)) => etcd.key_prefix.as_ref().map(|p| (p, "etcd.key_prefix")),
-        (None, None) => None,
+    let sql = sql_section(&raw);
+    // The store's section names the key prefix: `redis.key_prefix`, `etcd.key_prefix`, ...
+    let (kind, key_prefix) = match (&raw.redis, &raw.etcd, sql) {
+        (Some(redis), _, _) => (StoreKind::Redis, section_prefix("redis", &redis.key_prefix)),
+        (None, Some(etcd), _) => (StoreKind::Etcd, section_prefix("etcd", &etcd.key_prefix)),
+        (None, None, Some((dialect, section))) => (
+            StoreKind::Sql,
+            section_prefix(dialect.section(), &section.key_prefix),
+        ),
+        (None, None, None) => (StoreKind::Redis, None),
     };
-    let lock = lock(&raw.lock, key_prefix, raw.etcd.is_some(), report);
+    let key_prefix = key_prefix
+        .as_ref()
+        .map(|(prefix, field)| (*prefix, field.as_str()));
+    let lock = lock(&raw.lock, key_prefix, kind, report);
     one_store_section(&raw, report);
     // No store section is legal: the worker warns at start that it uses the embedded store. A section
     // that names no store is reported; the embedded store stands in for it in this (invalid) config.
-    let store = match (&raw.redis, &raw.etcd) {
-        (Some(section), _) => redis(section, report).map(StoreConfig::Redis),
-        (None, Some(section)) => super::etcd::etcd(section, path, report).map(StoreConfig::Etcd),
-        (None, None) => None,
+    let store = match (&raw.redis, &raw.etcd, sql) {
+        (Some(section), _, _) => redis(section, report).map(StoreConfig::Redis),
+        (None, Some(section), _) => super::etcd::etcd(section, path, report).map(StoreConfig::Etcd),
+        (None, None, Some((dialect, section))) => {
+            super::sql::sql(section, dialect, path, report).map(StoreConfig::Sql)
+        }
+        (None, None, None) => None,
     };
     let store = store.unwrap_or_else(|| {
         let section = raw.embedded.as_ref();
@@ -70,13 +83,32 @@ pub(crate) fn config(
     }
 }
 
-/// Reports every store section after the first given (in the order `redis`, `etcd`, `embedded`, which
-/// picks the store), at its key, naming the section it conflicts with and where that is: workers claim
-/// ticks in one store.
+/// The SQL section given, `postgres:` before `mysql:` (the order [`one_store_section`] keeps).
+fn sql_section(raw: &RawConfig) -> Option<(SqlDialect, &RawSql)> {
+    let postgres = raw.postgres.as_ref().map(|s| (SqlDialect::Postgres, s));
+    postgres.or_else(|| raw.mysql.as_ref().map(|s| (SqlDialect::Mysql, s)))
+}
+
+/// A section's `key_prefix`, if given, with its field name.
+fn section_prefix<'a>(
+    section: &str,
+    prefix: &'a Option<Spanned<String>>,
+) -> Option<(&'a Spanned<String>, String)> {
+    let prefix = prefix.as_ref()?;
+    Some((prefix, format!("{section}.key_prefix")))
+}
+
+/// Reports every store section after the first given (in the order `redis`, `etcd`, `postgres`,
+/// `mysql`, `embedded`, which picks the store), at its key, naming the section it conflicts with and
+/// where that is: workers claim ticks in one store.
 fn one_store_section(raw: &RawConfig, report: &mut Report) {
     let given: Vec<(&str, Mark)> = [
         raw.redis.as_ref().map(|section| ("redis", section.key)),
         raw.etcd.as_ref().map(|section| ("etcd", section.mark)),
+        raw.postgres
+            .as_ref()
+            .map(|section| ("postgres", section.mark)),
+        raw.mysql.as_ref().map(|section| ("mysql", section.mark)),
         raw.embedded
             .as_ref()
             .map(|section| ("embedded", section.mark)),
@@ -95,22 +127,59 @@ fn one_store_section(raw: &RawConfig, report: &mut Report) {
     }
 }
 
-/// The lock settings; `key_prefix` is the store section's, with its field name. With `etcd` (an etcd
-/// store) `node_timeout` defaults to [`super::etcd::DEFAULT_NODE_TIMEOUT`] (at most `ttl/10`), and the
-/// key prefix may hold `/`.
+/// The kind of store the config's section names, as far as `lock:` depends on it: how long one write
+/// may take by default (`node_timeout`), and what a key prefix may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreKind {
+    /// `redis:`, or the embedded store (no section, or `embedded:`): keys as Redis takes them.
+    Redis,
+    /// `etcd:`: a write is a Raft commit, and keys may hold `/`.
+    Etcd,
+    /// `postgres:` or `mysql:`: a write is a commit, and the prefix names tables.
+    Sql,
+}
+
+impl StoreKind {
+    /// `lock.node_timeout` unless given: the store's own default, at most `ttl/10`, for a store whose
+    /// write is an fsync on a server (etcd, SQL) rather than a Redis script in memory.
+    fn default_node_timeout(self, ttl: Duration) -> Duration {
+        match self {
+            StoreKind::Redis => LockSettings::default().node_timeout,
+            StoreKind::Etcd => super::etcd::DEFAULT_NODE_TIMEOUT.min(ttl / 10),
+            StoreKind::Sql => super::sql::DEFAULT_NODE_TIMEOUT.min(ttl / 10),
+        }
+    }
+
+    /// Why `prefix` cannot be this store's key prefix, if it cannot.
+    fn prefix_problem(self, prefix: &str) -> Option<String> {
+        let allowed = |extra: &str| {
+            !prefix.is_empty()
+                && prefix
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+        };
+        match self {
+            StoreKind::Redis if !allowed("_.:-") => Some(format!("invalid key_prefix {prefix:?}: use letters, digits and `_ . : -` (braces would change Redis hash slots)")),
+            StoreKind::Etcd if !allowed("_.:-/") => Some(format!(
+                "invalid key_prefix {prefix:?}: use letters, digits and `_ . : - /`"
+            )),
+            StoreKind::Sql => super::sql::table_prefix_problem(prefix),
+            StoreKind::Redis | StoreKind::Etcd => None,
+        }
+    }
+}
+
+/// The lock settings; `key_prefix` is the store section's, with its field name. The store's `kind`
+/// gives `node_timeout`'s default and what the key prefix may hold ([`StoreKind`]).
 fn lock(
     raw: &RawLock,
     key_prefix: Option<(&Spanned<String>, &str)>,
-    etcd: bool,
+    kind: StoreKind,
     report: &mut Report,
 ) -> LockSettings {
     let defaults = LockSettings::default();
     let ttl = positive_duration(raw.ttl.as_ref(), "lock.ttl", report).unwrap_or(defaults.ttl);
-    let default_node_timeout = if etcd {
-        super::etcd::DEFAULT_NODE_TIMEOUT.min(ttl / 10)
-    } else {
-        defaults.node_timeout
-    };
+    let default_node_timeout = kind.default_node_timeout(ttl);
     let node_timeout = positive_duration(raw.node_timeout.as_ref(), "lock.node_timeout", report)
         .unwrap_or(default_node_timeout);
     if node_timeout * 10 > ttl {
@@ -140,30 +209,15 @@ fn lock(
     let retries = retries(raw.retries.as_ref(), "lock.retries", report).unwrap_or(defaults.retries);
     let retry_delay = duration(raw.retry_delay.as_ref(), "lock.retry_delay", report)
         .unwrap_or(defaults.retry_delay);
-    let allowed = if etcd { "_.:-/" } else { "_.:-" };
     let key_prefix = match key_prefix {
         None => defaults.key_prefix,
-        Some((prefix, _))
-            if !prefix.value.is_empty()
-                && prefix
-                    .value
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || allowed.contains(c)) =>
-        {
-            prefix.value.clone()
-        }
-        Some((prefix, field)) => {
-            let why = if etcd {
-                format!(
-                    "invalid key_prefix {:?}: use letters, digits and `_ . : - /`",
-                    prefix.value
-                )
-            } else {
-                format!("invalid key_prefix {:?}: use letters, digits and `_ . : -` (braces would change Redis hash slots)", prefix.value)
-            };
-            report.error(prefix.mark, field, why);
-            defaults.key_prefix
-        }
+        Some((prefix, field)) => match kind.prefix_problem(&prefix.value) {
+            None => prefix.value.clone(),
+            Some(why) => {
+                report.error(prefix.mark, field, why);
+                defaults.key_prefix
+            }
+        },
     };
     LockSettings {
         ttl,
@@ -325,6 +379,55 @@ fn node_address(url: &str) -> Result<String, String> {
         text.trim_end_matches(" - InvalidClientConfig").to_string()
     })?;
     Ok(format!("{host}:{port}"))
+}
+
+/// A file a store's setting names (a CA, a certificate, a key): relative to the config file's directory,
+/// so that workers started from anywhere with the same config read the same file, and made absolute, so
+/// that errors name it unambiguously. An empty name is reported. The file is read when the store opens.
+pub(super) fn config_file(
+    value: &Spanned<String>,
+    field: &str,
+    config_path: &Path,
+    report: &mut Report,
+) -> Option<PathBuf> {
+    if value.value.trim().is_empty() {
+        report.error(value.mark, field, "an empty file name");
+        return None;
+    }
+    let dir = config_path.parent().unwrap_or(Path::new(""));
+    let path = dir.join(&value.value);
+    Some(std::path::absolute(&path).unwrap_or(path))
+}
+
+/// Both values of a pair of fields of a store's section (a certificate and its key, a user and its
+/// password), or neither; one without the other is reported at the one given, as `<section>.<field>`
+/// (at the section's key if the given one is no longer at hand).
+pub(super) fn pair<T>(
+    first: (Option<T>, &Option<Spanned<String>>, &str),
+    second: (Option<T>, &Option<Spanned<String>>, &str),
+    why: &str,
+    (section, at): (&str, Mark),
+    report: &mut Report,
+) -> Option<(T, T)> {
+    match (first.0, second.0) {
+        (Some(a), Some(b)) => Some((a, b)),
+        (None, None) => None,
+        (given, _) => {
+            let (present, missing) = if given.is_some() {
+                (first.1, second.2)
+            } else {
+                (second.1, first.2)
+            };
+            let field = if given.is_some() { first.2 } else { second.2 };
+            let mark = present.as_ref().map_or(at, |value| value.mark);
+            report.error(
+                mark,
+                &format!("{section}.{field}"),
+                format!("missing `{missing}`: {why}"),
+            );
+            None
+        }
+    }
 }
 
 /// The embedded store's database file: `embedded.path`, relative to the config file's directory (so

@@ -9,7 +9,8 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 
 use redcron::config::{
-    parse_with_env, Command, Config, ConfigError, InheritEnv, Problem, StoreConfig,
+    parse_with_env, Command, Config, ConfigError, InheritEnv, Problem, SqlConfig, SqlDialect,
+    SqlTls, StoreConfig,
 };
 use redcron::lock::Overlap;
 
@@ -18,6 +19,7 @@ fn env(name: &str) -> Option<String> {
     match name {
         "REDIS_PASSWORD" => Some("s3cret".to_string()),
         "BUCKET" => Some("reports".to_string()),
+        "SQL_PASSWORD" => Some("pg-s3cret".to_string()),
         _ => None,
     }
 }
@@ -198,7 +200,7 @@ fn unknown_fields() {
         lines[1]
     );
     let got = only_problem(&format!("{JOB}colour: blue\n"));
-    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `etcd`, `embedded`, `lock`, `worker`, `history`, `alerts`, `jobs`"), "{got}");
+    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `etcd`, `postgres`, `mysql`, `embedded`, `lock`, `worker`, `history`, `alerts`, `jobs`"), "{got}");
 }
 
 /// A bad cron expression points at the value and says which field is wrong.
@@ -842,4 +844,278 @@ fn etcd_section_problems_name_their_field() {
         .map(|(got, expected)| format!("got      {got}\nexpected {expected}"))
         .collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// `postgres:` and `mysql:` read back as written, files relative to the config file and made absolute;
+/// the URL's `${VAR}` is the store's (kept from jobs), the node timeout defaults as etcd's (a commit is an
+/// fsync on the server), and the key prefix names tables.
+#[test]
+fn sql_sections_read_back() {
+    let config = ok(&format!(
+        "postgres:\n  url: \"postgres://cron:${{SQL_PASSWORD}}@db.example:5432/redcron\"\n  key_prefix: cron_prod\n  \
+         tls: verify-full\n  ca_file: tls/ca.pem\n  cert_file: /etc/redcron/client.pem\n  key_file: tls/client.key\n  \
+         pool_size: 16\n{JOB}    env: {{B: \"${{BUCKET}}\"}}\n"
+    ));
+    let absolute = |path: &str| std::path::absolute(path).expect("an absolute path");
+    let expected = SqlConfig {
+        dialect: SqlDialect::Postgres,
+        url: "postgres://cron:pg-s3cret@db.example:5432/redcron".to_string(),
+        tls: SqlTls::VerifyFull,
+        ca_file: Some(absolute("tls/ca.pem")),
+        client_identity: Some(("/etc/redcron/client.pem".into(), absolute("tls/client.key"))),
+        pool_size: 16,
+    };
+    assert_eq!(config.store, StoreConfig::Sql(expected));
+    assert_eq!(config.lock.key_prefix, "cron_prod");
+    assert_eq!(config.lock.node_timeout, Duration::from_millis(500));
+    // The job inherits everything but the password's variable (`inherit_env: all` less these).
+    assert_eq!(
+        config.store_env_vars,
+        BTreeSet::from(["SQL_PASSWORD".to_string()])
+    );
+    assert_eq!(config.jobs[0].inherit_env, InheritEnv::All);
+
+    let config = ok(&format!(
+        "mysql:\n  url: mariadb://db/cron\nlock:\n  ttl: 2s\n{JOB}"
+    ));
+    let expected = SqlConfig {
+        dialect: SqlDialect::Mysql,
+        url: "mariadb://db/cron".to_string(),
+        tls: SqlTls::Prefer,
+        ca_file: None,
+        client_identity: None,
+        pool_size: SqlConfig::DEFAULT_POOL_SIZE,
+    };
+    assert_eq!(config.store, StoreConfig::Sql(expected));
+    assert_eq!(config.lock.key_prefix, "redcron");
+    // 500 ms, capped at ttl/10.
+    assert_eq!(config.lock.node_timeout, Duration::from_millis(200));
+    assert!(config.store_env_vars.is_empty());
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+/// The `url` values each check refuses, under `postgres:` (or `mysql:`), with the start of the message:
+/// each is reported at the URL with its field, and none shows the password (`hunter2`).
+const BAD_SQL_URLS: &[(&str, &str, &str)] = &[
+    (
+        "postgres",
+        "db.example/cron",
+        "invalid PostgreSQL URL: expected postgres://",
+    ),
+    (
+        "postgres",
+        "mysql://u:hunter2@h/cron",
+        "invalid PostgreSQL URL mysql://u:***@h/cron: mysql:// is a MySQL URL: write it under `mysql:` instead of `postgres:`",
+    ),
+    (
+        "mysql",
+        "postgresql://u:hunter2@h/cron",
+        "invalid MySQL URL postgresql://u:***@h/cron: postgresql:// is a PostgreSQL URL: write it under `postgres:`",
+    ),
+    (
+        "postgres",
+        "u:hunter2@h://cron",
+        "invalid PostgreSQL URL: no scheme; use postgres:// or postgresql://",
+    ),
+    (
+        "postgres",
+        "redis://u:hunter2@h/cron",
+        "invalid PostgreSQL URL redis://u:***@h/cron: scheme redis:// is not supported; use postgres:// or postgresql://",
+    ),
+    (
+        "postgres",
+        "postgres://u:hunter2@/cron",
+        "invalid PostgreSQL URL postgres://u:***@/cron: missing host",
+    ),
+    (
+        "mysql",
+        "mysql://u:hunter2@h:3306",
+        "invalid MySQL URL mysql://u:***@h:3306: missing database",
+    ),
+    (
+        "postgres",
+        "postgres://u:hunter2@h/cron/x",
+        "invalid PostgreSQL URL postgres://u:***@h/cron/x: database \"cron/x\" has more than one path segment",
+    ),
+    (
+        "postgres",
+        "postgres://u:hunter2@h:0/cron",
+        "invalid PostgreSQL URL postgres://u:***@h:0/cron: invalid port \"0\": expected a number from 1 to 65535, or none for 5432",
+    ),
+    (
+        "mysql",
+        "mysql://u:hunter2@h:99999/cron",
+        "invalid MySQL URL mysql://u:***@h:99999/cron: invalid port \"99999\": expected a number from 1 to 65535, or none for 3306",
+    ),
+    (
+        "postgres",
+        "postgres://u:hunter2@h/cron?sslmode=require&password=hunter2",
+        "invalid PostgreSQL URL postgres://u:***@h/cron: a query string (`?...`) is not read: set TLS with the fields `tls`, `ca_file`",
+    ),
+    (
+        "mysql",
+        "mysql://u:hunter2@h/cron#hunter2",
+        "invalid MySQL URL mysql://u:***@h/cron: a fragment (`#...`) is not read",
+    ),
+    (
+        "postgres",
+        "postgres://u:hunter2/x@h/cron",
+        "invalid PostgreSQL URL postgres://u:***@h/cron: an `@` after a `/`, `?` or `#`: percent-encode",
+    ),
+];
+
+/// Each bad URL is one problem at `<section>.url`, with its line and column, and no password.
+#[test]
+fn bad_sql_urls_name_their_field_and_hide_the_password() {
+    for (section, url, expected) in BAD_SQL_URLS {
+        let got = only_problem(&format!("{section}:\n  url: \"{url}\"\n{JOB}"));
+        let expected = format!("jobs.yaml:2:8: {section}.url: {expected}");
+        assert!(
+            got.starts_with(&expected),
+            "got      {got}\nexpected {expected}"
+        );
+        assert!(!got.contains("hunter2"), "{got}");
+    }
+}
+
+/// `redcron check` on each bad URL, the password given through `${VAR}`: exit 2, the problem's
+/// `file:line:column: field:`, and the password nowhere in the output.
+#[test]
+fn check_refuses_bad_sql_urls_with_exit_2_and_no_password() {
+    use crate::cli::{output, redcron};
+    for (section, url, expected) in BAD_SQL_URLS {
+        let dir = crate::support::TestDir::new();
+        let url = url.replace("hunter2", "${SQL_PASSWORD}");
+        dir.write("jobs.yaml", format!("{section}:\n  url: \"{url}\"\n{JOB}"));
+        let mut command = redcron(dir.path());
+        command.arg("check").env("SQL_PASSWORD", "hunter2");
+        let (code, stdout, stderr) = output(&mut command);
+        assert_eq!(code, 2, "{url}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+        let prefix = format!("jobs.yaml:2:8: {section}.url: ");
+        assert!(
+            stderr.lines().any(|line| line.starts_with(&prefix)),
+            "no line starting with {prefix:?} ({expected}) in:\n{stderr}"
+        );
+        assert!(
+            !stdout.contains("hunter2") && !stderr.contains("hunter2"),
+            "{stderr}"
+        );
+    }
+}
+
+/// `redcron check` names the SQL store, its database, TLS mode and pool, with the password redacted.
+#[test]
+fn check_prints_the_sql_store_without_its_password() {
+    use crate::cli::{output, redcron};
+    let dir = crate::support::TestDir::new();
+    let yaml = format!("postgres:\n  url: \"postgres://cron:${{SQL_PASSWORD}}@db.example:5432/redcron\"\n  tls: require\n{JOB}");
+    dir.write("jobs.yaml", yaml);
+    let (code, stdout, stderr) = output(
+        redcron(dir.path())
+            .arg("check")
+            .env("SQL_PASSWORD", "hunter2"),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.lines().any(|line| line
+            == "store: PostgreSQL, database postgres://cron:***@db.example:5432/redcron (TLS require, a pool of 8 connections)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("key prefix redcron"), "{stdout}");
+    assert!(
+        !stdout.contains("hunter2") && !stderr.contains("hunter2"),
+        "{stdout}{stderr}"
+    );
+}
+
+/// Every other setting of a SQL section checked with its line, column and field; one store per config.
+#[test]
+fn sql_section_problems_name_their_field() {
+    let url = "  url: postgres://h/cron\n";
+    let cases = [
+        (
+            "postgres:\n  pool_size: 4\n".to_string(),
+            "jobs.yaml:1:1: postgres.url: missing field `url`",
+        ),
+        (
+            format!("postgres:\n{url}  password: x\n"),
+            "jobs.yaml:3:3: postgres.password: unknown field `password`; expected one of `url`, `key_prefix`, `tls`, `ca_file`, `cert_file`, `key_file`, `pool_size`",
+        ),
+        (
+            format!("postgres:\n{url}  tls: verify\n"),
+            "jobs.yaml:3:8: postgres.tls: invalid tls \"verify\": expected disable, prefer, require, verify-ca or verify-full",
+        ),
+        (
+            format!("postgres:\n{url}  tls: true\n"),
+            "jobs.yaml:3:8: postgres.tls: invalid tls \"true\"",
+        ),
+        (
+            format!("postgres:\n{url}  pool_size: 0\n"),
+            "jobs.yaml:3:14: postgres.pool_size: invalid pool_size \"0\": expected a whole number from 1 to 64",
+        ),
+        (
+            "mysql:\n  url: mysql://h/cron\n  pool_size: 65\n".to_string(),
+            "jobs.yaml:3:14: mysql.pool_size: invalid pool_size \"65\"",
+        ),
+        (
+            format!("postgres:\n{url}  pool_size: many\n"),
+            "jobs.yaml:3:14: postgres.pool_size: invalid pool_size \"many\"",
+        ),
+        (
+            format!("postgres:\n{url}  cert_file: c.pem\n"),
+            "jobs.yaml:3:14: postgres.cert_file: missing `key_file`: a client certificate needs its key",
+        ),
+        (
+            "mysql:\n  url: mysql://h/cron\n  key_file: k.pem\n".to_string(),
+            "jobs.yaml:3:13: mysql.key_file: missing `cert_file`",
+        ),
+        (
+            format!("postgres:\n{url}  tls: disable\n  ca_file: ca.pem\n"),
+            "jobs.yaml:4:12: postgres.ca_file: ca_file needs TLS: with tls: disable the connection does not use TLS",
+        ),
+        (
+            format!("postgres:\n{url}  ca_file: ca.pem\n"),
+            "jobs.yaml:3:12: postgres.ca_file: ca_file is not used with tls: prefer (the default), which does not check the server's certificate: verify-ca or verify-full checks the certificate against ca_file",
+        ),
+        (
+            format!("postgres:\n{url}  tls: require\n  ca_file: ca.pem\n"),
+            "jobs.yaml:4:12: postgres.ca_file: ca_file is not used with tls: require,",
+        ),
+        (
+            format!("postgres:\n{url}  key_prefix: red-cron\n"),
+            "jobs.yaml:3:15: postgres.key_prefix: invalid key_prefix \"red-cron\": it begins the table names",
+        ),
+        (
+            format!("mysql:\n  url: mysql://h/cron\n  key_prefix: {}\n", "c".repeat(41)),
+            "jobs.yaml:3:15: mysql.key_prefix: key_prefix \"ccccccccccccccccccccccccccccccccccccccccc\" has 41 characters, more than 40",
+        ),
+        (
+            format!("redis:\n  nodes: [redis://a:1]\npostgres:\n{url}"),
+            "jobs.yaml:3:1: postgres: `postgres:` and `redis:` cannot both be given",
+        ),
+        (
+            format!("postgres:\n{url}mysql:\n  url: mysql://h/cron\n"),
+            "jobs.yaml:3:1: mysql: `mysql:` and `postgres:` cannot both be given",
+        ),
+        (
+            "mysql:\n  url: mysql://h/cron\nembedded:\n  path: cron.db\n".to_string(),
+            "jobs.yaml:3:1: embedded: `embedded:` and `mysql:` cannot both be given",
+        ),
+    ];
+    let wrong: Vec<String> = cases
+        .iter()
+        .map(|(section, expected)| (only_problem(&format!("{section}{JOB}")), expected))
+        .filter(|(got, expected)| !got.starts_with(*expected))
+        .map(|(got, expected)| format!("got      {got}\nexpected {expected}"))
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // With TLS on, every file is taken; a verifying mode takes the CA.
+    let config = ok(&format!(
+        "postgres:\n{url}  tls: verify-ca\n  ca_file: ca.pem\n{JOB}"
+    ));
+    let StoreConfig::Sql(sql) = &config.store else {
+        panic!("expected a SQL store, got {:?}", config.store)
+    };
+    assert_eq!(sql.tls, SqlTls::VerifyCa);
+    assert!(sql.ca_file.as_ref().is_some_and(|ca| ca.is_absolute()));
 }
