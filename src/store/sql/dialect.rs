@@ -22,11 +22,14 @@ pub struct Dialect {
 impl Dialect {
     /// The dialect of `kind` for tables named `<prefix>_<table>` (`prefix` is checked by the config: letters,
     /// digits and `_`, so it is a plain identifier in both servers).
+    /// PostgreSQL folds unquoted names to lower case, so its prefix is kept in lower case: the names the
+    /// schema check looks up are then the names the tables have.
     pub fn new(kind: SqlDialect, prefix: &str) -> Dialect {
-        Dialect {
-            kind,
-            prefix: prefix.to_string(),
-        }
+        let prefix = match kind {
+            SqlDialect::Postgres => prefix.to_ascii_lowercase(),
+            SqlDialect::Mysql => prefix.to_string(),
+        };
+        Dialect { kind, prefix }
     }
 
     /// Which server.

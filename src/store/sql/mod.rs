@@ -133,7 +133,9 @@ impl SqlStore {
             .acquire_timeout(settings.node_timeout * 2)
             .idle_timeout(Duration::from_secs(300))
             .max_lifetime(Duration::from_secs(1800))
-            .test_before_acquire(false)
+            // MySQL ends a session idle for `wait_timeout` (set to a TTL: see Dialect::on_connect), so a
+            // pooled connection may be gone: pinged before use there. PostgreSQL keeps idle sessions.
+            .test_before_acquire(config.dialect == crate::config::SqlDialect::Mysql)
             .connect_lazy_with(options);
         Ok(SqlStore {
             shared: Arc::new(Shared {

@@ -49,7 +49,10 @@ impl Schema {
 
     /// The tables' names, in the order they are created.
     pub fn tables(&self) -> Vec<String> {
-        TABLES.iter().map(|table| self.dialect.table(table)).collect()
+        TABLES
+            .iter()
+            .map(|table| self.dialect.table(table))
+            .collect()
     }
 
     /// The SQL that creates them ([`script`]).
