@@ -291,6 +291,14 @@ impl SqlServer {
     /// Runs `sql` as `user` with `password` in [`DATABASE`] over TCP (as the store connects): its output,
     /// or the client's error (a refused login, a denied statement).
     pub fn try_exec_as(&self, user: &str, password: &str, sql: &str) -> Result<String, String> {
+        run_with_input(self.client_as(user, password), sql, EXEC_TIMEOUT)
+    }
+
+    /// The command-line client (`psql`, `mariadb`) logged in as `user` with `password` to [`DATABASE`]
+    /// over TCP, reading SQL from its stdin and stopping at the first error: for a session a test keeps
+    /// open (a long query, a lock held) while it does something else. Spawn it with
+    /// [`children::spawn`].
+    pub fn client_as(&self, user: &str, password: &str) -> Command {
         let mut command = Command::new(&self.programs.client);
         let port = self.port.to_string();
         match self.kind {
@@ -311,7 +319,7 @@ impl SqlServer {
                     .env("MYSQL_PWD", password);
             }
         }
-        run_with_input(command, sql, EXEC_TIMEOUT)
+        command
     }
 
     /// Deletes every row of every table whose name (or whose schema's name) starts with `prefix`, in
@@ -640,12 +648,15 @@ impl SqlServer {
     fn create_users(&self) {
         match self.kind {
             SqlKind::Postgres => {
+                // initdb's empty `postgres` database becomes DATABASE: CREATE DATABASE would copy a
+                // template, some 300 files and 900 buffers that the first crash recovery then fsyncs.
                 self.exec_in(
-                    "postgres",
+                    "template1",
                     &format!(
                         "CREATE ROLE {USER} LOGIN PASSWORD '{PASSWORD}';\n\
                          CREATE ROLE {READER} LOGIN PASSWORD '{READER_PASSWORD}';\n\
-                         CREATE DATABASE {DATABASE} OWNER {USER};\n"
+                         ALTER DATABASE postgres RENAME TO {DATABASE};\n\
+                         ALTER DATABASE {DATABASE} OWNER TO {USER};\n"
                     ),
                 );
                 // PostgreSQL 13 and 14 let every user create tables in `public`; 15 lets no one but its

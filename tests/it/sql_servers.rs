@@ -3,10 +3,12 @@
 //! committed row across a crash and a restart on its port, hangs when stopped and answers when
 //! continued, is flushed, and leaves no process behind when dropped.
 
+use std::io::Write as _;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use testkit::sql::{ADMIN, ADMIN_PASSWORD, PASSWORD, READER, READER_PASSWORD, USER};
-use testkit::{SqlKind, SqlServer};
+use testkit::{children, SqlKind, SqlServer};
 
 #[test]
 fn postgres_starts_crashes_hangs_and_is_gone_when_dropped() {
@@ -63,12 +65,40 @@ fn smoke(kind: SqlKind) {
     let admin = server.try_exec_as(ADMIN, ADMIN_PASSWORD, "SELECT count(*) FROM rc_smoke;");
     assert_eq!(admin.as_deref().map(str::trim), Ok("1"));
 
-    // A committed row survives SIGKILL; the server comes back on its port as other processes.
+    // A committed row survives SIGKILL, a query running meanwhile dies with the server (PostgreSQL: its
+    // backend too), and the server comes back on its port as other processes.
+    let mut session = server.client_as(ADMIN, ADMIN_PASSWORD);
+    session
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut session = children::spawn(session).expect("the SQL client runs");
+    let (sleep, running) = match kind {
+        SqlKind::Postgres => (
+            "SELECT pg_sleep(60);\n",
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60);'",
+        ),
+        SqlKind::Mariadb => (
+            "SELECT SLEEP(60);\n",
+            "SELECT count(*) FROM information_schema.processlist WHERE info = 'SELECT SLEEP(60)'",
+        ),
+    };
+    let mut stdin = session.stdin.take().expect("stdin is piped");
+    stdin
+        .write_all(sleep.as_bytes())
+        .expect("the client reads its stdin");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.exec(running).trim() != "1" {
+        assert!(Instant::now() < deadline, "the long query never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let port = server.port();
     let before = server.pids();
     assert!(!before.is_empty());
     server.kill();
     assert!(before.iter().all(|&pid| is_gone(pid)), "{before:?}");
+    let ended = children::wait_timeout(&mut session, Duration::from_secs(10));
+    assert!(ended.is_some_and(|status| !status.success()), "{ended:?}");
     assert!(!server.answers(Duration::from_millis(300)));
     let restarted = Instant::now();
     server.restart();
