@@ -402,18 +402,14 @@ impl SqlServer {
             .unwrap_or_else(|| panic!("the {} server is not running", self.kind.name()));
         // The postmaster first, so that it forks nothing new while its backends are stopped.
         children::signal(pid, libc::SIGSTOP);
-        for backend in children::descendants(pid) {
-            children::signal(u32::try_from(backend.pid).unwrap_or(0), libc::SIGSTOP);
-        }
+        signal_all(&children::descendants(pid), libc::SIGSTOP);
         self.stopped = true;
     }
 
     /// Resumes a server hung by [`Self::stop`].
     pub fn cont(&mut self) {
         if let Some(pid) = self.pid() {
-            for backend in children::descendants(pid) {
-                children::signal(u32::try_from(backend.pid).unwrap_or(0), libc::SIGCONT);
-            }
+            signal_all(&children::descendants(pid), libc::SIGCONT);
             children::signal(pid, libc::SIGCONT);
         }
         self.stopped = false;
@@ -552,8 +548,12 @@ impl SqlServer {
 
     /// Starts the server on its port and waits until it accepts connections; on failure, kills it and
     /// returns why with its log.
+    ///
+    /// Only this start's part of the log decides a retry: an earlier start's "Address already in use"
+    /// must not make a restart that fails otherwise retry until its deadline.
     fn try_start(&mut self) -> Result<(), String> {
         let log = self.log_file("server.log");
+        let earlier = log.metadata().map_or(0, |meta| meta.len());
         let mut command = self.command(&self.programs.server);
         match self.kind {
             SqlKind::Postgres => {
@@ -626,7 +626,15 @@ impl SqlServer {
                     // Exited (and reaped): its pid is no longer ours to signal.
                     self.remove_interlock();
                 }
-                Err(format!("{why}; its log:\n{}", self.log()))
+                let log = std::fs::read(self.dir.path().join("server.log")).unwrap_or_default();
+                let this_start = usize::try_from(earlier)
+                    .ok()
+                    .and_then(|earlier| log.get(earlier..))
+                    .unwrap_or_default();
+                Err(format!(
+                    "{why}; its log of this start:\n{}",
+                    String::from_utf8_lossy(this_start)
+                ))
             }
         }
     }
@@ -818,7 +826,7 @@ fn postgres_bin_dirs() -> Vec<PathBuf> {
             Some((version, entry.path().join("bin")))
         })
         .collect();
-    versions.sort_by(|a, b| b.0.cmp(&a.0));
+    versions.sort_by_key(|(version, _)| std::cmp::Reverse(*version));
     versions.into_iter().map(|(_, dir)| dir).collect()
 }
 
@@ -962,6 +970,17 @@ fn answers(kind: SqlKind, port: u16, timeout: Duration) -> bool {
             // The greeting: a 4-byte packet header, then protocol version 10 (0xff would be an error).
             let mut greeting = [0u8; 5];
             stream.read_exact(&mut greeting).is_ok() && greeting[4] == 10
+        }
+    }
+}
+
+/// Sends `signal` to each of `processes` (positive pids only: `kill(0, …)` would signal our own group).
+fn signal_all(processes: &[children::Process], signal: i32) {
+    for process in processes {
+        if let Ok(pid) = u32::try_from(process.pid) {
+            if pid > 0 {
+                children::signal(pid, signal);
+            }
         }
     }
 }
