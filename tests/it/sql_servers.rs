@@ -20,6 +20,33 @@ fn mariadb_starts_crashes_hangs_and_is_gone_when_dropped() {
     smoke(SqlKind::Mariadb);
 }
 
+/// Without fsync the server says so (and still runs the store's SQL).
+#[test]
+fn servers_without_fsync_say_so() {
+    for kind in [SqlKind::Postgres, SqlKind::Mariadb] {
+        let server = SqlServer::builder(kind).fsync(false).start();
+        assert_eq!(server.exec(durability(kind)).trim(), durable(kind, false));
+    }
+}
+
+/// The setting that decides whether a commit is flushed to disk.
+fn durability(kind: SqlKind) -> &'static str {
+    match kind {
+        SqlKind::Postgres => "SHOW fsync;",
+        SqlKind::Mariadb => "SELECT @@innodb_flush_log_at_trx_commit;",
+    }
+}
+
+/// [`durability`]'s value with fsync on or off.
+fn durable(kind: SqlKind, fsync: bool) -> &'static str {
+    match (kind, fsync) {
+        (SqlKind::Postgres, true) => "on",
+        (SqlKind::Postgres, false) => "off",
+        (SqlKind::Mariadb, true) => "1",
+        (SqlKind::Mariadb, false) => "2",
+    }
+}
+
 /// A process is gone once it no longer exists or is a zombie: a killed PostgreSQL's backends are
 /// reparented to init, which need not reap them.
 fn is_gone(pid: u32) -> bool {
@@ -43,6 +70,7 @@ fn smoke(kind: SqlKind) {
         )
     );
     assert_eq!(server.exec("SELECT 1;").trim(), "1");
+    assert_eq!(server.exec(durability(kind)).trim(), durable(kind, true));
 
     // The store's user creates tables; the reader writes to them but creates none; passwords count.
     server
