@@ -569,6 +569,9 @@ impl SqlServer {
                     .args(["-c", "listen_addresses=127.0.0.1"])
                     .args(["-c", &format!("fsync={}", on_off(self.fsync))])
                     .args(["-c", "dynamic_shared_memory_type=mmap"])
+                    // PostgreSQL 13 stores new passwords as MD5 by default, which scram-sha-256 in
+                    // pg_hba.conf (initdb's --auth-host) would then refuse.
+                    .args(["-c", "password_encryption=scram-sha-256"])
                     .args(["-c", "shared_buffers=32MB", "-c", "max_connections=200"]);
             }
             SqlKind::Mariadb => {
