@@ -1,8 +1,8 @@
 //! redcron's test harness, shared by the integration tests (`tests/it`) and the benchmark
 //! (`benches/lease`): real `redis-server` nodes ([`RedisCluster`]), real etcd clusters
-//! ([`EtcdCluster`]), a proxy that delays chosen requests ([`DelayProxy`]), real worker processes of the
-//! built binary ([`Worker`]), and the spawning that makes every child die with the process that started
-//! it ([`children`]).
+//! ([`EtcdCluster`]), real PostgreSQL and MariaDB servers ([`SqlServer`]), a proxy that delays chosen
+//! requests ([`DelayProxy`]), real worker processes of the built binary ([`Worker`]), and the spawning
+//! that makes every child die with the process that started it ([`children`]).
 //!
 //! Modelled on cargo's `cargo-test-support` and redis-rs's `redis-test`: one copy of the harness, so a
 //! fix to how nodes start or how children are reaped reaches the tests and the benchmark alike. Everything
@@ -14,6 +14,7 @@
 //! - [`children`]: spawning with parent-death signals, killing and reaping, finding descendants.
 //! - [`redis`]: [`RedisCluster`], N nodes to crash, hang, restart and flush.
 //! - [`etcd`]: [`EtcdCluster`], N etcd members to kill, hang and restart, with their leader and metrics.
+//! - [`sql`]: [`SqlServer`], a PostgreSQL or MariaDB server to crash, hang, restart and flush.
 //! - [`delay_proxy`]: [`DelayProxy`], a TCP proxy that holds back requests carrying a marker.
 //! - [`worker`]: [`Worker`], one `redcron run` process and its JSON log.
 //! - [`stores`]: [`Backend`] and [`Cluster`], any store's nodes (or file) and a redcron store on them.
@@ -22,6 +23,7 @@ pub mod children;
 pub mod delay_proxy;
 pub mod etcd;
 pub mod redis;
+pub mod sql;
 pub mod stores;
 pub mod worker;
 
@@ -30,6 +32,7 @@ use std::path::PathBuf;
 pub use self::delay_proxy::DelayProxy;
 pub use self::etcd::{linearizable_read, EtcdCluster};
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
+pub use self::sql::{SqlKind, SqlServer, SqlServerBuilder};
 pub use self::stores::{store_keeping, store_on, worker_config, Backend, Cluster, EmbeddedFile};
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};
 
