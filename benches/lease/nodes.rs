@@ -79,6 +79,7 @@ impl Counters for Cluster {
                 }
             }
             Cluster::Embedded(_) => Usage::default(),
+            Cluster::Sql(server) => sql_usage(server),
         }
     }
 
@@ -91,6 +92,7 @@ impl Counters for Cluster {
             Cluster::Redis(_) => usages.map(|u| u.commands).sum(),
             Cluster::Etcd(_) => usages.map(|u| u.commands).max().unwrap_or(0),
             Cluster::Embedded(_) => 0,
+            Cluster::Sql(_) => usages.map(|u| u.commands).sum(),
         };
         Usage { commands, cpu }
     }
@@ -121,4 +123,36 @@ impl Counters for Cluster {
         }
         calls
     }
+}
+
+/// A SQL server's own counters: statements run (MariaDB's `Questions`; PostgreSQL counts transactions,
+/// `xact_commit + xact_rollback`, each statement outside a transaction being one), and the CPU time of its
+/// processes (the server and, on PostgreSQL, its backends) from `/proc`.
+fn sql_usage(server: &testkit::SqlServer) -> Usage {
+    let commands = match server.kind() {
+        testkit::SqlKind::Mariadb => server.exec("SHOW GLOBAL STATUS LIKE 'Questions'"),
+        testkit::SqlKind::Postgres => {
+            server.exec("SELECT sum(xact_commit + xact_rollback) FROM pg_stat_database")
+        }
+    };
+    let commands = commands
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let ticks_per_second = 100.0;
+    let cpu = server
+        .pids()
+        .iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            // Fields after the command (which may hold spaces) in parentheses: utime is the 12th, stime the 13th.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: f64 = fields.get(11)?.parse().ok()?;
+            let stime: f64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) / ticks_per_second)
+        })
+        .sum();
+    Usage { commands, cpu }
 }

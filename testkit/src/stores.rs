@@ -13,15 +13,16 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use redcron::config::EtcdConfig;
+use redcron::config::{EtcdConfig, SqlConfig, SqlTls};
 use redcron::history::{Entry, HistorySettings, Query};
 use redcron::lock::LockSettings;
 use redcron::store::embedded::EmbeddedStore;
 use redcron::store::etcd::EtcdStore;
 use redcron::store::redis::RedisStore;
+use redcron::store::sql::SqlStore;
 use redcron::store::{Store, StoreError};
 
-use crate::{EtcdCluster, RedisCluster};
+use crate::{EtcdCluster, RedisCluster, SqlKind, SqlServer};
 
 /// Which store a test or a benchmark item runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +30,10 @@ pub enum Backend {
     Redis,
     Etcd,
     Embedded,
+    /// A PostgreSQL server (the SQL store's `postgres` dialect).
+    Postgres,
+    /// A MariaDB server (the SQL store's `mysql` dialect).
+    Mariadb,
 }
 
 impl Backend {
@@ -38,21 +43,32 @@ impl Backend {
             Backend::Redis => "Redis",
             Backend::Etcd => "etcd",
             Backend::Embedded => "embedded",
+            Backend::Postgres => "PostgreSQL",
+            Backend::Mariadb => "MariaDB",
+        }
+    }
+
+    /// The SQL server of a SQL backend.
+    pub fn sql_kind(self) -> Option<SqlKind> {
+        match self {
+            Backend::Postgres => Some(SqlKind::Postgres),
+            Backend::Mariadb => Some(SqlKind::Mariadb),
+            Backend::Redis | Backend::Etcd | Backend::Embedded => None,
         }
     }
 
     /// Starts the backend's usual cluster: 5 Redis nodes without persistence, 3 etcd members, or one
-    /// embedded database file.
+    /// embedded database file, or one SQL server.
     pub fn start(self) -> Cluster {
         match self {
             Backend::Redis => self.start_nodes(5),
             Backend::Etcd => self.start_nodes(3),
-            Backend::Embedded => self.start_nodes(1),
+            Backend::Embedded | Backend::Postgres | Backend::Mariadb => self.start_nodes(1),
         }
     }
 
     /// Starts `n` nodes (or members) of the backend and waits until each answers; panics with a node's log
-    /// otherwise. The embedded store is one file: `n` must be 1.
+    /// otherwise. The embedded store is one file and a SQL store one server: `n` must be 1.
     pub fn start_nodes(self, n: usize) -> Cluster {
         match self {
             Backend::Redis => Cluster::Redis(RedisCluster::start(n)),
@@ -61,6 +77,10 @@ impl Backend {
                 assert_eq!(n, 1, "the embedded store is one database file");
                 Cluster::Embedded(EmbeddedFile::new())
             }
+            Backend::Postgres | Backend::Mariadb => {
+                assert_eq!(n, 1, "a SQL store is one server");
+                Cluster::Sql(SqlServer::start(self.sql_kind().expect("a SQL backend")))
+            }
         }
     }
 
@@ -68,11 +88,12 @@ impl Backend {
     /// with etcd's minimum) and an etcd write waits for an fsync on a majority, so the TTL is at least
     /// 2 s and the node timeout at least a quarter of it (several times a commit on a loaded 2-core
     /// machine, and still well inside the lease); an embedded store's write is an fsync'd commit, slow on a
-    /// loaded machine, so its TTL is at least a second.
+    /// loaded machine, so its TTL is at least a second; a SQL store's calls are transactions whose commit
+    /// is an fsync on a server that shares the machine with the test, so it gets etcd's bounds.
     pub fn adapt(self, settings: LockSettings) -> LockSettings {
         match self {
             Backend::Redis => settings,
-            Backend::Etcd => {
+            Backend::Etcd | Backend::Postgres | Backend::Mariadb => {
                 let ttl = settings.ttl.max(Duration::from_secs(2));
                 LockSettings {
                     ttl,
@@ -97,7 +118,11 @@ impl Backend {
     /// seconds, the leader's expiry check (every 500 ms) and the revoke's commit.
     pub fn expiry(self, ttl: Duration) -> Duration {
         match self {
-            Backend::Redis | Backend::Embedded => ttl + Duration::from_millis(100),
+            // The SQL server expires a lease on its own clock, read by the next claim: a TTL after the
+            // claim or renewal that wrote it.
+            Backend::Redis | Backend::Embedded | Backend::Postgres | Backend::Mariadb => {
+                ttl + Duration::from_millis(100)
+            }
             Backend::Etcd => {
                 Duration::from_secs(ttl.as_millis().div_ceil(1000) as u64)
                     + Duration::from_millis(1_500)
@@ -106,7 +131,8 @@ impl Backend {
     }
 
     /// The `jobs.yaml` section that names a store at `addresses`: `redis: nodes:`, `etcd: endpoints:`,
-    /// or `embedded: path:` (the one address being the database file).
+    /// `embedded: path:` (the one address being the database file), or `postgres: url:` / `mysql: url:`
+    /// (without TLS: the test servers serve none).
     pub fn section(self, addresses: &[String]) -> String {
         // JSON strings are YAML strings; `$` is doubled because the config expands `${VAR}`.
         let quoted: Vec<String> = addresses
@@ -117,6 +143,10 @@ impl Backend {
             Backend::Redis => format!("redis:\n  nodes: [{}]\n", quoted.join(", ")),
             Backend::Etcd => format!("etcd:\n  endpoints: [{}]\n", quoted.join(", ")),
             Backend::Embedded => format!("embedded:\n  path: {}\n", quoted.join(", ")),
+            Backend::Postgres => {
+                format!("postgres:\n  url: {}\n  tls: disable\n", quoted.join(", "))
+            }
+            Backend::Mariadb => format!("mysql:\n  url: {}\n  tls: disable\n", quoted.join(", ")),
         }
     }
 }
@@ -126,6 +156,8 @@ pub enum Cluster {
     Redis(RedisCluster),
     Etcd(EtcdCluster),
     Embedded(EmbeddedFile),
+    /// One PostgreSQL or MariaDB server of its own.
+    Sql(SqlServer),
 }
 
 impl Cluster {
@@ -134,6 +166,10 @@ impl Cluster {
             Cluster::Redis(_) => Backend::Redis,
             Cluster::Etcd(_) => Backend::Etcd,
             Cluster::Embedded(_) => Backend::Embedded,
+            Cluster::Sql(server) => match server.kind() {
+                SqlKind::Postgres => Backend::Postgres,
+                SqlKind::Mariadb => Backend::Mariadb,
+            },
         }
     }
 
@@ -167,6 +203,8 @@ impl Cluster {
             Backend::Redis => "redis",
             Backend::Etcd => "etcd",
             Backend::Embedded => "embedded",
+            Backend::Postgres => "postgres",
+            Backend::Mariadb => "mariadb",
         };
         format!("{kind}|{}", self.urls().join(","))
     }
@@ -177,6 +215,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.urls(),
             Cluster::Etcd(cluster) => cluster.endpoints(),
             Cluster::Embedded(file) => vec![file.path().display().to_string()],
+            Cluster::Sql(server) => vec![server.url()],
         }
     }
 
@@ -192,7 +231,7 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.len(),
             Cluster::Etcd(cluster) => cluster.len(),
-            Cluster::Embedded(_) => 1,
+            Cluster::Embedded(_) | Cluster::Sql(_) => 1,
         }
     }
 
@@ -206,6 +245,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.port(i),
             Cluster::Etcd(cluster) => cluster.client_port(i),
             Cluster::Embedded(_) => panic!("the embedded store has no port"),
+            Cluster::Sql(server) => server.port(),
         }
     }
 
@@ -215,6 +255,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.pid(i),
             Cluster::Etcd(cluster) => cluster.pid(i),
             Cluster::Embedded(_) => None,
+            Cluster::Sql(server) => server.pid(),
         }
     }
 
@@ -242,12 +283,14 @@ impl Cluster {
 
     /// Hangs node `i`: SIGSTOP for a Redis node or an etcd member (its socket accepts requests and never
     /// answers); on the embedded store, another connection takes the file's write lock and keeps it, so
-    /// that every write waits for it until its busy timeout.
+    /// that every write waits for it until its busy timeout; a SQL server is SIGSTOPped (every process of
+    /// it).
     pub fn stop(&mut self, i: usize) {
         match self {
             Cluster::Redis(cluster) => cluster.stop(i),
             Cluster::Etcd(cluster) => cluster.stop(i),
             Cluster::Embedded(file) => file.lock(),
+            Cluster::Sql(server) => server.stop(),
         }
     }
 
@@ -257,6 +300,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.cont(i),
             Cluster::Etcd(cluster) => cluster.cont(i),
             Cluster::Embedded(file) => file.unlock(),
+            Cluster::Sql(server) => server.cont(),
         }
     }
 
@@ -269,7 +313,7 @@ impl Cluster {
                 let leader = cluster.leader();
                 vec![leader, (leader + 1) % cluster.len()]
             }
-            Cluster::Embedded(_) => vec![0],
+            Cluster::Embedded(_) | Cluster::Sql(_) => vec![0],
         };
         for &i in &stopped {
             self.stop(i);
@@ -290,6 +334,7 @@ impl Cluster {
             Cluster::Redis(cluster) => (0..cluster.len()).for_each(|i| cluster.flushall(i)),
             Cluster::Etcd(cluster) => cluster.delete_all(),
             Cluster::Embedded(file) => file.empty(),
+            Cluster::Sql(server) => server.flush("redcron"),
         }
     }
 }
@@ -306,6 +351,7 @@ pub fn worker_config(
     let lock = match backend {
         Backend::Redis | Backend::Embedded => SHORT_LEASES,
         Backend::Etcd => ETCD_LEASES,
+        Backend::Postgres | Backend::Mariadb => SQL_LEASES,
     };
     let section = backend.section(addresses);
     format!("{section}{lock}worker:\n{worker_section}jobs:\n{jobs}")
@@ -318,6 +364,11 @@ const SHORT_LEASES: &str =
 /// The lock settings of a worker's config on etcd: whole-second leases, room for Raft commits.
 const ETCD_LEASES: &str =
     "lock:\n  ttl: 5s\n  renew_every: 1s\n  node_timeout: 500ms\n  retry_delay: 50ms\n";
+
+/// The lock settings of a worker's config on a SQL store: a commit is an fsync on a server that shares the
+/// loaded test machine, so room for it, as on etcd.
+const SQL_LEASES: &str =
+    "lock:\n  ttl: 3s\n  renew_every: 1s\n  node_timeout: 300ms\n  retry_delay: 50ms\n";
 
 /// The embedded store's database file, `redcron.db` in a temporary directory removed on drop, and the
 /// connection that holds its write lock while it is hung ([`Cluster::stop`]).
@@ -428,6 +479,8 @@ pub fn store_keeping(spec: &str, settings: LockSettings, history: HistorySetting
         "redis" => Backend::Redis,
         "etcd" => Backend::Etcd,
         "embedded" => Backend::Embedded,
+        "postgres" => Backend::Postgres,
+        "mariadb" => Backend::Mariadb,
         other => panic!("unknown store kind {other}"),
     };
     open(backend, &addresses, settings, history)
@@ -455,6 +508,18 @@ fn open(
         Backend::Embedded => {
             let path = addresses.first().map(PathBuf::from).unwrap_or_default();
             Store::Embedded(EmbeddedStore::open(&path, settings, history)?)
+        }
+        Backend::Postgres | Backend::Mariadb => {
+            let kind = backend.sql_kind().expect("a SQL backend");
+            let config = SqlConfig {
+                dialect: kind.dialect(),
+                url: addresses.first().cloned().unwrap_or_default(),
+                tls: SqlTls::Disable,
+                ca_file: None,
+                client_identity: None,
+                pool_size: SqlConfig::DEFAULT_POOL_SIZE,
+            };
+            Store::Sql(Box::new(SqlStore::new(&config, settings, history)?))
         }
     })
 }

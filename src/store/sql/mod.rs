@@ -188,26 +188,29 @@ impl SqlStore {
         loop {
             let left = budget.saturating_sub(started.elapsed());
             let outcome = self.attempt(left, &work).await;
+            let time_left = started.elapsed() < budget;
             match outcome {
                 Err(Failed::Before(_))
-                    if attempt < CONFLICT_RETRIES && self.last_was_conflict(&outcome) =>
+                    if attempt < CONFLICT_RETRIES
+                        && time_left
+                        && self.last_was_conflict(&outcome) =>
                 {
                     attempt += 1;
                     let jitter = rand::random_range(1..=5 * u64::from(attempt));
                     tokio::time::sleep(Duration::from_millis(jitter)).await;
                 }
-                other => return other.map(|(value, _)| value),
+                other => return other,
             }
         }
     }
 
-    /// Whether a failed attempt was the server's serialization failure or deadlock.
+    /// Whether a failed attempt was a conflict worth running again ([`SqlStore::describe_error`]).
     fn last_was_conflict<T>(&self, outcome: &Result<T, Failed>) -> bool {
         matches!(outcome, Err(Failed::Before(why)) if why.starts_with(CONFLICT_MARK))
     }
 
-    /// One attempt of [`Self::transaction`]; the value and whether it committed.
-    async fn attempt<T, F>(&self, budget: Duration, work: &F) -> Result<(T, ()), Failed>
+    /// One attempt of [`Self::transaction`].
+    async fn attempt<T, F>(&self, budget: Duration, work: &F) -> Result<T, Failed>
     where
         T: Send,
         F: for<'c> Fn(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
@@ -234,7 +237,7 @@ impl SqlStore {
         })
         .await;
         match result {
-            Ok(Ok(value)) => Ok((value, ())),
+            Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 let answered = matches!(e, sqlx::Error::Database(_));
                 if !answered {
@@ -299,9 +302,20 @@ impl SqlStore {
     /// `e` in one line without a password, marked when it is a conflict worth running again.
     fn describe_error(&self, e: &sqlx::Error) -> String {
         let text = dialect::scrub(&e.to_string());
-        match e.as_database_error().and_then(|e| e.code()) {
-            Some(code) if matches!(&*code, "40001" | "40P01") => format!("{CONFLICT_MARK}{text}"),
-            _ => text,
+        let Some(db) = e.as_database_error() else {
+            return text;
+        };
+        let code = db.code();
+        let number = db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|e| e.number());
+        // Serialization failures and deadlocks (nothing was written), and a lock not had within
+        // `lock_timeout` / `innodb_lock_wait_timeout` (PostgreSQL 55P03, MySQL 1205): worth running again
+        // while the call's budget lasts.
+        if matches!(code.as_deref(), Some("40001" | "40P01" | "55P03")) || number == Some(1205) {
+            format!("{CONFLICT_MARK}{text}")
+        } else {
+            text
         }
     }
 
@@ -419,4 +433,3 @@ impl SqlStore {
         readings
     }
 }
-

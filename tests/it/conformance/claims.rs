@@ -24,7 +24,9 @@ pub(super) async fn acquire_renew_release(backend: Backend) {
     let ttl = store.settings().ttl;
     assert!(lease.remaining() > Duration::ZERO && lease.remaining() < ttl);
     let floor = match backend {
-        Backend::Redis | Backend::Embedded => token_floor(Tick(1_000)),
+        Backend::Redis | Backend::Embedded | Backend::Postgres | Backend::Mariadb => {
+            token_floor(Tick(1_000))
+        }
         Backend::Etcd => 1,
     };
     assert!(lease.token >= floor, "token {} below {floor}", lease.token);
@@ -116,6 +118,8 @@ fn contender_process() {
     let backend = match spec.split_once('|').map(|(kind, _)| kind) {
         Some("etcd") => Backend::Etcd,
         Some("embedded") => Backend::Embedded,
+        Some("postgres") => Backend::Postgres,
+        Some("mariadb") => Backend::Mariadb,
         _ => Backend::Redis,
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
@@ -421,6 +425,12 @@ fn fence(cluster: &Cluster, job: &str) -> Option<u64> {
                 .ok();
             vec![fence.and_then(|fence| u64::try_from(fence).ok())]
         }
+        Cluster::Sql(server) => {
+            let found = server.exec(&format!(
+                "SELECT token FROM redcron_fences WHERE lock_key = '{key}'"
+            ));
+            vec![found.trim().parse().ok()]
+        }
         Cluster::Etcd(_) => panic!("etcd's tokens are revisions: no fence counter"),
     };
     let majority = fences.len() / 2 + 1;
@@ -453,6 +463,12 @@ fn plant_fence(cluster: &Cluster, job: &str, fence: u64) {
                     rusqlite::params![key, fence],
                 )
                 .expect("planted");
+        }
+        Cluster::Sql(server) => {
+            server.exec(&format!(
+                "DELETE FROM redcron_fences WHERE lock_key = '{key}';
+                 INSERT INTO redcron_fences (lock_key, token) VALUES ('{key}', {fence})"
+            ));
         }
         Cluster::Etcd(_) => panic!("etcd's tokens are revisions: no fence counter"),
     }

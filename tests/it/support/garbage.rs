@@ -39,6 +39,7 @@ impl<'a> Target<'a> {
             Cluster::Embedded(_) => {
                 panic!("the embedded store's garbage is planted in its file (store_garbage.rs)")
             }
+            Cluster::Sql(_) => panic!("a SQL store's garbage is planted with SQL"),
         }
     }
 }
