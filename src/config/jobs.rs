@@ -23,21 +23,30 @@ struct Shared<'a> {
     /// The `alerts:` defaults.
     alerts: &'a Alerts,
     store_env_vars: &'a BTreeSet<String>,
+    /// The longest job name the store takes (a SQL store keeps names in indexed key columns).
+    max_name: Option<usize>,
     now: DateTime<Utc>,
 }
+
+/// The longest job name a SQL store takes: a job's keys are indexed columns of bounded width
+/// (`src/store/sql/schema.rs`), and no one reads a longer name in a table anyway.
+pub(crate) const MAX_SQL_JOB_NAME: usize = 200;
 
 pub(super) fn jobs(
     raw: Option<Spanned<Vec<RawJob>>>,
     lock: &LockSettings,
     alerts: &Alerts,
     store_env_vars: &BTreeSet<String>,
+    store: &super::StoreConfig,
     report: &mut Report,
     now: DateTime<Utc>,
 ) -> Vec<JobConfig> {
+    let max_name = matches!(store, super::StoreConfig::Sql(_)).then_some(MAX_SQL_JOB_NAME);
     let shared = Shared {
         lock,
         alerts,
         store_env_vars,
+        max_name,
         now,
     };
     let Some(list) = raw else {
@@ -94,6 +103,15 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
                 ),
             );
         }
+        let too_long = shared.max_name.filter(|most| name.value.len() > *most);
+        if let Some(most) = too_long {
+            let why = format!(
+                "a job name of {} characters: a SQL store takes at most {most} (its keys are indexed columns)",
+                name.value.len()
+            );
+            report.error(name.mark, &field("name"), why);
+        }
+        let valid = valid && too_long.is_none();
         valid.then(|| name.value.clone())
     });
     let timezone = match &raw.timezone {

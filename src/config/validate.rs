@@ -69,7 +69,15 @@ pub(crate) fn config(
     let worker = worker(&raw.worker, report);
     let history = history(&raw.history, report);
     let alerts = super::jobs::alerts(&raw.alerts, "alerts", report);
-    let jobs = super::jobs::jobs(raw.jobs, &lock, &alerts, &store_env_vars, report, now);
+    let jobs = super::jobs::jobs(
+        raw.jobs,
+        &lock,
+        &alerts,
+        &store_env_vars,
+        &store,
+        report,
+        now,
+    );
     Config {
         path: path.to_path_buf(),
         store,

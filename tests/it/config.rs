@@ -1119,3 +1119,18 @@ fn sql_section_problems_name_their_field() {
     assert_eq!(sql.tls, SqlTls::VerifyCa);
     assert!(sql.ca_file.as_ref().is_some_and(|ca| ca.is_absolute()));
 }
+
+/// A SQL store keeps job names in indexed key columns of bounded width: a name longer than the store takes
+/// is a config error at the name, not a claim the database refuses at every tick; other stores take it.
+#[test]
+fn a_job_name_too_long_for_a_sql_store_is_refused_at_the_name() {
+    let name = "j".repeat(201);
+    let job =
+        format!("jobs:\n  - name: {name}\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n");
+    let problem = only_problem(&format!("postgres:\n  url: postgres://h/cron\n{job}"));
+    assert!(
+        problem.starts_with("jobs.yaml:4:11: jobs[0].name: a job name of 201 characters: a SQL store takes at most 200"),
+        "{problem}"
+    );
+    ok(&format!("redis:\n  nodes: [\"redis://h:6379\"]\n{job}"));
+}
