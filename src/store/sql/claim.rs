@@ -146,18 +146,19 @@ impl SqlStore {
             &request.series,
         );
         let fence = self.lock_fence(connection, &fence_key).await?;
-        let lease: Option<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(
-            self.sql("SELECT value, expires_us FROM {leases} WHERE lock_key = ? FOR UPDATE"),
-        ))
-        .bind(&lease_key)
-        .fetch_optional(&mut *connection)
-        .await?;
+        let lease: Option<(String, i64)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql(
+                "SELECT {short_value}, expires_us FROM {leases} WHERE lock_key = ? FOR UPDATE",
+            )))
+            .bind(&lease_key)
+            .fetch_optional(&mut *connection)
+            .await?;
         let (now_us, pause, record_tick, record): (i64, Option<String>, Option<i64>, Option<String>) =
             sqlx::query_as(sqlx::AssertSqlSafe(self.sql(
                 "SELECT {now_us},
-                    (SELECT value FROM {paused} WHERE job = ? AND (until_ms IS NULL OR until_ms > {now_ms})),
+                    (SELECT {short_value} FROM {paused} WHERE job = ? AND (until_ms IS NULL OR until_ms > {now_ms})),
                     (SELECT tick FROM {claims} WHERE lock_key = ? AND (expires_ms IS NULL OR expires_ms > {now_ms})),
-                    (SELECT value FROM {claims} WHERE lock_key = ? AND (expires_ms IS NULL OR expires_ms > {now_ms}))",
+                    (SELECT {short_value} FROM {claims} WHERE lock_key = ? AND (expires_ms IS NULL OR expires_ms > {now_ms}))",
             )))
             .bind(&request.job)
             .bind(&claim_key)

@@ -77,6 +77,12 @@ impl Dialect {
             ),
         };
         text = text
+            // A lease, claim or pause value as a claim reads it: one longer than any redcron writes (planted
+            // by something else) reads as `-`, a holder nobody knows, instead of megabytes per claim.
+            .replace(
+                "{short_value}",
+                "CASE WHEN OCTET_LENGTH(value) <= 4096 THEN value ELSE '-' END",
+            )
             .replace("{now_us}", now_us)
             .replace("{now_ms}", now_ms)
             .replace("{read_only}", read_only)
@@ -188,12 +194,16 @@ impl Dialect {
     }
 }
 
-/// `?` placeholders numbered `$1`, `$2`… (the statements have no `?` inside literals).
+/// `?` placeholders numbered `$1`, `$2`…; a `?` inside a `'…'` literal stays as it is.
 fn numbered(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     let mut n = 0;
+    let mut quoted = false;
     for c in text.chars() {
-        if c == '?' {
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        if c == '?' && !quoted {
             n += 1;
             out.push('$');
             out.push_str(&n.to_string());
@@ -285,4 +295,33 @@ fn encode(text: &str) -> String {
             other => format!("%{other:02X}"),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Placeholders are numbered for PostgreSQL, outside literals only; tables get the prefix.
+    #[test]
+    fn statements_are_rendered_per_server() {
+        let postgres = Dialect::new(SqlDialect::Postgres, "Cron");
+        assert_eq!(
+            postgres.sql("SELECT '?', x FROM {claims} WHERE a = ? AND b = ?"),
+            "SELECT '?', x FROM cron_claims WHERE a = $1 AND b = $2"
+        );
+        let mysql = Dialect::new(SqlDialect::Mysql, "Cron");
+        assert_eq!(
+            mysql.sql("SELECT x FROM {claims} WHERE a = ?"),
+            "SELECT x FROM Cron_claims WHERE a = ?"
+        );
+    }
+
+    /// The server is named without the user or the password; a driver's error that quotes a URL is
+    /// scrubbed.
+    #[test]
+    fn no_password_is_shown() {
+        assert_eq!(target("postgres://u:p%40ss@db:5432/cron"), "db:5432/cron");
+        let scrubbed = scrub("cannot connect to mysql://u:hunter2@db/cron: refused");
+        assert!(!scrubbed.contains("hunter2"), "{scrubbed}");
+    }
 }
