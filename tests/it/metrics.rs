@@ -13,7 +13,7 @@ use chrono::{DateTime, Datelike, Timelike, Utc};
 use prometheus_parse::{Scrape, Value};
 
 use crate::support::{
-    free_port, worker_config, Backend, EtcdCluster, RedisCluster, TestDir, Worker,
+    free_port, worker_config, Backend, Cluster, EtcdCluster, RedisCluster, TestDir, Worker,
 };
 use crate::worker::config;
 
@@ -272,6 +272,59 @@ fn readyz_follows_the_embedded_store_s_write_lock() {
     one_line_starting(&reason, "the database does not answer");
     readyz_turns(port, 200);
     drop(worker);
+}
+
+/// On a SQL store, `/readyz` is 200 while the server answers and takes writes, 503 with a one-line reason
+/// while it is read-only (a standby, or `read_only` set: no claim could be written) and while it is hung
+/// (SIGSTOP), and 200 again after each; `redcron_store_nodes_up` is the one server.
+fn readyz_follows_the_sql_server(backend: Backend) {
+    let mut cluster = backend.start();
+    let Cluster::Sql(_) = &cluster else {
+        panic!("a SQL backend")
+    };
+    let dir = TestDir::new();
+    let jobs = "  - name: tick\n    schedule: \"* * * * * *\"\n    command: 'true'\n";
+    let (worker, port) = listening_worker(&dir, "w", |port| {
+        let section = format!("  listen: 127.0.0.1:{port}\n");
+        worker_config(backend, &cluster.urls(), &section, jobs)
+    });
+    assert_eq!(readyz_turns(port, 200), "ready\n");
+    assert_eq!(nodes_up(port, Duration::from_secs(30), 1.0), 1.0);
+    let (read_only, writable) = match backend {
+        Backend::Postgres => (
+            "ALTER SYSTEM SET default_transaction_read_only = on; SELECT pg_reload_conf();",
+            "ALTER SYSTEM RESET default_transaction_read_only; SELECT pg_reload_conf();",
+        ),
+        _ => ("SET GLOBAL read_only = 1;", "SET GLOBAL read_only = 0;"),
+    };
+    let Cluster::Sql(server) = &mut cluster else {
+        unreachable!()
+    };
+    server.exec(read_only);
+    let reason = readyz_turns(port, 503);
+    server.exec(writable);
+    assert!(reason.contains("read-only"), "{reason}");
+    assert_eq!(reason.lines().count(), 1, "{reason:?}");
+    readyz_turns(port, 200);
+    server.stop();
+    let reason = readyz_turns(port, 503);
+    server.cont();
+    assert_eq!(reason.lines().count(), 1, "{reason:?}");
+    assert_eq!(get(port, "/healthz").map(|r| r.0).ok(), Some(200));
+    readyz_turns(port, 200);
+    drop(worker);
+}
+
+/// [`readyz_follows_the_sql_server`] on PostgreSQL.
+#[test]
+fn readyz_follows_the_postgres_server() {
+    readyz_follows_the_sql_server(Backend::Postgres);
+}
+
+/// [`readyz_follows_the_sql_server`] on MariaDB.
+#[test]
+fn readyz_follows_the_mariadb_server() {
+    readyz_follows_the_sql_server(Backend::Mariadb);
 }
 
 /// The body of `/readyz` once it answers `status` (tried for up to 30 s).
