@@ -451,6 +451,20 @@ impl SqlServer {
         )
     }
 
+    /// MariaDB's temporary directory, in the server's own directory (created, and handed to the server's
+    /// user, on first use).
+    fn tmp(&self) -> PathBuf {
+        let tmp = self.dir.path().join("tmp");
+        if !tmp.exists() {
+            std::fs::create_dir_all(&tmp).expect("cannot create the server's temporary directory");
+            if let Some(account) = self.account {
+                std::os::unix::fs::chown(&tmp, Some(account.uid), Some(account.gid))
+                    .expect("cannot hand the temporary directory to the server's user");
+            }
+        }
+        tmp
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
@@ -502,6 +516,9 @@ impl SqlServer {
                 command
                     .arg("--no-defaults")
                     .arg(format!("--datadir={}", self.data().display()))
+                    // Its own temporary directory: servers initialised at once in the shared /tmp
+                    // removed each other's temporary tables ("Unknown table 'mysql.tmp_user_sys'").
+                    .arg(format!("--tmpdir={}", self.tmp().display()))
                     // root logs in over the socket without a password, from any OS user.
                     .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
                     .args(mariadb_sizes());
@@ -580,6 +597,7 @@ impl SqlServer {
                     .arg(format!("--datadir={}", self.data().display()))
                     .arg(format!("--port={}", self.port))
                     .arg(format!("--socket={}", self.socket().display()))
+                    .arg(format!("--tmpdir={}", self.tmp().display()))
                     .arg(format!(
                         "--pid-file={}",
                         self.dir.path().join("mysqld.pid").display()
