@@ -4,9 +4,9 @@
 //! Schema 1 is this module's [`tables`]: per key, as in Redis, fence counters, claim records (with the
 //! expiry of those of triggers and retries) and leases (expiring on the database's clock, in µs); history
 //! entries by job and id; members by id; pauses by job; trigger requests by id. A server that answers but
-//! cannot hold them — refused credentials, a missing database, a version older than the store needs, a
-//! schema of a newer redcron, a table changed by hand, a user without the right to create tables — is
-//! [`Unusable`], with what to do about it.
+//! cannot hold them — refused credentials, a missing database (or one the user may not use), a version
+//! older than the store needs, a schema of a newer redcron, a table changed by hand, a user without the
+//! right to create tables — is [`Unusable`], with what to do about it.
 
 use sqlx::{AnyConnection, Connection as _, Executor as _};
 
@@ -24,13 +24,19 @@ pub enum Unusable {
     Login(String),
     #[error("the database does not exist: {0} (create it, or name an existing one in the URL)")]
     NoDatabase(String),
+    /// MySQL answers a database that does not exist and one the user has no rights on alike (1044), and
+    /// PostgreSQL refuses a user without `CONNECT` on it (42501).
+    #[error("the database does not exist or this user may not use it: {0} (create it, or grant the user its rights)")]
+    NoAccess(String),
     #[error("the server is {found}; the SQL store needs {needed} or later")]
     TooOld { found: String, needed: &'static str },
     #[error("its tables were written by a newer redcron (schema {found}; this one knows {SCHEMA_VERSION}): upgrade this worker")]
     Newer { found: i64 },
     #[error("table {table} does not have the columns redcron made ({why}): was it changed by hand? Restore it, or drop the store's tables to start afresh")]
     Changed { table: String, why: String },
-    #[error("this user may not create the store's tables ({why}). Have an administrator run, in this database:\n{sql}")]
+    #[error("this user may not create the store's tables ({why}). Have an administrator run, in this database, \
+             the statements below (what `redcron check --sql` prints), and grant this user SELECT, INSERT, UPDATE \
+             and DELETE on the tables unless it owns them:\n{sql}")]
     NoDdl { why: String, sql: String },
 }
 
@@ -204,8 +210,8 @@ pub(super) async fn prepare(store: &SqlStore) -> Result<(), Failed> {
     }
 }
 
-/// A failure to connect: the login refused and the database missing are [`Unusable`]; anything else
-/// (the server down, a timeout) may pass.
+/// A failure to connect: the login refused, the database missing or not this user's to use are
+/// [`Unusable`]; anything else (the server down, a timeout) may pass.
 fn classify(store: &SqlStore, e: &sqlx::Error) -> Failed {
     let why = store.describe_error(e);
     let code = e
@@ -221,6 +227,7 @@ fn classify(store: &SqlStore, e: &sqlx::Error) -> Failed {
             Failed::Unusable(Unusable::Login(why))
         }
         (Some("3D000"), _) | (_, Some(1049)) => Failed::Unusable(Unusable::NoDatabase(why)),
+        (Some("42501"), _) | (_, Some(1044)) => Failed::Unusable(Unusable::NoAccess(why)),
         _ => Failed::Before(why),
     }
 }
