@@ -34,6 +34,7 @@ mod pause;
 mod reload;
 mod retries;
 mod schedule;
+mod sql_input;
 mod sql_servers;
 mod store_garbage;
 mod support;

@@ -4,9 +4,9 @@
 //! Schema 1 is this module's [`tables`]: per key, as in Redis, fence counters, claim records (with the
 //! expiry of those of triggers and retries) and leases (expiring on the database's clock, in µs); history
 //! entries by job and id; members by id; pauses by job; trigger requests by id. A server that answers but
-//! cannot hold them — refused credentials, a missing database, a version older than the store needs, a
-//! schema of a newer redcron, a table changed by hand, a user without the right to create tables — is
-//! [`Unusable`], with what to do about it.
+//! cannot hold them — refused credentials, a missing database (or one the user may not use), a version
+//! older than the store needs, a schema of a newer redcron, a table changed by hand, a user without the
+//! right to create tables — is [`Unusable`], with what to do about it.
 
 use sqlx::{AnyConnection, Connection as _, Executor as _};
 
@@ -24,13 +24,19 @@ pub enum Unusable {
     Login(String),
     #[error("the database does not exist: {0} (create it, or name an existing one in the URL)")]
     NoDatabase(String),
+    /// MySQL answers a database that does not exist and one the user has no rights on alike (1044), and
+    /// PostgreSQL refuses a user without `CONNECT` on it (42501).
+    #[error("the database does not exist or this user may not use it: {0} (create it, or grant the user its rights)")]
+    NoAccess(String),
     #[error("the server is {found}; the SQL store needs {needed} or later")]
     TooOld { found: String, needed: &'static str },
     #[error("its tables were written by a newer redcron (schema {found}; this one knows {SCHEMA_VERSION}): upgrade this worker")]
     Newer { found: i64 },
     #[error("table {table} does not have the columns redcron made ({why}): was it changed by hand? Restore it, or drop the store's tables to start afresh")]
     Changed { table: String, why: String },
-    #[error("this user may not create the store's tables ({why}). Have an administrator run, in this database:\n{sql}")]
+    #[error("this user may not create the store's tables ({why}). Have an administrator run, in this database, \
+             the statements below (what `redcron check --sql` prints), and grant this user SELECT, INSERT, UPDATE \
+             and DELETE on the tables unless it owns them:\n{sql}")]
     NoDdl { why: String, sql: String },
 }
 
@@ -202,14 +208,10 @@ pub(super) async fn prepare(store: &SqlStore) -> Result<(), Failed> {
             )))
         }
     }
-    .map_err(|failed| match failed {
-        Failed::Before(why) => Failed::Before(why),
-        other => other,
-    })
 }
 
-/// A failure to connect: the login refused and the database missing are [`Unusable`]; anything else
-/// (the server down, a timeout) may pass.
+/// A failure to connect: the login refused, the database missing or not this user's to use are
+/// [`Unusable`]; anything else (the server down, a timeout) may pass.
 fn classify(store: &SqlStore, e: &sqlx::Error) -> Failed {
     let why = store.describe_error(e);
     let code = e
@@ -225,6 +227,7 @@ fn classify(store: &SqlStore, e: &sqlx::Error) -> Failed {
             Failed::Unusable(Unusable::Login(why))
         }
         (Some("3D000"), _) | (_, Some(1049)) => Failed::Unusable(Unusable::NoDatabase(why)),
+        (Some("42501"), _) | (_, Some(1044)) => Failed::Unusable(Unusable::NoAccess(why)),
         _ => Failed::Before(why),
     }
 }
@@ -285,7 +288,7 @@ async fn check(dialect: &Dialect, connection: &mut AnyConnection) -> Result<(), 
     Ok(())
 }
 
-/// Refuses a server older than the store needs: PostgreSQL 13, MySQL 8.0, MariaDB 10.6.
+/// Refuses a server older than the store needs ([`too_old`]).
 async fn server_version(dialect: &Dialect, connection: &mut AnyConnection) -> Result<(), Failed> {
     let before = |e: sqlx::Error| Failed::Before(super::dialect::scrub(&e.to_string()));
     let (version,): (String,) = sqlx::query_as(match dialect.kind() {
@@ -295,29 +298,35 @@ async fn server_version(dialect: &Dialect, connection: &mut AnyConnection) -> Re
     .fetch_one(&mut *connection)
     .await
     .map_err(before)?;
-    let numbers: Vec<u32> = version
+    match too_old(dialect.kind(), &version) {
+        Some(unusable) => Err(Failed::Unusable(unusable)),
+        None => Ok(()),
+    }
+}
+
+/// Why a server whose version string is `version` (PostgreSQL's `server_version`, MySQL's `VERSION()`) is
+/// too old for the store, if it is: the store is built and tested for PostgreSQL 13, MySQL 8.0 and
+/// MariaDB 10.6 or later (issue 23). A version it cannot read counts as 0, so an unknown server is
+/// refused, with what it said.
+pub(super) fn too_old(kind: SqlDialect, version: &str) -> Option<Unusable> {
+    // MariaDB's handshake (not VERSION()) prefixes "5.5.5-" for clients that check for MySQL 5.
+    let numbered = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let mut numbers = numbered
         .split(|c: char| !c.is_ascii_digit())
         .take(2)
-        .map(|n| n.parse().unwrap_or(0))
-        .collect();
-    let (major, minor) = (
-        numbers.first().copied().unwrap_or(0),
-        numbers.get(1).copied().unwrap_or(0),
-    );
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let major = numbers.next().unwrap_or(0);
+    let minor = numbers.next().unwrap_or(0);
     let mariadb = version.to_ascii_lowercase().contains("mariadb");
-    let (ok, needed, name) = match dialect.kind() {
+    let (ok, needed, name) = match kind {
         SqlDialect::Postgres => (major >= 13, "PostgreSQL 13", "PostgreSQL"),
         SqlDialect::Mysql if mariadb => ((major, minor) >= (10, 6), "MariaDB 10.6", "MariaDB"),
         SqlDialect::Mysql => (major >= 8, "MySQL 8.0", "MySQL"),
     };
-    if ok {
-        Ok(())
-    } else {
-        Err(Failed::Unusable(Unusable::TooOld {
-            found: format!("{name} {}", crate::logging::shorten(&version, 60)),
-            needed,
-        }))
-    }
+    (!ok).then(|| Unusable::TooOld {
+        found: format!("{name} {}", crate::logging::shorten(version, 60)),
+        needed,
+    })
 }
 
 /// The schema version the database holds, `None` if it has no schema table (a new database).
@@ -384,4 +393,61 @@ async fn create(dialect: &Dialect, connection: &mut AnyConnection) -> Result<(),
     }
     let _ = connection.ping().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Version strings as the servers report them (Debian's and upstream's builds).
+    #[test]
+    fn too_old_reads_real_version_strings() {
+        let postgres = SqlDialect::Postgres;
+        let mysql = SqlDialect::Mysql;
+        for (kind, version, refused) in [
+            (postgres, "12.17 (Debian 12.17-1.pgdg120+1)", true),
+            (postgres, "9.6.24", true),
+            (postgres, "13.0", false),
+            (postgres, "15.18", false),
+            (postgres, "15.18 (Debian 15.18-0+deb12u1)", false),
+            (postgres, "17beta1", false),
+            (mysql, "10.5.23-MariaDB-0+deb11u1", true),
+            (mysql, "5.5.5-10.5.23-MariaDB-0+deb11u1", true),
+            (mysql, "10.6.0-MariaDB", false),
+            (mysql, "10.11.6-MariaDB-0+deb12u1", false),
+            (mysql, "5.5.5-10.11.6-MariaDB-0+deb12u1", false),
+            (mysql, "11.4.2-MariaDB", false),
+            (mysql, "5.7.44", true),
+            (mysql, "5.7.44-log", true),
+            (mysql, "8.0.36", false),
+            (mysql, "8.0.36-0ubuntu0.22.04.1", false),
+            (mysql, "", true),
+        ] {
+            assert_eq!(
+                too_old(kind, version).is_some(),
+                refused,
+                "{kind:?} {version:?}"
+            );
+        }
+    }
+
+    /// The refusal names the server as it said it and the version needed.
+    #[test]
+    fn too_old_says_what_was_found_and_what_is_needed() {
+        let message = too_old(SqlDialect::Mysql, "10.5.23-MariaDB-0+deb11u1")
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        assert_eq!(
+            message,
+            "the server is MariaDB 10.5.23-MariaDB-0+deb11u1; the SQL store needs MariaDB 10.6 or later"
+        );
+        let message = too_old(SqlDialect::Postgres, "12.17 (Debian 12.17-1.pgdg120+1)")
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        assert!(message.contains("PostgreSQL 12.17") && message.contains("needs PostgreSQL 13"));
+        let message = too_old(SqlDialect::Mysql, "5.7.44")
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        assert!(message.contains("MySQL 5.7.44") && message.contains("needs MySQL 8.0"));
+    }
 }
