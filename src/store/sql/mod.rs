@@ -301,11 +301,23 @@ impl SqlStore {
 
     /// `e` in one line without a password, marked when it is a conflict worth running again.
     fn describe_error(&self, e: &sqlx::Error) -> String {
-        let text = dialect::scrub(&e.to_string());
         let Some(db) = e.as_database_error() else {
-            return text;
+            return match e {
+                // The pool retries a refused connection until its timeout and keeps no cause.
+                sqlx::Error::PoolTimedOut => format!(
+                    "no connection within {:?}: the server refused it, is unreachable or does not answer",
+                    self.shared.settings.node_timeout * 2
+                ),
+                other => dialect::scrub(&other.to_string()),
+            };
         };
         let code = db.code();
+        // The server's own message and code, without the driver's wrapping or its source line.
+        let text = dialect::scrub(&format!(
+            "{} (SQLSTATE {})",
+            db.message(),
+            code.as_deref().unwrap_or("?")
+        ));
         let number = db
             .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
             .map(|e| e.number());
