@@ -1,5 +1,6 @@
-//! Item 7, the etcd store beside Redis in the same run: one uncontended claim, the lock-alone race and
-//! the herd, on 3 etcd members and on 5 Redis nodes, with the ratio etcd ÷ Redis.
+//! Item 7, every shared store beside Redis in the same run: one uncontended claim, the lock-alone race,
+//! the herd and a steady load, on 5 Redis nodes, 3 etcd members, one PostgreSQL and one MariaDB server,
+//! with each one's ratio to Redis.
 //!
 //! One item rather than a `--store` option across the others: the ratios must come from one run on one
 //! machine at one load, and the other items are Redis-shaped (the Redlock peers of items 1–2 and the
@@ -59,6 +60,8 @@ pub struct Side {
     pub race: Batch,
     pub herd: Herd,
     pub steady: Load,
+    /// The store's CPU (all nodes) per run in the steady phase.
+    pub steady_cpu_per_run: Option<f64>,
 }
 
 /// Both stores, Redis first.
@@ -92,12 +95,18 @@ pub fn run(
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     let mut sides = Vec::new();
-    for (store, n) in [(Backend::Redis, 5), (Backend::Etcd, 3)] {
+    let stores = [
+        (Backend::Redis, 5),
+        (Backend::Etcd, 3),
+        (Backend::Postgres, 1),
+        (Backend::Mariadb, 1),
+    ];
+    for (store, n) in stores {
         let nodes = store.start_nodes(n);
         let (claim, release, failed) = runtime.block_on(latency(&nodes, sizes.claims))?;
         let race = runtime.block_on(race(&nodes, sizes.race_jobs, sizes.race_ticks))?;
         let herd = herd::on_nodes(&nodes, worker, probe, sizes.herd)?;
-        let steady = steady(&nodes, worker, probe, sizes.steady_seconds)?;
+        let (steady, steady_cpu_per_run) = steady(&nodes, worker, probe, sizes.steady_seconds)?;
         sides.push(Side {
             store,
             nodes: n,
@@ -107,6 +116,7 @@ pub fn run(
             race,
             herd,
             steady,
+            steady_cpu_per_run,
         });
     }
     let versus = Versus { sizes, sides };
@@ -117,7 +127,12 @@ pub fn run(
 /// Item 3's steady load on `nodes`: [`STEADY_WORKERS`] workers run [`STEADY_JOBS`] jobs every second;
 /// over `seconds` ticks, exactly-once from the jobs' ledger and the store's requests per run
 /// ([`requests`]) in `commands_per_run`.
-fn steady(nodes: &Cluster, worker: &Path, probe: &[String], seconds: u64) -> Result<Load, String> {
+fn steady(
+    nodes: &Cluster,
+    worker: &Path,
+    probe: &[String],
+    seconds: u64,
+) -> Result<(Load, Option<f64>), String> {
     nodes.flush();
     let dir = tempfile::Builder::new()
         .prefix("redcron-bench-steady-")
@@ -148,9 +163,10 @@ fn steady(nodes: &Cluster, worker: &Path, probe: &[String], seconds: u64) -> Res
     let first = (now_ms() / 1000 + 3) * 1000;
     let last = first + (seconds.max(1) as i64 - 1) * 1000;
     sleep_until_ms(first - 500);
-    let before = requests(nodes);
+    let (before, cpu_before) = (requests(nodes), nodes.total_usage().cpu);
     sleep_until_ms(last + 500);
     let spent = requests(nodes).saturating_sub(before);
+    let cpu = nodes.total_usage().cpu - cpu_before;
     std::thread::sleep(Duration::from_millis(1500));
     stop_all(&mut workers);
     let mut load = Load {
@@ -161,7 +177,7 @@ fn steady(nodes: &Cluster, worker: &Path, probe: &[String], seconds: u64) -> Res
     read_ledger(&ledger, first, last, &mut load)?;
     let runs = (load.once + load.duplicates).max(1) as f64;
     load.commands_per_run = Some(spent as f64 / runs);
-    Ok(load)
+    Ok((load, Some(cpu / runs)))
 }
 
 /// The store's own count of what it was asked: Redis commands summed over the nodes ([`Counters`]),
@@ -230,18 +246,32 @@ async fn race(nodes: &Cluster, jobs: usize, ticks: usize) -> Result<Batch, Strin
 }
 
 fn table(versus: &Versus) -> String {
-    let [redis, etcd] = &versus.sides[..] else {
+    let Some((redis, others)) = versus.sides.split_first() else {
         return String::new();
     };
-    let mut table = Table::new(&[
-        "",
-        &format!("Redis ({} nodes)", redis.nodes),
-        &format!("etcd ({} members)", etcd.nodes),
-        "etcd ÷ Redis",
-    ]);
+    let mut header = vec![String::new()];
+    header.extend(versus.sides.iter().map(|side| {
+        let unit = match side.store {
+            Backend::Redis => "nodes",
+            Backend::Etcd => "members",
+            _ => "server",
+        };
+        format!("{} ({} {unit})", side.store.name(), side.nodes)
+    }));
+    header.extend(
+        others
+            .iter()
+            .map(|side| format!("{} ÷ Redis", side.store.name())),
+    );
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut table = Table::new(&header);
     let mut time = |label: &str, of: &dyn Fn(&Side) -> Option<Duration>| {
-        let ratio = quotient(of(etcd), of(redis)).map_or("–".to_string(), |q| format!("{q:.1}×"));
-        table.row(vec![label.to_string(), ms(of(redis)), ms(of(etcd)), ratio]);
+        let mut cells = vec![label.to_string()];
+        cells.extend(versus.sides.iter().map(|side| ms(of(side))));
+        cells.extend(others.iter().map(|side| {
+            quotient(of(side), of(redis)).map_or("–".to_string(), |q| format!("{q:.1}×"))
+        }));
+        table.row(cells);
     };
     time("uncontended claim p50 ms", &|s| s.claim.p50());
     time("uncontended claim p99 ms", &|s| s.claim.p99());
@@ -257,23 +287,36 @@ fn table(versus: &Versus) -> String {
         s.herd.herd_time()
     });
     time("herd: tick→start p50 ms", &|s| s.herd.tick_to_start.p50());
-    let mut row = |label: &str, of: &dyn Fn(&Side) -> String, ratio: String| {
-        table.row(vec![label.to_string(), of(redis), of(etcd), ratio]);
+    let ratio = |of: &dyn Fn(&Side) -> Option<f64>, side: &Side| match (of(side), of(redis)) {
+        (Some(a), Some(b)) => format!("{:.2}×", a / b.max(1e-12)),
+        _ => "–".to_string(),
+    };
+    let mut row = |label: &str,
+                   of: &dyn Fn(&Side) -> String,
+                   of_number: Option<&dyn Fn(&Side) -> Option<f64>>| {
+        let mut cells = vec![label.to_string()];
+        cells.extend(versus.sides.iter().map(of));
+        cells.extend(
+            others
+                .iter()
+                .map(|side| of_number.map_or("–".to_string(), |f| ratio(f, side))),
+        );
+        table.row(cells);
     };
     row(
         "uncontended claims not won",
         &|s| format!("{} of {}", s.failed, s.failed + s.claim.len()),
-        "–".into(),
+        None,
     );
     row(
         "lock alone: won exactly once / twice / never",
         &|s| format!("{} / {} / {}", s.race.once, s.race.twice, s.race.unclaimed),
-        "–".into(),
+        None,
     );
     row(
         "herd: claimed exactly once / twice / never",
         &|s| format!("{} / {} / {}", s.herd.once, s.herd.twice, s.herd.missing),
-        "–".into(),
+        None,
     );
     let runs = |s: &Side| {
         let runs: Vec<String> = s
@@ -284,32 +327,33 @@ fn table(versus: &Versus) -> String {
             .collect();
         runs.join(", ")
     };
-    row("herd: runs per worker", &runs, "–".into());
-    let cpu_ratio = |a: f64, b: f64| format!("{:.1}×", a / b.max(1e-12));
-    let lock_cpu = |s: &Side| s.race.redis_cpu_per_claim;
+    row("herd: runs per worker", &runs, None);
     row(
-        "lock alone: Redis commands or etcd commits /claim",
+        "lock alone: store's count /claim (see above)",
         &|s| format!("{:.1}", s.race.commands_per_claim),
-        "–".into(),
+        Some(&|s| Some(s.race.commands_per_claim)),
     );
     row(
         "lock alone: store CPU µs /claim (all nodes)",
-        &|s| format!("{:.0}", lock_cpu(s) * 1e6),
-        cpu_ratio(lock_cpu(etcd), lock_cpu(redis)),
+        &|s| format!("{:.0}", s.race.redis_cpu_per_claim * 1e6),
+        Some(&|s| Some(s.race.redis_cpu_per_claim)),
     );
     row(
-        &format!(
-            "steady ({STEADY_JOBS} jobs/s, {STEADY_WORKERS} workers): Redis commands or etcd requests /run"
-        ),
+        &format!("steady ({STEADY_JOBS} jobs/s, {STEADY_WORKERS} workers): store's count /run"),
         &|s| {
             s.steady
                 .commands_per_run
                 .map_or("–".into(), |c| format!("{c:.1}"))
         },
-        match (etcd.steady.commands_per_run, redis.steady.commands_per_run) {
-            (Some(e), Some(r)) => format!("{:.2}×", e / r.max(1e-12)),
-            _ => "–".into(),
+        Some(&|s| s.steady.commands_per_run),
+    );
+    row(
+        "steady: store CPU µs /run (all nodes)",
+        &|s| {
+            s.steady_cpu_per_run
+                .map_or("–".into(), |c| format!("{:.0}", c * 1e6))
         },
+        Some(&|s| s.steady_cpu_per_run),
     );
     row(
         "steady: runs exactly once / twice / never",
@@ -317,38 +361,42 @@ fn table(versus: &Versus) -> String {
             let l = &s.steady;
             format!("{} / {} / {}", l.once, l.duplicates, l.missing)
         },
-        "–".into(),
+        None,
     );
-    let herd_cpu = |s: &Side| s.herd.cpu_per_claim();
     row(
-        "herd: Redis commands or etcd commits /claim",
+        "herd: store's count /claim",
         &|s| {
             s.herd
                 .commands_per_claim()
                 .map_or("–".into(), |c| format!("{c:.1}"))
         },
-        "–".into(),
+        None,
     );
     row(
         "herd: store CPU µs /claim (all nodes)",
-        &|s| herd_cpu(s).map_or("–".into(), |c| format!("{:.0}", c * 1e6)),
-        match (herd_cpu(etcd), herd_cpu(redis)) {
-            (Some(e), Some(r)) => cpu_ratio(e, r),
-            _ => "–".into(),
+        &|s| {
+            s.herd
+                .cpu_per_claim()
+                .map_or("–".into(), |c| format!("{:.0}", c * 1e6))
         },
+        Some(&|s| s.herd.cpu_per_claim()),
     );
     let sizes = versus.sizes;
     format!(
-        "\n## 7. The etcd store beside Redis: a claim, the lock alone, a herd of {} jobs\n\n\
+        "\n## 7. Every shared store beside Redis: a claim, the lock alone, a herd of {} jobs\n\n\
          In this run, on this machine. Uncontended claim: one claimant claims a new tick of one job and \
          releases it, {} times. Lock alone: item 4b's race, 3 contenders in this process for {} jobs at \
          one tick, {} ticks, no proxies. Herd: item 6's, {} jobs due at one instant on 3 worker \
          processes. Redis: `node_timeout` 50 ms, no persistence; etcd: `node_timeout` 500 ms (its \
-         default), every write a Raft commit fsynced on a majority. Counters: Redis commands summed over \
-         the nodes; etcd Raft entries committed (`etcd_server_proposals_committed_total`, one member's); \
-         CPU summed over the nodes (`INFO cpu`, `process_cpu_seconds_total`). Steady: item 3's load, {} \
-         jobs every second on {} workers for {} s; per run, Redis commands (summed over the nodes) or \
-         etcd requests answered (`grpc_server_handled_total`, summed over the members).\n\n{}",
+         default), every write a Raft commit fsynced on a majority; PostgreSQL and MariaDB: one server each, \
+         `node_timeout` 500 ms (the default), fsync on (`fsync`, `innodb_flush_log_at_trx_commit = 1`). \
+         The store's count: Redis commands summed over the nodes; etcd Raft entries committed \
+         (`etcd_server_proposals_committed_total`, one member's) and, in the steady phase, requests answered \
+         (`grpc_server_handled_total`, summed over the members); PostgreSQL transactions \
+         (`xact_commit + xact_rollback` of `pg_stat_database`: each statement outside a transaction is one); \
+         MariaDB statements (`Questions`). CPU summed over the nodes (`INFO cpu`, \
+         `process_cpu_seconds_total`, the SQL server's processes from `/proc`). Steady: item 3's load, {} \
+         jobs every second on {} workers for {} s.\n\n{}",
         sizes.herd,
         sizes.claims,
         sizes.race_jobs,

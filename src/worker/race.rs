@@ -30,6 +30,11 @@ use crate::logging::events;
 use crate::schedule::Tick;
 
 /// The first wait before a tick that found no quorum is raced again; it doubles up to the maximum.
+/// How far ahead of cluster time a tick may be when its claim is sent: the timers that wake the race
+/// may fire a little early, and a clock measured again moves by milliseconds; a tick further ahead
+/// waits until it is due.
+const EARLY_SLACK_MS: i64 = 100;
+
 const NO_QUORUM_BACKOFF: Duration = Duration::from_millis(250);
 const NO_QUORUM_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How often a trigger or a retry that found the job busy claims it again.
@@ -98,6 +103,9 @@ pub(super) fn series_span(series: &Series) -> Span {
 /// request, so the retry continues this worker's claim instead of competing with it, until the job's
 /// misfire grace ends or its next tick is due. Ticks retried at one instant travel together again, so a
 /// retry costs one round trip per node however many jobs it carries.
+///
+/// A claim of a scheduled tick is sent only once the tick is due on cluster time, give or take
+/// [`EARLY_SLACK_MS`].
 pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
     let mut settling = JoinSet::new();
     let now = tokio::time::Instant::now();
@@ -157,6 +165,21 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
         // A retry waits for the batch before it to be decided (a stall of the nodes holds every claim of
         // it), so it may come to be sent after its window: given up then, as its wait would have been.
         let cluster_now = context.clock.now();
+        // A tick that is not due on cluster time: raced on this host's clock before the first measurement
+        // (the store did not answer at start) or before a correction, which moved the clock back since. It
+        // is held back until it is due, never claimed early (which would also take every earlier tick of
+        // the job from the other workers: a later tick claimed refuses them).
+        let (ready, early): (Vec<Pending>, Vec<Pending>) = ready.into_iter().partition(|p| {
+            // Triggers and retries carry the time they were asked for, not a tick of the schedule.
+            p.request.series != Series::Schedule
+                || p.request.tick.as_millis() <= cluster_now.timestamp_millis() + EARLY_SLACK_MS
+        });
+        for mut p in early {
+            let ahead = p.request.tick.as_millis() - cluster_now.timestamp_millis();
+            p.retry_at = tokio::time::Instant::now()
+                + Duration::from_millis(u64::try_from(ahead).unwrap_or(0));
+            pending.push(p);
+        }
         let (ready, ended): (Vec<Pending>, Vec<Pending>) = ready
             .into_iter()
             .partition(|p| p.last.is_none() || cluster_now < p.until);
