@@ -223,10 +223,14 @@ impl SqlStore {
         let result = tokio::time::timeout(budget, async {
             let mut transaction = connection.begin_with(self.shared.dialect.begin()).await?;
             let settings = &self.shared.settings;
+            // A live worker's transaction is never idle for long (it is given up after its budget), so a
+            // worker frozen inside one is cut off after twice the budget, not a TTL: until then it holds
+            // the job's rows and every other worker's claim of the job waits.
+            let idle = (settings.node_timeout * 2).max(Duration::from_secs(1));
             if let Some(bounds) = self
                 .shared
                 .dialect
-                .in_transaction(settings.node_timeout.as_millis(), settings.ttl.as_millis())
+                .in_transaction(settings.node_timeout.as_millis(), idle.as_millis())
             {
                 sqlx::Executor::execute(&mut *transaction, sqlx::AssertSqlSafe(bounds)).await?;
             }
