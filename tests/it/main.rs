@@ -35,6 +35,7 @@ mod reload;
 mod retries;
 mod schedule;
 mod sql_servers;
+mod sql_store;
 mod store_garbage;
 mod support;
 mod trigger;
