@@ -36,6 +36,7 @@ mod retries;
 mod schedule;
 mod sql_input;
 mod sql_servers;
+mod sql_store;
 mod store_garbage;
 mod support;
 mod trigger;

@@ -102,15 +102,22 @@ impl SqlStore {
     /// One chunk of claims in one transaction, answered in order.
     async fn claim_chunk(&self, chunk: Arc<[ClaimRequest]>) -> Vec<ClaimOutcome> {
         let started = BootInstant::now();
+        // Drawn once, before the transaction: a read-back must look for the value the commit wrote.
+        let values: Arc<[String]> = chunk
+            .iter()
+            .map(|r| attempt_value(&r.claimant, r.tick, &r.fingerprint, &r.series))
+            .collect();
         let store = self.clone_handle();
         let work_chunk = Arc::clone(&chunk);
+        let work_values = Arc::clone(&values);
         let decided = self
             .transaction(self.budget(), move |connection| {
                 let (store, chunk) = (store.clone_handle(), Arc::clone(&work_chunk));
+                let values = Arc::clone(&work_values);
                 Box::pin(async move {
                     let mut outcomes = Vec::with_capacity(chunk.len());
-                    for request in chunk.iter() {
-                        outcomes.push(store.claim_one(connection, request, started).await?);
+                    for (request, value) in chunk.iter().zip(values.iter()) {
+                        outcomes.push(store.claim_one(connection, request, value, started).await?);
                     }
                     Ok(outcomes)
                 })
@@ -118,7 +125,7 @@ impl SqlStore {
             .await;
         match decided {
             Ok(outcomes) => outcomes,
-            Err(Failed::Unknown(why)) => self.read_back(&chunk, started, &why).await,
+            Err(Failed::Unknown(why)) => self.read_back(&chunk, &values, started, &why).await,
             Err(failed) => {
                 let failure = self.failure(failed);
                 chunk
@@ -129,11 +136,13 @@ impl SqlStore {
         }
     }
 
-    /// Both rounds of one claim at once, inside the chunk's transaction (see the module).
+    /// Both rounds of one claim at once, inside the chunk's transaction (see the module); `value` is
+    /// this attempt's lease value.
     async fn claim_one(
         &self,
         connection: &mut AnyConnection,
         request: &ClaimRequest,
+        value: &str,
         started: BootInstant,
     ) -> Result<ClaimOutcome, sqlx::Error> {
         let settings = &self.shared.settings;
@@ -211,12 +220,7 @@ impl SqlStore {
         };
         // At most MAX_TOKEN, so it is the same number as a BIGINT.
         let stored = i64::try_from(token).unwrap_or(i64::MAX);
-        let value = attempt_value(
-            &request.claimant,
-            request.tick,
-            &request.fingerprint,
-            &request.series,
-        );
+        let value = value.to_string();
         sqlx::query(sqlx::AssertSqlSafe(
             self.sql("UPDATE {fences} SET token = ? WHERE lock_key = ?"),
         ))
@@ -293,6 +297,7 @@ impl SqlStore {
     async fn read_back(
         &self,
         chunk: &[ClaimRequest],
+        values: &[String],
         started: BootInstant,
         why: &str,
     ) -> Vec<ClaimOutcome> {
@@ -326,28 +331,21 @@ impl SqlStore {
         match read {
             Ok(found) => chunk
                 .iter()
+                .zip(values)
                 .zip(found)
-                .map(|(request, record)| {
-                    let value = attempt_value(
-                        &request.claimant,
-                        request.tick,
-                        &request.fingerprint,
-                        &request.series,
-                    );
-                    match record {
-                        Some((record, token)) if record == value => {
-                            let drift = validity::drift(settings.ttl, settings.drift_factor);
-                            ClaimOutcome::Won(Lease::new(
-                                request,
-                                u64::try_from(token).unwrap_or(0),
-                                value,
-                                started + settings.ttl.saturating_sub(drift),
-                            ))
-                        }
-                        _ => ClaimOutcome::NoQuorum(
-                            self.failure(format!("{why}; read back: this claim did not commit")),
-                        ),
+                .map(|((request, value), record)| match record {
+                    Some((record, token)) if record == *value => {
+                        let drift = validity::drift(settings.ttl, settings.drift_factor);
+                        ClaimOutcome::Won(Lease::new(
+                            request,
+                            u64::try_from(token).unwrap_or(0),
+                            value.clone(),
+                            started + settings.ttl.saturating_sub(drift),
+                        ))
                     }
+                    _ => ClaimOutcome::NoQuorum(
+                        self.failure(format!("{why}; read back: this claim did not commit")),
+                    ),
                 })
                 .collect(),
             Err(failed) => {
