@@ -64,6 +64,16 @@
 //!   answer (`tick.lost: busy`) works as on Redis;
 //! - there are no ghosts, no proxy and no stall of every node on etcd, so those rules find nothing.
 //!
+//! **On a SQL server** the same rules apply with one node, the server: a *majority* is that server, so it
+//! is out of reach while killed (until it is restarted and for 2 s after: the workers' pools reconnect)
+//! or hung (SIGSTOP, a hang longer than `node_timeout` fails the calls, a shorter one only delays them),
+//! and during a stall the probe measured — a commit of its own slower than 150 ms or unanswered.
+//! *Granted to a claimant that died mid-claim* reads the server's own record of claim and lease rows
+//! ([`super::sql_claims`]): a committed claim row is a grant, and its lease row's expiry less the TTL
+//! is when its claimant raced, as the AOF's lease is on Redis. A claim whose commit answer was lost to a
+//! kill is such a grant if it committed, and no grant (nothing in the record) if it did not. There are
+//! no ghosts, no proxy and no stall of every node on SQL.
+//!
 //! The table names one cause per explained miss: the first of *won, never started*, *granted to a
 //! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
 //! *held by a contender of another tick*, *a dead contender of the tick*, *no quorum*
@@ -266,6 +276,12 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         (StoreKind::Etcd, c) if c.contains("nodes stalled") => {
             "no etcd leader within the tick's window: linearizable reads stalled on a majority of members (an election, measured by the probe)"
         }
+        (StoreKind::Postgres | StoreKind::Mariadb, c) if c.starts_with("no quorum of Redis") => {
+            "the SQL server was down or hung at every attempt within the tick's window (killed and restarting, or SIGSTOPped)"
+        }
+        (StoreKind::Postgres | StoreKind::Mariadb, c) if c.contains("nodes stalled") => {
+            "the SQL server's commits stalled at every attempt within the tick's window (measured by the probe, not planned)"
+        }
         (_, c) => c,
     }
     .to_string())
@@ -335,6 +351,12 @@ fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
                     .map(|(_, _, expires)| expires - e.ttl_ms)
                     .min()?,
                 StoreKind::Etcd => facts.race_time(worker, tick),
+                // The lease row's expiry, written by the server's triggers (`super::sql_claims`).
+                StoreKind::Postgres | StoreKind::Mariadb => leases
+                    .iter()
+                    .filter(|(c, _, _)| c == claimant)
+                    .map(|(_, _, expires)| expires - e.ttl_ms)
+                    .min()?,
             };
             let (from, to) = (raced - 500, raced + CLAIM_MS.max(e.job.grace_ms));
             let died = facts
