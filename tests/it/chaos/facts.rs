@@ -487,6 +487,17 @@ impl Facts {
         steps.any(|(at, step)| at - 1_000 <= t && t <= at + 2_500 + step)
     }
 
+    /// Whether worker `w`'s process had no measured offset to the store's clock at real time `t`: it
+    /// started (which forgets the last measurement) and had not logged `clock.offset` since. Such a
+    /// process races nothing: it does not know its cluster time.
+    pub fn unmeasured_at(&self, worker: usize, t: i64) -> bool {
+        self.measured[worker]
+            .iter()
+            .filter(|(at, _)| *at <= t)
+            .max_by_key(|(at, _)| *at)
+            .is_some_and(|(_, offset)| offset.is_none())
+    }
+
     /// Whether a majority of the configured nodes was unusable at some instant of `[a, b]`, counting as
     /// unusable also each node `n` of `extra` during its `[from, to]`: `None` if never, else `Some(true)`
     /// when the plan's faults and `extra` alone took the majority out, `Some(false)` when measured stalls

@@ -510,11 +510,11 @@ fn server_fault(rng: &mut SplitMix64, roll: u64, store: StoreKind) -> Option<Fau
             node: 0,
             down_ms: rng.between(500, 6_000),
         },
-        30..=54 | 90..=97 => Fault::HangNode {
+        30..=54 => Fault::HangNode {
             node: 0,
             ms: rng.between(50, timeout - 50),
         },
-        98..=109 => Fault::HangNode {
+        90..=109 => Fault::HangNode {
             node: 0,
             ms: rng.between(timeout + 100, 5_000),
         },
