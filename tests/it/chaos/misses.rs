@@ -20,10 +20,11 @@
 //! - *clock step*: `r` is within a step of `w`'s clock, or of the measurement that corrects it, or a step
 //!   lies between the tick and when `w`'s clock would have read it before the step (the step jumped
 //!   over the tick: `w` skips or repeats ticks around it);
-//! - *clock unmeasured*: `w`'s process at `r` has not measured its offset to the store's clock since it
-//!   started (no `clock.offset` yet), and a majority was out of reach at some instant between its start
-//!   and `r` (what kept it from measuring): it does not know its cluster time, so it races nothing —
-//!   a worker restarted by a rollout while the one SQL server is killed;
+//! - *clock unmeasured* (last, when nothing above applies): `w`'s process at `r` has not measured its
+//!   offset to the store's clock since it started (no `clock.offset` yet) and logged `clock.unmeasured`
+//!   before it did, and a majority was out of reach at some instant between its start and `r` (what
+//!   kept it from measuring): it does not know its cluster time, so it races nothing — a worker
+//!   restarted by a rollout while the one SQL server is killed;
 //! - *held* (only if `w`'s process at `r` runs the job with `overlap: skip`, whose lease is one key per
 //!   job): at `r` that key was held for another tick, on a majority — by a run of a process that also
 //!   ran the job with `overlap: skip` (from its `tick.won` until its `run.finished`; if its worker was
@@ -413,12 +414,7 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
     if facts.near_clock_step(worker, r) || facts.straddles_step(worker, tick) {
         return Ok("clock step");
     }
-    // A process that started while the store was out of reach could not measure its clock, so it
-    // races nothing until it can (a SQL server killed while a rollout restarts a worker).
-    let ready = facts.lives[instance].ready;
-    if facts.unmeasured_at(worker, r) && facts.no_quorum_in(ready - 1_000, r, &[]).is_some() {
-        return Ok("clock unmeasured");
-    }
+
     if facts.skips(instance, e.job) {
         if let Some(hold) = e
             .holds
@@ -445,6 +441,14 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
     }
     if let Some(cause) = no_majority_in_window(e, instance, worker, tick, r) {
         return Ok(cause);
+    }
+    // A process that started while the store was out of reach could not measure its clock, so it
+    // races nothing until it can (a SQL server killed while a rollout restarts a worker).
+    let ready = facts.lives[instance].ready;
+    if facts.unmeasured_at(instance, worker, r)
+        && facts.no_quorum_in(ready - 1_000, r, &[]).is_some()
+    {
+        return Ok("clock unmeasured");
     }
     let logged = facts.logged(instance, &e.job.name, tick);
     Err(format!(
