@@ -108,6 +108,20 @@ pub fn parse_set(node: usize, key: &str, value: &str) -> Option<ClaimWrite> {
     )
 }
 
+/// The lease write `SET key value PXAT expires_ms` on `node`, if `key` is a lease's.
+pub fn parse_lease(node: usize, key: &str, value: &str, expires_ms: i64) -> Option<ClaimWrite> {
+    claim_or_lease(
+        node,
+        &[
+            "SET".to_string(),
+            key.to_string(),
+            value.to_string(),
+            "PXAT".to_string(),
+            expires_ms.to_string(),
+        ],
+    )
+}
+
 /// The write `command` makes, if it is a claim record's or a lease's `SET`.
 fn claim_or_lease(node: usize, command: &[String]) -> Option<ClaimWrite> {
     let [set, key, value, rest @ ..] = command else {

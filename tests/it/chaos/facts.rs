@@ -163,6 +163,8 @@ pub struct Facts {
     pub entries_skipped: HashMap<usize, Vec<(i64, String)>>,
     /// Kills aimed at a race: `(at, instance, tick)`.
     pub aimed: Vec<(i64, usize, i64)>,
+    /// Per instance: when it logged `clock.unmeasured` (it could not measure its offset to the store).
+    pub unmeasured: HashMap<usize, Vec<i64>>,
     /// Per `(instance, job, tick)`: the holders that `tick.lost: busy` named, with the tick each held
     /// the job's lease for (what the nodes answered).
     pub busy: HashMap<(usize, String, i64), Vec<BusyAnswer>>,
@@ -320,6 +322,9 @@ impl Facts {
             if name == "worker.started" && instance < self.lives.len() {
                 self.lives[instance].ready = self.lives[instance].ready.min(*at);
                 self.measured[log.worker].push((*at, None));
+            }
+            if name == "clock.unmeasured" {
+                self.unmeasured.entry(instance).or_default().push(*at);
             }
             if name == "clock.offset" {
                 let Some(offset) = event["offset_ms"].as_i64() else {
@@ -485,6 +490,29 @@ impl Facts {
         // libfaketime re-reads its file within a second of the change; the worker measures its offset
         // again within `clock_check_every` (1 s) after that.
         steps.any(|(at, step)| at - 1_000 <= t && t <= at + 2_500 + step)
+    }
+
+    /// Whether process `instance` of worker `w` had no measured offset to the store's clock at real time
+    /// `t` and failed to measure it: it started (which forgets the last measurement), had not logged
+    /// `clock.offset` since, and logged `clock.unmeasured` before its next `clock.offset`. Such a
+    /// process races nothing: it does not know its cluster time.
+    pub fn unmeasured_at(&self, instance: usize, worker: usize, t: i64) -> bool {
+        let last = self.measured[worker]
+            .iter()
+            .filter(|(at, _)| *at <= t)
+            .max_by_key(|(at, _)| *at);
+        let Some(&(since, None)) = last else {
+            return false;
+        };
+        let measured = self.measured[worker]
+            .iter()
+            .filter(|(at, offset)| *at > t && offset.is_some())
+            .map(|(at, _)| *at)
+            .min()
+            .unwrap_or(NEVER);
+        self.unmeasured
+            .get(&instance)
+            .is_some_and(|failed| failed.iter().any(|&at| since <= at && at <= measured))
     }
 
     /// Whether a majority of the configured nodes was unusable at some instant of `[a, b]`, counting as

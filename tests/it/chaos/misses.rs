@@ -20,6 +20,11 @@
 //! - *clock step*: `r` is within a step of `w`'s clock, or of the measurement that corrects it, or a step
 //!   lies between the tick and when `w`'s clock would have read it before the step (the step jumped
 //!   over the tick: `w` skips or repeats ticks around it);
+//! - *clock unmeasured* (last, when nothing above applies): `w`'s process at `r` has not measured its
+//!   offset to the store's clock since it started (no `clock.offset` yet) and logged `clock.unmeasured`
+//!   before it did, and a majority was out of reach at some instant between its start and `r` (what
+//!   kept it from measuring): it does not know its cluster time, so it races nothing — a worker
+//!   restarted by a rollout while the one SQL server is killed;
 //! - *held* (only if `w`'s process at `r` runs the job with `overlap: skip`, whose lease is one key per
 //!   job): at `r` that key was held for another tick, on a majority — by a run of a process that also
 //!   ran the job with `overlap: skip` (from its `tick.won` until its `run.finished`; if its worker was
@@ -63,6 +68,16 @@
 //!   seconds + the leader's 500 ms expiry check + the revoke's commit), not + the TTL; the nodes' own
 //!   answer (`tick.lost: busy`) works as on Redis;
 //! - there are no ghosts, no proxy and no stall of every node on etcd, so those rules find nothing.
+//!
+//! **On a SQL server** the same rules apply with one node, the server: a *majority* is that server, so it
+//! is out of reach while killed (until it is restarted and for 2 s after: the workers' pools reconnect)
+//! or hung (SIGSTOP, a hang longer than `node_timeout` fails the calls, a shorter one only delays them),
+//! and during a stall the probe measured — a commit of its own slower than 150 ms or unanswered.
+//! *Granted to a claimant that died mid-claim* reads the server's own record of claim and lease rows
+//! ([`super::sql_claims`]): a committed claim row is a grant, and its lease row's expiry less the TTL
+//! is when its claimant raced, as the AOF's lease is on Redis. A claim whose commit answer was lost to a
+//! kill is such a grant if it committed, and no grant (nothing in the record) if it did not. There are
+//! no ghosts, no proxy and no stall of every node on SQL.
 //!
 //! The table names one cause per explained miss: the first of *won, never started*, *granted to a
 //! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
@@ -266,6 +281,12 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         (StoreKind::Etcd, c) if c.contains("nodes stalled") => {
             "no etcd leader within the tick's window: linearizable reads stalled on a majority of members (an election, measured by the probe)"
         }
+        (StoreKind::Postgres | StoreKind::Mariadb, c) if c.starts_with("no quorum of Redis") => {
+            "the SQL server was down or hung at every attempt within the tick's window (killed and restarting, or SIGSTOPped)"
+        }
+        (StoreKind::Postgres | StoreKind::Mariadb, c) if c.contains("nodes stalled") => {
+            "the SQL server's commits stalled at every attempt within the tick's window (measured by the probe, not planned)"
+        }
         (_, c) => c,
     }
     .to_string())
@@ -335,6 +356,12 @@ fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
                     .map(|(_, _, expires)| expires - e.ttl_ms)
                     .min()?,
                 StoreKind::Etcd => facts.race_time(worker, tick),
+                // The lease row's expiry, written by the server's triggers (`super::sql_claims`).
+                StoreKind::Postgres | StoreKind::Mariadb => leases
+                    .iter()
+                    .filter(|(c, _, _)| c == claimant)
+                    .map(|(_, _, expires)| expires - e.ttl_ms)
+                    .min()?,
             };
             let (from, to) = (raced - 500, raced + CLAIM_MS.max(e.job.grace_ms));
             let died = facts
@@ -387,6 +414,7 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
     if facts.near_clock_step(worker, r) || facts.straddles_step(worker, tick) {
         return Ok("clock step");
     }
+
     if facts.skips(instance, e.job) {
         if let Some(hold) = e
             .holds
@@ -413,6 +441,14 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
     }
     if let Some(cause) = no_majority_in_window(e, instance, worker, tick, r) {
         return Ok(cause);
+    }
+    // A process that started while the store was out of reach could not measure its clock, so it
+    // races nothing until it can (a SQL server killed while a rollout restarts a worker).
+    let ready = facts.lives[instance].ready;
+    if facts.unmeasured_at(instance, worker, r)
+        && facts.no_quorum_in(ready - 1_000, r, &[]).is_some()
+    {
+        return Ok("clock unmeasured");
     }
     let logged = facts.logged(instance, &e.job.name, tick);
     Err(format!(

@@ -167,7 +167,8 @@ impl Plan {
             // On etcd every member fault may change the leader, and a new leader renews every lease
             // for its full TTL (etcd's `Promote`): the paused holder's lease could outlive the case's
             // pause, and nobody would take its job over. So on etcd a calm stretch is calm.
-            let disturbs_case = store == StoreKind::Etcd || !episode.fault.is_node_fault();
+            // On a SQL store a server fault takes the whole store away, takeover included.
+            let disturbs_case = store != StoreKind::Redis || !episode.fault.is_node_fault();
             if episode.end_ms() + CALM_END_MS > total_ms
                 || (disturbs_case && calm.iter().any(|&(from, to)| episode.overlaps(from, to)))
                 || !fits(&episodes, &episode, store)
@@ -198,6 +199,23 @@ impl Plan {
     pub fn summary(&self) -> String {
         let count =
             |pred: &dyn Fn(&Fault) -> bool| self.episodes.iter().filter(|e| pred(&e.fault)).count();
+        if self.store.sql_kind().is_some() {
+            return format!(
+                "{} worker pauses ({} of the long job's holder), {} worker crashes ({} aimed at a race), \
+                 {} rollouts, {} server kills, {} server hangs ({} shorter than node_timeout), \
+                 {} clock steps, {} garbage plants",
+                count(&|f| matches!(f, Fault::Pause { .. })),
+                count(&|f| matches!(f, Fault::Pause { target: Target::LongHolder, .. })),
+                count(&|f| matches!(f, Fault::Crash { .. })),
+                count(&|f| matches!(f, Fault::Crash { target: Target::FirstRacer { .. }, .. })),
+                count(&|f| matches!(f, Fault::Rollout { .. })),
+                count(&|f| matches!(f, Fault::KillNode { .. })),
+                count(&|f| matches!(f, Fault::HangNode { .. })),
+                count(&|f| matches!(f, Fault::HangNode { ms, .. } if *ms < self.store.node_timeout_ms())),
+                count(&|f| matches!(f, Fault::Jump { .. })),
+                count(&|f| matches!(f, Fault::Garbage(_))),
+            );
+        }
         if self.store == StoreKind::Etcd {
             return format!(
                 "{} worker pauses ({} of the long job's holder), {} worker crashes ({} aimed at a race), \
@@ -374,7 +392,7 @@ fn garbage(rng: &mut SplitMix64, episodes: &mut Vec<Episode>, total_ms: u64, sto
                 let order: [usize; NODES] = rng.permutation();
                 order[..count].iter().fold(0u8, |mask, n| mask | 1 << n)
             }
-            StoreKind::Etcd => 0,
+            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb => 0,
         };
         let jobs = super::jobs().len() as u64;
         episodes.push(Episode {
@@ -395,6 +413,11 @@ fn garbage(rng: &mut SplitMix64, episodes: &mut Vec<Episode>, total_ms: u64, sto
 /// One fault of the random part of the plan (on etcd, member faults for the Redis nodes' own kinds).
 fn random_fault(rng: &mut SplitMix64, timing: Timing, store: StoreKind) -> Fault {
     let roll = rng.below(120);
+    if store.sql_kind().is_some() {
+        if let Some(fault) = server_fault(rng, roll, store) {
+            return fault;
+        }
+    }
     if store == StoreKind::Etcd {
         if let Some(fault) = member_fault(rng, roll, store) {
             return fault;
@@ -471,6 +494,29 @@ fn member_fault(rng: &mut SplitMix64, roll: u64, store: StoreKind) -> Option<Fau
         },
         90..=109 => Fault::HangLeader {
             ms: rng.between(300, 5_000),
+        },
+        _ => return None,
+    })
+}
+
+/// On a SQL store, the server fault that takes the place of a Redis node fault, proxy phase, stall of
+/// every node or ghost drawn as `roll` by [`random_fault`]: a kill (restarted after 0.5-6 s: it recovers
+/// from its log) or a hang (SIGSTOP) shorter than `node_timeout` (a commit waits, no call fails) or
+/// longer (calls time out, connections are given up); `None` for the worker faults.
+fn server_fault(rng: &mut SplitMix64, roll: u64, store: StoreKind) -> Option<Fault> {
+    let timeout = store.node_timeout_ms();
+    Some(match roll {
+        0..=29 => Fault::KillNode {
+            node: 0,
+            down_ms: rng.between(500, 6_000),
+        },
+        30..=54 => Fault::HangNode {
+            node: 0,
+            ms: rng.between(50, timeout - 50),
+        },
+        90..=109 => Fault::HangNode {
+            node: 0,
+            ms: rng.between(timeout + 100, 5_000),
         },
         _ => return None,
     })
@@ -786,9 +832,11 @@ mod tests {
     fn garbage_is_planted_a_few_times_and_moves_no_other_fault() {
         let (mut minority, mut majority) = (false, false);
         for seed in 0..200 {
-            for (store, secs, counts) in
-                [(StoreKind::Redis, 75, 3..=5), (StoreKind::Etcd, 45, 1..=3)]
-            {
+            for (store, secs, counts) in [
+                (StoreKind::Redis, 75, 3..=5),
+                (StoreKind::Etcd, 45, 1..=3),
+                (StoreKind::Postgres, 45, 1..=3),
+            ] {
                 let plan = Plan::generate(seed, secs, TIMING, store);
                 let plants: Vec<Garbage> = plan
                     .episodes
@@ -818,7 +866,9 @@ mod tests {
                             minority |= nodes <= 2;
                             majority |= nodes >= 3;
                         }
-                        StoreKind::Etcd => assert_eq!(nodes, 0),
+                        StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb => {
+                            assert_eq!(nodes, 0)
+                        }
                     }
                 }
                 let mut without = plan.clone();

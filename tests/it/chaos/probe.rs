@@ -12,6 +12,11 @@
 //! leader that it still leads before it answers, so a read stalls on every member during an election
 //! or while the leader cannot reach a majority — exactly when a claim cannot commit. A refused
 //! connection (a killed member) is the plan's business, as on Redis.
+//!
+//! On a SQL server the probe commits what a claim commits: an update of one row of a table of its own
+//! (`chaos_probe`, as the administrator), in a transaction of its own, which waits for the server's
+//! fsync as every claim does. A commit slower than 150 ms, or one without an answer, is a stall; a
+//! refused connection (the server killed) is the plan's business.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,6 +33,8 @@ const STALL: Duration = Duration::from_millis(50);
 /// An etcd answer slower than this is a stall: a linearizable read is a round to the leader, and a
 /// loaded machine makes that tens of milliseconds without any fault.
 const ETCD_STALL: Duration = Duration::from_millis(100);
+/// A SQL commit slower than this is a stall: it is an fsync on a disk shared with the whole machine.
+const SQL_STALL: Duration = Duration::from_millis(150);
 /// Longest wait for one answer (a hung node is in the plan anyway).
 const GIVE_UP: Duration = Duration::from_secs(1);
 
@@ -60,6 +67,9 @@ impl Probe {
                     .spawn(move || match store {
                         StoreKind::Redis => probe(node, port, &stop, &stalls),
                         StoreKind::Etcd => probe_etcd(node, port, &stop, &stalls),
+                        StoreKind::Postgres | StoreKind::Mariadb => {
+                            probe_sql(store, port, &stop, &stalls)
+                        }
                     })
                     .expect("cannot start a probe thread")
             })
@@ -138,6 +148,57 @@ fn probe_etcd(node: usize, port: u16, stop: &AtomicBool, stalls: &Mutex<Vec<Stal
                     from: sent,
                     to: sent + took.max(PERIOD).as_millis() as i64,
                 });
+            }
+        }
+        std::thread::sleep(PERIOD.saturating_sub(tick.elapsed()));
+    }
+}
+
+/// Probes the SQL server of `store` on `port` with one committed update every [`PERIOD`] (see the module).
+fn probe_sql(store: StoreKind, port: u16, stop: &AtomicBool, stalls: &Mutex<Vec<Stall>>) {
+    use sqlx::Connection as _;
+    use testkit::sql::{ADMIN, ADMIN_PASSWORD, DATABASE};
+
+    let kind = store.sql_kind().expect("a SQL store");
+    let (scheme, plain) = match kind {
+        testkit::SqlKind::Postgres => ("postgres", "sslmode=disable"),
+        testkit::SqlKind::Mariadb => ("mysql", "ssl-mode=DISABLED"),
+    };
+    let url = format!("{scheme}://{ADMIN}:{ADMIN_PASSWORD}@127.0.0.1:{port}/{DATABASE}?{plain}");
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    sqlx::any::install_default_drivers();
+    let mut connection: Option<sqlx::AnyConnection> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let tick = Instant::now();
+        if connection.is_none() {
+            let connect =
+                async { tokio::time::timeout(GIVE_UP, sqlx::AnyConnection::connect(&url)).await };
+            connection = runtime.block_on(connect).ok().and_then(Result::ok);
+        }
+        if let Some(c) = connection.as_mut() {
+            let (sent, started) = (now_ms(), Instant::now());
+            let update = async {
+                let statement = sqlx::query("UPDATE chaos_probe SET n = n + 1 WHERE id = 1");
+                tokio::time::timeout(GIVE_UP, statement.execute(c)).await
+            };
+            let answered = matches!(runtime.block_on(update), Ok(Ok(_)));
+            let took = started.elapsed();
+            if took > SQL_STALL || !answered {
+                let mut all = stalls.lock().unwrap_or_else(|p| p.into_inner());
+                all.push(Stall {
+                    node: 0,
+                    from: sent,
+                    to: sent + took.max(PERIOD).as_millis() as i64,
+                });
+            }
+            if !answered {
+                // A connection that timed out may be mid-statement: a new one next time.
+                connection = None;
             }
         }
         std::thread::sleep(PERIOD.saturating_sub(tick.elapsed()));

@@ -1,5 +1,5 @@
 //! Which store the chaos cluster runs on, and what follows from that choice: how many nodes (Redis lock
-//! nodes or etcd members), the lease timing the workers are configured with, and how long a lease whose
+//! nodes, etcd members, or the one SQL server), the lease timing the workers are configured with, and how long a lease whose
 //! holder stopped renewing may still hold its key.
 //!
 //! The plan, the harness and the miss rules ask this instead of assuming Redis; the safety rules of the
@@ -12,6 +12,10 @@ pub enum StoreKind {
     Redis,
     /// A 3-member etcd cluster.
     Etcd,
+    /// One PostgreSQL server (the SQL store's `postgres` dialect).
+    Postgres,
+    /// One MariaDB server (the SQL store's `mysql` dialect).
+    Mariadb,
 }
 
 impl StoreKind {
@@ -20,21 +24,37 @@ impl StoreKind {
         match self {
             StoreKind::Redis => super::plan::NODES,
             StoreKind::Etcd => 3,
+            StoreKind::Postgres | StoreKind::Mariadb => 1,
         }
     }
 
-    /// How many of [`Self::nodes`] a plan may take down at once: a minority.
-    pub fn max_node_faults(self) -> usize {
-        (self.nodes() - 1) / 2
+    /// The test server of a SQL store.
+    pub fn sql_kind(self) -> Option<testkit::SqlKind> {
+        match self {
+            StoreKind::Postgres => Some(testkit::SqlKind::Postgres),
+            StoreKind::Mariadb => Some(testkit::SqlKind::Mariadb),
+            StoreKind::Redis | StoreKind::Etcd => None,
+        }
     }
 
-    /// The workers' `lock.ttl`. On etcd a lease lives whole seconds and every claim is a Raft commit (an
+    /// How many of [`Self::nodes`] a plan may take down at once: a minority — except on a SQL store,
+    /// whose single server is the only thing to kill or hang: the store is then out of reach as a whole
+    /// (which the checker reads as no majority, so such a fault explains misses and nothing else).
+    pub fn max_node_faults(self) -> usize {
+        match self {
+            StoreKind::Postgres | StoreKind::Mariadb => 1,
+            StoreKind::Redis | StoreKind::Etcd => (self.nodes() - 1) / 2,
+        }
+    }
+
+    /// The workers' `lock.ttl`. On a SQL store every claim is a transaction whose commit is an fsync on
+    /// a server sharing the 2-core machine with the workers: etcd's timing. On etcd a lease lives whole seconds and every claim is a Raft commit (an
     /// fsync on a majority), and `node_timeout` may be at most a tenth of the TTL: 3 s allows 300 ms per
     /// request, several times a commit on a loaded 2-core machine.
     pub fn ttl_ms(self) -> u64 {
         match self {
             StoreKind::Redis => 2_000,
-            StoreKind::Etcd => 3_000,
+            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb => 3_000,
         }
     }
 
@@ -42,7 +62,7 @@ impl StoreKind {
     pub fn renew_ms(self) -> u64 {
         match self {
             StoreKind::Redis => 600,
-            StoreKind::Etcd => 1_000,
+            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb => 1_000,
         }
     }
 
@@ -55,10 +75,11 @@ impl StoreKind {
     /// rules count it. Redis expires the key at its TTL (the rules add their own margins). etcd expires
     /// the lease on the leader at its TTL in whole seconds, finds it in its next expiry check (every
     /// 500 ms) and deletes the key by a revoke that is itself a Raft commit: the test support's bound for
-    /// that, [`crate::support::Backend::expiry`].
+    /// that, [`crate::support::Backend::expiry`]. A SQL server's lease ends a TTL after the claim or
+    /// renewal on its own clock, and the next claim reads that: as on Redis.
     pub fn lease_hold_ms(self, ttl_ms: i64) -> i64 {
         match self {
-            StoreKind::Redis => ttl_ms,
+            StoreKind::Redis | StoreKind::Postgres | StoreKind::Mariadb => ttl_ms,
             StoreKind::Etcd => crate::support::Backend::Etcd
                 .expiry(std::time::Duration::from_millis(ttl_ms.max(0) as u64))
                 .as_millis() as i64,

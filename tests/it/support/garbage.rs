@@ -4,11 +4,15 @@
 //! once) and the chaos test (a few plants per run, while faults go on).
 //!
 //! Every write here is bounded in time and returns what failed instead of panicking: the chaos harness
-//! plants while nodes are killed and hung, and must go on.
+//! plants while nodes are killed and hung, and must go on. On a SQL server the same garbage goes into
+//! the workers' tables as rows (a request, a member, an entry each), through the server's own client;
+//! the caller plants only while the server serves (a hung one would hold the client for its 30 s bound).
 
 use std::time::Duration;
 
 use chrono::Utc;
+
+use testkit::{SqlKind, SqlServer};
 
 use crate::support::{Cluster, EtcdCluster, RedisCluster};
 
@@ -25,6 +29,8 @@ pub enum Target<'a> {
         on: Vec<usize>,
     },
     Etcd(&'a EtcdCluster),
+    /// A SQL server, written with SQL as its administrator into the workers' tables (`redcron_*`).
+    Sql(&'a SqlServer),
 }
 
 impl<'a> Target<'a> {
@@ -39,7 +45,7 @@ impl<'a> Target<'a> {
             Cluster::Embedded(_) => {
                 panic!("the embedded store's garbage is planted in its file (store_garbage.rs)")
             }
-            Cluster::Sql(_) => panic!("a SQL store's garbage is planted with SQL"),
+            Cluster::Sql(server) => Target::Sql(server),
         }
     }
 }
@@ -157,6 +163,37 @@ fn plant_keyed(
                 }
             }
         }),
+        Target::Sql(server) => {
+            let rows: Vec<(String, String)> = entries
+                .iter()
+                .map(|(id, value)| (format!("{kind}/{id}"), match kind {
+                    // A member row: its id, when it was seen, its announcement (the stored value is
+                    // `<seen ms> <announcement>`, as on Redis), alive until `expires_ms`.
+                    "members" => {
+                        let (seen, member) = value.split_once(' ').unwrap_or(("0", value));
+                        let until = expires_ms.unwrap_or(i64::MAX / 1000);
+                        format!(
+                            "INSERT INTO {PREFIX}_members (id, seen_ms, member, expires_us, expired_ms) \
+                             VALUES ({}, {}, {}, {}, {until})",
+                            literal(server.kind(), id),
+                            seen.parse::<i64>().unwrap_or(0),
+                            literal(server.kind(), member),
+                            until.saturating_mul(1000),
+                        )
+                    }
+                    // A trigger request row: its id, the job it names (the request's own, or the one
+                    // named in the id's plant), the request, kept until `expires_ms` (or for good).
+                    _ => format!(
+                        "INSERT INTO {PREFIX}_triggers (id, job, request, expires_ms) VALUES ({}, {}, {}, {})",
+                        literal(server.kind(), id),
+                        literal(server.kind(), &job_of(value)),
+                        literal(server.kind(), value),
+                        expires_ms.unwrap_or(i64::MAX),
+                    ),
+                }))
+                .collect();
+            exec_sql(server, &rows)
+        }
         // On etcd the same expiry, as an etcd lease of the time left: garbage that stayed for good made
         // every worker read megabytes of it each second by the end of a long chaos run, and the cluster
         // too slow to take a member back (the soaks' "not healthy within 20 s").
@@ -193,12 +230,54 @@ pub fn plant_history(
                 .arg(id)
                 .ignore();
         }),
+        Target::Sql(server) => exec_sql(
+            server,
+            &[(
+                format!("history/{id}"),
+                format!(
+                "INSERT INTO {PREFIX}_history (job, id, tick, entry) VALUES ({}, {}, {tick}, {})",
+                literal(server.kind(), job),
+                literal(server.kind(), id),
+                literal(server.kind(), value),
+            ),
+            )],
+        ),
         Target::Etcd(members) => {
             // The tick as the store writes it into keys: 20 digits that sort as the tick does.
             let sortable = (i128::from(tick) - i128::from(i64::MIN)) as u64;
             let key = format!("{base}/{sortable:020}/{id}");
             put_all(members, vec![(key, value.to_string())], None)
         }
+    }
+}
+
+/// The job a planted request names, or `?` for one that names none (not JSON, of the wrong shape).
+fn job_of(request: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(request)
+        .ok()
+        .and_then(|v| v["job"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string())
+}
+
+/// `text` as a SQL string literal for `kind` (MariaDB also takes backslashes as escapes).
+fn literal(kind: SqlKind, text: &str) -> String {
+    let quoted = text.replace('\'', "''");
+    match kind {
+        SqlKind::Postgres => format!("'{quoted}'"),
+        SqlKind::Mariadb => format!("'{}'", quoted.replace('\\', "\\\\")),
+    }
+}
+
+/// Runs `statements` (`(what it writes, SQL)`) in one transaction on `server` as its administrator;
+/// what failed — all of them, as the transaction did — each as `sql: <what it writes>: why`.
+fn exec_sql(server: &SqlServer, statements: &[(String, String)]) -> Vec<String> {
+    let script: String = statements.iter().map(|(_, s)| format!("{s};\n")).collect();
+    match server.try_exec(&format!("BEGIN;\n{script}COMMIT;\n")) {
+        Ok(_) => Vec::new(),
+        Err(why) => statements
+            .iter()
+            .map(|(what, _)| format!("sql: {what}: {why}"))
+            .collect(),
     }
 }
 

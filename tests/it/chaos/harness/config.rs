@@ -20,8 +20,8 @@ pub(super) fn faketime_spec(offset_ms: i64) -> String {
     )
 }
 
-/// The jobs file of worker `w` in config `version` (0 or 1), on `store` at `nodes` (Redis URLs or etcd
-/// endpoints).
+/// The jobs file of worker `w` in config `version` (0 or 1), on `store` at `nodes` (Redis URLs, etcd
+/// endpoints, or the SQL server's one URL).
 pub(super) fn config(
     worker: usize,
     version: usize,
@@ -98,6 +98,9 @@ pub(super) fn config(
     let section = match store {
         StoreKind::Redis => format!("redis:\n  nodes: [{nodes}]"),
         StoreKind::Etcd => format!("etcd:\n  endpoints: [{nodes}]"),
+        // The test servers serve no TLS.
+        StoreKind::Postgres => format!("postgres:\n  url: {nodes}\n  tls: disable"),
+        StoreKind::Mariadb => format!("mysql:\n  url: {nodes}\n  tls: disable"),
     };
     let (ttl, renew, node_timeout) = (store.ttl_ms(), store.renew_ms(), store.node_timeout_ms());
     format!(

@@ -1,11 +1,11 @@
 //! Garbage plants: trigger requests, member records and a history entry that no `redcron` can have
 //! written, planted straight into the store with the helpers of [`crate::support::garbage`] (shared with
-//! `store_garbage`): on the Redis nodes a plant names that serve (directly, not through the proxy), or
-//! through a plain etcd client.
+//! `store_garbage`): on the Redis nodes a plant names that serve (directly, not through the proxy),
+//! through a plain etcd client, or with SQL into the SQL server's tables while it serves.
 
 use super::nodes::Nodes;
 use super::{now_ms, Cluster};
-use crate::chaos::faults::{Garbage, Ghost, GARBAGE_KEPT_MS};
+use crate::chaos::faults::{Fault, Garbage, Ghost, GARBAGE_KEPT_MS};
 use crate::chaos::timeline::Happening;
 use crate::support::garbage::{self, Target};
 
@@ -43,8 +43,21 @@ impl Cluster {
                 (target, on)
             }
             Nodes::Etcd(members) => (Target::Etcd(members), Vec::new()),
+            // The server killed or hung: nothing planted (the client would wait for a hung one).
+            Nodes::Sql(server) if !server.is_serving() => {
+                self.timeline.push(
+                    now_ms(),
+                    Happening::Skipped {
+                        fault: Fault::Garbage(plant),
+                        why: "the SQL server is down or hung".to_string(),
+                    },
+                );
+                return;
+            }
+            Nodes::Sql(server) => (Target::Sql(server), vec![0]),
         };
-        let etcd = matches!(target, Target::Etcd(_));
+        // On etcd and SQL a plant is one store's writes: what failed is not there.
+        let etcd = matches!(target, Target::Etcd(_) | Target::Sql(_));
         let mut failed =
             garbage::plant_triggers(&target, &requests, Some(now_ms() + GARBAGE_KEPT_MS));
         failed.extend(garbage::plant_members(&target, &members));

@@ -1,5 +1,5 @@
 //! The cluster under test and the hand that breaks it: 5 lock nodes (append-only, fsync always), one of
-//! them behind the [`Proxy`], or 3 etcd members ([`nodes`]); the [`Ledger`]; 4 worker processes with
+//! them behind the [`Proxy`], 3 etcd members, or one PostgreSQL or MariaDB server ([`nodes`]); the [`Ledger`]; 4 worker processes with
 //! their clocks; and the executor that carries out a [`Plan`], writing down in a [`Timeline`] what it
 //! did and when.
 //!
@@ -39,6 +39,7 @@ use super::store::StoreKind;
 use super::timeline::{Happening, Timeline};
 use crate::support::libfaketime;
 use crate::support::{EtcdCluster, Persistence, RedisCluster, TestDir, Worker};
+use testkit::SqlServer;
 
 /// The job that outlives the TTL.
 pub const LONG_JOB: &str = "long";
@@ -149,6 +150,16 @@ impl Cluster {
                 let members = EtcdCluster::with_members(store.nodes());
                 let endpoints = members.endpoints();
                 (Nodes::Etcd(members), None, endpoints)
+            }
+            StoreKind::Postgres | StoreKind::Mariadb => {
+                assert!(
+                    breakage != Some(Breakage::SplitQuorum),
+                    "split-quorum breaks Redis quorums; a SQL store is one server"
+                );
+                let server = SqlServer::start(store.sql_kind().expect("a SQL store"));
+                super::sql_claims::record_grants(&server);
+                let url = server.url();
+                (Nodes::Sql(server), None, vec![url])
             }
         };
         let ports: Vec<u16> = (0..nodes.len()).map(|n| nodes.probe_port(n)).collect();
@@ -306,13 +317,15 @@ impl Cluster {
     }
 
     /// What each lock node confirmed, from its append-only file (read at the end of the run); on etcd,
-    /// every claim record the cluster committed, from its history ([`super::etcd_claims`]).
+    /// every claim record the cluster committed, from its history ([`super::etcd_claims`]); on a SQL
+    /// server, every claim and lease row it committed, from its triggers' table ([`super::sql_claims`]).
     pub fn claim_writes(&self) -> Vec<ClaimWrite> {
         let nodes = match &self.nodes {
             Nodes::Redis(nodes) => nodes,
             Nodes::Etcd(members) => {
                 return super::etcd_claims::read_history(&members.endpoints(), members.len())
             }
+            Nodes::Sql(server) => return super::sql_claims::read_grants(server),
         };
         (0..nodes.len())
             .flat_map(|node| claims::read_aof(node, &nodes.dir(node).join("appendonlydir")))
@@ -476,7 +489,7 @@ impl Cluster {
     /// (Redis nodes only).
     pub fn node_stalls(&self) -> Vec<String> {
         let Some(nodes) = self.nodes.redis() else {
-            return vec!["none on etcd".to_string()];
+            return vec!["none on etcd or SQL".to_string()];
         };
         (0..nodes.len())
             .map(|node| {

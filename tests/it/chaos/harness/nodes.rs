@@ -1,15 +1,19 @@
-//! The store's processes as the executor breaks them: 5 Redis lock nodes or 3 etcd members, each killed
+//! The store's processes as the executor breaks them: 5 Redis lock nodes, 3 etcd members or one SQL
+//! server, each killed
 //! and restarted, hung and continued by its index, whichever store the run is on.
 //!
 //! What only one store has stays visible as such: the Redis nodes' append-only files and latency
 //! monitor ([`Nodes::redis`]), the etcd cluster's leader ([`Nodes::leader`]).
 
+use testkit::SqlServer;
+
 use crate::support::{EtcdCluster, RedisCluster};
 
-/// The store's nodes (Redis) or members (etcd).
+/// The store's nodes (Redis), members (etcd) or server (SQL: node 0, the only one).
 pub enum Nodes {
     Redis(RedisCluster),
     Etcd(EtcdCluster),
+    Sql(SqlServer),
 }
 
 impl Nodes {
@@ -17,6 +21,7 @@ impl Nodes {
         match self {
             Nodes::Redis(nodes) => nodes.len(),
             Nodes::Etcd(members) => members.len(),
+            Nodes::Sql(_) => 1,
         }
     }
 
@@ -25,6 +30,7 @@ impl Nodes {
         match self {
             Nodes::Redis(nodes) => nodes.kill(i),
             Nodes::Etcd(members) => members.kill(i),
+            Nodes::Sql(server) => server.kill(),
         }
     }
 
@@ -34,6 +40,7 @@ impl Nodes {
         match self {
             Nodes::Redis(nodes) => nodes.restart(i),
             Nodes::Etcd(members) => members.restart(i),
+            Nodes::Sql(server) => server.restart(),
         }
     }
 
@@ -42,6 +49,7 @@ impl Nodes {
         match self {
             Nodes::Redis(nodes) => nodes.stop(i),
             Nodes::Etcd(members) => members.stop(i),
+            Nodes::Sql(server) => server.stop(),
         }
     }
 
@@ -50,6 +58,7 @@ impl Nodes {
         match self {
             Nodes::Redis(nodes) => nodes.cont(i),
             Nodes::Etcd(members) => members.cont(i),
+            Nodes::Sql(server) => server.cont(),
         }
     }
 
@@ -58,13 +67,14 @@ impl Nodes {
         match self {
             Nodes::Redis(nodes) => nodes.is_serving(i),
             Nodes::Etcd(members) => members.is_serving(i),
+            Nodes::Sql(server) => server.is_serving(),
         }
     }
 
     /// The etcd member that leads now (`None` during an election, and on Redis, which has no leader).
     pub fn leader(&self) -> Option<usize> {
         match self {
-            Nodes::Redis(_) => None,
+            Nodes::Redis(_) | Nodes::Sql(_) => None,
             Nodes::Etcd(members) => members.current_leader(),
         }
     }
@@ -74,6 +84,7 @@ impl Nodes {
         match self {
             Nodes::Redis(nodes) => nodes.port(i),
             Nodes::Etcd(members) => members.client_port(i),
+            Nodes::Sql(server) => server.port(),
         }
     }
 
@@ -81,7 +92,7 @@ impl Nodes {
     pub fn redis(&self) -> Option<&RedisCluster> {
         match self {
             Nodes::Redis(nodes) => Some(nodes),
-            Nodes::Etcd(_) => None,
+            Nodes::Etcd(_) | Nodes::Sql(_) => None,
         }
     }
 }
