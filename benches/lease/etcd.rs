@@ -245,6 +245,9 @@ async fn race(nodes: &Cluster, jobs: usize, ticks: usize) -> Result<Batch, Strin
     Ok(batch)
 }
 
+/// A row's figure of one store, for its ratio to Redis.
+type Figure<'a> = &'a dyn Fn(&Side) -> Option<f64>;
+
 fn table(versus: &Versus) -> String {
     let Some((redis, others)) = versus.sides.split_first() else {
         return String::new();
@@ -291,9 +294,7 @@ fn table(versus: &Versus) -> String {
         (Some(a), Some(b)) => format!("{:.2}×", a / b.max(1e-12)),
         _ => "–".to_string(),
     };
-    let mut row = |label: &str,
-                   of: &dyn Fn(&Side) -> String,
-                   of_number: Option<&dyn Fn(&Side) -> Option<f64>>| {
+    let mut row = |label: &str, of: &dyn Fn(&Side) -> String, of_number: Option<Figure>| {
         let mut cells = vec![label.to_string()];
         cells.extend(versus.sides.iter().map(of));
         cells.extend(
