@@ -42,10 +42,11 @@ impl Site {
         }
     }
 
-    /// Whether the command can read the cluster's time from the store (the Redis nodes' clocks) and so
-    /// corrects its own; elsewhere it refuses a clock far off the workers'.
+    /// Whether the command can read the cluster's time from the store (the Redis nodes' clocks, a SQL
+    /// server's) and so corrects its own; elsewhere it refuses a clock far off the workers'.
     fn corrects(&self) -> bool {
-        matches!(self, Site::Shared(cluster) if cluster.backend() == Backend::Redis)
+        matches!(self, Site::Shared(cluster)
+            if matches!(cluster.backend(), Backend::Redis | Backend::Postgres | Backend::Mariadb))
     }
 }
 
@@ -255,10 +256,10 @@ fn far_ahead(site: Site) {
 
 /// A request planted in the store with the time 2300 is refused by the workers (`trigger.refused`),
 /// removed and never run; then `redcron trigger` run with the clock at 2300 either asks at the cluster's
-/// time (Redis: its run has a token of now) or refuses (etcd, embedded: no clock to correct by, exit 1).
-/// Throughout, every run's token is one of now, and the scheduled runs' tokens rise strictly, three runs
-/// and more after it. On Redis a third worker, whose clock says 2300, races the ticks of now with them.
-/// On Redis and on etcd.
+/// time (Redis, PostgreSQL: its run has a token of now) or refuses (etcd, embedded: no clock to correct
+/// by, exit 1). Throughout, every run's token is one of now, and the scheduled runs' tokens rise strictly,
+/// three runs and more after it. Where the store has a clock, a third worker, whose clock says 2300, races
+/// the ticks of now with them. On Redis, etcd and PostgreSQL.
 fn a_clock_far_ahead_moves_no_token(backend: Backend) {
     far_ahead(Site::Shared(backend.start()));
 }

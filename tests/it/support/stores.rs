@@ -82,5 +82,21 @@ macro_rules! on_every_store {
                 }
             )*
         }
+        /// The suite on a PostgreSQL server (the SQL store's code is one for both servers; MariaDB runs the
+        /// conformance suite, the fault tests and its chaos run).
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $async_test() {
+                    super::$async_test($crate::support::Backend::Postgres).await
+                }
+            )*
+            $(
+                #[test]
+                fn $sync_test() {
+                    super::$sync_test($crate::support::Backend::Postgres)
+                }
+            )*
+        }
     };
 }
