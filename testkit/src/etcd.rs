@@ -419,7 +419,7 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 /// A CA (`ca.pem`) and a certificate it signed for 127.0.0.1, for servers and clients alike (`cert.pem`,
 /// `key.pem`), in `dir`: rustls refuses a self-signed certificate used as its own CA.
-fn make_certificates(dir: &std::path::Path) {
+pub(crate) fn make_certificates(dir: &std::path::Path) {
     let openssl = |args: &[&str]| {
         let status = Command::new("openssl")
             .args(args)

@@ -101,6 +101,7 @@ impl SqlKind {
 pub struct SqlServerBuilder {
     kind: SqlKind,
     fsync: bool,
+    tls: bool,
 }
 
 impl SqlServerBuilder {
@@ -109,6 +110,14 @@ impl SqlServerBuilder {
     /// so it survives a SIGKILL of the server, only not a crash of the machine: for tests that want speed.
     pub fn fsync(mut self, fsync: bool) -> Self {
         self.fsync = fsync;
+        self
+    }
+
+    /// Whether the server also serves TLS (off by default): a CA and a certificate it signed for
+    /// 127.0.0.1, made with `openssl` ([`SqlServer::certificate`]), the same for the server and as a
+    /// client certificate it accepts. Plain connections are still served.
+    pub fn tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -131,9 +140,31 @@ impl SqlServerBuilder {
                     )
                 });
         }
+        if self.tls {
+            crate::require_program("openssl", "openssl");
+            let tls = dir.path().join("tls");
+            std::fs::create_dir_all(&tls).expect("cannot create the TLS directory");
+            crate::etcd::make_certificates(&tls);
+            // The server reads its key as its own user, and PostgreSQL wants it private.
+            for file in ["ca.pem", "cert.pem", "key.pem"] {
+                let path = tls.join(file);
+                if let Some(account) = account {
+                    std::os::unix::fs::chown(&path, Some(account.uid), Some(account.gid))
+                        .expect("cannot hand a TLS file to the server's user");
+                }
+                let mode = if file == "key.pem" { 0o600 } else { 0o644 };
+                std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                    .expect("cannot set a TLS file's mode");
+            }
+            if let Some(account) = account {
+                std::os::unix::fs::chown(&tls, Some(account.uid), Some(account.gid))
+                    .expect("cannot hand the TLS directory to the server's user");
+            }
+        }
         let mut server = SqlServer {
             kind: self.kind,
             fsync: self.fsync,
+            tls: self.tls,
             programs,
             account,
             port: 0,
@@ -152,6 +183,7 @@ impl SqlServerBuilder {
 pub struct SqlServer {
     kind: SqlKind,
     fsync: bool,
+    tls: bool,
     programs: Programs,
     account: Option<Account>,
     port: u16,
@@ -161,6 +193,17 @@ pub struct SqlServer {
 }
 
 impl SqlServer {
+    /// With [`SqlServerBuilder::tls`]: the CA (`ca.pem`), and the certificate it signed for 127.0.0.1
+    /// with its key (`cert.pem`, `key.pem`), the server's own and a client certificate it accepts.
+    pub fn certificate(&self) -> (PathBuf, PathBuf, PathBuf) {
+        let tls = self.dir.path().join("tls");
+        (
+            tls.join("ca.pem"),
+            tls.join("cert.pem"),
+            tls.join("key.pem"),
+        )
+    }
+
     /// A PostgreSQL server with fsync on.
     pub fn postgres() -> SqlServer {
         SqlServer::builder(SqlKind::Postgres).start()
@@ -178,7 +221,11 @@ impl SqlServer {
 
     /// Options for a server of `kind`.
     pub fn builder(kind: SqlKind) -> SqlServerBuilder {
-        SqlServerBuilder { kind, fsync: true }
+        SqlServerBuilder {
+            kind,
+            fsync: true,
+            tls: false,
+        }
     }
 
     pub fn kind(&self) -> SqlKind {
@@ -590,6 +637,14 @@ impl SqlServer {
                     // pg_hba.conf (initdb's --auth-host) would then refuse.
                     .args(["-c", "password_encryption=scram-sha-256"])
                     .args(["-c", "shared_buffers=32MB", "-c", "max_connections=200"]);
+                if self.tls {
+                    let (ca, cert, key) = self.certificate();
+                    command
+                        .args(["-c", "ssl=on"])
+                        .args(["-c", &format!("ssl_ca_file={}", ca.display())])
+                        .args(["-c", &format!("ssl_cert_file={}", cert.display())])
+                        .args(["-c", &format!("ssl_key_file={}", key.display())]);
+                }
             }
             SqlKind::Mariadb => {
                 command
@@ -612,6 +667,13 @@ impl SqlServer {
                     // MySQL 8's default, and MariaDB's from 11.6.
                     .arg("--character-set-server=utf8mb4")
                     .args(["--max-connections=200"]);
+                if self.tls {
+                    let (ca, cert, key) = self.certificate();
+                    command
+                        .arg(format!("--ssl-ca={}", ca.display()))
+                        .arg(format!("--ssl-cert={}", cert.display()))
+                        .arg(format!("--ssl-key={}", key.display()));
+                }
             }
         }
         command

@@ -409,3 +409,90 @@ async fn mysql_job_names_that_differ_in_case_are_two_jobs() {
         "a second claimant of backup's tick: {again:?}"
     );
 }
+
+/// The store over TLS, as an operator configures it for a server across the network: `tls: verify-full`
+/// with the CA that signed the server's certificate (for 127.0.0.1) and a client certificate. Claims go
+/// through, and the server's own view says the session is encrypted (PostgreSQL: `pg_stat_ssl`; MariaDB:
+/// the user is made to `REQUIRE SSL`, and a store with `tls: disable` is then refused). A CA that did not
+/// sign the server's certificate gets no connection at all: the claim fails, nothing is granted.
+fn tls_verify_full_with_a_ca_file_and_a_client_certificate(kind: SqlKind) {
+    use redcron::config::{SqlConfig, SqlTls};
+    use redcron::history::HistorySettings;
+    use redcron::store::sql::SqlStore;
+
+    let server = SqlServer::builder(kind).tls(true).start();
+    let (ca, cert, key) = server.certificate();
+    if kind == SqlKind::Mariadb {
+        server.exec("ALTER USER 'redcron'@'%' REQUIRE SSL; FLUSH PRIVILEGES;");
+    }
+    let store = |tls: SqlTls, ca: Option<std::path::PathBuf>| {
+        let config = SqlConfig {
+            dialect: kind.dialect(),
+            url: server.url(),
+            tls,
+            ca_file: ca,
+            client_identity: Some((cert.clone(), key.clone())),
+            pool_size: 2,
+        };
+        let settings = LockSettings {
+            node_timeout: Duration::from_millis(1_000),
+            ttl: Duration::from_secs(10),
+            ..LockSettings::default()
+        };
+        Store::Sql(Box::new(
+            SqlStore::new(&config, settings, HistorySettings::default()).expect("a store"),
+        ))
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(async {
+        let verified = store(SqlTls::VerifyFull, Some(ca.clone()));
+        verified
+            .prepare()
+            .await
+            .expect("the store prepares over TLS");
+        match verified.claim(&request("w", "tls", 1_000)).await {
+            ClaimOutcome::Won(lease) => verified.release(&lease).await,
+            other => panic!("expected a win over TLS, got {other:?}"),
+        }
+        if kind == SqlKind::Postgres {
+            let encrypted = server.exec(
+                "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+                 WHERE a.usename = 'redcron' AND s.ssl",
+            );
+            let sessions: u32 = encrypted.trim().parse().expect("a count");
+            assert!(
+                sessions > 0,
+                "no encrypted session of the store: {encrypted}"
+            );
+        } else {
+            let plain = store(SqlTls::Disable, None);
+            let outcome = plain.claim(&request("w", "plain", 1_000)).await;
+            assert!(
+                matches!(outcome, ClaimOutcome::NoQuorum(_)) || plain.prepare().await.is_err(),
+                "a plain connection of a user that requires TLS got {outcome:?}"
+            );
+        }
+        // A CA that did not sign the server's certificate: the certificate is refused.
+        let other = TestDir::new();
+        let other_ca = other.path().join("ca.pem");
+        std::fs::copy(&cert, &other_ca).expect("a CA file of the wrong certificate");
+        let unverified = store(SqlTls::VerifyFull, Some(other_ca));
+        let outcome = unverified.claim(&request("w", "wrong-ca", 1_000)).await;
+        assert!(
+            matches!(outcome, ClaimOutcome::NoQuorum(_)),
+            "a server whose certificate the CA did not sign was trusted: {outcome:?}"
+        );
+    });
+}
+
+/// [`tls_verify_full_with_a_ca_file_and_a_client_certificate`] on PostgreSQL.
+#[test]
+fn postgres_over_tls_with_verify_full_and_a_client_certificate() {
+    tls_verify_full_with_a_ca_file_and_a_client_certificate(SqlKind::Postgres);
+}
+
+/// [`tls_verify_full_with_a_ca_file_and_a_client_certificate`] on MariaDB.
+#[test]
+fn mariadb_over_tls_with_verify_full_and_a_client_certificate() {
+    tls_verify_full_with_a_ca_file_and_a_client_certificate(SqlKind::Mariadb);
+}
