@@ -108,6 +108,13 @@ impl SqlStore {
                 dialect::scrub(&e.to_string())
             ))
         })?;
+        // The driver logs every statement, and slow ones as warnings without redcron's event names; a
+        // call that fails or is late is redcron's to report (no_quorum, lease.lost, …).
+        let options = sqlx::ConnectOptions::log_slow_statements(
+            sqlx::ConnectOptions::log_statements(options, log::LevelFilter::Off),
+            log::LevelFilter::Off,
+            Duration::from_secs(3600),
+        );
         // Bounds on lock waits and on idle sessions, in whole seconds on MySQL (see Dialect::on_connect).
         let lock_s = settings.node_timeout.as_secs().max(1);
         let idle_s = settings.ttl.as_secs().max(2);
