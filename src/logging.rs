@@ -62,16 +62,6 @@ pub fn init(options: &LogOptions) -> Result<(), LoggingError> {
         filter: options.filter.clone(),
         source,
     })?;
-    // The SQL driver's own events (a server's notices, each statement at debug) are not redcron's: kept to
-    // its warnings unless the filter names `sqlx` itself. What the store sees is logged as redcron events.
-    let filter = if options.filter.contains("sqlx") {
-        filter
-    } else {
-        filter.add_directive("sqlx=warn".parse().map_err(|source| LoggingError::Filter {
-            filter: "sqlx=warn".to_string(),
-            source,
-        })?)
-    };
     tracing_subscriber::registry()
         .with(layer(options.format, &options.worker_id, io::stdout).with_filter(filter))
         .try_init()?;

@@ -358,19 +358,39 @@ fn missing_table(e: &sqlx::Error) -> bool {
     db.code().as_deref() == Some("42P01") || number == Some(1146)
 }
 
+/// Runs the statements of [`tables`]: on PostgreSQL in one transaction (its DDL is transactional, so the
+/// schema appears whole or not at all), with the notices of tables a racing worker made first
+/// ("already exists, skipping") kept from the log.
+async fn create_tables(
+    dialect: &Dialect,
+    connection: &mut AnyConnection,
+) -> Result<(), sqlx::Error> {
+    match dialect.kind() {
+        SqlDialect::Postgres => {
+            let mut transaction = connection.begin().await?;
+            transaction
+                .execute("SET LOCAL client_min_messages = warning")
+                .await?;
+            for statement in tables(dialect) {
+                transaction.execute(sqlx::AssertSqlSafe(statement)).await?;
+            }
+            transaction.commit().await
+        }
+        SqlDialect::Mysql => {
+            for statement in tables(dialect) {
+                connection.execute(sqlx::AssertSqlSafe(statement)).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// Creates the tables; a user without the right to is told the SQL to have run for it. Two workers
 /// creating them at once both succeed (every statement is idempotent; a race inside PostgreSQL's
 /// catalog is tried again).
 async fn create(dialect: &Dialect, connection: &mut AnyConnection) -> Result<(), Failed> {
     for attempt in 0..3 {
-        let mut failed = None;
-        for statement in tables(dialect) {
-            if let Err(e) = connection.execute(sqlx::AssertSqlSafe(statement)).await {
-                failed = Some(e);
-                break;
-            }
-        }
-        let Some(e) = failed else {
+        let Err(e) = create_tables(dialect, connection).await else {
             return Ok(());
         };
         let db = e.as_database_error();
