@@ -9,9 +9,9 @@
 
 mod exit;
 mod explain;
-mod history;
+pub(crate) mod history;
 mod honoured;
-mod pause;
+pub(crate) mod pause;
 mod read;
 mod render;
 mod status;

@@ -6,7 +6,7 @@
 //! producing a [`Config`]. Both stages go on after a problem, so one run reports every problem in the
 //! file, each with file, line, column and field.
 //! `${VAR}` is replaced from the environment first (see `yaml`); the variables used by the store's
-//! section are remembered ([`Config::store_env_vars`]), so that jobs do not inherit them.
+//! section and the dashboard's are remembered ([`Config::secret_env_vars`]), so that jobs do not inherit them.
 //!
 //! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
 //! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
@@ -16,6 +16,7 @@
 //! `enabled` true, no timeout, `retries` 0 (`retry_backoff` 10s, `retry_backoff_max` 10m), `output_tail` 2048, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
 //! see [`crate::lock::renewal_slack`]).
 
+mod dashboard;
 mod etcd;
 mod jobs;
 mod raw;
@@ -24,6 +25,7 @@ mod sql;
 mod store;
 mod validate;
 
+pub use dashboard::{DashboardConfig, DashboardToken, Serving, DEFAULT_TOKEN_NAME, MIN_TOKEN_LEN};
 pub use store::{
     EmbeddedConfig, EtcdConfig, RedisConfig, SqlConfig, SqlDialect, SqlTls, StoreConfig,
 };
@@ -61,11 +63,13 @@ pub struct Config {
     pub history: HistorySettings,
     /// The alert hooks of jobs that name none of their own (`alerts:`).
     pub alerts: Alerts,
+    /// Who may see the web dashboard and use its controls (`dashboard:`).
+    pub dashboard: DashboardConfig,
     /// The jobs, in file order; names are unique.
     pub jobs: Vec<JobConfig>,
-    /// The environment variables that the store's section takes through `${VAR}`, such as a password
-    /// (`StoreConfig::env_vars`): never passed to a job unless the job's `env` names them.
-    pub store_env_vars: BTreeSet<String>,
+    /// The environment variables that the store's section (`StoreConfig::env_vars`, such as a password)
+    /// and the dashboard's (its tokens) take through `${VAR}`: never passed to a job unless the job's `env` names them.
+    pub secret_env_vars: BTreeSet<String>,
     /// Problems that do not stop the worker but that an operator should see (e.g. an even node count),
     /// each formatted like a [`Problem`]: `file:line:column: field: message`.
     pub warnings: Vec<String>,

@@ -27,6 +27,8 @@
 //!   lock.
 //! - [`metrics`]: the worker's Prometheus metrics, one named function per fact; served with `/healthz`
 //!   and `/readyz` by the worker's optional HTTP listener (`worker.listen`).
+//! - [`dashboard`]: the web dashboard every worker serves on `worker.listen`: the jobs, their ticks, the
+//!   workers, from the same model as the CLI, with token auth and, when allowed, pause/resume/trigger.
 //! - [`process`]: the job's child process: spawn, stream its output into the log, stop it (SIGTERM, then
 //!   SIGKILL after a grace).
 //! - [`worker`]: the daemon: sleep until each tick, race, run the winner's job under a lease watchdog, and
@@ -42,6 +44,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod dashboard;
 pub mod history;
 pub mod inspect;
 pub mod lock;

@@ -307,7 +307,7 @@ fn until(now: DateTime<Utc>, duration: Duration) -> DateTime<Utc> {
 }
 
 /// `--for`: a duration above zero and at most a year.
-fn parse_for(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_for(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(text.trim()).map_err(|e| {
         format!("{text:?} is not a duration ({e}); expected e.g. 90s, 30m, 2h, 1day")
     })?;

@@ -22,7 +22,7 @@ struct Shared<'a> {
     lock: &'a LockSettings,
     /// The `alerts:` defaults.
     alerts: &'a Alerts,
-    store_env_vars: &'a BTreeSet<String>,
+    secret_env_vars: &'a BTreeSet<String>,
     /// The longest job name the store takes (a SQL store keeps names in indexed key columns).
     max_name: Option<usize>,
     now: DateTime<Utc>,
@@ -36,7 +36,7 @@ pub(super) fn jobs(
     raw: Option<Spanned<Vec<RawJob>>>,
     lock: &LockSettings,
     alerts: &Alerts,
-    store_env_vars: &BTreeSet<String>,
+    secret_env_vars: &BTreeSet<String>,
     store: &super::StoreConfig,
     report: &mut Report,
     now: DateTime<Utc>,
@@ -45,7 +45,7 @@ pub(super) fn jobs(
     let shared = Shared {
         lock,
         alerts,
-        store_env_vars,
+        secret_env_vars,
         max_name,
         now,
     };
@@ -148,7 +148,7 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
         inherit_env(
             inherit,
             &field("inherit_env"),
-            shared.store_env_vars,
+            shared.secret_env_vars,
             report,
         )
     });
@@ -246,7 +246,7 @@ fn output_tail(value: Option<&Spanned<String>>, field: &str, report: &mut Report
 fn inherit_env(
     raw: &Spanned<OneOrList>,
     field: &str,
-    store_env_vars: &BTreeSet<String>,
+    secret_env_vars: &BTreeSet<String>,
     report: &mut Report,
 ) -> InheritEnv {
     match &raw.value {
@@ -266,7 +266,7 @@ fn inherit_env(
                 if !is_variable_name(&name.value) {
                     let why = format!("invalid variable name {:?}: use letters, digits and `_`, not starting with a digit", name.value);
                     report.error(name.mark, &item, why);
-                } else if store_env_vars.contains(&name.value) {
+                } else if secret_env_vars.contains(&name.value) {
                     let why = format!("{} is used by the store's settings and is never inherited; name it in the job's `env` to pass it", name.value);
                     report.warn(name.mark, &item, why);
                 }

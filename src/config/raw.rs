@@ -30,6 +30,7 @@ pub(crate) struct RawConfig {
     pub worker: RawWorker,
     pub history: RawHistory,
     pub alerts: RawAlerts,
+    pub dashboard: Option<RawDashboard>,
     /// The `jobs:` list and where it starts (`None` if the key is missing).
     pub jobs: Option<Spanned<Vec<RawJob>>>,
 }
@@ -104,6 +105,27 @@ pub(crate) struct RawWorker {
 pub(crate) struct RawAlerts {
     pub on_failure: Option<Spanned<OneOrList>>,
     pub on_recovery: Option<Spanned<OneOrList>>,
+}
+
+/// `dashboard:`: who may see the worker's web pages and use its controls.
+#[derive(Debug)]
+pub(crate) struct RawDashboard {
+    /// Where the `dashboard` key is written.
+    pub mark: Mark,
+    pub enabled: Option<Spanned<String>>,
+    pub token: Option<Spanned<String>>,
+    /// `tokens:`, each `{name, token}`, and where the list starts.
+    pub tokens: Option<Spanned<Vec<RawDashboardToken>>>,
+    pub controls: Option<Spanned<String>>,
+    pub public: Option<Spanned<String>>,
+}
+
+/// One of `dashboard.tokens`.
+#[derive(Debug)]
+pub(crate) struct RawDashboardToken {
+    pub mark: Mark,
+    pub name: Option<Spanned<String>>,
+    pub token: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -196,6 +218,10 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
             Some(alerts)
         })
         .unwrap_or_default();
+    let dashboard_key = top.key_mark("dashboard");
+    let dashboard = top
+        .take("dashboard")
+        .and_then(|node| read_dashboard(node, dashboard_key.unwrap_or(node.mark), report));
     let jobs = top.take("jobs").map(|node| Spanned {
         value: read_jobs(node, report),
         mark: node.mark,
@@ -211,6 +237,7 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
         worker,
         history,
         alerts,
+        dashboard,
         jobs,
     }
 }
@@ -298,6 +325,37 @@ fn read_lock(node: &Node, report: &mut Report) -> Option<RawLock> {
     };
     fields.finish(report);
     Some(lock)
+}
+
+fn read_dashboard(node: &Node, key: Mark, report: &mut Report) -> Option<RawDashboard> {
+    let mut fields = Fields::of(node, "dashboard", report)?;
+    let tokens = fields.take("tokens").and_then(|list| {
+        let items = seq(list, "dashboard.tokens", report)?;
+        let tokens = items.iter().enumerate().filter_map(|(i, item)| {
+            let mut fields = Fields::of(item, &format!("dashboard.tokens[{i}]"), report)?;
+            let token = RawDashboardToken {
+                mark: item.mark,
+                name: fields.scalar("name", report),
+                token: fields.scalar("token", report),
+            };
+            fields.finish(report);
+            Some(token)
+        });
+        Some(Spanned {
+            value: tokens.collect(),
+            mark: list.mark,
+        })
+    });
+    let dashboard = RawDashboard {
+        mark: key,
+        enabled: fields.scalar("enabled", report),
+        token: fields.scalar("token", report),
+        tokens,
+        controls: fields.scalar("controls", report),
+        public: fields.scalar("public", report),
+    };
+    fields.finish(report);
+    Some(dashboard)
 }
 
 fn read_history(node: &Node, report: &mut Report) -> Option<RawHistory> {

@@ -65,15 +65,17 @@ pub(crate) fn config(
         let section = raw.embedded.as_ref();
         StoreConfig::Embedded(embedded(section, path, &lock.key_prefix, env, report))
     });
-    let store_env_vars = store.env_vars(variables_under);
+    let mut secret_env_vars = store.env_vars(variables_under);
+    secret_env_vars.extend(variables_under("dashboard"));
     let worker = worker(&raw.worker, report);
+    let dashboard = super::dashboard::dashboard(raw.dashboard.as_ref(), worker.listen, report);
     let history = history(&raw.history, report);
     let alerts = super::jobs::alerts(&raw.alerts, "alerts", report);
     let jobs = super::jobs::jobs(
         raw.jobs,
         &lock,
         &alerts,
-        &store_env_vars,
+        &secret_env_vars,
         &store,
         report,
         now,
@@ -85,8 +87,9 @@ pub(crate) fn config(
         worker,
         history,
         alerts,
+        dashboard,
         jobs,
-        store_env_vars,
+        secret_env_vars,
         warnings: Vec::new(),
     }
 }

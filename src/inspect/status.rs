@@ -49,23 +49,37 @@ pub struct StatusInputs {
 
 /// Reads what the status of `config`'s jobs needs from `store` (from a majority of its nodes).
 pub async fn read(store: &Store, config: &Config) -> Result<StatusInputs, QuorumFailure> {
+    read_jobs(
+        store,
+        &config.jobs.iter().collect::<Vec<_>>(),
+        ENTRIES_PER_JOB,
+    )
+    .await
+}
+
+/// Reads what the status of `jobs` needs, with the newest `entries_per_job` entries of each: a page of
+/// the dashboard reads its own jobs only, and fewer entries of each.
+pub async fn read_jobs(
+    store: &Store,
+    jobs: &[&JobConfig],
+    entries_per_job: usize,
+) -> Result<StatusInputs, QuorumFailure> {
     let mut notes = Notes::new(store);
     let members = notes.keep(store.members().await?);
-    let queries: Vec<Query> = config
-        .jobs
+    let queries: Vec<Query> = jobs
         .iter()
         .map(|job| Query {
             job: job.name.clone(),
             since: None,
             until: None,
-            limit: ENTRIES_PER_JOB,
+            limit: entries_per_job,
         })
         .collect();
     let mut histories = Vec::with_capacity(queries.len());
     for read in join_all(queries.iter().map(|query| store.history(query))).await {
         histories.push(notes.keep(read?));
     }
-    let names: Vec<String> = config.jobs.iter().map(|job| job.name.clone()).collect();
+    let names: Vec<String> = jobs.iter().map(|job| job.name.clone()).collect();
     let pauses = notes.keep(store.pauses(&names).await?);
     let triggers = notes.keep(store.triggers().await?);
     Ok(StatusInputs {
@@ -162,6 +176,17 @@ pub struct Overdue {
 
 /// The status of `config`'s jobs and of the workers at `now`, from what [`read`] gathered.
 pub fn status(config: &Config, inputs: StatusInputs, now: DateTime<Utc>) -> Status {
+    status_of(config, &config.jobs.iter().collect::<Vec<_>>(), inputs, now)
+}
+
+/// The status of `jobs` of `config` (in that order, as [`read_jobs`] read them) and of the workers at
+/// `now`.
+pub fn status_of(
+    config: &Config,
+    jobs: &[&JobConfig],
+    inputs: StatusInputs,
+    now: DateTime<Utc>,
+) -> Status {
     let StatusInputs {
         members,
         histories,
@@ -173,9 +198,9 @@ pub fn status(config: &Config, inputs: StatusInputs, now: DateTime<Utc>) -> Stat
     let majority = config_majority(&members);
     let reference = majority.clone().unwrap_or_else(|| ours.clone());
     let mut pauses = pauses.into_iter();
-    let jobs = config
-        .jobs
+    let jobs = jobs
         .iter()
+        .copied()
         .zip(
             histories
                 .iter()

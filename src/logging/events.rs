@@ -164,6 +164,17 @@ events! {
         RESTART_NEEDED = "config.restart_needed";
     }
 
+    /// The web dashboard (`crate::dashboard`): logins, refusals and the controls used through it.
+    dashboard {
+        /// A token was accepted by `POST /login` (`operator`: the token's name).
+        LOGIN = "dashboard.login";
+        /// WARN: a wrong token was offered (login form or bearer header), answered after a delay.
+        LOGIN_FAILED = "dashboard.login_failed";
+        /// A control was used: `action` (pause, resume, trigger), `job`, `operator`, `from` (the peer's
+        /// address), `reason`, and what came of it (`result`).
+        CONTROL = "dashboard.control";
+    }
+
     /// The alert hook.
     alert {
         /// An alert hook ran and exited 0.

@@ -218,7 +218,7 @@ async fn run_hook(
         env: job_environment(
             &context.worker_env,
             &job.inherit_env,
-            &context.store_env_vars,
+            &context.secret_env_vars,
             &job.env,
             &vars,
         ),

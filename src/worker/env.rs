@@ -13,17 +13,17 @@ use std::ffi::OsString;
 use crate::config::InheritEnv;
 
 /// The child's whole environment, in this order, later entries replacing earlier ones of the same name:
-/// the part of `worker_env` that `inherit` selects, less `store_env_vars`; then the job's `job_env`;
+/// the part of `worker_env` that `inherit` selects, less `secret_env_vars`; then the job's `job_env`;
 /// then `redcron` (the `REDCRON_*` variables of the run). Sorted by name, each name once.
 pub(crate) fn job_environment(
     worker_env: &[(OsString, OsString)],
     inherit: &InheritEnv,
-    store_env_vars: &BTreeSet<String>,
+    secret_env_vars: &BTreeSet<String>,
     job_env: &BTreeMap<String, String>,
     redcron: &[(String, String)],
 ) -> Vec<(OsString, OsString)> {
     let inherits = |name: &OsString| {
-        let store = name.to_str().is_some_and(|n| store_env_vars.contains(n));
+        let store = name.to_str().is_some_and(|n| secret_env_vars.contains(n));
         let chosen = match inherit {
             InheritEnv::All => true,
             InheritEnv::Nothing => false,

@@ -1,4 +1,5 @@
-//! The worker's HTTP listener (`worker.listen`, off by default): `/metrics`, `/healthz`, `/readyz`.
+//! The worker's HTTP listener (`worker.listen`, off by default): `/metrics`, `/healthz`, `/readyz`, and the
+//! web dashboard ([`crate::dashboard`], its own routes and rules).
 //!
 //! Served by axum on hyper — the tokio project's HTTP stack, so no HTTP is parsed here — in the worker's
 //! own runtime. The address is bound before the worker starts, so a port in use stops it at once with an
@@ -31,11 +32,11 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 use futures_util::FutureExt as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -47,7 +48,7 @@ use tracing::{info, warn};
 
 use super::{Context, WorkerError};
 use crate::clock::cluster::{estimate, Estimate, Readings, TooFewSamples};
-use crate::config::{show_duration, WorkerConfig};
+use crate::config::{show_duration, Serving, WorkerConfig};
 use crate::logging::events;
 use crate::metrics::Metrics;
 
@@ -114,18 +115,35 @@ impl Server {
         let address = listener
             .local_addr()
             .map_or_else(|e| e.to_string(), |a| a.to_string());
+        let config = context.config();
+        let dashboard = match config.dashboard.serving(listener.local_addr().ok()) {
+            Serving::Off(_) => "off",
+            Serving::Open => "read-only, no token",
+            Serving::Token if config.dashboard.controls => "token, controls on",
+            Serving::Token => "token, read-only",
+        };
         info!(event = events::worker::LISTENING, address = %address,
-              max_connections = limits.connections as u64,
-              "Serving /metrics, /healthz and /readyz");
+              max_connections = limits.connections as u64, dashboard,
+              "Serving /metrics, /healthz, /readyz and the dashboard");
         let probe = Arc::new(Probe {
             context: Arc::clone(context),
             max_clock_offset: worker.max_clock_offset,
+        });
+        let dashboard = listener.local_addr().map(|listen| {
+            crate::dashboard::router(crate::dashboard::Dashboard::new(
+                Arc::clone(context),
+                listen,
+            ))
         });
         let router = Router::new()
             .route("/metrics", get(metrics))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
             .with_state(probe);
+        let router = match dashboard {
+            Ok(dashboard) => router.merge(dashboard),
+            Err(_) => router,
+        };
         let stop = CancellationToken::new();
         let serving = serve(listener, router, limits, Arc::clone(context), stop.clone());
         let task = tokio::spawn(async move {
@@ -175,13 +193,13 @@ async fn serve(
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((stream, _peer)) => {
+            Ok((stream, peer)) => {
                 failing = false;
                 match Arc::clone(&open).try_acquire_owned() {
                     Ok(permit) => {
                         connections.spawn(connection(
                             stream,
-                            router.clone(),
+                            router.clone().layer(Extension(ConnectInfo(peer))),
                             limits,
                             permit,
                             stop.clone(),

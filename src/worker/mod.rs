@@ -75,7 +75,7 @@ pub(crate) struct Context {
     pub(crate) shutdown: Shutdown,
     pub(crate) shutdown_grace: Duration,
     /// The variables the store's settings use (its password): kept from jobs ([`env`]).
-    pub(crate) store_env_vars: BTreeSet<String>,
+    pub(crate) secret_env_vars: BTreeSet<String>,
     /// This process's environment, read once at start (nothing here changes it): what a job may inherit
     /// ([`env`]), without reading and copying the whole environment again for every run.
     pub(crate) worker_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
@@ -104,6 +104,8 @@ pub(crate) struct Context {
     /// The live workers, as last read from the store after a heartbeat (`None` until then): the claim
     /// order ranks them ([`crate::lock::order`]).
     live_members: Mutex<Option<Vec<String>>>,
+    /// The config in force, for the dashboard, which shows its jobs and takes its tokens.
+    config: Mutex<Arc<Config>>,
 }
 
 /// Runs the worker until `control` asks it to drain and every running job has ended and released its
@@ -170,7 +172,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         worker_id: config.worker.id.clone(),
         shutdown: shutdown.clone(),
         shutdown_grace: config.worker.shutdown_grace,
-        store_env_vars: config.store_env_vars.clone(),
+        secret_env_vars: config.secret_env_vars.clone(),
         worker_env: std::env::vars_os().collect(),
         busy: Mutex::new(HashMap::new()),
         definitions_seen: Mutex::new(HashSet::new()),
@@ -183,6 +185,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
         child_slots,
         live_members: Mutex::new(None),
+        config: Mutex::new(Arc::new(config.clone())),
     });
     let limits = http::Limits {
         connections,
@@ -231,6 +234,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                         let all_jobs = shared_jobs(&new);
                         agenda = agenda.reload(enabled_jobs(&all_jobs), clock.now());
                         context.set_jobs(all_jobs);
+                        context.set_config(&new);
                         config = new;
                     }
                     continue;
@@ -438,6 +442,16 @@ impl Context {
             Some(_) => Err("disabled"),
             None => Err("removed"),
         }
+    }
+
+    /// The config in force.
+    pub(crate) fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.config.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Replaces the config in force after a reload.
+    fn set_config(&self, config: &Config) {
+        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(config.clone());
     }
 
     /// Replaces the jobs after a reload.

@@ -210,7 +210,7 @@ async fn start(
         env: job_environment(
             &context.worker_env,
             &job.inherit_env,
-            &context.store_env_vars,
+            &context.secret_env_vars,
             &job.env,
             &redcron,
         ),

@@ -438,17 +438,17 @@ fn inherit_env_values() {
 /// The variables that the `redis:` section takes through `${VAR}` are recorded (through aliases too),
 /// and those used elsewhere are not.
 #[test]
-fn store_env_vars_are_the_redis_sections() {
+fn secret_env_vars_are_the_redis_sections() {
     let config = ok(&format!("redis:\n  nodes: [\"redis://:${{REDIS_PASSWORD}}@h1\"]\n  key_prefix: \"${{BUCKET}}\"\n{JOB}    env: {{B: \"${{BUCKET}}\"}}\n"));
     let expected = BTreeSet::from(["BUCKET".to_string(), "REDIS_PASSWORD".to_string()]);
-    assert_eq!(config.store_env_vars, expected);
+    assert_eq!(config.secret_env_vars, expected);
     let config = ok(&format!("{JOB}    env: {{B: \"${{BUCKET}}\"}}\n"));
-    assert!(config.store_env_vars.is_empty());
+    assert!(config.secret_env_vars.is_empty());
     // An anchor set in a job and repeated in `redis:` still counts as the store's.
     let text = format!("{JOB}    env: {{URL: &url \"redis://:${{REDIS_PASSWORD}}@h1\"}}\nredis:\n  nodes: [*url]\n");
     let config = ok(&text);
     assert_eq!(
-        config.store_env_vars,
+        config.secret_env_vars,
         BTreeSet::from(["REDIS_PASSWORD".to_string()])
     );
 }
@@ -783,7 +783,7 @@ fn etcd_section_reads_back() {
     assert_eq!(config.lock.key_prefix, "/redcron/prod");
     assert_eq!(config.lock.node_timeout, Duration::from_millis(500));
     assert_eq!(
-        config.store_env_vars,
+        config.secret_env_vars,
         BTreeSet::from(["REDIS_PASSWORD".to_string()])
     );
 }
@@ -870,7 +870,7 @@ fn sql_sections_read_back() {
     assert_eq!(config.lock.node_timeout, Duration::from_millis(500));
     // The job inherits everything but the password's variable (`inherit_env: all` less these).
     assert_eq!(
-        config.store_env_vars,
+        config.secret_env_vars,
         BTreeSet::from(["SQL_PASSWORD".to_string()])
     );
     assert_eq!(config.jobs[0].inherit_env, InheritEnv::All);
@@ -890,7 +890,7 @@ fn sql_sections_read_back() {
     assert_eq!(config.lock.key_prefix, "redcron");
     // 500 ms, capped at ttl/10.
     assert_eq!(config.lock.node_timeout, Duration::from_millis(200));
-    assert!(config.store_env_vars.is_empty());
+    assert!(config.secret_env_vars.is_empty());
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
 }
 

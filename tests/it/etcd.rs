@@ -150,7 +150,7 @@ async fn claims_work_over_tls_with_a_client_certificate_and_a_password() {
         let env = move |name: &str| (name == "ETCD_PASSWORD").then(|| password.clone());
         let config = redcron::config::parse_with_env(&yaml, &dir.join("jobs.yaml"), &env)
             .unwrap_or_else(|e| panic!("{e}"));
-        assert!(config.store_env_vars.contains("ETCD_PASSWORD"));
+        assert!(config.secret_env_vars.contains("ETCD_PASSWORD"));
         Store::open(&config).expect("the TLS files are readable")
     };
     let store = store_with("s3cret");

@@ -1,0 +1,244 @@
+//! Stage two for `dashboard:`: who may see the worker's web pages (`crate::dashboard`) and whether they
+//! may use its controls.
+//!
+//! Safe by default, after the peers' incidents (a dashboard shipped without auth, a UI that runs shell
+//! commands for anyone who reaches the port): without a token the dashboard is read-only and served only
+//! on a loopback `worker.listen`, unless `public: true` says that anyone who reaches the port may read it;
+//! the controls (pause, resume, trigger) need a token, and `controls: true` without one is an error. A
+//! token is a secret (write it as `${VAR}`): at least [`MIN_TOKEN_LEN`] characters, never shown (its
+//! `Debug` is redacted), and its variables are never inherited by jobs.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use super::raw::{RawDashboard, Spanned};
+use super::Report;
+
+/// The shortest token accepted: 16 characters of a random token leave nothing to guess, even at the
+/// dashboard's one failed attempt per second.
+pub const MIN_TOKEN_LEN: usize = 16;
+/// The longest token: a header line stays small.
+const MAX_TOKEN_LEN: usize = 512;
+/// The most tokens a config may name.
+const MAX_TOKENS: usize = 64;
+/// The name `token:` (one token without a name) goes by in the history and the logs.
+pub const DEFAULT_TOKEN_NAME: &str = "operator";
+
+/// The validated `dashboard:` section (all defaults without one).
+#[derive(Clone, PartialEq, Eq)]
+pub struct DashboardConfig {
+    /// `enabled` (default true): serve the pages on `worker.listen` at all.
+    pub enabled: bool,
+    /// The tokens that open the dashboard, each with the name its actions are recorded under. Empty:
+    /// read-only, loopback only (or `public`).
+    pub tokens: Vec<DashboardToken>,
+    /// `controls` (default false): the pause, resume and trigger routes and forms; needs a token.
+    pub controls: bool,
+    /// `public` (default false): serve the read-only dashboard without a token on a non-loopback address.
+    pub public: bool,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        DashboardConfig {
+            enabled: true,
+            tokens: Vec::new(),
+            controls: false,
+            public: false,
+        }
+    }
+}
+
+/// A named token. Its `Debug` never shows the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DashboardToken {
+    /// Who acts with it, as the history and the logs name them.
+    pub name: String,
+    /// The secret itself.
+    pub secret: String,
+}
+
+impl fmt::Debug for DashboardToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DashboardToken {{ name: {:?}, secret: *** }}", self.name)
+    }
+}
+
+impl fmt::Debug for DashboardConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DashboardConfig")
+            .field("enabled", &self.enabled)
+            .field("tokens", &self.tokens)
+            .field("controls", &self.controls)
+            .field("public", &self.public)
+            .finish()
+    }
+}
+
+/// Whether, and how, a worker serves its dashboard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Serving {
+    /// Not served, and why (for the worker's start-up warning).
+    Off(String),
+    /// Served to anyone who reaches the port, read-only (loopback, or `public: true`).
+    Open,
+    /// Served to holders of a token only.
+    Token,
+}
+
+impl DashboardConfig {
+    /// Whether a worker listening on `listen` serves the dashboard.
+    pub fn serving(&self, listen: Option<SocketAddr>) -> Serving {
+        let Some(listen) = listen else {
+            return Serving::Off("worker.listen is not set".into());
+        };
+        if !self.enabled {
+            return Serving::Off("dashboard.enabled is false".into());
+        }
+        if !self.tokens.is_empty() {
+            return Serving::Token;
+        }
+        if listen.ip().is_loopback() || self.public {
+            return Serving::Open;
+        }
+        Serving::Off(format!(
+            "worker.listen ({listen}) is not a loopback address and dashboard has no token: set \
+             dashboard.token, or dashboard.public: true to let anyone who reaches the port read it"
+        ))
+    }
+}
+
+/// The `dashboard:` section; `listen` is `worker.listen`, for the warnings about a dashboard that will not
+/// be served.
+pub(super) fn dashboard(
+    raw: Option<&RawDashboard>,
+    listen: Option<SocketAddr>,
+    report: &mut Report,
+) -> DashboardConfig {
+    let Some(raw) = raw else {
+        return DashboardConfig::default();
+    };
+    let defaults = DashboardConfig::default();
+    let enabled =
+        flag(raw.enabled.as_ref(), "dashboard.enabled", report).unwrap_or(defaults.enabled);
+    let controls = flag(raw.controls.as_ref(), "dashboard.controls", report).unwrap_or(false);
+    let public = flag(raw.public.as_ref(), "dashboard.public", report).unwrap_or(false);
+    let mut tokens = Vec::new();
+    if let Some(token) = &raw.token {
+        if raw.tokens.is_some() {
+            let why = "give either `token` or `tokens`, not both";
+            report.error(token.mark, "dashboard.token", why);
+        }
+        if let Some(secret) = secret(token, "dashboard.token", report) {
+            tokens.push(DashboardToken {
+                name: DEFAULT_TOKEN_NAME.into(),
+                secret,
+            });
+        }
+    }
+    if let Some(list) = &raw.tokens {
+        if list.value.len() > MAX_TOKENS {
+            let why = format!("at most {MAX_TOKENS} tokens");
+            report.error(list.mark, "dashboard.tokens", why);
+        }
+        for (i, item) in list.value.iter().enumerate() {
+            let path = format!("dashboard.tokens[{i}]");
+            let name = match &item.name {
+                None => {
+                    report.error(item.mark, &format!("{path}.name"), "missing field `name`");
+                    continue;
+                }
+                Some(name) if !valid_name(&name.value) => {
+                    let why = format!(
+                        "invalid token name {:?}: 1 to 64 letters, digits and `_ . - @`",
+                        name.value
+                    );
+                    report.error(name.mark, &format!("{path}.name"), why);
+                    continue;
+                }
+                Some(name) => name,
+            };
+            if tokens.iter().any(|t: &DashboardToken| t.name == name.value) {
+                let why = format!("duplicate token name {:?}", name.value);
+                report.error(name.mark, &format!("{path}.name"), why);
+            }
+            let Some(token) = &item.token else {
+                report.error(item.mark, &format!("{path}.token"), "missing field `token`");
+                continue;
+            };
+            if tokens.iter().any(|t| t.secret == token.value) {
+                let why = "two tokens are the same: each name needs its own secret";
+                report.error(token.mark, &format!("{path}.token"), why);
+            }
+            if let Some(secret) = secret(token, &format!("{path}.token"), report) {
+                tokens.push(DashboardToken {
+                    name: name.value.clone(),
+                    secret,
+                });
+            }
+        }
+    }
+    if controls && raw.token.is_none() && raw.tokens.is_none() {
+        let why = "controls (pause, resume, trigger) need a token: set dashboard.token (as ${VAR})";
+        let mark = raw.controls.as_ref().map_or(raw.mark, |c| c.mark);
+        report.error(mark, "dashboard.controls", why);
+    }
+    let config = DashboardConfig {
+        enabled,
+        tokens,
+        controls,
+        public,
+    };
+    if let Serving::Off(why) = config.serving(listen) {
+        if enabled {
+            report.warn(
+                raw.mark,
+                "dashboard",
+                format!("the dashboard is not served: {why}"),
+            );
+        }
+    }
+    config
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '@'))
+}
+
+/// A token's secret, if it is long enough and holds nothing a header cannot carry. The message never
+/// shows it.
+fn secret(value: &Spanned<String>, field: &str, report: &mut Report) -> Option<String> {
+    let secret = value.value.trim();
+    let why = if secret.chars().count() < MIN_TOKEN_LEN {
+        format!(
+            "a token must be at least {MIN_TOKEN_LEN} characters (this one has {}); generate one, e.g. \
+             `openssl rand -hex 32`",
+            secret.chars().count()
+        )
+    } else if secret.len() > MAX_TOKEN_LEN {
+        format!("a token must be at most {MAX_TOKEN_LEN} bytes")
+    } else if !secret.bytes().all(|b| b.is_ascii_graphic()) {
+        "a token must be printable ASCII without spaces (it travels in an HTTP header)".to_string()
+    } else {
+        return Some(secret.to_string());
+    };
+    report.error(value.mark, field, why);
+    None
+}
+
+/// `true` or `false`.
+fn flag(value: Option<&Spanned<String>>, field: &str, report: &mut Report) -> Option<bool> {
+    let value = value?;
+    match value.value.trim() {
+        "true" | "True" | "TRUE" => Some(true),
+        "false" | "False" | "FALSE" => Some(false),
+        other => {
+            let why = format!("invalid {other:?}: expected true or false");
+            report.error(value.mark, field, why);
+            None
+        }
+    }
+}

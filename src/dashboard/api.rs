@@ -1,0 +1,463 @@
+//! The dashboard's JSON API and its controls.
+//!
+//! - `GET /api/status`, `GET /api/history?job=J&limit=N`, `GET /api/explain?job=J&tick=T`: the same
+//!   documents as `redcron status --json`, `history --json` and `explain --json` (docs/history.md), from
+//!   the same [`crate::inspect`] model.
+//! - `POST /api/jobs/{name}/pause` (`for`, `reason`), `/resume`, `/trigger`: the same operations as the
+//!   command line, through the lock — refused (409) while a live worker of an earlier release would
+//!   ignore them, as the CLI refuses without `--even-if-ignored`. Only with `dashboard.controls: true` and a
+//!   token. The body is JSON, or a form (the pages' buttons), which is answered with a redirect to the
+//!   job's page. Each is logged (`dashboard.control`) with who (the token's name), from where (the peer's
+//!   address) and why; the pause and the trigger request carry `<name> via dashboard from <address>` as
+//!   their `by`, which `status` shows and the history keeps.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Json};
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use super::auth::Proof;
+use super::read::{bounded, ReadFailure};
+use super::{Access, Dashboard};
+use crate::config::JobConfig;
+use crate::inspect::{explain, history, parse_tick, status};
+use crate::lock::{InForce, Pause, PauseOutcome};
+use crate::logging::events;
+use crate::membership::{self, Capability};
+use crate::schedule::Tick;
+use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT};
+
+/// The most ticks `/api/history` lists, as `redcron history --limit`.
+const MAX_LIMIT: usize = crate::cli::history::MAX_LIMIT;
+/// The longest pause reason taken.
+const MAX_REASON: usize = 500;
+
+/// `GET /api/status`.
+pub(super) async fn status(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+) -> Response {
+    let store = &dashboard.context.store;
+    match bounded(status::read(store, &access.config)).await {
+        Ok(inputs) => {
+            let now = dashboard.context.clock.now();
+            Json(status::status(&access.config, inputs, now)).into_response()
+        }
+        Err(failure) => unavailable(&failure),
+    }
+}
+
+/// `GET /api/history?job=J&limit=N`: the newest `N` ticks (default 20) of job `J`, or of every job.
+pub(super) async fn history(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let limit = match params.get("limit").map(|l| l.trim().parse::<usize>()) {
+        None => 20,
+        Some(Ok(limit)) if (1..=MAX_LIMIT).contains(&limit) => limit,
+        Some(_) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                &format!("limit is a number from 1 to {MAX_LIMIT}"),
+            )
+        }
+    };
+    let jobs: Vec<String> = match params.get("job") {
+        Some(name) => match find(&access, name) {
+            Ok(job) => vec![job.name.clone()],
+            Err(response) => return response,
+        },
+        None => access.config.jobs.iter().map(|j| j.name.clone()).collect(),
+    };
+    let store = &dashboard.context.store;
+    match bounded(history::read(store, &jobs, None, limit)).await {
+        Ok(inputs) => Json(history::history(inputs, limit)).into_response(),
+        Err(failure) => unavailable(&failure),
+    }
+}
+
+/// `GET /api/explain?job=J&tick=T`: one tick's story; `T` in RFC 3339 or epoch milliseconds.
+pub(super) async fn explain(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(name) = params.get("job") else {
+        return problem(StatusCode::BAD_REQUEST, "job is required");
+    };
+    let job = match find(&access, name) {
+        Ok(job) => job,
+        Err(response) => return response,
+    };
+    let tick = match params.get("tick").map(|t| parse_tick(t.trim())) {
+        None => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "tick is required (RFC 3339 or epoch milliseconds)",
+            )
+        }
+        Some(Err(why)) => return problem(StatusCode::BAD_REQUEST, &why),
+        Some(Ok(at)) => Tick(at.timestamp_millis()),
+    };
+    let store = &dashboard.context.store;
+    match bounded(explain::read(store, &job.name, tick)).await {
+        Ok(inputs) => {
+            let now = dashboard.context.clock.now();
+            Json(explain::explain(
+                job,
+                &access.config.history,
+                tick,
+                inputs,
+                now,
+            ))
+            .into_response()
+        }
+        Err(failure) => unavailable(&failure),
+    }
+}
+
+/// What a control's body may say.
+#[derive(Debug, Default, Deserialize)]
+struct ControlBody {
+    /// How long a pause lasts (90s, 30m, 2h); none or empty: until resumed.
+    #[serde(default, rename = "for")]
+    duration: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    /// The session's CSRF token (forms).
+    #[serde(default)]
+    csrf: Option<String>,
+}
+
+/// What a control answers in JSON.
+#[derive(Debug, Serialize)]
+struct ControlReport {
+    job: String,
+    action: &'static str,
+    /// `paused`, `kept` (a longer pause in force stays), `resumed`, `was_not_paused`, `requested`.
+    result: &'static str,
+    by: String,
+    /// The pause in force after a pause (the longer one kept), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paused: Option<Pause>,
+    /// The trigger request written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request: Option<TriggerRequest>,
+}
+
+/// The controls' one request shape: what was asked, by whom, from where.
+struct Control<'a> {
+    dashboard: &'a Dashboard,
+    access: &'a Access,
+    job: &'a JobConfig,
+    body: ControlBody,
+    /// A form post (answered with a redirect), not JSON.
+    form: bool,
+    by: String,
+    from: SocketAddr,
+}
+
+/// `POST /api/jobs/{name}/pause`.
+pub(super) async fn pause(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+    ConnectInfo(from): ConnectInfo<SocketAddr>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let control = match Control::admit(&dashboard, &access, &name, from, &headers, &body) {
+        Ok(control) => control,
+        Err(response) => return response,
+    };
+    control.pause().await
+}
+
+/// `POST /api/jobs/{name}/resume`.
+pub(super) async fn resume(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+    ConnectInfo(from): ConnectInfo<SocketAddr>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let control = match Control::admit(&dashboard, &access, &name, from, &headers, &body) {
+        Ok(control) => control,
+        Err(response) => return response,
+    };
+    control.resume().await
+}
+
+/// `POST /api/jobs/{name}/trigger`.
+pub(super) async fn trigger(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+    ConnectInfo(from): ConnectInfo<SocketAddr>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let control = match Control::admit(&dashboard, &access, &name, from, &headers, &body) {
+        Ok(control) => control,
+        Err(response) => return response,
+    };
+    control.trigger().await
+}
+
+impl<'a> Control<'a> {
+    /// The control asked for, if this request may use it: controls on, a token proven, the session's
+    /// CSRF token with a cookie, a body that parses, a job of the config.
+    fn admit(
+        dashboard: &'a Dashboard,
+        access: &'a Access,
+        name: &str,
+        from: SocketAddr,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Control<'a>, Response> {
+        if !access.config.dashboard.controls {
+            return Err(problem(
+                StatusCode::FORBIDDEN,
+                "the controls are off (dashboard.controls is false)",
+            ));
+        }
+        let Some(operator) = &access.operator else {
+            return Err(problem(
+                StatusCode::FORBIDDEN,
+                "the controls need a dashboard token",
+            ));
+        };
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let form = content_type.starts_with("application/x-www-form-urlencoded");
+        let body: ControlBody = if body.is_empty() {
+            ControlBody::default()
+        } else if form {
+            serde_urlencoded::from_bytes(body).map_err(|e| {
+                problem(
+                    StatusCode::BAD_REQUEST,
+                    &format!("the form does not parse: {e}"),
+                )
+            })?
+        } else if content_type.starts_with("application/json") {
+            serde_json::from_slice(body).map_err(|e| {
+                problem(
+                    StatusCode::BAD_REQUEST,
+                    &format!("the JSON body does not parse: {e}"),
+                )
+            })?
+        } else {
+            let why = "send application/json or application/x-www-form-urlencoded";
+            return Err(problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, why));
+        };
+        if operator.via == Proof::Cookie {
+            let candidate = body
+                .csrf
+                .clone()
+                .or_else(|| {
+                    headers
+                        .get("x-csrf-token")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            let session = operator.session.as_deref().unwrap_or("");
+            if !access.keys.check_csrf(&operator.name, session, &candidate) {
+                let why = "the form's CSRF token is missing or not this session's: reload the page";
+                return Err(problem(StatusCode::FORBIDDEN, why));
+            }
+        }
+        let job = find(access, name)?;
+        Ok(Control {
+            dashboard,
+            access,
+            job,
+            body,
+            form,
+            by: format!("{} via dashboard from {}", operator.name, from.ip()),
+            from,
+        })
+    }
+
+    async fn pause(self) -> Response {
+        let until = match self.body.duration.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(text) => match crate::cli::pause::parse_for(text) {
+                Ok(duration) => {
+                    Some(Utc::now() + chrono::Duration::from_std(duration).unwrap_or_default())
+                }
+                Err(why) => return problem(StatusCode::BAD_REQUEST, &why),
+            },
+        };
+        let reason: String = self
+            .body
+            .reason
+            .clone()
+            .unwrap_or_default()
+            .trim()
+            .chars()
+            .take(MAX_REASON)
+            .collect();
+        if let Err(response) = self.honoured(Capability::Pause).await {
+            return response;
+        }
+        let pause = Pause {
+            until,
+            by: self.by.clone(),
+            reason: reason.clone(),
+        };
+        let store = &self.dashboard.context.store;
+        let outcome = match bounded(store.pause(&self.job.name, &pause, InForce::KeepLonger)).await
+        {
+            Ok(outcome) => outcome,
+            Err(failure) => return self.failed("pause", &failure),
+        };
+        let (result, paused) = match outcome {
+            PauseOutcome::Paused => ("paused", Some(pause)),
+            PauseOutcome::LongerKept(kept) => ("kept", Some(kept)),
+            PauseOutcome::AlreadyOver => ("already_over", None),
+        };
+        self.done("pause", result, paused, None, &reason)
+    }
+
+    async fn resume(self) -> Response {
+        let store = &self.dashboard.context.store;
+        let was_paused = match bounded(store.resume(&self.job.name)).await {
+            Ok(was) => was,
+            Err(failure) => return self.failed("resume", &failure),
+        };
+        let result = if was_paused {
+            "resumed"
+        } else {
+            "was_not_paused"
+        };
+        let reason = self.body.reason.clone().unwrap_or_default();
+        self.done("resume", result, None, None, &reason)
+    }
+
+    async fn trigger(self) -> Response {
+        if !self.job.enabled {
+            let why = format!(
+                "job {:?} is disabled (enabled: false): no worker runs it",
+                self.job.name
+            );
+            return problem(StatusCode::CONFLICT, &why);
+        }
+        if let Err(response) = self.honoured(Capability::Trigger).await {
+            return response;
+        }
+        let now = self.dashboard.context.clock.now();
+        let request = TriggerRequest::new(&self.job.name, now, DEFAULT_TIMEOUT, &self.by);
+        let store = &self.dashboard.context.store;
+        if let Err(failure) = bounded(store.request_trigger(&request)).await {
+            return self.failed("trigger", &failure);
+        }
+        let reason = self.body.reason.clone().unwrap_or_default();
+        self.done("trigger", "requested", None, Some(request), &reason)
+    }
+
+    /// Refuses (409) while a live worker would ignore `capability`.
+    async fn honoured(&self, capability: Capability) -> Result<(), Response> {
+        let members = match bounded(self.dashboard.context.store.members()).await {
+            Ok(read) => read.value,
+            Err(failure) => return Err(self.failed(capability.name(), &failure)),
+        };
+        let ignoring: Vec<String> = membership::ignoring(&members, capability)
+            .into_iter()
+            .map(|m| format!("{} (host {}, version {:?})", m.id, m.host, m.version))
+            .collect();
+        if ignoring.is_empty() {
+            return Ok(());
+        }
+        let why = format!(
+            "not done: live workers of an earlier release ignore it: {}; upgrade them first (the command \
+             line's --even-if-ignored goes on anyway)",
+            ignoring.join(", ")
+        );
+        Err(problem(StatusCode::CONFLICT, &why))
+    }
+
+    fn failed(&self, action: &str, failure: &ReadFailure) -> Response {
+        self.log(action, "failed", "");
+        unavailable(failure)
+    }
+
+    fn done(
+        &self,
+        action: &'static str,
+        result: &'static str,
+        paused: Option<Pause>,
+        request: Option<TriggerRequest>,
+        reason: &str,
+    ) -> Response {
+        self.log(action, result, reason);
+        if self.form {
+            let mut to = format!("/jobs/{}", super::pages::encode_path(&self.job.name));
+            if let Some(request) = &request {
+                to.push_str(&format!("?trigger={}#trigger", request.id));
+            }
+            return Redirect::to(&to).into_response();
+        }
+        let status = if request.is_some() {
+            StatusCode::ACCEPTED
+        } else {
+            StatusCode::OK
+        };
+        let report = ControlReport {
+            job: self.job.name.clone(),
+            action,
+            result,
+            by: self.by.clone(),
+            paused,
+            request,
+        };
+        (status, Json(report)).into_response()
+    }
+
+    fn log(&self, action: &str, result: &str, reason: &str) {
+        let operator = self
+            .access
+            .operator
+            .as_ref()
+            .map_or("", |o| o.name.as_str());
+        info!(event = events::dashboard::CONTROL, action, job = %self.job.name, operator,
+              from = %self.from, reason, result, "Dashboard control used");
+    }
+}
+
+/// The job `name` of the config in force, or a 404.
+fn find<'a>(access: &'a Access, name: &str) -> Result<&'a JobConfig, Response> {
+    access
+        .config
+        .jobs
+        .iter()
+        .find(|job| job.name == name)
+        .ok_or_else(|| {
+            problem(
+                StatusCode::NOT_FOUND,
+                &format!("no job named {name:?} in the config in force"),
+            )
+        })
+}
+
+/// An error answer: `{"error": why}`.
+fn problem(status: StatusCode, why: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": why }))).into_response()
+}
+
+/// 503 with why the store could not be read.
+fn unavailable(failure: &ReadFailure) -> Response {
+    problem(StatusCode::SERVICE_UNAVAILABLE, &failure.to_string())
+}

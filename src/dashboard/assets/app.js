@@ -1,0 +1,54 @@
+// redcron dashboard: keeps a page live without reloading it. The pages work without this script.
+//
+// It asks for the same page again with If-None-Match: an unchanged page costs the worker a 304 and no
+// rendering in the browser. It asks every 2 s while the page changes, backs off to every 30 s while it
+// does not, and stops while the tab is hidden. It leaves the page alone while a field of a form has the
+// focus or holds text, so that typing a pause's reason is never lost to an update.
+(function () {
+  "use strict";
+  var FAST = 2000, SLOW = 30000;
+  var content = document.getElementById("content");
+  if (!content || content.getAttribute("data-live") !== "true" || !window.fetch) { return; }
+  var etag = null, wait = FAST, timer = null;
+
+  function busy() {
+    var active = document.activeElement;
+    if (active && content.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName)) { return true; }
+    var fields = content.querySelectorAll("input[type=text], input:not([type]), textarea");
+    for (var i = 0; i < fields.length; i++) { if (fields[i].value) { return true; } }
+    return false;
+  }
+
+  function schedule() {
+    clearTimeout(timer);
+    if (!document.hidden) { timer = setTimeout(poll, wait); }
+  }
+
+  function poll() {
+    var headers = { "Accept": "text/html" };
+    if (etag) { headers["If-None-Match"] = etag; }
+    fetch(window.location.href, { headers: headers, credentials: "same-origin", cache: "no-store" })
+      .then(function (response) {
+        if (response.status === 304) { wait = Math.min(wait * 2, SLOW); return null; }
+        if (!response.ok) { wait = SLOW; return null; }
+        var tag = response.headers.get("ETag");
+        return response.text().then(function (text) {
+          var changed = etag !== null && tag !== etag;
+          etag = tag;
+          if (!changed) { wait = Math.min(wait * 2, SLOW); return; }
+          wait = FAST;
+          if (busy()) { return; }
+          var fresh = new DOMParser().parseFromString(text, "text/html").getElementById("content");
+          if (fresh) { content.innerHTML = fresh.innerHTML; }
+        });
+      })
+      .catch(function () { wait = SLOW; })
+      .then(schedule);
+  }
+
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden) { clearTimeout(timer); } else { wait = FAST; poll(); }
+  });
+  // The first answer only learns the page's ETag; a trigger's page polls fast until its run has ended.
+  poll();
+})();

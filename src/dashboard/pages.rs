@@ -1,0 +1,733 @@
+//! The dashboard's HTML pages, rendered on the server with maud, which escapes every value it is given
+//! (a job named `<script>` is shown as text); the only markup not escaped here is the chart's SVG, which
+//! [`super::chart`] escapes itself. Pages work with JavaScript off: forms post, links page. Each answer
+//! carries an `ETag` of its body, and a request whose `If-None-Match` names it gets `304`: the script that
+//! keeps a page live (`/assets/app.js`) asks that way.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+use chrono::{DateTime, Utc};
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+use serde::Deserialize;
+
+use super::read::{self, ReadFailure};
+use super::view::{self, Cell, Filter, StateFilter};
+use super::{auth, chart, words, Access, Dashboard};
+use crate::config::{Command, Config, JobConfig};
+use crate::history::tick::TickRecord;
+use crate::history::Kind;
+use crate::inspect::status::{JobStatus, WorkerStatus};
+use crate::inspect::time::{duration_ms, instant_ms};
+use crate::inspect::{explain, history, parse_tick};
+use crate::schedule::Tick;
+
+/// Ticks listed in a job's history table and chart.
+const JOB_TICKS: usize = 100;
+/// The script that keeps pages live, and the style sheet.
+const SCRIPT: &str = include_str!("assets/app.js");
+const STYLE: &str = include_str!("assets/style.css");
+
+/// `GET /`: every job of the config, filtered and paged.
+pub(super) async fn index(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let filter = Filter::from_params(&params);
+    let store = &dashboard.context.store;
+    let now = dashboard.context.clock.now();
+    let overview = match read::overview(store, &access.config, &filter, now).await {
+        Ok(overview) => overview,
+        Err(failure) => return unavailable(&access, "Jobs", &failure),
+    };
+    let rows = overview
+        .status
+        .jobs
+        .iter()
+        .zip(&overview.entries)
+        .map(|(status, entries)| (status, view::strip(entries, view::STRIP)));
+    let config = &access.config;
+    let body = html! {
+        h1 { "Jobs" }
+        (filter_form(&filter))
+        p.summary {
+            (overview.total) " of " (config.jobs.len()) " jobs"
+            @if overview.pages > 1 { " · page " (overview.page) " of " (overview.pages) }
+            @if !overview.status.notes.missing_nodes.is_empty() {
+                " · " strong { (overview.status.notes.missing_nodes.len()) " store node(s) did not answer" }
+            }
+        }
+        @if overview.total == 0 {
+            p.empty { "No job matches." }
+        } @else {
+            table #jobs {
+                thead { tr {
+                    th scope="col" { "Job" } th scope="col" { "Schedule" } th scope="col" { "Next tick" }
+                    th scope="col" { "Last run" } th scope="col" { "Failures in a row" }
+                    th scope="col" { "State" } th scope="col" { "Recent ticks (oldest first)" }
+                } }
+                tbody {
+                    @for (status, strip) in rows {
+                        @let job = config.jobs.iter().find(|j| j.name == status.name);
+                        tr data-job=(status.name) data-paused=(status.paused.is_some()) {
+                            th scope="row" { a href={ "/jobs/" (encode_path(&status.name)) } { (status.name) } }
+                            td { @if let Some(job) = job { (words::describe(job.schedule.expression(), job.schedule.timezone().name())) } }
+                            td { (when(status.next_tick)) }
+                            td { (last_run(status)) }
+                            td.number { (status.failures_in_a_row) }
+                            td { (state(status)) }
+                            td { (strip_of(&strip)) }
+                        }
+                    }
+                }
+            }
+            (pager(&filter, overview.page, overview.pages))
+        }
+    };
+    page(&headers, &access, "Jobs", body)
+}
+
+/// `GET /jobs/{name}`: one job, its timeline and history; `?tick=` adds a tick's story, `?trigger=` the
+/// state of a trigger request.
+pub(super) async fn job(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+    Path(name): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let config = &access.config;
+    let Some(job) = config.jobs.iter().find(|j| j.name == name) else {
+        let body = html! { h1 { "No such job" } p { "The config in force has no job named " code { (name) } "." } };
+        return with_status(
+            StatusCode::NOT_FOUND,
+            page(&headers, &access, "No such job", body),
+        );
+    };
+    let store = &dashboard.context.store;
+    let now = dashboard.context.clock.now();
+    let (status, _) =
+        match read::status_of(store, config, &[job], view::ENTRIES_FOR_STRIP, now).await {
+            Ok(found) => found,
+            Err(failure) => return unavailable(&access, &job.name, &failure),
+        };
+    let names = [job.name.clone()];
+    let ticks = match read::bounded(history::read(store, &names, None, JOB_TICKS)).await {
+        Ok(inputs) => history::history(inputs, JOB_TICKS).ticks,
+        Err(failure) => return unavailable(&access, &job.name, &failure),
+    };
+    let story = match params.get("tick").map(|t| parse_tick(t.trim())) {
+        None => None,
+        Some(Err(why)) => Some(Err(why)),
+        Some(Ok(at)) => {
+            let tick = Tick(at.timestamp_millis());
+            match read::bounded(explain::read(store, &job.name, tick)).await {
+                Ok(inputs) => Some(Ok(explain::explain(
+                    job,
+                    &config.history,
+                    tick,
+                    inputs,
+                    now,
+                ))),
+                Err(failure) => return unavailable(&access, &job.name, &failure),
+            }
+        }
+    };
+    let Some(job_status) = status.jobs.first() else {
+        return unavailable(&access, &job.name, &ReadFailure::Timeout);
+    };
+    let trigger = params
+        .get("trigger")
+        .map(|id| trigger_state(id, &ticks, job_status));
+    let cells: Vec<Cell> = ticks.iter().rev().map(Cell::of).collect();
+    let body = html! {
+        h1 { (job.name) }
+        (job_state(job, job_status))
+        dl.facts {
+            dt { "Schedule" } dd { (words::describe(job.schedule.expression(), job.schedule.timezone().name()))
+                " " code { (job.schedule.expression()) } " (" (job.schedule.timezone().name()) ")" }
+            dt { "Command" } dd { code { (command(job)) } }
+            dt { "Next tick" } dd { (when(job_status.next_tick)) }
+            dt { "Last run" } dd { (last_run(job_status)) }
+            dt { "Last success" } dd { @match &job_status.last_success { Some(run) => (instant_ms(run.tick)), None => "none in the history read" } }
+            dt { "Failures in a row" } dd { (job_status.failures_in_a_row) }
+            @if let Some(overdue) = &job_status.overdue {
+                dt { "Overdue" } dd { "nobody accounted for the tick " (instant(overdue.tick)) " (window ended " (instant(overdue.window_ended_at)) ")" }
+            }
+            @if !job_status.running.is_empty() {
+                dt { "Running now" } dd { @for run in &job_status.running { (run.worker) " (token " (run.token) ", tick " (instant_ms(run.tick)) ") " } }
+            }
+        }
+        @if access.may_control() { (controls(job, job_status, access.csrf())) }
+        @else if access.config.dashboard.controls {
+            p.note { "Log in with a token to pause, resume or trigger this job." }
+        }
+        @if let Some((state, text)) = &trigger {
+            section #trigger data-state=(state) aria-live="polite" { h2 { "Trigger" } p { (text) } }
+        }
+        @match &story {
+            Some(Ok(explanation)) => section #explain aria-live="polite" {
+                h2 { "Tick " (instant(explanation.tick)) }
+                p { "Verdict: " strong { (format!("{:?}", explanation.verdict).to_lowercase()) } }
+                ol.story { @for line in &explanation.story { li { (line) } } }
+                @if let Some(hint) = &explanation.hint { p.note { (hint) } }
+                @for run in &explanation.runs {
+                    @if let Some(out) = &run.tail_out { h3 { "Standard output (end)" } pre { (out) } }
+                    @if let Some(err) = &run.tail_err { h3 { "Standard error (end)" } pre { (err) } }
+                }
+            },
+            Some(Err(why)) => section #explain { h2 { "Tick" } p.error { (why) } },
+            None => {},
+        }
+        h2 { "Timeline" }
+        (PreEscaped(chart::timeline(&cells)))
+        h2 { "History" }
+        @if ticks.is_empty() { p.empty { "No tick recorded yet." } } @else {
+            table #history {
+                thead { tr {
+                    th scope="col" { "Tick" } th scope="col" { "Outcome" } th scope="col" { "Worker" }
+                    th scope="col" { "Token" } th scope="col" { "Attempt" } th scope="col" { "Trigger" }
+                    th scope="col" { "Exit" } th scope="col" { "Duration" } th scope="col" { "Start delay" }
+                } }
+                tbody { @for record in &ticks { (history_row(job, record)) } }
+            }
+        }
+    };
+    page(&headers, &access, &job.name, body)
+}
+
+/// `GET /workers`: the workers the store knows, and the store's nodes.
+pub(super) async fn workers(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+    headers: HeaderMap,
+) -> Response {
+    let store = &dashboard.context.store;
+    let now = dashboard.context.clock.now();
+    let config = &access.config;
+    let (status, _) = match read::status_of(store, config, &[], 0, now).await {
+        Ok(found) => found,
+        Err(failure) => return unavailable(&access, "Workers", &failure),
+    };
+    let max_offset = config.worker.max_clock_offset.as_millis() as i64;
+    let missing: Vec<&str> = status
+        .notes
+        .missing_nodes
+        .iter()
+        .map(|m| m.node.as_str())
+        .collect();
+    let nodes = nodes(&status.notes.store);
+    let body = html! {
+        h1 { "Workers" }
+        @if let Some(majority) = &status.config_majority {
+            p.summary { "Config most live workers run: " code { (majority) } }
+        }
+        @if status.workers.is_empty() { p.empty { "No worker has announced itself." } } @else {
+            table #workers {
+                thead { tr {
+                    th scope="col" { "Worker" } th scope="col" { "State" } th scope="col" { "Host" }
+                    th scope="col" { "PID" } th scope="col" { "Version" } th scope="col" { "Started" }
+                    th scope="col" { "Last seen" } th scope="col" { "Clock offset" }
+                    th scope="col" { "Config" } th scope="col" { "Runs under way" }
+                } }
+                tbody { @for worker in &status.workers { (worker_row(worker, max_offset)) } }
+            }
+        }
+        h2 { "Store" }
+        table #nodes {
+            thead { tr { th scope="col" { "Node" } th scope="col" { "Answering" } } }
+            tbody {
+                @for node in &nodes {
+                    @let down = missing.iter().find(|m| **m == node.as_str() || node.ends_with(*m) || m.ends_with(node.as_str()));
+                    tr data-node=(node) data-up=(down.is_none()) {
+                        th scope="row" { (node) }
+                        td { @match down { Some(_) => span.bad { "no" }, None => span.good { "yes" } } }
+                    }
+                }
+            }
+        }
+        @for missing in &status.notes.missing_nodes { p.error { (missing.node) ": " (missing.error) } }
+    };
+    page(&headers, &access, "Workers", body)
+}
+
+/// `GET /login`.
+pub(super) async fn login_form(
+    State(dashboard): State<Arc<Dashboard>>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let config = dashboard.context.config();
+    if let Some(refused) = super::refuse(
+        &dashboard,
+        &config,
+        &axum::http::Method::GET,
+        &HeaderMap::new(),
+    ) {
+        return refused;
+    }
+    let next = params.get("next").map(String::as_str).unwrap_or("/");
+    login_page(&config, next, None, StatusCode::OK)
+}
+
+/// What `POST /login` takes.
+#[derive(Deserialize)]
+pub(super) struct Login {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    next: String,
+}
+
+/// `POST /login`: a valid token sets the session cookie and goes on to `next` (a path of this site);
+/// anything else is answered after [`auth::FAILED_ATTEMPT_DELAY`].
+pub(super) async fn login(
+    State(dashboard): State<Arc<Dashboard>>,
+    ConnectInfo(from): ConnectInfo<std::net::SocketAddr>,
+    headers: HeaderMap,
+    Form(login): Form<Login>,
+) -> Response {
+    let config = dashboard.context.config();
+    if let Some(refused) = super::refuse(&dashboard, &config, &axum::http::Method::POST, &headers) {
+        return refused;
+    }
+    let keys = dashboard.keys(&config);
+    let next = safe_next(&login.next);
+    let Some(name) = keys.check(login.token.trim()) else {
+        dashboard.failed_attempt(Some(from)).await;
+        let why = if keys.any() {
+            "That is not a dashboard token."
+        } else {
+            "This dashboard has no token: nobody logs in."
+        };
+        return login_page(&config, next, Some(why), StatusCode::UNAUTHORIZED);
+    };
+    let Some(session) = keys.session(&name, Utc::now().timestamp()) else {
+        return login_page(
+            &config,
+            next,
+            Some("The token was removed."),
+            StatusCode::UNAUTHORIZED,
+        );
+    };
+    let secure = headers
+        .get("x-forwarded-proto")
+        .is_some_and(|p| p == "https");
+    tracing::info!(event = crate::logging::events::dashboard::LOGIN, operator = %name, "Dashboard login");
+    (
+        [(header::SET_COOKIE, auth::set_cookie(&session, secure))],
+        Redirect::to(next),
+    )
+        .into_response()
+}
+
+/// `POST /logout`: ends the session (the cookie is cleared).
+pub(super) async fn logout() -> Response {
+    (
+        [(header::SET_COOKIE, auth::clear_cookie())],
+        Redirect::to("/login"),
+    )
+        .into_response()
+}
+
+pub(super) async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+pub(super) async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn login_page(config: &Config, next: &str, error: Option<&str>, status: StatusCode) -> Response {
+    let body = html! {
+        h1 { "Log in" }
+        @if let Some(error) = error { p.error role="alert" { (error) } }
+        @if config.dashboard.tokens.is_empty() {
+            p { "This dashboard needs no token: " a href="/" { "go to the jobs" } "." }
+        }
+        form #login method="post" action="/login" {
+            input type="hidden" name="next" value=(safe_next(next));
+            label for="token" { "Dashboard token" }
+            input #token type="password" name="token" autocomplete="current-password" required autofocus;
+            button type="submit" { "Log in" }
+        }
+    };
+    let html = layout("Log in", None, None, body);
+    (status, html_headers(), html.into_string()).into_response()
+}
+
+/// `next` if it is a path of this site, else `/`: a login never sends anyone elsewhere.
+fn safe_next(next: &str) -> &str {
+    let local =
+        next.starts_with('/') && !next.starts_with("//") && !next.contains(['\\', '\r', '\n']);
+    if local && next.len() <= 2048 {
+        next
+    } else {
+        "/"
+    }
+}
+
+/// The whole page around `body`, with its ETag; `304` when the request already has it.
+fn page(headers: &HeaderMap, access: &Access, title: &str, body: Markup) -> Response {
+    let operator = access.operator.as_ref().map(|o| o.name.as_str());
+    let text = layout(title, operator, access.csrf(), body).into_string();
+    let etag = format!("\"{:016x}\"", crate::config::fnv1a(text.as_bytes()));
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .is_some_and(|tag| tag.as_bytes() == etag.as_bytes())
+    {
+        return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+    }
+    let mut response = (html_headers(), text).into_response();
+    if let Ok(value) = etag.parse() {
+        response.headers_mut().insert(header::ETAG, value);
+    }
+    response
+}
+
+fn html_headers() -> [(header::HeaderName, &'static str); 1] {
+    [(header::CONTENT_TYPE, "text/html; charset=utf-8")]
+}
+
+fn with_status(status: StatusCode, mut response: Response) -> Response {
+    *response.status_mut() = status;
+    response
+}
+
+/// The page saying the store could not be read (503).
+fn unavailable(access: &Access, title: &str, failure: &ReadFailure) -> Response {
+    let operator = access.operator.as_ref().map(|o| o.name.as_str());
+    let body = html! { h1 { (title) } p.error role="alert" { "Cannot show this page: " (failure.to_string()) "." } };
+    let text = layout(title, operator, access.csrf(), body).into_string();
+    (StatusCode::SERVICE_UNAVAILABLE, html_headers(), text).into_response()
+}
+
+fn layout(title: &str, operator: Option<&str>, csrf: Option<String>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some(csrf) = &csrf { meta name="csrf-token" content=(csrf); }
+                title { (title) " · redcron" }
+                link rel="stylesheet" href="/assets/style.css";
+                script src="/assets/app.js" defer {}
+            }
+            body {
+                a.skip href="#content" { "Skip to content" }
+                header {
+                    nav aria-label="Main" {
+                        span.brand { "redcron" }
+                        a href="/" { "Jobs" }
+                        a href="/workers" { "Workers" }
+                        @if let Some(name) = operator {
+                            span.who { "Logged in as " (name) }
+                            form.inline method="post" action="/logout" { button type="submit" { "Log out" } }
+                        }
+                    }
+                }
+                main #content data-live="true" { (body) }
+            }
+        }
+    }
+}
+
+fn filter_form(filter: &Filter) -> Markup {
+    html! {
+        form #filter method="get" action="/" role="search" {
+            label for="q" { "Name contains" }
+            input #q type="search" name="q" value=(filter.query);
+            label for="state" { "State" }
+            select #state name="state" {
+                @for state in StateFilter::ALL {
+                    option value=(state.name()) selected[state == filter.state] { (state.name()) }
+                }
+            }
+            @if filter.per_page != view::DEFAULT_PER_PAGE { input type="hidden" name="per" value=(filter.per_page); }
+            button type="submit" { "Filter" }
+        }
+    }
+}
+
+fn pager(filter: &Filter, page: usize, pages: usize) -> Markup {
+    html! {
+        @if pages > 1 {
+            nav.pager aria-label="Pages" {
+                @if page > 1 { a rel="prev" href={ "/?" (filter.query_for(page - 1)) } { "← Previous" } }
+                span { "Page " (page) " of " (pages) }
+                @if page < pages { a rel="next" href={ "/?" (filter.query_for(page + 1)) } { "Next →" } }
+            }
+        }
+    }
+}
+
+fn strip_of(cells: &[Cell]) -> Markup {
+    html! {
+        @if cells.is_empty() { span.empty { "no ticks yet" } } @else {
+            ol.ticks {
+                @for cell in cells {
+                    li class={ "tick t-" (cell.outcome.name()) } data-outcome=(cell.outcome.name()) data-tick=(cell.tick_ms) title=(cell.title) {
+                        span.label { (cell.outcome.label()) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn state(status: &JobStatus) -> Markup {
+    html! {
+        @if !status.enabled { span.state.disabled { "disabled" } }
+        @if let Some(paused) = &status.paused {
+            span.state.paused { "paused" }
+            " by " (paused.pause.by)
+            @if let Some(until) = paused.pause.until { " until " (instant(until)) }
+            @if !paused.pause.reason.is_empty() { ": " q { (paused.pause.reason) } }
+        }
+        @if !status.running.is_empty() { " " span.state.running { "running" } }
+        @if status.overdue.is_some() { " " span.state.overdue { "overdue" } }
+        @if status.unfinished { " " span.state.failed { "unfinished" } }
+        @if status.enabled && status.paused.is_none() && status.running.is_empty() && status.overdue.is_none() { span.state { "active" } }
+    }
+}
+
+fn job_state(job: &JobConfig, status: &JobStatus) -> Markup {
+    let name = match (&status.paused, job.enabled) {
+        (_, false) => "disabled",
+        (Some(_), _) => "paused",
+        (None, true) => "active",
+    };
+    html! { p #job-state data-state=(name) { (state(status)) } }
+}
+
+fn last_run(status: &JobStatus) -> Markup {
+    html! {
+        @match &status.last_run {
+            None => span.empty { "never" },
+            Some(run) => {
+                @let outcome = view::Outcome::of_entry(run);
+                time datetime=(instant_ms(run.tick)) { (instant_ms(run.tick)) }
+                " " span class={ "outcome t-" (outcome.name()) } { (outcome.label()) }
+                " on " (run.worker)
+                @if let Some(token) = run.token { ", token " (token) }
+                @if let Some(ms) = run.duration_ms { ", " (duration_ms(ms)) }
+            }
+        }
+    }
+}
+
+fn history_row(job: &JobConfig, record: &TickRecord) -> Markup {
+    let entry = &record.record;
+    let outcome = view::Outcome::of(record);
+    let cell = Cell::of(record);
+    let link = format!(
+        "/jobs/{}?tick={}#explain",
+        encode_path(&job.name),
+        entry.tick
+    );
+    html! {
+        tr data-tick=(entry.tick) data-outcome=(outcome.name()) {
+            th scope="row" { a href=(link) { (instant_ms(entry.tick)) } }
+            td { span class={ "outcome t-" (outcome.name()) } { (outcome.label()) }
+                 @if let Some(reason) = &entry.reason { " (" (reason) ")" }
+                 @if record.double_run() { " " strong.bad { "ran twice" } } }
+            td { @if entry.kind == Kind::Run { (entry.worker) } }
+            td.number { @if let Some(token) = entry.token { (token) } }
+            td.number { @if let Some(attempt) = entry.attempt { (attempt) } }
+            td { @if let Some(trigger) = &entry.trigger { code { (trigger.chars().take(8).collect::<String>()) } } }
+            td.number { @if let Some(code) = entry.exit_code { (code) } @if let Some(signal) = entry.signal { "signal " (signal) } }
+            td.number { @if let Some(ms) = entry.duration_ms { (duration_ms(ms)) } }
+            td.number { @if let Some(ms) = cell.start_delay_ms { (duration_ms(ms)) } }
+        }
+    }
+}
+
+fn worker_row(worker: &WorkerStatus, max_offset_ms: i64) -> Markup {
+    let member = &worker.member;
+    let state = if member.state == "stopped" {
+        "stopped"
+    } else if member.alive {
+        "alive"
+    } else {
+        "dead"
+    };
+    let far = member
+        .clock_offset_ms
+        .is_some_and(|ms| ms.abs() > max_offset_ms);
+    html! {
+        tr data-worker=(member.id) data-state=(state) {
+            th scope="row" { (member.id) }
+            td { span class={ "state " (state) } { (state) } }
+            td { (member.host) }
+            td.number { (member.pid) }
+            td { (member.version) }
+            td { (instant(member.started_at)) }
+            td { @if let Some(seen) = member.seen_at { (instant(seen)) } }
+            td.number { @match member.clock_offset_ms {
+                Some(ms) => { (ms) " ms" @if far { " " strong.bad { "above max_clock_offset" } } },
+                None => "not measured",
+            } }
+            td { code { (member.config_fingerprint) } @if worker.config_differs { " " strong.bad { "differs" } } }
+            td { @for run in &member.running { (run.job) " (token " (run.token) ") " } }
+        }
+    }
+}
+
+fn controls(job: &JobConfig, status: &JobStatus, csrf: Option<String>) -> Markup {
+    let base = format!("/api/jobs/{}", encode_path(&job.name));
+    let csrf = csrf.unwrap_or_default();
+    html! {
+        section.controls aria-label="Controls" {
+            h2 { "Controls" }
+            @if status.paused.is_some() {
+                form #resume-form method="post" action={ (base) "/resume" } {
+                    input type="hidden" name="csrf" value=(csrf);
+                    button type="submit" { "Resume" }
+                }
+            } @else {
+                form #pause-form method="post" action={ (base) "/pause" } {
+                    input type="hidden" name="csrf" value=(csrf);
+                    label for="reason" { "Reason" }
+                    input #reason name="reason" required maxlength="500";
+                    label for="for" { "For (e.g. 30m; empty: until resumed)" }
+                    input #for name="for" maxlength="20";
+                    button type="submit" { "Pause" }
+                }
+            }
+            @if job.enabled {
+                form #trigger-form method="post" action={ (base) "/trigger" } {
+                    input type="hidden" name="csrf" value=(csrf);
+                    button type="submit" { "Run now" }
+                }
+            }
+        }
+    }
+}
+
+/// The state of trigger request `id` as the job's history tells it, and a sentence.
+fn trigger_state(id: &str, ticks: &[TickRecord], status: &JobStatus) -> (&'static str, String) {
+    let record = ticks
+        .iter()
+        .find(|r| r.record.trigger.as_deref() == Some(id));
+    match record.map(|r| &r.record) {
+        Some(run) if run.kind == Kind::Run && run.ended_at.is_some() => (
+            "ended",
+            format!(
+                "Ran on {} with token {}: {}{}.",
+                run.worker,
+                run.token.unwrap_or_default(),
+                run.outcome.as_deref().unwrap_or("ended"),
+                run.duration_ms
+                    .map(|ms| format!(" after {}", duration_ms(ms)))
+                    .unwrap_or_default()
+            ),
+        ),
+        Some(run) if run.kind == Kind::Run => (
+            "started",
+            format!(
+                "Running on {} with token {}.",
+                run.worker,
+                run.token.unwrap_or_default()
+            ),
+        ),
+        Some(other) => (
+            "not_run",
+            format!(
+                "Not run: {}.",
+                other.reason.as_deref().unwrap_or(other.kind.as_str())
+            ),
+        ),
+        None if status.pending_triggers.iter().any(|t| t.id == id) => (
+            "waiting",
+            "Waiting for a worker to claim the request.".to_string(),
+        ),
+        None => (
+            "waiting",
+            "Waiting for the request to be claimed and recorded.".to_string(),
+        ),
+    }
+}
+
+fn command(job: &JobConfig) -> String {
+    match &job.command {
+        Command::Shell(script) => script.clone(),
+        Command::Argv(argv) => argv.join(" "),
+    }
+}
+
+/// The nodes named by a store's description (`a,b`, `etcd:a,b`, `embedded:path`, …).
+fn nodes(described: &str) -> Vec<String> {
+    let list = described.strip_prefix("etcd:").unwrap_or(described);
+    list.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn when(at: Option<DateTime<Utc>>) -> Markup {
+    html! { @match at { Some(at) => time datetime=(instant(at)) { (instant(at)) }, None => span.empty { "none" } } }
+}
+
+fn instant(at: DateTime<Utc>) -> String {
+    crate::inspect::time::instant(at)
+}
+
+/// `text` percent-encoded for a URL's query (everything but RFC 3986's unreserved characters).
+pub(crate) fn encode_query(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// `text` percent-encoded as one path segment.
+pub(crate) fn encode_path(text: &str) -> String {
+    encode_query(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn login_never_sends_anyone_elsewhere() {
+        for (next, expected) in [
+            ("/jobs/a?tick=1", "/jobs/a?tick=1"),
+            ("//evil.example/", "/"),
+            ("https://evil.example/", "/"),
+            ("/\\evil", "/"),
+            ("", "/"),
+        ] {
+            assert_eq!(safe_next(next), expected, "{next:?}");
+        }
+    }
+
+    #[test]
+    fn names_are_encoded_for_urls() {
+        assert_eq!(encode_path("a b/<c>"), "a%20b%2F%3Cc%3E");
+        assert_eq!(encode_query("ok-1_2.3~"), "ok-1_2.3~");
+    }
+}

@@ -1,0 +1,134 @@
+//! What each page reads from the store, through the [`crate::inspect`] model's reads, bounded in time: a
+//! page never waits for the store longer than [`READ_TIMEOUT`], and says why when it could not read.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::Duration;
+
+use super::view::{self, Filter, StateFilter};
+use crate::config::{Config, JobConfig};
+use crate::history::Entry;
+use crate::inspect::status::{self, Status, StatusInputs};
+use crate::lock::QuorumFailure;
+use crate::store::Store;
+
+/// The longest a page waits for the store, all its reads together (each exchange with a node is bounded
+/// by `lock.node_timeout` as well).
+pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(8);
+/// How many jobs' histories a filter that needs them (`failing`, `overdue`) reads at once.
+const SCAN_AT_ONCE: usize = 64;
+
+/// Why a page could not read the store.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReadFailure {
+    #[error("the store could not be reached: no majority: {} of {} nodes answered, {} needed", .0.granted, .0.configured, .0.needed)]
+    NoMajority(QuorumFailure),
+    #[error("the store did not answer within {} s", READ_TIMEOUT.as_secs())]
+    Timeout,
+}
+
+/// Runs `read` within [`READ_TIMEOUT`].
+pub(super) async fn bounded<T>(
+    read: impl Future<Output = Result<T, QuorumFailure>>,
+) -> Result<T, ReadFailure> {
+    match tokio::time::timeout(READ_TIMEOUT, read).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(failure)) => Err(ReadFailure::NoMajority(failure)),
+        Err(_) => Err(ReadFailure::Timeout),
+    }
+}
+
+/// `/`'s jobs: the page of the config's jobs that `filter` selects, with their status and the entries of
+/// their strips.
+pub(super) struct Overview {
+    pub status: Status,
+    /// Each listed job's newest entries, in the order of `status.jobs`.
+    pub entries: Vec<Vec<Entry>>,
+    pub page: usize,
+    pub pages: usize,
+    /// How many jobs the filter selects, on every page.
+    pub total: usize,
+}
+
+/// Reads `/`'s page: the jobs of `config` that `filter` selects (reading what the state filter needs of
+/// every job the name matches: the pauses, the members, or for `failing` and `overdue` the histories),
+/// then the status of the page's jobs only.
+pub(super) async fn overview(
+    store: &Store,
+    config: &Config,
+    filter: &Filter,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Overview, ReadFailure> {
+    let named: Vec<&JobConfig> = config.jobs.iter().filter(|j| filter.admits(j)).collect();
+    let selected: Vec<&JobConfig> = match filter.state {
+        StateFilter::All | StateFilter::Disabled => named,
+        StateFilter::Paused => {
+            let names: Vec<String> = named.iter().map(|j| j.name.clone()).collect();
+            let pauses = bounded(store.pauses(&names)).await?.value;
+            named
+                .into_iter()
+                .zip(pauses)
+                .filter_map(|(job, pause)| pause.map(|_| job))
+                .collect()
+        }
+        StateFilter::Running => {
+            let members = bounded(store.members()).await?.value;
+            let running: HashSet<&str> = members
+                .iter()
+                .filter(|m| m.alive)
+                .flat_map(|m| m.running.iter().map(|r| r.job.as_str()))
+                .collect();
+            named
+                .into_iter()
+                .filter(|j| running.contains(j.name.as_str()))
+                .collect()
+        }
+        StateFilter::Failing | StateFilter::Overdue => {
+            let mut kept = Vec::new();
+            // A chunk's histories are read at once; one chunk at a time keeps the store's load bounded.
+            for chunk in named.chunks(SCAN_AT_ONCE) {
+                let inputs =
+                    bounded(status::read_jobs(store, chunk, view::ENTRIES_FOR_STRIP)).await?;
+                let status = status::status_of(config, chunk, inputs, now);
+                for (job, found) in chunk.iter().zip(status.jobs) {
+                    let keep = match filter.state {
+                        StateFilter::Failing => found.failures_in_a_row > 0,
+                        _ => found.overdue.is_some(),
+                    };
+                    if keep {
+                        kept.push(*job);
+                    }
+                }
+            }
+            kept
+        }
+    };
+    let page = view::page(selected, filter.page, filter.per_page);
+    let inputs = bounded(status::read_jobs(
+        store,
+        &page.items,
+        view::ENTRIES_FOR_STRIP,
+    ))
+    .await?;
+    let entries = inputs.histories.clone();
+    Ok(Overview {
+        status: status::status_of(config, &page.items, inputs, now),
+        entries,
+        page: page.number,
+        pages: page.pages,
+        total: page.total,
+    })
+}
+
+/// One job's status (and its newest `entries` entries), or the workers' alone with no job.
+pub(super) async fn status_of(
+    store: &Store,
+    config: &Config,
+    jobs: &[&JobConfig],
+    entries: usize,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(Status, Vec<Vec<Entry>>), ReadFailure> {
+    let inputs: StatusInputs = bounded(status::read_jobs(store, jobs, entries)).await?;
+    let histories = inputs.histories.clone();
+    Ok((status::status_of(config, jobs, inputs, now), histories))
+}
