@@ -42,10 +42,12 @@ pub(super) async fn index(
     let filter = Filter::from_params(&params);
     let store = &dashboard.context.store;
     let now = dashboard.context.clock.now();
+    let timing = Timing::start();
     let overview = match read::overview(store, &access.config, &filter, now).await {
         Ok(overview) => overview,
         Err(failure) => return unavailable(&access, "Jobs", &failure),
     };
+    let timing = timing.read();
     let rows = overview
         .status
         .jobs
@@ -90,7 +92,7 @@ pub(super) async fn index(
             (pager(&filter, overview.page, overview.pages))
         }
     };
-    page(&headers, &access, "Jobs", body)
+    page(&headers, &access, "Jobs", body, timing)
 }
 
 /// `GET /jobs/{name}`: one job, its timeline and history; `?tick=` adds a tick's story, `?trigger=` the
@@ -105,13 +107,18 @@ pub(super) async fn job(
     let config = &access.config;
     let Some(job) = config.jobs.iter().find(|j| j.name == name) else {
         let body = html! { h1 { "No such job" } p { "The config in force has no job named " code { (name) } "." } };
-        return with_status(
-            StatusCode::NOT_FOUND,
-            page(&headers, &access, "No such job", body),
+        let page = page(
+            &headers,
+            &access,
+            "No such job",
+            body,
+            Timing::start().read(),
         );
+        return with_status(StatusCode::NOT_FOUND, page);
     };
     let store = &dashboard.context.store;
     let now = dashboard.context.clock.now();
+    let timing = Timing::start();
     let (status, _) =
         match read::status_of(store, config, &[job], view::ENTRIES_FOR_STRIP, now).await {
             Ok(found) => found,
@@ -199,7 +206,7 @@ pub(super) async fn job(
             }
         }
     };
-    page(&headers, &access, &job.name, body)
+    page(&headers, &access, &job.name, body, timing)
 }
 
 /// `GET /workers`: the workers the store knows, and the store's nodes.
@@ -211,10 +218,12 @@ pub(super) async fn workers(
     let store = &dashboard.context.store;
     let now = dashboard.context.clock.now();
     let config = &access.config;
+    let timing = Timing::start();
     let (status, _) = match read::status_of(store, config, &[], 0, now).await {
         Ok(found) => found,
         Err(failure) => return unavailable(&access, "Workers", &failure),
     };
+    let timing = timing.read();
     let max_offset = config.worker.max_clock_offset.as_millis() as i64;
     let missing: Vec<&str> = status
         .notes
@@ -254,7 +263,7 @@ pub(super) async fn workers(
         }
         @for missing in &status.notes.missing_nodes { p.error { (missing.node) ": " (missing.error) } }
     };
-    page(&headers, &access, "Workers", body)
+    page(&headers, &access, "Workers", body, timing)
 }
 
 /// `GET /login`.
@@ -383,8 +392,48 @@ fn safe_next(next: &str) -> &str {
     }
 }
 
+/// How long a page took: its reads from the store, then its rendering (`Server-Timing`, which a
+/// browser's developer tools show and the benchmark reads).
+struct Timing {
+    started: std::time::Instant,
+    read: Option<std::time::Duration>,
+}
+
+impl Timing {
+    fn start() -> Timing {
+        Timing {
+            started: std::time::Instant::now(),
+            read: None,
+        }
+    }
+
+    /// The reads are done: what follows is rendering.
+    fn read(self) -> Timing {
+        Timing {
+            started: std::time::Instant::now(),
+            read: Some(self.started.elapsed()),
+        }
+    }
+
+    /// `store;dur=<ms>, render;dur=<ms>`.
+    fn header(&self) -> String {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        format!(
+            "store;dur={:.2}, render;dur={:.2}",
+            ms(self.read.unwrap_or_default()),
+            ms(self.started.elapsed())
+        )
+    }
+}
+
 /// The whole page around `body`, with its ETag; `304` when the request already has it.
-fn page(headers: &HeaderMap, access: &Access, title: &str, body: Markup) -> Response {
+fn page(
+    headers: &HeaderMap,
+    access: &Access,
+    title: &str,
+    body: Markup,
+    timing: Timing,
+) -> Response {
     let operator = access.operator.as_ref().map(|o| o.name.as_str());
     let text = layout(title, operator, access.csrf(), body).into_string();
     let etag = format!("\"{:016x}\"", crate::config::fnv1a(text.as_bytes()));
@@ -397,6 +446,9 @@ fn page(headers: &HeaderMap, access: &Access, title: &str, body: Markup) -> Resp
     let mut response = (html_headers(), text).into_response();
     if let Ok(value) = etag.parse() {
         response.headers_mut().insert(header::ETAG, value);
+    }
+    if let Ok(value) = timing.header().parse() {
+        response.headers_mut().insert("server-timing", value);
     }
     response
 }
