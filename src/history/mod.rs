@@ -126,7 +126,8 @@ pub struct Entry {
     /// Why the tick was skipped, lost or missed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// The claimant that won the tick, where this worker learnt it (`lost`).
+    /// The claimant that won the tick, where this worker learnt it (`lost`); the holder of the job
+    /// (`skipped`, `overlap`); who paused the job (`skipped`, `paused`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     /// The fencing token of the run.

@@ -441,7 +441,9 @@ fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outco
             // store keeps one record however many write it. (Leaving it to the worker first in the tick's
             // order lost it when the views disagreed — that worker's own view may still lack itself or
             // rank another first — and a paused tick then read as missed.)
-            context.note(job, tick, series, Kind::Skipped, Some("paused"), None);
+            // `by` keeps who paused it (`redcron pause`'s user@host, or the dashboard's token name and
+            // address) in the history, beside the tick it cost.
+            context.note(job, tick, series, Kind::Skipped, Some("paused"), Some(&pause.by));
         }
         ClaimOutcome::Refused(refusal) => {
             error!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = refusal.reason(),

@@ -19,8 +19,16 @@
     return false;
   }
 
+  // A trigger under way is followed closely until its run has ended.
+  function following() {
+    var trigger = document.getElementById("trigger");
+    var state = trigger && trigger.getAttribute("data-state");
+    return state === "waiting" || state === "started";
+  }
+
   function schedule() {
     clearTimeout(timer);
+    if (following()) { wait = FAST; }
     if (!document.hidden) { timer = setTimeout(poll, wait); }
   }
 
@@ -49,6 +57,6 @@
   document.addEventListener("visibilitychange", function () {
     if (document.hidden) { clearTimeout(timer); } else { wait = FAST; poll(); }
   });
-  // The first answer only learns the page's ETag; a trigger's page polls fast until its run has ended.
+  // The first answer only learns the page's ETag.
   poll();
 })();
