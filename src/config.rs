@@ -11,7 +11,8 @@
 //! Defaults: `lock.ttl` 30s, `lock.renew_every` ttl/3, `lock.node_timeout` 50ms, `lock.drift_factor`
 //! 0.01, `lock.retries` 3, `lock.retry_delay` 200ms, `redis.key_prefix` `redcron`, `worker.id`
 //! `<hostname>-<pid>-<6 hex>`, `worker.shutdown_grace` 30s, `worker.max_clock_offset` 500ms,
-//! `worker.clock_check_every` 60s, `worker.heartbeat_every` 5s, `worker.listen` none, `history.keep_ticks` 200, `history.missed_lookback` 1h, `embedded.path`
+//! `worker.clock_check_every` 60s, `worker.heartbeat_every` 5s, `worker.listen` none, `history.keep_ticks` 200, `history.missed_lookback` 1h, `dashboard.enabled` true (read-only and loopback-only without
+//! a token), `dashboard.controls` false, `dashboard.public` false, `embedded.path`
 //! `<key_prefix>.db` in `$STATE_DIRECTORY` or else beside the config file, and per job `timezone` UTC, `overlap` skip, `misfire_grace` 30s,
 //! `enabled` true, no timeout, `retries` 0 (`retry_backoff` 10s, `retry_backoff_max` 10m), `output_tail` 2048, `inherit_env` all, `stop_grace` half of the lease's slack (at most 10 s;
 //! see [`crate::lock::renewal_slack`]).

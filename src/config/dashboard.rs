@@ -242,3 +242,100 @@ fn flag(value: Option<&Spanned<String>>, field: &str, report: &mut Report) -> Op
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::parse_with_env;
+
+    const JOBS: &str =
+        "jobs:\n  - name: a\n    schedule: \"* * * * *\"\n    command: [\"/bin/true\"]\n";
+
+    fn parse(head: &str) -> Result<crate::config::Config, String> {
+        let env = |name: &str| (name == "TOKEN").then(|| "0123456789abcdef-secret".to_string());
+        parse_with_env(&format!("{head}{JOBS}"), Path::new("jobs.yaml"), &env)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_serve_read_only_on_loopback_only() {
+        let config = parse("worker:\n  listen: 127.0.0.1:9464\n").expect("valid");
+        assert_eq!(config.dashboard, DashboardConfig::default());
+        let loopback = "127.0.0.1:9464".parse().ok();
+        assert_eq!(config.dashboard.serving(loopback), Serving::Open);
+        let open = config.dashboard.serving("0.0.0.0:9464".parse().ok());
+        assert!(
+            matches!(open, Serving::Off(ref why) if why.contains("not a loopback")),
+            "{open:?}"
+        );
+        assert!(matches!(config.dashboard.serving(None), Serving::Off(_)));
+        let public =
+            parse("worker:\n  listen: 0.0.0.0:9464\ndashboard:\n  public: true\n").expect("valid");
+        assert_eq!(
+            public.dashboard.serving("0.0.0.0:9464".parse().ok()),
+            Serving::Open
+        );
+        let warned = parse("worker:\n  listen: 0.0.0.0:9464\ndashboard:\n  controls: false\n")
+            .expect("valid");
+        assert!(
+            warned
+                .warnings
+                .iter()
+                .any(|w| w.contains("dashboard is not served")),
+            "{:?}",
+            warned.warnings
+        );
+    }
+
+    #[test]
+    fn a_token_comes_from_the_environment_and_is_kept_from_jobs_and_debug() {
+        let config = parse(
+            "worker:\n  listen: 0.0.0.0:9464\ndashboard:\n  token: ${TOKEN}\n  controls: true\n",
+        )
+        .expect("valid");
+        assert_eq!(config.dashboard.tokens.len(), 1);
+        assert_eq!(config.dashboard.tokens[0].name, DEFAULT_TOKEN_NAME);
+        assert_eq!(
+            config.dashboard.serving("0.0.0.0:9464".parse().ok()),
+            Serving::Token
+        );
+        assert!(config.secret_env_vars.contains("TOKEN"));
+        assert!(!format!("{config:?}").contains("0123456789abcdef-secret"));
+        let named = parse(
+            "dashboard:\n  tokens:\n    - {name: alice, token: alice-0123456789abcdef}\n    - name: ci\n      token: ${TOKEN}\n",
+        )
+        .expect("valid");
+        let names: Vec<&str> = named
+            .dashboard
+            .tokens
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        assert_eq!(names, ["alice", "ci"]);
+    }
+
+    #[test]
+    fn wrong_settings_name_the_line_and_the_field() {
+        for (head, expected) in [
+            ("dashboard:\n  controls: true\n", "2:13: dashboard.controls: controls (pause, resume, trigger) need a token"),
+            ("dashboard:\n  token: short\n", "2:10: dashboard.token: a token must be at least 16 characters"),
+            ("dashboard:\n  public: maybe\n", "2:11: dashboard.public: invalid \"maybe\""),
+            ("dashboard:\n  tokne: x\n", "dashboard.tokne: unknown field `tokne`"),
+            (
+                "dashboard:\n  tokens:\n    - {name: a, token: aaaaaaaaaaaaaaaaaaaa}\n    - {name: a, token: bbbbbbbbbbbbbbbbbbbb}\n",
+                "dashboard.tokens[1].name: duplicate token name \"a\"",
+            ),
+            (
+                "dashboard:\n  tokens:\n    - {name: 'a b', token: aaaaaaaaaaaaaaaaaaaa}\n",
+                "dashboard.tokens[0].name: invalid token name",
+            ),
+            ("dashboard:\n  token: \"has a space in it here\"\n", "printable ASCII without spaces"),
+        ] {
+            let error = parse(head).expect_err(head);
+            assert!(error.contains(expected), "{head:?}: {error}");
+            assert!(!error.contains("bbbbbbbbbbbbbbbbbbbb"), "a secret in {error}");
+        }
+    }
+}

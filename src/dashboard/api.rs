@@ -74,7 +74,7 @@ pub(super) async fn history(
     let jobs: Vec<String> = match params.get("job") {
         Some(name) => match find(&access, name) {
             Ok(job) => vec![job.name.clone()],
-            Err(response) => return response,
+            Err(problem) => return problem.into_response(),
         },
         None => access.config.jobs.iter().map(|j| j.name.clone()).collect(),
     };
@@ -96,7 +96,7 @@ pub(super) async fn explain(
     };
     let job = match find(&access, name) {
         Ok(job) => job,
-        Err(response) => return response,
+        Err(problem) => return problem.into_response(),
     };
     let tick = match params.get("tick").map(|t| parse_tick(t.trim())) {
         None => {
@@ -177,7 +177,7 @@ pub(super) async fn pause(
 ) -> Response {
     let control = match Control::admit(&dashboard, &access, &name, from, &headers, &body) {
         Ok(control) => control,
-        Err(response) => return response,
+        Err(problem) => return problem.into_response(),
     };
     control.pause().await
 }
@@ -193,7 +193,7 @@ pub(super) async fn resume(
 ) -> Response {
     let control = match Control::admit(&dashboard, &access, &name, from, &headers, &body) {
         Ok(control) => control,
-        Err(response) => return response,
+        Err(problem) => return problem.into_response(),
     };
     control.resume().await
 }
@@ -209,7 +209,7 @@ pub(super) async fn trigger(
 ) -> Response {
     let control = match Control::admit(&dashboard, &access, &name, from, &headers, &body) {
         Ok(control) => control,
-        Err(response) => return response,
+        Err(problem) => return problem.into_response(),
     };
     control.trigger().await
 }
@@ -224,15 +224,15 @@ impl<'a> Control<'a> {
         from: SocketAddr,
         headers: &HeaderMap,
         body: &[u8],
-    ) -> Result<Control<'a>, Response> {
+    ) -> Result<Control<'a>, Problem> {
         if !access.config.dashboard.controls {
-            return Err(problem(
+            return Err(Problem::new(
                 StatusCode::FORBIDDEN,
                 "the controls are off (dashboard.controls is false)",
             ));
         }
         let Some(operator) = &access.operator else {
-            return Err(problem(
+            return Err(Problem::new(
                 StatusCode::FORBIDDEN,
                 "the controls need a dashboard token",
             ));
@@ -246,21 +246,21 @@ impl<'a> Control<'a> {
             ControlBody::default()
         } else if form {
             serde_urlencoded::from_bytes(body).map_err(|e| {
-                problem(
+                Problem::new(
                     StatusCode::BAD_REQUEST,
                     &format!("the form does not parse: {e}"),
                 )
             })?
         } else if content_type.starts_with("application/json") {
             serde_json::from_slice(body).map_err(|e| {
-                problem(
+                Problem::new(
                     StatusCode::BAD_REQUEST,
                     &format!("the JSON body does not parse: {e}"),
                 )
             })?
         } else {
             let why = "send application/json or application/x-www-form-urlencoded";
-            return Err(problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, why));
+            return Err(Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, why));
         };
         if operator.via == Proof::Cookie {
             let candidate = body
@@ -276,7 +276,7 @@ impl<'a> Control<'a> {
             let session = operator.session.as_deref().unwrap_or("");
             if !access.keys.check_csrf(&operator.name, session, &candidate) {
                 let why = "the form's CSRF token is missing or not this session's: reload the page";
-                return Err(problem(StatusCode::FORBIDDEN, why));
+                return Err(Problem::new(StatusCode::FORBIDDEN, why));
             }
         }
         let job = find(access, name)?;
@@ -438,23 +438,38 @@ impl<'a> Control<'a> {
 }
 
 /// The job `name` of the config in force, or a 404.
-fn find<'a>(access: &'a Access, name: &str) -> Result<&'a JobConfig, Response> {
+fn find<'a>(access: &'a Access, name: &str) -> Result<&'a JobConfig, Problem> {
     access
         .config
         .jobs
         .iter()
         .find(|job| job.name == name)
         .ok_or_else(|| {
-            problem(
+            Problem::new(
                 StatusCode::NOT_FOUND,
                 &format!("no job named {name:?} in the config in force"),
             )
         })
 }
 
+/// An error answer: its status and `{"error": why}`.
+struct Problem(StatusCode, String);
+
+impl Problem {
+    fn new(status: StatusCode, why: &str) -> Problem {
+        Problem(status, why.to_string())
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
 /// An error answer: `{"error": why}`.
 fn problem(status: StatusCode, why: &str) -> Response {
-    (status, Json(serde_json::json!({ "error": why }))).into_response()
+    Problem(status, why.to_string()).into_response()
 }
 
 /// 503 with why the store could not be read.

@@ -83,10 +83,13 @@ pub(crate) fn describe(entry: &Entry) -> String {
         Kind::Skipped => format!(
             "{worker} skipped it: {}{}",
             why(entry.reason.as_deref().unwrap_or("no reason given")),
-            entry.by.as_ref().map_or(String::new(), |by| match entry.reason.as_deref() {
-                Some("paused") => format!(", paused by {by}"),
-                _ => format!(", held by {by}"),
-            })
+            entry
+                .by
+                .as_ref()
+                .map_or(String::new(), |by| match entry.reason.as_deref() {
+                    Some("paused") => format!(", paused by {by}"),
+                    _ => format!(", held by {by}"),
+                })
         ),
         Kind::Missed => format!(
             "{worker} raised the alarm: missed, nobody ran it within its window{}{}",

@@ -443,7 +443,14 @@ fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outco
             // rank another first — and a paused tick then read as missed.)
             // `by` keeps who paused it (`redcron pause`'s user@host, or the dashboard's token name and
             // address) in the history, beside the tick it cost.
-            context.note(job, tick, series, Kind::Skipped, Some("paused"), Some(&pause.by));
+            context.note(
+                job,
+                tick,
+                series,
+                Kind::Skipped,
+                Some("paused"),
+                Some(&pause.by),
+            );
         }
         ClaimOutcome::Refused(refusal) => {
             error!(event = events::tick::SKIPPED, job = %job.name, tick = %tick, reason = refusal.reason(),
