@@ -443,13 +443,40 @@ fn page(
     {
         return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
     }
-    let mut response = (html_headers(), text).into_response();
+    let mut response = compressed(headers, text);
     if let Ok(value) = etag.parse() {
         response.headers_mut().insert(header::ETAG, value);
     }
     if let Ok(value) = timing.header().parse() {
         response.headers_mut().insert("server-timing", value);
     }
+    response
+}
+
+/// `text` as HTML, gzipped when the client takes gzip and it is worth it.
+fn compressed(headers: &HeaderMap, text: String) -> Response {
+    use std::io::Write as _;
+    let takes_gzip = headers
+        .get(header::ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|e| e.trim().starts_with("gzip")));
+    if takes_gzip && text.len() > 1400 {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        if encoder.write_all(text.as_bytes()).is_ok() {
+            if let Ok(gzipped) = encoder.finish() {
+                let encoding = [
+                    (header::CONTENT_ENCODING, "gzip"),
+                    (header::VARY, "Accept-Encoding"),
+                ];
+                return (html_headers(), encoding, gzipped).into_response();
+            }
+        }
+    }
+    let mut response = (html_headers(), text).into_response();
+    response.headers_mut().insert(
+        header::VARY,
+        header::HeaderValue::from_static("Accept-Encoding"),
+    );
     response
 }
 
@@ -535,9 +562,7 @@ fn strip_of(cells: &[Cell]) -> Markup {
         @if cells.is_empty() { span.empty { "no ticks yet" } } @else {
             ol.ticks {
                 @for cell in cells {
-                    li class={ "tick t-" (cell.outcome.name()) } data-outcome=(cell.outcome.name()) data-tick=(cell.tick_ms) title=(cell.title) {
-                        span.label { (cell.outcome.label()) }
-                    }
+                    li class={ "tick t-" (cell.outcome.name()) } title=(cell.brief) { (cell.outcome.short()) }
                 }
             }
         }

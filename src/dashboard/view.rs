@@ -56,6 +56,19 @@ impl Outcome {
         }
     }
 
+    /// A short form of [`Outcome::label`] that fits a strip's cell (the full label is in the cell's
+    /// tooltip).
+    pub(crate) fn short(self) -> &'static str {
+        match self {
+            Outcome::Ran => "ran",
+            Outcome::Failed => "fail",
+            Outcome::TimedOut => "t/o",
+            Outcome::Missed => "miss",
+            Outcome::Skipped => "skip",
+            Outcome::Running => "run",
+        }
+    }
+
     /// The outcome of the tick `record` accounts for.
     pub(crate) fn of(record: &TickRecord) -> Outcome {
         Outcome::of_entry(&record.record)
@@ -81,8 +94,11 @@ impl Outcome {
 pub(super) struct Cell {
     pub tick_ms: i64,
     pub outcome: Outcome,
-    /// One line for a tooltip: when, what, by whom.
+    /// One line for a tooltip: when, what, by whom, with which token, how long.
     pub title: String,
+    /// A shorter line for a strip's tooltip, without the token and the duration: a page of 1,000 jobs'
+    /// strips stays small (unique numbers do not compress).
+    pub brief: String,
     /// From the tick to the run's start, if it started.
     pub start_delay_ms: Option<u64>,
     pub duration_ms: Option<u64>,
@@ -93,24 +109,26 @@ impl Cell {
     pub(super) fn of(record: &TickRecord) -> Cell {
         let entry = &record.record;
         let outcome = Outcome::of(record);
-        let mut title = format!("{} {}", instant_ms(entry.tick), outcome.label());
+        let mut brief = format!("{} {}", instant_ms(entry.tick), outcome.label());
+        let mut details = String::new();
         if entry.kind == Kind::Run {
-            title.push_str(&format!(" on {}", entry.worker));
+            brief.push_str(&format!(" on {}", entry.worker));
             if let Some(token) = entry.token {
-                title.push_str(&format!(", token {token}"));
+                details.push_str(&format!(", token {token}"));
             }
             if let Some(ms) = entry.duration_ms {
-                title.push_str(&format!(", {}", crate::inspect::time::duration_ms(ms)));
+                details.push_str(&format!(", {}", crate::inspect::time::duration_ms(ms)));
             }
         } else if let Some(reason) = &entry.reason {
-            title.push_str(&format!(" ({reason})"));
+            brief.push_str(&format!(" ({reason})"));
         }
         if let Some(attempt) = entry.attempt {
-            title.push_str(&format!(", attempt {attempt}"));
+            brief.push_str(&format!(", attempt {attempt}"));
         }
         if entry.trigger.is_some() {
-            title.push_str(", triggered");
+            brief.push_str(", triggered");
         }
+        let title = format!("{brief}{details}");
         let start_delay_ms = entry
             .started_at
             .map(|at| at.timestamp_millis().saturating_sub(entry.tick).max(0) as u64);
@@ -118,6 +136,7 @@ impl Cell {
             tick_ms: entry.tick,
             outcome,
             title,
+            brief,
             start_delay_ms,
             duration_ms: entry.duration_ms,
         }
