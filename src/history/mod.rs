@@ -127,7 +127,8 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The claimant that won the tick, where this worker learnt it (`lost`); the holder of the job
-    /// (`skipped`, `overlap`); who paused the job (`skipped`, `paused`).
+    /// (`skipped`, `overlap`); who paused the job (`skipped`, `paused`); who asked for a trigger's run
+    /// (`run` with `trigger`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     /// The fencing token of the run.

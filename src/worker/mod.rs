@@ -106,6 +106,9 @@ pub(crate) struct Context {
     live_members: Mutex<Option<Vec<String>>>,
     /// The config in force, for the dashboard, which shows its jobs and takes its tokens.
     config: Mutex<Arc<Config>>,
+    /// Who asked for each trigger request this worker raced (its `by`), by request id, while the request
+    /// is remembered ([`triggers`]): the run's entry names them, so the history keeps who triggered it.
+    requesters: Mutex<HashMap<String, String>>,
 }
 
 /// Runs the worker until `control` asks it to drain and every running job has ended and released its
@@ -186,6 +189,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         child_slots,
         live_members: Mutex::new(None),
         config: Mutex::new(Arc::new(config.clone())),
+        requesters: Mutex::new(HashMap::new()),
     });
     let limits = http::Limits {
         connections,
@@ -357,6 +361,10 @@ impl Context {
     pub(crate) fn entry(&self, job: &JobConfig, tick: Tick, series: &Series, kind: Kind) -> Entry {
         let mut entry = Entry::new(&job.name, tick, &self.worker_id, kind, self.clock.now());
         entry.fingerprint = Some(job.fingerprint());
+        if let (Kind::Run, Some(id)) = (kind, series.trigger()) {
+            let requesters = self.requesters.lock().unwrap_or_else(|p| p.into_inner());
+            entry.by = requesters.get(id).cloned();
+        }
         entry.in_series(series)
     }
 

@@ -75,6 +75,11 @@ async fn poll(context: Arc<Context>) {
                 .checked_add_signed(keep)
                 .is_some_and(|gone| gone > now)
         });
+        context
+            .requesters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| raced.contains_key(id));
         let batch = due(&context, requests, &mut raced, now);
         if !batch.is_empty() {
             races.spawn(race::race(Arc::clone(&context), batch));
@@ -114,6 +119,10 @@ fn due(
               requested_by = %request.by, not_after = %request.not_after.to_rfc3339(),
               "A trigger request for this job: claiming it");
         raced.insert(request.id.clone(), request.not_after);
+        if !request.by.is_empty() {
+            let mut requesters = context.requesters.lock().unwrap_or_else(|p| p.into_inner());
+            requesters.insert(request.id.clone(), request.by.clone());
+        }
         batch.push(Due {
             job,
             tick: request.tick(),
