@@ -181,7 +181,7 @@ pub(super) async fn job(
         @match &story {
             Some(Ok(explanation)) => section #explain aria-live="polite" {
                 h2 { "Tick " (instant(explanation.tick)) }
-                p { "Verdict: " strong { (format!("{:?}", explanation.verdict).to_lowercase()) } }
+                p { "Verdict: " strong { (serde_json::to_value(explanation.verdict).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()) } }
                 ol.story { @for line in &explanation.story { li { (line) } } }
                 @if let Some(hint) = &explanation.hint { p.note { (hint) } }
                 @for run in &explanation.runs {
