@@ -334,7 +334,7 @@ mod tests {
         assert_eq!(keys.verify_session(&later, now + 100), None);
         // Made by another worker with the same tokens: accepted (no server state).
         assert_eq!(
-            keys().verify_session(&cookie, now).as_deref(),
+            self::keys().verify_session(&cookie, now).as_deref(),
             Some("alice")
         );
         // A removed token ends its sessions.
