@@ -109,7 +109,8 @@ fn pages_need_a_token_from_a_header_or_the_login_s_cookie() {
 /// A state-changing request with the session cookie passes only with the session's CSRF token and from
 /// this site: without the form's `csrf` field, with `Sec-Fetch-Site: cross-site` or a foreign `Origin`
 /// it is refused (403) and changes nothing; with them the form pauses the job (303 back to its page) under
-/// the token's name. A bearer request needs no CSRF token. GET on a control is 405 and changes nothing.
+/// the token's name, resumes it, and triggers it (303 to the page that shows the run end). A bearer
+/// request needs no CSRF token. GET on a control is 405 and changes nothing.
 /// Every control is logged with who, from where and why.
 #[test]
 fn cookie_posts_need_the_session_s_csrf_token_and_this_site() {
@@ -189,6 +190,23 @@ fn cookie_posts_need_the_session_s_csrf_token_and_this_site() {
     );
     assert_eq!(resume.status, 303, "{}", resume.body);
     assert!(cli_job(&dir, &config, "quiet")["paused"].is_null());
+    let trigger = client.post_form(
+        &cookie,
+        "/api/jobs/quiet/trigger",
+        &headers,
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(trigger.status, 303, "{}", trigger.body);
+    let to = trigger.header("location").to_string();
+    assert!(to.starts_with("/jobs/quiet?trigger="), "{to}");
+    let with = [("cookie", cookie.as_str())];
+    wait_until(Duration::from_secs(60), || {
+        let page = client.get(&to, &with);
+        page.body
+            .contains("<section id=\"trigger\" data-state=\"ended\"")
+            .then_some(())
+    })
+    .expect("the triggered run is shown ended on the page the form leads to");
 
     // A bearer needs no CSRF token; a browser never adds the header by itself.
     let bearer = client.post_json(OPS, pause, r#"{"reason": "by script"}"#);
@@ -216,6 +234,7 @@ fn cookie_posts_need_the_session_s_csrf_token_and_this_site() {
         [
             ("pause", "alice", "by form"),
             ("resume", "alice", ""),
+            ("trigger", "alice", ""),
             ("pause", "ops", "by script")
         ],
         "{controls:?}"
@@ -321,6 +340,32 @@ fn controls_without_a_token_are_a_config_error() {
             "a token is never shown: {stderr}"
         );
     }
+}
+
+/// A reload that removes a token ends its sessions and its bearer's access at once; the other token's
+/// cookie goes on working (a session is the token's, not the worker's).
+#[test]
+fn a_token_removed_by_a_reload_ends_its_sessions() {
+    let dir = TestDir::new();
+    let (mut worker, port, config) = dashboard_worker(&dir, TOKENS, QUIET);
+    let client = Client::new(port);
+    let (alice, ops) = (client.login(ALICE), client.login(OPS));
+    for cookie in [&alice, &ops] {
+        assert_eq!(client.get("/", &[("cookie", cookie.as_str())]).status, 200);
+    }
+    let text = std::fs::read_to_string(&config).expect("the config");
+    let only_ops =
+        "dashboard:\n  tokens:\n    - name: ops\n      token: ops-token-0123456789abcd\n  \
+                    controls: true\n";
+    std::fs::write(&config, text.replace(TOKENS, only_ops)).expect("write the config");
+    worker.signal(libc::SIGHUP);
+    worker
+        .wait_for_event("config.reloaded", Duration::from_secs(30))
+        .expect("the worker reloads");
+    assert_eq!(client.get("/", &[("cookie", alice.as_str())]).status, 303);
+    assert_eq!(client.get_as(ALICE, "/api/status").status, 401);
+    assert_eq!(client.get("/", &[("cookie", ops.as_str())]).status, 200);
+    assert_eq!(client.get_as(OPS, "/api/status").status, 200);
 }
 
 /// A single `token:` written as `${VAR}` is read from the worker's environment; its holder acts, logs in

@@ -4,7 +4,8 @@
 use super::*;
 
 /// A job's command, its output and a pause's reason holding `<script>` are shown as text on every page
-/// (`&lt;script&gt;`), never as markup; so is a search or an unknown job name taken from the URL.
+/// (`&lt;script&gt;`), never as markup; so is a search or an unknown job name taken from the URL. (The
+/// failed run also puts the job, alone, under `state=failing`.)
 #[test]
 fn hostile_values_are_escaped_on_every_page() {
     let dir = TestDir::new();
@@ -48,6 +49,8 @@ fn hostile_values_are_escaped_on_every_page() {
         }
         assert_secure(&answer, &path);
     }
+    let failing = client.get_as(OPS, "/?state=failing");
+    assert_eq!(rows(&failing.body), ["hostile"], "its last run failed");
     let story = client.get_as(OPS, &format!("/jobs/hostile?tick={tick_ms}"));
     assert!(
         story.body.contains("<pre>"),
