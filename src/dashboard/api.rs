@@ -217,6 +217,9 @@ pub(super) async fn trigger(
 impl<'a> Control<'a> {
     /// The control asked for, if this request may use it: controls on, a token proven, the session's
     /// CSRF token with a cookie, a body that parses, a job of the config.
+    // The error is the answer itself (an axum `Response`, 128 bytes): made once per refused request,
+    // boxing it would buy nothing.
+    #[allow(clippy::result_large_err)]
     fn admit(
         dashboard: &'a Dashboard,
         access: &'a Access,
@@ -438,6 +441,7 @@ impl<'a> Control<'a> {
 }
 
 /// The job `name` of the config in force, or a 404.
+#[allow(clippy::result_large_err)] // the answer itself, as `Control::admit`'s
 fn find<'a>(access: &'a Access, name: &str) -> Result<&'a JobConfig, Response> {
     access
         .config
