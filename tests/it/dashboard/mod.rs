@@ -13,7 +13,7 @@
 //! # Layout
 //! - `routes`: every route with a token, the JSON API beside the command line, the controls; Redis.
 //! - `access`: tokens, cookies, the failed-attempt delay, CSRF, serving without a token, config errors.
-//! - `pages`: escaping of hostile values, paging and filtering 2,500 jobs.
+//! - `pages`: escaping of hostile values, skipped ticks in the strip, paging and filtering 2,500 jobs.
 //! - here: the worker's config, an HTTP client that shows redirects, and what the tests read of pages.
 
 use std::collections::BTreeSet;

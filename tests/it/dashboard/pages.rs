@@ -1,5 +1,5 @@
-//! What the pages show: hostile values as text, never markup; and 2,500 jobs paged, searched and
-//! filtered on the server.
+//! What the pages show: hostile values as text, never markup; a paused job's ticks as skipped; and 2,500
+//! jobs paged, searched and filtered on the server.
 
 use super::*;
 
@@ -126,4 +126,43 @@ fn two_thousand_five_hundred_jobs_are_paged_filtered_and_searched() {
     assert_eq!(rows(&narrowed.body), ["job-1234"]);
     let disabled = client.get_as(OPS, "/?state=disabled");
     assert!(rows(&disabled.body).is_empty());
+}
+
+/// A paused job's ticks are recorded as skipped (paused), and the pages show them so: a `skipped` cell
+/// labelled "skipped" in its strip on `/`, and a history row of outcome skipped saying why.
+#[test]
+fn a_paused_job_s_ticks_are_shown_skipped() {
+    let dir = TestDir::new();
+    let jobs = "  - name: every\n    schedule: \"* * * * * *\"\n    command: [\"true\"]\n";
+    let (_worker, port, _config) = dashboard_worker(&dir, TOKENS, jobs);
+    let client = Client::new(port);
+    let paused = client.post_json(OPS, "/api/jobs/every/pause", r#"{"reason": "quiet"}"#);
+    assert_eq!(paused.status, 200, "{}", paused.body);
+    let skipped = wait_until(Duration::from_secs(30), || {
+        let history = client.get_as(OPS, "/api/history?job=every&limit=10").json();
+        history["ticks"]
+            .as_array()?
+            .iter()
+            .find(|t| t["kind"] == "skipped" && t["reason"] == "paused")
+            .and_then(|t| t["tick"].as_i64())
+    })
+    .expect("a tick skipped while paused");
+
+    let index = client.get_as(OPS, "/");
+    let cell =
+        format!("<li class=\"tick t-skipped\" data-outcome=\"skipped\" data-tick=\"{skipped}\"");
+    let at = index
+        .body
+        .find(&cell)
+        .unwrap_or_else(|| panic!("no {cell} in:\n{}", index.body));
+    let label = &index.body[at..].split("</li>").next().unwrap_or("");
+    assert!(label.contains(">skipped<"), "the outcome as text: {label}");
+    let job = client.get_as(OPS, "/jobs/every");
+    let row = format!("<tr data-tick=\"{skipped}\" data-outcome=\"skipped\"");
+    let at = job
+        .body
+        .find(&row)
+        .unwrap_or_else(|| panic!("no {row} in:\n{}", job.body));
+    let row = &job.body[at..].split("</tr>").next().unwrap_or("");
+    assert!(row.contains("skipped") && row.contains("(paused)"), "{row}");
 }
