@@ -17,7 +17,7 @@
 //! - here: the worker's config, an HTTP client that shows redirects, and what the tests read of pages.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -46,7 +46,7 @@ const QUIET: &str = "  - name: quiet\n    schedule: \"0 0 1 1 *\"\n    command: 
                      command: \"echo '<script>alert(1)</script>'; exit 3\"\n";
 
 /// A worker `id`'s config on the embedded store in its directory (or on `store`, a store section),
-/// listening on loopback `port` (or `listen`) with `dashboard` (a top-level section, or empty).
+/// listening on `listen` (an address and port), with `dashboard` (a top-level section, or empty).
 fn yaml(store: &str, id: &str, listen: &str, dashboard: &str, jobs: &str) -> String {
     format!(
         "{store}lock:\n  ttl: 2s\n  renew_every: 500ms\n  node_timeout: 100ms\n  retry_delay: 50ms\n\
@@ -250,7 +250,7 @@ fn keys(value: &Value) -> BTreeSet<String> {
 }
 
 /// `redcron <args> --json -c <config>`, which must succeed, parsed.
-fn cli_json(dir: &TestDir, config: &PathBuf, args: &[&str]) -> Value {
+fn cli_json(dir: &TestDir, config: &Path, args: &[&str]) -> Value {
     let (code, stdout, stderr) = output(
         redcron(dir.path())
             .args(args)
@@ -263,7 +263,7 @@ fn cli_json(dir: &TestDir, config: &PathBuf, args: &[&str]) -> Value {
 }
 
 /// `redcron status --json`'s entry of job `name`.
-fn cli_job(dir: &TestDir, config: &PathBuf, name: &str) -> Value {
+fn cli_job(dir: &TestDir, config: &Path, name: &str) -> Value {
     let status = cli_json(dir, config, &["status"]);
     status["jobs"]
         .as_array()
