@@ -146,6 +146,7 @@ pub(super) async fn job(
             }
         }
     };
+    let timing = timing.read();
     let Some(job_status) = status.jobs.first() else {
         return unavailable(&access, &job.name, &ReadFailure::Timeout);
     };
