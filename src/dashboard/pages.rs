@@ -345,15 +345,25 @@ pub(super) async fn logout() -> Response {
         .into_response()
 }
 
-pub(super) async fn script() -> Response {
-    asset("text/javascript; charset=utf-8", SCRIPT)
+pub(super) async fn script(State(dashboard): State<Arc<Dashboard>>) -> Response {
+    asset(&dashboard, "text/javascript; charset=utf-8", SCRIPT)
 }
 
-pub(super) async fn style() -> Response {
-    asset("text/css; charset=utf-8", STYLE)
+pub(super) async fn style(State(dashboard): State<Arc<Dashboard>>) -> Response {
+    asset(&dashboard, "text/css; charset=utf-8", STYLE)
 }
 
-fn asset(content_type: &'static str, body: &'static str) -> Response {
+/// An embedded file, where the dashboard is served (needing no token: it holds nothing of the cluster).
+fn asset(dashboard: &Dashboard, content_type: &'static str, body: &'static str) -> Response {
+    let config = dashboard.context.config();
+    if let Some(refused) = super::refuse(
+        dashboard,
+        &config,
+        &axum::http::Method::GET,
+        &HeaderMap::new(),
+    ) {
+        return refused;
+    }
     (
         [
             (header::CONTENT_TYPE, content_type),

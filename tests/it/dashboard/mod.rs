@@ -1,5 +1,5 @@
 //! The web dashboard (`src/dashboard`) over HTTP, as a browser and a script reach it: real worker
-//! processes of the built binary, mostly on the embedded store, one on real Redis.
+//! processes of the built binary, mostly on the embedded store, one test on every shared store.
 //!
 //! What these prove: every route answers (pages, assets, login, the JSON API in the command line's
 //! shapes, the controls); the auth rules (no token → the login page or 401, a wrong bearer answered only
@@ -25,7 +25,7 @@ use serde_json::Value;
 use crate::cli::{output, redcron};
 use crate::inspect::parse;
 use crate::metrics::{get, listening_worker, listening_worker_with};
-use crate::support::{Backend, RedisCluster, TestDir, Worker};
+use crate::support::{Backend, TestDir, Worker};
 
 mod access;
 mod pages;

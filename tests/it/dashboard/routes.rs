@@ -325,35 +325,65 @@ fn pause_resume_and_trigger_through_the_api_are_the_command_line_s() {
     assert_eq!(text.status, 415, "{}", text.body);
 }
 
-/// On real Redis (3 nodes) the dashboard reads the same store: the status API, the jobs page, and the
-/// workers page with each node answering.
-#[test]
-fn the_dashboard_reads_redis() {
-    let cluster = RedisCluster::start(3);
+/// On each shared store the dashboard reads the cluster as the store holds it: a job every second shows its
+/// runs in its strip, the workers page lists the worker alive and every node answering, and a trigger
+/// through the API runs, its run recorded with who asked (the token's name).
+fn the_dashboard_reads_the_store(backend: Backend) {
+    let cluster = backend.start();
     let dir = TestDir::new();
-    let nodes: Vec<String> = cluster.urls();
-    let store = Backend::Redis.section(&nodes);
+    let jobs =
+        format!("  - name: tick\n    schedule: \"* * * * * *\"\n    command: [\"true\"]\n{QUIET}");
     let (_worker, port) = listening_worker(&dir, "jobs", |port| {
-        yaml(&store, "r1", &format!("127.0.0.1:{port}"), TOKENS, QUIET)
+        let worker = format!("  id: d1\n  listen: 127.0.0.1:{port}\n");
+        format!("{TOKENS}{}", cluster.config(&worker, &jobs))
     });
     let client = Client::new(port);
-    let status = client.get_as(ALICE, "/api/status");
-    assert_eq!(status.status, 200, "{}", status.body);
-    assert_eq!(status.json()["jobs"][1]["name"], "hostile");
+    wait_until(Duration::from_secs(60), || {
+        let history = client.get_as(ALICE, "/api/history?job=tick&limit=3").json();
+        let ran = history["ticks"]
+            .as_array()?
+            .iter()
+            .filter(|t| t["outcome"] == "success")
+            .count();
+        (ran >= 2).then_some(())
+    })
+    .expect("two runs of tick in the history");
     let index = client.get_as(ALICE, "/");
-    assert_eq!(rows(&index.body), ["quiet", "hostile"]);
+    assert_eq!(index.status, 200, "{}", index.body);
+    assert_eq!(rows(&index.body), ["tick", "quiet", "hostile"]);
+    assert!(
+        index.body.contains("<li class=\"tick t-ran\""),
+        "{}",
+        index.body
+    );
     let workers = client.get_as(ALICE, "/workers");
     assert!(
         workers
             .body
-            .contains("<tr data-worker=\"r1\" data-state=\"alive\""),
+            .contains("<tr data-worker=\"d1\" data-state=\"alive\""),
         "{}",
         workers.body
     );
+    let nodes = match backend {
+        Backend::Postgres | Backend::Mariadb | Backend::Embedded => 1,
+        _ => cluster.len(),
+    };
     assert_eq!(
         workers.body.matches("data-up=\"true\"").count(),
-        3,
+        nodes,
         "{}",
         workers.body
     );
+    assert!(
+        !workers.body.contains("data-up=\"false\""),
+        "{}",
+        workers.body
+    );
+    let status = client.get_as(ALICE, "/api/status");
+    assert_eq!(status.json()["jobs"][0]["last_run"]["worker"], "d1");
+    let run = trigger_and_wait(&client, ALICE, "quiet");
+    assert_eq!(run["worker"], "d1", "{run}");
+    assert_eq!(run["by"], "alice via dashboard from 127.0.0.1", "{run}");
 }
+
+crate::on_every_store!(async: [], sync: [the_dashboard_reads_the_store]);
