@@ -205,7 +205,8 @@ fn measure(
         phase.encoding = wire.encoding;
         phase.rows = page.matches("<tr data-job=\"").count();
         phase.cells = BTreeMap::new();
-        for cell in page.split("data-outcome=\"").skip(1) {
+        // A cell is `<li class="tick t-<outcome>" …>`.
+        for cell in page.split("<li class=\"tick t-").skip(1) {
             let outcome = cell.split('"').next().unwrap_or("").to_string();
             *phase.cells.entry(outcome).or_default() += 1;
         }
