@@ -582,6 +582,16 @@ fn check_cases(
 
 /// Whether a `store.entry_skipped` is about a history entry: `history entry skipped` on Redis and etcd,
 /// `history entry of tick "<tick>" … skipped` on a SQL server (whose rows are named by their tick).
+/// The id an entry skipped names: what follows `triggers/` or `members/` up to the closing quote.
+fn stored_key(error: &str) -> Option<&str> {
+    let start = ["triggers/", "members/"]
+        .iter()
+        .find_map(|kind| error.find(kind).map(|at| at + kind.len()))?;
+    let rest = &error[start..];
+    let key = &rest[..rest.find(['"', ' ', ':']).unwrap_or(rest.len())];
+    (!key.is_empty()).then_some(key)
+}
+
 fn names_junk_history(error: &str) -> bool {
     error.contains("history entry skipped")
         || error.contains("history entry of tick") && error.contains("skipped")
@@ -622,6 +632,7 @@ fn check_garbage(facts: &Facts, report: &mut Report) {
         facts.garbage.iter().any(|plant| {
             plant.keys.iter().any(|key| error.contains(key.as_str()))
                 || plant.history.is_some() && names_junk_history(error)
+                || stored_key(error).is_some_and(|key| plant.failed.iter().any(|f| f.contains(key)))
         })
     };
     let (mut events, mut history, mut processes) = (0, 0, 0);

@@ -103,6 +103,10 @@ pub struct GarbagePlant {
     pub keys: Vec<String>,
     /// The job whose junk history entry was written, if it was.
     pub history: Option<String>,
+    /// The writes that reported a failure. On etcd or SQL such a write may still have landed (the store
+    /// committed it and the reply was lost, e.g. to a member killed just then), so a worker that skips
+    /// one of these keys skipped garbage all the same.
+    pub failed: Vec<String>,
 }
 
 /// A `tick.won`, and the run that followed it, if any.
@@ -279,13 +283,14 @@ impl Facts {
                     requests,
                     members,
                     history,
-                    ..
+                    failed,
                 } => facts.garbage.push(GarbagePlant {
                     at,
                     tag: *tag,
                     nodes: nodes.clone(),
                     keys: requests.iter().chain(members).cloned().collect(),
                     history: history.clone(),
+                    failed: failed.clone(),
                 }),
                 Happening::CaseBegan { .. }
                 | Happening::Skipped { .. }
