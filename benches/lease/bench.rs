@@ -9,6 +9,7 @@
 //! - [`batch`]: item 4 without processes: three contenders claim N jobs at one tick.
 //! - [`herd`]: item 6, N jobs due at one instant on 3 workers, against the spawn limit and the peer.
 //! - [`etcd`]: item 7, the etcd store beside Redis: a claim, the lock alone, a herd.
+//! - [`dashboard`]: item 8, the dashboard's page of 1,000 jobs: its weight, render and store times.
 //! - [`ops`]: item 4c, the commands and Redis CPU of each store operation (the cost model).
 //! - [`peer`]: the peer of items 4b and 6, one `SET NX PX` per (job, tick) on one node.
 //! - [`workers`]: worker processes, their `/proc` figures, ledgers and logs.
@@ -24,6 +25,8 @@ pub mod batch;
 pub mod cluster;
 #[path = "cycle.rs"]
 pub mod cycle;
+#[path = "dashboard.rs"]
+pub mod dashboard;
 #[path = "etcd.rs"]
 pub mod etcd;
 #[path = "herd.rs"]
@@ -62,7 +65,7 @@ pub const SLOW_DELAY: Duration = Duration::from_millis(100);
 pub struct Options {
     /// ~1 s per section instead of minutes: for the smoke test, not for figures.
     pub smoke: bool,
-    /// Which items of the issue to run (1–7).
+    /// Which items of the issue to run (1–8).
     pub sections: Vec<u8>,
     /// Measured cycles per contender on the healthy cluster (item 1).
     pub cycles: usize,
@@ -131,6 +134,8 @@ pub struct Report {
     pub herd: Option<herd::Herd>,
     /// Item 7: the etcd store beside Redis.
     pub versus: Option<etcd::Versus>,
+    /// Item 8: the dashboard's page of 1,000 jobs.
+    pub dashboard: Option<dashboard::Page>,
 }
 
 /// Runs the selected sections; `print` receives each section's Markdown as soon as it is done.
@@ -251,6 +256,22 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
         })?;
         report.verdicts.extend(etcd::verdicts(&versus));
         report.versus = Some(versus);
+    }
+    if options.sections.contains(&8) {
+        let worker = options
+            .worker
+            .clone()
+            .ok_or("item 8 needs the redcron binary")?;
+        let size = if options.smoke {
+            dashboard::Size::smoke()
+        } else {
+            dashboard::Size::full()
+        };
+        let page = dashboard::run(&worker, size, &mut |text: &str| {
+            emit(&mut report, text.to_string())
+        })?;
+        report.verdicts.extend(dashboard::verdicts(&page));
+        report.dashboard = Some(page);
     }
     let text = format!("\n## Targets\n\n{}", stats::verdicts(&report.verdicts));
     emit(&mut report, text);

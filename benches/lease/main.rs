@@ -5,8 +5,9 @@
 //! Markdown tables with the machine they ran on and a list of targets met or missed. Options after `--`:
 //!
 //! - `--smoke` (or `REDCRON_BENCH_SMOKE=1`): tiny runs, for the smoke test; the figures mean nothing.
-//! - `--items 1,2,3,4,5,6,7`: which items to run (default all; 6 is the herd of 10,000 jobs at one tick,
-//!   7 the etcd store beside Redis, which needs `etcd` from Debian's `etcd-server`).
+//! - `--items 1,2,3,4,5,6,7,8`: which items to run (default all; 6 is the herd of 10,000 jobs at one tick,
+//!   7 the etcd store beside Redis, which needs `etcd` from Debian's `etcd-server`, 8 the dashboard's page
+//!   of 1,000 jobs, about 40 s).
 //! - `--etcd-herd N`: the herd of item 7, on both stores (default 2,000).
 //! - `--cycles N`: measured lease cycles per contender on the healthy cluster (default 1000).
 //! - `--current-thread`: items 1–2 on a current-thread runtime (default: multi-threaded, as the worker).
@@ -47,7 +48,7 @@ fn main() -> ExitCode {
             .split(',')
             .filter_map(|s| s.trim().parse().ok())
             .collect(),
-        None => vec![1, 2, 3, 4, 5, 6, 7],
+        None => vec![1, 2, 3, 4, 5, 6, 7, 8],
     };
     let cycles = value("--cycles")
         .and_then(|n| n.parse().ok())

@@ -43,18 +43,33 @@ pub(super) async fn index(
     let store = &dashboard.context.store;
     let now = dashboard.context.clock.now();
     let timing = Timing::start();
-    let overview = match read::overview(store, &access.config, &filter, now).await {
+    let mut overview = match read::overview(store, &access.config, &filter, now).await {
         Ok(overview) => overview,
         Err(failure) => return unavailable(&access, "Jobs", &failure),
     };
     let timing = timing.read();
-    let rows = overview
+    let config = &access.config;
+    let by_name: HashMap<&str, &JobConfig> =
+        config.jobs.iter().map(|j| (j.name.as_str(), j)).collect();
+    // Jobs of a fleet share a few schedules: each is worded once.
+    let mut worded: HashMap<(&str, &str), String> = HashMap::new();
+    let entries = std::mem::take(&mut overview.entries);
+    let rows: Vec<_> = overview
         .status
         .jobs
         .iter()
-        .zip(&overview.entries)
-        .map(|(status, entries)| (status, view::strip(entries, view::STRIP)));
-    let config = &access.config;
+        .zip(entries)
+        .map(|(status, entries)| {
+            let schedule = by_name.get(status.name.as_str()).map(|job| {
+                let key = (job.schedule.expression(), job.schedule.timezone().name());
+                worded
+                    .entry(key)
+                    .or_insert_with(|| words::describe(key.0, key.1))
+                    .clone()
+            });
+            (status, schedule, view::strip(entries, view::STRIP))
+        })
+        .collect();
     let body = html! {
         h1 { "Jobs" }
         (filter_form(&filter))
@@ -75,16 +90,15 @@ pub(super) async fn index(
                     th scope="col" { "State" } th scope="col" { "Recent ticks (oldest first)" }
                 } }
                 tbody {
-                    @for (status, strip) in rows {
-                        @let job = config.jobs.iter().find(|j| j.name == status.name);
+                    @for (status, schedule, strip) in &rows {
                         tr data-job=(status.name) data-paused=(status.paused.is_some()) {
                             th scope="row" { a href={ "/jobs/" (encode_path(&status.name)) } { (status.name) } }
-                            td { @if let Some(job) = job { (words::describe(job.schedule.expression(), job.schedule.timezone().name())) } }
+                            td { @if let Some(schedule) = schedule { (schedule) } }
                             td { (when(status.next_tick)) }
                             td { (last_run(status)) }
                             td.number { (status.failures_in_a_row) }
                             td { (state(status)) }
-                            td { (strip_of(&strip)) }
+                            td { (strip_of(strip)) }
                         }
                     }
                 }
@@ -146,6 +160,7 @@ pub(super) async fn job(
             }
         }
     };
+    let timing = timing.read();
     let Some(job_status) = status.jobs.first() else {
         return unavailable(&access, &job.name, &ReadFailure::Timeout);
     };
@@ -344,15 +359,25 @@ pub(super) async fn logout() -> Response {
         .into_response()
 }
 
-pub(super) async fn script() -> Response {
-    asset("text/javascript; charset=utf-8", SCRIPT)
+pub(super) async fn script(State(dashboard): State<Arc<Dashboard>>) -> Response {
+    asset(&dashboard, "text/javascript; charset=utf-8", SCRIPT)
 }
 
-pub(super) async fn style() -> Response {
-    asset("text/css; charset=utf-8", STYLE)
+pub(super) async fn style(State(dashboard): State<Arc<Dashboard>>) -> Response {
+    asset(&dashboard, "text/css; charset=utf-8", STYLE)
 }
 
-fn asset(content_type: &'static str, body: &'static str) -> Response {
+/// An embedded file, where the dashboard is served (needing no token: it holds nothing of the cluster).
+fn asset(dashboard: &Dashboard, content_type: &'static str, body: &'static str) -> Response {
+    let config = dashboard.context.config();
+    if let Some(refused) = super::refuse(
+        dashboard,
+        &config,
+        &axum::http::Method::GET,
+        &HeaderMap::new(),
+    ) {
+        return refused;
+    }
     (
         [
             (header::CONTENT_TYPE, content_type),

@@ -144,8 +144,8 @@ impl Cell {
 }
 
 /// The newest `count` ticks of `entries` (one job's, newest first), oldest first as a strip reads.
-pub(super) fn strip(entries: &[Entry], count: usize) -> Vec<Cell> {
-    let records = crate::history::tick::group(entries.iter().cloned());
+pub(super) fn strip(entries: Vec<Entry>, count: usize) -> Vec<Cell> {
+    let records = crate::history::tick::group(entries);
     let mut cells: Vec<Cell> = records.iter().take(count).map(Cell::of).collect();
     cells.reverse();
     cells
@@ -328,7 +328,7 @@ mod tests {
             .rev()
             .map(|i| run(i * 1_000, Some("success")))
             .collect();
-        let cells = strip(&entries, 20);
+        let cells = strip(entries, 20);
         assert_eq!(cells.len(), 20);
         assert_eq!(cells[0].tick_ms, 11_000);
         assert_eq!(cells[19].tick_ms, 30_000);

@@ -130,6 +130,38 @@ fn benchmark_runs_in_smoke_mode() {
     }
 }
 
+/// Item 8 (the dashboard's page of many jobs) runs end to end in smoke mode: 20 jobs, a few seconds, and
+/// both phases report every job's row, a page weight, and the worker's render and store times.
+#[test]
+fn dashboard_item_runs_in_smoke_mode() {
+    super::support::require_program("redis-server", "redis-server");
+    let options = bench::Options {
+        smoke: true,
+        sections: vec![8],
+        cycles: 20,
+        contenders: Vec::new(),
+        current_thread: false,
+        worker: Some(env!("CARGO_BIN_EXE_redcron").into()),
+        probe: Vec::new(),
+        etcd_herd: 20,
+    };
+    let report =
+        bench::run(&options, &mut |_| {}).unwrap_or_else(|why| panic!("benchmark failed: {why}"));
+    let page = report.dashboard.expect("item 8 ran");
+    assert_eq!(page.phases.len(), 2, "{}", report.text);
+    for phase in &page.phases {
+        assert_eq!(phase.rows, page.size.jobs, "{phase:?}");
+        assert!(phase.bytes > 0 && phase.wire_bytes > 0, "{phase:?}");
+        assert_eq!(phase.render.len(), page.size.requests, "{phase:?}");
+        assert!(phase.store.p50().is_some_and(|d| !d.is_zero()), "{phase:?}");
+    }
+    assert!(
+        report.text.contains("## 8. The dashboard"),
+        "{}",
+        report.text
+    );
+}
+
 /// The counting proxy frames RESP values split across reads, and tells redcron's scripts apart.
 #[test]
 fn counting_proxy_frames_resp_and_classifies_scripts() {

@@ -14,6 +14,7 @@ const MODULES: &[&str] = &[
     "clock",
     "config",
     "conformance",
+    "dashboard",
     "deploy",
     "embedded",
     "etcd",

@@ -10,6 +10,7 @@ mod cli;
 mod clock;
 mod config;
 mod conformance;
+mod dashboard;
 mod deploy;
 mod docs;
 mod embedded;

@@ -460,10 +460,24 @@ fn a_port_in_use_stops_the_worker() {
 
 /// A worker of the config `yaml` makes for a listen port, started and listening; on another port if the
 /// one picked was taken before the worker bound it.
-fn listening_worker(dir: &TestDir, name: &str, yaml: impl Fn(u16) -> String) -> (Worker, u16) {
+pub(crate) fn listening_worker(
+    dir: &TestDir,
+    name: &str,
+    yaml: impl Fn(u16) -> String,
+) -> (Worker, u16) {
+    listening_worker_with(dir, name, &[], yaml)
+}
+
+/// [`listening_worker`] with `env` added to the worker's environment.
+pub(crate) fn listening_worker_with(
+    dir: &TestDir,
+    name: &str,
+    env: &[(&str, &str)],
+    yaml: impl Fn(u16) -> String,
+) -> (Worker, u16) {
     for _ in 0..5 {
         let port = free_port();
-        let mut worker = Worker::spawn(dir.write(format!("{name}.yaml"), yaml(port)), &[]);
+        let mut worker = Worker::spawn(dir.write(format!("{name}.yaml"), yaml(port)), env);
         let first = worker.wait_for(Duration::from_secs(30), |e| {
             e["event"] == "worker.listening" || e["event"] == "worker.failed"
         });
