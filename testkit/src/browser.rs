@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fantoccini::elements::Element;
 use fantoccini::wd::Capabilities;
 use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -165,9 +166,7 @@ impl Browser {
 
     /// Types `value` into the field matching `css` (once there is one), replacing what it held.
     pub fn fill(&self, css: &str, value: &str) {
-        self.wait_for(css, WAIT);
-        self.command(&format!("fill {css:?}"), |client| async move {
-            let field = client.find(Locator::Css(css)).await?;
+        self.on_element(css, "fill", |field| async move {
             field.clear().await?;
             field.send_keys(value).await
         });
@@ -175,10 +174,7 @@ impl Browser {
 
     /// Clicks the element matching `css` (once there is one) and, if that loads a page, waits for it.
     pub fn click(&self, css: &str) {
-        self.wait_for(css, WAIT);
-        self.command(&format!("click {css:?}"), |client| async move {
-            client.find(Locator::Css(css)).await?.click().await
-        });
+        self.on_element(css, "click", |element| async move { element.click().await });
     }
 
     /// The page's HTML as the browser holds it now.
@@ -221,6 +217,31 @@ impl Browser {
             Value::String(s) => Some(s),
             _ => None,
         }
+    }
+
+    /// Runs `action` on the element matching `css` once there is one, again on the new element if the
+    /// page's script replaced it meanwhile (a live update swaps `#content`'s elements for new ones).
+    fn on_element<F>(&self, css: &str, what: &str, action: impl Fn(Element) -> F)
+    where
+        F: Future<Output = Result<(), fantoccini::error::CmdError>>,
+    {
+        for _ in 0..5 {
+            self.wait_for(css, WAIT);
+            let client = self
+                .client
+                .as_ref()
+                .expect("the session is open until drop");
+            let done = self.block_on(async {
+                let element = client.find(Locator::Css(css)).await?;
+                action(element).await
+            });
+            match done {
+                Ok(()) => return,
+                Err(e) if e.is_stale_element_reference() || e.is_no_such_element() => continue,
+                Err(e) => panic!("cannot {what} {css:?} in the browser: {e}"),
+            }
+        }
+        panic!("cannot {what} {css:?}: the page replaced it five times in a row");
     }
 
     /// Blocks on one WebDriver command; panics saying what was being done if it fails.
