@@ -224,7 +224,10 @@ async fn secure(mut response: Response) -> Response {
     set(headers, "content-security-policy", CSP);
     set(headers, "x-frame-options", "DENY");
     set(headers, "x-content-type-options", "nosniff");
-    set(headers, "referrer-policy", "no-referrer");
+    // Not `no-referrer`: under it a browser sends `Origin: null` with every form post, its own pages'
+    // included, and the cross-site check refuses them all (login, pause, resume, trigger). `same-origin`
+    // still tells other sites nothing.
+    set(headers, "referrer-policy", "same-origin");
     set(headers, "cross-origin-opener-policy", "same-origin");
     if !headers.contains_key(header::CACHE_CONTROL) {
         set(headers, "cache-control", "no-store");

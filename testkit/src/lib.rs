@@ -1,8 +1,9 @@
 //! redcron's test harness, shared by the integration tests (`tests/it`) and the benchmark
 //! (`benches/lease`): real `redis-server` nodes ([`RedisCluster`]), real etcd clusters
 //! ([`EtcdCluster`]), real PostgreSQL and MariaDB servers ([`SqlServer`]), a proxy that delays chosen
-//! requests ([`DelayProxy`]), real worker processes of the built binary ([`Worker`]), and the spawning
-//! that makes every child die with the process that started it ([`children`]).
+//! requests ([`DelayProxy`]), real worker processes of the built binary ([`Worker`]), a real headless
+//! Chromium to look at the dashboard with ([`Browser`]), and the spawning that makes every child die with
+//! the process that started it ([`children`]).
 //!
 //! Modelled on cargo's `cargo-test-support` and redis-rs's `redis-test`: one copy of the harness, so a
 //! fix to how nodes start or how children are reaped reaches the tests and the benchmark alike. Everything
@@ -11,6 +12,7 @@
 //! that says how to install it.
 //!
 //! # Layout
+//! - [`browser`]: [`Browser`], headless Chromium and chromedriver, driven over WebDriver by fantoccini.
 //! - [`children`]: spawning with parent-death signals, killing and reaping, finding descendants.
 //! - [`redis`]: [`RedisCluster`], N nodes to crash, hang, restart and flush.
 //! - [`etcd`]: [`EtcdCluster`], N etcd members to kill, hang and restart, with their leader and metrics.
@@ -19,6 +21,7 @@
 //! - [`worker`]: [`Worker`], one `redcron run` process and its JSON log.
 //! - [`stores`]: [`Backend`] and [`Cluster`], any store's nodes (or file) and a redcron store on them.
 
+pub mod browser;
 pub mod children;
 pub mod delay_proxy;
 pub mod etcd;
@@ -29,6 +32,7 @@ pub mod worker;
 
 use std::path::PathBuf;
 
+pub use self::browser::Browser;
 pub use self::delay_proxy::DelayProxy;
 pub use self::etcd::{linearizable_read, EtcdCluster};
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};

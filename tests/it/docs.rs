@@ -8,6 +8,7 @@ use std::path::Path;
 /// The modules of this test binary, whose `module::name` citations must resolve.
 const MODULES: &[&str] = &[
     "bench_smoke",
+    "browser",
     "chaos",
     "claims",
     "cli",

@@ -3,6 +3,7 @@
 
 mod alerts;
 mod bench_smoke;
+mod browser;
 mod chaos;
 mod claims;
 mod cli;
