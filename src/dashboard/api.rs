@@ -166,52 +166,28 @@ struct Control<'a> {
     from: SocketAddr,
 }
 
-/// `POST /api/jobs/{name}/pause`.
-pub(super) async fn pause(
+/// `POST /api/jobs/{name}/{action}`: `pause`, `resume` or `trigger`.
+pub(super) async fn control(
     State(dashboard): State<Arc<Dashboard>>,
     Extension(access): Extension<Access>,
     ConnectInfo(from): ConnectInfo<SocketAddr>,
-    Path(name): Path<String>,
+    Path((name, action)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if !matches!(action.as_str(), "pause" | "resume" | "trigger") {
+        let why = format!("no control {action:?}: pause, resume or trigger");
+        return problem(StatusCode::NOT_FOUND, &why);
+    }
     let control = match Control::admit(&dashboard, &access, &name, from, &headers, &body) {
         Ok(control) => control,
         Err(problem) => return problem.into_response(),
     };
-    control.pause().await
-}
-
-/// `POST /api/jobs/{name}/resume`.
-pub(super) async fn resume(
-    State(dashboard): State<Arc<Dashboard>>,
-    Extension(access): Extension<Access>,
-    ConnectInfo(from): ConnectInfo<SocketAddr>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let control = match Control::admit(&dashboard, &access, &name, from, &headers, &body) {
-        Ok(control) => control,
-        Err(problem) => return problem.into_response(),
-    };
-    control.resume().await
-}
-
-/// `POST /api/jobs/{name}/trigger`.
-pub(super) async fn trigger(
-    State(dashboard): State<Arc<Dashboard>>,
-    Extension(access): Extension<Access>,
-    ConnectInfo(from): ConnectInfo<SocketAddr>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let control = match Control::admit(&dashboard, &access, &name, from, &headers, &body) {
-        Ok(control) => control,
-        Err(problem) => return problem.into_response(),
-    };
-    control.trigger().await
+    match action.as_str() {
+        "pause" => control.pause().await,
+        "resume" => control.resume().await,
+        _ => control.trigger().await,
+    }
 }
 
 impl<'a> Control<'a> {

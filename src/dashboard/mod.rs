@@ -130,9 +130,7 @@ pub(crate) fn router(dashboard: Arc<Dashboard>) -> Router {
         .route("/api/status", get(api::status))
         .route("/api/history", get(api::history))
         .route("/api/explain", get(api::explain))
-        .route("/api/jobs/{name}/pause", post(api::pause))
-        .route("/api/jobs/{name}/resume", post(api::resume))
-        .route("/api/jobs/{name}/trigger", post(api::trigger))
+        .route("/api/jobs/{name}/{action}", post(api::control))
         .route("/logout", post(pages::logout))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&dashboard), gate));
     Router::new()

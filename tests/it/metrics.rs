@@ -586,7 +586,7 @@ fn nodes_up(port: u16, timeout: Duration, expected: f64) -> f64 {
 }
 
 /// The first `Some` of `probe`, tried every 100 ms for up to `timeout`.
-fn wait_for<T>(timeout: Duration, probe: impl Fn() -> Option<T>) -> Option<T> {
+pub(crate) fn wait_for<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(found) = probe() {

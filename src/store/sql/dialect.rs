@@ -182,13 +182,19 @@ impl Dialect {
     /// The statements every new connection runs, if any: on MySQL, `READ COMMITTED` (InnoDB's default
     /// `REPEATABLE READ` would read a snapshot taken before a row lock was waited for), a lock wait of
     /// `lock_s`, and an idle limit of `idle_s` (a worker paused inside a transaction must not hold the
-    /// job's rows for hours).
-    pub fn on_connect(&self, lock_s: u64, idle_s: u64) -> Vec<String> {
+    /// job's rows for hours). MariaDB also ends a transaction left idle for `idle_transaction_s`
+    /// (`idle_transaction_timeout`, in a `/*M! … */` comment that only MariaDB executes: MySQL has no
+    /// such bound, and its `wait_timeout` stands in for it), so that a worker frozen inside a claim holds
+    /// the jobs of its chunk for about a second, not a TTL.
+    pub fn on_connect(&self, lock_s: u64, idle_s: u64, idle_transaction_s: u64) -> Vec<String> {
         match self.kind {
             SqlDialect::Postgres => Vec::new(),
             SqlDialect::Mysql => vec![
                 "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_string(),
-                format!("SET SESSION innodb_lock_wait_timeout = {lock_s}, wait_timeout = {idle_s}"),
+                format!(
+                    "SET SESSION innodb_lock_wait_timeout = {lock_s}, wait_timeout = {idle_s} \
+                     /*M!100300 , idle_transaction_timeout = {idle_transaction_s} */"
+                ),
             ],
         }
     }

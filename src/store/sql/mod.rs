@@ -118,7 +118,14 @@ impl SqlStore {
         // Bounds on lock waits and on idle sessions, in whole seconds on MySQL (see Dialect::on_connect).
         let lock_s = settings.node_timeout.as_secs().max(1);
         let idle_s = settings.ttl.as_secs().max(2);
-        let on_connect: Arc<[String]> = dialect.on_connect(lock_s, idle_s).into();
+        // As PostgreSQL's per-transaction bound (twice node_timeout), rounded up to whole seconds.
+        let idle_transaction_s = (settings.node_timeout * 2)
+            .as_millis()
+            .div_ceil(1000)
+            .max(1) as u64;
+        let on_connect: Arc<[String]> = dialect
+            .on_connect(lock_s, idle_s, idle_transaction_s)
+            .into();
         let pool = AnyPoolOptions::new()
             .after_connect(move |connection, _| {
                 let on_connect = Arc::clone(&on_connect);

@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::cli::{output, redcron};
 use crate::inspect::parse;
-use crate::metrics::{get, listening_worker, listening_worker_with};
+use crate::metrics::{get, listening_worker, listening_worker_with, wait_for as wait_until};
 use crate::support::{Backend, TestDir, Worker};
 
 mod access;
@@ -195,20 +195,6 @@ fn answer(mut response: ureq::http::Response<ureq::Body>, started: Instant) -> A
         headers,
         body,
         took: started.elapsed(),
-    }
-}
-
-/// The first `Some` of `probe`, tried every 100 ms for up to `timeout`.
-fn wait_until<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(found) = probe() {
-            return Some(found);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
