@@ -497,6 +497,29 @@ impl Facts {
         steps.any(|(at, step)| at - 1_000 <= t && t <= at + 2_500 + step)
     }
 
+    /// Whether process `instance` of worker `worker` was still taking its first measurement of the
+    /// store's clock at real time `t`: it had started, and neither its first `clock.offset` nor its first
+    /// `clock.unmeasured` had come. A starting worker schedules its first ticks on the clock that
+    /// measurement gives (README, *Clocks*), so a tick due meanwhile is not its to race.
+    pub fn starting_at(&self, instance: usize, worker: usize, t: i64) -> bool {
+        let ready = self.lives[instance].ready;
+        let measured = self.measured[worker]
+            .iter()
+            .filter(|(at, offset)| *at >= ready && offset.is_some())
+            .map(|(at, _)| *at);
+        let failed = self
+            .unmeasured
+            .get(&instance)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&at| at >= ready);
+        measured
+            .chain(failed)
+            .min()
+            .is_some_and(|first| ready <= t && t < first)
+    }
+
     /// Whether process `instance` of worker `w` had no measured offset to the store's clock at real time
     /// `t` and failed to measure it: it started (which forgets the last measurement), had not logged
     /// `clock.offset` since, and logged `clock.unmeasured` before its next `clock.offset`. Such a

@@ -442,6 +442,10 @@ fn excuse(e: &Evidence<'_>, worker: usize, tick: i64) -> Result<&'static str, St
     if let Some(cause) = no_majority_in_window(e, instance, worker, tick, r) {
         return Ok(cause);
     }
+    // A process that had just started and was still measuring its clock races nothing yet.
+    if facts.starting_at(instance, worker, r) {
+        return Ok("starting: its first clock measurement was under way");
+    }
     // A process that started while the store was out of reach could not measure its clock, so it
     // races nothing until it can (a SQL server killed while a rollout restarts a worker).
     let ready = facts.lives[instance].ready;
