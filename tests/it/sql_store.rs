@@ -496,3 +496,57 @@ fn postgres_over_tls_with_verify_full_and_a_client_certificate() {
 fn mariadb_over_tls_with_verify_full_and_a_client_certificate() {
     tls_verify_full_with_a_ca_file_and_a_client_certificate(SqlKind::Mariadb);
 }
+
+/// On MariaDB the store's own connection settings bound an idle transaction (`idle_transaction_timeout`,
+/// in a comment MySQL skips): a session that ran them reads the bound back, and a transaction left idle
+/// past it is ended by the server, its row lock given up — a worker frozen inside a claim holds its chunk's
+/// jobs for about a second, not a TTL.
+#[test]
+fn mariadb_ends_a_claim_transaction_left_idle() {
+    let server = SqlServer::mariadb();
+    let dialect = redcron::store::sql::Dialect::new(redcron::config::SqlDialect::Mysql, "redcron");
+    let settings = dialect.on_connect(1, 30, 1).join(";\n");
+    let read = server.exec(&format!(
+        "{settings};\nSELECT @@SESSION.idle_transaction_timeout;"
+    ));
+    assert_eq!(
+        read.trim(),
+        "1",
+        "the bound as the session reads it: {read:?}"
+    );
+    server.exec("CREATE TABLE IF NOT EXISTS idle_probe (id INT PRIMARY KEY); INSERT IGNORE INTO idle_probe VALUES (1);");
+    // A second client locks the row and then sits idle (its client waits on stdin) past the bound.
+    let holder = std::thread::spawn({
+        let settings = settings.clone();
+        let mut client = server.client_as("redcron", "secret-pw");
+        move || {
+            use std::io::Write as _;
+            let mut child = client
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("the client starts");
+            let mut stdin = child.stdin.take().expect("a pipe");
+            let _ = writeln!(
+                stdin,
+                "{settings};\nSTART TRANSACTION;\nSELECT id FROM idle_probe WHERE id = 1 FOR UPDATE;"
+            );
+            let _ = stdin.flush();
+            std::thread::sleep(Duration::from_secs(8));
+            let _ = writeln!(stdin, "COMMIT;");
+            drop(stdin);
+            let _ = child.wait();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(2_500));
+    // The holder's transaction, idle past the bound, is ended within a second of its lock: this lock wait
+    // of 3 s (margin for a slow client start) gets the row. Without the bound the holder keeps it for 8 s
+    // and the wait fails.
+    let locked = server.try_exec(
+        "SET SESSION innodb_lock_wait_timeout = 3; START TRANSACTION; \
+         SELECT id FROM idle_probe WHERE id = 1 FOR UPDATE; COMMIT;",
+    );
+    assert!(locked.is_ok(), "the row is still locked: {locked:?}");
+    holder.join().expect("the holder thread");
+}
