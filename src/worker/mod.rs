@@ -238,7 +238,6 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                         let all_jobs = shared_jobs(&new);
                         agenda = agenda.reload(enabled_jobs(&all_jobs), clock.now());
                         context.set_jobs(all_jobs);
-                        context.set_config(&new);
                         config = new;
                     }
                     continue;

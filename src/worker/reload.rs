@@ -70,6 +70,8 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
         .config_fingerprint
         .lock()
         .unwrap_or_else(|p| p.into_inner()) = new.fingerprint();
+    // Before the event: whoever sees `config.reloaded` finds the dashboard on the new config (its tokens).
+    context.set_config(&new);
     info!(event = events::config::RELOADED, why, added = %added, changed = %changed, removed = %removed,
           jobs = after.len() as u64, fingerprint = %new.fingerprint(),
           "Config reloaded: new and changed jobs take effect from their next tick; removed jobs are no longer raced; running jobs go on");
