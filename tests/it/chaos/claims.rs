@@ -92,9 +92,7 @@ pub fn read_aof(node: usize, dir: &Path) -> Vec<ClaimWrite> {
     for file in files {
         let bytes = std::fs::read(dir.join(file)).unwrap_or_default();
         for command in Commands(&bytes) {
-            if let Some(write) = claim_or_lease(node, &command) {
-                writes.push(write);
-            }
+            writes.extend(claim_or_lease_writes(node, &command));
         }
     }
     writes
@@ -120,6 +118,21 @@ pub fn parse_lease(node: usize, key: &str, value: &str, expires_ms: i64) -> Opti
             expires_ms.to_string(),
         ],
     )
+}
+
+/// The claim and lease writes of one AOF command: a `SET`'s, or each pair's of an `MSET` — the claim
+/// scripts write their batch's records and fence counters with one `MSET` at their end, which Redis
+/// propagates as it is.
+fn claim_or_lease_writes(node: usize, command: &[String]) -> Vec<ClaimWrite> {
+    match command {
+        [mset, pairs @ ..] if mset.eq_ignore_ascii_case("MSET") => pairs
+            .chunks_exact(2)
+            .filter_map(|pair| {
+                claim_or_lease(node, &["SET".to_string(), pair[0].clone(), pair[1].clone()])
+            })
+            .collect(),
+        _ => claim_or_lease(node, command).into_iter().collect(),
+    }
 }
 
 /// The write `command` makes, if it is a claim record's or a lease's `SET`.
@@ -299,7 +312,8 @@ impl Confirms {
 mod tests {
     use super::*;
 
-    /// A script's effects and a plain SET, as Redis 7 writes them, and a tail cut short.
+    /// A script's effects (a lease's SET, the claims' MSET) and a plain SET, as Redis 7 writes them, and a
+    /// tail cut short.
     #[test]
     fn claim_writes_are_read_from_an_aof() {
         let dir = crate::support::TestDir::new();
@@ -324,17 +338,30 @@ mod tests {
             "PXAT",
             "7000",
         ]);
-        text += &resp(&["SET", "redcron:{quick}:claim", "5000 w1/a|1|5000|ff"]);
+        // The confirming script's one MSET: a fence counter, then claim records of two jobs.
+        text += &resp(&[
+            "MSET",
+            "redcron:{quick}:fence",
+            "5000000",
+            "redcron:{quick}:claim",
+            "5000 w1/a|1|5000|ff",
+            "redcron:{parallel}:claim",
+            "5000 w2/b|2|5000|ee",
+        ]);
         text += &resp(&["EXEC"]);
         text += &resp(&["SET", "redcron:{long}:claim", "6000"]);
         text += "*3\r\n$3\r\nSET\r\n$5\r\nredc";
         std::fs::write(aof.join("appendonly.aof.1.incr.aof"), text).expect("writable");
         let writes = read_aof(2, aof);
-        assert_eq!(writes.len(), 3, "{writes:?}");
+        assert_eq!(writes.len(), 4, "{writes:?}");
         assert_eq!(writes[0].lease_expires, Some(7000));
         assert_eq!(writes[1].claimant(), Some("w1/a"));
         assert_eq!((writes[1].node, writes[1].tick), (2, 5000));
-        assert_eq!((writes[2].job.as_str(), &writes[2].holder), ("long", &None));
+        assert_eq!(
+            (writes[2].job.as_str(), writes[2].claimant()),
+            ("parallel", Some("w2/b"))
+        );
+        assert_eq!((writes[3].job.as_str(), &writes[3].holder), ("long", &None));
         for write in &writes {
             assert_eq!(ClaimWrite::parse(&write.line()).as_ref(), Ok(write));
         }

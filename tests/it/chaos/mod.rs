@@ -257,11 +257,21 @@ fn run_under_faults(store: StoreKind, default_secs: u64, name: &str) {
             cluster.dir.keep().display()
         );
     }
-    assert!(
-        report.passed(),
-        "the chaos run broke redcron's promises (seed {seed}); reproduce with: {reproduce}\n{}",
-        cluster.stderr_of_all()
-    );
+    if !report.passed() {
+        let stderr = cluster.stderr_of_all();
+        let kept = cluster.dir.keep().to_owned();
+        // The cluster is stopped before the panic, not by it: a worker dropped while the test panics
+        // dumps its last 200 lines (the saved run holds them all), and CI keeps only the tail of a
+        // failed run's output — where the verdict must be.
+        drop(cluster);
+        panic!(
+            "{stderr}\nthe chaos run broke redcron's promises ({store:?}, seed {seed}):\n  * {}\n\
+             the run is saved in {} (replay its check with REDCRON_CHAOS_REPLAY=<dir>);\n\
+             reproduce with: {reproduce}",
+            report.failures.join("\n  * "),
+            kept.display()
+        );
+    }
 }
 
 /// Re-runs the checker on a run saved by `exactly_once_under_faults` (its directory is kept when it
