@@ -299,6 +299,77 @@ fn a_hung_server_costs_claims_not_a_double_grant() {
     assert_tokens_rise("every-second", &runs);
 }
 
+/// A new session that takes longer to open than a call's `node_timeout` still opens, and serves the
+/// calls after it. The pool opens a connection inside the acquire that needs it; when a call that stopped
+/// waiting cancelled that opening, no call ever got a connection while opening one was slower than the
+/// budget — seen in a PostgreSQL chaos run (seed 1795740981034074346) as seconds of `no_quorum` on one
+/// worker after a hang had cut its connections. Here a proxy holds each session's startup message
+/// (`client_encoding` is in it, in no statement) 600 ms, twice the budget, after a hang emptied the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_slower_to_open_than_node_timeout_still_serves_the_next_claims() {
+    let mut server = SqlServer::start(SqlKind::Postgres);
+    let proxy = DelayProxy::start(server.port(), "client_encoding", Duration::from_millis(600));
+    let url = server.url().replace(
+        &format!(":{}/", server.port()),
+        &format!(":{}/", proxy.port()),
+    );
+    let settings = LockSettings {
+        ttl: Duration::from_secs(3),
+        node_timeout: Duration::from_millis(300),
+        retry_delay: Duration::from_millis(50),
+        ..LockSettings::default()
+    };
+    let store = store_at(SqlKind::Postgres, &url, settings);
+    let warm = store.claim(&request("w1", "warm-up", 1_000)).await;
+    assert!(matches!(warm, ClaimOutcome::Won(_)), "{warm:?}");
+    // A hang past the budget: each call gives up and closes its connection, until the pool is empty.
+    server.stop();
+    let store = &store;
+    let hung = futures_util::future::join_all(
+        ["hung-1", "hung-2", "hung-3"]
+            .map(|job| async move { store.claim(&request("w1", job, 1_000)).await }),
+    )
+    .await;
+    server.cont();
+    assert!(
+        hung.iter()
+            .all(|outcome| matches!(outcome, ClaimOutcome::NoQuorum(_))),
+        "{hung:?}"
+    );
+    let sessions = "SELECT count(*) FROM pg_stat_activity WHERE usename = 'redcron'";
+    let emptied = Instant::now() + Duration::from_secs(10);
+    while server.exec(sessions).trim() != "0" {
+        assert!(
+            Instant::now() < emptied,
+            "the store's sessions did not end after the hang"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    proxy.delay_next(1_000);
+    let mut outcomes = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut tick = 1_000;
+    while Instant::now() < deadline {
+        tick += 1_000;
+        let outcome = store.claim(&request("w1", "after", tick)).await;
+        let won = matches!(outcome, ClaimOutcome::Won(_));
+        outcomes.push(outcome);
+        if won {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        proxy.delayed() >= 1,
+        "no session was opened through the delay: {outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes.last(), Some(ClaimOutcome::Won(_))),
+        "no claim won in 10 s while opening a session took 600 ms, twice node_timeout: {outcomes:?}"
+    );
+}
+
 /// PostgreSQL's `now()` is the time its transaction began; a claim that waits for the job's fence row
 /// must compute its lease's expiry from the clock when it writes (`clock_timestamp()`), or the lease it
 /// grants is short by the wait and a contender is granted the job while the holder still runs. A test

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
-use sqlx::{AnyConnection, AnyPool, Connection as _};
+use sqlx::pool::PoolConnection;
+use sqlx::{Any, AnyConnection, AnyPool, Connection as _};
 
 use crate::clock::cluster::{Readings, Sample};
 use crate::config::SqlConfig;
@@ -44,6 +45,11 @@ pub use schema::{Schema, Unusable, SCHEMA_VERSION};
 /// How many times a transaction that the server aborted as a serialization failure or a deadlock
 /// (SQLSTATE `40001`, `40P01`; MySQL's 1213 is `40001`) is run again before its caller is told it failed.
 const CONFLICT_RETRIES: u32 = 5;
+
+/// The least time an acquire of the pool has to open a connection, going on after the call that needed
+/// it stopped waiting (see `SqlStore::connection`); short enough that a refused connection — which the
+/// pool retries until then — is reported within a command's reads.
+const ACQUIRE_AT_LEAST: Duration = Duration::from_secs(1);
 
 /// Claims, leases, tokens, history, membership, pauses and triggers in one SQL database.
 pub struct SqlStore {
@@ -142,9 +148,10 @@ impl SqlStore {
             })
             .max_connections(config.pool_size)
             .min_connections(0)
-            // A connection that cannot be had within the lock's bounds is the server's failure for this
-            // call, as a node's timeout is on Redis.
-            .acquire_timeout(settings.node_timeout * 2)
+            // Each call waits for a connection within its own budget (`SqlStore::connection`); the pool's
+            // bound is how long an acquire goes on after its caller left — time to open a session on a
+            // loaded server, which then serves the next call.
+            .acquire_timeout(acquire_timeout(&settings))
             .idle_timeout(Duration::from_secs(300))
             .max_lifetime(Duration::from_secs(1800))
             // MySQL ends a session idle for `wait_timeout` (set to a TTL: see Dialect::on_connect), so a
@@ -229,10 +236,7 @@ impl SqlStore {
         T: Send,
         F: for<'c> Fn(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
     {
-        let mut connection = tokio::time::timeout(budget, self.shared.pool.acquire())
-            .await
-            .map_err(|_| Failed::Before(format!("no connection within {budget:?}")))?
-            .map_err(|e| Failed::Before(self.describe_error(&e)))?;
+        let mut connection = self.connection(budget).await?;
         let mut committing = false;
         let result = tokio::time::timeout(budget, async {
             let mut transaction = connection.begin_with(self.shared.dialect.begin()).await?;
@@ -281,6 +285,25 @@ impl SqlStore {
         }
     }
 
+    /// A connection of the pool, waited for at most `budget`.
+    ///
+    /// The pool opens a connection inside the `acquire` that needs it, so a caller that stopped waiting
+    /// would cancel the opening: on a loaded machine, where a new session (a backend's fork, the auth, the
+    /// session's `SET`s) takes longer than a `node_timeout`, no call would ever get one — seen after a
+    /// SIGSTOPped PostgreSQL came back (every connection had been cut off by its budget) as 4 s more of
+    /// `no_quorum` on one worker. So the acquire runs as a task of its own, bounded by the pool's
+    /// `acquire_timeout`: a connection it opens after the caller left joins the pool for the next call.
+    async fn connection(&self, budget: Duration) -> Result<PoolConnection<Any>, Failed> {
+        let pool = self.shared.pool.clone();
+        let acquiring = tokio::spawn(async move { pool.acquire().await });
+        match tokio::time::timeout(budget, acquiring).await {
+            Ok(Ok(Ok(connection))) => Ok(connection),
+            Ok(Ok(Err(e))) => Err(Failed::Before(self.describe_error(&e))),
+            Ok(Err(e)) => Err(Failed::Before(format!("the connection task failed: {e}"))),
+            Err(_) => Err(Failed::Before(format!("no connection within {budget:?}"))),
+        }
+    }
+
     /// One statement (or a few) outside a transaction, on a connection of the pool, within `budget`.
     async fn with_connection<T, F>(&self, budget: Duration, work: F) -> Result<T, Failed>
     where
@@ -288,10 +311,7 @@ impl SqlStore {
         F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send,
     {
         self.prepared().await?;
-        let mut connection = tokio::time::timeout(budget, self.shared.pool.acquire())
-            .await
-            .map_err(|_| Failed::Before(format!("no connection within {budget:?}")))?
-            .map_err(|e| Failed::Before(self.describe_error(&e)))?;
+        let mut connection = self.connection(budget).await?;
         match tokio::time::timeout(budget, work(&mut connection)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
@@ -324,7 +344,7 @@ impl SqlStore {
                 // The pool retries a refused connection until its timeout and keeps no cause.
                 sqlx::Error::PoolTimedOut => format!(
                     "no connection within {:?}: the server refused it, is unreachable or does not answer",
-                    self.shared.settings.node_timeout * 2
+                    acquire_timeout(&self.shared.settings)
                 ),
                 other => dialect::scrub(&other.to_string()),
             };
@@ -384,6 +404,12 @@ impl SqlStore {
 }
 
 /// The start of a failure's text that marks it as the server's serialization failure or deadlock.
+/// How long the pool's acquire goes on opening a connection: twice `node_timeout`, at least
+/// [`ACQUIRE_AT_LEAST`].
+fn acquire_timeout(settings: &LockSettings) -> Duration {
+    (settings.node_timeout * 2).max(ACQUIRE_AT_LEAST)
+}
+
 const CONFLICT_MARK: &str = "conflict: ";
 
 impl Health for SqlStore {
