@@ -1,0 +1,500 @@
+//! [`ZkEnsemble`]: one ZooKeeper ensemble of N members (3 by default) on free loopback ports, to crash,
+//! hang and revive.
+//!
+//! The ZooKeeper store's argument is about members that crash, hang and come back, about the leader
+//! changing under a claim, and about sessions that outlive neither their timeout nor their holder, so each
+//! member can be killed (SIGKILL), hung (SIGSTOP), continued, and restarted on its ports and data directory;
+//! [`ZkEnsemble::leader`] says which member leads. The servers are Debian's `zookeeper` package
+//! (`QuorumPeerMain` from `/usr/share/java/zookeeper.jar`, run by `java`), each in a directory of its own
+//! with its `zoo.cfg`, `myid`, data and logs, the admin server off and only the `srvr`, `ruok` and `mntr`
+//! four-letter words allowed. An ensemble counts as started once a member says it leads (`srvr`) and a
+//! client session can be created through every member (a session is a write the quorum commits, so that
+//! proves the quorum serves); one that never does fails the test with the members' logs, and every member
+//! is killed on drop (and with the test binary: [`children`]).
+//!
+//! Timing: `tickTime` is 250 ms, so ZooKeeper accepts session timeouts from 500 ms to 20 s (the store's
+//! 4 s ones included), a follower that stops answering is dropped by the leader after `syncLimit` (2 s), and
+//! an election after a leader's crash takes about a second on an idle machine.
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::children;
+
+/// How long a starting ensemble (or a restarted member) may take to serve: a JVM's start on a loaded
+/// 2-core machine, three at once, and an election.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The ZooKeeper server's jar (its manifest names its dependencies), and the logging binding it lacks.
+const CLASSPATH: &[&str] = &[
+    "/usr/share/java/zookeeper.jar",
+    "/usr/share/java/slf4j-log4j12.jar",
+    "/usr/share/java/log4j-1.2.jar",
+];
+
+/// N ZooKeeper members of one ensemble, all killed (and their directory removed) on drop.
+pub struct ZkEnsemble {
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+}
+
+struct Member {
+    client_port: u16,
+    quorum_port: u16,
+    election_port: u16,
+    child: Option<Child>,
+    stopped: bool,
+}
+
+impl ZkEnsemble {
+    /// An ensemble of `n` members (1 runs standalone); waits until it serves, panics (with the logs)
+    /// otherwise. A member that finds one of its ports taken meanwhile (another test's process bound it
+    /// between the check and the JVM's bind) makes the whole ensemble start again on new ones, a few times.
+    pub fn start(n: usize) -> ZkEnsemble {
+        assert!(n >= 1, "an ensemble has at least one member");
+        crate::require_program("java", "default-jre-headless");
+        assert!(
+            Path::new(CLASSPATH[0]).is_file(),
+            "{} not found; these tests need it. Install it with: \
+             apt-get update && apt-get install -y zookeeper",
+            CLASSPATH[0]
+        );
+        for attempt in 1..=5 {
+            let ensemble = ZkEnsemble::spawned(n);
+            match ensemble.try_wait_serving(&(0..n).collect::<Vec<_>>()) {
+                Ok(()) => return ensemble,
+                Err(log) if attempt < 5 && log.contains("Address already in use") => continue,
+                Err(log) => panic!("{log}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// `n` members spawned on fresh free ports in a new directory, not yet waited for.
+    fn spawned(n: usize) -> ZkEnsemble {
+        let dir = tempfile::Builder::new()
+            .prefix("redcron-zk-")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        let ports = crate::etcd::free_ports(3 * n);
+        let mut ensemble = ZkEnsemble {
+            members: (0..n)
+                .map(|i| Member {
+                    client_port: ports[3 * i],
+                    quorum_port: ports[3 * i + 1],
+                    election_port: ports[3 * i + 2],
+                    child: None,
+                    stopped: false,
+                })
+                .collect(),
+            dir,
+        };
+        for i in 0..n {
+            ensemble.write_config(i);
+        }
+        for i in 0..n {
+            ensemble.spawn(i);
+        }
+        ensemble
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// `127.0.0.1:<client port>` of every member, in order: what `zookeeper.hosts` of a `jobs.yaml` lists.
+    pub fn addresses(&self) -> Vec<String> {
+        (0..self.len()).map(|i| self.address(i)).collect()
+    }
+
+    /// `127.0.0.1:<client port>` of member `i`.
+    pub fn address(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// Member `i`'s client port.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.members[i].client_port
+    }
+
+    /// Member `i`'s process id, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members[i].child.as_ref().map(Child::id)
+    }
+
+    /// Whether member `i` runs and is not hung.
+    pub fn is_serving(&self, i: usize) -> bool {
+        self.members[i].child.is_some() && !self.members[i].stopped
+    }
+
+    /// The member that says it leads now (`srvr`: `Mode: leader`, or `standalone` for an ensemble of
+    /// one), asking each serving member once: `None` during an election.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.len()).filter(|&i| self.is_serving(i)).find(|&i| {
+            self.mode(i)
+                .is_some_and(|m| m == "leader" || m == "standalone")
+        })
+    }
+
+    /// [`Self::leader`], waiting up to `timeout` for one; panics with the logs if none is elected.
+    pub fn wait_leader(&self, timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.leader() {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no ZooKeeper leader within {timeout:?}:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A member that runs, is not hung and follows: one to kill without an election.
+    pub fn follower(&self) -> Option<usize> {
+        (0..self.len())
+            .filter(|&i| self.is_serving(i))
+            .find(|&i| self.mode(i).as_deref() == Some("follower"))
+    }
+
+    /// Member `i`'s `Mode:` (`leader`, `follower`, `standalone`), or `None` if it does not serve.
+    pub fn mode(&self, i: usize) -> Option<String> {
+        let answer = four_letter_word(self.members[i].client_port, "srvr")?;
+        let mode = answer.lines().find_map(|l| l.strip_prefix("Mode: "))?;
+        Some(mode.trim().to_string())
+    }
+
+    /// Member `i`'s answer to `srvr` (version, latency, connections, zxid, mode, node count), if any.
+    pub fn srvr(&self, i: usize) -> Option<String> {
+        four_letter_word(self.members[i].client_port, "srvr")
+    }
+
+    /// Crashes member `i` (SIGKILL, and reap it); its client port refuses connections until
+    /// [`Self::restart`].
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            children::kill_and_reap(&mut child);
+        }
+        self.members[i].stopped = false;
+    }
+
+    /// Hangs member `i` (SIGSTOP): connections are accepted but get no answer, and its peers hear
+    /// nothing from it.
+    pub fn stop(&mut self, i: usize) {
+        let pid = self
+            .pid(i)
+            .unwrap_or_else(|| panic!("ZooKeeper member {i} is not running"));
+        children::signal(pid, libc::SIGSTOP);
+        self.members[i].stopped = true;
+    }
+
+    /// Resumes a member hung by [`Self::stop`].
+    pub fn cont(&mut self, i: usize) {
+        if let Some(pid) = self.pid(i) {
+            children::signal(pid, libc::SIGCONT);
+        }
+        self.members[i].stopped = false;
+    }
+
+    /// Kills member `i` if it runs and starts it again on its ports and data directory; waits until it
+    /// serves again (it rejoins the quorum with its data and syncs from the leader).
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i);
+        if let Err(log) = self.try_wait_serving(&[i]) {
+            panic!("{log}");
+        }
+    }
+
+    /// Every member's log (its own, and what the JVM wrote).
+    pub fn logs(&self) -> String {
+        (0..self.len())
+            .map(|i| {
+                let log = std::fs::read_to_string(self.member_dir(i).join("zookeeper.log"));
+                format!("--- ZooKeeper member {i}:\n{}", log.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    fn member_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("m{i}"))
+    }
+
+    /// Member `i`'s directory: `zoo.cfg`, `log4j.properties`, `data/myid`.
+    fn write_config(&self, i: usize) {
+        let dir = self.member_dir(i);
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data).expect("cannot create a member directory");
+        std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("cannot write myid");
+        let mut config = format!(
+            "tickTime=250\n\
+             initLimit=40\n\
+             syncLimit=8\n\
+             minSessionTimeout=500\n\
+             maxSessionTimeout=20000\n\
+             dataDir={}\n\
+             clientPortAddress=127.0.0.1\n\
+             clientPort={}\n\
+             admin.enableServer=false\n\
+             4lw.commands.whitelist=srvr,ruok,mntr\n\
+             maxClientCnxns=0\n\
+             preAllocSize=4096\n\
+             snapCount=10000\n\
+             autopurge.purgeInterval=0\n",
+            data.display(),
+            self.members[i].client_port,
+        );
+        if self.len() > 1 {
+            config.push_str("standaloneEnabled=false\n");
+            for (m, member) in self.members.iter().enumerate() {
+                config.push_str(&format!(
+                    "server.{}=127.0.0.1:{}:{}\n",
+                    m + 1,
+                    member.quorum_port,
+                    member.election_port
+                ));
+            }
+        }
+        std::fs::write(dir.join("zoo.cfg"), config).expect("cannot write zoo.cfg");
+        // Warnings and the quorum's own news (elections, who leads, followers lost), not every session.
+        std::fs::write(
+            dir.join("log4j.properties"),
+            "log4j.rootLogger=WARN, FILE\n\
+             log4j.logger.org.apache.zookeeper.server.quorum.QuorumPeer=INFO\n\
+             log4j.logger.org.apache.zookeeper.server.quorum.Leader=INFO\n\
+             log4j.appender.FILE=org.apache.log4j.ConsoleAppender\n\
+             log4j.appender.FILE.layout=org.apache.log4j.PatternLayout\n\
+             log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n\n",
+        )
+        .expect("cannot write log4j.properties");
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let dir = self.member_dir(i);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("zookeeper.log"))
+            .expect("cannot create a log file");
+        let mut command = Command::new("java");
+        command
+            .args(["-Xmx128m", "-Xms32m", "-XX:+UseSerialGC", "-Xss512k"])
+            // The JIT's first tier only: a JVM that starts (and elects) sooner on a loaded machine.
+            .arg("-XX:TieredStopAtLevel=1")
+            .arg(format!(
+                "-Dlog4j.configuration=file:{}",
+                dir.join("log4j.properties").display()
+            ))
+            .arg("-Dzookeeper.jmx.log4j.disable=true")
+            .args(["-cp", &CLASSPATH.join(":")])
+            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+            .arg(dir.join("zoo.cfg"))
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("cannot duplicate a file handle"))
+            .stderr(log);
+        let child = children::spawn(command).unwrap_or_else(|e| panic!("cannot run java: {e}"));
+        self.members[i].child = Some(child);
+        self.members[i].stopped = false;
+    }
+
+    /// Waits until the ensemble has a leader and a client session can be created through each of
+    /// `members`; otherwise what went wrong and the members' logs.
+    fn try_wait_serving(&self, members: &[usize]) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut waiting: Vec<usize> = members.to_vec();
+        while !waiting.is_empty() {
+            for &i in members {
+                if let Some(child) = self.members[i].child.as_ref() {
+                    // `try_wait` needs `&mut`; a member that exited has no process under its pid.
+                    if !Path::new(&format!("/proc/{}", child.id())).exists()
+                        || is_zombie(child.id())
+                    {
+                        return Err(format!("ZooKeeper member {i} exited:\n{}", self.logs()));
+                    }
+                }
+            }
+            if self.leader().is_some() {
+                waiting.retain(|&i| !session_created(self.members[i].client_port));
+            }
+            if waiting.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "ZooKeeper members {waiting:?} not serving within {READY_TIMEOUT:?}:\n{}",
+                    self.logs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ZkEnsemble {
+    /// Kills every member, hung ones included, and reaps them; the directory goes with `dir`.
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            if let Some(mut child) = member.child.take() {
+                children::kill_and_reap(&mut child);
+            }
+        }
+    }
+}
+
+/// Whether `pid` is a zombie (exited, not yet reaped), from `/proc/<pid>/stat`.
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// A four-letter word's answer from the member on `port` (bounded: 64 KiB, 1 s), if it answers.
+fn four_letter_word(port: u16, word: &str) -> Option<String> {
+    let timeout = Duration::from_secs(1);
+    let mut stream =
+        TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream.set_write_timeout(Some(timeout)).ok()?;
+    stream.write_all(word.as_bytes()).ok()?;
+    let mut answer = Vec::new();
+    stream.take(64 * 1024).read_to_end(&mut answer).ok()?;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    (!answer.is_empty() && !answer.contains("not currently serving")).then_some(answer)
+}
+
+/// Whether a client session can be created through the member on `port` (ZooKeeper's `ConnectRequest`,
+/// written by hand: the session's creation is a write the quorum commits); the session is closed again.
+fn session_created(port: u16) -> bool {
+    let timeout = Duration::from_secs(2);
+    let Ok(mut stream) =
+        TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), timeout)
+    else {
+        return false;
+    };
+    if stream.set_read_timeout(Some(timeout)).is_err()
+        || stream.set_write_timeout(Some(timeout)).is_err()
+    {
+        return false;
+    }
+    // ConnectRequest: protocolVersion (int), lastZxidSeen (long), timeOut (int, ms), sessionId (long),
+    // passwd (buffer: length, bytes), readOnly (bool); framed by its length.
+    let mut request = Vec::new();
+    request.extend_from_slice(&0i32.to_be_bytes());
+    request.extend_from_slice(&0i64.to_be_bytes());
+    request.extend_from_slice(&2000i32.to_be_bytes());
+    request.extend_from_slice(&0i64.to_be_bytes());
+    request.extend_from_slice(&16i32.to_be_bytes());
+    request.extend_from_slice(&[0u8; 16]);
+    request.push(0);
+    if send_framed(&mut stream, &request).is_err() {
+        return false;
+    }
+    // ConnectResponse: protocolVersion (int), timeOut (int), sessionId (long), passwd, readOnly.
+    let Some(response) = read_framed(&mut stream) else {
+        return false;
+    };
+    let session_id = response
+        .get(8..16)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(i64::from_be_bytes)
+        .unwrap_or(0);
+    if session_id == 0 {
+        // A server that cannot serve answers with a zero session and closes the connection.
+        return false;
+    }
+    // RequestHeader: xid 1, type closeSession (-11); the reply (its ReplyHeader) confirms it.
+    let mut close = Vec::new();
+    close.extend_from_slice(&1i32.to_be_bytes());
+    close.extend_from_slice(&(-11i32).to_be_bytes());
+    if send_framed(&mut stream, &close).is_ok() {
+        let _ = read_framed(&mut stream);
+    }
+    true
+}
+
+fn send_framed(stream: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
+    let length = i32::try_from(body.len()).unwrap_or(i32::MAX);
+    stream.write_all(&length.to_be_bytes())?;
+    stream.write_all(body)
+}
+
+/// One length-framed packet, at most 4 KiB (a connect response or a reply header is a few dozen bytes).
+fn read_framed(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut length = [0u8; 4];
+    stream.read_exact(&mut length).ok()?;
+    let length = usize::try_from(i32::from_be_bytes(length)).ok()?;
+    if length > 4096 {
+        return None;
+    }
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three members start and serve; a follower killed leaves a quorum that serves, a killed leader is
+    /// replaced, a restarted member serves again, and dropping the ensemble kills every member.
+    #[test]
+    fn an_ensemble_starts_elects_and_dies_with_its_handle() {
+        let started = Instant::now();
+        let mut ensemble = ZkEnsemble::start(3);
+        eprintln!("3 ZooKeeper members serving after {:?}", started.elapsed());
+        let leader = ensemble.wait_leader(Duration::from_secs(10));
+        let follower = ensemble.follower().expect("a follower");
+        assert_ne!(leader, follower);
+
+        ensemble.kill(follower);
+        assert!(session_created(ensemble.client_port(leader)));
+
+        let killed = Instant::now();
+        ensemble.kill(leader);
+        let other = (0..3)
+            .find(|&i| i != leader && i != follower)
+            .expect("3 members");
+        ensemble.restart(follower);
+        let new_leader = ensemble.wait_leader(Duration::from_secs(30));
+        assert_ne!(new_leader, leader);
+        eprintln!(
+            "a new leader (member {new_leader}) {:?} after the old one was killed",
+            killed.elapsed()
+        );
+        assert!(session_created(ensemble.client_port(other)));
+
+        let restarted = Instant::now();
+        ensemble.restart(leader);
+        eprintln!(
+            "the old leader serves again after {:?}",
+            restarted.elapsed()
+        );
+
+        ensemble.stop(other);
+        assert!(four_letter_word(ensemble.client_port(other), "ruok").is_none());
+        ensemble.cont(other);
+
+        let pids: Vec<u32> = (0..3).filter_map(|i| ensemble.pid(i)).collect();
+        let dir = ensemble.dir.path().to_path_buf();
+        drop(ensemble);
+        for pid in pids {
+            assert!(!Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid));
+        }
+        assert!(!dir.exists());
+    }
+}
