@@ -1,9 +1,9 @@
 //! redcron's test harness, shared by the integration tests (`tests/it`) and the benchmark
 //! (`benches/lease`): real `redis-server` nodes ([`RedisCluster`]), real etcd clusters
 //! ([`EtcdCluster`]), real ZooKeeper ensembles ([`ZkEnsemble`]), real PostgreSQL and MariaDB servers
-//! ([`SqlServer`]), a proxy that delays chosen requests ([`DelayProxy`]), real worker processes of the built binary ([`Worker`]), a real headless
-//! Chromium to look at the dashboard with ([`Browser`]), and the spawning that makes every child die with
-//! the process that started it ([`children`]).
+//! ([`SqlServer`]), a proxy that delays chosen requests ([`DelayProxy`]), real worker processes of the
+//! built binary ([`Worker`]), a real headless Chromium to look at the dashboard with ([`Browser`]), and
+//! the spawning that makes every child die with the process that started it ([`children`]).
 //!
 //! Modelled on cargo's `cargo-test-support` and redis-rs's `redis-test`: one copy of the harness, so a
 //! fix to how nodes start or how children are reaped reaches the tests and the benchmark alike. Everything
