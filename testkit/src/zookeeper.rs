@@ -24,6 +24,10 @@ use std::time::{Duration, Instant};
 
 use crate::children;
 
+mod wire;
+
+pub use self::wire::{Node, WireError, ZkSession, NODE_EXISTS, NOT_EMPTY, NO_NODE};
+
 /// How long a starting ensemble (or a restarted member) may take to serve: a JVM's start on a loaded
 /// 2-core machine, three at once, and an election.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -176,6 +180,22 @@ impl ZkEnsemble {
     /// Member `i`'s answer to `srvr` (version, latency, connections, zxid, mode, node count), if any.
     pub fn srvr(&self, i: usize) -> Option<String> {
         four_letter_word(self.members[i].client_port, "srvr")
+    }
+
+    /// A session of the harness's own client ([`ZkSession`], 10 s) on the first serving member that
+    /// grants one; panics (with the logs) if none does.
+    pub fn session(&self) -> ZkSession {
+        (0..self.len())
+            .filter(|&i| self.is_serving(i))
+            .find_map(|i| ZkSession::connect(self.client_port(i), Duration::from_secs(10)).ok())
+            .unwrap_or_else(|| panic!("no ZooKeeper member grants a session:\n{}", self.logs()))
+    }
+
+    /// Deletes every node but ZooKeeper's own (`/zookeeper`); panics if that fails.
+    pub fn delete_all(&self) {
+        self.session()
+            .delete_tree("/")
+            .unwrap_or_else(|e| panic!("cannot empty the ZooKeeper ensemble: {e}"));
     }
 
     /// Crashes member `i` (SIGKILL, and reap it); its client port refuses connections until
@@ -377,73 +397,10 @@ fn four_letter_word(port: u16, word: &str) -> Option<String> {
     (!answer.is_empty() && !answer.contains("not currently serving")).then_some(answer)
 }
 
-/// Whether a client session can be created through the member on `port` (ZooKeeper's `ConnectRequest`,
-/// written by hand: the session's creation is a write the quorum commits); the session is closed again.
+/// Whether a client session can be created through the member on `port` (a session's creation is a
+/// write the quorum commits); the session is closed again.
 fn session_created(port: u16) -> bool {
-    let timeout = Duration::from_secs(2);
-    let Ok(mut stream) =
-        TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), timeout)
-    else {
-        return false;
-    };
-    if stream.set_read_timeout(Some(timeout)).is_err()
-        || stream.set_write_timeout(Some(timeout)).is_err()
-    {
-        return false;
-    }
-    // ConnectRequest: protocolVersion (int), lastZxidSeen (long), timeOut (int, ms), sessionId (long),
-    // passwd (buffer: length, bytes), readOnly (bool); framed by its length.
-    let mut request = Vec::new();
-    request.extend_from_slice(&0i32.to_be_bytes());
-    request.extend_from_slice(&0i64.to_be_bytes());
-    request.extend_from_slice(&2000i32.to_be_bytes());
-    request.extend_from_slice(&0i64.to_be_bytes());
-    request.extend_from_slice(&16i32.to_be_bytes());
-    request.extend_from_slice(&[0u8; 16]);
-    request.push(0);
-    if send_framed(&mut stream, &request).is_err() {
-        return false;
-    }
-    // ConnectResponse: protocolVersion (int), timeOut (int), sessionId (long), passwd, readOnly.
-    let Some(response) = read_framed(&mut stream) else {
-        return false;
-    };
-    let session_id = response
-        .get(8..16)
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map(i64::from_be_bytes)
-        .unwrap_or(0);
-    if session_id == 0 {
-        // A server that cannot serve answers with a zero session and closes the connection.
-        return false;
-    }
-    // RequestHeader: xid 1, type closeSession (-11); the reply (its ReplyHeader) confirms it.
-    let mut close = Vec::new();
-    close.extend_from_slice(&1i32.to_be_bytes());
-    close.extend_from_slice(&(-11i32).to_be_bytes());
-    if send_framed(&mut stream, &close).is_ok() {
-        let _ = read_framed(&mut stream);
-    }
-    true
-}
-
-fn send_framed(stream: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
-    let length = i32::try_from(body.len()).unwrap_or(i32::MAX);
-    stream.write_all(&length.to_be_bytes())?;
-    stream.write_all(body)
-}
-
-/// One length-framed packet, at most 4 KiB (a connect response or a reply header is a few dozen bytes).
-fn read_framed(stream: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut length = [0u8; 4];
-    stream.read_exact(&mut length).ok()?;
-    let length = usize::try_from(i32::from_be_bytes(length)).ok()?;
-    if length > 4096 {
-        return None;
-    }
-    let mut body = vec![0u8; length];
-    stream.read_exact(&mut body).ok()?;
-    Some(body)
+    ZkSession::connect(port, Duration::from_secs(2)).is_ok()
 }
 
 #[cfg(test)]
@@ -483,6 +440,23 @@ mod tests {
         eprintln!(
             "the old leader serves again after {:?}",
             restarted.elapsed()
+        );
+
+        let mut session = ensemble.session();
+        session.create_all("/redcron/a/b", b"x").expect("created");
+        let node = session.get("/redcron/a/b").expect("read back");
+        assert_eq!(node.data, b"x");
+        assert!(node.czxid > 0 && node.ephemeral_owner == 0);
+        assert_eq!(session.children("/redcron").expect("listed"), ["a"]);
+        assert!(matches!(
+            session.get("/nothing"),
+            Err(WireError::Code(NO_NODE))
+        ));
+        drop(session);
+        ensemble.delete_all();
+        assert_eq!(
+            ensemble.session().children("/").expect("listed"),
+            ["zookeeper"]
         );
 
         ensemble.stop(other);
