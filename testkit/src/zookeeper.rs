@@ -245,6 +245,11 @@ impl ZkEnsemble {
             .collect()
     }
 
+    /// Member `i`'s data directory (`dataDir`): its snapshots and transaction logs are in `version-2/`.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.member_dir(i).join("data")
+    }
+
     fn member_dir(&self, i: usize) -> PathBuf {
         self.dir.path().join(format!("m{i}"))
     }

@@ -1,6 +1,6 @@
 //! [`ZkSession`]: a minimal ZooKeeper client written against the wire protocol (jute), for the harness
-//! and the tests to look at and tamper with an ensemble without the store's client: create, read, list,
-//! delete, and delete a whole tree.
+//! and the tests to look at and tamper with an ensemble without the store's client: create, read, write,
+//! list, delete, and delete a whole tree.
 //!
 //! It is blocking, speaks one request at a time on one connection to one member, and never reconnects:
 //! a session lost or a member gone is an error, and the caller asks again on another member if it cares.
@@ -66,6 +66,7 @@ impl From<io::Error> for WireError {
 const CREATE: i32 = 1;
 const DELETE: i32 = 2;
 const GET_DATA: i32 = 4;
+const SET_DATA: i32 = 5;
 const GET_CHILDREN: i32 = 8;
 const CLOSE_SESSION: i32 = -11;
 
@@ -169,6 +170,15 @@ impl ZkSession {
         let mut reader = Reader(&reply);
         let count = reader.i32()?;
         (0..count.max(0)).map(|_| Ok(reader.string()?)).collect()
+    }
+
+    /// Replaces `path`'s data (any version).
+    pub fn set_data(&mut self, path: &str, data: &[u8]) -> Result<(), WireError> {
+        let mut body = Vec::new();
+        put_str(&mut body, path);
+        put_bytes(&mut body, data);
+        put_i32(&mut body, -1);
+        self.call(SET_DATA, &body).map(|_| ())
     }
 
     /// Deletes `path` (any version).
