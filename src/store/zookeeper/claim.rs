@@ -121,7 +121,8 @@ pub(super) fn pause_in(data: &[u8], now_ms: i64) -> Option<Pause> {
 
 /// The outcome the snapshot gives `request` in session `session`, or what to write (see the module).
 ///
-/// The rules of the other stores: refused while paused; refused if another claimant confirmed this tick or
+/// The rules of the other stores: refused while paused; refused once a one-off instance's window has
+/// ended; refused if another claimant confirmed this tick or
 /// a later one in the series (a record that does not parse counts as claimed); a trigger whose request is
 /// gone is refused as claimed; busy if another claim instance holds the lease node; contended if another
 /// claimant of this instance holds it, or this claimant's lease of an earlier session still stands.
@@ -138,6 +139,10 @@ pub(super) fn decide(
         .and_then(|fence| pause_in(&fence.data, now_ms))
     {
         return Next::Outcome(ClaimOutcome::Paused(pause));
+    }
+    if request.not_after.is_some_and(|t| now_ms > t.as_millis()) {
+        // A trigger's or retry's window has ended (on this host's clock, as on the embedded store).
+        return Next::Outcome(ClaimOutcome::AlreadyClaimed { by: None });
     }
     let tick = request.tick.as_millis();
     let mut ours = None;
@@ -404,8 +409,9 @@ impl ZookeeperStore {
             let why = format!("the claim took longer than the lease's validity (zxid {zxid})");
             return ClaimOutcome::NoQuorum(self.failure(why));
         };
-        self.remember(&value, session.id);
-        ClaimOutcome::Won(Lease::new(request, token, value, deadline))
+        let lease = Lease::new(request, token, value, deadline);
+        self.remember(&lease, session.id, session.client.clone());
+        ClaimOutcome::Won(lease)
     }
 
     /// Claims every request at once on the session, after one `sync`; each outcome to `decided` as soon

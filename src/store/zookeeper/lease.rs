@@ -9,8 +9,16 @@
 //! answer is unconfirmed — the deadline stands, and a session cut off from the ensemble is assumed
 //! expired at it. A release deletes the lease node if it is still this lease's, at the version read.
 //! The claim record and the fence stay.
+//!
+//! **A lease also ends at its deadline while its session lives.** The session outlives a lease whose
+//! renewals stopped (the process is alive, its client pings): so each granted lease has a *reaper*, a
+//! task that deletes its node (if still this lease's) once its deadline has passed without a renewal,
+//! as Redis drops a key at its TTL. The worker has stopped the job by then; the next claim finds the job
+//! free, and the late holder's renewal fails for good.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use zookeeper_client::{EventType, SessionState};
@@ -21,8 +29,15 @@ use crate::clock::boot::BootInstant;
 use crate::lock::{Lease, RenewError};
 use crate::store::Leases;
 
+/// A granted lease as this store keeps it: the session it was won in and its deadline.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    pub session: i64,
+    pub deadline: BootInstant,
+}
+
 /// What a read of a lease node found.
-enum Held {
+enum Found {
     /// This lease's value, in this session.
     Yes,
     /// Gone, another value, or another session's.
@@ -30,26 +45,56 @@ enum Held {
 }
 
 impl ZookeeperStore {
-    /// Remembers the session a lease was won in, by its value.
-    pub(super) fn remember(&self, value: &str, session: i64) {
-        self.lock_leases().insert(value.to_string(), session);
+    /// Remembers a granted lease (its session and deadline), and starts its reaper (see the module),
+    /// which deletes its node through `client` once the deadline passed without a renewal.
+    pub(super) fn remember(&self, lease: &Lease, session: i64, client: zookeeper_client::Client) {
+        let held = Held {
+            session,
+            deadline: lease.deadline(),
+        };
+        lock(&self.leases).insert(lease.value.clone(), held);
+        let leases = Arc::clone(&self.leases);
+        let (value, path) = (lease.value.clone(), Self::path_of(lease));
+        tokio::spawn(async move {
+            loop {
+                let Some(held) = lock(&leases).get(&value).copied() else {
+                    return; // released
+                };
+                let left = held.deadline.saturating_duration_since(BootInstant::now());
+                if !left.is_zero() {
+                    tokio::time::sleep(left).await;
+                    continue;
+                }
+                for _ in 0..20 {
+                    match delete_if_ours(&client, &path, &value, session).await {
+                        Ok(()) => return,
+                        Err(
+                            zookeeper_client::Error::SessionExpired
+                            | zookeeper_client::Error::ClientClosed,
+                        ) => return,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
+                return;
+            }
+        });
     }
 
     /// The session a lease was won in.
     fn session_of(&self, value: &str) -> Option<i64> {
-        self.lock_leases().get(value).copied()
+        lock(&self.leases).get(value).map(|held| held.session)
     }
 
-    /// Forgets a released lease; returns the session it was won in.
+    /// Moves a lease's deadline (for its reaper).
+    fn extended(&self, value: &str, deadline: BootInstant) {
+        if let Some(held) = lock(&self.leases).get_mut(value) {
+            held.deadline = deadline;
+        }
+    }
+
+    /// Forgets a released lease (its reaper ends); returns the session it was won in.
     fn forget(&self, value: &str) -> Option<i64> {
-        self.lock_leases().remove(value)
-    }
-
-    fn lock_leases(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, i64>> {
-        // A panic while holding the map leaves it whole (every use is one call on it).
-        self.leases
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.leases).remove(value).map(|held| held.session)
     }
 
     fn path_of(lease: &Lease) -> String {
@@ -57,10 +102,10 @@ impl ZookeeperStore {
     }
 
     /// A sync, then a read of the lease node, within `limit`, in session `id`'s client.
-    async fn prove(&self, lease: &Lease, id: i64, limit: Duration) -> Result<Held, String> {
+    async fn prove(&self, lease: &Lease, id: i64, limit: Duration) -> Result<Found, String> {
         let session = self.sessions.current(limit).await?;
         if session.id != id {
-            return Ok(Held::No);
+            return Ok(Found::No);
         }
         let path = Self::path_of(lease);
         let proof = async {
@@ -69,14 +114,14 @@ impl ZookeeperStore {
         };
         match tokio::time::timeout(limit, proof).await {
             Err(_) => Err("no answer within node_timeout".to_string()),
-            Ok(Err(zookeeper_client::Error::NoNode)) => Ok(Held::No),
-            Ok(Err(zookeeper_client::Error::SessionExpired)) => Ok(Held::No),
+            Ok(Err(zookeeper_client::Error::NoNode)) => Ok(Found::No),
+            Ok(Err(zookeeper_client::Error::SessionExpired)) => Ok(Found::No),
             Ok(Err(e)) => Err(e.to_string()),
             Ok(Ok((data, stat))) => Ok(
                 if data == lease.value.as_bytes() && stat.ephemeral_owner == id {
-                    Held::Yes
+                    Found::Yes
                 } else {
-                    Held::No
+                    Found::No
                 },
             ),
         }
@@ -106,7 +151,7 @@ impl Leases for ZookeeperStore {
             .map(|s| s.timeout);
         let expired = BootInstant::now() >= lease.deadline();
         match (answer, expired, timeout) {
-            (Ok(Held::No), _, _) => {
+            (Ok(Found::No), _, _) => {
                 lease.mark_lost();
                 let why =
                     "lease not held: its node is gone or another session's (the session expired?)";
@@ -116,14 +161,15 @@ impl Leases for ZookeeperStore {
                 lease.mark_lost();
                 Err(RenewError::Expired)
             }
-            (Ok(Held::Yes), false, Some(timeout)) => {
+            (Ok(Found::Yes), false, Some(timeout)) => {
                 let deadline = self.lease_deadline(start, timeout);
                 if deadline > lease.deadline() {
                     lease.extend_to(deadline);
+                    self.extended(&lease.value, deadline);
                 }
                 Ok(())
             }
-            (Ok(Held::Yes), false, None) => {
+            (Ok(Found::Yes), false, None) => {
                 lease.mark_lost();
                 Err(RenewError::NotHeld(
                     self.failure("the lease's session ended"),
@@ -207,14 +253,35 @@ impl Leases for ZookeeperStore {
         let path = Self::path_of(lease);
         let value = lease.value.clone();
         let client = session.client.clone();
-        let delete = async move {
-            let (data, stat) = client.get_data(&path).await?;
-            if data == value.as_bytes() && stat.ephemeral_owner == id {
-                client.delete(&path, Some(stat.version)).await?;
-            }
-            Ok::<_, zookeeper_client::Error>(())
-        };
-        let task = tokio::spawn(delete);
+        let task = tokio::spawn(async move { delete_if_ours(&client, &path, &value, id).await });
         let _ = tokio::time::timeout(limit, task).await;
     }
+}
+
+/// Deletes the lease node at `path` if it holds `value` in session `id`, at the version read.
+async fn delete_if_ours(
+    client: &zookeeper_client::Client,
+    path: &str,
+    value: &str,
+    id: i64,
+) -> Result<(), zookeeper_client::Error> {
+    let (data, stat) = match client.get_data(path).await {
+        Err(zookeeper_client::Error::NoNode) => return Ok(()),
+        other => other?,
+    };
+    if data == value.as_bytes() && stat.ephemeral_owner == id {
+        match client.delete(path, Some(stat.version)).await {
+            Ok(()) | Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion) => {
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The map of granted leases; a panic while holding it leaves it whole (every use is one call on it).
+fn lock(leases: &Mutex<HashMap<String, Held>>) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+    leases
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -33,7 +33,7 @@ mod session;
 mod triggers;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use self::session::Sessions;
@@ -61,8 +61,9 @@ pub struct ZookeeperStore {
     hosts: Vec<String>,
     /// The session, connected in the background on first use and after it expired.
     sessions: Sessions,
-    /// The session each granted lease was won in, by lease value (unique per attempt).
-    leases: Mutex<HashMap<String, i64>>,
+    /// Each granted lease not yet released, by lease value (unique per attempt): its session and
+    /// deadline, which its reaper (`lease.rs`) reads.
+    leases: Arc<Mutex<HashMap<String, lease::Held>>>,
 }
 
 impl ZookeeperStore {
@@ -80,7 +81,7 @@ impl ZookeeperStore {
             history,
             hosts: config.hosts.clone(),
             sessions,
-            leases: Mutex::new(HashMap::new()),
+            leases: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -101,14 +102,16 @@ impl ZookeeperStore {
     /// The ensemble expires a session `timeout` after its leader last heard of it; a request at a member
     /// at or after `sent` reaches the leader's session tracker with the member's next ping, at most
     /// `tickTime/2` later, and the negotiated timeout is at least `2 × tickTime`, so a quarter of it
-    /// covers that. `drift` covers the clock rates of this host and the leader.
+    /// covers that. `drift` covers the clock rates of this host and the leader. At most `ttl − drift`.
     pub(super) fn lease_deadline(
         &self,
         sent: crate::clock::boot::BootInstant,
         timeout: Duration,
     ) -> crate::clock::boot::BootInstant {
         let drift = validity::drift(timeout, self.settings.drift_factor);
-        sent + timeout.saturating_sub(timeout / 4).saturating_sub(drift)
+        // Never longer than the lock's TTL either, which the rest of redcron takes as a lease's length.
+        let valid = timeout.saturating_sub(timeout / 4).min(self.settings.ttl);
+        sent + valid.saturating_sub(drift)
     }
 }
 
