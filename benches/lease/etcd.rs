@@ -76,7 +76,7 @@ pub struct Versus {
 fn settings_for(store: Backend) -> LockSettings {
     match store {
         Backend::Redis | Backend::Embedded => settings(),
-        Backend::Etcd | Backend::Postgres | Backend::Mariadb => LockSettings {
+        Backend::Etcd | Backend::Postgres | Backend::Mariadb | Backend::Zookeeper => LockSettings {
             node_timeout: Duration::from_millis(500),
             ..settings()
         },

@@ -78,7 +78,8 @@ impl Counters for Cluster {
                     cpu: metric("process_cpu_seconds_total"),
                 }
             }
-            Cluster::Embedded(_) => Usage::default(),
+            // Not measured yet on ZooKeeper (no benchmark item runs on it).
+            Cluster::Embedded(_) | Cluster::Zookeeper(_) => Usage::default(),
             Cluster::Sql(server) => sql_usage(server),
         }
     }
@@ -91,7 +92,7 @@ impl Counters for Cluster {
         let commands = match self {
             Cluster::Redis(_) => usages.map(|u| u.commands).sum(),
             Cluster::Etcd(_) => usages.map(|u| u.commands).max().unwrap_or(0),
-            Cluster::Embedded(_) => 0,
+            Cluster::Embedded(_) | Cluster::Zookeeper(_) => 0,
             Cluster::Sql(_) => usages.map(|u| u.commands).sum(),
         };
         Usage { commands, cpu }

@@ -46,6 +46,7 @@ impl<'a> Target<'a> {
                 panic!("the embedded store's garbage is planted in its file (store_garbage.rs)")
             }
             Cluster::Sql(server) => Target::Sql(server),
+            Cluster::Zookeeper(_) => panic!("no garbage is planted on ZooKeeper yet"),
         }
     }
 }
