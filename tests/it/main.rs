@@ -45,3 +45,4 @@ mod trigger;
 mod trigger_clock;
 mod worker;
 mod yaml_limits;
+mod zookeeper;
