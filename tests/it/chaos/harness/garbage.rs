@@ -55,6 +55,17 @@ impl Cluster {
                 return;
             }
             Nodes::Sql(server) => (Target::Sql(server), vec![0]),
+            // No plant helper writes the ZooKeeper store's nodes yet (the plan draws none there).
+            Nodes::Zookeeper(_) => {
+                self.timeline.push(
+                    now_ms(),
+                    Happening::Skipped {
+                        fault: Fault::Garbage(plant),
+                        why: "no garbage plants on ZooKeeper".to_string(),
+                    },
+                );
+                return;
+            }
         };
         // On etcd and SQL a plant is one store's writes: what failed is not there.
         let etcd = matches!(target, Target::Etcd(_) | Target::Sql(_));
