@@ -7,7 +7,8 @@
 //! entries are listed, and once there are more than `most_ticks` ticks the oldest past `keep_ticks` are
 //! deleted. Members: `/members/<id>` holds `<seen ms> <JSON>` (stamped with the announcing worker's
 //! clock: ZooKeeper has no clock to read), and `/members-alive/<id>` is an ephemeral node of the
-//! announcing session holding the instant its heartbeat ends: a worker is alive while both stand.
+//! announcing session (holding the instant its heartbeat ends, for people): a worker is alive while it
+//! stands — until it stops (it deletes it) or its session ends, with no clock read.
 //! Records older than [`KEEP_DEAD`] are dropped by the next announcement.
 
 use chrono::{DateTime, Utc};
@@ -294,28 +295,13 @@ impl Records for ZookeeperStore {
             .map_err(|why| self.failure(why))?;
         let fail = |why: String| self.failure(why);
         let records = self.read_members(&session).await.map_err(fail)?;
+        // Alive is the ephemeral node standing, not a time compared with this host's clock: a reader whose
+        // clock is far off (`redcron trigger` on a host at the year 2300) still sees who is alive.
         let alive_ids = self
             .children(&session, "/members-alive")
             .await
             .map_err(fail)?;
-        let alive_until = self
-            .read_many(
-                &session,
-                alive_ids.iter().map(|id| format!("/members-alive/{id}")),
-            )
-            .await
-            .map_err(fail)?;
-        let now_ms = Utc::now().timestamp_millis();
-        let alive: Vec<&String> = alive_ids
-            .iter()
-            .zip(alive_until)
-            .filter(|(_, data)| {
-                data.as_ref()
-                    .and_then(|(data, _)| text(data).ok()?.parse::<i64>().ok())
-                    .is_some_and(|until| until > now_ms)
-            })
-            .map(|(id, _)| id)
-            .collect();
+        let alive: Vec<&String> = alive_ids.iter().collect();
         let (mut members, mut skipped) = (Vec::new(), Vec::new());
         for (name, seen_ms, json) in records {
             match Member::read(&name, &json) {
