@@ -340,11 +340,13 @@ impl ZookeeperStore {
         let paths = Paths::of(request);
         let rounds = self.settings.retries.max(3) + 1;
         for _ in 0..rounds {
+            // The read proves the session alive after it was sent: a settled grant's deadline counts
+            // from here, not from when the answer came.
+            let read_sent = BootInstant::now();
             let seen = match self.read_claim(session, &paths).await {
                 Ok(seen) => seen,
                 Err(why) => return ClaimOutcome::NoQuorum(self.failure(why)),
             };
-            let sent = BootInstant::now();
             let now_ms = chrono::Utc::now().timestamp_millis();
             let stale_lease = match decide(
                 request,
@@ -355,7 +357,7 @@ impl ZookeeperStore {
             ) {
                 Next::Outcome(outcome) => return outcome,
                 Next::Settled { value, token } => {
-                    return self.won(session, request, &paths, value, token, sent)
+                    return self.won(session, request, &paths, value, token, read_sent)
                 }
                 Next::Write { stale_lease } => stale_lease,
             };
