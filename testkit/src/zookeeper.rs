@@ -16,8 +16,6 @@
 //! 4 s ones included), a follower that stops answering is dropped by the leader after `syncLimit` (2 s), and
 //! an election after a leader's crash takes about a second on an idle machine.
 
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,6 +23,8 @@ use std::time::{Duration, Instant};
 use crate::children;
 
 mod wire;
+
+use self::wire::four_letter_word;
 
 pub use self::wire::{Node, WireError, ZkSession, NODE_EXISTS, NOT_EMPTY, NO_NODE};
 
@@ -388,20 +388,6 @@ fn is_zombie(pid: u32) -> bool {
         .unwrap_or(true)
 }
 
-/// A four-letter word's answer from the member on `port` (bounded: 64 KiB, 1 s), if it answers.
-fn four_letter_word(port: u16, word: &str) -> Option<String> {
-    let timeout = Duration::from_secs(1);
-    let mut stream =
-        TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), timeout).ok()?;
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    stream.set_write_timeout(Some(timeout)).ok()?;
-    stream.write_all(word.as_bytes()).ok()?;
-    let mut answer = Vec::new();
-    stream.take(64 * 1024).read_to_end(&mut answer).ok()?;
-    let answer = String::from_utf8_lossy(&answer).into_owned();
-    (!answer.is_empty() && !answer.contains("not currently serving")).then_some(answer)
-}
-
 /// Whether a client session can be created through the member on `port` (a session's creation is a
 /// write the quorum commits); the session is closed again.
 fn session_created(port: u16) -> bool {
@@ -409,71 +395,4 @@ fn session_created(port: u16) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Three members start and serve; a follower killed leaves a quorum that serves, a killed leader is
-    /// replaced, a restarted member serves again, and dropping the ensemble kills every member.
-    #[test]
-    fn an_ensemble_starts_elects_and_dies_with_its_handle() {
-        let started = Instant::now();
-        let mut ensemble = ZkEnsemble::start(3);
-        eprintln!("3 ZooKeeper members serving after {:?}", started.elapsed());
-        let leader = ensemble.wait_leader(Duration::from_secs(10));
-        let follower = ensemble.follower().expect("a follower");
-        assert_ne!(leader, follower);
-
-        ensemble.kill(follower);
-        assert!(session_created(ensemble.client_port(leader)));
-
-        let killed = Instant::now();
-        ensemble.kill(leader);
-        let other = (0..3)
-            .find(|&i| i != leader && i != follower)
-            .expect("3 members");
-        ensemble.restart(follower);
-        let new_leader = ensemble.wait_leader(Duration::from_secs(30));
-        assert_ne!(new_leader, leader);
-        eprintln!(
-            "a new leader (member {new_leader}) {:?} after the old one was killed",
-            killed.elapsed()
-        );
-        assert!(session_created(ensemble.client_port(other)));
-
-        let restarted = Instant::now();
-        ensemble.restart(leader);
-        eprintln!(
-            "the old leader serves again after {:?}",
-            restarted.elapsed()
-        );
-
-        let mut session = ensemble.session();
-        session.create_all("/redcron/a/b", b"x").expect("created");
-        let node = session.get("/redcron/a/b").expect("read back");
-        assert_eq!(node.data, b"x");
-        assert!(node.czxid > 0 && node.ephemeral_owner == 0);
-        assert_eq!(session.children("/redcron").expect("listed"), ["a"]);
-        assert!(matches!(
-            session.get("/nothing"),
-            Err(WireError::Code(NO_NODE))
-        ));
-        drop(session);
-        ensemble.delete_all();
-        assert_eq!(
-            ensemble.session().children("/").expect("listed"),
-            ["zookeeper"]
-        );
-
-        ensemble.stop(other);
-        assert!(four_letter_word(ensemble.client_port(other), "ruok").is_none());
-        ensemble.cont(other);
-
-        let pids: Vec<u32> = (0..3).filter_map(|i| ensemble.pid(i)).collect();
-        let dir = ensemble.dir.path().to_path_buf();
-        drop(ensemble);
-        for pid in pids {
-            assert!(!Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid));
-        }
-        assert!(!dir.exists());
-    }
-}
+mod tests;

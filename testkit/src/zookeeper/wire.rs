@@ -267,6 +267,20 @@ impl Drop for ZkSession {
     }
 }
 
+/// A four-letter word's answer from the member on `port` (bounded: 64 KiB, 1 s), if it answers.
+pub(super) fn four_letter_word(port: u16, word: &str) -> Option<String> {
+    let timeout = Duration::from_secs(1);
+    let mut stream =
+        TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream.set_write_timeout(Some(timeout)).ok()?;
+    stream.write_all(word.as_bytes()).ok()?;
+    let mut answer = Vec::new();
+    stream.take(64 * 1024).read_to_end(&mut answer).ok()?;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    (!answer.is_empty() && !answer.contains("not currently serving")).then_some(answer)
+}
+
 fn put_i32(out: &mut Vec<u8>, v: i32) {
     out.extend_from_slice(&v.to_be_bytes());
 }
