@@ -40,7 +40,7 @@
 //!
 //! `zookeeper_exactly_once_under_faults` runs it on a 3-member ZooKeeper ensemble: member kills and hangs
 //! (of a given member or of the leader) as on etcd, the same worker faults, rollouts and clock steps, the
-//! same checker, no garbage plants yet; each member's transaction log ([`zk_claims`]) stands in for the
+//! same checker, garbage planted through a client of the harness's own; each member's transaction log ([`zk_claims`]) stands in for the
 //! nodes' AOF: a claim record logged by a majority of members was granted.
 //!
 //! Environment:

@@ -136,9 +136,8 @@ impl Plan {
     /// no proxy, no stall of every member and no ghost (its keys are Redis scripts'), and a Redis plan is
     /// drawn exactly as before etcd existed, so its seeds replay. Garbage plants ([`Garbage`]) are drawn
     /// last, from a generator of their own, so a seed's other faults are what they were before them.
-    /// On ZooKeeper no garbage is planted yet (no plant helper writes its nodes).
     pub fn generate(seed: u64, secs: u64, timing: Timing, store: StoreKind) -> Plan {
-        Plan::draw(seed, secs, timing, store, store != StoreKind::Zookeeper)
+        Plan::draw(seed, secs, timing, store, true)
     }
 
     /// [`Plan::generate`], with or without the garbage plants.
@@ -829,8 +828,8 @@ mod tests {
     }
 
     /// A ZooKeeper plan as long as the CI run's (40 s): as on etcd, one member fault at a time, of a given
-    /// member or of the leader, and no fault that is Redis's own; the stale-write case in every plan; no
-    /// garbage (nothing plants it on ZooKeeper yet); over 20 seeds, every kind of member and worker fault.
+    /// member or of the leader, and no fault that is Redis's own; the stale-write case in every plan; over
+    /// 20 seeds, every kind of member and worker fault.
     #[test]
     fn zookeeper_plans_fault_one_member_at_a_time() {
         let store = StoreKind::Zookeeper;
@@ -857,10 +856,7 @@ mod tests {
                 assert!(
                     !matches!(
                         e.fault,
-                        Fault::Proxy { .. }
-                            | Fault::StallAll { .. }
-                            | Fault::Ghost(_)
-                            | Fault::Garbage(_)
+                        Fault::Proxy { .. } | Fault::StallAll { .. } | Fault::Ghost(_)
                     ),
                     "seed {seed}: {}",
                     e.fault
@@ -889,6 +885,7 @@ mod tests {
                 (StoreKind::Redis, 75, 3..=5),
                 (StoreKind::Etcd, 45, 1..=3),
                 (StoreKind::Postgres, 45, 1..=3),
+                (StoreKind::Zookeeper, 40, 1..=3),
             ] {
                 let plan = Plan::generate(seed, secs, TIMING, store);
                 let plants: Vec<Garbage> = plan
