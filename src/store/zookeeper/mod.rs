@@ -64,6 +64,9 @@ pub struct ZookeeperStore {
     /// Each granted lease not yet released, by lease value (unique per attempt): its session and
     /// deadline, which its reaper (`lease.rs`) reads.
     leases: Arc<Mutex<HashMap<String, lease::Held>>>,
+    /// When each member this process announced stops being alive unless announced again, by worker id
+    /// (boot clock), which its reaper (`records.rs`) reads.
+    heartbeats: Arc<Mutex<HashMap<String, crate::clock::boot::BootInstant>>>,
 }
 
 impl ZookeeperStore {
@@ -82,6 +85,7 @@ impl ZookeeperStore {
             hosts: config.hosts.clone(),
             sessions,
             leases: Arc::new(Mutex::new(HashMap::new())),
+            heartbeats: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 

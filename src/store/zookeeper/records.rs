@@ -8,8 +8,13 @@
 //! deleted. Members: `/members/<id>` holds `<seen ms> <JSON>` (stamped with the announcing worker's
 //! clock: ZooKeeper has no clock to read), and `/members-alive/<id>` is an ephemeral node of the
 //! announcing session (holding the instant its heartbeat ends, for people): a worker is alive while it
-//! stands — until it stops (it deletes it) or its session ends, with no clock read.
+//! stands, with no clock read by the readers. It goes when the worker stops (it deletes it), when its
+//! session ends, or when its heartbeat ([`Member::ttl`]) ends without a new announcement: the announcing
+//! store's reaper deletes it then, on this host's boot clock (the session outlives a worker that stopped
+//! announcing but lives).
 //! Records older than [`KEEP_DEAD`] are dropped by the next announcement.
+
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
@@ -17,6 +22,7 @@ use zookeeper_client::{CreateMode, MultiReadResult, Stat};
 
 use super::session::Session;
 use super::{node_name, sortable, text, ZookeeperStore, EXCHANGE_TIMEOUT, MAX_CHILDREN};
+use crate::clock::boot::BootInstant;
 use crate::history::{Entry, Query};
 use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
@@ -98,6 +104,79 @@ impl ZookeeperStore {
             }
         }
         Err(format!("{path} kept changing under the write"))
+    }
+
+    /// Makes the ephemeral `path` this session's, holding `data`: created, rewritten if this session's,
+    /// or taken over from another session (an earlier one of this process, not yet expired).
+    async fn keep_alive(&self, session: &Session, path: &str, data: &[u8]) -> Result<(), String> {
+        let options = CreateMode::Ephemeral.with_acls(session.acls);
+        let client = &session.client;
+        for _ in 0..3 {
+            match client.create(path, data, &options).await {
+                Ok(_) => return Ok(()),
+                Err(zookeeper_client::Error::NodeExists) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            let stat = match client.check_stat(path).await {
+                Ok(Some(stat)) => stat,
+                Ok(None) => continue,
+                Err(e) => return Err(e.to_string()),
+            };
+            let written = if stat.ephemeral_owner == session.id {
+                client
+                    .set_data(path, data, Some(stat.version))
+                    .await
+                    .map(|_| ())
+            } else {
+                client.delete(path, Some(stat.version)).await.map(|()| ())
+            };
+            match written {
+                Ok(()) if stat.ephemeral_owner == session.id => return Ok(()),
+                Ok(())
+                | Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Err(format!("{path} kept changing under the write"))
+    }
+
+    /// Sets (or with `None` forgets) when member `id`'s heartbeat ends; whether it had none (its reaper
+    /// is to be started).
+    fn heartbeat_ends(&self, id: &str, ends: Option<BootInstant>) -> bool {
+        let mut beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        match ends {
+            Some(ends) => beats.insert(id.to_string(), ends).is_none(),
+            None => {
+                beats.remove(id);
+                false
+            }
+        }
+    }
+
+    /// Deletes member `id`'s alive node at `path` once its heartbeat ended without a new announcement
+    /// (the session outlives a worker that stopped announcing but lives): a member is alive while the
+    /// node stands, with no clock read by the readers.
+    fn reap_member(&self, id: &str, path: String, client: zookeeper_client::Client) {
+        let beats = Arc::clone(&self.heartbeats);
+        let id = id.to_string();
+        tokio::spawn(async move {
+            loop {
+                let ends = beats
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&id)
+                    .copied();
+                let Some(ends) = ends else { return };
+                let left = ends.saturating_duration_since(BootInstant::now());
+                if !left.is_zero() {
+                    tokio::time::sleep(left).await;
+                    continue;
+                }
+                beats.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                let _ = client.delete(&path, None).await;
+                return;
+            }
+        });
     }
 
     /// `/history/<job>`.
@@ -269,12 +348,21 @@ impl Records for ZookeeperStore {
             )
             .await?;
             let alive = format!("/members-alive/{id}");
-            let ttl_ms = i64::try_from(member.ttl().as_millis()).unwrap_or(i64::MAX);
-            let _ = session.client.delete(&alive, None).await;
-            if ttl_ms > 0 {
+            let ttl = member.ttl();
+            if ttl.is_zero() {
+                self.heartbeat_ends(&member.id, None);
+                match session.client.delete(&alive, None).await {
+                    Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+            } else {
+                let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
                 let until = seen_ms.saturating_add(ttl_ms).to_string();
-                self.put(&session, &alive, until.as_bytes(), CreateMode::Ephemeral)
-                    .await?;
+                self.keep_alive(&session, &alive, until.as_bytes()).await?;
+                let ends = BootInstant::now() + ttl;
+                if self.heartbeat_ends(&member.id, Some(ends)) {
+                    self.reap_member(&member.id, alive, session.client.clone());
+                }
             }
             self.drop_dead(&session, seen_ms).await
         };
