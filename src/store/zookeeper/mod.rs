@@ -235,3 +235,7 @@ mod tests {
         assert!(text(&vec![b'a'; MAX_DATA + 1]).is_err());
     }
 }
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod server_tests;
