@@ -128,7 +128,7 @@ impl ZookeeperStore {
                     .await
                     .map(|_| ())
             } else {
-                client.delete(path, Some(stat.version)).await.map(|()| ())
+                client.delete(path, Some(stat.version)).await
             };
             match written {
                 Ok(()) if stat.ephemeral_owner == session.id => return Ok(()),
