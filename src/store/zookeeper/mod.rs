@@ -120,13 +120,9 @@ impl ZookeeperStore {
 }
 
 impl Health for ZookeeperStore {
-    /// `zookeeper:<hosts>/<key_prefix>`, the hosts separated by commas.
+    /// `zookeeper:<hosts>`, separated by commas (as etcd's: the dashboard lists the nodes from it).
     fn describe(&self) -> String {
-        format!(
-            "zookeeper:{}/{}",
-            self.hosts.join(","),
-            self.settings.key_prefix
-        )
+        format!("zookeeper:{}", self.hosts.join(","))
     }
 
     fn is_shared(&self) -> bool {
