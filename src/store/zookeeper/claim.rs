@@ -25,10 +25,12 @@
 //! value in it, with our lease node, is a grant, with the record's `mzxid` as its token. Else the
 //! outcome is `NoQuorum`, and the retry of the same claimant finds its own record or lease as its own.
 //!
-//! The claims of a batch run at once on the one session: ZooKeeper pipelines them on its connection, so a
-//! batch costs the round trips of one claim (a sync, a read and a write), not one per request; they are
-//! not merged into one multi, which would fail whole when one of them is refused.
+//! The claims of a batch run at once on the one session (up to 256 under way): ZooKeeper pipelines them
+//! on its connection, so a batch costs the round trips of one claim (a sync, a read and a write) per 256
+//! requests, not one per request; they are not merged into one multi, which would fail whole when one of
+//! them is refused.
 
+use futures_util::StreamExt as _;
 use zookeeper_client::{CreateMode, MultiReadResult, MultiWriteError, MultiWriteResult, Stat};
 
 use super::session::Session;
@@ -38,6 +40,9 @@ use crate::lock::keys::{attempt_value, claim_keys, claimant_of, Holder};
 use crate::lock::{ClaimOutcome, ClaimRequest, Lease, Overlap, Pause, Series};
 use crate::schedule::Tick;
 use crate::store::Claims;
+
+/// How many claims of a batch are under way at once on the session.
+const IN_FLIGHT: usize = 256;
 
 /// A node as read: its data and stat.
 #[derive(Debug, Clone)]
@@ -416,8 +421,18 @@ impl ZookeeperStore {
         ClaimOutcome::Won(lease)
     }
 
-    /// Claims every request at once on the session, after one `sync`; each outcome to `decided` as soon
-    /// as it is known.
+    /// [`Self::claim_one`], with the request's index.
+    async fn claim_indexed(
+        &self,
+        session: &Session,
+        index: usize,
+        request: &ClaimRequest,
+    ) -> (usize, ClaimOutcome) {
+        (index, self.claim_one(session, request).await)
+    }
+
+    /// Claims every request on the session, up to [`IN_FLIGHT`] at once, after one `sync`; each outcome
+    /// to `decided` as soon as it is known.
     async fn claim_batch(
         &self,
         requests: &[ClaimRequest],
@@ -448,14 +463,18 @@ impl ZookeeperStore {
             return;
         }
         let session = &session;
-        let claims = requests
-            .iter()
-            .enumerate()
-            .map(|(index, request)| async move { (index, self.claim_one(session, request).await) });
-        let mut pending: futures_util::stream::FuturesUnordered<_> = claims.collect();
-        use futures_util::StreamExt as _;
+        // At most IN_FLIGHT at once: a server takes 1,000 outstanding requests before it throttles
+        // (`globalOutstandingLimit`), and a throttled answer would come after `node_timeout`.
+        let mut pending = futures_util::stream::FuturesUnordered::new();
+        let mut waiting = requests.iter().enumerate();
+        for (index, request) in waiting.by_ref().take(IN_FLIGHT) {
+            pending.push(self.claim_indexed(session, index, request));
+        }
         while let Some((index, outcome)) = pending.next().await {
             decided(index, outcome);
+            if let Some((index, request)) = waiting.next() {
+                pending.push(self.claim_indexed(session, index, request));
+            }
         }
     }
 }
