@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::children;
 
+mod config;
 mod wire;
 
 use self::wire::four_letter_word;
@@ -32,17 +33,22 @@ pub use self::wire::{Node, WireError, ZkSession, NODE_EXISTS, NOT_EMPTY, NO_NODE
 /// 2-core machine, three at once, and an election.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The ZooKeeper server's jar (its manifest names its dependencies), and the logging binding it lacks.
+/// The ZooKeeper server's jar (its manifest names its dependencies), the logging binding it lacks, and
+/// the two Netty jars its manifest misses (the TLS port's Netty server needs them).
 const CLASSPATH: &[&str] = &[
     "/usr/share/java/zookeeper.jar",
     "/usr/share/java/slf4j-log4j12.jar",
     "/usr/share/java/log4j-1.2.jar",
+    "/usr/share/java/netty-codec.jar",
+    "/usr/share/java/netty-resolver.jar",
 ];
 
 /// N ZooKeeper members of one ensemble, all killed (and their directory removed) on drop.
 pub struct ZkEnsemble {
     members: Vec<Member>,
     dir: tempfile::TempDir,
+    /// The TLS client port of an ensemble made by [`ZkEnsemble::with_tls`] (one member).
+    secure_port: Option<u16>,
 }
 
 struct Member {
@@ -58,6 +64,29 @@ impl ZkEnsemble {
     /// otherwise. A member that finds one of its ports taken meanwhile (another test's process bound it
     /// between the check and the JVM's bind) makes the whole ensemble start again on new ones, a few times.
     pub fn start(n: usize) -> ZkEnsemble {
+        ZkEnsemble::start_with(n, false)
+    }
+
+    /// One member that also serves clients over TLS on a port of its own ([`Self::secure_address`]),
+    /// requiring a client certificate signed by its CA ([`Self::certificate`], made with `openssl`); its
+    /// plain port stays open for the harness's own checks.
+    pub fn with_tls() -> ZkEnsemble {
+        ZkEnsemble::start_with(1, true)
+    }
+
+    /// `127.0.0.1:<TLS port>` of an ensemble made by [`Self::with_tls`].
+    pub fn secure_address(&self) -> Option<String> {
+        self.secure_port.map(|port| format!("127.0.0.1:{port}"))
+    }
+
+    /// The CA of a TLS ensemble (`ca.pem`), and a certificate it signed for 127.0.0.1 with its key
+    /// (`cert.pem`, `key.pem`): the member's own, and a client certificate it accepts.
+    pub fn certificate(&self) -> (PathBuf, PathBuf, PathBuf) {
+        let path = |name: &str| self.dir.path().join(name);
+        (path("ca.pem"), path("cert.pem"), path("key.pem"))
+    }
+
+    fn start_with(n: usize, tls: bool) -> ZkEnsemble {
         assert!(n >= 1, "an ensemble has at least one member");
         crate::require_program("java", "default-jre-headless");
         assert!(
@@ -67,7 +96,7 @@ impl ZkEnsemble {
             CLASSPATH[0]
         );
         for attempt in 1..=5 {
-            let ensemble = ZkEnsemble::spawned(n);
+            let ensemble = ZkEnsemble::spawned(n, tls);
             match ensemble.try_wait_serving(&(0..n).collect::<Vec<_>>()) {
                 Ok(()) => return ensemble,
                 Err(log) if attempt < 5 && log.contains("Address already in use") => continue,
@@ -78,12 +107,24 @@ impl ZkEnsemble {
     }
 
     /// `n` members spawned on fresh free ports in a new directory, not yet waited for.
-    fn spawned(n: usize) -> ZkEnsemble {
+    fn spawned(n: usize, tls: bool) -> ZkEnsemble {
         let dir = tempfile::Builder::new()
             .prefix("redcron-zk-")
             .tempdir()
             .expect("cannot create a temporary directory");
-        let ports = crate::etcd::free_ports(3 * n);
+        let mut ports = crate::etcd::free_ports(3 * n + 1);
+        let secure_port = ports.pop().filter(|_| tls);
+        if tls {
+            crate::require_program("openssl", "openssl");
+            crate::etcd::make_certificates(dir.path());
+            // ZooKeeper's PEM key store is the certificate and its key in one file.
+            let read = |name: &str| std::fs::read(dir.path().join(name)).expect("a PEM file");
+            std::fs::write(
+                dir.path().join("server.pem"),
+                [read("cert.pem"), read("key.pem")].concat(),
+            )
+            .expect("cannot write the key store");
+        }
         let mut ensemble = ZkEnsemble {
             members: (0..n)
                 .map(|i| Member {
@@ -95,6 +136,7 @@ impl ZkEnsemble {
                 })
                 .collect(),
             dir,
+            secure_port,
         };
         for i in 0..n {
             ensemble.write_config(i);
@@ -254,53 +296,23 @@ impl ZkEnsemble {
         self.dir.path().join(format!("m{i}"))
     }
 
-    /// Member `i`'s directory: `zoo.cfg`, `log4j.properties`, `data/myid`.
+    /// Member `i`'s directory: `zoo.cfg`, `log4j.properties`, `data/myid` ([`config`]).
     fn write_config(&self, i: usize) {
-        let dir = self.member_dir(i);
-        let data = dir.join("data");
-        std::fs::create_dir_all(&data).expect("cannot create a member directory");
-        std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("cannot write myid");
-        let mut config = format!(
-            "tickTime=250\n\
-             initLimit=40\n\
-             syncLimit=8\n\
-             minSessionTimeout=500\n\
-             maxSessionTimeout=20000\n\
-             dataDir={}\n\
-             clientPortAddress=127.0.0.1\n\
-             clientPort={}\n\
-             admin.enableServer=false\n\
-             4lw.commands.whitelist=srvr,ruok,mntr\n\
-             maxClientCnxns=0\n\
-             preAllocSize=4096\n\
-             snapCount=10000\n\
-             autopurge.purgeInterval=0\n",
-            data.display(),
+        let peers: Vec<(u16, u16)> = (self.len() > 1)
+            .then(|| {
+                (self.members.iter())
+                    .map(|m| (m.quorum_port, m.election_port))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let tls = self.secure_port.map(|port| (port, self.dir.path()));
+        config::write(
+            &self.member_dir(i),
+            i,
             self.members[i].client_port,
+            &peers,
+            tls,
         );
-        if self.len() > 1 {
-            config.push_str("standaloneEnabled=false\n");
-            for (m, member) in self.members.iter().enumerate() {
-                config.push_str(&format!(
-                    "server.{}=127.0.0.1:{}:{}\n",
-                    m + 1,
-                    member.quorum_port,
-                    member.election_port
-                ));
-            }
-        }
-        std::fs::write(dir.join("zoo.cfg"), config).expect("cannot write zoo.cfg");
-        // Warnings and the quorum's own news (elections, who leads, followers lost), not every session.
-        std::fs::write(
-            dir.join("log4j.properties"),
-            "log4j.rootLogger=WARN, FILE\n\
-             log4j.logger.org.apache.zookeeper.server.quorum.QuorumPeer=INFO\n\
-             log4j.logger.org.apache.zookeeper.server.quorum.Leader=INFO\n\
-             log4j.appender.FILE=org.apache.log4j.ConsoleAppender\n\
-             log4j.appender.FILE.layout=org.apache.log4j.PatternLayout\n\
-             log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n\n",
-        )
-        .expect("cannot write log4j.properties");
     }
 
     fn spawn(&mut self, i: usize) {

@@ -71,3 +71,27 @@ fn an_ensemble_starts_elects_and_dies_with_its_handle() {
     }
     assert!(!dir.exists());
 }
+
+/// A TLS member hands a client that shows a certificate signed by its CA a verified TLS session on its
+/// secure port (checked with `openssl s_client`), and still serves the harness on its plain port.
+#[test]
+fn a_tls_member_serves_clients_with_certificates() {
+    let ensemble = ZkEnsemble::with_tls();
+    let address = ensemble.secure_address().expect("a TLS port");
+    let (ca, cert, key) = ensemble.certificate();
+    let output = std::process::Command::new("openssl")
+        .args(["s_client", "-brief", "-connect", &address])
+        .arg("-CAfile")
+        .arg(&ca)
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl runs");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("Verification: OK"), "{said}");
+    assert!(ZkSession::connect(ensemble.client_port(0), Duration::from_secs(5)).is_ok());
+    assert_eq!(ensemble.leader(), Some(0));
+}
