@@ -31,182 +31,18 @@
 //! them is refused.
 
 use futures_util::StreamExt as _;
-use zookeeper_client::{CreateMode, MultiReadResult, MultiWriteError, MultiWriteResult, Stat};
+use zookeeper_client::{CreateMode, MultiReadResult, MultiWriteError, MultiWriteResult};
 
+use super::decide::{decide, Next, Paths, Seen, Snapshot};
 use super::session::Session;
-use super::{node_name, text, ZookeeperStore};
+use super::{text, ZookeeperStore};
 use crate::clock::boot::BootInstant;
-use crate::lock::keys::{attempt_value, claim_keys, claimant_of, Holder};
-use crate::lock::{ClaimOutcome, ClaimRequest, Lease, Overlap, Pause, Series};
-use crate::schedule::Tick;
+use crate::lock::keys::attempt_value;
+use crate::lock::{ClaimOutcome, ClaimRequest, Lease};
 use crate::store::Claims;
 
 /// How many claims of a batch are under way at once on the session.
 const IN_FLIGHT: usize = 256;
-
-/// A node as read: its data and stat.
-#[derive(Debug, Clone)]
-pub(super) struct Seen {
-    pub data: Vec<u8>,
-    pub stat: Stat,
-}
-
-/// The nodes of one claim.
-#[derive(Debug, Clone)]
-pub(super) struct Paths {
-    pub fence: String,
-    pub record: String,
-    pub lease: String,
-    pub anchor: Option<String>,
-}
-
-/// `/jobs/<job>`: the job's fence node.
-pub(super) fn job_path(job: &str) -> String {
-    format!("/jobs/{}", node_name(job))
-}
-
-/// The lease node of `(job, tick)` in `series` with `overlap`: `l` and the lease key's suffix (one per
-/// job with `skip`), under the job's fence node.
-pub(super) fn lease_path(job: &str, tick: Tick, overlap: Overlap, series: &Series) -> String {
-    let [lease_key, ..] = claim_keys("", job, tick, overlap, series);
-    let base = format!(":{{{job}}}:lease");
-    let suffix = lease_key.strip_prefix(base.as_str()).unwrap_or("");
-    format!("{}/l{}", job_path(job), node_name(suffix))
-}
-
-impl Paths {
-    /// The nodes of `request`.
-    pub fn of(request: &ClaimRequest) -> Paths {
-        let fence = job_path(&request.job);
-        let suffix = request.series.key_suffix(request.tick);
-        Paths {
-            record: format!("{fence}/c{}", node_name(&suffix)),
-            lease: lease_path(&request.job, request.tick, request.overlap, &request.series),
-            anchor: request.series.trigger().map(super::triggers::request_path),
-            fence,
-        }
-    }
-}
-
-/// The nodes of one claim, as read.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Snapshot {
-    pub fence: Option<Seen>,
-    pub record: Option<Seen>,
-    pub lease: Option<Seen>,
-    pub anchor: Option<Seen>,
-}
-
-/// What to do after a read.
-#[derive(Debug)]
-pub(super) enum Next {
-    /// A final or waiting outcome.
-    Outcome(ClaimOutcome),
-    /// This claimant already won (its record and its lease in this session): the lease value and token.
-    Settled { value: String, token: i64 },
-    /// Write the claim; first delete this claimant's own stale lease node of this session, at its version.
-    Write { stale_lease: Option<i32> },
-}
-
-/// The pause standing in fence data, if any: empty data is none; a pause whose end has passed (on this
-/// host's clock, as on the embedded store) is none; data that is not text is a pause without end.
-pub(super) fn pause_in(data: &[u8], now_ms: i64) -> Option<Pause> {
-    if data.is_empty() {
-        return None;
-    }
-    let pause = match text(data) {
-        Ok(value) => Pause::from_value(value),
-        Err(why) => Pause::from_value(&format!("unreadable fence data ({why})")),
-    };
-    match pause.until {
-        Some(until) if until.timestamp_millis() <= now_ms => None,
-        _ => Some(pause),
-    }
-}
-
-/// The outcome the snapshot gives `request` in session `session`, or what to write (see the module).
-///
-/// The rules of the other stores: refused while paused; refused once a one-off instance's window has
-/// ended; refused if another claimant confirmed this tick or
-/// a later one in the series (a record that does not parse counts as claimed); a trigger whose request is
-/// gone is refused as claimed; busy if another claim instance holds the lease node; contended if another
-/// claimant of this instance holds it, or this claimant's lease of an earlier session still stands.
-pub(super) fn decide(
-    request: &ClaimRequest,
-    snapshot: &Snapshot,
-    session: i64,
-    retry_delay: std::time::Duration,
-    now_ms: i64,
-) -> Next {
-    if let Some(pause) = snapshot
-        .fence
-        .as_ref()
-        .and_then(|fence| pause_in(&fence.data, now_ms))
-    {
-        return Next::Outcome(ClaimOutcome::Paused(pause));
-    }
-    if request.not_after.is_some_and(|t| now_ms > t.as_millis()) {
-        // A trigger's or retry's window has ended (on this host's clock, as on the embedded store).
-        return Next::Outcome(ClaimOutcome::AlreadyClaimed { by: None });
-    }
-    let tick = request.tick.as_millis();
-    let mut ours = None;
-    if let Some(record) = &snapshot.record {
-        let parsed = text(&record.data).ok().and_then(|value| {
-            let (claimed, value) = value.split_once(' ')?;
-            Some((claimed.parse::<i64>().ok()?, value))
-        });
-        match parsed {
-            Some((claimed, value)) if claimed == tick && claimant_of(value) == request.claimant => {
-                ours = Some((value, record.stat.mzxid));
-            }
-            Some((claimed, _)) if claimed < tick => {}
-            Some((claimed, value)) => {
-                let mut by = Holder::from_value(value);
-                by.tick = Some(Tick(claimed));
-                return Next::Outcome(ClaimOutcome::AlreadyClaimed { by: Some(by) });
-            }
-            None => return Next::Outcome(ClaimOutcome::AlreadyClaimed { by: None }),
-        }
-    }
-    if request.series.trigger().is_some() && snapshot.anchor.is_none() {
-        return Next::Outcome(ClaimOutcome::AlreadyClaimed { by: None });
-    }
-    let Some(lease) = &snapshot.lease else {
-        return Next::Write { stale_lease: None };
-    };
-    let value = text(&lease.data).unwrap_or_default();
-    if claimant_of(value) == request.claimant {
-        if lease.stat.ephemeral_owner != session {
-            // Our lease of a session that ended: the ensemble deletes it with that session.
-            return Next::Outcome(ClaimOutcome::Contended {
-                holder: Some(Holder::from_value(value)),
-                retry_in: retry_delay,
-            });
-        }
-        return match ours {
-            Some((recorded, token)) if recorded == value => Next::Settled {
-                value: value.to_string(),
-                token,
-            },
-            _ => Next::Write {
-                stale_lease: Some(lease.stat.version),
-            },
-        };
-    }
-    let holder = Holder::from_value(value);
-    Next::Outcome(if holder.contends_for(request.tick, &request.series) {
-        ClaimOutcome::Contended {
-            holder: Some(holder),
-            retry_in: retry_delay,
-        }
-    } else {
-        ClaimOutcome::Busy {
-            holder: Some(holder),
-            ttl: None,
-        }
-    })
-}
 
 /// How a write ended.
 enum Written {
@@ -372,14 +208,20 @@ impl ZookeeperStore {
                 &request.fingerprint,
                 &request.series,
             );
-            let record = format!("{} {value}", request.tick.as_millis());
+            let record = match request.record_expires_at() {
+                Some(expires) => format!("{} {value}\n{expires}", request.tick.as_millis()),
+                None => format!("{} {value}", request.tick.as_millis()),
+            };
             let sent = BootInstant::now();
             match self
                 .write_claim(session, &paths, &seen, &record, &value, stale_lease)
                 .await
             {
                 Written::Applied(zxid) => {
-                    return self.won(session, request, &paths, value, zxid, sent)
+                    if request.not_after.is_some() {
+                        tokio::spawn(sweep_one_offs(session.client.clone(), paths.fence.clone()));
+                    }
+                    return self.won(session, request, &paths, value, zxid, sent);
                 }
                 Written::Changed => continue,
                 Written::Unknown(why) => {
@@ -505,5 +347,33 @@ impl Claims for ZookeeperStore {
         mut decided: impl FnMut(usize, ClaimOutcome),
     ) {
         self.claim_batch(requests, &mut decided).await;
+    }
+}
+
+/// Deletes the job's one-off claim records (triggers, retries: `c:…` under its fence) past their expiry
+/// (the second line of the record: the window's end plus [`crate::lock::ONE_OFF_RECORD_KEEP`], on this
+/// host's clock), at the version read; at most [`super::MAX_CHILDREN`] are looked at. Run after each grant
+/// of a one-off instance, so that they never pile up; a claim of an expired instance is refused anyway
+/// (its window has ended).
+async fn sweep_one_offs(client: zookeeper_client::Client, fence: String) {
+    let Ok(names) = client.list_children(&fence).await else {
+        return;
+    };
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    for name in names
+        .iter()
+        .filter(|name| name.starts_with("c:"))
+        .take(super::MAX_CHILDREN)
+    {
+        let path = format!("{fence}/{name}");
+        let Ok((data, stat)) = client.get_data(&path).await else {
+            continue;
+        };
+        let expires = text(&data)
+            .ok()
+            .and_then(|record| record.lines().nth(1)?.parse::<i64>().ok());
+        if expires.is_some_and(|expires| expires <= now_ms) {
+            let _ = client.delete(&path, Some(stat.version)).await;
+        }
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use zookeeper_client::{EventType, SessionState};
 
-use super::claim::lease_path;
+use super::decide::lease_path;
 use super::ZookeeperStore;
 use crate::clock::boot::BootInstant;
 use crate::lock::{Lease, RenewError};

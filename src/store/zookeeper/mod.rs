@@ -26,6 +26,7 @@
 //! ensemble deleted with it.
 
 mod claim;
+mod decide;
 mod lease;
 mod pause;
 mod records;

@@ -7,7 +7,7 @@
 
 use zookeeper_client::CreateMode;
 
-use super::claim::{job_path, pause_in};
+use super::decide::{job_path, pause_in};
 use super::{text, ZookeeperStore, EXCHANGE_TIMEOUT};
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead, QuorumFailure};
 use crate::store::{skip_note, Pauses, Read};
