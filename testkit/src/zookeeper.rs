@@ -298,13 +298,14 @@ impl ZkEnsemble {
 
     /// Member `i`'s directory: `zoo.cfg`, `log4j.properties`, `data/myid` ([`config`]).
     fn write_config(&self, i: usize) {
-        let peers: Vec<(u16, u16)> = (self.len() > 1)
-            .then(|| {
-                (self.members.iter())
-                    .map(|m| (m.quorum_port, m.election_port))
-                    .collect()
-            })
-            .unwrap_or_default();
+        // A standalone member names no peers.
+        let peers: Vec<(u16, u16)> = if self.len() > 1 {
+            (self.members.iter())
+                .map(|m| (m.quorum_port, m.election_port))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let tls = self.secure_port.map(|port| (port, self.dir.path()));
         config::write(
             &self.member_dir(i),
