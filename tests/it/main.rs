@@ -46,3 +46,4 @@ mod trigger_clock;
 mod worker;
 mod yaml_limits;
 mod zookeeper;
+mod zookeeper_tls;
