@@ -19,7 +19,9 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
+use tokio::sync::Notify;
 
 use zookeeper_client::{EventType, SessionState};
 
@@ -29,11 +31,15 @@ use crate::clock::boot::BootInstant;
 use crate::lock::{Lease, RenewError};
 use crate::store::Leases;
 
-/// A granted lease as this store keeps it: the session it was won in and its deadline.
-#[derive(Debug, Clone, Copy)]
+/// A granted lease as this store keeps it, for its renewals and its reaper: the session it was won in,
+/// its deadline, and whether it was released (its node still to be deleted).
+#[derive(Debug, Clone)]
 pub(super) struct Held {
     pub session: i64,
     pub deadline: BootInstant,
+    pub released: bool,
+    /// Wakes the reaper early (a release).
+    pub wake: Arc<Notify>,
 }
 
 /// What a read of a lease node found.
@@ -45,44 +51,69 @@ enum Found {
 }
 
 impl ZookeeperStore {
-    /// Remembers a granted lease (its session and deadline), and starts its reaper (see the module),
-    /// which deletes its node through `client` once the deadline passed without a renewal.
+    /// Remembers a granted lease (its session and deadline), and starts its reaper (see the module):
+    /// once the deadline passed without a renewal, or the lease was released and its node is still there
+    /// (a release that failed: the member it went to died), the reaper deletes the node through
+    /// `client`, again until that is done or the session ended (which deletes it too).
     pub(super) fn remember(&self, lease: &Lease, session: i64, client: zookeeper_client::Client) {
+        let wake = Arc::new(Notify::new());
         let held = Held {
             session,
             deadline: lease.deadline(),
+            released: false,
+            wake: Arc::clone(&wake),
         };
         lock(&self.leases).insert(lease.value.clone(), held);
         let leases = Arc::clone(&self.leases);
         let (value, path) = (lease.value.clone(), Self::path_of(lease));
         tokio::spawn(async move {
+            let mut pause = Duration::from_millis(100);
             loop {
-                let Some(held) = lock(&leases).get(&value).copied() else {
-                    return; // released
+                let Some(held) = lock(&leases).get(&value).cloned() else {
+                    return; // released, its node deleted
                 };
                 let left = held.deadline.saturating_duration_since(BootInstant::now());
-                if !left.is_zero() {
-                    tokio::time::sleep(left).await;
+                if !held.released && !left.is_zero() {
+                    tokio::select! {
+                        () = tokio::time::sleep(left) => {}
+                        () = wake.notified() => {}
+                    }
                     continue;
                 }
-                for _ in 0..20 {
-                    match delete_if_ours(&client, &path, &value, session).await {
-                        Ok(()) => return,
-                        Err(
-                            zookeeper_client::Error::SessionExpired
-                            | zookeeper_client::Error::ClientClosed,
-                        ) => return,
-                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                let ended = !matches!(
+                    client.state(),
+                    SessionState::Disconnected
+                        | SessionState::SyncConnected
+                        | SessionState::ConnectedReadOnly
+                );
+                match delete_if_ours(&client, &path, &value, session).await {
+                    Ok(())
+                    | Err(
+                        zookeeper_client::Error::SessionExpired
+                        | zookeeper_client::Error::ClientClosed,
+                    ) => {
+                        lock(&leases).remove(&value);
+                        return;
+                    }
+                    Err(_) if ended => {
+                        lock(&leases).remove(&value);
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
                     }
                 }
-                return;
             }
         });
     }
 
-    /// The session a lease was won in.
+    /// The session a lease not released was won in.
     fn session_of(&self, value: &str) -> Option<i64> {
-        lock(&self.leases).get(value).map(|held| held.session)
+        lock(&self.leases)
+            .get(value)
+            .filter(|held| !held.released)
+            .map(|held| held.session)
     }
 
     /// Moves a lease's deadline (for its reaper).
@@ -90,11 +121,6 @@ impl ZookeeperStore {
         if let Some(held) = lock(&self.leases).get_mut(value) {
             held.deadline = deadline;
         }
-    }
-
-    /// Forgets a released lease (its reaper ends); returns the session it was won in.
-    fn forget(&self, value: &str) -> Option<i64> {
-        lock(&self.leases).remove(value).map(|held| held.session)
     }
 
     fn path_of(lease: &Lease) -> String {
@@ -236,25 +262,36 @@ impl Leases for ZookeeperStore {
     }
 
     /// Deletes the lease node if it still holds this lease's value in its session, at the version read;
-    /// also after the lease was lost. Bounded by `node_timeout`; a release that fails leaves the node
-    /// to the end of the session (a live session's node stays: the job is busy until the next release
-    /// or the end of the process).
+    /// also after the lease was lost. Bounded by `node_timeout`; a release that fails there (the member
+    /// it went to died) is left to the lease's reaper, which deletes the node again until that is done
+    /// or the session ended — a live session's node would otherwise keep the job busy for good.
     async fn release(&self, lease: &Lease) {
-        let Some(id) = self.forget(&lease.value) else {
+        let Some(id) = self.session_of(&lease.value) else {
             return;
         };
         let limit = self.settings.node_timeout;
-        let Ok(session) = self.sessions.current(limit).await else {
-            return;
+        let deleted = match self.sessions.current(limit).await {
+            Ok(session) if session.id == id => {
+                let (path, value) = (Self::path_of(lease), lease.value.clone());
+                let client = session.client.clone();
+                let task =
+                    tokio::spawn(async move { delete_if_ours(&client, &path, &value, id).await });
+                matches!(tokio::time::timeout(limit, task).await, Ok(Ok(Ok(()))))
+            }
+            // Another session: the lease's ended with its node.
+            Ok(_) => true,
+            Err(_) => false,
         };
-        if session.id != id {
-            return;
+        let mut leases = lock(&self.leases);
+        if deleted {
+            if let Some(held) = leases.remove(&lease.value) {
+                held.wake.notify_one();
+            }
+        } else if let Some(held) = leases.get_mut(&lease.value) {
+            // The reaper deletes it, retrying until the session ends.
+            held.released = true;
+            held.wake.notify_one();
         }
-        let path = Self::path_of(lease);
-        let value = lease.value.clone();
-        let client = session.client.clone();
-        let task = tokio::spawn(async move { delete_if_ours(&client, &path, &value, id).await });
-        let _ = tokio::time::timeout(limit, task).await;
     }
 }
 
