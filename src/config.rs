@@ -25,10 +25,12 @@ mod retry;
 mod sql;
 mod store;
 mod validate;
+mod zookeeper;
 
 pub use dashboard::{DashboardConfig, DashboardToken, Serving, DEFAULT_TOKEN_NAME, MIN_TOKEN_LEN};
 pub use store::{
     EmbeddedConfig, EtcdConfig, RedisConfig, SqlConfig, SqlDialect, SqlTls, StoreConfig,
+    ZookeeperConfig, ZookeeperTls,
 };
 
 pub(crate) use validate::show as show_duration;

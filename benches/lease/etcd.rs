@@ -1,6 +1,6 @@
 //! Item 7, every shared store beside Redis in the same run: one uncontended claim, the lock-alone race,
-//! the herd and a steady load, on 5 Redis nodes, 3 etcd members, one PostgreSQL and one MariaDB server,
-//! with each one's ratio to Redis.
+//! the herd and a steady load, on 5 Redis nodes, 3 etcd members, one PostgreSQL and one MariaDB server
+//! and 3 ZooKeeper members, with each one's ratio to Redis.
 //!
 //! One item rather than a `--store` option across the others: the ratios must come from one run on one
 //! machine at one load, and the other items are Redis-shaped (the Redlock peers of items 1–2 and the
@@ -76,14 +76,14 @@ pub struct Versus {
 fn settings_for(store: Backend) -> LockSettings {
     match store {
         Backend::Redis | Backend::Embedded => settings(),
-        Backend::Etcd | Backend::Postgres | Backend::Mariadb => LockSettings {
+        Backend::Etcd | Backend::Postgres | Backend::Mariadb | Backend::Zookeeper => LockSettings {
             node_timeout: Duration::from_millis(500),
             ..settings()
         },
     }
 }
 
-/// Runs every measurement on 5 Redis nodes, then on 3 etcd members.
+/// Runs every measurement on 5 Redis nodes, then on each other store in turn.
 pub fn run(
     worker: &Path,
     probe: &[String],
@@ -100,6 +100,7 @@ pub fn run(
         (Backend::Etcd, 3),
         (Backend::Postgres, 1),
         (Backend::Mariadb, 1),
+        (Backend::Zookeeper, 3),
     ];
     for (store, n) in stores {
         let nodes = store.start_nodes(n);
@@ -181,8 +182,24 @@ fn steady(
 }
 
 /// The store's own count of what it was asked: Redis commands summed over the nodes ([`Counters`]),
-/// etcd requests answered (`grpc_server_handled_total`, every method) summed over the members.
+/// etcd requests answered (`grpc_server_handled_total`, every method) summed over the members,
+/// ZooKeeper requests received (`srvr`'s `Received`) summed over the members, SQL statements or
+/// transactions ([`Counters`]).
 fn requests(nodes: &Cluster) -> u64 {
+    if let Cluster::Zookeeper(ensemble) = nodes {
+        // Every request a member took from its clients (reads, writes, pings): `srvr`'s `Received`.
+        return (0..ensemble.len())
+            .filter_map(|i| ensemble.srvr(i))
+            .filter_map(|answer| {
+                answer
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Received: "))?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+    }
     let Cluster::Etcd(cluster) = nodes else {
         return nodes.total_usage().commands;
     };
@@ -256,7 +273,7 @@ fn table(versus: &Versus) -> String {
     header.extend(versus.sides.iter().map(|side| {
         let unit = match side.store {
             Backend::Redis => "nodes",
-            Backend::Etcd => "members",
+            Backend::Etcd | Backend::Zookeeper => "members",
             _ => "server",
         };
         format!("{} ({} {unit})", side.store.name(), side.nodes)
@@ -390,13 +407,16 @@ fn table(versus: &Versus) -> String {
          one tick, {} ticks, no proxies. Herd: item 6's, {} jobs due at one instant on 3 worker \
          processes. Redis: `node_timeout` 50 ms, no persistence; etcd: `node_timeout` 500 ms (its \
          default), every write a Raft commit fsynced on a majority; PostgreSQL and MariaDB: one server each, \
-         `node_timeout` 500 ms (the default), fsync on (`fsync`, `innodb_flush_log_at_trx_commit = 1`). \
-         The store's count: Redis commands summed over the nodes; etcd Raft entries committed \
+         `node_timeout` 500 ms (the default), fsync on (`fsync`, `innodb_flush_log_at_trx_commit = 1`); \
+         ZooKeeper: 3 members, `node_timeout` 500 ms, every write a quorum commit fsynced (`forceSync`, \
+         its default). The store's count: Redis commands summed over the nodes; etcd Raft entries committed \
          (`etcd_server_proposals_committed_total`, one member's) and, in the steady phase, requests answered \
-         (`grpc_server_handled_total`, summed over the members); PostgreSQL transactions \
+         (`grpc_server_handled_total`, summed over the members); ZooKeeper requests received (`srvr`, summed \
+         over the members: reads, writes and pings); PostgreSQL transactions \
          (`xact_commit + xact_rollback` of `pg_stat_database`: each statement outside a transaction is one); \
-         MariaDB statements (`Questions`). CPU summed over the nodes (`INFO cpu`, \
-         `process_cpu_seconds_total`, the SQL server's processes from `/proc`). Steady: item 3's load, {} \
+         MariaDB statements (`Questions`); ZooKeeper transactions (the counter of a member's last zxid). \
+         CPU summed over the nodes (`INFO cpu`, \
+         `process_cpu_seconds_total`, the SQL server's and the ZooKeeper members' processes from `/proc`). Steady: item 3's load, {} \
          jobs every second on {} workers for {} s.\n\n{}",
         sizes.herd,
         sizes.claims,

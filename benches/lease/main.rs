@@ -8,7 +8,7 @@
 //! - `--items 1,2,3,4,5,6,7,8`: which items to run (default all; 6 is the herd of 10,000 jobs at one tick,
 //!   7 the etcd store beside Redis, which needs `etcd` from Debian's `etcd-server`, 8 the dashboard's page
 //!   of 1,000 jobs, about 40 s).
-//! - `--etcd-herd N`: the herd of item 7, on both stores (default 2,000).
+//! - `--etcd-herd N`: the herd of item 7, on every store (default 2,000).
 //! - `--cycles N`: measured lease cycles per contender on the healthy cluster (default 1000).
 //! - `--current-thread`: items 1–2 on a current-thread runtime (default: multi-threaded, as the worker).
 //! - `--only floor,fanout,lease,claim,rslock,redlock`: which contenders items 1–2 measure (default all).

@@ -14,7 +14,8 @@ pub use testkit::{Backend, Cluster};
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Usage {
     /// Redis: commands the node executed (all kinds). etcd: Raft entries the member committed
-    /// (`etcd_server_proposals_committed_total`), the same entries on every member.
+    /// (`etcd_server_proposals_committed_total`), the same entries on every member. ZooKeeper: the
+    /// transactions the member applied (the counter of its last zxid), the same on every member.
     pub commands: u64,
     /// CPU seconds the node spent (user + system).
     pub cpu: f64,
@@ -44,7 +45,7 @@ pub trait Counters {
 impl Counters for Cluster {
     /// Node `i`'s own counters. Redis: `INFO commandstats` (all calls) and `INFO cpu` (user + sys).
     /// etcd: the member's `/metrics` (Raft entries committed, `process_cpu_seconds_total`); zero if the
-    /// member does not answer.
+    /// member does not answer. ZooKeeper: `srvr`'s zxid and the member's JVM's CPU from `/proc`.
     fn usage(&self, i: usize) -> Usage {
         match self {
             Cluster::Redis(cluster) => {
@@ -78,6 +79,7 @@ impl Counters for Cluster {
                     cpu: metric("process_cpu_seconds_total"),
                 }
             }
+            Cluster::Zookeeper(ensemble) => zookeeper_usage(ensemble, i),
             Cluster::Embedded(_) => Usage::default(),
             Cluster::Sql(server) => sql_usage(server),
         }
@@ -90,7 +92,9 @@ impl Counters for Cluster {
         let cpu = usages.clone().map(|u| u.cpu).sum();
         let commands = match self {
             Cluster::Redis(_) => usages.map(|u| u.commands).sum(),
-            Cluster::Etcd(_) => usages.map(|u| u.commands).max().unwrap_or(0),
+            Cluster::Etcd(_) | Cluster::Zookeeper(_) => {
+                usages.map(|u| u.commands).max().unwrap_or(0)
+            }
             Cluster::Embedded(_) => 0,
             Cluster::Sql(_) => usages.map(|u| u.commands).sum(),
         };
@@ -140,19 +144,40 @@ fn sql_usage(server: &testkit::SqlServer) -> Usage {
         .last()
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
-    let ticks_per_second = 100.0;
-    let cpu = server
-        .pids()
-        .iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter_map(|stat| {
-            // Fields after the command (which may hold spaces) in parentheses: utime is the 12th, stime the 13th.
-            let rest = stat.rsplit_once(')')?.1;
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let utime: f64 = fields.get(11)?.parse().ok()?;
-            let stime: f64 = fields.get(12)?.parse().ok()?;
-            Some((utime + stime) / ticks_per_second)
-        })
-        .sum();
+    let cpu = server.pids().iter().map(|&pid| process_cpu(pid)).sum();
     Usage { commands, cpu }
+}
+
+/// A ZooKeeper member's counters: the transactions it applied — the counter of its last zxid (`srvr`;
+/// the low 32 bits, which restart at an election, and none happens in a measured window) — and its
+/// JVM's CPU time.
+fn zookeeper_usage(ensemble: &testkit::ZkEnsemble, i: usize) -> Usage {
+    let commands = ensemble
+        .srvr(i)
+        .as_deref()
+        .and_then(|answer| answer.lines().find_map(|l| l.strip_prefix("Zxid: 0x")))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .map_or(0, |zxid| zxid & 0xffff_ffff);
+    let cpu = ensemble.pid(i).map_or(0.0, process_cpu);
+    Usage { commands, cpu }
+}
+
+/// The CPU time (user + system, seconds) process `pid` spent, from `/proc`; 0 if it is gone.
+fn process_cpu(pid: u32) -> f64 {
+    let ticks_per_second = 100.0;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command (which may hold spaces) in parentheses: utime is the 12th, stime the 13th.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |k: usize| {
+        fields
+            .get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field(11) + field(12)) / ticks_per_second
 }

@@ -23,6 +23,7 @@ pub(crate) struct Spanned<T> {
 pub(crate) struct RawConfig {
     pub redis: Option<RawRedis>,
     pub etcd: Option<RawEtcd>,
+    pub zookeeper: Option<RawZookeeper>,
     pub postgres: Option<RawSql>,
     pub mysql: Option<RawSql>,
     pub embedded: Option<RawEmbedded>,
@@ -55,6 +56,29 @@ pub(crate) struct RawEtcd {
     pub username: Option<Spanned<String>>,
     pub password: Option<Spanned<String>>,
     pub trusted_ca_file: Option<Spanned<String>>,
+    pub cert_file: Option<Spanned<String>>,
+    pub key_file: Option<Spanned<String>>,
+}
+
+/// `zookeeper:`: the ensemble's client addresses, session timeout, digest auth and TLS.
+#[derive(Debug)]
+pub(crate) struct RawZookeeper {
+    /// Where the `zookeeper` key is written.
+    pub mark: Mark,
+    pub hosts: Option<Spanned<Vec<Spanned<String>>>>,
+    pub key_prefix: Option<Spanned<String>>,
+    pub session_timeout: Option<Spanned<String>>,
+    pub username: Option<Spanned<String>>,
+    pub password: Option<Spanned<String>>,
+    pub tls: Option<RawZookeeperTls>,
+}
+
+/// `zookeeper.tls:`: the CA of the ensemble's certificates and an optional client certificate.
+#[derive(Debug)]
+pub(crate) struct RawZookeeperTls {
+    /// Where the `tls` mapping starts.
+    pub mark: Mark,
+    pub ca_file: Option<Spanned<String>>,
     pub cert_file: Option<Spanned<String>>,
     pub key_file: Option<Spanned<String>>,
 }
@@ -185,6 +209,10 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
     let etcd = top
         .take("etcd")
         .and_then(|node| read_etcd(node, etcd_key.unwrap_or(node.mark), report));
+    let zookeeper_key = top.key_mark("zookeeper");
+    let zookeeper = top
+        .take("zookeeper")
+        .and_then(|node| read_zookeeper(node, zookeeper_key.unwrap_or(node.mark), report));
     let postgres_key = top.key_mark("postgres");
     let postgres = top
         .take("postgres")
@@ -230,6 +258,7 @@ pub(crate) fn read(root: Option<&Node>, report: &mut Report) -> RawConfig {
     RawConfig {
         redis,
         etcd,
+        zookeeper,
         postgres,
         mysql,
         embedded,
@@ -274,6 +303,35 @@ fn read_etcd(node: &Node, key: Mark, report: &mut Report) -> Option<RawEtcd> {
     };
     fields.finish(report);
     Some(etcd)
+}
+
+fn read_zookeeper(node: &Node, key: Mark, report: &mut Report) -> Option<RawZookeeper> {
+    let mut fields = Fields::of(node, "zookeeper", report)?;
+    let hosts = fields
+        .take("hosts")
+        .and_then(|list| scalars(list, "zookeeper.hosts", report));
+    let tls = fields.take("tls").and_then(|tls| {
+        let mut tls_fields = Fields::of(tls, "zookeeper.tls", report)?;
+        let raw = RawZookeeperTls {
+            mark: tls.mark,
+            ca_file: tls_fields.scalar("ca_file", report),
+            cert_file: tls_fields.scalar("cert_file", report),
+            key_file: tls_fields.scalar("key_file", report),
+        };
+        tls_fields.finish(report);
+        Some(raw)
+    });
+    let zookeeper = RawZookeeper {
+        mark: key,
+        hosts,
+        key_prefix: fields.scalar("key_prefix", report),
+        session_timeout: fields.scalar("session_timeout", report),
+        username: fields.scalar("username", report),
+        password: fields.scalar("password", report),
+        tls,
+    };
+    fields.finish(report);
+    Some(zookeeper)
 }
 
 /// `postgres:` or `mysql:` (`section`): both take the same fields.

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::store::redis::node::redact;
 
@@ -19,6 +20,8 @@ pub enum StoreConfig {
     Redis(RedisConfig),
     /// `etcd:`: an etcd cluster.
     Etcd(EtcdConfig),
+    /// `zookeeper:`: a ZooKeeper ensemble.
+    Zookeeper(ZookeeperConfig),
     /// `embedded:`, or no store section: a SQLite file of this host.
     Embedded(EmbeddedConfig),
     /// `postgres:` or `mysql:`: one SQL database server (its dialect says which).
@@ -31,6 +34,7 @@ impl StoreConfig {
         match self {
             StoreConfig::Redis(_) => "redis",
             StoreConfig::Etcd(_) => "etcd",
+            StoreConfig::Zookeeper(_) => "zookeeper",
             StoreConfig::Embedded(_) => "embedded",
             StoreConfig::Sql(sql) => sql.dialect.section(),
         }
@@ -46,9 +50,10 @@ impl StoreConfig {
         variables_under: &dyn Fn(&str) -> BTreeSet<String>,
     ) -> BTreeSet<String> {
         match self {
-            StoreConfig::Redis(_) | StoreConfig::Etcd(_) | StoreConfig::Sql(_) => {
-                variables_under(self.section())
-            }
+            StoreConfig::Redis(_)
+            | StoreConfig::Etcd(_)
+            | StoreConfig::Zookeeper(_)
+            | StoreConfig::Sql(_) => variables_under(self.section()),
             StoreConfig::Embedded(_) => BTreeSet::new(),
         }
     }
@@ -65,6 +70,18 @@ impl StoreConfig {
                 etcd.endpoints.len(),
                 if etcd.endpoints.len() == 1 { "" } else { "s" },
                 etcd.endpoints.join(", ")
+            ),
+            StoreConfig::Zookeeper(zk) => format!(
+                "ZooKeeper, {} host{}: {} (session timeout {}{}{})",
+                zk.hosts.len(),
+                if zk.hosts.len() == 1 { "" } else { "s" },
+                zk.hosts.join(", "),
+                super::show_duration(zk.session_timeout),
+                if zk.tls.is_some() { ", TLS" } else { "" },
+                match &zk.auth {
+                    Some((user, _)) => format!(", digest auth as {user}"),
+                    None => String::new(),
+                }
             ),
             StoreConfig::Embedded(embedded) => format!(
                 "embedded, database {} (shared by the workers of this host that use it)",
@@ -89,6 +106,7 @@ impl StoreConfig {
         match self {
             StoreConfig::Redis(redis) => redis.nodes.len(),
             StoreConfig::Etcd(etcd) => etcd.endpoints.len(),
+            StoreConfig::Zookeeper(zk) => zk.hosts.len(),
             StoreConfig::Embedded(_) | StoreConfig::Sql(_) => 1,
         }
     }
@@ -116,6 +134,47 @@ pub struct EtcdConfig {
     pub trusted_ca_file: Option<PathBuf>,
     /// A client certificate and its key (`cert_file`, `key_file`, absolute), for clusters that require
     /// client certificates. Both or neither; only with https endpoints.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// The ZooKeeper ensemble of the store (`zookeeper:`). Its `Debug` never shows the password.
+#[derive(Clone, PartialEq)]
+pub struct ZookeeperConfig {
+    /// The members' client addresses, `host:port`, as written (host lowercased); at least one, each
+    /// distinct.
+    pub hosts: Vec<String>,
+    /// The session timeout asked of the ensemble (`session_timeout`, default `lock.ttl`): at least
+    /// 2 × `lock.renew_every` and at most `lock.ttl`. The ensemble may negotiate another one (within
+    /// its tickTime × 2 … × 20); the store goes by the negotiated one.
+    pub session_timeout: Duration,
+    /// Digest auth (`username`, `password`): both or neither. The password is a secret: kept from jobs
+    /// and never logged.
+    pub auth: Option<(String, String)>,
+    /// TLS (`tls:`), when the ensemble serves its clients over TLS.
+    pub tls: Option<ZookeeperTls>,
+}
+
+impl std::fmt::Debug for ZookeeperConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZookeeperConfig")
+            .field("hosts", &self.hosts)
+            .field("session_timeout", &self.session_timeout)
+            .field(
+                "auth",
+                &self.auth.as_ref().map(|(user, _)| (user, "<redacted>")),
+            )
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// TLS to a ZooKeeper ensemble: the CA that signed the members' certificates, and a client certificate
+/// with its key when the ensemble asks for one. Absolute paths, read when the store opens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZookeeperTls {
+    /// The CA file (`ca_file`, PEM).
+    pub ca_file: PathBuf,
+    /// The client certificate and its key (`cert_file`, `key_file`, PEM): both or neither.
     pub client_identity: Option<(PathBuf, PathBuf)>,
 }
 

@@ -37,14 +37,18 @@ pub(crate) fn config(
 ) -> Config {
     let sql = sql_section(&raw);
     // The store's section names the key prefix: `redis.key_prefix`, `etcd.key_prefix`, ...
-    let (kind, key_prefix) = match (&raw.redis, &raw.etcd, sql) {
-        (Some(redis), _, _) => (StoreKind::Redis, section_prefix("redis", &redis.key_prefix)),
-        (None, Some(etcd), _) => (StoreKind::Etcd, section_prefix("etcd", &etcd.key_prefix)),
-        (None, None, Some((dialect, section))) => (
+    let (kind, key_prefix) = match (&raw.redis, &raw.etcd, &raw.zookeeper, sql) {
+        (Some(redis), ..) => (StoreKind::Redis, section_prefix("redis", &redis.key_prefix)),
+        (None, Some(etcd), ..) => (StoreKind::Etcd, section_prefix("etcd", &etcd.key_prefix)),
+        (None, None, Some(zk), _) => (
+            StoreKind::Zookeeper,
+            section_prefix("zookeeper", &zk.key_prefix),
+        ),
+        (None, None, None, Some((dialect, section))) => (
             StoreKind::Sql,
             section_prefix(dialect.section(), &section.key_prefix),
         ),
-        (None, None, None) => (StoreKind::Redis, None),
+        (None, None, None, None) => (StoreKind::Redis, None),
     };
     let key_prefix = key_prefix
         .as_ref()
@@ -53,13 +57,18 @@ pub(crate) fn config(
     one_store_section(&raw, report);
     // No store section is legal: the worker warns at start that it uses the embedded store. A section
     // that names no store is reported; the embedded store stands in for it in this (invalid) config.
-    let store = match (&raw.redis, &raw.etcd, sql) {
-        (Some(section), _, _) => redis(section, report).map(StoreConfig::Redis),
-        (None, Some(section), _) => super::etcd::etcd(section, path, report).map(StoreConfig::Etcd),
-        (None, None, Some((dialect, section))) => {
+    let store = match (&raw.redis, &raw.etcd, &raw.zookeeper, sql) {
+        (Some(section), ..) => redis(section, report).map(StoreConfig::Redis),
+        (None, Some(section), ..) => {
+            super::etcd::etcd(section, path, report).map(StoreConfig::Etcd)
+        }
+        (None, None, Some(section), _) => {
+            super::zookeeper::zookeeper(section, &lock, report).map(StoreConfig::Zookeeper)
+        }
+        (None, None, None, Some((dialect, section))) => {
             super::sql::sql(section, dialect, path, report).map(StoreConfig::Sql)
         }
-        (None, None, None) => None,
+        (None, None, None, None) => None,
     };
     let store = store.unwrap_or_else(|| {
         let section = raw.embedded.as_ref();
@@ -109,13 +118,16 @@ fn section_prefix<'a>(
     Some((prefix, format!("{section}.key_prefix")))
 }
 
-/// Reports every store section after the first given (in the order `redis`, `etcd`, `postgres`,
+/// Reports every store section after the first given (in the order `redis`, `etcd`, `zookeeper`, `postgres`,
 /// `mysql`, `embedded`, which picks the store), at its key, naming the section it conflicts with and
 /// where that is: workers claim ticks in one store.
 fn one_store_section(raw: &RawConfig, report: &mut Report) {
     let given: Vec<(&str, Mark)> = [
         raw.redis.as_ref().map(|section| ("redis", section.key)),
         raw.etcd.as_ref().map(|section| ("etcd", section.mark)),
+        raw.zookeeper
+            .as_ref()
+            .map(|section| ("zookeeper", section.mark)),
         raw.postgres
             .as_ref()
             .map(|section| ("postgres", section.mark)),
@@ -146,6 +158,8 @@ enum StoreKind {
     Redis,
     /// `etcd:`: a write is a Raft commit, and keys may hold `/`.
     Etcd,
+    /// `zookeeper:`: a write is a quorum commit (an fsync on a majority), and the prefix is the chroot.
+    Zookeeper,
     /// `postgres:` or `mysql:`: a write is a commit, and the prefix names tables.
     Sql,
 }
@@ -158,6 +172,7 @@ impl StoreKind {
             StoreKind::Redis => LockSettings::default().node_timeout,
             StoreKind::Etcd => super::etcd::DEFAULT_NODE_TIMEOUT.min(ttl / 10),
             StoreKind::Sql => super::sql::DEFAULT_NODE_TIMEOUT.min(ttl / 10),
+            StoreKind::Zookeeper => super::zookeeper::DEFAULT_NODE_TIMEOUT.min(ttl / 10),
         }
     }
 
@@ -174,8 +189,11 @@ impl StoreKind {
             StoreKind::Etcd if !allowed("_.:-/") => Some(format!(
                 "invalid key_prefix {prefix:?}: use letters, digits and `_ . : - /`"
             )),
+            StoreKind::Zookeeper if !allowed("_.:-") => Some(format!(
+                "invalid key_prefix {prefix:?}: use letters, digits and `_ . : -` (it names the chroot /<key_prefix>)"
+            )),
             StoreKind::Sql => super::sql::table_prefix_problem(prefix),
-            StoreKind::Redis | StoreKind::Etcd => None,
+            StoreKind::Redis | StoreKind::Etcd | StoreKind::Zookeeper => None,
         }
     }
 }

@@ -778,9 +778,12 @@ fn command(job: &JobConfig) -> String {
     }
 }
 
-/// The nodes named by a store's description (`a,b`, `etcd:a,b`, `embedded:path`, …).
+/// The nodes named by a store's description (`a,b`, `etcd:a,b`, `zookeeper:a,b`, `embedded:path`, …).
 fn nodes(described: &str) -> Vec<String> {
-    let list = described.strip_prefix("etcd:").unwrap_or(described);
+    let list = described
+        .strip_prefix("etcd:")
+        .or_else(|| described.strip_prefix("zookeeper:"))
+        .unwrap_or(described);
     list.split(',')
         .map(str::trim)
         .filter(|n| !n.is_empty())

@@ -12,6 +12,9 @@
 //!   its revision is the fencing token.
 //! - [`sql`]: one PostgreSQL or MySQL/MariaDB database; every claim is one transaction that locks its
 //!   job's fence row, with times from the database's clock.
+//! - [`zookeeper`]: a ZooKeeper ensemble; every claim is one multi-op that rewrites its job's fence node
+//!   at the version read, its zxid is the fencing token, and a lease is an ephemeral node of the winner's
+//!   session.
 //! - [`embedded`]: the embedded single-host store, one SQLite file being one node and one majority;
 //!   the worker processes of one host may share it.
 //!
@@ -31,6 +34,7 @@ pub mod embedded;
 pub mod etcd;
 pub mod redis;
 pub mod sql;
+pub mod zookeeper;
 
 pub use capability::{Backend, Claims, Health, Leases, Pauses, Records, Triggers};
 
@@ -59,6 +63,9 @@ pub enum StoreError {
         target: String,
         reason: String,
     },
+    /// A ZooKeeper store that cannot be used (a TLS file that cannot be read): never a password.
+    #[error("ZooKeeper store: {reason}")]
+    Zookeeper { reason: String },
     #[error("embedded store {}: {reason}", path.display())]
     Embedded {
         path: std::path::PathBuf,
@@ -110,6 +117,8 @@ pub enum Store {
     Embedded(embedded::EmbeddedStore),
     /// Boxed: the pool's state is large next to the other variants.
     Sql(Box<sql::SqlStore>),
+    /// Boxed: the session's state is large next to the other variants.
+    Zookeeper(Box<zookeeper::ZookeeperStore>),
 }
 
 /// Runs `$body` with `$store` bound to the backend inside `$self` (a `&Store`): the one `match` over the
@@ -131,6 +140,10 @@ macro_rules! each_store {
                 $body
             }
             Store::Sql($store) => {
+                let $store = capability::backend(&**$store);
+                $body
+            }
+            Store::Zookeeper($store) => {
                 let $store = capability::backend(&**$store);
                 $body
             }
@@ -159,6 +172,9 @@ impl Store {
                 history,
             )?),
             StoreConfig::Sql(sql) => Store::Sql(Box::new(sql::SqlStore::new(sql, lock, history)?)),
+            StoreConfig::Zookeeper(zk) => {
+                Store::Zookeeper(Box::new(zookeeper::ZookeeperStore::new(zk, lock, history)?))
+            }
         })
     }
 

@@ -127,8 +127,9 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         warn!(
             event = events::worker::EMBEDDED_STORE,
             path = %embedded.path.display(),
-            "No redis or etcd section in the config: using the embedded store, a database file of this host. \
-             Workers on this host may share it; configure Redis nodes or an etcd cluster to run workers on several hosts."
+            "No shared store in the config (redis:, etcd:, zookeeper:, postgres: or mysql:): using the embedded store, a database file of this host. \
+             Workers on this host may share it; configure Redis nodes, an etcd cluster, a ZooKeeper ensemble or a SQL \
+             server to run workers on several hosts."
         );
     }
     if let Err(error) = crate::clock::boot::start_alarm() {

@@ -403,7 +403,7 @@ fn http_within(port: u16, request_line: &str, body: &str, timeout: Duration) -> 
 }
 
 /// `n` distinct ports that were free a moment ago (bound together, so no two are equal).
-fn free_ports(n: usize) -> Vec<u16> {
+pub(crate) fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<std::net::TcpListener> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port"))
         .collect();

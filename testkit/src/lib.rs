@@ -1,9 +1,9 @@
 //! redcron's test harness, shared by the integration tests (`tests/it`) and the benchmark
 //! (`benches/lease`): real `redis-server` nodes ([`RedisCluster`]), real etcd clusters
-//! ([`EtcdCluster`]), real PostgreSQL and MariaDB servers ([`SqlServer`]), a proxy that delays chosen
-//! requests ([`DelayProxy`]), real worker processes of the built binary ([`Worker`]), a real headless
-//! Chromium to look at the dashboard with ([`Browser`]), and the spawning that makes every child die with
-//! the process that started it ([`children`]).
+//! ([`EtcdCluster`]), real ZooKeeper ensembles ([`ZkEnsemble`]), real PostgreSQL and MariaDB servers
+//! ([`SqlServer`]), a proxy that delays chosen requests ([`DelayProxy`]), real worker processes of the
+//! built binary ([`Worker`]), a real headless Chromium to look at the dashboard with ([`Browser`]), and
+//! the spawning that makes every child die with the process that started it ([`children`]).
 //!
 //! Modelled on cargo's `cargo-test-support` and redis-rs's `redis-test`: one copy of the harness, so a
 //! fix to how nodes start or how children are reaped reaches the tests and the benchmark alike. Everything
@@ -17,6 +17,7 @@
 //! - [`redis`]: [`RedisCluster`], N nodes to crash, hang, restart and flush.
 //! - [`etcd`]: [`EtcdCluster`], N etcd members to kill, hang and restart, with their leader and metrics.
 //! - [`sql`]: [`SqlServer`], a PostgreSQL or MariaDB server to crash, hang, restart and flush.
+//! - [`zookeeper`]: [`ZkEnsemble`], N ZooKeeper members to kill, hang and restart, with their leader.
 //! - [`delay_proxy`]: [`DelayProxy`], a TCP proxy that holds back requests carrying a marker.
 //! - [`worker`]: [`Worker`], one `redcron run` process and its JSON log.
 //! - [`stores`]: [`Backend`] and [`Cluster`], any store's nodes (or file) and a redcron store on them.
@@ -29,6 +30,7 @@ pub mod redis;
 pub mod sql;
 pub mod stores;
 pub mod worker;
+pub mod zookeeper;
 
 use std::path::PathBuf;
 
@@ -39,6 +41,7 @@ pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
 pub use self::sql::{SqlKind, SqlServer, SqlServerBuilder};
 pub use self::stores::{store_keeping, store_on, worker_config, Backend, Cluster, EmbeddedFile};
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};
+pub use self::zookeeper::ZkEnsemble;
 
 /// A loopback port that was free a moment ago (the caller retries if someone else takes it first).
 pub fn free_port() -> u16 {

@@ -13,16 +13,17 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use redcron::config::{EtcdConfig, SqlConfig, SqlTls};
+use redcron::config::{EtcdConfig, SqlConfig, SqlTls, ZookeeperConfig};
 use redcron::history::{Entry, HistorySettings, Query};
 use redcron::lock::LockSettings;
 use redcron::store::embedded::EmbeddedStore;
 use redcron::store::etcd::EtcdStore;
 use redcron::store::redis::RedisStore;
 use redcron::store::sql::SqlStore;
+use redcron::store::zookeeper::ZookeeperStore;
 use redcron::store::{Store, StoreError};
 
-use crate::{EtcdCluster, RedisCluster, SqlKind, SqlServer};
+use crate::{EtcdCluster, RedisCluster, SqlKind, SqlServer, ZkEnsemble};
 
 /// Which store a test or a benchmark item runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,8 @@ pub enum Backend {
     Postgres,
     /// A MariaDB server (the SQL store's `mysql` dialect).
     Mariadb,
+    /// A ZooKeeper ensemble.
+    Zookeeper,
 }
 
 impl Backend {
@@ -45,6 +48,7 @@ impl Backend {
             Backend::Embedded => "embedded",
             Backend::Postgres => "PostgreSQL",
             Backend::Mariadb => "MariaDB",
+            Backend::Zookeeper => "ZooKeeper",
         }
     }
 
@@ -53,16 +57,16 @@ impl Backend {
         match self {
             Backend::Postgres => Some(SqlKind::Postgres),
             Backend::Mariadb => Some(SqlKind::Mariadb),
-            Backend::Redis | Backend::Etcd | Backend::Embedded => None,
+            Backend::Redis | Backend::Etcd | Backend::Embedded | Backend::Zookeeper => None,
         }
     }
 
-    /// Starts the backend's usual cluster: 5 Redis nodes without persistence, 3 etcd members, or one
-    /// embedded database file, or one SQL server.
+    /// Starts the backend's usual cluster: 5 Redis nodes without persistence, 3 etcd or ZooKeeper
+    /// members, or one embedded database file, or one SQL server.
     pub fn start(self) -> Cluster {
         match self {
             Backend::Redis => self.start_nodes(5),
-            Backend::Etcd => self.start_nodes(3),
+            Backend::Etcd | Backend::Zookeeper => self.start_nodes(3),
             Backend::Embedded | Backend::Postgres | Backend::Mariadb => self.start_nodes(1),
         }
     }
@@ -73,6 +77,7 @@ impl Backend {
         match self {
             Backend::Redis => Cluster::Redis(RedisCluster::start(n)),
             Backend::Etcd => Cluster::Etcd(EtcdCluster::with_members(n)),
+            Backend::Zookeeper => Cluster::Zookeeper(ZkEnsemble::start(n)),
             Backend::Embedded => {
                 assert_eq!(n, 1, "the embedded store is one database file");
                 Cluster::Embedded(EmbeddedFile::new())
@@ -89,11 +94,13 @@ impl Backend {
     /// 2 s and the node timeout at least a quarter of it (several times a commit on a loaded 2-core
     /// machine, and still well inside the lease); an embedded store's write is an fsync'd commit, slow on a
     /// loaded machine, so its TTL is at least a second; a SQL store's calls are transactions whose commit
-    /// is an fsync on a server that shares the machine with the test, so it gets etcd's bounds.
+    /// is an fsync on a server that shares the machine with the test, so it gets etcd's bounds; so does a
+    /// ZooKeeper store, whose writes are quorum commits and whose lease is a session (the ensemble grants
+    /// sessions of 0.5–20 s).
     pub fn adapt(self, settings: LockSettings) -> LockSettings {
         match self {
             Backend::Redis => settings,
-            Backend::Etcd | Backend::Postgres | Backend::Mariadb => {
+            Backend::Etcd | Backend::Postgres | Backend::Mariadb | Backend::Zookeeper => {
                 let ttl = settings.ttl.max(Duration::from_secs(2));
                 LockSettings {
                     ttl,
@@ -115,7 +122,9 @@ impl Backend {
 
     /// How long after its holder's deadline the store surely has dropped a lease of `ttl` that nobody
     /// renewed: on Redis and the embedded store the TTL (plus a margin); on etcd the lease's whole
-    /// seconds, the leader's expiry check (every 500 ms) and the revoke's commit.
+    /// seconds, the leader's expiry check (every 500 ms) and the revoke's commit; on ZooKeeper the session
+    /// timeout (the TTL) counted from the session's last contact, the leader's expiry check (each tick,
+    /// 250 ms in the test ensemble) and the session's close, a commit that deletes its ephemeral nodes.
     pub fn expiry(self, ttl: Duration) -> Duration {
         match self {
             // The SQL server expires a lease on its own clock, read by the next claim: a TTL after the
@@ -127,12 +136,13 @@ impl Backend {
                 Duration::from_secs(ttl.as_millis().div_ceil(1000) as u64)
                     + Duration::from_millis(1_500)
             }
+            Backend::Zookeeper => ttl + Duration::from_millis(1_000),
         }
     }
 
     /// The `jobs.yaml` section that names a store at `addresses`: `redis: nodes:`, `etcd: endpoints:`,
     /// `embedded: path:` (the one address being the database file), or `postgres: url:` / `mysql: url:`
-    /// (without TLS: the test servers serve none).
+    /// (without TLS: the test servers serve none), `zookeeper: hosts:`.
     pub fn section(self, addresses: &[String]) -> String {
         // JSON strings are YAML strings; `$` is doubled because the config expands `${VAR}`.
         let quoted: Vec<String> = addresses
@@ -147,6 +157,7 @@ impl Backend {
                 format!("postgres:\n  url: {}\n  tls: disable\n", quoted.join(", "))
             }
             Backend::Mariadb => format!("mysql:\n  url: {}\n  tls: disable\n", quoted.join(", ")),
+            Backend::Zookeeper => format!("zookeeper:\n  hosts: [{}]\n", quoted.join(", ")),
         }
     }
 }
@@ -158,6 +169,7 @@ pub enum Cluster {
     Embedded(EmbeddedFile),
     /// One PostgreSQL or MariaDB server of its own.
     Sql(SqlServer),
+    Zookeeper(ZkEnsemble),
 }
 
 impl Cluster {
@@ -165,6 +177,7 @@ impl Cluster {
         match self {
             Cluster::Redis(_) => Backend::Redis,
             Cluster::Etcd(_) => Backend::Etcd,
+            Cluster::Zookeeper(_) => Backend::Zookeeper,
             Cluster::Embedded(_) => Backend::Embedded,
             Cluster::Sql(server) => match server.kind() {
                 SqlKind::Postgres => Backend::Postgres,
@@ -205,15 +218,18 @@ impl Cluster {
             Backend::Embedded => "embedded",
             Backend::Postgres => "postgres",
             Backend::Mariadb => "mariadb",
+            Backend::Zookeeper => "zookeeper",
         };
         format!("{kind}|{}", self.urls().join(","))
     }
 
-    /// The nodes' URLs, the members' endpoints, or the database file's path.
+    /// The nodes' URLs, the members' endpoints (ZooKeeper's `127.0.0.1:<port>`), or the database file's
+    /// path.
     pub fn urls(&self) -> Vec<String> {
         match self {
             Cluster::Redis(cluster) => cluster.urls(),
             Cluster::Etcd(cluster) => cluster.endpoints(),
+            Cluster::Zookeeper(ensemble) => ensemble.addresses(),
             Cluster::Embedded(file) => vec![file.path().display().to_string()],
             Cluster::Sql(server) => vec![server.url()],
         }
@@ -231,6 +247,7 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.len(),
             Cluster::Etcd(cluster) => cluster.len(),
+            Cluster::Zookeeper(ensemble) => ensemble.len(),
             Cluster::Embedded(_) | Cluster::Sql(_) => 1,
         }
     }
@@ -244,6 +261,7 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.port(i),
             Cluster::Etcd(cluster) => cluster.client_port(i),
+            Cluster::Zookeeper(ensemble) => ensemble.client_port(i),
             Cluster::Embedded(_) => panic!("the embedded store has no port"),
             Cluster::Sql(server) => server.port(),
         }
@@ -254,6 +272,7 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.pid(i),
             Cluster::Etcd(cluster) => cluster.pid(i),
+            Cluster::Zookeeper(ensemble) => ensemble.pid(i),
             Cluster::Embedded(_) => None,
             Cluster::Sql(server) => server.pid(),
         }
@@ -281,7 +300,7 @@ impl Cluster {
         })
     }
 
-    /// Hangs node `i`: SIGSTOP for a Redis node or an etcd member (its socket accepts requests and never
+    /// Hangs node `i`: SIGSTOP for a Redis node, an etcd or a ZooKeeper member (its socket accepts requests and never
     /// answers); on the embedded store, another connection takes the file's write lock and keeps it, so
     /// that every write waits for it until its busy timeout; a SQL server is SIGSTOPped (every process of
     /// it).
@@ -289,6 +308,7 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.stop(i),
             Cluster::Etcd(cluster) => cluster.stop(i),
+            Cluster::Zookeeper(ensemble) => ensemble.stop(i),
             Cluster::Embedded(file) => file.lock(),
             Cluster::Sql(server) => server.stop(),
         }
@@ -299,19 +319,24 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.cont(i),
             Cluster::Etcd(cluster) => cluster.cont(i),
+            Cluster::Zookeeper(ensemble) => ensemble.cont(i),
             Cluster::Embedded(file) => file.unlock(),
             Cluster::Sql(server) => server.cont(),
         }
     }
 
-    /// Hangs ([`Self::stop`]) a majority: Redis nodes 0..N/2+1; on etcd the leader and one more member, so
-    /// that the member left cannot answer for the cluster; the embedded store's file.
+    /// Hangs ([`Self::stop`]) a majority: Redis nodes 0..N/2+1; on etcd and ZooKeeper the leader and one
+    /// more member, so that the member left cannot answer for the cluster; the embedded store's file.
     pub fn stop_majority(&mut self) -> Vec<usize> {
         let stopped: Vec<usize> = match self {
             Cluster::Redis(cluster) => (0..cluster.len() / 2 + 1).collect(),
             Cluster::Etcd(cluster) => {
                 let leader = cluster.leader();
                 vec![leader, (leader + 1) % cluster.len()]
+            }
+            Cluster::Zookeeper(ensemble) => {
+                let leader = ensemble.wait_leader(Duration::from_secs(10));
+                vec![leader, (leader + 1) % ensemble.len()]
             }
             Cluster::Embedded(_) | Cluster::Sql(_) => vec![0],
         };
@@ -333,6 +358,7 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => (0..cluster.len()).for_each(|i| cluster.flushall(i)),
             Cluster::Etcd(cluster) => cluster.delete_all(),
+            Cluster::Zookeeper(ensemble) => ensemble.delete_all(),
             Cluster::Embedded(file) => file.empty(),
             Cluster::Sql(server) => server.flush("redcron"),
         }
@@ -352,6 +378,7 @@ pub fn worker_config(
         Backend::Redis | Backend::Embedded => SHORT_LEASES,
         Backend::Etcd => ETCD_LEASES,
         Backend::Postgres | Backend::Mariadb => SQL_LEASES,
+        Backend::Zookeeper => ZK_LEASES,
     };
     let section = backend.section(addresses);
     format!("{section}{lock}worker:\n{worker_section}jobs:\n{jobs}")
@@ -369,6 +396,12 @@ const ETCD_LEASES: &str =
 /// loaded test machine, so room for it, as on etcd.
 const SQL_LEASES: &str =
     "lock:\n  ttl: 3s\n  renew_every: 1s\n  node_timeout: 300ms\n  retry_delay: 50ms\n";
+
+/// The lock settings of a worker's config on ZooKeeper: the lease is the session (4 s, within the test
+/// ensemble's 0.5–20 s), renewed every second; a claim is a quorum commit, so room for it, as on etcd —
+/// `node_timeout` at its bound, a tenth of the TTL.
+pub const ZK_LEASES: &str =
+    "lock:\n  ttl: 4s\n  renew_every: 1s\n  node_timeout: 400ms\n  retry_delay: 50ms\n";
 
 /// The embedded store's database file, `redcron.db` in a temporary directory removed on drop, and the
 /// connection that holds its write lock while it is hung ([`Cluster::stop`]).
@@ -481,6 +514,7 @@ pub fn store_keeping(spec: &str, settings: LockSettings, history: HistorySetting
         "embedded" => Backend::Embedded,
         "postgres" => Backend::Postgres,
         "mariadb" => Backend::Mariadb,
+        "zookeeper" => Backend::Zookeeper,
         other => panic!("unknown store kind {other}"),
     };
     open(backend, &addresses, settings, history)
@@ -521,6 +555,15 @@ fn open(
             };
             Store::Sql(Box::new(SqlStore::new(&config, settings, history)?))
         }
+        Backend::Zookeeper => {
+            let config = ZookeeperConfig {
+                hosts: addresses.to_vec(),
+                session_timeout: settings.ttl,
+                auth: None,
+                tls: None,
+            };
+            Store::Zookeeper(Box::new(ZookeeperStore::new(&config, settings, history)?))
+        }
     })
 }
 
@@ -543,6 +586,20 @@ impl EtcdCluster {
         open(
             Backend::Etcd,
             &self.endpoints(),
+            settings,
+            HistorySettings::default(),
+        )
+        .expect("no TLS files to read")
+    }
+}
+
+impl ZkEnsemble {
+    /// A redcron store on every member, with `settings` as they are (the session timeout their TTL) and
+    /// the default history bound.
+    pub fn store(&self, settings: LockSettings) -> Store {
+        open(
+            Backend::Zookeeper,
+            &self.addresses(),
             settings,
             HistorySettings::default(),
         )

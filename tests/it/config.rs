@@ -200,7 +200,7 @@ fn unknown_fields() {
         lines[1]
     );
     let got = only_problem(&format!("{JOB}colour: blue\n"));
-    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `etcd`, `postgres`, `mysql`, `embedded`, `lock`, `worker`, `history`, `alerts`, `dashboard`, `jobs`"), "{got}");
+    assert!(got.starts_with("jobs.yaml:5:1: colour: unknown field `colour`; expected one of `redis`, `etcd`, `zookeeper`, `postgres`, `mysql`, `embedded`, `lock`, `worker`, `history`, `alerts`, `dashboard`, `jobs`"), "{got}");
 }
 
 /// A bad cron expression points at the value and says which field is wrong.

@@ -46,7 +46,14 @@ const MODULES: &[&str] = &[
 
 /// The stores a suite is instantiated for (`conformance::etcd::name`, `lock::redis::name`): a citation may
 /// name the store between the module and the test.
-const STORES: &[&str] = &["redis", "etcd", "embedded", "postgres", "mariadb"];
+const STORES: &[&str] = &[
+    "redis",
+    "etcd",
+    "embedded",
+    "postgres",
+    "mariadb",
+    "zookeeper",
+];
 
 /// Every `module::name` (or `module::<store>::name`, one store's run of a test) in backticks in `text`
 /// whose module is one of [`MODULES`].

@@ -45,3 +45,5 @@ mod trigger;
 mod trigger_clock;
 mod worker;
 mod yaml_limits;
+mod zookeeper;
+mod zookeeper_tls;

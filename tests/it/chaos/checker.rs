@@ -581,7 +581,8 @@ fn check_cases(
 }
 
 /// Whether a `store.entry_skipped` is about a history entry: `history entry skipped` on Redis and etcd,
-/// `history entry of tick "<tick>" … skipped` on a SQL server (whose rows are named by their tick).
+/// `history entry of tick "<tick>" … skipped` on a SQL server (whose rows are named by their tick),
+/// `history entry "<tick>-<id>" skipped` on ZooKeeper (its node's name, the id escaped).
 /// The id an entry skipped names: what follows `triggers/` or `members/` up to the closing quote.
 fn stored_key(error: &str) -> Option<&str> {
     let start = ["triggers/", "members/"]
@@ -595,6 +596,7 @@ fn stored_key(error: &str) -> Option<&str> {
 fn names_junk_history(error: &str) -> bool {
     error.contains("history entry skipped")
         || error.contains("history entry of tick") && error.contains("skipped")
+        || error.starts_with("zookeeper: history entry \"") && error.contains("skipped")
 }
 
 /// Rule 12, and the count of skipped entries.

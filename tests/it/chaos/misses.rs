@@ -281,6 +281,12 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         (StoreKind::Etcd, c) if c.contains("nodes stalled") => {
             "no etcd leader within the tick's window: linearizable reads stalled on a majority of members (an election, measured by the probe)"
         }
+        (StoreKind::Zookeeper, c) if c.starts_with("no quorum of Redis") => {
+            "no quorum of ZooKeeper members at any attempt within the tick's window (members killed or hung)"
+        }
+        (StoreKind::Zookeeper, c) if c.contains("nodes stalled") => {
+            "no ZooKeeper leader within the tick's window: writes stalled on a majority of members (an election, measured by the probe)"
+        }
         (StoreKind::Postgres | StoreKind::Mariadb, c) if c.starts_with("no quorum of Redis") => {
             "the SQL server was down or hung at every attempt within the tick's window (killed and restarting, or SIGSTOPped)"
         }
@@ -355,7 +361,8 @@ fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
                     .filter(|(c, _, _)| c == claimant)
                     .map(|(_, _, expires)| expires - e.ttl_ms)
                     .min()?,
-                StoreKind::Etcd => facts.race_time(worker, tick),
+                // ZooKeeper's lease is the session: no expiry in its log either.
+                StoreKind::Etcd | StoreKind::Zookeeper => facts.race_time(worker, tick),
                 // The lease row's expiry, written by the server's triggers (`super::sql_claims`).
                 StoreKind::Postgres | StoreKind::Mariadb => leases
                     .iter()

@@ -168,6 +168,8 @@ impl Plan {
             // for its full TTL (etcd's `Promote`): the paused holder's lease could outlive the case's
             // pause, and nobody would take its job over. So on etcd a calm stretch is calm.
             // On a SQL store a server fault takes the whole store away, takeover included.
+            // On ZooKeeper a member fault may move sessions, and a session that cannot move in time
+            // ends its leases: the paused holder's takeover would then be a different story.
             let disturbs_case = store != StoreKind::Redis || !episode.fault.is_node_fault();
             if episode.end_ms() + CALM_END_MS > total_ms
                 || (disturbs_case && calm.iter().any(|&(from, to)| episode.overlaps(from, to)))
@@ -216,7 +218,7 @@ impl Plan {
                 count(&|f| matches!(f, Fault::Garbage(_))),
             );
         }
-        if self.store == StoreKind::Etcd {
+        if self.store.has_leader() {
             return format!(
                 "{} worker pauses ({} of the long job's holder), {} worker crashes ({} aimed at a race), \
                  {} rollouts, {} member kills ({} of the leader), {} member hangs ({} of the leader), \
@@ -392,7 +394,7 @@ fn garbage(rng: &mut SplitMix64, episodes: &mut Vec<Episode>, total_ms: u64, sto
                 let order: [usize; NODES] = rng.permutation();
                 order[..count].iter().fold(0u8, |mask, n| mask | 1 << n)
             }
-            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb => 0,
+            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb | StoreKind::Zookeeper => 0,
         };
         let jobs = super::jobs().len() as u64;
         episodes.push(Episode {
@@ -418,7 +420,7 @@ fn random_fault(rng: &mut SplitMix64, timing: Timing, store: StoreKind) -> Fault
             return fault;
         }
     }
-    if store == StoreKind::Etcd {
+    if store.has_leader() {
         if let Some(fault) = member_fault(rng, roll, store) {
             return fault;
         }
@@ -825,6 +827,53 @@ mod tests {
         assert!(any(&|f| matches!(f, Fault::Jump { .. })));
     }
 
+    /// A ZooKeeper plan as long as the CI run's (40 s): as on etcd, one member fault at a time, of a given
+    /// member or of the leader, and no fault that is Redis's own; the stale-write case in every plan; over
+    /// 20 seeds, every kind of member and worker fault.
+    #[test]
+    fn zookeeper_plans_fault_one_member_at_a_time() {
+        let store = StoreKind::Zookeeper;
+        let timing = Timing {
+            ttl_ms: store.ttl_ms(),
+            long_ms: 5_500,
+        };
+        let plans: Vec<Plan> = (0..200)
+            .map(|seed| Plan::generate(seed, 40, timing, store))
+            .collect();
+        for plan in &plans {
+            let seed = plan.seed;
+            let cases: Vec<Case> = plan.episodes.iter().filter_map(|e| e.case).collect();
+            assert_eq!(cases, [Case::StaleWriteRejected], "seed {seed}");
+            for t in (0..40_000).step_by(50) {
+                let members = plan
+                    .episodes
+                    .iter()
+                    .filter(|e| e.at_ms <= t && t < e.end_ms() && e.fault.is_node_fault())
+                    .count();
+                assert!(members <= 1, "seed {seed} at {t}: {members} member faults");
+            }
+            for e in &plan.episodes {
+                assert!(
+                    !matches!(
+                        e.fault,
+                        Fault::Proxy { .. } | Fault::StallAll { .. } | Fault::Ghost(_)
+                    ),
+                    "seed {seed}: {}",
+                    e.fault
+                );
+                assert!(e.fault.node().is_none_or(|n| n < 3), "seed {seed}");
+            }
+        }
+        let any = |pred: &dyn Fn(&Fault) -> bool| any_fault(&plans[..20], pred);
+        assert!(any(&|f| matches!(f, Fault::KillNode { .. })));
+        assert!(any(&|f| matches!(f, Fault::KillLeader { .. })));
+        assert!(any(&|f| matches!(f, Fault::HangNode { .. })));
+        assert!(any(&|f| matches!(f, Fault::HangLeader { .. })));
+        assert!(any(&|f| matches!(f, Fault::Pause { .. })));
+        assert!(any(&|f| matches!(f, Fault::Crash { .. })));
+        assert!(any(&|f| matches!(f, Fault::Jump { .. })));
+    }
+
     /// Garbage is planted three or four times in a 75 s plan (one or two in etcd's 45 s), on a minority of
     /// the Redis nodes in some plans and a majority in others, each plant with a tag of its own; and the
     /// plants come from a generator of their own: without them a seed's plan is the same fault for fault.
@@ -836,6 +885,7 @@ mod tests {
                 (StoreKind::Redis, 75, 3..=5),
                 (StoreKind::Etcd, 45, 1..=3),
                 (StoreKind::Postgres, 45, 1..=3),
+                (StoreKind::Zookeeper, 40, 1..=3),
             ] {
                 let plan = Plan::generate(seed, secs, TIMING, store);
                 let plants: Vec<Garbage> = plan
@@ -866,7 +916,10 @@ mod tests {
                             minority |= nodes <= 2;
                             majority |= nodes >= 3;
                         }
-                        StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb => {
+                        StoreKind::Etcd
+                        | StoreKind::Postgres
+                        | StoreKind::Mariadb
+                        | StoreKind::Zookeeper => {
                             assert_eq!(nodes, 0)
                         }
                     }

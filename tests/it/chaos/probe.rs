@@ -17,6 +17,9 @@
 //! (`chaos_probe`, as the administrator), in a transaction of its own, which waits for the server's
 //! fsync as every claim does. A commit slower than 150 ms, or one without an answer, is a stall; a
 //! refused connection (the server killed) is the plan's business.
+//!
+//! On ZooKeeper the probe writes, as a claim does: a `setData` through each member, answered once the
+//! leader has a quorum's acknowledgement, so it stalls during an election as etcd's read does.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -67,6 +70,7 @@ impl Probe {
                     .spawn(move || match store {
                         StoreKind::Redis => probe(node, port, &stop, &stalls),
                         StoreKind::Etcd => probe_etcd(node, port, &stop, &stalls),
+                        StoreKind::Zookeeper => probe_zookeeper(node, port, &stop, &stalls),
                         StoreKind::Postgres | StoreKind::Mariadb => {
                             probe_sql(store, port, &stop, &stalls)
                         }
@@ -148,6 +152,49 @@ fn probe_etcd(node: usize, port: u16, stop: &AtomicBool, stalls: &Mutex<Vec<Stal
                     from: sent,
                     to: sent + took.max(PERIOD).as_millis() as i64,
                 });
+            }
+        }
+        std::thread::sleep(PERIOD.saturating_sub(tick.elapsed()));
+    }
+}
+
+/// Probes the ZooKeeper member on `port` with one write every [`PERIOD`]: a `setData` of the probe's node
+/// in a session of its own on that member, which the member forwards to the leader and answers once a
+/// quorum committed it — as every claim is. A write slower than [`ETCD_STALL`], or one without an answer
+/// (an election, a leader that cannot reach a quorum), is a stall; a refused connection (a killed
+/// member) is the plan's business, and a session lost with its member is made again next time.
+fn probe_zookeeper(node: usize, port: u16, stop: &AtomicBool, stalls: &Mutex<Vec<Stall>>) {
+    use testkit::zookeeper::{WireError, ZkSession, NO_NODE};
+
+    let path = format!("/chaos-probe-{node}");
+    let mut session: Option<ZkSession> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let tick = Instant::now();
+        let refused = std::net::TcpStream::connect(("127.0.0.1", port)).is_err();
+        if refused {
+            session = None;
+        } else {
+            let (sent, started) = (now_ms(), Instant::now());
+            if session.is_none() {
+                session = ZkSession::connect(port, GIVE_UP * 2).ok();
+            }
+            let answered = session
+                .as_mut()
+                .is_some_and(|s| match s.set_data(&path, b"probe") {
+                    Err(WireError::Code(NO_NODE)) => s.create(&path, b"probe").is_ok(),
+                    other => other.is_ok(),
+                });
+            let took = started.elapsed();
+            if took > ETCD_STALL || !answered {
+                let mut all = stalls.lock().unwrap_or_else(|p| p.into_inner());
+                all.push(Stall {
+                    node,
+                    from: sent,
+                    to: sent + took.max(PERIOD).as_millis() as i64,
+                });
+            }
+            if !answered {
+                session = None;
             }
         }
         std::thread::sleep(PERIOD.saturating_sub(tick.elapsed()));

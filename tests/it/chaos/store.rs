@@ -1,5 +1,5 @@
 //! Which store the chaos cluster runs on, and what follows from that choice: how many nodes (Redis lock
-//! nodes, etcd members, or the one SQL server), the lease timing the workers are configured with, and how long a lease whose
+//! nodes, etcd or ZooKeeper members, or the one SQL server), the lease timing the workers are configured with, and how long a lease whose
 //! holder stopped renewing may still hold its key.
 //!
 //! The plan, the harness and the miss rules ask this instead of assuming Redis; the safety rules of the
@@ -16,14 +16,16 @@ pub enum StoreKind {
     Postgres,
     /// One MariaDB server (the SQL store's `mysql` dialect).
     Mariadb,
+    /// A 3-member ZooKeeper ensemble.
+    Zookeeper,
 }
 
 impl StoreKind {
-    /// Lock nodes, or etcd members.
+    /// Lock nodes, or etcd or ZooKeeper members.
     pub fn nodes(self) -> usize {
         match self {
             StoreKind::Redis => super::plan::NODES,
-            StoreKind::Etcd => 3,
+            StoreKind::Etcd | StoreKind::Zookeeper => 3,
             StoreKind::Postgres | StoreKind::Mariadb => 1,
         }
     }
@@ -33,8 +35,14 @@ impl StoreKind {
         match self {
             StoreKind::Postgres => Some(testkit::SqlKind::Postgres),
             StoreKind::Mariadb => Some(testkit::SqlKind::Mariadb),
-            StoreKind::Redis | StoreKind::Etcd => None,
+            StoreKind::Redis | StoreKind::Etcd | StoreKind::Zookeeper => None,
         }
+    }
+
+    /// Whether the store is an ensemble of members with a leader (etcd, ZooKeeper): its node faults are
+    /// member kills and hangs, of a given member or of the leader, one at a time.
+    pub fn has_leader(self) -> bool {
+        matches!(self, StoreKind::Etcd | StoreKind::Zookeeper)
     }
 
     /// How many of [`Self::nodes`] a plan may take down at once: a minority — except on a SQL store,
@@ -43,18 +51,21 @@ impl StoreKind {
     pub fn max_node_faults(self) -> usize {
         match self {
             StoreKind::Postgres | StoreKind::Mariadb => 1,
-            StoreKind::Redis | StoreKind::Etcd => (self.nodes() - 1) / 2,
+            StoreKind::Redis | StoreKind::Etcd | StoreKind::Zookeeper => (self.nodes() - 1) / 2,
         }
     }
 
     /// The workers' `lock.ttl`. On a SQL store every claim is a transaction whose commit is an fsync on
     /// a server sharing the 2-core machine with the workers: etcd's timing. On etcd a lease lives whole seconds and every claim is a Raft commit (an
     /// fsync on a majority), and `node_timeout` may be at most a tenth of the TTL: 3 s allows 300 ms per
-    /// request, several times a commit on a loaded 2-core machine.
+    /// request, several times a commit on a loaded 2-core machine. On ZooKeeper the lease is the session
+    /// (its timeout the TTL): 4 s, so that a session whose member was killed or hung has time to move to
+    /// another member (the client gives up on a silent one after two thirds of the timeout).
     pub fn ttl_ms(self) -> u64 {
         match self {
             StoreKind::Redis => 2_000,
             StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb => 3_000,
+            StoreKind::Zookeeper => 4_000,
         }
     }
 
@@ -62,7 +73,9 @@ impl StoreKind {
     pub fn renew_ms(self) -> u64 {
         match self {
             StoreKind::Redis => 600,
-            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb => 1_000,
+            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb | StoreKind::Zookeeper => {
+                1_000
+            }
         }
     }
 
@@ -76,11 +89,16 @@ impl StoreKind {
     /// the lease on the leader at its TTL in whole seconds, finds it in its next expiry check (every
     /// 500 ms) and deletes the key by a revoke that is itself a Raft commit: the test support's bound for
     /// that, [`crate::support::Backend::expiry`]. A SQL server's lease ends a TTL after the claim or
-    /// renewal on its own clock, and the next claim reads that: as on Redis.
+    /// renewal on its own clock, and the next claim reads that: as on Redis. ZooKeeper ends a lease with
+    /// its session, a session timeout after the session's last contact, found by the leader's next
+    /// expiry check and closed by a commit: [`crate::support::Backend::expiry`].
     pub fn lease_hold_ms(self, ttl_ms: i64) -> i64 {
         match self {
             StoreKind::Redis | StoreKind::Postgres | StoreKind::Mariadb => ttl_ms,
             StoreKind::Etcd => crate::support::Backend::Etcd
+                .expiry(std::time::Duration::from_millis(ttl_ms.max(0) as u64))
+                .as_millis() as i64,
+            StoreKind::Zookeeper => crate::support::Backend::Zookeeper
                 .expiry(std::time::Duration::from_millis(ttl_ms.max(0) as u64))
                 .as_millis() as i64,
         }

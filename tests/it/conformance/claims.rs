@@ -14,7 +14,8 @@ use super::{race_settings, request, settings, settled, warm};
 use crate::support::{store_on, won, Backend, Cluster};
 
 /// Happy path: acquire, renew, release; validity is positive and below the TTL; the token is above the
-/// tick's floor on Redis and the embedded store, and is the claim's revision (above zero) on etcd.
+/// tick's floor on Redis and the embedded store, and is the claim's revision (above zero) on etcd, its
+/// zxid on ZooKeeper.
 pub(super) async fn acquire_renew_release(backend: Backend) {
     let cluster = backend.start();
     let store = cluster.store(settings(2_000));
@@ -27,7 +28,7 @@ pub(super) async fn acquire_renew_release(backend: Backend) {
         Backend::Redis | Backend::Embedded | Backend::Postgres | Backend::Mariadb => {
             token_floor(Tick(1_000))
         }
-        Backend::Etcd => 1,
+        Backend::Etcd | Backend::Zookeeper => 1,
     };
     assert!(lease.token >= floor, "token {} below {floor}", lease.token);
     let before = lease.deadline();
@@ -120,6 +121,7 @@ fn contender_process() {
         Some("embedded") => Backend::Embedded,
         Some("postgres") => Backend::Postgres,
         Some("mariadb") => Backend::Mariadb,
+        Some("zookeeper") => Backend::Zookeeper,
         _ => Backend::Redis,
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
@@ -432,6 +434,7 @@ fn fence(cluster: &Cluster, job: &str) -> Option<u64> {
             vec![found.trim().parse().ok()]
         }
         Cluster::Etcd(_) => panic!("etcd's tokens are revisions: no fence counter"),
+        Cluster::Zookeeper(_) => panic!("ZooKeeper's tokens are zxids: no fence counter"),
     };
     let majority = fences.len() / 2 + 1;
     let held = |value: &Option<u64>| fences.iter().filter(|f| *f == value).count();
@@ -471,5 +474,6 @@ fn plant_fence(cluster: &Cluster, job: &str, fence: u64) {
             ));
         }
         Cluster::Etcd(_) => panic!("etcd's tokens are revisions: no fence counter"),
+        Cluster::Zookeeper(_) => panic!("ZooKeeper's tokens are zxids: no fence counter"),
     }
 }

@@ -57,7 +57,11 @@ pub(super) async fn renewal_after_the_deadline_never_revives(backend: Backend) {
     // Above the embedded store's busy timeout (2 s), so that its first renewal fails before the deadline.
     let ttl = match backend {
         Backend::Embedded => 4_000,
-        Backend::Redis | Backend::Etcd | Backend::Postgres | Backend::Mariadb => 400,
+        Backend::Redis
+        | Backend::Etcd
+        | Backend::Postgres
+        | Backend::Mariadb
+        | Backend::Zookeeper => 400,
     };
     let store = cluster.store(settings(ttl));
     warm(&store).await;

@@ -1,6 +1,6 @@
 //! The conformance suite: the guarantees every store keeps, proved through [`redcron::store::Store`] alone
 //! on each store — 5 Redis nodes, a 3-member etcd cluster, the embedded store's SQLite file, a PostgreSQL
-//! server and a MariaDB server.
+//! server, a MariaDB server and a 3-member ZooKeeper ensemble.
 //!
 //! [`conformance!`] instantiates the whole suite once per store, as `conformance::<store>::<test>`, so that
 //! one store's run is one filter (`cargo test --test it conformance::embedded`); a store's own faults (a
@@ -137,3 +137,4 @@ conformance!(mariadb, Backend::Mariadb, extra: [
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
 ]);
+conformance!(zookeeper, Backend::Zookeeper, extra: []);

@@ -7,12 +7,16 @@
 //! plants while nodes are killed and hung, and must go on. On a SQL server the same garbage goes into
 //! the workers' tables as rows (a request, a member, an entry each), through the server's own client;
 //! the caller plants only while the server serves (a hung one would hold the client for its 30 s bound).
+//! On ZooKeeper it goes into the store's nodes under the chroot (`/redcron/triggers/<id>`,
+//! `/redcron/members/<id>`, `/redcron/history/<job>/<tick>-<id>`) through the harness's own client; the
+//! ensemble has no expiring nodes, so a plant stays for the rest of the run.
 
 use std::time::Duration;
 
 use chrono::Utc;
 
-use testkit::{SqlKind, SqlServer};
+use testkit::zookeeper::{WireError, ZkSession, NODE_EXISTS};
+use testkit::{SqlKind, SqlServer, ZkEnsemble};
 
 use crate::support::{Cluster, EtcdCluster, RedisCluster};
 
@@ -31,6 +35,8 @@ pub enum Target<'a> {
     Etcd(&'a EtcdCluster),
     /// A SQL server, written with SQL as its administrator into the workers' tables (`redcron_*`).
     Sql(&'a SqlServer),
+    /// A ZooKeeper ensemble, written through the harness's own client into the store's nodes.
+    Zookeeper(&'a ZkEnsemble),
 }
 
 impl<'a> Target<'a> {
@@ -46,6 +52,7 @@ impl<'a> Target<'a> {
                 panic!("the embedded store's garbage is planted in its file (store_garbage.rs)")
             }
             Cluster::Sql(server) => Target::Sql(server),
+            Cluster::Zookeeper(members) => Target::Zookeeper(members),
         }
     }
 }
@@ -194,6 +201,15 @@ fn plant_keyed(
                 .collect();
             exec_sql(server, &rows)
         }
+        // No expiry on ZooKeeper: a node stays until deleted (the store deletes requests only once
+        // they are read as expired, which garbage never is).
+        Target::Zookeeper(members) => create_all(
+            members,
+            entries
+                .iter()
+                .map(|(id, value)| (format!("/{PREFIX}/{kind}/{id}"), value.clone()))
+                .collect(),
+        ),
         // On etcd the same expiry, as an etcd lease of the time left: garbage that stayed for good made
         // every worker read megabytes of it each second by the end of a long chaos run, and the cluster
         // too slow to take a member back (the soaks' "not healthy within 20 s").
@@ -247,6 +263,17 @@ pub fn plant_history(
             let sortable = (i128::from(tick) - i128::from(i64::MIN)) as u64;
             let key = format!("{base}/{sortable:020}/{id}");
             put_all(members, vec![(key, value.to_string())], None)
+        }
+        Target::Zookeeper(members) => {
+            // The store's node: the tick as 20 digits that sort as it does, then the id, each made a
+            // node name as the store makes it (bytes outside [A-Za-z0-9_:-] as `%XX`).
+            let sortable = (i128::from(tick) - i128::from(i64::MIN)) as u64;
+            let path = format!(
+                "/{PREFIX}/history/{}/{sortable:020}-{}",
+                node_name(job),
+                node_name(id)
+            );
+            create_all(members, vec![(path, value.to_string())])
         }
     }
 }
@@ -312,6 +339,51 @@ fn on_nodes(
             .filter_map(|w| w.join().unwrap_or_else(|_| Some("panicked".into())))
             .collect()
     })
+}
+
+/// A job, request or entry id as the ZooKeeper store names its node: bytes outside `[A-Za-z0-9_:-]` as
+/// `%XX`, so that no name makes a path.
+fn node_name(text: &str) -> String {
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-' | b':') {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Writes each `(path, data)` into the ensemble (its parents made as needed, an existing node's data
+/// replaced) through one session on the first member that grants one, each request bounded by twice
+/// [`TIMEOUT`]; returns the failures, each naming its path without the chroot (`triggers/<id>`).
+fn create_all(members: &ZkEnsemble, entries: Vec<(String, String)>) -> Vec<String> {
+    let not_planted = |path: &str, why: &dyn std::fmt::Display| {
+        let key = path.trim_start_matches(&format!("/{PREFIX}/"));
+        format!("zookeeper: {key}: {why}")
+    };
+    let session = (0..members.len())
+        .filter(|&i| members.is_serving(i))
+        .find_map(|i| ZkSession::connect(members.client_port(i), TIMEOUT * 2).ok());
+    let Some(mut session) = session else {
+        return entries
+            .iter()
+            .map(|(path, _)| not_planted(path, &"no member granted a session"))
+            .collect();
+    };
+    let mut failures = Vec::new();
+    for (path, data) in entries {
+        let written = match session.create_all(&path, data.as_bytes()) {
+            Ok(()) => session.set_data(&path, data.as_bytes()),
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(()) | Err(WireError::Code(NODE_EXISTS)) => {}
+            Err(e) => failures.push(not_planted(&path, &e)),
+        }
+    }
+    failures
 }
 
 /// Puts each `(key, value)` through a plain client (one request each: etcd takes at most 1.5 MiB per

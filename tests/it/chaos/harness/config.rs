@@ -21,7 +21,7 @@ pub(super) fn faketime_spec(offset_ms: i64) -> String {
 }
 
 /// The jobs file of worker `w` in config `version` (0 or 1), on `store` at `nodes` (Redis URLs, etcd
-/// endpoints, or the SQL server's one URL).
+/// endpoints, ZooKeeper `host:port`s, or the SQL server's one URL).
 pub(super) fn config(
     worker: usize,
     version: usize,
@@ -98,6 +98,7 @@ pub(super) fn config(
     let section = match store {
         StoreKind::Redis => format!("redis:\n  nodes: [{nodes}]"),
         StoreKind::Etcd => format!("etcd:\n  endpoints: [{nodes}]"),
+        StoreKind::Zookeeper => format!("zookeeper:\n  hosts: [{nodes}]"),
         // The test servers serve no TLS.
         StoreKind::Postgres => format!("postgres:\n  url: {nodes}\n  tls: disable"),
         StoreKind::Mariadb => format!("mysql:\n  url: {nodes}\n  tls: disable"),

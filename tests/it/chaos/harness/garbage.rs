@@ -1,7 +1,8 @@
 //! Garbage plants: trigger requests, member records and a history entry that no `redcron` can have
 //! written, planted straight into the store with the helpers of [`crate::support::garbage`] (shared with
 //! `store_garbage`): on the Redis nodes a plant names that serve (directly, not through the proxy),
-//! through a plain etcd client, or with SQL into the SQL server's tables while it serves.
+//! through a plain etcd client, through the harness's own ZooKeeper client, or with SQL into the SQL
+//! server's tables while it serves.
 
 use super::nodes::Nodes;
 use super::{now_ms, Cluster};
@@ -55,9 +56,13 @@ impl Cluster {
                 return;
             }
             Nodes::Sql(server) => (Target::Sql(server), vec![0]),
+            Nodes::Zookeeper(members) => (Target::Zookeeper(members), Vec::new()),
         };
-        // On etcd and SQL a plant is one store's writes: what failed is not there.
-        let etcd = matches!(target, Target::Etcd(_) | Target::Sql(_));
+        // On etcd, ZooKeeper and SQL a plant is one store's writes: what failed is not there.
+        let etcd = matches!(
+            target,
+            Target::Etcd(_) | Target::Sql(_) | Target::Zookeeper(_)
+        );
         let mut failed =
             garbage::plant_triggers(&target, &requests, Some(now_ms() + GARBAGE_KEPT_MS));
         failed.extend(garbage::plant_members(&target, &members));

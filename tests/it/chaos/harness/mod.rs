@@ -39,7 +39,7 @@ use super::store::StoreKind;
 use super::timeline::{Happening, Timeline};
 use crate::support::libfaketime;
 use crate::support::{EtcdCluster, Persistence, RedisCluster, TestDir, Worker};
-use testkit::SqlServer;
+use testkit::{SqlServer, ZkEnsemble};
 
 /// The job that outlives the TTL.
 pub const LONG_JOB: &str = "long";
@@ -160,6 +160,15 @@ impl Cluster {
                 super::sql_claims::record_grants(&server);
                 let url = server.url();
                 (Nodes::Sql(server), None, vec![url])
+            }
+            StoreKind::Zookeeper => {
+                assert!(
+                    breakage != Some(Breakage::SplitQuorum),
+                    "split-quorum breaks Redis quorums; ZooKeeper members answer for their ensemble"
+                );
+                let members = ZkEnsemble::start(store.nodes());
+                let hosts = members.addresses();
+                (Nodes::Zookeeper(members), None, hosts)
             }
         };
         let ports: Vec<u16> = (0..nodes.len()).map(|n| nodes.probe_port(n)).collect();
@@ -318,7 +327,9 @@ impl Cluster {
 
     /// What each lock node confirmed, from its append-only file (read at the end of the run); on etcd,
     /// every claim record the cluster committed, from its history ([`super::etcd_claims`]); on a SQL
-    /// server, every claim and lease row it committed, from its triggers' table ([`super::sql_claims`]).
+    /// server, every claim and lease row it committed, from its triggers' table ([`super::sql_claims`]);
+    /// on ZooKeeper, every claim record each member logged, from its transaction log
+    /// ([`super::zk_claims`]).
     pub fn claim_writes(&self) -> Vec<ClaimWrite> {
         let nodes = match &self.nodes {
             Nodes::Redis(nodes) => nodes,
@@ -326,6 +337,7 @@ impl Cluster {
                 return super::etcd_claims::read_history(&members.endpoints(), members.len())
             }
             Nodes::Sql(server) => return super::sql_claims::read_grants(server),
+            Nodes::Zookeeper(members) => return super::zk_claims::read_logs(members),
         };
         (0..nodes.len())
             .flat_map(|node| claims::read_aof(node, &nodes.dir(node).join("appendonlydir")))
@@ -489,7 +501,7 @@ impl Cluster {
     /// (Redis nodes only).
     pub fn node_stalls(&self) -> Vec<String> {
         let Some(nodes) = self.nodes.redis() else {
-            return vec!["none on etcd or SQL".to_string()];
+            return vec!["none on etcd, ZooKeeper or SQL".to_string()];
         };
         (0..nodes.len())
             .map(|node| {

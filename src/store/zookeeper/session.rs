@@ -1,0 +1,194 @@
+//! The store's ZooKeeper session: connected in the background on first use, shared by every call, and
+//! replaced by a new one once the ensemble expired it (or closed it, or refused its auth).
+//!
+//! A connect runs as a task of its own, so a caller that stops waiting for it (its `node_timeout` passed)
+//! never cancels it: the next call finds the session ready. The client reconnects to another member by
+//! itself within the same session while the session lives; only a new session loses the leases, whose
+//! ephemeral nodes the ensemble deleted with the old one.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, FutureExt as _, Shared};
+use zookeeper_client::{Acls, Client, CreateMode, SessionState, TlsOptions};
+
+use crate::config::ZookeeperConfig;
+use crate::store::StoreError;
+
+/// One ZooKeeper session, chrooted to `/<key_prefix>`.
+pub(super) struct Session {
+    pub client: Client,
+    /// The session id: the `ephemeralOwner` of the nodes this session creates.
+    pub id: i64,
+    /// The session timeout the ensemble negotiated (within its `tickTime × 2 … × 20`): the one that
+    /// bounds leases, whatever was asked for.
+    pub timeout: Duration,
+    /// The ACL of every node the store creates: the creator's (digest auth) or anyone's.
+    pub acls: Acls<'static>,
+}
+
+impl Session {
+    /// Whether the session may still serve: not expired, closed or refused (a disconnected client
+    /// reconnects within the session).
+    pub fn usable(&self) -> bool {
+        !matches!(
+            self.client.state(),
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
+        )
+    }
+}
+
+type Connecting = Shared<BoxFuture<'static, Result<Arc<Session>, String>>>;
+
+/// What a connect needs, kept for every later connect.
+struct Spec {
+    /// `host:port,host:port`, as the client's connect string takes it.
+    hosts: String,
+    chroot: String,
+    timeout: Duration,
+    /// `user:password` for digest auth.
+    digest: Option<String>,
+    tls: Option<TlsOptions>,
+}
+
+/// The session of a store, and the connect under way.
+pub(super) struct Sessions {
+    spec: Arc<Spec>,
+    connecting: Mutex<Option<Connecting>>,
+}
+
+impl Sessions {
+    /// Sessions for the ensemble of `config`, chrooted to `/<prefix>`; reads the TLS files now, so that a
+    /// bad file stops the worker at start, naming it.
+    pub fn new(config: &ZookeeperConfig, prefix: &str) -> Result<Sessions, StoreError> {
+        let tls = match &config.tls {
+            None => None,
+            Some(tls) => {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let read = |path: &std::path::Path| {
+                    std::fs::read_to_string(path).map_err(|e| StoreError::Zookeeper {
+                        reason: format!("cannot read {}: {e}", path.display()),
+                    })
+                };
+                let bad =
+                    |path: &std::path::Path, e: zookeeper_client::Error| StoreError::Zookeeper {
+                        reason: format!("{}: {e}", path.display()),
+                    };
+                let mut options = TlsOptions::new()
+                    .with_pem_ca(&read(&tls.ca_file)?)
+                    .map_err(|e| bad(&tls.ca_file, e))?;
+                if let Some((cert, key)) = &tls.client_identity {
+                    options = options
+                        .with_pem_identity(&read(cert)?, &read(key)?)
+                        .map_err(|e| bad(cert, e))?;
+                }
+                Some(options)
+            }
+        };
+        let spec = Spec {
+            hosts: config.hosts.join(","),
+            chroot: format!("/{prefix}"),
+            timeout: config.session_timeout,
+            digest: config
+                .auth
+                .as_ref()
+                .map(|(user, password)| format!("{user}:{password}")),
+            tls,
+        };
+        Ok(Sessions {
+            spec: Arc::new(spec),
+            connecting: Mutex::new(None),
+        })
+    }
+
+    /// The connect under way or done, started anew when there is none or its session is no longer
+    /// usable (or it failed).
+    pub fn start(&self) -> Connecting {
+        let mut connecting = self
+            .connecting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(current) = connecting.as_ref() {
+            match current.peek() {
+                None => return current.clone(),
+                Some(Ok(session)) if session.usable() => return current.clone(),
+                Some(_) => {}
+            }
+        }
+        let spec = Arc::clone(&self.spec);
+        let task = tokio::spawn(connect(spec));
+        let shared = async move {
+            task.await
+                .unwrap_or_else(|e| Err(format!("the connect task failed: {e}")))
+        }
+        .boxed()
+        .shared();
+        *connecting = Some(shared.clone());
+        shared
+    }
+
+    /// The usable session, waiting at most `limit` for a connect.
+    pub async fn current(&self, limit: Duration) -> Result<Arc<Session>, String> {
+        let connecting = self.start();
+        match tokio::time::timeout(limit, connecting).await {
+            Ok(Ok(session)) if session.usable() => Ok(session),
+            Ok(Ok(_)) => Err("the session expired; a new one is being connected".to_string()),
+            Ok(Err(why)) => Err(why),
+            Err(_) => Err(format!(
+                "no session yet (connecting, waited {})",
+                crate::config::show_duration(limit)
+            )),
+        }
+    }
+
+    /// The session, if one is connected and usable now (no wait).
+    pub fn ready(&self) -> Option<Arc<Session>> {
+        let connecting = self
+            .connecting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match connecting.as_ref()?.peek()? {
+            Ok(session) if session.usable() => Some(Arc::clone(session)),
+            _ => None,
+        }
+    }
+}
+
+/// Connects a new session, makes the chroot's directories, and chroots the client.
+async fn connect(spec: Arc<Spec>) -> Result<Arc<Session>, String> {
+    let mut connector = Client::connector().with_session_timeout(spec.timeout);
+    if let Some(digest) = &spec.digest {
+        connector = connector.with_auth("digest", digest.as_bytes());
+    }
+    let root = match &spec.tls {
+        Some(tls) => {
+            connector
+                .with_tls(tls.clone())
+                .secure_connect(&spec.hosts)
+                .await
+        }
+        None => connector.connect(&spec.hosts).await,
+    }
+    .map_err(|e| format!("cannot connect: {e}"))?;
+    let acls = if spec.digest.is_some() {
+        Acls::creator_all()
+    } else {
+        Acls::anyone_all()
+    };
+    let options = CreateMode::Persistent.with_acls(acls);
+    for dir in ["jobs", "history", "members", "members-alive", "triggers"] {
+        root.mkdir(&format!("{}/{dir}", spec.chroot), &options)
+            .await
+            .map_err(|e| format!("cannot make {}/{dir}: {e}", spec.chroot))?;
+    }
+    let client = root
+        .chroot(spec.chroot.as_str())
+        .map_err(|_| format!("invalid chroot {}", spec.chroot))?;
+    let (id, timeout) = (client.session_id().0, client.session_timeout());
+    Ok(Arc::new(Session {
+        client,
+        id,
+        timeout,
+        acls,
+    }))
+}

@@ -1,0 +1,136 @@
+//! The store against a real ZooKeeper server (one standalone member from testkit): digest auth keeps the
+//! store's nodes from other clients, and garbage planted in the store's nodes (a node over the size
+//! bound, bytes that are not text, JSON that is not an entry) is skipped with a note or counted as
+//! claimed, never a panic and never a grant. The conformance suite (`tests/it/conformance`) proves the
+//! rest through the `Store` seam.
+
+use std::time::Duration;
+
+use testkit::zookeeper::ZkEnsemble;
+
+use super::ZookeeperStore;
+use crate::config::ZookeeperConfig;
+use crate::history::{HistorySettings, Query};
+use crate::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap};
+use crate::schedule::Tick;
+use crate::store::{Claims, Records, Triggers};
+
+fn settings(prefix: &str) -> LockSettings {
+    LockSettings {
+        ttl: Duration::from_secs(4),
+        renew_every: Duration::from_secs(1),
+        node_timeout: Duration::from_millis(500),
+        retry_delay: Duration::from_millis(50),
+        key_prefix: prefix.to_string(),
+        ..LockSettings::default()
+    }
+}
+
+fn store(ensemble: &ZkEnsemble, prefix: &str, auth: Option<(&str, &str)>) -> ZookeeperStore {
+    let config = ZookeeperConfig {
+        hosts: ensemble.addresses(),
+        session_timeout: Duration::from_secs(4),
+        auth: auth.map(|(user, password)| (user.to_string(), password.to_string())),
+        tls: None,
+    };
+    ZookeeperStore::new(&config, settings(prefix), HistorySettings::default()).expect("a store")
+}
+
+/// Claims `request` until an outcome that is not `NoQuorum` (the first connect), for at most 20 s.
+async fn claim(store: &ZookeeperStore, request: &ClaimRequest) -> ClaimOutcome {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let outcome = store
+            .claim_many(std::slice::from_ref(request))
+            .await
+            .remove(0);
+        match outcome {
+            ClaimOutcome::NoQuorum(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            other => return other,
+        }
+    }
+}
+
+/// With digest auth the store's nodes are its user's alone: the store claims, and a store of another user
+/// on the same chroot is refused (`NoAuth`), never granted; a plain client cannot read a claim record.
+/// Garbage planted by another client under an unauthenticated chroot is skipped or counts as claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_keeps_the_nodes_and_garbage_is_skipped_or_claimed() {
+    let ensemble = ZkEnsemble::start(1);
+    let owner = store(&ensemble, "private", Some(("redcron", "s3cret")));
+    let request = ClaimRequest::new("w", "job", Tick(1_000), Overlap::Skip, "f");
+    assert!(matches!(
+        claim(&owner, &request).await,
+        ClaimOutcome::Won(_)
+    ));
+    let stranger = store(&ensemble, "private", Some(("other", "pw")));
+    let later = ClaimRequest::new("x", "job", Tick(2_000), Overlap::Skip, "f");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match stranger
+            .claim_many(std::slice::from_ref(&later))
+            .await
+            .remove(0)
+        {
+            ClaimOutcome::NoQuorum(failure) if failure.to_string().contains("not authorized") => {
+                let text = failure.to_string();
+                assert!(text.contains("127.0.0.1:"), "names the hosts: {text}");
+                assert!(!text.contains("s3cret") && !text.contains("pw"), "{text}");
+                break;
+            }
+            // Not connected yet.
+            ClaimOutcome::NoQuorum(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            other => panic!("a stranger's claim must be refused, not granted: {other:?}"),
+        }
+    }
+    let mut plain = ensemble.session();
+    assert!(
+        plain.get("/private/jobs/job/c").is_err(),
+        "the record is readable without auth"
+    );
+
+    // Garbage, planted where the store reads: a record of 100 KiB, one that is not text, a history entry
+    // and a trigger request that are not JSON.
+    let open = store(&ensemble, "open", None);
+    let first = ClaimRequest::new("w", "big", Tick(1_000), Overlap::Skip, "f");
+    assert!(matches!(claim(&open, &first).await, ClaimOutcome::Won(_)));
+    plain
+        .set_data("/open/jobs/big/c", &vec![b'7'; 100 * 1024])
+        .expect("planted");
+    plain
+        .create_all("/open/jobs/binary/c", &[0xff, 0xfe, 0x00])
+        .expect("planted");
+    plain
+        .create_all("/open/history/big/00000000000000000000-x", b"{not json")
+        .expect("planted");
+    plain
+        .create_all("/open/triggers/abc", &vec![b'x'; 100 * 1024])
+        .expect("planted");
+    for job in ["big", "binary"] {
+        let next = ClaimRequest::new("w", job, Tick(5_000), Overlap::Skip, "f");
+        let outcome = claim(&open, &next).await;
+        assert!(
+            matches!(outcome, ClaimOutcome::AlreadyClaimed { by: None }),
+            "{job}: {outcome:?}"
+        );
+    }
+    let query = Query {
+        job: "big".to_string(),
+        since: None,
+        until: None,
+        limit: 10,
+    };
+    let history = open.history(&query).await.expect("read");
+    assert!(
+        history.value.is_empty() && history.skipped.len() == 1,
+        "{history:?}"
+    );
+    let triggers = open.triggers().await.expect("read");
+    assert!(triggers.value.is_empty(), "{triggers:?}");
+    assert_eq!(triggers.skipped.len(), 1, "{triggers:?}");
+    assert!(triggers.skipped[0].len() <= 500, "{}", triggers.skipped[0]);
+}
