@@ -106,7 +106,10 @@ fn benchmark_runs_in_smoke_mode() {
     );
     let versus = report.versus.expect("item 7 ran");
     let stores: Vec<&str> = versus.sides.iter().map(|s| s.store.name()).collect();
-    assert_eq!(stores, ["Redis", "etcd", "PostgreSQL", "MariaDB", "ZooKeeper"]);
+    assert_eq!(
+        stores,
+        ["Redis", "etcd", "PostgreSQL", "MariaDB", "ZooKeeper"]
+    );
     for side in &versus.sides {
         assert!(!side.claim.is_empty(), "no claim timed: {side:?}");
         let (race, herd) = (&side.race, &side.herd);

@@ -11,7 +11,6 @@ use redcron::schedule::Tick;
 
 use crate::support::Backend;
 
-
 /// Writes `entries`, again while the store answers that no majority took them (a loaded machine: a write
 /// is a quorum commit on etcd and ZooKeeper, bounded by the store's exchange timeout) — as the worker's
 /// history writer retries; a rewrite of an entry replaces it (its id is its key). Panics after 20 s.
