@@ -316,9 +316,13 @@ fn a_step_of_the_wall_clock_moves_no_tick() {
         );
         tick += 1_000;
     }
-    assert!(
-        worker.events("tick.skipped").is_empty(),
-        "ticks passed over: {:?}",
-        worker.events("tick.skipped")
-    );
+    // A tick skipped because this worker still ran the previous one (`overlap`: a loaded machine slow to
+    // end the echo) is no tick passed over by the clock; inside the window above it would have failed the
+    // once-per-tick check already.
+    let passed_over: Vec<_> = worker
+        .events("tick.skipped")
+        .into_iter()
+        .filter(|e| e["reason"] != "overlap")
+        .collect();
+    assert!(passed_over.is_empty(), "ticks passed over: {passed_over:?}");
 }
