@@ -26,12 +26,19 @@ pub(super) fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
-    let read = Reader::open(&config)
-        .and_then(|reader| reader.gather(status::read(reader.store(), &config)));
-    let inputs = match read {
-        Ok(inputs) => inputs,
+    let jobs: Vec<_> = config.jobs.iter().collect();
+    let read = Reader::open(&config).and_then(|reader| {
+        reader.gather(status::read_status(
+            reader.store(),
+            &config,
+            &jobs,
+            status::ENTRIES_PER_JOB,
+            Utc::now(),
+        ))
+    });
+    let status = match read {
+        Ok(status) => status,
         Err(error) => return Ok(super::read_failed(&error)),
     };
-    let status = status::status(&config, inputs, Utc::now());
     render::deliver(&status, &status.notes, args.json, render::status)
 }

@@ -46,11 +46,11 @@ pub(super) async fn status(
     Extension(access): Extension<Access>,
 ) -> Response {
     let store = &dashboard.context.store;
-    match bounded(status::read(store, &access.config)).await {
-        Ok(inputs) => {
-            let now = dashboard.context.clock.now();
-            Json(status::status(&access.config, inputs, now)).into_response()
-        }
+    let now = dashboard.context.clock.now();
+    let jobs: Vec<&JobConfig> = access.config.jobs.iter().collect();
+    let read = status::read_status(store, &access.config, &jobs, status::ENTRIES_PER_JOB, now);
+    match bounded(dashboard.scans.scan(read)).await {
+        Ok(status) => Json(status).into_response(),
         Err(failure) => unavailable(&failure),
     }
 }

@@ -59,6 +59,8 @@ pub(crate) struct Dashboard {
     keys: Mutex<(Vec<DashboardToken>, Arc<Keys>)>,
     /// Held by a failed attempt while it waits: one failure is answered at a time.
     failures: tokio::sync::Mutex<()>,
+    /// The turns of the reads of every job's history.
+    scans: read::Scans,
 }
 
 /// What the gate found out about a request that may go on.
@@ -96,6 +98,7 @@ impl Dashboard {
             listen,
             keys: Mutex::new((tokens, keys)),
             failures: tokio::sync::Mutex::new(()),
+            scans: read::Scans::new(),
         })
     }
 

@@ -43,10 +43,11 @@ pub(super) async fn index(
     let store = &dashboard.context.store;
     let now = dashboard.context.clock.now();
     let timing = Timing::start();
-    let mut overview = match read::overview(store, &access.config, &filter, now).await {
-        Ok(overview) => overview,
-        Err(failure) => return unavailable(&access, "Jobs", &failure),
-    };
+    let mut overview =
+        match read::overview(store, &dashboard.scans, &access.config, &filter, now).await {
+            Ok(overview) => overview,
+            Err(failure) => return unavailable(&access, "Jobs", &failure),
+        };
     let timing = timing.read();
     let config = &access.config;
     let by_name: HashMap<&str, &JobConfig> =

@@ -5,6 +5,8 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
+
 use super::view::{self, Filter, StateFilter};
 use crate::config::{Config, JobConfig};
 use crate::history::Entry;
@@ -15,8 +17,28 @@ use crate::store::Store;
 /// The longest a page waits for the store, all its reads together (each exchange with a node is bounded
 /// by `lock.node_timeout` as well).
 pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(8);
-/// How many jobs' histories a filter that needs them (`failing`, `overdue`) reads at once.
-const SCAN_AT_ONCE: usize = 64;
+
+/// How many reads of every job's history (`/api/status`, the `failing` and `overdue` filters) one worker
+/// serves at once. Each holds up to [`status::ENTRIES_IN_FLIGHT`] entries and keeps the store busy, so a
+/// few open tabs or scripts cannot take the memory and the store's time the jobs need; the others wait
+/// their turn, within [`READ_TIMEOUT`].
+const SCANS_AT_ONCE: usize = 2;
+
+/// The turns of the reads of every job's history ([`SCANS_AT_ONCE`]).
+pub(super) struct Scans(Semaphore);
+
+impl Scans {
+    pub(super) fn new() -> Scans {
+        Scans(Semaphore::new(SCANS_AT_ONCE))
+    }
+
+    /// Runs `read` in its turn.
+    pub(super) async fn scan<T>(&self, read: impl Future<Output = T>) -> T {
+        // The semaphore is never closed, so a permit always comes.
+        let _turn = self.0.acquire().await.ok();
+        read.await
+    }
+}
 
 /// Why a page could not read the store.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +77,7 @@ pub(super) struct Overview {
 /// then the status of the page's jobs only.
 pub(super) async fn overview(
     store: &Store,
+    scans: &Scans,
     config: &Config,
     filter: &Filter,
     now: chrono::DateTime<chrono::Utc>,
@@ -84,23 +107,17 @@ pub(super) async fn overview(
                 .collect()
         }
         StateFilter::Failing | StateFilter::Overdue => {
-            let mut kept = Vec::new();
-            // A chunk's histories are read at once; one chunk at a time keeps the store's load bounded.
-            for chunk in named.chunks(SCAN_AT_ONCE) {
-                let inputs =
-                    bounded(status::read_jobs(store, chunk, view::ENTRIES_FOR_STRIP)).await?;
-                let status = status::status_of(config, chunk, inputs, now);
-                for (job, found) in chunk.iter().zip(status.jobs) {
-                    let keep = match filter.state {
-                        StateFilter::Failing => found.failures_in_a_row > 0,
-                        _ => found.overdue.is_some(),
-                    };
-                    if keep {
-                        kept.push(*job);
-                    }
-                }
-            }
-            kept
+            let read = status::read_status(store, config, &named, view::ENTRIES_FOR_STRIP, now);
+            let found = bounded(scans.scan(read)).await?;
+            named
+                .into_iter()
+                .zip(found.jobs)
+                .filter(|(_, found)| match filter.state {
+                    StateFilter::Failing => found.failures_in_a_row > 0,
+                    _ => found.overdue.is_some(),
+                })
+                .map(|(job, _)| job)
+                .collect()
         }
     };
     let page = view::page(selected, filter.page, filter.per_page);

@@ -1,7 +1,7 @@
 //! The status view: the workers the store knows and the jobs of the config file, as they stand now.
 //!
-//! [`read`] gathers the members, each job's recent history, the pauses and the trigger requests; [`status`]
-//! works out, without I/O, what an operator asks first: which workers are alive and which run another
+//! [`read_status`] gathers the members, each job's recent history, the pauses and the trigger requests, and
+//! [`status_of`] works out, without I/O, what an operator asks first: which workers are alive and which run another
 //! config than most of them, and for each job whether it is paused, its next tick, its last run, how many
 //! runs failed in a row, its last success, and whether it is *overdue*: its newest tick whose window has
 //! ended has no entry at all, so nobody accounted for it (no worker alive, or all of them stuck), while
@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesOrdered, StreamExt};
 use serde::Serialize;
 
 use super::time;
@@ -21,7 +22,7 @@ use crate::history::tick::{self, TickRecord};
 use crate::history::{Entry, Kind, Query};
 use crate::lock::{PauseRead, QuorumFailure};
 use crate::membership::Member;
-use crate::store::Store;
+use crate::store::{Read, Store};
 use crate::trigger::TriggerRequest;
 
 /// How many entries of each job the status reads, newest first: enough for the failures in a row and the
@@ -47,14 +48,49 @@ pub struct StatusInputs {
     pub notes: Notes,
 }
 
-/// Reads what the status of `config`'s jobs needs from `store` (from a majority of its nodes).
-pub async fn read(store: &Store, config: &Config) -> Result<StatusInputs, QuorumFailure> {
-    read_jobs(
-        store,
-        &config.jobs.iter().collect::<Vec<_>>(),
-        ENTRIES_PER_JOB,
-    )
-    .await
+/// How many history entries [`read_status`] holds at once, all jobs together: a job's entries are dropped
+/// as soon as its status is known, so the status of 10,000 jobs costs this much memory, not every job's
+/// history at once (10,000 jobs × [`ENTRIES_PER_JOB`] would be gigabytes in the worker that serves it).
+pub const ENTRIES_IN_FLIGHT: usize = 32_768;
+/// The most jobs whose histories [`read_status`] reads at once (the store's load stays bounded too).
+const JOBS_IN_FLIGHT: usize = 128;
+
+/// Reads from `store` and works out the status of `jobs` of `config` at `now`, each job from its newest
+/// `entries_per_job` entries: the members, pauses and trigger requests once, then the jobs' histories a
+/// few at a time ([`ENTRIES_IN_FLIGHT`]), each job's entries dropped once its status is known. Fails only
+/// when no majority answered a read.
+pub async fn read_status(
+    store: &Store,
+    config: &Config,
+    jobs: &[&JobConfig],
+    entries_per_job: usize,
+    now: DateTime<Utc>,
+) -> Result<Status, QuorumFailure> {
+    let mut notes = Notes::new(store);
+    let members = notes.keep(store.members().await?);
+    let names: Vec<String> = jobs.iter().map(|job| job.name.clone()).collect();
+    let pauses = notes.keep(store.pauses(&names).await?);
+    let triggers = notes.keep(store.triggers().await?);
+    let at_once = (ENTRIES_IN_FLIGHT / entries_per_job.max(1)).clamp(1, JOBS_IN_FLIGHT);
+    let mut waiting = jobs.iter().copied().zip(pauses);
+    let mut reads = FuturesOrdered::new();
+    let mut statuses = Vec::with_capacity(jobs.len());
+    loop {
+        while reads.len() < at_once {
+            let Some((job, pause)) = waiting.next() else {
+                break;
+            };
+            reads.push_back(history_of(store, job, pause, entries_per_job));
+        }
+        let Some((job, pause, read)) = reads.next().await else {
+            break;
+        };
+        let entries = notes.keep(read?);
+        statuses.push(full_job_status(
+            job, &entries, pause, &triggers, &members, now,
+        ));
+    }
+    Ok(assemble(config, members, statuses, notes, now))
 }
 
 /// Reads what the status of `jobs` needs, with the newest `entries_per_job` entries of each: a page of
@@ -174,7 +210,28 @@ pub struct Overdue {
     pub window_ended_at: DateTime<Utc>,
 }
 
-/// The status of `config`'s jobs and of the workers at `now`, from what [`read`] gathered.
+/// `job`'s newest `limit` entries, with what came along.
+async fn history_of<'a>(
+    store: &Store,
+    job: &'a JobConfig,
+    pause: Option<PauseRead>,
+    limit: usize,
+) -> (
+    &'a JobConfig,
+    Option<PauseRead>,
+    Result<Read<Vec<Entry>>, QuorumFailure>,
+) {
+    let query = Query {
+        job: job.name.clone(),
+        since: None,
+        until: None,
+        limit,
+    };
+    (job, pause, store.history(&query).await)
+}
+
+/// The status of `config`'s jobs and of the workers at `now`, from what [`read_jobs`] gathered of all of
+/// them.
 pub fn status(config: &Config, inputs: StatusInputs, now: DateTime<Utc>) -> Status {
     status_of(config, &config.jobs.iter().collect::<Vec<_>>(), inputs, now)
 }
@@ -194,11 +251,8 @@ pub fn status_of(
         triggers,
         notes,
     } = inputs;
-    let ours = config.fingerprint();
-    let majority = config_majority(&members);
-    let reference = majority.clone().unwrap_or_else(|| ours.clone());
     let mut pauses = pauses.into_iter();
-    let jobs = jobs
+    let statuses = jobs
         .iter()
         .copied()
         .zip(
@@ -207,12 +261,41 @@ pub fn status_of(
                 .map(Vec::as_slice)
                 .chain(std::iter::repeat(&[][..])),
         )
-        .map(|(job, entries)| JobStatus {
-            paused: pauses.next().flatten(),
-            pending_triggers: pending_triggers(&job.name, &triggers, entries, now),
-            ..job_status(job, entries, &members, now)
+        .map(|(job, entries)| {
+            let pause = pauses.next().flatten();
+            full_job_status(job, entries, pause, &triggers, &members, now)
         })
         .collect();
+    assemble(config, members, statuses, notes, now)
+}
+
+/// One job's status from its `entries` (newest first), its pause and the trigger requests.
+fn full_job_status(
+    job: &JobConfig,
+    entries: &[Entry],
+    paused: Option<PauseRead>,
+    triggers: &[TriggerRequest],
+    members: &[Member],
+    now: DateTime<Utc>,
+) -> JobStatus {
+    JobStatus {
+        paused,
+        pending_triggers: pending_triggers(&job.name, triggers, entries, now),
+        ..job_status(job, entries, members, now)
+    }
+}
+
+/// The status of the workers beside the jobs' `statuses`, as `config` sees them.
+fn assemble(
+    config: &Config,
+    members: Vec<Member>,
+    statuses: Vec<JobStatus>,
+    notes: Notes,
+    now: DateTime<Utc>,
+) -> Status {
+    let ours = config.fingerprint();
+    let majority = config_majority(&members);
+    let reference = majority.clone().unwrap_or_else(|| ours.clone());
     let workers = members
         .into_iter()
         .map(|member| WorkerStatus {
@@ -230,7 +313,7 @@ pub fn status_of(
         },
         config_majority: majority,
         workers,
-        jobs,
+        jobs: statuses,
         notes,
     }
 }
