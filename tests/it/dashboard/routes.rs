@@ -387,3 +387,19 @@ fn the_dashboard_reads_the_store(backend: Backend) {
 }
 
 crate::on_every_store!(async: [], sync: [the_dashboard_reads_the_store]);
+
+/// MariaDB and ZooKeeper, which [`on_every_store!`](crate::on_every_store) leaves out: the dashboard is
+/// served on every store.
+mod mariadb {
+    #[test]
+    fn the_dashboard_reads_the_store() {
+        super::the_dashboard_reads_the_store(crate::support::Backend::Mariadb)
+    }
+}
+
+mod zookeeper {
+    #[test]
+    fn the_dashboard_reads_the_store() {
+        super::the_dashboard_reads_the_store(crate::support::Backend::Zookeeper)
+    }
+}
