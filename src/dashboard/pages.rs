@@ -666,6 +666,10 @@ fn history_row(job: &JobConfig, record: &TickRecord) -> Markup {
     }
 }
 
+/// How many of a worker's runs under way `/workers` names; the rest are counted, and listed by
+/// `/?state=running` (a busy worker runs thousands at once).
+const RUNS_LISTED: usize = 10;
+
 fn worker_row(worker: &WorkerStatus, max_offset_ms: i64) -> Markup {
     let member = &worker.member;
     let state = if member.state == "stopped" {
@@ -692,7 +696,14 @@ fn worker_row(worker: &WorkerStatus, max_offset_ms: i64) -> Markup {
                 None => "not measured",
             } }
             td { code { (member.config_fingerprint) } @if worker.config_differs { " " strong.bad { "differs" } } }
-            td { @for run in &member.running { (run.job) " (token " (run.token) ") " } }
+            td {
+                @for run in member.running.iter().take(RUNS_LISTED) {
+                    a href={ "/jobs/" (encode_path(&run.job)) } { (run.job) } " (token " (run.token) ") "
+                }
+                @if member.running.len() > RUNS_LISTED {
+                    a href="/?state=running" { "and " (member.running.len() - RUNS_LISTED) " more" }
+                }
+            }
         }
     }
 }
@@ -833,6 +844,36 @@ mod tests {
         ] {
             assert_eq!(safe_next(next), expected, "{next:?}");
         }
+    }
+
+    #[test]
+    fn a_busy_worker_s_runs_are_named_up_to_a_bound_and_the_rest_counted() {
+        let running: Vec<serde_json::Value> = (0..25)
+            .map(|i| serde_json::json!({"job": format!("job {i}"), "tick": 1_000, "token": 7}))
+            .collect();
+        let member: crate::membership::Member = serde_json::from_value(serde_json::json!({
+            "id": "w1", "started_at": "2026-11-27T00:00:00Z", "alive": true, "running": running,
+        }))
+        .expect("a member");
+        let worker = WorkerStatus {
+            member,
+            config_differs: false,
+            runs_this_config: true,
+        };
+        let row = worker_row(&worker, 500).into_string();
+        assert_eq!(
+            row.matches("<a href=\"/jobs/job%20").count(),
+            RUNS_LISTED,
+            "{row}"
+        );
+        assert!(
+            row.contains(">job 9</a>") && !row.contains("job 10<"),
+            "{row}"
+        );
+        assert!(
+            row.contains("<a href=\"/?state=running\">and 15 more</a>"),
+            "{row}"
+        );
     }
 
     #[test]
