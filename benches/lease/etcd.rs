@@ -45,6 +45,9 @@ pub struct Sizes {
     pub herd: usize,
     /// Ticks measured in the steady phase.
     pub steady_seconds: u64,
+    /// Whole seconds the steady phase's workers get to settle once started, before its window: 2 for
+    /// figures; a smoke run checks no figure (only that no tick ran twice and requests were counted).
+    pub settle_seconds: u64,
 }
 
 /// What one store measured.
@@ -107,7 +110,7 @@ pub fn run(
         let (claim, release, failed) = runtime.block_on(latency(&nodes, sizes.claims))?;
         let race = runtime.block_on(race(&nodes, sizes.race_jobs, sizes.race_ticks))?;
         let herd = herd::on_nodes(&nodes, worker, probe, sizes.herd)?;
-        let (steady, steady_cpu_per_run) = steady(&nodes, worker, probe, sizes.steady_seconds)?;
+        let (steady, steady_cpu_per_run) = steady(&nodes, worker, probe, sizes)?;
         sides.push(Side {
             store,
             nodes: n,
@@ -126,14 +129,15 @@ pub fn run(
 }
 
 /// Item 3's steady load on `nodes`: [`STEADY_WORKERS`] workers run [`STEADY_JOBS`] jobs every second;
-/// over `seconds` ticks, exactly-once from the jobs' ledger and the store's requests per run
+/// once settled (`sizes.settle_seconds`), over `sizes.steady_seconds` ticks, exactly-once from the jobs' ledger and the store's requests per run
 /// ([`requests`]) in `commands_per_run`.
 fn steady(
     nodes: &Cluster,
     worker: &Path,
     probe: &[String],
-    seconds: u64,
+    sizes: Sizes,
 ) -> Result<(Load, Option<f64>), String> {
+    let seconds = sizes.steady_seconds;
     nodes.flush();
     let dir = tempfile::Builder::new()
         .prefix("redcron-bench-steady-")
@@ -159,9 +163,9 @@ fn steady(
         workers.push(spawn(worker, &config));
     }
     wait_started(&workers, Duration::from_secs(30))?;
-    // Two whole seconds for the workers to settle; the counters are read half a second before the
-    // window's first tick and half a second after its last.
-    let first = (now_ms() / 1000 + 3) * 1000;
+    // Whole seconds for the workers to settle; the counters are read half a second before the window's
+    // first tick and half a second after its last.
+    let first = (now_ms() / 1000 + 1 + sizes.settle_seconds as i64) * 1000;
     let last = first + (seconds.max(1) as i64 - 1) * 1000;
     sleep_until_ms(first - 500);
     let (before, cpu_before) = (requests(nodes), nodes.total_usage().cpu);

@@ -80,6 +80,7 @@ impl Counters for Cluster {
                 }
             }
             Cluster::Zookeeper(ensemble) => zookeeper_usage(ensemble, i),
+            Cluster::SharedZookeeper(shared) => zookeeper_usage(shared.ensemble(), i),
             Cluster::Embedded(_) => Usage::default(),
             Cluster::Sql(server) => sql_usage(server),
         }
@@ -92,7 +93,7 @@ impl Counters for Cluster {
         let cpu = usages.clone().map(|u| u.cpu).sum();
         let commands = match self {
             Cluster::Redis(_) => usages.map(|u| u.commands).sum(),
-            Cluster::Etcd(_) | Cluster::Zookeeper(_) => {
+            Cluster::Etcd(_) | Cluster::Zookeeper(_) | Cluster::SharedZookeeper(_) => {
                 usages.map(|u| u.commands).max().unwrap_or(0)
             }
             Cluster::Embedded(_) => 0,

@@ -17,7 +17,8 @@
 //! - [`redis`]: [`RedisCluster`], N nodes to crash, hang, restart and flush.
 //! - [`etcd`]: [`EtcdCluster`], N etcd members to kill, hang and restart, with their leader and metrics.
 //! - [`sql`]: [`SqlServer`], a PostgreSQL or MariaDB server to crash, hang, restart and flush.
-//! - [`zookeeper`]: [`ZkEnsemble`], N ZooKeeper members to kill, hang and restart, with their leader.
+//! - [`zookeeper`]: [`ZkEnsemble`], N ZooKeeper members to kill, hang and restart, with their leader;
+//!   [`SharedZk`], one ensemble per process for the tests that leave its members alone.
 //! - [`delay_proxy`]: [`DelayProxy`], a TCP proxy that holds back requests carrying a marker.
 //! - [`worker`]: [`Worker`], one `redcron run` process and its JSON log.
 //! - [`stores`]: [`Backend`] and [`Cluster`], any store's nodes (or file) and a redcron store on them.
@@ -41,7 +42,7 @@ pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
 pub use self::sql::{SqlKind, SqlServer, SqlServerBuilder};
 pub use self::stores::{store_keeping, store_on, worker_config, Backend, Cluster, EmbeddedFile};
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};
-pub use self::zookeeper::ZkEnsemble;
+pub use self::zookeeper::{SharedZk, ZkEnsemble};
 
 /// A loopback port that was free a moment ago (the caller retries if someone else takes it first).
 pub fn free_port() -> u16 {

@@ -23,7 +23,7 @@ use redcron::store::sql::SqlStore;
 use redcron::store::zookeeper::ZookeeperStore;
 use redcron::store::{Store, StoreError};
 
-use crate::{EtcdCluster, RedisCluster, SqlKind, SqlServer, ZkEnsemble};
+use crate::{EtcdCluster, RedisCluster, SharedZk, SqlKind, SqlServer, ZkEnsemble};
 
 /// Which store a test or a benchmark item runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,17 @@ impl Backend {
             Backend::Redis => self.start_nodes(5),
             Backend::Etcd | Backend::Zookeeper => self.start_nodes(3),
             Backend::Embedded | Backend::Postgres | Backend::Mariadb => self.start_nodes(1),
+        }
+    }
+
+    /// A cluster that a test which neither stops nor kills its nodes may share with other such tests of
+    /// the process: for ZooKeeper the process's shared ensemble ([`SharedZk`]) under a chroot of the
+    /// test's own, so that the test sees nothing of the others and starts no JVMs; for every other
+    /// store a cluster of its own, as [`Self::start`]. Stopping a node of a shared ensemble panics.
+    pub fn start_shared(self) -> Cluster {
+        match self {
+            Backend::Zookeeper => Cluster::SharedZookeeper(SharedZk::get()),
+            _ => self.start(),
         }
     }
 
@@ -170,6 +181,9 @@ pub enum Cluster {
     /// One PostgreSQL or MariaDB server of its own.
     Sql(SqlServer),
     Zookeeper(ZkEnsemble),
+    /// The process's shared ZooKeeper ensemble under a chroot of this cluster's own
+    /// ([`Backend::start_shared`]): its members are not to be stopped.
+    SharedZookeeper(SharedZk),
 }
 
 impl Cluster {
@@ -177,7 +191,7 @@ impl Cluster {
         match self {
             Cluster::Redis(_) => Backend::Redis,
             Cluster::Etcd(_) => Backend::Etcd,
-            Cluster::Zookeeper(_) => Backend::Zookeeper,
+            Cluster::Zookeeper(_) | Cluster::SharedZookeeper(_) => Backend::Zookeeper,
             Cluster::Embedded(_) => Backend::Embedded,
             Cluster::Sql(server) => match server.kind() {
                 SqlKind::Postgres => Backend::Postgres,
@@ -201,6 +215,13 @@ impl Cluster {
 
     /// A store on this cluster with `settings` as they are (not adapted), the default history bound.
     pub fn open(&self, settings: LockSettings) -> Result<Store, StoreError> {
+        let settings = match self {
+            Cluster::SharedZookeeper(shared) => LockSettings {
+                key_prefix: shared.prefix().to_string(),
+                ..settings
+            },
+            _ => settings,
+        };
         open(
             self.backend(),
             &self.urls(),
@@ -210,7 +231,7 @@ impl Cluster {
     }
 
     /// `redis|<url>,…`, `etcd|<endpoint>,…` or `embedded|<path>`: the cluster for a store built in another
-    /// process ([`store_on`]).
+    /// process ([`store_on`]); a shared ZooKeeper ensemble's ends in `|<key prefix>`, the test's chroot.
     pub fn spec(&self) -> String {
         let kind = match self.backend() {
             Backend::Redis => "redis",
@@ -220,7 +241,12 @@ impl Cluster {
             Backend::Mariadb => "mariadb",
             Backend::Zookeeper => "zookeeper",
         };
-        format!("{kind}|{}", self.urls().join(","))
+        match self {
+            Cluster::SharedZookeeper(shared) => {
+                format!("{kind}|{}|{}", self.urls().join(","), shared.prefix())
+            }
+            _ => format!("{kind}|{}", self.urls().join(",")),
+        }
     }
 
     /// The nodes' URLs, the members' endpoints (ZooKeeper's `127.0.0.1:<port>`), or the database file's
@@ -230,6 +256,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.urls(),
             Cluster::Etcd(cluster) => cluster.endpoints(),
             Cluster::Zookeeper(ensemble) => ensemble.addresses(),
+            Cluster::SharedZookeeper(shared) => shared.ensemble().addresses(),
             Cluster::Embedded(file) => vec![file.path().display().to_string()],
             Cluster::Sql(server) => vec![server.url()],
         }
@@ -248,6 +275,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.len(),
             Cluster::Etcd(cluster) => cluster.len(),
             Cluster::Zookeeper(ensemble) => ensemble.len(),
+            Cluster::SharedZookeeper(shared) => shared.ensemble().len(),
             Cluster::Embedded(_) | Cluster::Sql(_) => 1,
         }
     }
@@ -262,6 +290,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.port(i),
             Cluster::Etcd(cluster) => cluster.client_port(i),
             Cluster::Zookeeper(ensemble) => ensemble.client_port(i),
+            Cluster::SharedZookeeper(shared) => shared.ensemble().client_port(i),
             Cluster::Embedded(_) => panic!("the embedded store has no port"),
             Cluster::Sql(server) => server.port(),
         }
@@ -273,6 +302,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.pid(i),
             Cluster::Etcd(cluster) => cluster.pid(i),
             Cluster::Zookeeper(ensemble) => ensemble.pid(i),
+            Cluster::SharedZookeeper(shared) => shared.ensemble().pid(i),
             Cluster::Embedded(_) => None,
             Cluster::Sql(server) => server.pid(),
         }
@@ -309,6 +339,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.stop(i),
             Cluster::Etcd(cluster) => cluster.stop(i),
             Cluster::Zookeeper(ensemble) => ensemble.stop(i),
+            Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
             Cluster::Embedded(file) => file.lock(),
             Cluster::Sql(server) => server.stop(),
         }
@@ -320,6 +351,7 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.cont(i),
             Cluster::Etcd(cluster) => cluster.cont(i),
             Cluster::Zookeeper(ensemble) => ensemble.cont(i),
+            Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
             Cluster::Embedded(file) => file.unlock(),
             Cluster::Sql(server) => server.cont(),
         }
@@ -340,6 +372,7 @@ impl Cluster {
             // conformance run once renewed through a member left running. With all hung, the majority's
             // silence is certain.
             Cluster::Zookeeper(ensemble) => (0..ensemble.len()).collect(),
+            Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
             Cluster::Embedded(_) | Cluster::Sql(_) => vec![0],
         };
         for &i in &stopped {
@@ -361,11 +394,17 @@ impl Cluster {
             Cluster::Redis(cluster) => (0..cluster.len()).for_each(|i| cluster.flushall(i)),
             Cluster::Etcd(cluster) => cluster.delete_all(),
             Cluster::Zookeeper(ensemble) => ensemble.delete_all(),
+            Cluster::SharedZookeeper(shared) => shared.delete_all(),
             Cluster::Embedded(file) => file.empty(),
             Cluster::Sql(server) => server.flush("redcron"),
         }
     }
 }
+
+/// Why a shared ZooKeeper ensemble's members cannot be stopped: the other tests on it would fail.
+const SHARED_UNDISTURBED: &str =
+    "the shared ZooKeeper ensemble serves other tests: a test that stops \
+     members starts an ensemble of its own (Backend::start)";
 
 /// A worker's `jobs.yaml` on the `backend` store at `addresses` ([`Backend::section`]): `worker_section`
 /// (YAML under `worker:`, already indented) and `jobs` (YAML list items), with short leases — on etcd as
@@ -501,7 +540,8 @@ impl Drop for EmbeddedFile {
     }
 }
 
-/// A store for the cluster `spec` names ([`Cluster::spec`]), with `settings` as they are.
+/// A store for the cluster `spec` names ([`Cluster::spec`]), with `settings` as they are (but for the key
+/// prefix of a shared ZooKeeper ensemble's spec).
 pub fn store_on(spec: &str, settings: LockSettings) -> Store {
     store_keeping(spec, settings, HistorySettings::default())
 }
@@ -509,6 +549,17 @@ pub fn store_on(spec: &str, settings: LockSettings) -> Store {
 /// [`store_on`] with `history` as the store's history bound.
 pub fn store_keeping(spec: &str, settings: LockSettings, history: HistorySettings) -> Store {
     let (kind, list) = spec.split_once('|').expect("a cluster spec is kind|list");
+    // A shared ZooKeeper ensemble's spec ends in `|<key prefix>`: the test's chroot.
+    let (list, settings) = match list.split_once('|') {
+        Some((list, prefix)) if kind == "zookeeper" => (
+            list,
+            LockSettings {
+                key_prefix: prefix.to_string(),
+                ..settings
+            },
+        ),
+        _ => (list, settings),
+    };
     let addresses: Vec<String> = list.split(',').map(str::to_string).collect();
     let backend = match kind {
         "redis" => Backend::Redis,

@@ -23,10 +23,12 @@ use std::time::{Duration, Instant};
 use crate::children;
 
 mod config;
+mod shared;
 mod wire;
 
 use self::wire::four_letter_word;
 
+pub use self::shared::SharedZk;
 pub use self::wire::{Node, WireError, ZkSession, NODE_EXISTS, NOT_EMPTY, NO_NODE};
 
 /// How long a starting ensemble (or a restarted member) may take to serve: a JVM's start on a loaded

@@ -11,7 +11,7 @@ use crate::support::{won, Backend};
 /// Expiry: A stops renewing and its lease expires; B acquires the next tick with a higher token; A's renew
 /// fails and stays failed; A's release leaves B's lease alone, and the job is still busy for a third.
 pub(super) async fn expired_holder_cannot_renew_or_release_the_next_holder(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let store = cluster.store(settings(300));
     warm(&store).await;
     let mut a = won(settled(&store, &request("a", "exp", 1_000)).await);
@@ -31,7 +31,7 @@ pub(super) async fn expired_holder_cannot_renew_or_release_the_next_holder(backe
 
 /// Renewed every third of its TTL, a lease outlives its TTL several times over, and holds the job.
 pub(super) async fn renewal_keeps_a_lease_past_its_ttl(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let store = cluster.store(settings(1_000));
     warm(&store).await;
     let ttl = store.settings().ttl;

@@ -7,7 +7,9 @@
 //! node down or hung, no majority) and the tests that hold for some stores only are listed on its line. A
 //! new store is one more line at the end of this file (and a variant of `testkit::Backend`).
 //!
-//! Each test starts its own cluster ([`Backend::start`]) and uses jobs of its own; what differs between
+//! Each test starts its own cluster and uses jobs of its own ([`Backend::start_shared`]: on ZooKeeper the
+//! process's one ensemble under a chroot of the test's own, as good as its own and without three JVMs to
+//! start per test); a test that stops or kills nodes starts its own ([`Backend::start`]). What differs between
 //! the stores (etcd's whole-second leases, the embedded store's fsync'd commits) is answered by the
 //! harness ([`Backend::adapt`], [`Backend::expiry`]), so each test says the same for every store.
 

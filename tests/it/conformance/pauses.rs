@@ -27,7 +27,7 @@ fn pause(for_ms: Option<i64>) -> Pause {
 /// leaves no claim record behind; `pauses` reads it from every node, and no pause of another job; after
 /// `resume` (true once, false after) the refused tick is granted.
 pub(super) async fn a_paused_job_is_refused_in_every_series_until_resumed(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let store = cluster.store(LockSettings::default());
     warm(&store).await;
     let outcome = store
@@ -66,7 +66,7 @@ pub(super) async fn a_paused_job_is_refused_in_every_series_until_resumed(backen
 /// `--for`: a pause of 2 s refuses claims, then ends by itself on every node (Redis: a key's TTL; etcd: an
 /// etcd lease; embedded: a row's end on the host's clock): the tick is granted and no pause is read.
 pub(super) async fn a_pause_for_a_while_ends_by_itself(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let store = cluster.store(LockSettings::default());
     warm(&store).await;
     let outcome = store
@@ -97,7 +97,7 @@ pub(super) async fn a_pause_for_a_while_ends_by_itself(backend: Backend) {
 /// force as it was (value, and on Redis its TTL on every node), also one that is over; `Replace` replaces
 /// it; a pause without end replaces one with an end.
 pub(super) async fn a_shorter_pause_keeps_the_longer_in_force_unless_replaced(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let store = cluster.store(LockSettings::default());
     let why = |for_ms, reason: &str| Pause {
         reason: reason.to_string(),
@@ -300,7 +300,7 @@ async fn pause_races_claims(claimant: Store, operator: Store) -> String {
 /// `pause` racing a claim in flight, from two stores on the cluster (two processes' connections; on the
 /// embedded store two connections to its file): see [`pause_races_claims`].
 pub(super) async fn a_pause_racing_a_claim_in_flight_is_linearizable(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let settings = LockSettings::default();
     let tally = pause_races_claims(cluster.store(settings.clone()), cluster.store(settings)).await;
     eprintln!("{backend:?}: {tally}");

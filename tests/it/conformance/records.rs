@@ -31,7 +31,7 @@ async fn recorded(store: &redcron::store::Store, entries: &[Entry]) {
 /// Entries of 5 ticks by two workers, with `keep_ticks: 3`, read back as the newest 3 ticks, newest first,
 /// within the limit and the window asked for; a later version of an entry replaces the earlier one.
 pub(super) async fn the_store_keeps_the_newest_ticks_newest_first(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let history = HistorySettings {
         keep_ticks: 3,
         ..HistorySettings::default()
@@ -92,7 +92,7 @@ async fn read_all(store: &redcron::store::Store, job: &str) -> Vec<Entry> {
 /// A skip is one per tick: a second worker's skip of a tick replaces the first, while the tick's run, a
 /// loser's entry and the skip of another series stay beside it.
 pub(super) async fn a_second_skip_of_a_tick_replaces_the_first(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let store = cluster.store(LockSettings::default());
     let now = chrono::Utc::now();
     let skip = |worker: &str, reason: &str, at: chrono::DateTime<chrono::Utc>| {
@@ -128,7 +128,7 @@ pub(super) async fn a_second_skip_of_a_tick_replaces_the_first(backend: Backend)
 /// written 1,500 ticks, 25 at a time, holds more than 200 but never more than 250 plus the ticks written
 /// since the last check (here fewer than 30), nor fewer than 200 once it had them.
 pub(super) async fn the_bound_holds_with_its_slack(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     for (keep, ticks, per_write) in [(8_usize, 40_i64, 1_usize), (200, 1_500, 25)] {
         let history = HistorySettings {
             keep_ticks: keep,
@@ -177,7 +177,7 @@ pub(super) async fn the_bound_holds_with_its_slack(backend: Backend) {
 /// Entries in the format of earlier versions are read: a loser's `lost` entry, with the id every version
 /// gave it and none of the newer fields, beside a new run entry that names who raced.
 pub(super) async fn old_format_entries_are_still_read(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let store = cluster.store(LockSettings::default());
     let old = r#"{"job":"mixed","tick":2000,"worker":"old-1","kind":"lost","reason":"already_claimed",
         "by":"new-1","fingerprint":"0429ee8171572cf5","recorded_at":"2026-11-23T12:25:05.019Z"}"#;
@@ -195,7 +195,7 @@ pub(super) async fn old_format_entries_are_still_read(backend: Backend) {
 /// A member announced is alive and stamped by the store; once it announced that it stopped it is listed
 /// but dead at once; one that stops announcing is listed but dead once its heartbeat expired.
 pub(super) async fn members_are_alive_until_they_stop_or_expire(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let store = cluster.store(LockSettings::default());
     let now = chrono::Utc::now();
     let member = |id: &str, heartbeat_ms: u64| -> Member {

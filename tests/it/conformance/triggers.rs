@@ -13,7 +13,7 @@ use crate::support::Backend;
 /// Two requests written are read back as written, oldest first, from a second store as well (another
 /// process); one forgotten is gone for every reader (in the background: within seconds), the other stays.
 pub(super) async fn trigger_requests_are_written_read_and_forgotten(backend: Backend) {
-    let cluster = backend.start();
+    let cluster = backend.start_shared();
     let store = cluster.store(LockSettings::default());
     let reader = cluster.store(LockSettings::default());
     warm(&store).await;

@@ -53,6 +53,9 @@ impl<'a> Target<'a> {
             }
             Cluster::Sql(server) => Target::Sql(server),
             Cluster::Zookeeper(members) => Target::Zookeeper(members),
+            Cluster::SharedZookeeper(_) => {
+                panic!("garbage is planted at the store's default prefix: on an ensemble of the test's own")
+            }
         }
     }
 }
