@@ -13,7 +13,9 @@
 //! Names follow Prometheus' conventions: `redcron_<what>_<unit>`, `_total` for counters (added by the
 //! encoder), seconds as the unit of time.
 
+use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -44,21 +46,22 @@ const CLAIM_BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+// A label value is one shared copy of its text (see [`Names`]): a job's name is in 8–11 series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JobLabel {
-    job: String,
+    job: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RunLabels {
-    job: String,
-    outcome: String,
+    job: Arc<str>,
+    outcome: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SkipLabels {
-    job: String,
-    reason: String,
+    job: Arc<str>,
+    reason: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,9 +72,41 @@ struct ResultLabel {
 type Histograms = Family<JobLabel, Histogram, fn() -> Histogram>;
 type Seconds = Gauge<f64, AtomicU64>;
 
+/// The label values in use (jobs' names, outcomes, reasons), each held once and shared by every series
+/// that carries it: with a copy per series, a worker of 1,000 jobs held ~1 MB of names. A value stays as
+/// long as the metrics, as its series do.
+#[derive(Default)]
+struct Names(RwLock<HashSet<Arc<str>>>);
+
+impl Names {
+    /// The shared copy of `text`, made on its first use.
+    fn get(&self, text: &str) -> Arc<str> {
+        // The set is never left half-changed by a panic (an insert is one call), so a poisoned lock's
+        // set is as good as any.
+        let known = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(text)
+            .cloned();
+        known.unwrap_or_else(|| {
+            let mut names = self.0.write().unwrap_or_else(PoisonError::into_inner);
+            match names.get(text) {
+                Some(name) => Arc::clone(name),
+                None => {
+                    let name: Arc<str> = Arc::from(text);
+                    names.insert(Arc::clone(&name));
+                    name
+                }
+            }
+        })
+    }
+}
+
 /// The worker's metrics: every series it exports, and the functions that record them.
 pub struct Metrics {
     registry: Registry,
+    names: Names,
     runs: Family<RunLabels, Counter>,
     run_duration: Histograms,
     schedule_lag: Histograms,
@@ -100,6 +135,7 @@ impl Metrics {
     pub fn new<'a>(jobs: impl IntoIterator<Item = &'a str>) -> Metrics {
         let mut metrics = Metrics {
             registry: Registry::default(),
+            names: Names::default(),
             runs: Family::default(),
             run_duration: Family::new_with_constructor(|| Histogram::new(RUN_BUCKETS)),
             schedule_lag: Family::new_with_constructor(|| Histogram::new(LAG_BUCKETS)),
@@ -208,9 +244,9 @@ impl Metrics {
     /// the config at start and of each reload.
     pub fn add_job(&self, job: &str) {
         for outcome in OUTCOMES {
-            let _ = self.runs.get_or_create(&run(job, outcome));
+            let _ = self.runs.get_or_create(&self.run(job, outcome));
         }
-        let job = label(job);
+        let job = self.label(job);
         for family in [
             &self.ticks_missed,
             &self.lease_renew_failures,
@@ -224,45 +260,49 @@ impl Metrics {
     pub fn run_started(&self, job: &str, tick: Tick, started_at: DateTime<Utc>) {
         let lag = (started_at - tick.to_utc()).to_std().unwrap_or_default();
         self.schedule_lag
-            .get_or_create(&label(job))
+            .get_or_create(&self.label(job))
             .observe(lag.as_secs_f64());
     }
 
     /// A run of `job` ended with `outcome` after `duration` (`run.finished`); a success is stamped with
     /// this host's clock, which Prometheus compares with its own.
     pub fn run_finished(&self, job: &str, outcome: &str, duration: Duration) {
-        self.runs.get_or_create(&run(job, outcome)).inc();
+        self.runs.get_or_create(&self.run(job, outcome)).inc();
         self.run_duration
-            .get_or_create(&label(job))
+            .get_or_create(&self.label(job))
             .observe(duration.as_secs_f64());
         if outcome == "success" {
             let seconds = Utc::now().timestamp_micros() as f64 / 1e6;
-            self.last_success.get_or_create(&label(job)).set(seconds);
+            self.last_success
+                .get_or_create(&self.label(job))
+                .set(seconds);
         }
     }
 
     /// This worker recorded a tick of `job` as skipped, for `reason` (`tick.skipped`).
     pub fn tick_skipped(&self, job: &str, reason: &str) {
         let labels = SkipLabels {
-            job: job.to_string(),
-            reason: reason.to_string(),
+            job: self.names.get(job),
+            reason: self.names.get(reason),
         };
         self.ticks_skipped.get_or_create(&labels).inc();
     }
 
     /// This worker raised `tick.missed` for a tick of `job`.
     pub fn tick_missed(&self, job: &str) {
-        self.ticks_missed.get_or_create(&label(job)).inc();
+        self.ticks_missed.get_or_create(&self.label(job)).inc();
     }
 
     /// A renewal of a lease of `job` was not confirmed (`lease.renew_failed`).
     pub fn lease_renew_failed(&self, job: &str) {
-        self.lease_renew_failures.get_or_create(&label(job)).inc();
+        self.lease_renew_failures
+            .get_or_create(&self.label(job))
+            .inc();
     }
 
     /// A lease of `job` was lost (`lease.lost`, `lease.expiring`).
     pub fn lease_lost(&self, job: &str) {
-        self.lease_lost.get_or_create(&label(job)).inc();
+        self.lease_lost.get_or_create(&self.label(job)).inc();
     }
 
     /// One claim of a batch of due ticks took `duration`.
@@ -306,25 +346,25 @@ impl Metrics {
         self.connections_refused.inc();
     }
 
+    fn label(&self, job: &str) -> JobLabel {
+        JobLabel {
+            job: self.names.get(job),
+        }
+    }
+
+    fn run(&self, job: &str, outcome: &str) -> RunLabels {
+        RunLabels {
+            job: self.names.get(job),
+            outcome: self.names.get(outcome),
+        }
+    }
+
     /// Every series in the OpenMetrics text format ([`Metrics::CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
         let mut text = String::new();
         // Writing to a String cannot fail; an encoder error would leave a truncated text, never a panic.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
-    }
-}
-
-fn label(job: &str) -> JobLabel {
-    JobLabel {
-        job: job.to_string(),
-    }
-}
-
-fn run(job: &str, outcome: &str) -> RunLabels {
-    RunLabels {
-        job: job.to_string(),
-        outcome: outcome.to_string(),
     }
 }
 

@@ -13,6 +13,8 @@
 //! - `--current-thread`: items 1–2 on a current-thread runtime (default: multi-threaded, as the worker).
 //! - `--only floor,fanout,lease,claim,rslock,redlock`: which contenders items 1–2 measure (default all).
 //!
+//! - `REDCRON_BENCH_WORKER=<path>`: the `redcron` binary items 3–8 run as the workers (default: the one
+//!   Cargo built with the benchmark), e.g. a base build kept aside for an A/B in one session.
 //! - `REDCRON_BENCH_KEEP=1`: keep the workers' configs, JSON logs and ledgers (items 3–5) and print where.
 //!
 //! Under `cargo test --all-targets` (no `--bench` argument) it does nothing: the smoke test in
@@ -69,7 +71,11 @@ fn main() -> ExitCode {
         cycles,
         contenders,
         current_thread: args.iter().any(|a| a == "--current-thread"),
-        worker: Some(env!("CARGO_BIN_EXE_redcron").into()),
+        // `REDCRON_BENCH_WORKER` runs another build of the worker (an A/B against a binary kept aside).
+        worker: Some(
+            std::env::var_os("REDCRON_BENCH_WORKER")
+                .map_or_else(|| env!("CARGO_BIN_EXE_redcron").into(), Into::into),
+        ),
         probe: vec![exe, "--probe".to_string()],
         etcd_herd: value("--etcd-herd")
             .and_then(|n| n.parse().ok())

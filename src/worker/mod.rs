@@ -118,7 +118,9 @@ pub(crate) struct Context {
 /// logs them and races again at the next tick.
 pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError> {
     let shutdown = control.shutdown().clone();
-    let mut config = config;
+    // One copy of the config, shared with the context (the dashboard, `/readyz`): a copy each held its
+    // jobs' definitions a second time.
+    let mut config = Arc::new(config);
     let store = Store::open(&config)?;
     // A store that can never be used (the SQL server refused the login, …) stops the worker here; one that
     // does not answer yet is retried by every call, as nodes down at start are.
@@ -189,7 +191,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
         child_slots,
         live_members: Mutex::new(None),
-        config: Mutex::new(Arc::new(config.clone())),
+        config: Mutex::new(Arc::clone(&config)),
         requesters: Mutex::new(HashMap::new()),
     });
     let limits = http::Limits {
@@ -457,9 +459,9 @@ impl Context {
         Arc::clone(&self.config.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// Replaces the config in force after a reload.
-    fn set_config(&self, config: &Config) {
-        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(config.clone());
+    /// Replaces the config in force after a reload (shared with the worker's loop, not copied).
+    fn set_config(&self, config: Arc<Config>) {
+        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = config;
     }
 
     /// Replaces the jobs after a reload.

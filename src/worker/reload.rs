@@ -2,6 +2,7 @@
 //! problems, and say what changed.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tracing::{error, info, warn};
 
@@ -11,8 +12,13 @@ use crate::logging::events;
 
 /// Reads the config file again for a reload asked for by `why`. A file with problems changes nothing:
 /// each problem is logged (file:line:column) and `None` returned. A valid one is returned, and what
-/// changed is logged; store settings (nodes, lock, history) cannot change without a restart, and say so.
-pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> Option<Config> {
+/// changed is logged; it is the context's config from then on, shared, not copied. Store settings
+/// (nodes, lock, history) cannot change without a restart, and say so.
+pub(super) fn reload(
+    context: &Context,
+    running: &Config,
+    why: &'static str,
+) -> Option<Arc<Config>> {
     let new = match crate::config::load(&running.path) {
         Ok(new) => new,
         Err(e) => {
@@ -71,7 +77,8 @@ pub(super) fn reload(context: &Context, running: &Config, why: &'static str) -> 
         .lock()
         .unwrap_or_else(|p| p.into_inner()) = new.fingerprint();
     // Before the event: whoever sees `config.reloaded` finds the dashboard on the new config (its tokens).
-    context.set_config(&new);
+    let new = Arc::new(new);
+    context.set_config(Arc::clone(&new));
     info!(event = events::config::RELOADED, why, added = %added, changed = %changed, removed = %removed,
           jobs = after.len() as u64, fingerprint = %new.fingerprint(),
           "Config reloaded: new and changed jobs take effect from their next tick; removed jobs are no longer raced; running jobs go on");
