@@ -485,6 +485,16 @@ fn page(
 
 /// `text` as HTML, gzipped when the client takes gzip and it is worth it.
 fn compressed(headers: &HeaderMap, text: String) -> Response {
+    compressed_as(headers, text, "text/html; charset=utf-8")
+}
+
+/// `text` of `content_type`, gzipped when the client takes gzip and it is worth it (an answer beyond one
+/// packet).
+pub(super) fn compressed_as(
+    headers: &HeaderMap,
+    text: String,
+    content_type: &'static str,
+) -> Response {
     use std::io::Write as _;
     let takes_gzip = headers
         .get(header::ACCEPT_ENCODING)
@@ -498,11 +508,11 @@ fn compressed(headers: &HeaderMap, text: String) -> Response {
                     (header::CONTENT_ENCODING, "gzip"),
                     (header::VARY, "Accept-Encoding"),
                 ];
-                return (html_headers(), encoding, gzipped).into_response();
+                return ([(header::CONTENT_TYPE, content_type)], encoding, gzipped).into_response();
             }
         }
     }
-    let mut response = (html_headers(), text).into_response();
+    let mut response = ([(header::CONTENT_TYPE, content_type)], text).into_response();
     response.headers_mut().insert(
         header::VARY,
         header::HeaderValue::from_static("Accept-Encoding"),
@@ -874,6 +884,31 @@ mod tests {
             row.contains("<a href=\"/?state=running\">and 15 more</a>"),
             "{row}"
         );
+    }
+
+    #[tokio::test]
+    async fn answers_are_gzipped_for_a_client_that_takes_it() {
+        use std::io::Read as _;
+        let text = "{\"job\":\"backup\"}".repeat(1000);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            header::HeaderValue::from_static("br, gzip"),
+        );
+        let response = compressed_as(&headers, text.clone(), "application/json");
+        assert_eq!(response.headers()[header::CONTENT_ENCODING], "gzip");
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("the body");
+        assert!(body.len() < text.len() / 10, "{} bytes", body.len());
+        let mut plain = String::new();
+        flate2::read::GzDecoder::new(&body[..])
+            .read_to_string(&mut plain)
+            .expect("gzip");
+        assert_eq!(plain, text);
+        let plain = compressed_as(&HeaderMap::new(), text, "application/json");
+        assert!(plain.headers().get(header::CONTENT_ENCODING).is_none());
     }
 
     #[test]
