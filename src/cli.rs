@@ -162,6 +162,8 @@ fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
         Ok(config) => config,
         Err(code) => return Ok(code),
     };
+    // Before any thread of the worker starts: malloc's arenas are made per thread.
+    crate::worker::memory::tune();
     let options = LogOptions {
         format: args.log_format.unwrap_or_else(default_log_format),
         filter: log_filter(args.log_level.as_deref()),

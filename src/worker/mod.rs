@@ -11,7 +11,7 @@
 //! `slots.rs` how many children may run at once; `heartbeat.rs` membership; `missed.rs` the missed-tick alarm; `alerts.rs` the failure and recovery hooks;
 //! `offset.rs` the clock offset to the nodes; `reload.rs` a reload of the config file; `retry.rs` the retries of a failed run; `triggers.rs` the
 //! trigger requests of `redcron trigger`; `http.rs` the `/metrics`, `/healthz` and `/readyz` listener; `background.rs` the restart of a
-//! background task that panicked. Outside intent (reload, drain, stop) arrives through one [`Control`].
+//! background task that panicked; `memory.rs` how malloc hands a burst's memory back. Outside intent (reload, drain, stop) arrives through one [`Control`].
 
 mod agenda;
 mod alerts;
@@ -19,6 +19,7 @@ mod background;
 mod env;
 mod heartbeat;
 mod http;
+pub(crate) mod memory;
 mod missed;
 mod offset;
 mod race;
