@@ -79,6 +79,9 @@ pub struct Options {
     pub probe: Vec<String>,
     /// The herd of item 7, on both stores (item 6's is 10,000 jobs on Redis).
     pub etcd_herd: usize,
+    /// The stores item 7 runs on, by name (`redis`, `etcd`, `postgres`, `mariadb`, `zookeeper`); empty:
+    /// all of them. Redis, the peer every ratio is taken to, always runs first.
+    pub stores: Vec<String>,
 }
 
 impl Options {
@@ -254,9 +257,13 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
                 settle_seconds: 2,
             }
         };
-        let versus = etcd::run(&worker, &options.probe, sizes, &mut |text: &str| {
-            emit(&mut report, text.to_string())
-        })?;
+        let versus = etcd::run(
+            &worker,
+            &options.probe,
+            sizes,
+            &options.stores,
+            &mut |text: &str| emit(&mut report, text.to_string()),
+        )?;
         report.verdicts.extend(etcd::verdicts(&versus));
         report.versus = Some(versus);
     }

@@ -86,11 +86,24 @@ fn settings_for(store: Backend) -> LockSettings {
     }
 }
 
-/// Runs every measurement on 5 Redis nodes, then on each other store in turn.
+/// The name `--stores` knows a store by.
+fn short(store: Backend) -> &'static str {
+    match store {
+        Backend::Redis => "redis",
+        Backend::Etcd => "etcd",
+        Backend::Postgres => "postgres",
+        Backend::Mariadb => "mariadb",
+        Backend::Zookeeper => "zookeeper",
+        Backend::Embedded => "embedded",
+    }
+}
+
+/// Runs every measurement on 5 Redis nodes, then on each other store in turn (those of `only`, if any).
 pub fn run(
     worker: &Path,
     probe: &[String],
     sizes: Sizes,
+    only: &[String],
     print: &mut dyn FnMut(&str),
 ) -> Result<Versus, String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -105,7 +118,10 @@ pub fn run(
         (Backend::Mariadb, 1),
         (Backend::Zookeeper, 3),
     ];
-    for (store, n) in stores {
+    let chosen = |store: Backend| {
+        store == Backend::Redis || only.is_empty() || only.iter().any(|name| name == short(store))
+    };
+    for (store, n) in stores.into_iter().filter(|(store, _)| chosen(*store)) {
         let nodes = store.start_nodes(n);
         let (claim, release, failed) = runtime.block_on(latency(&nodes, sizes.claims))?;
         let race = runtime.block_on(race(&nodes, sizes.race_jobs, sizes.race_ticks))?;

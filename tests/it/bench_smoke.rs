@@ -30,6 +30,7 @@ fn benchmark_runs_in_smoke_mode() {
         worker: Some(env!("CARGO_BIN_EXE_redcron").into()),
         probe: vec!["bash".into(), "-c".into(), PROBE.into()],
         etcd_herd: 20,
+        stores: Vec::new(),
     };
     let report =
         bench::run(&options, &mut |_| {}).unwrap_or_else(|why| panic!("benchmark failed: {why}"));
@@ -149,6 +150,7 @@ fn dashboard_item_runs_in_smoke_mode() {
         worker: Some(env!("CARGO_BIN_EXE_redcron").into()),
         probe: Vec::new(),
         etcd_herd: 20,
+        stores: Vec::new(),
     };
     let report =
         bench::run(&options, &mut |_| {}).unwrap_or_else(|why| panic!("benchmark failed: {why}"));
