@@ -308,3 +308,33 @@ async fn raise(context: &Context, job: &JobConfig, tick: Tick, claimed_by: Optio
         | ClaimOutcome::Refused(_) => true,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{Control, CONTROL_PAUSED};
+
+    fn control(ms: i64) -> Entry {
+        let what = Control {
+            action: CONTROL_PAUSED,
+            by: "ops@host".into(),
+            reason: String::new(),
+            until: None,
+        };
+        let made = DateTime::from_timestamp_millis(ms).unwrap_or_default();
+        Entry::control("j", &what, "cli", made)
+    }
+
+    /// A starting worker looks back from the newest tick, past any newer pause or resume; a job with only
+    /// controls has no tick yet; a read full of controls looks back from the oldest of them.
+    #[test]
+    fn the_look_back_starts_at_the_newest_tick_not_at_a_control() {
+        let run = Entry::new("j", Tick(1_000), "w1", Kind::Run, Utc::now());
+        assert!(!accounts_for(&control(1_000)));
+        let entries = vec![control(5_000), control(4_000), run];
+        assert_eq!(newest_tick(&entries, 16), Some(Tick(1_000)));
+        assert_eq!(newest_tick(&entries[..2], 16), None);
+        assert_eq!(newest_tick(&entries[..2], 2), Some(Tick(4_000)));
+        assert_eq!(newest_tick(&[], 16), None);
+    }
+}
