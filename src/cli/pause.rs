@@ -214,10 +214,13 @@ fn change(
         if matches!(changed, Changed::Refused(_)) {
             return Ok((changed, None, reader.notes()));
         }
+        let paused = reader.pauses(std::slice::from_ref(&job))?.pop().flatten();
+        // After the read-back, with a deadline of its own: however the history write fares, the report
+        // of the change is what it would have been without it.
         if took_effect(&changed) {
+            reader.renew_deadline();
             recorded_in_history = Some(record(&mut reader, &job, &control));
         }
-        let paused = reader.pauses(std::slice::from_ref(&job))?.pop().flatten();
         Ok((changed, paused, reader.notes()))
     });
     let (changed, paused, notes) = match done {
