@@ -338,6 +338,13 @@ fn pause_resume_and_trigger_through_the_api_are_the_command_line_s() {
         history["ticks"].as_array().is_some_and(Vec::is_empty),
         "{history}"
     );
+    let page = client.get_as(OPS, "/jobs/quiet");
+    assert!(
+        page.body.contains("<tr data-action=\"resumed\">")
+            && page.body.contains("<tr data-action=\"paused\">"),
+        "the job's page lists the pause and the resume: {}",
+        page.body
+    );
 
     let tick = trigger_and_wait(&client, ALICE, "quiet");
     assert_eq!(tick["outcome"], "success", "{tick}");
