@@ -597,6 +597,42 @@ fn controls_are_in_the_history_and_leave_the_status(dir: &TestDir, cli: &Path) {
     assert!(after["overdue"].is_null(), "{after}");
 }
 
+/// A history write that fails does not undo or fail the control: with the embedded store's history table
+/// refusing every insert, `pause` and `resume` still exit 0 and take effect, warn on stderr that the
+/// history does not record them, and say `recorded_in_history: false`.
+#[test]
+fn a_control_whose_history_write_fails_stands_and_says_so() {
+    let dir = TestDir::new();
+    let job = ledger_job("tick", "0 0 0 1 1 *", &dir.ledger());
+    let (_worker, config) = crate::embedded::start_worker(&dir, "w0", &job);
+    let database = rusqlite::Connection::open(dir.join("redcron.db")).expect("the embedded store");
+    database
+        .execute_batch(
+            "CREATE TRIGGER refuse_history BEFORE INSERT ON history
+             BEGIN SELECT RAISE(ABORT, 'history refused by the test'); END;",
+        )
+        .expect("a trigger that refuses history writes");
+    for (args, paused) in [
+        (&["pause", "tick", "--reason", "r", "--json"][..], true),
+        (&["resume", "tick", "--json"][..], false),
+    ] {
+        let (code, json, stderr) = inspect(&dir, &config, args);
+        assert_eq!(code, 0, "{args:?}: {json}{stderr}");
+        let report = parse(&json);
+        assert_eq!(report["recorded_in_history"], false, "{json}");
+        assert!(
+            stderr.contains("the history does not record it"),
+            "{args:?} warns: {stderr}"
+        );
+        let (_, status, _) = inspect(&dir, &config, &["status", "--json"]);
+        assert_eq!(
+            !parse(&status)["jobs"][0]["paused"].is_null(),
+            paused,
+            "{args:?} took effect: {status}"
+        );
+    }
+}
+
 /// [`controls_are_in_the_history_and_leave_the_status`] on the shared stores.
 fn controls_are_in_the_history_and_leave_the_status_on(backend: Backend) {
     let (_cluster, dir, _workers, cli) = every_second(backend, 1);
