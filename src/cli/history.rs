@@ -2,7 +2,8 @@
 //!
 //! Without `--job` every job of the config is read; the [`crate::inspect::history`] model folds each
 //! tick's entries into its record and merges the jobs, so the newest `--limit` ticks of the whole config
-//! come out in tick order, whichever jobs they belong to.
+//! come out in tick order, whichever jobs they belong to. Pauses and resumes (`control` entries) are lines
+//! of their own among them, not counted by `--limit`.
 
 use std::process::ExitCode;
 
@@ -28,6 +29,8 @@ pub struct HistoryArgs {
     #[arg(long, value_name = "TIME", value_parser = parse_since)]
     pub since: Option<DateTime<Utc>>,
     /// Print at most this many ticks, newest first (1 to 5000), each with all its entries in `--json`.
+    /// Pauses and resumes made since the oldest tick printed are lines of their own beside them
+    /// (`controls` in `--json`), not counted.
     #[arg(long, value_name = "N", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..=MAX_LIMIT as i64))]
     pub limit: u32,

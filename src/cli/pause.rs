@@ -11,6 +11,12 @@
 //! as it is, and says so, unless `--replace`; a pause that had ended when it reached the store (`--for
 //! 1ms`) is not written, and is an error ([`crate::lock::Pause::decide`], atomic in every store).
 //!
+//! A pause written and a resume that lifted one are recorded in the job's history as a `control` entry
+//! (action, by, reason, until, stamped with cluster time: docs/history.md), so `redcron history` answers
+//! who paused or resumed a job and why. A pause kept out by a longer one, or a resume of a job that was
+//! not paused, changed nothing and records nothing. A failed history write does not undo the control or
+//! change the exit code: the command warns on stderr and the JSON says `recorded_in_history: false`.
+//!
 //! A worker of an earlier release ignores pauses (its claim scripts never read the key), so `pause` first
 //! reads the live workers and refuses, naming them, while one of them does not honour it
 //! ([`super::honoured`]); `--even-if-ignored` pauses anyway and the report names them.
@@ -23,11 +29,15 @@ use serde::Serialize;
 
 use super::honoured::{self, Ignoring};
 use super::read::{ReadError, Reader};
-use super::{load_job, operator, render, say_error, ConfigArg, Exit};
+use super::{load_job, operator, render, say, say_error, ConfigArg, Exit};
+use crate::history::{Control, Entry, CONTROL_PAUSED, CONTROL_RESUMED};
 use crate::inspect::time::instant;
 use crate::inspect::Notes;
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead};
 use crate::membership::Capability;
+
+/// The writer (`worker`) of the `control` entries the command line records.
+const CONTROL_WRITER: &str = "cli";
 
 /// The longest `--for`: a pause meant to last longer is a pause until `resume`.
 const MAX_FOR: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -68,6 +78,9 @@ pub struct ResumeArgs {
     /// The job's name.
     #[arg(value_name = "JOB")]
     pub job: String,
+    /// Why, for the history's record of the resume.
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    pub reason: String,
     #[command(flatten)]
     pub config: ConfigArg,
     /// Print JSON instead of text.
@@ -89,6 +102,10 @@ pub(super) struct PauseReport {
     pub configured_nodes: usize,
     /// For `pause --even-if-ignored`: the live workers that ignore the pause (of an earlier release).
     pub ignored_by: Vec<Ignoring>,
+    /// Whether the control's `control` entry reached the history (a majority of the nodes); absent when
+    /// nothing changed, so nothing was to be recorded. `false` does not undo the control.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_in_history: Option<bool>,
     #[serde(flatten)]
     pub notes: Notes,
 }
@@ -126,39 +143,64 @@ pub(super) fn pause(args: &PauseArgs) -> anyhow::Result<ExitCode> {
         by: operator(),
         reason: args.reason.clone(),
     };
-    change(&args.config, &args.job, args.json, |reader, job| {
-        let ignored_by = honoured::ignoring(reader, Capability::Pause)?;
-        if !ignored_by.is_empty() && !args.even_if_ignored {
-            return Ok(Changed::Refused(ignored_by));
-        }
-        let in_force = match args.replace {
-            true => InForce::Replace,
-            false => InForce::KeepLonger,
-        };
-        let outcome = reader.pause(job, &pause, in_force)?;
-        Ok(Changed::Paused {
-            outcome,
-            ignored_by,
-        })
-    })
+    let control = Control {
+        action: CONTROL_PAUSED,
+        by: pause.by.clone(),
+        reason: pause.reason.clone(),
+        until: pause.until,
+    };
+    change(
+        &args.config,
+        &args.job,
+        args.json,
+        control,
+        |reader, job| {
+            let ignored_by = honoured::ignoring(reader, Capability::Pause)?;
+            if !ignored_by.is_empty() && !args.even_if_ignored {
+                return Ok(Changed::Refused(ignored_by));
+            }
+            let in_force = match args.replace {
+                true => InForce::Replace,
+                false => InForce::KeepLonger,
+            };
+            let outcome = reader.pause(job, &pause, in_force)?;
+            Ok(Changed::Paused {
+                outcome,
+                ignored_by,
+            })
+        },
+    )
 }
 
 /// Carries out `resume`.
 pub(super) fn resume(args: &ResumeArgs) -> anyhow::Result<ExitCode> {
     // Never refused for a worker that ignores pauses: it ignored the pause too, so it ran the job all
     // along and goes on doing so; the resume lets every other worker run it again, which is all it says.
-    change(&args.config, &args.job, args.json, |reader, job| {
-        let was_paused = reader.resume(job)?;
-        Ok(Changed::Resumed { was_paused })
-    })
+    let control = Control {
+        action: CONTROL_RESUMED,
+        by: operator(),
+        reason: args.reason.clone(),
+        until: None,
+    };
+    change(
+        &args.config,
+        &args.job,
+        args.json,
+        control,
+        |reader, job| {
+            let was_paused = reader.resume(job)?;
+            Ok(Changed::Resumed { was_paused })
+        },
+    )
 }
 
-/// Loads the config, finds the job, makes the change (`write`), reads the pause back and reports it; or
-/// says why nothing was written.
+/// Loads the config, finds the job, makes the change (`write`), records `control` in the history if the
+/// change took effect, reads the pause back and reports it; or says why nothing was written.
 fn change(
     config: &ConfigArg,
     name: &str,
     json: bool,
+    control: Control,
     write: impl FnOnce(&mut Reader, &str) -> Result<Changed, ReadError>,
 ) -> anyhow::Result<ExitCode> {
     let (config, job) = match load_job(config, name) {
@@ -166,12 +208,19 @@ fn change(
         Err(code) => return Ok(code),
     };
     let configured_nodes = config.store.nodes();
+    let mut recorded_in_history = None;
     let done = Reader::open(&config).and_then(|mut reader| {
         let changed = write(&mut reader, &job)?;
         if matches!(changed, Changed::Refused(_)) {
             return Ok((changed, None, reader.notes()));
         }
         let paused = reader.pauses(std::slice::from_ref(&job))?.pop().flatten();
+        // After the read-back, with a deadline of its own: however the history write fares, the report
+        // of the change is what it would have been without it.
+        if took_effect(&changed) {
+            reader.renew_deadline();
+            recorded_in_history = Some(record(&mut reader, &job, &control));
+        }
         Ok((changed, paused, reader.notes()))
     });
     let (changed, paused, notes) = match done {
@@ -210,9 +259,37 @@ fn change(
         paused,
         configured_nodes,
         ignored_by,
+        recorded_in_history,
         notes,
     };
     render::deliver(&report, &report.notes, json, text)
+}
+
+/// Whether the change is one the history records: a pause written, or a resume that lifted a pause.
+fn took_effect(changed: &Changed) -> bool {
+    matches!(
+        changed,
+        Changed::Paused {
+            outcome: PauseOutcome::Paused,
+            ..
+        } | Changed::Resumed { was_paused: true }
+    )
+}
+
+/// Records `control` of `job` in the history, stamped with cluster time; whether a majority took it. A
+/// failure is a warning, not an error: the control itself is done and stays done.
+fn record(reader: &mut Reader, job: &str, control: &Control) -> bool {
+    let entry = Entry::control(job, control, CONTROL_WRITER, reader.cluster_now());
+    match reader.record(std::slice::from_ref(&entry)) {
+        Ok(()) => true,
+        Err(error) => {
+            say(&format!(
+                "warning: {job} was {} as reported below, but the history does not record it: {error}",
+                control.action
+            ));
+            false
+        }
+    }
 }
 
 /// The report as a sentence or two.

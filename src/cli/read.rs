@@ -13,10 +13,11 @@
 use std::future::Future;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use crate::clock::cluster::{measure, Estimate};
+use crate::clock::cluster::{measure, ClusterClock, Estimate};
 use crate::config::{Config, StoreConfig};
 use crate::history::{Entry, Query};
 use crate::inspect::Notes;
@@ -177,6 +178,23 @@ impl Reader {
         &mut self,
     ) -> Result<Option<Result<Estimate, QuorumFailure>>, ReadError> {
         bounded(&self.runtime, self.deadline, measure(&self.store))
+    }
+
+    /// Cluster time now, as the workers keep it: this host's clock corrected by its offset to the nodes'
+    /// clocks where the store has clocks to read (Redis) and they answer, else this host's clock — a
+    /// stamp for what the command records, never a reason to refuse it.
+    pub(super) fn cluster_now(&mut self) -> DateTime<Utc> {
+        let clock = ClusterClock::local();
+        if let Ok(Some(Ok(estimate))) = self.measure_clock() {
+            clock.set(&estimate);
+        }
+        clock.now()
+    }
+
+    /// Writes history entries to every node (a majority must take them), as the workers write theirs.
+    pub(super) fn record(&mut self, entries: &[Entry]) -> Result<(), ReadError> {
+        let store = &self.store;
+        bounded(&self.runtime, self.deadline, store.record(entries))?.map_err(ReadError::NoMajority)
     }
 
     /// Writes a trigger request to a majority of the nodes.

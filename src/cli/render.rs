@@ -204,6 +204,7 @@ pub(super) fn entries(entries: &[Entry]) -> String {
 fn cells(e: &Entry, with_kind: bool) -> Vec<String> {
     let outcome_text = match (e.kind, with_kind) {
         (Kind::Run, _) => outcome(e),
+        (Kind::Control, _) => e.action.clone().unwrap_or_else(|| "control".to_string()),
         (_, true) => "-".to_string(),
         (kind, false) => kind.as_str().to_string(),
     };
@@ -223,19 +224,28 @@ fn cells(e: &Entry, with_kind: bool) -> Vec<String> {
 }
 
 /// The history: one line per tick, in the order given — when, who ran it (token, outcome, exit, duration)
-/// or why nobody did, and a count of the notes beside it; a double run first and loud.
+/// or why nobody did, and a count of the notes beside it; a double run first and loud. Each pause and
+/// resume is a line of its own among them, at the time it was made (OUTCOME `paused`/`resumed`, DETAIL
+/// its reason, who and until when).
 pub(super) fn ticks(history: &History) -> String {
     let mut out = String::new();
-    if history.ticks.is_empty() {
+    if history.ticks.is_empty() && history.controls.is_empty() {
         out.push_str("no entries\n");
     } else {
         let mut table = Table::new(&[
             "TICK", "JOB", "WORKER", "TOKEN", "OUTCOME", "EXIT", "DURATION", "DETAIL", "NOTES",
         ]);
+        let mut controls = history.controls.iter().peekable();
         for record in &history.ticks {
+            while let Some(control) = controls.next_if(|c| c.tick >= record.record.tick) {
+                table.row(control_row(control));
+            }
             let mut row = cells(&record.record, false);
             row.push(or_dash(notes(record)));
             table.row(row);
+        }
+        for control in controls {
+            table.row(control_row(control));
         }
         out.push_str(&table.render());
     }
@@ -243,6 +253,13 @@ pub(super) fn ticks(history: &History) -> String {
         out.push_str(&format!("note: {cut}\n"));
     }
     out
+}
+
+/// A pause's or resume's line in the history: its cells, no notes.
+fn control_row(control: &Entry) -> Vec<String> {
+    let mut row = cells(control, false);
+    row.push("-".to_string());
+    row
 }
 
 /// The notes of a tick in a few words: `DOUBLE RUN` with the other runs first, then the other entries
@@ -283,6 +300,12 @@ fn notes(record: &TickRecord) -> String {
 fn detail(e: &Entry) -> String {
     let detail = match e.kind {
         Kind::Run => e.run_id.clone().unwrap_or_default(),
+        Kind::Control => {
+            let by = e.by.as_ref().map(|by| format!("by {by}"));
+            let until = e.until.map(|t| format!("until {}", instant(t)));
+            let parts: Vec<String> = e.reason.iter().cloned().chain(by).chain(until).collect();
+            parts.join(" ")
+        }
         _ => {
             let by = e.by.as_ref().map(|by| format!("by {by}"));
             let parts: Vec<String> = e.reason.iter().cloned().chain(by).collect();

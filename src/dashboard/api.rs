@@ -9,7 +9,10 @@
 //!   token. The body is JSON, or a form (the pages' buttons), which is answered with a redirect to the
 //!   job's page. Each is logged (`dashboard.control`) with who (the token's name), from where (the peer's
 //!   address) and why; the pause and the trigger request carry `<name> via dashboard from <address>` as
-//!   their `by`, which `status` shows and the history keeps.
+//!   their `by`, which `status` shows and the history keeps. A pause written and a resume that lifted a
+//!   pause are also recorded in the job's history as a `control` entry (action, by, reason, until,
+//!   stamped with the worker's cluster time); a failed history write leaves the control done, is logged
+//!   (`dashboard.control_not_recorded`) and answered with `recorded_in_history: false`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,12 +25,13 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Json};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::auth::Proof;
 use super::read::{bounded, ReadFailure};
 use super::{Access, Dashboard};
 use crate::config::JobConfig;
+use crate::history::{Control as JobControl, Entry, CONTROL_PAUSED, CONTROL_RESUMED};
 use crate::inspect::{explain, history, parse_tick, status};
 use crate::lock::{InForce, Pause, PauseOutcome};
 use crate::logging::events;
@@ -37,6 +41,8 @@ use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT};
 
 /// The most ticks `/api/history` lists, as `redcron history --limit`.
 const MAX_LIMIT: usize = crate::cli::history::MAX_LIMIT;
+/// The writer (`worker`) of the `control` entries the dashboard records.
+const CONTROL_WRITER: &str = "dashboard";
 /// The longest pause reason taken.
 const MAX_REASON: usize = 500;
 
@@ -156,6 +162,10 @@ struct ControlReport {
     /// The trigger request written.
     #[serde(skip_serializing_if = "Option::is_none")]
     request: Option<TriggerRequest>,
+    /// For a pause written or a resume that lifted a pause: whether its `control` entry reached the
+    /// history. Absent when nothing was to be recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recorded_in_history: Option<bool>,
 }
 
 /// The controls' one request shape: what was asked, by whom, from where.
@@ -304,12 +314,20 @@ impl<'a> Control<'a> {
             Ok(outcome) => outcome,
             Err(failure) => return self.failed("pause", &failure),
         };
-        let (result, paused) = match outcome {
-            PauseOutcome::Paused => ("paused", Some(pause)),
-            PauseOutcome::LongerKept(kept) => ("kept", Some(kept)),
-            PauseOutcome::AlreadyOver => ("already_over", None),
+        let (result, paused, recorded) = match outcome {
+            PauseOutcome::Paused => {
+                let control = JobControl {
+                    action: CONTROL_PAUSED,
+                    by: pause.by.clone(),
+                    reason: pause.reason.clone(),
+                    until: pause.until,
+                };
+                ("paused", Some(pause), Some(self.record(&control).await))
+            }
+            PauseOutcome::LongerKept(kept) => ("kept", Some(kept), None),
+            PauseOutcome::AlreadyOver => ("already_over", None, None),
         };
-        self.done("pause", result, paused, None, &reason)
+        self.done("pause", result, paused, None, &reason, recorded)
     }
 
     async fn resume(self) -> Response {
@@ -318,13 +336,43 @@ impl<'a> Control<'a> {
             Ok(was) => was,
             Err(failure) => return self.failed("resume", &failure),
         };
-        let result = if was_paused {
-            "resumed"
+        let reason: String = self
+            .body
+            .reason
+            .clone()
+            .unwrap_or_default()
+            .trim()
+            .chars()
+            .take(MAX_REASON)
+            .collect();
+        let (result, recorded) = if was_paused {
+            let control = JobControl {
+                action: CONTROL_RESUMED,
+                by: self.by.clone(),
+                reason: reason.clone(),
+                until: None,
+            };
+            ("resumed", Some(self.record(&control).await))
         } else {
-            "was_not_paused"
+            ("was_not_paused", None)
         };
-        let reason = self.body.reason.clone().unwrap_or_default();
-        self.done("resume", result, None, None, &reason)
+        self.done("resume", result, None, None, &reason, recorded)
+    }
+
+    /// Records `control` of the job in its history, stamped with the worker's cluster time; whether a
+    /// majority took it. A failure is logged, not answered as an error: the control itself is done.
+    async fn record(&self, control: &JobControl) -> bool {
+        let context = &self.dashboard.context;
+        let entry = Entry::control(&self.job.name, control, CONTROL_WRITER, context.clock.now());
+        match bounded(context.store.record(std::slice::from_ref(&entry))).await {
+            Ok(()) => true,
+            Err(failure) => {
+                warn!(event = events::dashboard::CONTROL_NOT_RECORDED, action = control.action,
+                      job = %self.job.name, operator = self.operator(), error = %failure,
+                      "Dashboard control done, but not recorded in the history");
+                false
+            }
+        }
     }
 
     async fn trigger(self) -> Response {
@@ -345,7 +393,7 @@ impl<'a> Control<'a> {
             return self.failed("trigger", &failure);
         }
         let reason = self.body.reason.clone().unwrap_or_default();
-        self.done("trigger", "requested", None, Some(request), &reason)
+        self.done("trigger", "requested", None, Some(request), &reason, None)
     }
 
     /// Refuses (409) while a live worker would ignore `capability`.
@@ -381,6 +429,7 @@ impl<'a> Control<'a> {
         paused: Option<Pause>,
         request: Option<TriggerRequest>,
         reason: &str,
+        recorded_in_history: Option<bool>,
     ) -> Response {
         self.log(action, result, reason);
         if self.form {
@@ -402,16 +451,21 @@ impl<'a> Control<'a> {
             by: self.by.clone(),
             paused,
             request,
+            recorded_in_history,
         };
         (status, Json(report)).into_response()
     }
 
-    fn log(&self, action: &str, result: &str, reason: &str) {
-        let operator = self
-            .access
+    /// The token's name of the operator using the control.
+    fn operator(&self) -> &str {
+        self.access
             .operator
             .as_ref()
-            .map_or("", |o| o.name.as_str());
+            .map_or("", |o| o.name.as_str())
+    }
+
+    fn log(&self, action: &str, result: &str, reason: &str) {
+        let operator = self.operator();
         info!(event = events::dashboard::CONTROL, action, job = %self.job.name, operator,
               from = %self.from, reason, result, "Dashboard control used");
     }

@@ -20,7 +20,7 @@ use super::view::{self, Cell, Filter, StateFilter};
 use super::{auth, chart, words, Access, Dashboard};
 use crate::config::{Command, Config, JobConfig};
 use crate::history::tick::TickRecord;
-use crate::history::Kind;
+use crate::history::{Entry, Kind};
 use crate::inspect::status::{JobStatus, WorkerStatus};
 use crate::inspect::time::{duration_ms, instant_ms};
 use crate::inspect::{explain, history, parse_tick};
@@ -140,10 +140,14 @@ pub(super) async fn job(
             Err(failure) => return unavailable(&access, &job.name, &failure),
         };
     let names = [job.name.clone()];
-    let ticks = match read::bounded(history::read(store, &names, None, JOB_TICKS)).await {
-        Ok(inputs) => history::history(inputs, JOB_TICKS).ticks,
-        Err(failure) => return unavailable(&access, &job.name, &failure),
-    };
+    let (ticks, paused_resumed) =
+        match read::bounded(history::read(store, &names, None, JOB_TICKS)).await {
+            Ok(inputs) => {
+                let listed = history::history(inputs, JOB_TICKS);
+                (listed.ticks, listed.controls)
+            }
+            Err(failure) => return unavailable(&access, &job.name, &failure),
+        };
     let story = match params.get("tick").map(|t| parse_tick(t.trim())) {
         None => None,
         Some(Err(why)) => Some(Err(why)),
@@ -219,6 +223,16 @@ pub(super) async fn job(
                     th scope="col" { "Exit" } th scope="col" { "Duration" } th scope="col" { "Start delay" }
                 } }
                 tbody { @for record in &ticks { (history_row(job, record)) } }
+            }
+        }
+        @if !paused_resumed.is_empty() {
+            h2 { "Pauses and resumes" }
+            table #controls {
+                thead { tr {
+                    th scope="col" { "When" } th scope="col" { "Action" } th scope="col" { "By" }
+                    th scope="col" { "Reason" } th scope="col" { "Until" }
+                } }
+                tbody { @for control in &paused_resumed { (control_row(control)) } }
             }
         }
     };
@@ -646,6 +660,20 @@ fn last_run(status: &JobStatus) -> Markup {
                 @if let Some(token) = run.token { ", token " (token) }
                 @if let Some(ms) = run.duration_ms { ", " (duration_ms(ms)) }
             }
+        }
+    }
+}
+
+/// A pause's or resume's row (a `control` entry of the history: not a tick, so apart from the ticks).
+fn control_row(control: &Entry) -> Markup {
+    let action = control.action.as_deref().unwrap_or("control");
+    html! {
+        tr data-action=(action) {
+            th scope="row" { (instant_ms(control.tick)) }
+            td { (action) }
+            td { @if let Some(by) = &control.by { (by) } }
+            td { @if let Some(reason) = &control.reason { (reason) } }
+            td { @if let Some(until) = control.until { (instant(until)) } }
         }
     }
 }

@@ -84,7 +84,9 @@ impl Outcome {
                 (Some(_), _) => Outcome::Failed,
             },
             Kind::Missed => Outcome::Missed,
-            Kind::Skipped | Kind::Lost | Kind::Unknown => Outcome::Skipped,
+            // A control never reaches here as a tick's record ([`crate::history::tick::group`] leaves
+            // it out); should one be asked about, it is no run.
+            Kind::Skipped | Kind::Lost | Kind::Control | Kind::Unknown => Outcome::Skipped,
         }
     }
 }

@@ -96,6 +96,13 @@ pub enum Kind {
     /// Nobody claimed the tick by the end of its window; written once, by the worker whose check claimed it
     /// (its id, like a skip's, names no worker).
     Missed,
+    /// An operator's control of the job — `pause` or `resume`, from the command line or the dashboard —
+    /// with its `action` (`paused`, `resumed`), `by`, `reason` and, for a pause, `until`. Not about a tick:
+    /// its `tick` is when the control was made (cluster time, ms), so it sorts among the ticks; the
+    /// readers list it on its own line and never count it as a tick (not run, not missed, not overdue).
+    /// One per control: its id carries [`Entry::control_id`], so two controls in one millisecond are
+    /// both kept.
+    Control,
     /// A kind written by a newer version of redcron.
     #[serde(other)]
     Unknown,
@@ -109,6 +116,7 @@ impl Kind {
             Kind::Skipped => "skipped",
             Kind::Lost => "lost",
             Kind::Missed => "missed",
+            Kind::Control => "control",
             Kind::Unknown => "unknown",
         }
     }
@@ -178,9 +186,37 @@ pub struct Entry {
     /// As [`Entry::tail_out`], of its standard error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tail_err: Option<String>,
+    /// On a `control` entry: what the control did, `paused` or `resumed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// On a `control` entry of a pause with an end (`--for`): when the pause ends by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<DateTime<Utc>>,
+    /// On a `control` entry: the control's own id (32 hex digits, random), part of [`Entry::id`] so that
+    /// no two controls share an identity, whoever made them and however close together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_id: Option<String>,
     /// When the writer wrote this version of the entry (its cluster time).
     pub recorded_at: DateTime<Utc>,
 }
+
+/// What a `control` entry records: the action on the job, by whom, why, until when (a pause's end).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Control {
+    /// `paused` or `resumed` ([`CONTROL_PAUSED`], [`CONTROL_RESUMED`]).
+    pub action: &'static str,
+    /// Who, as the pause record names it: `user@host`, or `NAME via dashboard from ADDRESS`.
+    pub by: String,
+    /// The reason given (may be empty).
+    pub reason: String,
+    /// A pause's end, if it has one.
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// The `action` of a `control` entry of a pause.
+pub const CONTROL_PAUSED: &str = "paused";
+/// The `action` of a `control` entry of a resume.
+pub const CONTROL_RESUMED: &str = "resumed";
 
 impl Entry {
     /// A new entry of `kind` by `worker` for `(job, tick)`, recorded now; the other fields empty.
@@ -207,8 +243,34 @@ impl Entry {
             raced: None,
             tail_out: None,
             tail_err: None,
+            action: None,
+            until: None,
+            control_id: None,
             recorded_at: now,
         }
+    }
+
+    /// A `control` entry of `job`: `control` made at `now` (cluster time) by `writer` (`cli`,
+    /// `dashboard`), with a fresh [`Entry::control_id`]; its tick is `now` in milliseconds.
+    pub fn control(job: &str, control: &Control, writer: &str, now: DateTime<Utc>) -> Entry {
+        let mut entry = Entry::new(
+            job,
+            Tick(now.timestamp_millis()),
+            writer,
+            Kind::Control,
+            now,
+        );
+        entry.action = Some(control.action.to_string());
+        entry.by = Some(control.by.clone());
+        entry.reason = Some(control.reason.clone()).filter(|r| !r.is_empty());
+        entry.until = control.until;
+        entry.control_id = Some(uuid::Uuid::new_v4().simple().to_string());
+        entry
+    }
+
+    /// Whether this entry records a control (`pause`, `resume`) rather than something about a tick.
+    pub fn is_control(&self) -> bool {
+        self.kind == Kind::Control
     }
 
     /// The same entry, about `series`: a trigger request's or a retry attempt's.
@@ -233,10 +295,13 @@ impl Entry {
     /// A `skipped` or `missed` entry says why nobody ran its tick, a fact of the tick rather than of its
     /// writer: its writer part is [`TICK_LEVEL`] (`<tick>|-|skipped`), so a second worker that writes the
     /// same skip replaces the first instead of adding to it. The other kinds keep their writer (`run`,
-    /// `lost`: one per worker), as every earlier version wrote them.
+    /// `lost`: one per worker), as every earlier version wrote them. A `control` entry's writer part is
+    /// its [`Entry::control_id`] (`<ms>|<control id>|control`): unique per control, so two controls of the
+    /// same millisecond, even by the same writer, are two entries.
     pub fn id(&self) -> String {
         let writer = match self.kind {
             Kind::Skipped | Kind::Missed => TICK_LEVEL,
+            Kind::Control => self.control_id.as_deref().unwrap_or(self.worker.as_str()),
             Kind::Run | Kind::Lost | Kind::Unknown => self.worker.as_str(),
         };
         let id = format!("{}|{writer}|{}", self.tick, self.kind.as_str());
@@ -364,6 +429,28 @@ mod tests {
             vec![later.clone()],
         ]);
         assert_eq!(merged, vec![run, later]);
+    }
+
+    /// A control's id carries its own id: two controls of the same millisecond by the same writer are two
+    /// entries after the merge, and a control's JSON round-trips with its fields.
+    #[test]
+    fn two_controls_of_one_millisecond_are_both_kept() {
+        let what = Control {
+            action: CONTROL_PAUSED,
+            by: "ops@host".into(),
+            reason: "migration".into(),
+            until: Some(at(7_200)),
+        };
+        let a = Entry::control("j", &what, "cli", at(3_600));
+        let b = Entry::control("j", &what, "cli", at(3_600));
+        assert_eq!(a.tick, b.tick);
+        assert_ne!(a.id(), b.id());
+        let control_id = a.control_id.clone().unwrap_or_default();
+        assert_eq!(a.id(), format!("3600000|{control_id}|control"));
+        assert_eq!(merge(vec![vec![a.clone()], vec![b, a.clone()]]).len(), 2);
+        let json = a.to_json();
+        assert!(json.contains(r#""kind":"control""#) && json.contains(r#""action":"paused""#));
+        assert_eq!(Entry::from_json(&json).ok(), Some(a));
     }
 
     /// The size check comes at every tick for a small bound, and at about one tick in `keep / 50` for a

@@ -11,6 +11,9 @@
 //!   that no reader can hide it;
 //! - the **notes** are every other entry: the anomalies (a loss that was not routine, a skip beside a run)
 //!   and the per-loser entries of earlier versions.
+//!
+//! A `control` entry (a pause or resume, [`Kind::Control`]) is about the job, not a tick: [`group`] leaves
+//! it out, so no reader counts it as a tick; [`controls`] picks them out for the readers that list them.
 
 use std::cmp::Ordering;
 
@@ -109,17 +112,26 @@ pub fn raced_for_it(entry: &Entry) -> bool {
             entry.reason.as_deref(),
             Some("no_quorum" | "contended" | "lease_expired" | "no_slot")
         ),
-        Kind::Missed | Kind::Unknown => false,
+        Kind::Missed | Kind::Control | Kind::Unknown => false,
     }
+}
+
+/// The `control` entries among `entries` (pauses and resumes), in the order given.
+pub fn controls<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Vec<Entry> {
+    entries
+        .into_iter()
+        .filter(|e| e.is_control())
+        .cloned()
+        .collect()
 }
 
 /// Folds entries (merged: one per identity, as [`super::merge`] gives them) into one record per
 /// `(job, series, tick)`, newest tick first, then by job, then by series: the retry attempts latest first,
 /// then the schedule's first attempt, then the trigger requests by id. Within a record the entries keep
-/// the order they came in.
+/// the order they came in. `control` entries are left out: they are not about a tick.
 pub fn group(entries: impl IntoIterator<Item = Entry>) -> Vec<TickRecord> {
     let mut groups: Vec<Vec<Entry>> = Vec::new();
-    let mut entries: Vec<Entry> = entries.into_iter().collect();
+    let mut entries: Vec<Entry> = entries.into_iter().filter(|e| !e.is_control()).collect();
     // A stable sort: within a record the merge's order stays.
     entries.sort_by(order);
     for entry in entries {
@@ -152,7 +164,7 @@ fn fold(mut entries: Vec<Entry>) -> TickRecord {
         Kind::Run => 1,
         Kind::Missed => 2,
         Kind::Skipped => 3,
-        Kind::Lost | Kind::Unknown => 4,
+        Kind::Lost | Kind::Unknown | Kind::Control => 4,
     };
     let first = (0..entries.len())
         .min_by_key(|&i| (precedence(&entries[i]), i))

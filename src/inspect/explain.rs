@@ -15,11 +15,11 @@ use serde::Serialize;
 
 use super::status::{alive, SETTLE};
 use super::story::{describe, gone, no_entry_hint};
-use super::time::{self, instant};
+use super::time::{self, instant, instant_ms};
 use super::Notes;
 use crate::config::JobConfig;
 use crate::history::tick::{self, raced_for_it, TickRecord};
-use crate::history::{Entry, HistorySettings, Kind, Query};
+use crate::history::{Entry, HistorySettings, Kind, Query, CONTROL_PAUSED};
 use crate::lock::QuorumFailure;
 use crate::membership::Member;
 use crate::schedule::Tick;
@@ -27,14 +27,20 @@ use crate::store::Store;
 
 /// The most entries read for one tick (a few per worker).
 const ENTRIES_PER_TICK: usize = 1000;
+/// The entries read from before the tick: enough to see past a few pauses and resumes (`control`
+/// entries) to a tick's, and to find the latest control before the tick if it is near.
+const ENTRIES_BEFORE: usize = 16;
 
 /// What the explanation of a tick is computed from, as read from the store.
 #[derive(Debug, Clone, Default)]
 pub struct ExplainInputs {
     /// Every entry of the tick, as stored (the merge's order).
     pub entries: Vec<Entry>,
-    /// Whether the store holds entries of the job from before this tick.
+    /// Whether the store holds entries of the job from before this tick (of ticks: a pause or resume
+    /// does not count).
     pub earlier: bool,
+    /// The latest pause or resume (`control` entry) among the newest entries before the tick, if any.
+    pub control_before: Option<Entry>,
     /// The workers the store knows, to tell a run under way from one whose worker died.
     pub members: Vec<Member>,
     pub notes: Notes,
@@ -49,12 +55,13 @@ pub async fn read(store: &Store, job: &str, tick: Tick) -> Result<ExplainInputs,
             until: Some(tick),
             limit: ENTRIES_PER_TICK,
         },
-        // Whether the history reaches back before this tick at all, for the hint.
+        // Whether the history reaches back before this tick at all, for the hint, and the latest
+        // pause or resume before it.
         Query {
             job: job.to_string(),
             since: None,
             until: Some(Tick(tick.0 - 1)),
-            limit: 1,
+            limit: ENTRIES_BEFORE,
         },
     ];
     let mut notes = Notes::new(store);
@@ -63,11 +70,15 @@ pub async fn read(store: &Store, job: &str, tick: Tick) -> Result<ExplainInputs,
         histories.push(notes.keep(read?));
     }
     let members = notes.keep(store.members().await?);
-    let earlier = histories.pop().is_some_and(|before| !before.is_empty());
+    let before = histories.pop().unwrap_or_default();
+    // A read full of controls cannot tell: taken as earlier history, as before controls existed.
+    let earlier = before.iter().any(|e| !e.is_control()) || before.len() >= ENTRIES_BEFORE;
+    let control_before = before.iter().find(|e| e.is_control()).cloned();
     let entries = histories.pop().unwrap_or_default();
     Ok(ExplainInputs {
         entries,
         earlier,
+        control_before,
         members,
         notes,
     })
@@ -153,6 +164,7 @@ pub fn explain(
     let ExplainInputs {
         entries,
         earlier,
+        control_before,
         members,
         notes,
     } = inputs;
@@ -201,6 +213,15 @@ pub fn explain(
             job.name,
             show(previous_tick),
             show(next_tick)
+        ));
+    }
+    // A pause in force at the tick, as far as the latest control before it says (it may have ended by
+    // its `until`, which the sentence gives).
+    if let Some(pause) = control_before.filter(|c| c.action.as_deref() == Some(CONTROL_PAUSED)) {
+        story.push(format!(
+            "the latest pause or resume before it: {}, at {}",
+            describe(&pause),
+            instant_ms(pause.tick)
         ));
     }
     let records = tick::group(entries.iter().cloned());
@@ -261,7 +282,7 @@ pub fn explain(
         }
     } else if facts.now < settled {
         Verdict::NotYet
-    } else if !entries.is_empty() {
+    } else if !records.is_empty() {
         Verdict::NotRun
     } else {
         Verdict::NoEntry

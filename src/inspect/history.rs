@@ -6,6 +6,10 @@
 //! it. [`read`] asks every job for a few entries per tick wanted and asks again, for more, while a job's
 //! page came back full before `limit` ticks were known (up to [`MAX_ENTRIES_PER_JOB`]); [`history`] folds
 //! the entries into [`TickRecord`]s and keeps the newest `limit`, whichever jobs they belong to.
+//!
+//! Pauses and resumes (`control` entries) are listed beside the ticks, on their own ([`History::controls`]):
+//! `limit` counts ticks only, and the controls listed are those made since the oldest tick listed (all
+//! that were read, when fewer ticks than `limit` exist).
 
 use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
@@ -80,13 +84,18 @@ pub async fn read(
 /// What `history` reports. Field names are stable (docs/history.md).
 #[derive(Debug, Serialize)]
 pub struct History {
-    /// Every entry of the listed ticks as stored (each with `tick_rfc3339`), newest tick first, then by
-    /// job, worker and kind.
+    /// Every entry of the listed ticks and of the listed controls as stored (each with `tick_rfc3339`),
+    /// newest tick first, then by job, worker and kind.
     #[serde(serialize_with = "time::entries")]
     pub entries: Vec<Entry>,
-    /// The ticks, newest first: each one's record with `tick_rfc3339`, `other_runs` and `notes`.
+    /// The ticks, newest first: each one's record with `tick_rfc3339`, `other_runs` and `notes`. Never a
+    /// control: `limit` counts these.
     #[serde(serialize_with = "time::records")]
     pub ticks: Vec<TickRecord>,
+    /// The pauses and resumes (`control` entries, with `tick_rfc3339`: when they were made) of the listed
+    /// jobs since the oldest tick listed, newest first; not counted by `limit`.
+    #[serde(serialize_with = "time::entries")]
+    pub controls: Vec<Entry>,
     /// Set when fewer ticks than asked are listed because a job had more than [`MAX_ENTRIES_PER_JOB`]
     /// entries in them: says which job, and from which tick back the list may miss some.
     pub cut_short: Option<String>,
@@ -98,6 +107,7 @@ pub struct History {
 pub fn history(inputs: HistoryInputs, limit: usize) -> History {
     let Newest {
         ticks,
+        controls,
         complete,
         horizon,
     } = newest(&inputs, limit);
@@ -114,6 +124,7 @@ pub fn history(inputs: HistoryInputs, limit: usize) -> History {
     let mut entries: Vec<Entry> = ticks
         .iter()
         .flat_map(TickRecord::entries)
+        .chain(&controls)
         .cloned()
         .collect();
     entries.sort_by(|a, b| {
@@ -126,6 +137,7 @@ pub fn history(inputs: HistoryInputs, limit: usize) -> History {
     History {
         entries,
         ticks,
+        controls,
         cut_short,
         notes: inputs.notes,
     }
@@ -135,6 +147,9 @@ pub fn history(inputs: HistoryInputs, limit: usize) -> History {
 struct Newest {
     /// At most `limit` records, newest first.
     ticks: Vec<TickRecord>,
+    /// The controls among the whole ticks' time, since the oldest tick kept when more were cut; newest
+    /// first.
+    controls: Vec<Entry>,
     /// Whether these are the newest `limit` ticks, or all there are.
     complete: bool,
     /// The job whose full answer reached back least far, and the oldest tick of it: the ticks at or
@@ -160,11 +175,20 @@ fn newest(inputs: &HistoryInputs, limit: usize) -> Newest {
         .flatten()
         .filter(|e| after.is_none_or(|after| e.tick > after))
         .cloned();
+    let whole: Vec<Entry> = whole.collect();
+    let mut controls = tick::controls(&whole);
     let mut ticks = tick::group(whole);
     let complete = horizon.is_none() || ticks.len() >= limit;
-    ticks.truncate(limit);
+    if ticks.len() > limit {
+        ticks.truncate(limit);
+        // Older ticks were cut: so are the controls older than the oldest tick kept.
+        let oldest = ticks.last().map_or(i64::MIN, |record| record.record.tick);
+        controls.retain(|control| control.tick >= oldest);
+    }
+    controls.sort_by(|a, b| b.tick.cmp(&a.tick).then_with(|| a.job.cmp(&b.job)));
     Newest {
         ticks,
+        controls,
         complete,
         horizon,
     }
@@ -209,6 +233,42 @@ mod tests {
         assert_eq!(history.ticks[0].notes.len(), 1);
         assert_eq!(history.entries.len(), 4);
         assert_eq!(history.cut_short, None);
+    }
+
+    /// `limit` counts ticks only: the pauses and resumes are listed beside them, those since the oldest
+    /// tick listed, newest first, and never as a tick.
+    #[test]
+    fn controls_are_listed_beside_the_ticks_and_not_counted() {
+        let control = |action: &'static str, ms: i64| {
+            let what = crate::history::Control {
+                action,
+                by: "ops@host".into(),
+                reason: String::new(),
+                until: None,
+            };
+            let made = DateTime::from_timestamp_millis(ms).unwrap_or_default();
+            Entry::control("a", &what, "cli", made)
+        };
+        let a = vec![
+            control("resumed", 3500),
+            run("a", 3000, "w1"),
+            control("paused", 2500),
+            run("a", 2000, "w1"),
+            control("resumed", 1500),
+            run("a", 1000, "w1"),
+        ];
+        let listed = history(inputs(vec![a.clone()], 100), 2);
+        let ticks: Vec<i64> = listed.ticks.iter().map(|r| r.tick().0).collect();
+        assert_eq!(ticks, [3000, 2000]);
+        let controls: Vec<(i64, Option<&str>)> = listed
+            .controls
+            .iter()
+            .map(|c| (c.tick, c.action.as_deref()))
+            .collect();
+        assert_eq!(controls, [(3500, Some("resumed")), (2500, Some("paused"))]);
+        assert_eq!(listed.entries.len(), 4);
+        let all = history(inputs(vec![a], 100), 10);
+        assert_eq!((all.ticks.len(), all.controls.len()), (3, 3));
     }
 
     /// A job's full answer may lack entries of its oldest tick and older ones: only ticks after it count,

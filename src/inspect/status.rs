@@ -436,9 +436,11 @@ fn overdue(job: &JobConfig, entries: &[Entry], now: DateTime<Utc>) -> Option<Ove
             .last_at_or_before(tick.to_utc() - chrono::Duration::milliseconds(1))?;
     }
     // No entry before it: the job is new (or its history is gone), and nobody was expected to account
-    // for its ticks yet — as the workers' own miss check treats it.
-    let served_before = entries.iter().any(|e| e.tick < tick.as_millis());
-    if !served_before || entries.iter().any(|e| e.tick == tick.as_millis()) {
+    // for its ticks yet — as the workers' own miss check treats it. A pause or resume (`control`) is
+    // about the job, not a tick: it neither serves a tick nor accounts for one.
+    let ticks = || entries.iter().filter(|e| !e.is_control());
+    let served_before = ticks().any(|e| e.tick < tick.as_millis());
+    if !served_before || ticks().any(|e| e.tick == tick.as_millis()) {
         return None;
     }
     Some(Overdue {

@@ -102,6 +102,18 @@ pub(crate) fn describe(entry: &Entry) -> String {
                 .as_ref()
                 .map_or(String::new(), |by| format!(", claimed by {by}"))
         ),
+        Kind::Control => format!(
+            "{} {} the job{}{}",
+            entry.by.as_deref().unwrap_or(worker),
+            entry.action.as_deref().unwrap_or("controlled"),
+            entry
+                .until
+                .map_or(String::new(), |until| format!(" until {}", instant(until))),
+            entry
+                .reason
+                .as_ref()
+                .map_or(String::new(), |reason| format!(": {reason}"))
+        ),
         Kind::Unknown => format!("{worker} wrote an entry of a kind this version does not know"),
     }
 }

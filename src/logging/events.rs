@@ -173,6 +173,9 @@ events! {
         /// A control was used: `action` (pause, resume, trigger), `job`, `operator`, `from` (the peer's
         /// address), `reason`, and what came of it (`result`).
         CONTROL = "dashboard.control";
+        /// WARN: a pause or resume made through the dashboard is done, but its `control` entry did not
+        /// reach the history: `action`, `job`, `operator`, `error`.
+        CONTROL_NOT_RECORDED = "dashboard.control_not_recorded";
     }
 
     /// The alert hook.

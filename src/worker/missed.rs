@@ -141,13 +141,13 @@ async fn look_back(context: &Context, jobs: &[Arc<JobConfig>]) -> Vec<Suspect> {
             job: job.name.clone(),
             since: None,
             until: None,
-            limit: 1,
+            limit: NEWEST_READ,
         };
         let newest = match context.store.history(&query).await {
             Ok(read) => {
                 context.warn_skipped(&read.skipped);
-                match read.value.first() {
-                    Some(entry) => entry.tick(),
+                match newest_tick(&read.value, NEWEST_READ) {
+                    Some(tick) => tick,
                     None => continue,
                 }
             }
@@ -176,6 +176,23 @@ async fn look_back(context: &Context, jobs: &[Arc<JobConfig>]) -> Vec<Suspect> {
         );
     }
     suspects
+}
+
+/// The entries a starting worker reads of each job to find its newest tick: a few more than one, for the
+/// pauses and resumes (`control` entries, not about a tick) that may be newer than it.
+const NEWEST_READ: usize = 16;
+
+/// The newest tick in `entries` (newest first, as read with `limit`), passing over `control` entries:
+/// a pause or resume says nothing of the ticks before it. When every entry read is a control and the
+/// read was full, the oldest of them (the ticks after it are suspected, the ones before it not: fewer
+/// suspects, never a false one); with none but controls in a read that was not full, the job has no
+/// ticks yet (`None`, new).
+fn newest_tick(entries: &[Entry], limit: usize) -> Option<Tick> {
+    match entries.iter().find(|e| !e.is_control()) {
+        Some(entry) => Some(entry.tick()),
+        None if entries.len() >= limit => entries.last().map(Entry::tick),
+        None => None,
+    }
 }
 
 /// Checks `batch`; returns the suspects whose check could not be made (no majority) for a later try.
@@ -247,7 +264,7 @@ fn accounts_for(entry: &Entry) -> bool {
             entry.reason.as_deref(),
             Some("overlap" | "superseded" | "paused")
         ),
-        Kind::Lost | Kind::Unknown => false,
+        Kind::Lost | Kind::Control | Kind::Unknown => false,
     }
 }
 
@@ -289,5 +306,35 @@ async fn raise(context: &Context, job: &JobConfig, tick: Tick, claimed_by: Optio
         | ClaimOutcome::Busy { .. }
         | ClaimOutcome::Paused(_)
         | ClaimOutcome::Refused(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{Control, CONTROL_PAUSED};
+
+    fn control(ms: i64) -> Entry {
+        let what = Control {
+            action: CONTROL_PAUSED,
+            by: "ops@host".into(),
+            reason: String::new(),
+            until: None,
+        };
+        let made = DateTime::from_timestamp_millis(ms).unwrap_or_default();
+        Entry::control("j", &what, "cli", made)
+    }
+
+    /// A starting worker looks back from the newest tick, past any newer pause or resume; a job with only
+    /// controls has no tick yet; a read full of controls looks back from the oldest of them.
+    #[test]
+    fn the_look_back_starts_at_the_newest_tick_not_at_a_control() {
+        let run = Entry::new("j", Tick(1_000), "w1", Kind::Run, Utc::now());
+        assert!(!accounts_for(&control(1_000)));
+        let entries = vec![control(5_000), control(4_000), run];
+        assert_eq!(newest_tick(&entries, 16), Some(Tick(1_000)));
+        assert_eq!(newest_tick(&entries[..2], 16), None);
+        assert_eq!(newest_tick(&entries[..2], 2), Some(Tick(4_000)));
+        assert_eq!(newest_tick(&[], 16), None);
     }
 }

@@ -477,11 +477,183 @@ fn a_pause_at_a_tick_refuses_every_claim_begun_after_it() {
     );
 }
 
+/// The fields of a job's `status --json` that a pause or resume must leave as they are.
+fn served(dir: &TestDir, cli: &Path) -> serde_json::Value {
+    let (code, status, stderr) = inspect(dir, cli, &["status", "--json"]);
+    assert_eq!(code, 0, "{status}{stderr}");
+    let job = &parse(&status)["jobs"][0];
+    serde_json::json!({
+        "last_run": job["last_run"]["tick"],
+        "last_run_kind": job["last_run"]["kind"],
+        "last_success": job["last_success"]["tick"],
+        "failures_in_a_row": job["failures_in_a_row"],
+        "overdue": job["overdue"],
+    })
+}
+
+/// `redcron pause` and `resume` each record a `control` entry of the job: `history --json` lists them
+/// (newest first, with who, why and a pause's end) beside the ticks, never as one, and `status` is the
+/// same before and after them (last run, last success, no failure, not overdue). `cli` is the config of a
+/// store where one worker runs `tick` every second, `dir` holds its ledger.
+fn controls_are_in_the_history_and_leave_the_status(dir: &TestDir, cli: &Path) {
+    wait_for("a run", Duration::from_secs(20), || {
+        (!ledger(dir).is_empty()).then_some(())
+    });
+    let pause = |args: &[&str]| {
+        let (code, json, stderr) = inspect(dir, cli, args);
+        assert_eq!(code, 0, "{json}{stderr}");
+        let report = parse(&json);
+        assert_eq!(report["recorded_in_history"], true, "{json}{stderr}");
+        report
+    };
+    pause(&[
+        "pause", "tick", "--for", "1h", "--reason", "deploy", "--json",
+    ]);
+    // Once a tick after the pause is recorded as skipped, no run of before it is still going.
+    wait_for("a tick skipped as paused", Duration::from_secs(20), || {
+        let (_, json, _) = inspect(
+            dir,
+            cli,
+            &["history", "--job", "tick", "--json", "--limit", "3"],
+        );
+        parse(&json)["ticks"]
+            .as_array()?
+            .iter()
+            .any(|t| t["kind"] == "skipped" && t["reason"] == "paused")
+            .then_some(())
+    });
+    let before = served(dir, cli);
+    assert_eq!(before["last_run_kind"], "run", "{before}");
+    assert_eq!(before["failures_in_a_row"], 0, "{before}");
+    assert!(before["overdue"].is_null(), "{before}");
+    pause(&["pause", "tick", "--replace", "--reason", "longer", "--json"]);
+    assert_eq!(
+        served(dir, cli),
+        before,
+        "a second pause changed the status"
+    );
+    let resumed = pause(&["resume", "tick", "--reason", "done", "--json"]);
+    assert_eq!(resumed["action"], "resumed");
+    // A resume of a job that is not paused changes nothing, and records nothing.
+    let (_, json, _) = inspect(dir, cli, &["resume", "tick", "--json"]);
+    assert!(parse(&json)["recorded_in_history"].is_null(), "{json}");
+
+    let (code, json, stderr) = inspect(
+        dir,
+        cli,
+        &["history", "--job", "tick", "--json", "--limit", "500"],
+    );
+    assert_eq!(code, 0, "{json}{stderr}");
+    let history = parse(&json);
+    let controls = history["controls"].as_array().expect("a controls list");
+    let seen: Vec<(&str, &str)> = controls
+        .iter()
+        .map(|c| {
+            (
+                c["action"].as_str().unwrap_or_default(),
+                c["reason"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("resumed", "done"),
+            ("paused", "longer"),
+            ("paused", "deploy")
+        ],
+        "{json}"
+    );
+    for control in controls {
+        assert_eq!(control["kind"], "control", "{control}");
+        assert_eq!(control["worker"], "cli", "{control}");
+        assert!(
+            control["by"].as_str().is_some_and(|by| by.contains('@')),
+            "by names user@host: {control}"
+        );
+        assert!(control["tick_rfc3339"].is_string(), "{control}");
+    }
+    assert!(controls[2]["until"].is_string(), "--for gives an end");
+    assert!(controls[0]["until"].is_null() && controls[1]["until"].is_null());
+    let ticks = history["ticks"].as_array().expect("a ticks list");
+    assert!(
+        ticks.iter().all(|t| t["kind"] != "control"),
+        "a control is never a tick: {json}"
+    );
+    // The text lists them too, on lines of their own.
+    let (_, text, _) = inspect(dir, cli, &["history", "--job", "tick", "--limit", "500"]);
+    let lines = |action: &str| {
+        text.lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .filter(|cells| cells.get(2) == Some(&"cli") && cells.get(4) == Some(&action))
+            .count()
+    };
+    assert_eq!((lines("resumed"), lines("paused")), (1, 2), "{text}");
+
+    // After the resume: still not failing, not overdue, the last run a run.
+    let after = served(dir, cli);
+    assert_eq!(after["last_run_kind"], "run", "{after}");
+    assert_eq!(after["failures_in_a_row"], 0, "{after}");
+    assert!(after["overdue"].is_null(), "{after}");
+}
+
+/// A history write that fails does not undo or fail the control: with the embedded store's history table
+/// refusing every insert, `pause` and `resume` still exit 0 and take effect, warn on stderr that the
+/// history does not record them, and say `recorded_in_history: false`.
+#[test]
+fn a_control_whose_history_write_fails_stands_and_says_so() {
+    let dir = TestDir::new();
+    let job = ledger_job("tick", "0 0 0 1 1 *", &dir.ledger());
+    let (_worker, config) = crate::embedded::start_worker(&dir, "w0", &job);
+    let database = rusqlite::Connection::open(dir.join("redcron.db")).expect("the embedded store");
+    database
+        .execute_batch(
+            "CREATE TRIGGER refuse_history BEFORE INSERT ON history
+             BEGIN SELECT RAISE(ABORT, 'history refused by the test'); END;",
+        )
+        .expect("a trigger that refuses history writes");
+    for (args, paused) in [
+        (&["pause", "tick", "--reason", "r", "--json"][..], true),
+        (&["resume", "tick", "--json"][..], false),
+    ] {
+        let (code, json, stderr) = inspect(&dir, &config, args);
+        assert_eq!(code, 0, "{args:?}: {json}{stderr}");
+        let report = parse(&json);
+        assert_eq!(report["recorded_in_history"], false, "{json}");
+        assert!(
+            stderr.contains("the history does not record it"),
+            "{args:?} warns: {stderr}"
+        );
+        let (_, status, _) = inspect(&dir, &config, &["status", "--json"]);
+        assert_eq!(
+            !parse(&status)["jobs"][0]["paused"].is_null(),
+            paused,
+            "{args:?} took effect: {status}"
+        );
+    }
+}
+
+/// [`controls_are_in_the_history_and_leave_the_status`] on the shared stores.
+fn controls_are_in_the_history_and_leave_the_status_on(backend: Backend) {
+    let (_cluster, dir, _workers, cli) = every_second(backend, 1);
+    controls_are_in_the_history_and_leave_the_status(&dir, &cli);
+}
+
+/// [`controls_are_in_the_history_and_leave_the_status`] on the embedded store.
+#[test]
+fn controls_are_in_the_history_and_leave_the_status_embedded() {
+    let dir = TestDir::new();
+    let job = ledger_job("tick", "* * * * * *", &dir.ledger());
+    let (_worker, config) = crate::embedded::start_worker(&dir, "w0", &job);
+    controls_are_in_the_history_and_leave_the_status(&dir, &config);
+}
+
 crate::on_every_store!(
     async: [],
     sync: [
         three_workers_start_nothing_while_paused_and_run_again_after_resume,
         a_pause_for_two_seconds_ends_by_itself,
         a_shorter_pause_for_leaves_the_longer_in_force_on,
+        controls_are_in_the_history_and_leave_the_status_on,
     ],
 );

@@ -24,6 +24,7 @@ fn run(tick: i64, worker: &str, token: u64) -> Entry {
 fn history_of(entries: Vec<Entry>) -> History {
     History {
         entries: Vec::new(),
+        controls: tick::controls(&entries),
         ticks: tick::group(entries),
         cut_short: None,
         notes: Notes::default(),
@@ -67,6 +68,41 @@ fn history_is_one_line_per_tick_with_its_notes_counted() {
         "{text}"
     );
     assert_eq!(ticks(&history_of(Vec::new())), "no entries\n");
+}
+
+/// A pause and a resume are lines of their own among the ticks, at the time they were made: the action
+/// as the outcome, the reason, who and until when as the detail.
+#[test]
+fn controls_are_lines_of_their_own_among_the_ticks() {
+    let control = |action: &'static str, ms: i64, until: Option<i64>| {
+        let what = crate::history::Control {
+            action,
+            by: "ops@host".into(),
+            reason: "migration".into(),
+            until: until.and_then(DateTime::from_timestamp_millis),
+        };
+        let made = DateTime::from_timestamp_millis(ms).unwrap_or_default();
+        Entry::control("j", &what, "cli", made)
+    };
+    let text = ticks(&history_of(vec![
+        control("resumed", 4000, None),
+        run(3000, "w2", 5),
+        control("paused", 2500, Some(60_000)),
+        entry(2000, "w1", Kind::Skipped, Some("paused")),
+    ]));
+    let words = |line: &str| line.split_whitespace().collect::<Vec<_>>().join(" ");
+    let lines: Vec<String> = text.lines().map(words).collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    assert_eq!(
+        lines[1],
+        "1970-01-01T00:00:04Z j cli - resumed - - migration by ops@host -"
+    );
+    assert!(lines[2].contains(" w2 5 failure "), "{text}");
+    assert_eq!(
+        lines[3],
+        "1970-01-01T00:00:02.500Z j cli - paused - - migration by ops@host until 1970-01-01T00:01:00Z -"
+    );
+    assert!(lines[4].contains(" skipped "), "{text}");
 }
 
 /// A failed run's kept output: its last lines, indented, under a heading naming the run and stream.

@@ -203,3 +203,32 @@ fn records_of_one_tick_are_ordered_by_job() {
         .collect();
     assert_eq!(jobs, ["a", "b"]);
 }
+
+/// A pause and a resume are not ticks: the grouping leaves them out, even one made in the very millisecond
+/// of a tick, and [`controls`] picks them out.
+#[test]
+fn controls_are_not_ticks() {
+    let control = |action: &'static str, ms: i64| {
+        let made = DateTime::from_timestamp_millis(ms).unwrap_or_default();
+        let what = crate::history::Control {
+            action,
+            by: "ops@host".into(),
+            reason: "migration".into(),
+            until: None,
+        };
+        Entry::control("j", &what, "cli", made)
+    };
+    let ran = run(1000, "w1", 4, Some("success"));
+    let entries = vec![
+        control("resumed", 3_500),
+        control("paused", 1_000),
+        ran.clone(),
+    ];
+    let records = group(entries.clone());
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].record, ran);
+    assert!(records[0].notes.is_empty());
+    let picked = controls(&entries);
+    assert_eq!(picked.len(), 2);
+    assert!(picked.iter().all(|e| !raced_for_it(e)));
+}

@@ -41,6 +41,7 @@ fn explain_at(now: i64, entries: Vec<Entry>, members: Vec<Member>, earlier: bool
     let inputs = ExplainInputs {
         entries,
         earlier,
+        control_before: None,
         members,
         notes: Notes::default(),
     };
@@ -331,4 +332,55 @@ fn the_latest_attempt_decides_the_verdict() {
         "{:#?}",
         explanation.story
     );
+}
+
+/// A tick skipped while paused names the pause before it (who, why, until when); a pause or resume is no
+/// entry of the tick: one made in the tick's very millisecond leaves a tick nobody accounted for
+/// `no_entry`.
+#[test]
+fn a_pause_before_the_tick_is_told_and_a_control_is_no_entry_of_it() {
+    let config = config();
+    let control = |action: &'static str, secs: i64| {
+        let what = crate::history::Control {
+            action,
+            by: "ops@host".into(),
+            reason: "migration".into(),
+            until: None,
+        };
+        Entry::control("every-minute", &what, "cli", at(secs))
+    };
+    let mut skipped = Entry::new("every-minute", TICK, "w1", Kind::Skipped, at(601));
+    skipped.reason = Some("paused".into());
+    skipped.by = Some("ops@host".into());
+    let inputs = ExplainInputs {
+        entries: vec![skipped],
+        earlier: true,
+        control_before: Some(control(CONTROL_PAUSED, 590)),
+        ..ExplainInputs::default()
+    };
+    let explanation = explain(&config.jobs[0], &config.history, TICK, inputs, at(700));
+    assert_eq!(explanation.verdict, Verdict::NotRun);
+    assert_told(
+        &explanation,
+        "the latest pause or resume before it: ops@host paused the job: migration, at",
+    );
+    let resumed = ExplainInputs {
+        entries: Vec::new(),
+        earlier: true,
+        control_before: Some(control("resumed", 590)),
+        ..ExplainInputs::default()
+    };
+    let explanation = explain(&config.jobs[0], &config.history, TICK, resumed, at(700));
+    assert!(
+        !explanation.story.iter().any(|l| l.contains("latest pause")),
+        "a resume before the tick is not told: {:#?}",
+        explanation.story
+    );
+    let same_ms = ExplainInputs {
+        entries: vec![control(CONTROL_PAUSED, TICK.0 / 1000)],
+        earlier: true,
+        ..ExplainInputs::default()
+    };
+    let explanation = explain(&config.jobs[0], &config.history, TICK, same_ms, at(700));
+    assert_eq!(explanation.verdict, Verdict::NoEntry);
 }

@@ -294,3 +294,36 @@ fn records_count_the_same_whether_losers_wrote_entries_or_nothing() {
     assert_eq!(job.failures_in_a_row, 1);
     assert!(!job.unfinished);
 }
+
+/// A pause and a resume (`control` entries) change nothing of a job's status: not its last run, not its
+/// failures, and a new job with only controls before its tick is still new (not overdue); one made in
+/// the very millisecond of a tick does not account for that tick either.
+#[test]
+fn controls_leave_the_status_as_it_was() {
+    let config = config();
+    let control = |action: &'static str, secs: i64| {
+        let what = crate::history::Control {
+            action,
+            by: "ops@host".into(),
+            reason: "migration".into(),
+            until: None,
+        };
+        Entry::control("every-minute", &what, "cli", at(secs))
+    };
+    let plain = vec![run(540, "failure"), run(480, "success")];
+    let mut with_controls = vec![control("resumed", 650), control("paused", 600)];
+    with_controls.extend(plain.clone());
+    let before = &status(&config, inputs(vec![], plain), at(660)).jobs[0];
+    let after = &status(&config, inputs(vec![], with_controls), at(660)).jobs[0];
+    assert_eq!(after.last_run, before.last_run);
+    assert_eq!(after.last_success, before.last_success);
+    assert_eq!(after.failures_in_a_row, 1);
+    assert_eq!(
+        after.overdue.as_ref().map(|o| o.tick),
+        Some(at(600)),
+        "a control at the tick's millisecond does not account for it"
+    );
+    let only_controls = vec![control("resumed", 500), control("paused", 400)];
+    let new = &status(&config, inputs(vec![], only_controls), at(660)).jobs[0];
+    assert!(new.overdue.is_none() && new.last_run.is_none());
+}

@@ -97,6 +97,7 @@ macro_rules! conformance {
                 records::a_second_skip_of_a_tick_replaces_the_first,
                 records::the_bound_holds_with_its_slack,
                 records::old_format_entries_are_still_read,
+                records::two_controls_of_one_millisecond_are_both_kept,
                 faults::no_majority_grants_nothing_and_the_store_recovers,
                 $($module::$extra,)*
             );

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use redcron::history::{Entry, HistorySettings, Kind, Query};
+use redcron::history::{
+    Control, Entry, HistorySettings, Kind, Query, CONTROL_PAUSED, CONTROL_RESUMED,
+};
 use redcron::lock::LockSettings;
 use redcron::membership::Member;
 use redcron::schedule::Tick;
@@ -190,6 +192,37 @@ pub(super) async fn old_format_entries_are_still_read(backend: Backend) {
     assert_eq!(read.len(), 2, "{read:#?}");
     assert!(read.contains(&old), "{read:#?}");
     assert!(read.contains(&run), "{read:#?}");
+}
+
+/// Two `control` entries (a pause and a resume) of one millisecond by one writer are both kept, beside a
+/// run of that very millisecond, and read back as written, whatever the store.
+pub(super) async fn two_controls_of_one_millisecond_are_both_kept(backend: Backend) {
+    let cluster = backend.start_shared();
+    let store = cluster.store(LockSettings::default());
+    let made = chrono::DateTime::from_timestamp_millis(1_795_436_705_012).expect("an instant");
+    let control = |action: &'static str| {
+        let what = Control {
+            action,
+            by: "ops via dashboard from 127.0.0.1".to_string(),
+            reason: "migration".to_string(),
+            until: Some(made + chrono::Duration::hours(1)),
+        };
+        Entry::control("controlled", &what, "dashboard", made)
+    };
+    let (paused, resumed) = (control(CONTROL_PAUSED), control(CONTROL_RESUMED));
+    let run = Entry::new(
+        "controlled",
+        Tick(made.timestamp_millis()),
+        "w1",
+        Kind::Run,
+        made,
+    );
+    recorded(&store, &[paused.clone(), resumed.clone(), run.clone()]).await;
+    let read = read_all(&store, "controlled").await;
+    assert_eq!(read.len(), 3, "{read:#?}");
+    for entry in [&paused, &resumed, &run] {
+        assert!(read.contains(entry), "{entry:?} not in {read:#?}");
+    }
 }
 
 /// A member announced is alive and stamped by the store; once it announced that it stopped it is listed

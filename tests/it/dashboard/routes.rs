@@ -290,12 +290,61 @@ fn pause_resume_and_trigger_through_the_api_are_the_command_line_s() {
     let api = client.get_as(OPS, "/api/status").json();
     assert_eq!(api["jobs"][0]["paused"]["by"], status["paused"]["by"]);
 
-    let resumed = client.post_json(OPS, "/api/jobs/quiet/resume", "");
+    let resumed = client.post_json(
+        OPS,
+        "/api/jobs/quiet/resume",
+        r#"{"reason": "migration done"}"#,
+    );
     assert_eq!(resumed.status, 200, "{}", resumed.body);
     assert_eq!(resumed.json()["result"], "resumed");
+    assert_eq!(resumed.json()["recorded_in_history"], true);
     assert!(cli_job(&dir, &config, "quiet")["paused"].is_null());
     let again = client.post_json(OPS, "/api/jobs/quiet/resume", "{}");
     assert_eq!(again.json()["result"], "was_not_paused");
+    assert!(
+        again.json()["recorded_in_history"].is_null(),
+        "nothing to record"
+    );
+    // The pause and the resume are in the history, newest first, with who and why; the resume that
+    // changed nothing is not.
+    let history = client.get_as(OPS, "/api/history?job=quiet").json();
+    let controls: Vec<(String, String, String)> = history["controls"]
+        .as_array()
+        .map(|controls| {
+            controls
+                .iter()
+                .map(|c| {
+                    let text = |field: &str| c[field].as_str().unwrap_or_default().to_string();
+                    (text("action"), text("by"), text("reason"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let by = "ops via dashboard from 127.0.0.1".to_string();
+    assert_eq!(
+        controls,
+        [
+            (
+                "resumed".to_string(),
+                by.clone(),
+                "migration done".to_string()
+            ),
+            ("paused".to_string(), by, "migration".to_string()),
+        ],
+        "{history}"
+    );
+    assert!(history["controls"][1]["until"].is_string(), "{history}");
+    assert!(
+        history["ticks"].as_array().is_some_and(Vec::is_empty),
+        "{history}"
+    );
+    let page = client.get_as(OPS, "/jobs/quiet");
+    assert!(
+        page.body.contains("<tr data-action=\"resumed\">")
+            && page.body.contains("<tr data-action=\"paused\">"),
+        "the job's page lists the pause and the resume: {}",
+        page.body
+    );
 
     let tick = trigger_and_wait(&client, ALICE, "quiet");
     assert_eq!(tick["outcome"], "success", "{tick}");
