@@ -321,7 +321,9 @@ fn table(versus: &Versus) -> String {
         s.race.race.p50()
     });
     // The first win marks the end of a worker's reads (and grants): first → last won is its writes.
-    time("herd: tick→first won ms", &|s| s.herd.tick_to_won.percentile(0.0));
+    time("herd: tick→first won ms", &|s| {
+        s.herd.tick_to_won.percentile(0.0)
+    });
     time("herd: claim time ms (tick→last won)", &|s| {
         s.herd.claim_time()
     });
