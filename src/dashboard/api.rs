@@ -205,6 +205,12 @@ pub(super) async fn control(
 }
 
 impl<'a> Control<'a> {
+    /// The operator's reason as the form sent it: trimmed, at most [`MAX_REASON`] characters.
+    fn reason(&self) -> String {
+        let reason = self.body.reason.as_deref().unwrap_or_default().trim();
+        reason.chars().take(MAX_REASON).collect()
+    }
+
     /// The control asked for, if this request may use it: controls on, a token proven, the session's
     /// CSRF token with a cookie, a body that parses, a job of the config.
     fn admit(
@@ -291,15 +297,7 @@ impl<'a> Control<'a> {
                 Err(why) => return problem(StatusCode::BAD_REQUEST, &why),
             },
         };
-        let reason: String = self
-            .body
-            .reason
-            .clone()
-            .unwrap_or_default()
-            .trim()
-            .chars()
-            .take(MAX_REASON)
-            .collect();
+        let reason = self.reason();
         if let Err(response) = self.honoured(Capability::Pause).await {
             return response;
         }
@@ -336,15 +334,7 @@ impl<'a> Control<'a> {
             Ok(was) => was,
             Err(failure) => return self.failed("resume", &failure),
         };
-        let reason: String = self
-            .body
-            .reason
-            .clone()
-            .unwrap_or_default()
-            .trim()
-            .chars()
-            .take(MAX_REASON)
-            .collect();
+        let reason = self.reason();
         let (result, recorded) = if was_paused {
             let control = JobControl {
                 action: CONTROL_RESUMED,
