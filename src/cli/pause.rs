@@ -30,7 +30,7 @@ use serde::Serialize;
 use super::honoured::{self, Ignoring};
 use super::read::{ReadError, Reader};
 use super::{load_job, operator, render, say, say_error, ConfigArg, Exit};
-use crate::history::{Control, Entry, CONTROL_PAUSED, CONTROL_RESUMED};
+use crate::history::{Control, Entry};
 use crate::inspect::time::instant;
 use crate::inspect::Notes;
 use crate::lock::{InForce, Pause, PauseOutcome, PauseRead};
@@ -143,12 +143,7 @@ pub(super) fn pause(args: &PauseArgs) -> anyhow::Result<ExitCode> {
         by: operator(),
         reason: args.reason.clone(),
     };
-    let control = Control {
-        action: CONTROL_PAUSED,
-        by: pause.by.clone(),
-        reason: pause.reason.clone(),
-        until: pause.until,
-    };
+    let control = Control::paused(&pause);
     change(
         &args.config,
         &args.job,
@@ -176,12 +171,7 @@ pub(super) fn pause(args: &PauseArgs) -> anyhow::Result<ExitCode> {
 pub(super) fn resume(args: &ResumeArgs) -> anyhow::Result<ExitCode> {
     // Never refused for a worker that ignores pauses: it ignored the pause too, so it ran the job all
     // along and goes on doing so; the resume lets every other worker run it again, which is all it says.
-    let control = Control {
-        action: CONTROL_RESUMED,
-        by: operator(),
-        reason: args.reason.clone(),
-        until: None,
-    };
+    let control = Control::resumed(operator(), args.reason.clone());
     change(
         &args.config,
         &args.job,

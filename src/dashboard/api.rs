@@ -31,7 +31,7 @@ use super::auth::Proof;
 use super::read::{bounded, ReadFailure};
 use super::{Access, Dashboard};
 use crate::config::JobConfig;
-use crate::history::{Control as JobControl, Entry, CONTROL_PAUSED, CONTROL_RESUMED};
+use crate::history::{Control as JobControl, Entry};
 use crate::inspect::{explain, history, parse_tick, status};
 use crate::lock::{InForce, Pause, PauseOutcome};
 use crate::logging::events;
@@ -314,12 +314,7 @@ impl<'a> Control<'a> {
         };
         let (result, paused, recorded) = match outcome {
             PauseOutcome::Paused => {
-                let control = JobControl {
-                    action: CONTROL_PAUSED,
-                    by: pause.by.clone(),
-                    reason: pause.reason.clone(),
-                    until: pause.until,
-                };
+                let control = JobControl::paused(&pause);
                 ("paused", Some(pause), Some(self.record(&control).await))
             }
             PauseOutcome::LongerKept(kept) => ("kept", Some(kept), None),
@@ -336,12 +331,7 @@ impl<'a> Control<'a> {
         };
         let reason = self.reason();
         let (result, recorded) = if was_paused {
-            let control = JobControl {
-                action: CONTROL_RESUMED,
-                by: self.by.clone(),
-                reason: reason.clone(),
-                until: None,
-            };
+            let control = JobControl::resumed(self.by.clone(), reason.clone());
             ("resumed", Some(self.record(&control).await))
         } else {
             ("was_not_paused", None)

@@ -213,6 +213,28 @@ pub struct Control {
     pub until: Option<DateTime<Utc>>,
 }
 
+impl Control {
+    /// The record of `pause`, just written: its `by`, reason and end.
+    pub fn paused(pause: &crate::lock::Pause) -> Control {
+        Control {
+            action: CONTROL_PAUSED,
+            by: pause.by.clone(),
+            reason: pause.reason.clone(),
+            until: pause.until,
+        }
+    }
+
+    /// The record of a resume by `by`, for `reason`.
+    pub fn resumed(by: String, reason: String) -> Control {
+        Control {
+            action: CONTROL_RESUMED,
+            by,
+            reason,
+            until: None,
+        }
+    }
+}
+
 /// The `action` of a `control` entry of a pause.
 pub const CONTROL_PAUSED: &str = "paused";
 /// The `action` of a `control` entry of a resume.
