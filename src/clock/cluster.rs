@@ -26,6 +26,7 @@
 //!
 //! Only *when* a worker wakes for a tick depends on this; safety never does (`docs/protocol.md`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -193,7 +194,9 @@ pub async fn measure(store: &Store) -> Option<Result<Estimate, QuorumFailure>> {
 /// doc). Cheap to clone; clones share the measurement.
 ///
 /// Starts as this host's own wall clock (not measured): the embedded store has no other clock, and a
-/// worker that cannot reach the nodes schedules on its own clock until it can.
+/// worker that cannot reach the nodes wakes on its own clock until it can — but, once the store is known
+/// to have clocks ([`ClusterClock::require_measurement`]), claims no scheduled tick before the first
+/// measurement ([`ClusterClock::is_known`]): a host clock seconds ahead would claim ticks that early.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterClock {
     state: Arc<State>,
@@ -206,6 +209,8 @@ struct State {
     /// Woken when cluster time moves (a measurement that disagrees with the one before), so that a sleep
     /// until a tick can be recomputed.
     moved: tokio::sync::Notify,
+    /// Whether cluster time is the store's clocks, and so unknown until measured.
+    required: AtomicBool,
 }
 
 /// Cluster time `cluster_us` (µs since the epoch) read at `boot` on the boot clock.
@@ -260,6 +265,19 @@ impl ClusterClock {
     /// the nodes cannot be measured).
     pub fn is_measured(&self) -> bool {
         self.anchor().is_some()
+    }
+
+    /// Says that cluster time is the store's clocks: until the first measurement, [`ClusterClock::now`]
+    /// is only this host's guess, and [`ClusterClock::is_known`] is `false`.
+    pub fn require_measurement(&self) {
+        self.state.required.store(true, Ordering::Release);
+    }
+
+    /// Whether [`ClusterClock::now`] is cluster time: measured at least once, or this host's own clock
+    /// where the store has no other ([`ClusterClock::require_measurement`] never called). A tick is
+    /// claimed only once it is due on a known cluster time.
+    pub fn is_known(&self) -> bool {
+        !self.state.required.load(Ordering::Acquire) || self.is_measured()
     }
 
     /// Uses `estimate` (an offset to this host's wall clock, measured just now) from now on, and wakes
@@ -434,5 +452,25 @@ mod tests {
         let cluster_now = shared.now();
         let skew = Utc::now() - cluster_now;
         assert!(skew >= chrono::Duration::seconds(5) && skew < chrono::Duration::seconds(6));
+    }
+
+    #[test]
+    fn a_clock_that_must_be_measured_is_unknown_until_it_is() {
+        let local = ClusterClock::local();
+        assert!(
+            local.is_known(),
+            "the host's own clock is the embedded store's"
+        );
+        let clock = ClusterClock::local();
+        let shared = clock.clone();
+        clock.require_measurement();
+        assert!(!shared.is_known());
+        shared.set(&Estimate {
+            offset_us: 0,
+            error_us: 100,
+            sampled: 3,
+            configured: 3,
+        });
+        assert!(clock.is_known());
     }
 }

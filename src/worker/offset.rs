@@ -1,12 +1,15 @@
-//! The worker's clock task: measures this host's offset to the Redis nodes' clocks at start and every
-//! `worker.clock_check_every`, keeps the worker's [`ClusterClock`] on it, and logs what it finds.
+//! The worker's clock task: measures this host's offset to the store's clocks (the Redis nodes', the SQL
+//! server's, the ZooKeeper servers') at start and every `worker.clock_check_every`, keeps the worker's
+//! [`ClusterClock`] on it, and logs what it finds.
 //!
-//! The tick loop only reads the clock, so a slow or failed measurement never delays a tick: until the
-//! first measurement succeeds the worker schedules on its own clock, and after a failed one it keeps the
-//! last offset. What is logged, and when, is decided by [`Reporter`], which is pure so that its rules
-//! are tested without Redis: the offset when first measured, then only when it moved by more than 50 ms
-//! or an hour passed; a warning whenever it is above `worker.max_clock_offset`; one warning per stretch
-//! of failed measurements, and a note when they succeed again.
+//! The tick loop only reads the clock, so a slow or failed measurement never delays the loop. Until the
+//! first measurement succeeds the worker wakes on its own clock but claims no scheduled tick
+//! ([`ClusterClock::is_known`]; a host clock seconds ahead would claim ticks that early, and by claiming a
+//! later tick first make the earlier ones unclaimable), and measures again every second; after a failed
+//! measurement it keeps the last offset. What is logged, and when, is decided by [`Reporter`], which is
+//! pure so that its rules are tested without a store: the offset when first measured, then only when it
+//! moved by more than 50 ms or an hour passed; a warning whenever it is above `worker.max_clock_offset`;
+//! one warning per stretch of failed measurements, and a note when they succeed again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +29,8 @@ const START_BUDGET: Duration = Duration::from_secs(1);
 const START_RETRY: Duration = Duration::from_millis(100);
 /// While measurements fail, the next one comes at least this soon.
 const UNMEASURED_RETRY: Duration = Duration::from_secs(5);
+/// Until the first measurement succeeds (no scheduled tick is claimed), the next one comes this soon.
+const NEVER_MEASURED_RETRY: Duration = Duration::from_secs(1);
 /// A change of the offset larger than this is logged.
 const REPORT_CHANGE_US: i64 = 50_000;
 /// An unchanged offset is logged again after this long.
@@ -44,6 +49,7 @@ pub(super) async fn start(context: Arc<Context>, worker: &WorkerConfig) -> Optio
     let started = Instant::now();
     loop {
         let result = measure(&task.context.store).await?;
+        task.context.clock.require_measurement();
         if result.is_ok() || started.elapsed() + START_RETRY >= START_BUDGET {
             task.apply(result);
             break;
@@ -80,7 +86,9 @@ struct ClockTask {
 impl ClockTask {
     async fn run(mut self) {
         loop {
-            let wait = if self.reporter.failing() {
+            let wait = if !self.context.clock.is_measured() {
+                self.every.min(NEVER_MEASURED_RETRY)
+            } else if self.reporter.failing() {
                 self.every.min(UNMEASURED_RETRY)
             } else {
                 self.every
@@ -109,9 +117,14 @@ impl ClockTask {
                         "local_clock"
                     };
                     let offset_ms = clock.offset().num_milliseconds();
-                    warn!(event = events::clock::UNMEASURED, error = %failure, fallback, offset_ms,
-                          "Cannot measure the offset to the Redis nodes' clocks; scheduling on the last \
-                           known offset, or on this host's own clock if there is none");
+                    if clock.is_measured() {
+                        warn!(event = events::clock::UNMEASURED, error = %failure, fallback, offset_ms,
+                              "Cannot measure the offset to the store's clocks; scheduling on the last known offset");
+                    } else {
+                        warn!(event = events::clock::UNMEASURED, error = %failure, fallback, offset_ms,
+                              "Cannot measure the offset to the store's clocks; no scheduled tick is claimed \
+                               until it is measured (triggers still are)");
+                    }
                 }
                 return;
             }
@@ -123,18 +136,18 @@ impl ClockTask {
         if let Some(failed_checks) = notes.recovered {
             info!(
                 event = events::clock::RECOVERED,
-                failed_checks, "Measured the offset to the Redis nodes' clocks again"
+                failed_checks, "Measured the offset to the store's clocks again"
             );
         }
         if notes.offset {
             info!(event = events::clock::OFFSET, offset_ms, error_ms, sampled = estimate.sampled,
                   configured = estimate.configured,
-                  "Measured this host's clock offset to the Redis nodes' clocks; ticks are scheduled on their time");
+                  "Measured this host's clock offset to the store's clocks; ticks are scheduled on their time");
         }
         if notes.high {
             let max_offset_ms = millis(self.reporter.max_offset_us);
             warn!(event = events::clock::OFFSET_HIGH, offset_ms, error_ms, max_offset_ms,
-                  "This host's clock is further off the Redis nodes' clocks than worker.max_clock_offset; \
+                  "This host's clock is further off the store's clocks than worker.max_clock_offset; \
                    ticks still run on time, but check its time synchronisation (NTP)");
         }
     }
