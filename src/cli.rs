@@ -158,6 +158,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
+    // Before the load: a change made while the worker starts is then a change to reload.
+    let watch = control::ConfigWatch::look(path.to_path_buf());
     let config = match load(path) {
         Ok(config) => config,
         Err(code) => return Ok(code),
@@ -185,7 +187,7 @@ fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
     let result = runtime.block_on(async {
         control::install_signals(control.handle())
             .context("cannot install the SIGINT/SIGTERM/SIGHUP handlers")?;
-        control::watch_file(control.handle(), path.to_path_buf());
+        watch.start(control.handle());
         anyhow::Ok(crate::worker::run(config, control).await)
     })?;
     runtime.shutdown_timeout(Duration::from_secs(1));

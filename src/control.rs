@@ -3,7 +3,7 @@
 //!
 //! As in mini-redis, the worker is handed its control instead of building it, so tests and the CLI drive
 //! the same loop. Signals are one source ([`install_signals`]: SIGINT and SIGTERM drain, a second one stops
-//! at once, SIGHUP reloads); the config file's watcher is another ([`watch_file`]). Draining and stopping
+//! at once, SIGHUP reloads); the config file's watcher is another ([`ConfigWatch`]). Draining and stopping
 //! also reach every task of the worker through the two-stage [`Shutdown`] they hold.
 
 use std::path::PathBuf;
@@ -109,39 +109,80 @@ pub fn install_signals(handle: ControlHandle) -> std::io::Result<()> {
 /// How often the config file is looked at.
 pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
-/// Asks for a reload whenever the file at `path` changes: its contents, or the file it names (an editor's
-/// write-then-rename, a Kubernetes ConfigMap's symlink swap). A change is reported once, however it was
-/// made, and only once the new version has stood still for a whole [`WATCH_EVERY`]: a file rewritten in
-/// place is empty or half-written for a moment, and a reload of that moment could apply a job cut short
-/// (its command truncated to a valid prefix) as a changed job. Stops with the shutdown.
-pub fn watch_file(handle: ControlHandle, path: PathBuf) {
-    tokio::spawn(async move {
+/// The config file's watcher: asks for a reload whenever the file changes — its contents, or the file
+/// it names (an editor's write-then-rename, a Kubernetes ConfigMap's symlink swap). A change is reported
+/// once, however it was made, and only once the new version has stood still for a whole
+/// [`WATCH_EVERY`]: a file rewritten in place is empty or half-written for a moment, and a reload of that
+/// moment could apply a job cut short (its command truncated to a valid prefix) as a changed job.
+///
+/// Its first look is taken by [`ConfigWatch::look`], *before* the worker loads the config: a change made
+/// between the load and the watcher's start is then a change from the first look, reloaded, where a
+/// first look after it would have taken the new file for the one loaded and never reloaded it.
+pub struct ConfigWatch {
+    path: PathBuf,
+    seen: Seen,
+    /// The version reloaded last (at first: the one seen before the load).
+    applied: Option<u64>,
+}
+
+impl ConfigWatch {
+    /// Takes the first look at the file at `path`; call it before loading the config from there.
+    pub fn look(path: PathBuf) -> ConfigWatch {
         let mut seen = Seen::default();
-        let mut applied = seen.fingerprint(&path).await;
-        // A version that differs from the applied one, seen at the previous look: reloaded if it is
-        // still there at the next.
-        let mut candidate = None;
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(WATCH_EVERY) => {}
-                () = handle.shutdown.graceful() => return,
-            }
-            // A file that cannot be read is being replaced: wait for its next readable version.
-            let Some(now) = seen.fingerprint(&path).await else {
-                candidate = None;
-                continue;
-            };
-            if applied == Some(now) {
-                candidate = None;
-            } else if candidate == Some(now) {
-                applied = Some(now);
-                candidate = None;
-                handle.reload("file changed");
-            } else {
-                candidate = Some(now);
-            }
+        let applied = seen.fingerprint(&path);
+        ConfigWatch {
+            path,
+            seen,
+            applied,
         }
-    });
+    }
+
+    /// Watches the file every [`WATCH_EVERY`] from now on, in a task of its own that stops with the
+    /// shutdown. Must be called inside a Tokio runtime.
+    pub fn start(self, handle: ControlHandle) {
+        let ConfigWatch {
+            path,
+            mut seen,
+            mut applied,
+        } = self;
+        let path = std::sync::Arc::new(path);
+        tokio::spawn(async move {
+            // A version that differs from the applied one, seen at the previous look: reloaded if it is
+            // still there at the next.
+            let mut candidate = None;
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(WATCH_EVERY) => {}
+                    () = handle.shutdown.graceful() => return,
+                }
+                // A look reads the file's metadata, and the file when that changed: off the runtime's
+                // threads, as a slow file system would hold them.
+                let at = std::sync::Arc::clone(&path);
+                let looked = tokio::task::spawn_blocking(move || {
+                    let now = seen.fingerprint(&at);
+                    (seen, now)
+                });
+                let Ok((back, now)) = looked.await else {
+                    return;
+                };
+                seen = back;
+                // A file that cannot be read is being replaced: wait for its next readable version.
+                let Some(now) = now else {
+                    candidate = None;
+                    continue;
+                };
+                if applied == Some(now) {
+                    candidate = None;
+                } else if candidate == Some(now) {
+                    applied = Some(now);
+                    candidate = None;
+                    handle.reload("file changed");
+                } else {
+                    candidate = Some(now);
+                }
+            }
+        });
+    }
 }
 
 /// The file as last read: its metadata and the hash of its contents, and whether that metadata is
@@ -171,9 +212,9 @@ impl Seen {
     /// What identifies the file's current version: a hash of its contents (`None` while it cannot be read,
     /// as in the middle of a replacement). Once trusted, the contents are read again only when the file's
     /// [`FileStamp`] changed: a config of thousands of jobs is a megabyte to read and hash every second.
-    async fn fingerprint(&mut self, path: &std::path::Path) -> Option<u64> {
+    fn fingerprint(&mut self, path: &std::path::Path) -> Option<u64> {
         use std::os::unix::fs::MetadataExt as _;
-        let meta = tokio::fs::metadata(path).await.ok()?;
+        let meta = std::fs::metadata(path).ok()?;
         let stamp = FileStamp {
             dev: meta.dev(),
             ino: meta.ino(),
@@ -184,12 +225,41 @@ impl Seen {
         match self.last {
             Some((last, hash)) if self.trusted && last == stamp => Some(hash),
             _ => {
-                let bytes = tokio::fs::read(path).await.ok()?;
+                let bytes = std::fs::read(path).ok()?;
                 let hash = crate::config::fnv1a(&bytes);
                 self.trusted = self.last == Some((stamp, hash));
                 self.last = Some((stamp, hash));
                 Some(hash)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config changed after the watcher's first look but before it started (a worker loading its file
+    /// while an operator replaces it) is reloaded: the first look, not the start, is what was loaded.
+    #[tokio::test]
+    async fn a_change_between_the_first_look_and_the_start_is_reloaded() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("jobs.yaml");
+        std::fs::write(&path, "jobs: {old: {}}\n").expect("write");
+        let watch = ConfigWatch::look(path.clone());
+        let temp = dir.path().join("jobs.yaml.new");
+        std::fs::write(&temp, "jobs: {new: {}}\n").expect("write");
+        std::fs::rename(&temp, &path).expect("rename");
+        let mut control = Control::new(Shutdown::new());
+        watch.start(control.handle());
+        let intent = tokio::time::timeout(Duration::from_secs(30), control.next())
+            .await
+            .expect("a reload within two looks");
+        assert_eq!(
+            intent,
+            Intent::Reload {
+                why: "file changed"
+            }
+        );
     }
 }
