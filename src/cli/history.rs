@@ -55,11 +55,10 @@ pub(super) fn run(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
     let limit = args.limit as usize;
     let read = Reader::open(&config)
         .and_then(|reader| reader.gather(history::read(reader.store(), &jobs, args.since, limit)));
-    let inputs = match read {
-        Ok(inputs) => inputs,
+    let history = match read {
+        Ok(history) => history,
         Err(error) => return Ok(super::read_failed(&error)),
     };
-    let history = history::history(inputs, limit);
     if let Some(cut) = &history.cut_short {
         if args.json {
             super::say(&format!("warning: {cut}"));

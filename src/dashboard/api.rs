@@ -95,7 +95,7 @@ pub(super) async fn history(
         bounded(dashboard.scans.scan(read)).await
     };
     match read {
-        Ok(inputs) => json(&headers, &history::history(inputs, limit)),
+        Ok(history) => json(&headers, &history),
         Err(failure) => unavailable(&failure),
     }
 }

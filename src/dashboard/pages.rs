@@ -142,10 +142,7 @@ pub(super) async fn job(
     let names = [job.name.clone()];
     let (ticks, paused_resumed) =
         match read::bounded(history::read(store, &names, None, JOB_TICKS)).await {
-            Ok(inputs) => {
-                let listed = history::history(inputs, JOB_TICKS);
-                (listed.ticks, listed.controls)
-            }
+            Ok(listed) => (listed.ticks, listed.controls),
             Err(failure) => return unavailable(&access, &job.name, &failure),
         };
     let story = match params.get("tick").map(|t| parse_tick(t.trim())) {

@@ -143,6 +143,11 @@ pub fn group(entries: impl IntoIterator<Item = Entry>) -> Vec<TickRecord> {
     groups.into_iter().map(fold).collect()
 }
 
+/// The order [`group`] gives records in: newest tick first, then job, then series.
+pub fn newest_first(a: &TickRecord, b: &TickRecord) -> Ordering {
+    order(&a.record, &b.record)
+}
+
 /// The order of records: newest tick first, then job, then series (latest attempt first, then the
 /// schedule, then triggers by id); equal for the entries of one record.
 fn order(a: &Entry, b: &Entry) -> Ordering {

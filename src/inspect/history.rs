@@ -3,17 +3,22 @@
 //!
 //! The store answers per job ([`Store::history`]) and counts entries; a tick has one entry when the
 //! winner names the racers (a routine loser writes nothing) and one per worker when earlier versions wrote
-//! it. [`read`] asks every job for a few entries per tick wanted and asks again, for more, while a job's
-//! page came back full before `limit` ticks were known (up to [`MAX_ENTRIES_PER_JOB`]); [`history`] folds
-//! the entries into [`TickRecord`]s and keeps the newest `limit`, whichever jobs they belong to.
+//! it. [`read`] asks each job for a few entries per tick wanted and asks that job again, for more, while
+//! its page came back full before `limit` ticks were known (up to [`MAX_ENTRIES_PER_JOB`]); [`Merge`]
+//! folds each job's entries into [`TickRecord`]s as they come and keeps the newest `limit`, whichever
+//! jobs they belong to. So the history of 10,000 jobs holds `limit` records and the pages of the jobs
+//! being read ([`ENTRIES_IN_FLIGHT`]), never every job's pages at once.
 //!
 //! Pauses and resumes (`control` entries) are listed beside the ticks, on their own ([`History::controls`]):
 //! `limit` counts ticks only, and the controls listed are those made since the oldest tick listed (all
-//! that were read, when fewer ticks than `limit` exist).
+//! that were read, when fewer ticks than `limit` exist), at most [`MAX_CONTROLS`], the newest.
+
+use std::cmp::Ordering;
 
 use chrono::{DateTime, Utc};
-use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use serde::Serialize;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::time;
 use super::Notes;
@@ -21,7 +26,7 @@ use crate::history::tick::{self, TickRecord};
 use crate::history::{Entry, Query};
 use crate::lock::QuorumFailure;
 use crate::schedule::Tick;
-use crate::store::Store;
+use crate::store::{Read, Store};
 
 /// Entries read per tick wanted, at first: a tick of earlier versions has one per worker that raced.
 const ENTRIES_PER_TICK: usize = 4;
@@ -29,56 +34,111 @@ const ENTRIES_PER_TICK: usize = 4;
 /// The most entries `history` reads of one job, however few ticks they make.
 pub const MAX_ENTRIES_PER_JOB: usize = 40_000;
 
-/// What the history view is computed from, as read from the store.
-#[derive(Debug, Clone, Default)]
-pub struct HistoryInputs {
-    /// The newest entries of each job asked for, newest first.
-    pub histories: Vec<Vec<Entry>>,
-    /// How many entries of each job were asked for: a job that gave this many may have older ones, and its
-    /// oldest tick in the answer may lack some of its entries.
-    pub asked: usize,
-    pub notes: Notes,
-}
+/// How many entries [`read`] holds at once in pages not yet merged, all jobs together (one job's page
+/// larger than this is read alone).
+pub const ENTRIES_IN_FLIGHT: usize = 32_768;
 
-/// Reads the entries of the newest `limit` ticks of each of `jobs` at or after `since` from `store` (from
-/// a majority of its nodes), asking again for more while a job's answer was full and fewer than `limit`
-/// whole ticks came back, up to [`MAX_ENTRIES_PER_JOB`].
+/// The most jobs [`read`] reads at once (the store's load stays bounded too).
+const JOBS_IN_FLIGHT: usize = 128;
+
+/// The most controls listed, the newest: a job paused and resumed without end lists no more than this.
+pub const MAX_CONTROLS: usize = 5_000;
+
+/// Reads the newest `limit` ticks of `jobs` at or after `since` from `store` (from a majority of its
+/// nodes): each job's newest entries, read again for more while its answer was full and held fewer than
+/// `limit` whole ticks (up to [`MAX_ENTRIES_PER_JOB`]), merged as each job's answer comes. At most
+/// [`JOBS_IN_FLIGHT`] jobs and [`ENTRIES_IN_FLIGHT`] entries are read at once.
 pub async fn read(
     store: &Store,
     jobs: &[String],
     since: Option<DateTime<Utc>>,
     limit: usize,
-) -> Result<HistoryInputs, QuorumFailure> {
+) -> Result<History, QuorumFailure> {
+    let budget = Semaphore::new(ENTRIES_IN_FLIGHT);
+    let mut notes = Notes::new(store);
+    let mut merge = Merge::new(limit);
+    let mut waiting = jobs.iter();
+    let mut reads = FuturesUnordered::new();
+    loop {
+        while reads.len() < JOBS_IN_FLIGHT {
+            let Some(job) = waiting.next() else {
+                break;
+            };
+            reads.push(read_job(store, &budget, job, since, limit));
+        }
+        // Unordered: a page waiting to be merged holds its share of the budget, and a job asking again
+        // for more must not wait for pages that are only waiting for it.
+        let Some(read) = reads.next().await else {
+            break;
+        };
+        let page = read?;
+        let entries = notes.keep(page.read);
+        merge.add(entries, page.asked);
+    }
+    Ok(merge.finish(notes))
+}
+
+/// One job's answer, with what it was asked for and its share of the read's budget.
+struct Page<'a> {
+    /// The last read of the job: its entries came from it, and so do the nodes it notes.
+    read: Read<Vec<Entry>>,
+    asked: usize,
+    _budget: Option<SemaphorePermit<'a>>,
+}
+
+/// Reads the newest entries of `job`: `limit` × [`ENTRIES_PER_TICK`], then four times as many while the
+/// answer is full and holds fewer than `limit` whole ticks, up to [`MAX_ENTRIES_PER_JOB`].
+async fn read_job<'a>(
+    store: &Store,
+    budget: &'a Semaphore,
+    job: &str,
+    since: Option<DateTime<Utc>>,
+    limit: usize,
+) -> Result<Page<'a>, QuorumFailure> {
     let mut asked = limit
         .saturating_mul(ENTRIES_PER_TICK)
-        .min(MAX_ENTRIES_PER_JOB);
+        .clamp(1, MAX_ENTRIES_PER_JOB);
     loop {
-        let queries: Vec<Query> = jobs
-            .iter()
-            .map(|job| Query {
-                job: job.clone(),
-                since: since.map(|t| Tick(t.timestamp_millis())),
-                until: None,
-                limit: asked,
-            })
-            .collect();
-        let mut notes = Notes::new(store);
-        let mut histories = Vec::with_capacity(queries.len());
-        for read in join_all(queries.iter().map(|query| store.history(query))).await {
-            histories.push(notes.keep(read?));
-        }
-        let inputs = HistoryInputs {
-            histories,
-            asked,
-            notes,
+        let share = u32::try_from(asked.min(ENTRIES_IN_FLIGHT)).unwrap_or(u32::MAX);
+        // `None` only if the semaphore were closed, which it never is: the read goes on unbudgeted.
+        let permit = budget.acquire_many(share).await.ok();
+        let query = Query {
+            job: job.to_string(),
+            since: since.map(|t| Tick(t.timestamp_millis())),
+            until: None,
+            limit: asked,
         };
-        if asked >= MAX_ENTRIES_PER_JOB || newest(&inputs, limit).complete {
-            return Ok(inputs);
+        let read = store.history(&query).await?;
+        let enough = read.value.len() < asked
+            || asked >= MAX_ENTRIES_PER_JOB
+            || whole_ticks(&read.value, asked) >= limit;
+        if enough {
+            return Ok(Page {
+                read,
+                asked,
+                _budget: permit,
+            });
         }
+        drop(read);
+        drop(permit);
         asked = asked
             .saturating_mul(ENTRIES_PER_TICK)
             .min(MAX_ENTRIES_PER_JOB);
     }
+}
+
+/// How many ticks one job's answer holds whole: all of them if it had fewer entries than `asked`, else
+/// those after its oldest tick (whose other entries may be older than the answer reaches).
+fn whole_ticks(entries: &[Entry], asked: usize) -> usize {
+    let horizon = (entries.len() >= asked)
+        .then(|| entries.iter().map(|e| e.tick).min())
+        .flatten();
+    let ticks: std::collections::HashSet<(i64, crate::lock::Series)> = entries
+        .iter()
+        .filter(|e| !e.is_control() && horizon.is_none_or(|h| e.tick > h))
+        .map(|e| (e.tick, e.series()))
+        .collect();
+    ticks.len()
 }
 
 /// What `history` reports. Field names are stable (docs/history.md).
@@ -93,7 +153,7 @@ pub struct History {
     #[serde(serialize_with = "time::records")]
     pub ticks: Vec<TickRecord>,
     /// The pauses and resumes (`control` entries, with `tick_rfc3339`: when they were made) of the listed
-    /// jobs since the oldest tick listed, newest first; not counted by `limit`.
+    /// jobs since the oldest tick listed, newest first; not counted by `limit`; at most [`MAX_CONTROLS`].
     #[serde(serialize_with = "time::entries")]
     pub controls: Vec<Entry>,
     /// Set when fewer ticks than asked are listed because a job had more than [`MAX_ENTRIES_PER_JOB`]
@@ -103,95 +163,148 @@ pub struct History {
     pub notes: Notes,
 }
 
-/// The newest `limit` ticks of what [`read`] gathered.
-pub fn history(inputs: HistoryInputs, limit: usize) -> History {
-    let Newest {
-        ticks,
-        controls,
-        complete,
-        horizon,
-    } = newest(&inputs, limit);
-    let cut_short = match horizon {
-        Some((job, tick)) if !complete => Some(format!(
-            "{} of {limit} ticks listed: {job} has more than {} entries in its newest ones; ticks at or \
-             before {} are left out",
-            ticks.len(),
-            inputs.asked,
-            time::instant_ms(tick)
-        )),
-        _ => None,
-    };
-    let mut entries: Vec<Entry> = ticks
-        .iter()
-        .flat_map(TickRecord::entries)
-        .chain(&controls)
-        .cloned()
-        .collect();
-    entries.sort_by(|a, b| {
-        b.tick
-            .cmp(&a.tick)
-            .then_with(|| a.job.cmp(&b.job))
-            .then_with(|| a.worker.cmp(&b.worker))
-            .then_with(|| a.kind.as_str().cmp(b.kind.as_str()))
-    });
-    History {
-        entries,
-        ticks,
-        controls,
-        cut_short,
-        notes: inputs.notes,
-    }
-}
-
-/// The newest ticks that the entries read tell whole.
-struct Newest {
-    /// At most `limit` records, newest first.
+/// The newest `limit` ticks of several jobs, merged one job's answer at a time. It holds at most `limit`
+/// records and [`MAX_CONTROLS`] controls, and the result does not depend on the order the jobs come in:
+/// a job's full answer (as many entries as asked) may lack entries of its oldest tick and everything
+/// older, so only ticks after the latest such tick of any job (the *horizon*) are certain to be the
+/// newest and whole, and cutting to the newest `limit` before a later job moves the horizon keeps what
+/// cutting after it would.
+#[derive(Debug)]
+struct Merge {
+    limit: usize,
+    /// At most `limit` records, newest first ([`tick::newest_first`]), all after the horizon.
     ticks: Vec<TickRecord>,
-    /// The controls among the whole ticks' time, since the oldest tick kept when more were cut; newest
-    /// first.
+    /// The controls after the horizon (and, once ticks were cut, since the oldest tick kept), newest
+    /// first, at most [`MAX_CONTROLS`].
     controls: Vec<Entry>,
-    /// Whether these are the newest `limit` ticks, or all there are.
-    complete: bool,
-    /// The job whose full answer reached back least far, and the oldest tick of it: the ticks at or
-    /// before it may lack entries the store holds (or be missing).
-    horizon: Option<(String, i64)>,
+    /// Whether whole ticks beyond the newest `limit` were left out.
+    cut: bool,
+    /// The job whose full answer reached back least far, the oldest tick of it, and how many entries that
+    /// answer had: the ticks at or before it may lack entries the store holds (or be missing).
+    horizon: Option<(String, i64, usize)>,
 }
 
-/// The newest `limit` ticks of several jobs' entries, from the ticks every answer holds whole: a job's
-/// full answer (as many entries as asked) may lack entries of its oldest tick and everything older, so
-/// only ticks after the latest such tick of any job are certain to be the newest and whole.
-fn newest(inputs: &HistoryInputs, limit: usize) -> Newest {
-    let horizon = inputs
-        .histories
-        .iter()
-        .filter(|entries| entries.len() >= inputs.asked)
-        .filter_map(|entries| entries.iter().map(|e| (e.tick, &e.job)).min())
-        .max()
-        .map(|(tick, job)| (job.clone(), tick));
-    let after = horizon.as_ref().map(|(_, tick)| *tick);
-    let whole = inputs
-        .histories
-        .iter()
-        .flatten()
-        .filter(|e| after.is_none_or(|after| e.tick > after))
-        .cloned();
-    let whole: Vec<Entry> = whole.collect();
-    let mut controls = tick::controls(&whole);
-    let mut ticks = tick::group(whole);
-    let complete = horizon.is_none() || ticks.len() >= limit;
-    if ticks.len() > limit {
-        ticks.truncate(limit);
-        // Older ticks were cut: so are the controls older than the oldest tick kept.
-        let oldest = ticks.last().map_or(i64::MIN, |record| record.record.tick);
-        controls.retain(|control| control.tick >= oldest);
+impl Merge {
+    fn new(limit: usize) -> Merge {
+        Merge {
+            limit,
+            ticks: Vec::new(),
+            controls: Vec::new(),
+            cut: false,
+            horizon: None,
+        }
     }
-    controls.sort_by(|a, b| b.tick.cmp(&a.tick).then_with(|| a.job.cmp(&b.job)));
-    Newest {
-        ticks,
-        controls,
-        complete,
-        horizon,
+
+    /// Adds one job's newest entries, asked for `asked` of them.
+    fn add(&mut self, entries: Vec<Entry>, asked: usize) {
+        if entries.len() >= asked {
+            let oldest = entries.iter().map(|e| (e.tick, &e.job)).min();
+            if let Some((tick, job)) = oldest {
+                let later = self
+                    .horizon
+                    .as_ref()
+                    .is_none_or(|(held_job, held, _)| (tick, job) > (*held, held_job));
+                if later {
+                    self.horizon = Some((job.clone(), tick, asked));
+                }
+            }
+        }
+        let after = self.horizon.as_ref().map(|(_, tick, _)| *tick);
+        let after_horizon = |e: &Entry| after.is_none_or(|after| e.tick > after);
+        let whole: Vec<Entry> = entries.into_iter().filter(after_horizon).collect();
+        self.controls.extend(tick::controls(&whole));
+        let records = tick::group(whole);
+        let held = std::mem::take(&mut self.ticks);
+        let (kept, cut) = newest_of(held, records, self.limit, |r| {
+            after.is_none_or(|after| r.record.tick > after)
+        });
+        self.ticks = kept;
+        self.cut |= cut;
+        self.controls.retain(after_horizon);
+        if self.cut {
+            // Older ticks were cut: so are the controls older than the oldest tick kept.
+            let oldest = self
+                .ticks
+                .last()
+                .map_or(i64::MIN, |record| record.record.tick);
+            self.controls.retain(|control| control.tick >= oldest);
+        }
+        self.controls
+            .sort_by(|a, b| b.tick.cmp(&a.tick).then_with(|| a.job.cmp(&b.job)));
+        self.controls.truncate(MAX_CONTROLS);
     }
+
+    /// Whether the ticks held are the newest `limit` of the jobs added, or all there are.
+    fn complete(&self) -> bool {
+        self.horizon.is_none() || self.ticks.len() >= self.limit
+    }
+
+    /// What `history` reports of the jobs added, with `notes` from their reads.
+    fn finish(self, notes: Notes) -> History {
+        let complete = self.complete();
+        let Merge {
+            limit,
+            ticks,
+            controls,
+            horizon,
+            ..
+        } = self;
+        let cut_short = match horizon {
+            Some((job, tick, asked)) if !complete => Some(format!(
+                "{} of {limit} ticks listed: {job} has more than {asked} entries in its newest ones; ticks \
+                 at or before {} are left out",
+                ticks.len(),
+                time::instant_ms(tick)
+            )),
+            _ => None,
+        };
+        let mut entries: Vec<Entry> = ticks
+            .iter()
+            .flat_map(TickRecord::entries)
+            .chain(&controls)
+            .cloned()
+            .collect();
+        entries.sort_by(|a, b| {
+            b.tick
+                .cmp(&a.tick)
+                .then_with(|| a.job.cmp(&b.job))
+                .then_with(|| a.worker.cmp(&b.worker))
+                .then_with(|| a.kind.as_str().cmp(b.kind.as_str()))
+        });
+        History {
+            entries,
+            ticks,
+            controls,
+            cut_short,
+            notes,
+        }
+    }
+}
+
+/// The newest `limit` of two lists of records, each newest first, that `keep` keeps; and whether any
+/// kept one was left out for the limit.
+fn newest_of(
+    a: Vec<TickRecord>,
+    b: Vec<TickRecord>,
+    limit: usize,
+    keep: impl Fn(&TickRecord) -> bool,
+) -> (Vec<TickRecord>, bool) {
+    let mut a = a.into_iter().filter(&keep).peekable();
+    let mut b = b.into_iter().filter(&keep).peekable();
+    let mut merged = Vec::with_capacity(limit.min(a.size_hint().1.unwrap_or(0) + 64));
+    while merged.len() < limit {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if tick::newest_first(y, x) == Ordering::Less => b.next(),
+            (Some(_), _) => a.next(),
+            (None, _) => b.next(),
+        };
+        match next {
+            Some(record) => merged.push(record),
+            None => break,
+        }
+    }
+    let cut = a.next().is_some() || b.next().is_some();
+    (merged, cut)
 }
 
 #[cfg(test)]
@@ -207,12 +320,18 @@ mod tests {
         entry(job, tick, worker, Kind::Run)
     }
 
-    fn inputs(histories: Vec<Vec<Entry>>, asked: usize) -> HistoryInputs {
-        HistoryInputs {
-            histories,
-            asked,
-            notes: Notes::default(),
+    /// The jobs' answers (each asked for `asked` entries) merged.
+    fn merged(histories: Vec<Vec<Entry>>, asked: usize, limit: usize) -> Merge {
+        let mut merge = Merge::new(limit);
+        for entries in histories {
+            merge.add(entries, asked);
         }
+        merge
+    }
+
+    /// What `history` reports of the jobs' answers (each asked for `asked` entries).
+    fn history(histories: Vec<Vec<Entry>>, asked: usize, limit: usize) -> History {
+        merged(histories, asked, limit).finish(Notes::default())
     }
 
     /// Several jobs' ticks come out as one list, newest tick first, cut at the limit in ticks, with every
@@ -223,7 +342,7 @@ mod tests {
         lost.reason = Some("already_claimed".into());
         let a = vec![run("a", 3000, "w1"), lost, run("a", 1000, "w1")];
         let b = vec![run("b", 3000, "w2"), run("b", 2000, "w1")];
-        let history = history(inputs(vec![a, b], 100), 3);
+        let history = history(vec![a, b], 100, 3);
         let seen: Vec<(&str, i64)> = history
             .ticks
             .iter()
@@ -257,7 +376,7 @@ mod tests {
             control("resumed", 1500),
             run("a", 1000, "w1"),
         ];
-        let listed = history(inputs(vec![a.clone()], 100), 2);
+        let listed = history(vec![a.clone()], 100, 2);
         let ticks: Vec<i64> = listed.ticks.iter().map(|r| r.tick().0).collect();
         assert_eq!(ticks, [3000, 2000]);
         let controls: Vec<(i64, Option<&str>)> = listed
@@ -267,7 +386,7 @@ mod tests {
             .collect();
         assert_eq!(controls, [(3500, Some("resumed")), (2500, Some("paused"))]);
         assert_eq!(listed.entries.len(), 4);
-        let all = history(inputs(vec![a], 100), 10);
+        let all = history(vec![a], 100, 10);
         assert_eq!((all.ticks.len(), all.controls.len()), (3, 3));
     }
 
@@ -284,17 +403,19 @@ mod tests {
             ]
         };
         let page: Vec<Entry> = tick(5000).into_iter().chain(tick(4000)).take(4).collect();
-        let short = newest(&inputs(vec![page.clone()], 4), 2);
-        assert!(!short.complete);
+        let short = merged(vec![page.clone()], 4, 2);
+        assert!(!short.complete());
         assert_eq!(short.ticks.len(), 1);
-        assert_eq!(short.horizon, Some(("a".to_string(), 4000)));
+        assert_eq!(short.horizon, Some(("a".to_string(), 4000, 4)));
+        assert_eq!(whole_ticks(&page, 4), 1);
         let whole: Vec<Entry> = tick(5000).into_iter().chain(tick(4000)).collect();
-        assert!(newest(&inputs(vec![whole.clone()], 12), 2).complete);
-        assert_eq!(newest(&inputs(vec![whole], 12), 2).ticks.len(), 2);
+        assert_eq!(whole_ticks(&whole, 12), 2);
+        assert!(merged(vec![whole.clone()], 12, 2).complete());
+        assert_eq!(merged(vec![whole], 12, 2).ticks.len(), 2);
         // Fewer entries than asked: all there is, complete however few ticks.
-        assert!(newest(&inputs(vec![tick(5000)], 4), 2).complete);
+        assert!(merged(vec![tick(5000)], 4, 2).complete());
         // Cut at the bound: said so, naming the job and the tick.
-        let cut = history(inputs(vec![page], 4), 2);
+        let cut = history(vec![page], 4, 2);
         let said = cut.cut_short.expect("cut short");
         assert!(
             said.starts_with("1 of 2 ticks listed: a has more than 4 entries"),
@@ -308,9 +429,12 @@ mod tests {
     fn each_entry_and_tick_carries_its_tick_in_rfc_3339() {
         let mut lost = entry("a", 1_795_436_705_012, "w2", Kind::Lost);
         lost.by = Some("w1".into());
-        let mut inputs = inputs(vec![vec![run("a", 1_795_436_705_012, "w1"), lost]], 20);
-        inputs.notes.store = "embedded:/tmp/x".to_string();
-        let json = serde_json::to_value(history(inputs, 20)).expect("json");
+        let merge = merged(vec![vec![run("a", 1_795_436_705_012, "w1"), lost]], 20, 20);
+        let notes = Notes {
+            store: "embedded:/tmp/x".to_string(),
+            ..Notes::default()
+        };
+        let json = serde_json::to_value(merge.finish(notes)).expect("json");
         assert_eq!(json["entries"][0]["tick"], 1_795_436_705_012_i64);
         assert_eq!(
             json["entries"][0]["tick_rfc3339"],
@@ -330,5 +454,72 @@ mod tests {
         assert!(json["cut_short"].is_null());
         assert_eq!(json["store"], "embedded:/tmp/x");
         assert_eq!(json["missing_nodes"], serde_json::json!([]));
+    }
+
+    /// Merged one job at a time, the jobs give the same list in any order — a full answer that moves the
+    /// horizon, coming after records were already cut to the limit, included — and never more than
+    /// `limit` records are held.
+    #[test]
+    fn the_merge_keeps_the_newest_whatever_the_order_and_holds_at_most_the_limit() {
+        let job = |name: &str, ticks: &[i64]| -> Vec<Entry> {
+            ticks.iter().map(|&t| run(name, t, "w1")).collect()
+        };
+        // `c` is a full answer (asked 3, got 3): its oldest tick, 5000, is the horizon.
+        let answers = vec![
+            job("a", &[9000, 7000, 3000]),
+            job("b", &[8000, 6000, 4000, 2000]),
+            job("c", &[9500, 8500, 5000]),
+        ];
+        let listed = |order: &[usize]| {
+            let mut merge = Merge::new(3);
+            for &i in order {
+                let asked = if i == 2 { 3 } else { 100 };
+                merge.add(answers[i].clone(), asked);
+                assert!(merge.ticks.len() <= 3);
+            }
+            let history = merge.finish(Notes::default());
+            history
+                .ticks
+                .iter()
+                .map(|r| (r.job().to_string(), r.tick().0))
+                .collect::<Vec<_>>()
+        };
+        let expected = [("c", 9500), ("a", 9000), ("c", 8500)]
+            .map(|(job, tick)| (job.to_string(), tick))
+            .to_vec();
+        for order in [[0, 1, 2], [2, 1, 0], [1, 2, 0], [0, 2, 1]] {
+            assert_eq!(listed(&order), expected, "order {order:?}");
+        }
+        // With a limit beyond what is whole, the horizon cuts every job at 5000, and says so.
+        let mut merge = Merge::new(10);
+        for (i, answer) in answers.into_iter().enumerate() {
+            merge.add(answer, if i == 2 { 3 } else { 100 });
+        }
+        let history = merge.finish(Notes::default());
+        let ticks: Vec<i64> = history.ticks.iter().map(|r| r.tick().0).collect();
+        assert_eq!(ticks, [9500, 9000, 8500, 8000, 7000, 6000]);
+        assert!(history.cut_short.is_some());
+    }
+
+    /// A job paused and resumed without end lists the newest [`MAX_CONTROLS`] of its controls.
+    #[test]
+    fn the_controls_listed_are_bounded() {
+        let control = |ms: i64| {
+            let what = crate::history::Control {
+                action: "paused",
+                by: "ops@host".into(),
+                reason: String::new(),
+                until: None,
+            };
+            let made = DateTime::from_timestamp_millis(ms).unwrap_or_default();
+            Entry::control("a", &what, "cli", made)
+        };
+        let many: Vec<Entry> = (0..MAX_CONTROLS as i64 + 10)
+            .rev()
+            .map(|i| control(1000 + i))
+            .collect();
+        let listed = history(vec![many], usize::MAX, 20);
+        assert_eq!(listed.controls.len(), MAX_CONTROLS);
+        assert_eq!(listed.controls[0].tick, 1000 + MAX_CONTROLS as i64 + 9);
     }
 }
