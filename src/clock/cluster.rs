@@ -194,9 +194,9 @@ pub async fn measure(store: &Store) -> Option<Result<Estimate, QuorumFailure>> {
 /// doc). Cheap to clone; clones share the measurement.
 ///
 /// Starts as this host's own wall clock (not measured): the embedded store has no other clock, and a
-/// worker that cannot reach the nodes wakes on its own clock until it can — but, once the store is known
-/// to have clocks ([`ClusterClock::require_measurement`]), claims no scheduled tick before the first
-/// measurement ([`ClusterClock::is_known`]): a host clock seconds ahead would claim ticks that early.
+/// worker that cannot reach the nodes keeps it until it can — but, once the store is known to have clocks
+/// ([`ClusterClock::require_measurement`]), schedules no tick before the first measurement
+/// ([`ClusterClock::is_known`]): a host clock seconds ahead would claim ticks that early.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterClock {
     state: Arc<State>,
@@ -274,8 +274,8 @@ impl ClusterClock {
     }
 
     /// Whether [`ClusterClock::now`] is cluster time: measured at least once, or this host's own clock
-    /// where the store has no other ([`ClusterClock::require_measurement`] never called). A tick is
-    /// claimed only once it is due on a known cluster time.
+    /// where the store has no other ([`ClusterClock::require_measurement`] never called). Ticks are
+    /// scheduled, and windows judged ended, only on a known cluster time.
     pub fn is_known(&self) -> bool {
         !self.state.required.load(Ordering::Acquire) || self.is_measured()
     }

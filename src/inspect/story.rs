@@ -135,9 +135,6 @@ fn why(reason: &str) -> String {
             "the worker already ran its most children at once until the tick's window ended"
         }
         "shutdown" => "the worker was shutting down",
-        "clock_unmeasured" => {
-            "the worker could not measure the store's clocks within its window, so it did not claim it"
-        }
         "paused" => "the job was paused (redcron pause)",
         "unclaimed" => "nobody claimed it within its window",
         "no_run_recorded" => {

@@ -109,6 +109,12 @@ impl Agenda {
         agenda
     }
 
+    /// The agenda of the same jobs, each from its next tick after `now`: for a clock that was not cluster
+    /// time until now.
+    pub(super) fn restart(self, now: chrono::DateTime<Utc>) -> Agenda {
+        Agenda::new(self.jobs, now)
+    }
+
     /// The job at `index` (as [`Agenda::take_due`] names them).
     pub(super) fn job(&self, index: usize) -> &Arc<JobConfig> {
         &self.jobs[index]

@@ -8,7 +8,8 @@
 //! the winner's entry to land), the worker reads the tick's history from a majority. No run and no
 //! deliberate skip: it claims the tick's *alarm* — a claim of `(<job>:missed, tick)` through the same
 //! protocol, which a job name cannot collide with — and only the worker granted the alarm logs `tick.missed`
-//! (ERROR) and records the miss. G1 makes that at most once across the cluster.
+//! (ERROR) and records the miss. G1 makes that at most once across the cluster. Windows end on cluster
+//! time: a worker whose store has clocks checks nothing before it has measured them once.
 //!
 //! Alarms of one job are claimed in tick order, and G1′ refuses a tick's alarm once a later one was granted:
 //! a worker that suspects an older tick after another worker raised a newer one stays silent (reported in
@@ -82,6 +83,16 @@ async fn watch(
     max_clock_offset: Duration,
 ) {
     let mut suspects = suspects.lock().await;
+    // Which windows have ended is a question of cluster time: before the store's clocks were measured
+    // once, this host's clock (seconds ahead, maybe) could call a tick missed that has not come yet.
+    // Suspects wait in the queue meanwhile.
+    while !context.clock.is_known() {
+        tokio::select! {
+            () = context.shutdown.graceful() => return,
+            () = context.clock.moved() => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
     let margin = chrono::Duration::from_std(max_clock_offset + ENTRY_SETTLE).unwrap_or_default();
     // When to check, and what: (job name, tick) → job.
     let mut due: BTreeMap<DateTime<Utc>, Suspects> = BTreeMap::new();

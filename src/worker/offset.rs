@@ -1,12 +1,11 @@
 //! The worker's clock task: measures this host's offset to the store's clocks (the Redis nodes', the SQL
-//! server's, the ZooKeeper servers') at start and every `worker.clock_check_every`, keeps the worker's
-//! [`ClusterClock`] on it, and logs what it finds.
+//! server's) at start and every `worker.clock_check_every`, keeps the worker's [`ClusterClock`] on it,
+//! and logs what it finds.
 //!
 //! The tick loop only reads the clock, so a slow or failed measurement never delays the loop. Until the
-//! first measurement succeeds the worker wakes on its own clock but claims no scheduled tick
-//! ([`ClusterClock::is_known`]; a host clock seconds ahead would claim ticks that early, and by claiming a
-//! later tick first make the earlier ones unclaimable), and measures again every second; after a failed
-//! measurement it keeps the last offset. What is logged, and when, is decided by [`Reporter`], which is
+//! first measurement succeeds the worker schedules no tick ([`ClusterClock::is_known`]; a host clock
+//! seconds ahead would claim ticks that early, and by claiming a later tick first make the earlier ones
+//! unclaimable), and measures again every second; after a failed measurement it keeps the last offset. What is logged, and when, is decided by [`Reporter`], which is
 //! pure so that its rules are tested without a store: the offset when first measured, then only when it
 //! moved by more than 50 ms or an hour passed; a warning whenever it is above `worker.max_clock_offset`;
 //! one warning per stretch of failed measurements, and a note when they succeed again.
@@ -29,7 +28,7 @@ const START_BUDGET: Duration = Duration::from_secs(1);
 const START_RETRY: Duration = Duration::from_millis(100);
 /// While measurements fail, the next one comes at least this soon.
 const UNMEASURED_RETRY: Duration = Duration::from_secs(5);
-/// Until the first measurement succeeds (no scheduled tick is claimed), the next one comes this soon.
+/// Until the first measurement succeeds (no tick is scheduled), the next one comes this soon.
 const NEVER_MEASURED_RETRY: Duration = Duration::from_secs(1);
 /// A change of the offset larger than this is logged.
 const REPORT_CHANGE_US: i64 = 50_000;
@@ -122,8 +121,8 @@ impl ClockTask {
                               "Cannot measure the offset to the store's clocks; scheduling on the last known offset");
                     } else {
                         warn!(event = events::clock::UNMEASURED, error = %failure, fallback, offset_ms,
-                              "Cannot measure the offset to the store's clocks; no scheduled tick is claimed \
-                               until it is measured (triggers still are)");
+                              "Cannot measure the offset to the store's clocks; no tick is scheduled until it \
+                               is measured, since this host's clock may be off (triggers still run)");
                     }
                 }
                 return;

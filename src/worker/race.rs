@@ -34,8 +34,6 @@ use crate::schedule::Tick;
 /// may fire a little early, and a clock measured again moves by milliseconds; a tick further ahead
 /// waits until it is due.
 const EARLY_SLACK_MS: i64 = 100;
-/// How often a tick held back for an unmeasured clock looks whether it has been measured.
-const UNMEASURED_POLL: Duration = Duration::from_millis(100);
 
 const NO_QUORUM_BACKOFF: Duration = Duration::from_millis(250);
 const NO_QUORUM_BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -167,31 +165,19 @@ pub(super) async fn race(context: Arc<Context>, batch: Vec<Due>) {
         // A retry waits for the batch before it to be decided (a stall of the nodes holds every claim of
         // it), so it may come to be sent after its window: given up then, as its wait would have been.
         let cluster_now = context.clock.now();
-        let known = context.clock.is_known();
-        // A tick that is not due on cluster time: raced on this host's clock before a correction, which
-        // moved the clock back since. It is held back until it is due, never claimed early (which would
-        // also take every earlier tick of the job from the other workers: a later tick claimed refuses
-        // them). Before the first measurement of a store's clocks (it did not answer at start) cluster
-        // time is unknown: every scheduled tick is held back until it is measured, since this host's
-        // clock may be seconds ahead (the MariaDB chaos run of seed 1795768255916112088).
+        // A tick that is not due on cluster time: raced before a correction of the clock, which moved it
+        // back since. It is held back until it is due, never claimed early (which would also take every
+        // earlier tick of the job from the other workers: a later tick claimed refuses them). (No tick is
+        // raced before the store's clocks were measured once: see `worker::run`.)
         let (ready, early): (Vec<Pending>, Vec<Pending>) = ready.into_iter().partition(|p| {
             // Triggers and retries carry the time they were asked for, not a tick of the schedule.
             p.request.series != Series::Schedule
-                || (known
-                    && p.request.tick.as_millis()
-                        <= cluster_now.timestamp_millis() + EARLY_SLACK_MS)
+                || p.request.tick.as_millis() <= cluster_now.timestamp_millis() + EARLY_SLACK_MS
         });
         for mut p in early {
-            if known {
-                let ahead = p.request.tick.as_millis() - cluster_now.timestamp_millis();
-                p.retry_at = tokio::time::Instant::now()
-                    + Duration::from_millis(u64::try_from(ahead).unwrap_or(0));
-            } else if cluster_now >= p.until {
-                p.span().in_scope(|| give_up_unmeasured(&context, &p));
-                continue;
-            } else {
-                p.retry_at = tokio::time::Instant::now() + UNMEASURED_POLL;
-            }
+            let ahead = p.request.tick.as_millis() - cluster_now.timestamp_millis();
+            p.retry_at = tokio::time::Instant::now()
+                + Duration::from_millis(u64::try_from(ahead).unwrap_or(0));
             pending.push(p);
         }
         let (ready, ended): (Vec<Pending>, Vec<Pending>) = ready
@@ -316,24 +302,6 @@ fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
                   retry_in_ms, "Won the tick, but the lease expired before the job could start (was this process paused?); claiming it again")
         }
     }
-}
-
-/// Logs and records a scheduled tick never claimed because the store's clocks could not be measured
-/// before its window ended (on this host's clock, the only one there was), and has it checked for a miss.
-fn give_up_unmeasured(context: &Context, p: &Pending) {
-    let (tick, series) = (p.request.tick, &p.request.series);
-    context.note(
-        &p.job,
-        tick,
-        series,
-        Kind::Skipped,
-        Some("clock_unmeasured"),
-        None,
-    );
-    context.suspect(&p.job, tick);
-    warn!(event = events::tick::SKIPPED, job = %p.job.name, tick = %tick, reason = "clock_unmeasured",
-          "Skipped: the offset to the store's clocks was never measured within the tick's window, and a \
-           tick is not claimed on this host's own clock");
 }
 
 /// Logs and records a claim given up at the end of its window, and why, and has a scheduled tick checked
