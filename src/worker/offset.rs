@@ -3,12 +3,14 @@
 //! and logs what it finds.
 //!
 //! The tick loop only reads the clock, so a slow or failed measurement never delays the loop. Until the
-//! first measurement succeeds the worker schedules no tick ([`ClusterClock::is_known`]; a host clock
-//! seconds ahead would claim ticks that early, and by claiming a later tick first make the earlier ones
-//! unclaimable), and measures again every second; after a failed measurement it keeps the last offset. What is logged, and when, is decided by [`Reporter`], which is
-//! pure so that its rules are tested without a store: the offset when first measured, then only when it
-//! moved by more than 50 ms or an hour passed; a warning whenever it is above `worker.max_clock_offset`;
-//! one warning per stretch of failed measurements, and a note when they succeed again.
+//! first measurement succeeds the worker schedules no tick and claims no trigger request
+//! ([`ClusterClock::is_known`]; a host clock seconds ahead would claim ticks that early, and by claiming
+//! a later tick first make the earlier ones unclaimable), and measures again every second; after a
+//! failed measurement it keeps the last offset. What is logged, and when, is decided by [`Reporter`],
+//! which is pure so that its rules are tested without a store: the offset when first measured, then only
+//! when it moved by more than 50 ms or an hour passed; a warning whenever it is above
+//! `worker.max_clock_offset`; one warning per stretch of failed measurements, and a note when they
+//! succeed again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,8 +123,8 @@ impl ClockTask {
                               "Cannot measure the offset to the store's clocks; scheduling on the last known offset");
                     } else {
                         warn!(event = events::clock::UNMEASURED, error = %failure, fallback, offset_ms,
-                              "Cannot measure the offset to the store's clocks; no tick is scheduled until it \
-                               is measured, since this host's clock may be off (triggers still run)");
+                              "Cannot measure the offset to the store's clocks; no tick is scheduled and no \
+                               trigger claimed until it is measured, since this host's clock may be off");
                     }
                 }
                 return;

@@ -9,7 +9,8 @@
 //! A request out of bounds ([`TriggerRequest::fits`]: its time more than [`crate::trigger::MAX_AHEAD`]
 //! ahead of this worker's cluster time, or an absurd window) is never claimed: it is logged once
 //! (`trigger.refused`) and deleted from the store. Claimed, its token would take the floor of its time
-//! and raise the tokens of every later run of the job by as far as its clock was ahead.
+//! and raise the tokens of every later run of the job by as far as its clock was ahead. A worker whose
+//! store has clocks reads no request before it has measured them once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,6 +52,11 @@ async fn poll(context: Arc<Context>) {
                 super::background::log_panic("trigger_race", ended);
                 continue;
             }
+        }
+        // A request's window and bounds are judged on cluster time: not before the store's clocks were
+        // measured once (this host's clock, off by more than the bound, would delete a sound request).
+        if !context.clock.is_known() {
+            continue;
         }
         let requests = match context.store.triggers().await {
             Ok(read) => {
