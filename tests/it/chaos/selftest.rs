@@ -844,6 +844,24 @@ fn checker_requires_every_running_worker_to_skip_the_garbage() {
         .push(T0 + 7_000, Happening::WorkerContinued { instance: 1 });
     lazy.timeline.entries.sort_by_key(|(at, _)| *at);
     assert!(lazy.check().passed(), "a paused worker is not asked");
+    // A majority of the nodes taken down within the window can keep a worker's reads from the plant.
+    let mut hidden = scenario.clone_without_skips(1);
+    for node in 0..3 {
+        hidden
+            .timeline
+            .push(T0 + 1_300, Happening::NodeDown { node, hung: false });
+        hidden.timeline.push(T0 + 9_000, Happening::NodeUp { node });
+    }
+    hidden.timeline.entries.sort_by_key(|(at, _)| *at);
+    let report = hidden.check();
+    assert!(!failed_with(&report, "GARBAGE UNNOTICED"), "{report}");
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("1 plants not checked")),
+        "{report}"
+    );
 
     skip(&mut scenario, 3, "member \"w2\"");
     assert!(failed_with(&scenario.check(), "NOBODY PLANTED"));
