@@ -92,15 +92,7 @@ fn workers_seconds_off_run_every_tick_once_and_on_time() {
     // tick once it is alone).
     drop(behind);
     drop(plain);
-    let mut ahead_ticks = Vec::new();
-    while ahead_ticks.len() < 3 {
-        let finished = ahead
-            .wait_for(Duration::from_secs(10), |e| {
-                e["event"] == "run.finished" && !ahead_ticks.contains(&e["tick"])
-            })
-            .expect("the worker ahead runs the job alone");
-        ahead_ticks.push(finished["tick"].clone());
-    }
+    runs_of_three_ticks(&ahead, "the worker ahead runs the job alone");
     drop(ahead);
 
     let runs = ledger(&dir);
@@ -123,7 +115,25 @@ fn workers_seconds_off_run_every_tick_once_and_on_time() {
         "{} ticks run in a window of {expected} s: {runs:?}",
         in_window.len()
     );
-    for (worker, tick, started_ns) in started(&dir) {
+    none_started_early(&dir);
+}
+
+/// Waits for `worker` to finish runs of three different ticks.
+fn runs_of_three_ticks(worker: &Worker, why: &str) {
+    let mut ticks = Vec::new();
+    while ticks.len() < 3 {
+        let finished = worker
+            .wait_for(Duration::from_secs(15), |e| {
+                e["event"] == "run.finished" && !ticks.contains(&e["tick"])
+            })
+            .expect(why);
+        ticks.push(finished["tick"].clone());
+    }
+}
+
+/// Asserts that no run in the `starts` file started more than [`EARLY_MS`] before its tick, in true time.
+fn none_started_early(dir: &TestDir) {
+    for (worker, tick, started_ns) in started(dir) {
         let tick_ns = tick_time(&tick)
             .timestamp_nanos_opt()
             .expect("a tick within the nanosecond range");
@@ -201,15 +211,7 @@ fn a_worker_that_cannot_measure_claims_no_tick_until_it_can() {
         "{offset}"
     );
     assert_eq!(offset["sampled"], 2, "{offset}");
-    let mut ran = Vec::new();
-    while ran.len() < 3 {
-        let finished = worker
-            .wait_for(Duration::from_secs(15), |e| {
-                e["event"] == "run.finished" && !ran.contains(&e["tick"])
-            })
-            .expect("runs resume with 2 of 3 nodes");
-        ran.push(finished["tick"].clone());
-    }
+    runs_of_three_ticks(&worker, "runs resume with 2 of 3 nodes");
     assert_eq!(
         worker.events("clock.unmeasured").len(),
         1,
@@ -218,16 +220,7 @@ fn a_worker_that_cannot_measure_claims_no_tick_until_it_can() {
     drop(worker);
     let starts = started(&dir);
     assert!(starts.len() >= 3, "{starts:?}");
-    for (worker, tick, started_ns) in starts {
-        let tick_ns = tick_time(&tick)
-            .timestamp_nanos_opt()
-            .expect("a tick within the nanosecond range");
-        assert!(
-            started_ns >= tick_ns - EARLY_MS * 1_000_000,
-            "{worker} started the run of {tick} {} ms early",
-            (tick_ns - started_ns) / 1_000_000
-        );
-    }
+    none_started_early(&dir);
 }
 
 /// A clock 2 s ahead with `max_clock_offset: 1s` is warned about; a clock on time is not.
