@@ -216,8 +216,8 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     // One task per batch of due ticks: it claims them and runs the ones won. The loop itself never waits
     // for Redis, so a slow race (retries, a hung node) cannot delay the next tick of another job.
     let mut races: JoinSet<()> = JoinSet::new();
-    // The first ticks are scheduled on the measured cluster time (or on this host's clock, if the nodes
-    // cannot be measured within about a second).
+    // The first ticks are scheduled on the measured cluster time (the start waits about a second for the
+    // first measurement; if the store's clocks cannot be measured by then, see `scheduling` below).
     let clock_task = offset::start(Arc::clone(&context), &config.worker).await;
     let clock = &context.clock;
     let (sentinel, sentinel_task) = missed::Sentinel::start(
