@@ -41,7 +41,9 @@
         if (!response.ok) { wait = SLOW; return null; }
         var tag = response.headers.get("ETag");
         return response.text().then(function (text) {
-          var changed = etag !== null && tag !== etag;
+          // The first answer is put in too: the page may have changed since it was loaded (a trigger's run
+          // started in between), and its ETag alone would make every later answer a 304 of that change.
+          var changed = etag === null || tag !== etag;
           etag = tag;
           if (!changed) { wait = Math.min(wait * 2, SLOW); return; }
           wait = FAST;
@@ -57,6 +59,6 @@
   document.addEventListener("visibilitychange", function () {
     if (document.hidden) { clearTimeout(timer); } else { wait = FAST; poll(); }
   });
-  // The first answer only learns the page's ETag.
+  // The first answer learns the page's ETag (and brings any change since the page was loaded).
   poll();
 })();
