@@ -393,9 +393,11 @@ fn a_tick_survives_an_outage_shorter_than_its_grace() {
         .replace("    command:", "    misfire_grace: 8s\n    command:");
     let path = dir.write_config(&config(&cluster, "  id: o\n", &job));
     let worker = Worker::spawn(&path, &[]);
+    // Measured: a worker that has not measured the nodes' clocks schedules no tick (and a measurement
+    // that the hang cut would leave it so for the whole test).
     worker
-        .wait_for_event("worker.started", Duration::from_secs(10))
-        .expect("started");
+        .wait_for_event("clock.offset", Duration::from_secs(15))
+        .expect("the nodes' clocks measured");
     // Hang the majority just before a tick, so that tick has (nearly) all its 8 s grace ahead of it.
     while chrono::Utc::now().timestamp() % 10 != 9 {
         std::thread::sleep(Duration::from_millis(100));
