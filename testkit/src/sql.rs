@@ -455,6 +455,25 @@ impl SqlServer {
         self.stopped = true;
     }
 
+    /// Connections the kernel has accepted for the server that the server has not taken yet: the accept
+    /// queue of its listening socket (`/proc/net/tcp`). While the server hangs, every connection a
+    /// client opens waits here, and the resumed server starts a session for each before it serves new
+    /// ones; a client that gives one up and opens another adds one more.
+    pub fn accept_queue(&self) -> usize {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("cannot read /proc/net/tcp");
+        let local = format!("0100007F:{:04X}", self.port);
+        table
+            .lines()
+            .skip(1)
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            // sl local_address rem_address st tx_queue:rx_queue …; st 0A is LISTEN, whose rx_queue is
+            // the accept queue's length.
+            .find(|fields| fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A"))
+            .and_then(|fields| fields.get(4)?.split(':').nth(1).map(str::to_owned))
+            .and_then(|queue| usize::from_str_radix(&queue, 16).ok())
+            .unwrap_or_else(|| panic!("no listening socket on 127.0.0.1:{}", self.port))
+    }
+
     /// Resumes a server hung by [`Self::stop`].
     pub fn cont(&mut self) {
         if let Some(pid) = self.pid() {

@@ -223,7 +223,7 @@ async fn cut_during_commit(kind: SqlKind, marker: &str) {
 /// A worker runs a long job while PostgreSQL hangs (SIGSTOP) past the lease's TTL: its renewals go
 /// unanswered, it stops the job by its lease's deadline (`lease.expiring` or `lease.lost`, the run
 /// `lease_lost`), the claims meanwhile answer `no_quorum`; resumed, the next ticks run once each, with
-/// higher tokens.
+/// higher tokens. Meanwhile the workers do not pile connections up at the hung server.
 #[test]
 fn a_hung_server_costs_claims_not_a_double_grant() {
     let mut server = SqlServer::postgres();
@@ -263,6 +263,7 @@ fn a_hung_server_costs_claims_not_a_double_grant() {
     });
     let stopped_after = hung.elapsed();
     std::thread::sleep(Duration::from_secs(6).saturating_sub(hung.elapsed()));
+    let queued = server.accept_queue();
     server.cont();
     let resumed = chrono::Utc::now();
     let ran_again = wait_for_runs_after(&dir, "every-second", resumed, 3, Duration::from_secs(40));
@@ -292,6 +293,14 @@ fn a_hung_server_costs_claims_not_a_double_grant() {
         "no claim answered no_quorum while hung:\n{reasons}"
     );
     assert!(ran_again, "ticks did not resume after SIGCONT:\n{reasons}");
+    // Each worker opens at most 2 sessions at once (the store's OPENING_AT_ONCE) and carries each
+    // opening for 5 s (OPENING_PATIENCE) before it gives it up for a new one: within the 6 s hang, at
+    // most 4 connections per worker wait for the server. Giving them up after 1 s and opening new ones
+    // queued 49 here, each a backend the resumed server had to start before serving the workers.
+    assert!(
+        queued <= 2 * 4,
+        "{queued} connections waited for the hung server to accept them"
+    );
     // Its tick ran once (at most one more if the test crossed the hour).
     let long = runs_once(&dir, "long");
     assert!(!long.is_empty(), "the long job's tick: {long:?}");

@@ -46,10 +46,14 @@ pub use schema::{Schema, Unusable, SCHEMA_VERSION};
 /// (SQLSTATE `40001`, `40P01`; MySQL's 1213 is `40001`) is run again before its caller is told it failed.
 const CONFLICT_RETRIES: u32 = 5;
 
-/// The least time an acquire of the pool has to open a connection, going on after the call that needed
-/// it stopped waiting (see `SqlStore::connection`); short enough that a refused connection — which the
-/// pool retries until then — is reported within a command's reads.
-const ACQUIRE_AT_LEAST: Duration = Duration::from_secs(1);
+/// How long the pool goes on opening one connection after the call that needed it stopped waiting (see
+/// `SqlStore::connection`): an opening is carried to its end, not replaced, unless the server has not
+/// let it finish in this long (at least twice `node_timeout`).
+const OPENING_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How many connections a store opens at once; the calls that need more wait for these (see
+/// `SqlStore::connection`).
+const OPENING_AT_ONCE: usize = 2;
 
 /// Claims, leases, tokens, history, membership, pauses and triggers in one SQL database.
 pub struct SqlStore {
@@ -64,6 +68,12 @@ struct Shared {
     /// `host:port/database`, to name the server in logs and errors (never a password).
     target: String,
     pool: AnyPool,
+    /// The pool's largest size (`pool_size`).
+    pool_size: u32,
+    /// [`OPENING_AT_ONCE`] permits: held by an acquire that may open a connection.
+    opening: tokio::sync::Semaphore,
+    /// The session settings every connection starts with ([`Dialect::on_connect`]).
+    on_connect: Arc<[String]>,
     /// Set once the schema has been checked (and created or upgraded) on the server.
     prepared: tokio::sync::OnceCell<()>,
 }
@@ -133,18 +143,12 @@ impl SqlStore {
             .on_connect(lock_s, idle_s, idle_transaction_s)
             .into();
         let pool = AnyPoolOptions::new()
-            .after_connect(move |connection, _| {
+            .after_connect({
                 let on_connect = Arc::clone(&on_connect);
-                Box::pin(async move {
-                    for statement in on_connect.iter() {
-                        sqlx::Executor::execute(
-                            &mut *connection,
-                            sqlx::AssertSqlSafe(statement.clone()),
-                        )
-                        .await?;
-                    }
-                    Ok(())
-                })
+                move |connection, _| {
+                    let on_connect = Arc::clone(&on_connect);
+                    Box::pin(async move { start_session(connection, &on_connect).await })
+                }
             })
             .max_connections(config.pool_size)
             .min_connections(0)
@@ -165,6 +169,9 @@ impl SqlStore {
                 dialect,
                 target,
                 pool,
+                pool_size: config.pool_size,
+                opening: tokio::sync::Semaphore::new(OPENING_AT_ONCE),
+                on_connect,
                 prepared: tokio::sync::OnceCell::new(),
             }),
         })
@@ -287,21 +294,60 @@ impl SqlStore {
 
     /// A connection of the pool, waited for at most `budget`.
     ///
-    /// The pool opens a connection inside the `acquire` that needs it, so a caller that stopped waiting
-    /// would cancel the opening: on a loaded machine, where a new session (a backend's fork, the auth, the
-    /// session's `SET`s) takes longer than a `node_timeout`, no call would ever get one — seen after a
-    /// SIGSTOPped PostgreSQL came back (every connection had been cut off by its budget) as 4 s more of
-    /// `no_quorum` on one worker. So the acquire runs as a task of its own, bounded by the pool's
-    /// `acquire_timeout`: a connection it opens after the caller left joins the pool for the next call.
+    /// Opening a session costs the server a backend and both sides a login (PostgreSQL's SCRAM: 4,096
+    /// rounds of HMAC-SHA-256 on the client), which on a loaded machine takes longer than a claim's
+    /// budget. Two rules keep a worker's pool from starving itself once the server is back after an
+    /// outage (killed, or SIGSTOPped), when every call needs a new session at once:
+    /// - **An opening is carried to its end.** The acquire runs as a task of its own, bounded by the
+    ///   pool's `acquire_timeout` ([`OPENING_PATIENCE`]), not by its caller: a connection it opens after
+    ///   the caller left joins the pool for the next call. Cancelled with their callers, no opening ever
+    ///   finished within a claim's budget (seen as 4 s of `no_quorum` on one worker); given up after 1 s,
+    ///   each was replaced by a new one, eight per worker sharing the CPU and none finishing — 6–10 s of
+    ///   `no_quorum` on every long-lived worker after the server was back, while a new process connected
+    ///   at once.
+    /// - **At most [`OPENING_AT_ONCE`] openings at a time.** An acquire that may open a connection (the
+    ///   pool has no idle one and is below `pool_size`) waits for a permit first, and is dropped without
+    ///   opening if its caller has left by then; so the first session is ready after one login's time,
+    ///   not eight logins' shared. An acquire that can only wait for a connection to come back is
+    ///   dropped as soon as its caller leaves, so no connection is handed to a caller that is gone.
     async fn connection(&self, budget: Duration) -> Result<PoolConnection<Any>, Failed> {
-        let pool = self.shared.pool.clone();
-        let acquiring = tokio::spawn(async move { pool.acquire().await });
-        match tokio::time::timeout(budget, acquiring).await {
+        let (hand_over, handed) = tokio::sync::oneshot::channel();
+        let shared = Arc::clone(&self.shared);
+        tokio::spawn(async move {
+            let mut hand_over = hand_over;
+            let pool = &shared.pool;
+            let acquired = if pool.num_idle() == 0 && pool.size() < shared.pool_size {
+                let Ok(_opening) = shared.opening.acquire().await else {
+                    return;
+                };
+                if hand_over.is_closed() {
+                    return;
+                }
+                pool.acquire().await
+            } else {
+                tokio::select! {
+                    acquired = pool.acquire() => acquired,
+                    () = hand_over.closed() => return,
+                }
+            };
+            // A caller that left drops it: back to the pool.
+            let _ = hand_over.send(acquired);
+        });
+        match tokio::time::timeout(budget, handed).await {
             Ok(Ok(Ok(connection))) => Ok(connection),
             Ok(Ok(Err(e))) => Err(Failed::Before(self.describe_error(&e))),
-            Ok(Err(e)) => Err(Failed::Before(format!("the connection task failed: {e}"))),
+            Ok(Err(_)) => Err(Failed::Before("the connection task failed".to_string())),
             Err(_) => Err(Failed::Before(format!("no connection within {budget:?}"))),
         }
+    }
+
+    /// A session outside the pool, started as the pool's are: the driver's own error when the server
+    /// cannot be reached (a refused connection at once, which the pool would retry until its timeout).
+    async fn direct_session(&self) -> Result<AnyConnection, sqlx::Error> {
+        let options = self.shared.pool.connect_options();
+        let mut connection = AnyConnection::connect_with(&options).await?;
+        start_session(&mut connection, &self.shared.on_connect).await?;
+        Ok(connection)
     }
 
     /// One statement (or a few) outside a transaction, on a connection of the pool, within `budget`.
@@ -403,13 +449,24 @@ impl SqlStore {
     }
 }
 
-/// The start of a failure's text that marks it as the server's serialization failure or deadlock.
 /// How long the pool's acquire goes on opening a connection: twice `node_timeout`, at least
-/// [`ACQUIRE_AT_LEAST`].
+/// [`OPENING_PATIENCE`].
 fn acquire_timeout(settings: &LockSettings) -> Duration {
-    (settings.node_timeout * 2).max(ACQUIRE_AT_LEAST)
+    (settings.node_timeout * 2).max(OPENING_PATIENCE)
 }
 
+/// Runs the session settings `on_connect` ([`Dialect::on_connect`]) on a new connection.
+async fn start_session(
+    connection: &mut AnyConnection,
+    on_connect: &[String],
+) -> Result<(), sqlx::Error> {
+    for statement in on_connect {
+        sqlx::Executor::execute(&mut *connection, sqlx::AssertSqlSafe(statement.clone())).await?;
+    }
+    Ok(())
+}
+
+/// The start of a failure's text that marks it as the server's serialization failure or deadlock.
 const CONFLICT_MARK: &str = "conflict: ";
 
 impl Health for SqlStore {

@@ -190,23 +190,20 @@ pub(super) async fn prepare(store: &SqlStore) -> Result<(), Failed> {
         .settings
         .node_timeout
         .max(std::time::Duration::from_secs(5));
-    let mut connection = tokio::time::timeout(budget, shared.pool.acquire())
+    // A session of its own, not the pool's: a refused connection is told at once, with its cause.
+    let mut connection = tokio::time::timeout(budget, store.direct_session())
         .await
         .map_err(|_| Failed::Before(format!("no connection within {budget:?}")))?
         .map_err(|e| classify(store, &e))?;
     let checked = tokio::time::timeout(budget, check(&shared.dialect, &mut connection)).await;
+    // Said goodbye to, so the server logs no broken connection; a server that does not answer it
+    // is left to notice the closed socket.
+    let _ = tokio::time::timeout(budget, connection.close()).await;
     match checked {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(failed)) => {
-            connection.close_on_drop();
-            Err(failed)
-        }
-        Err(_) => {
-            connection.close_on_drop();
-            Err(Failed::Before(format!(
-                "the schema check got no answer within {budget:?}"
-            )))
-        }
+        Ok(result) => result,
+        Err(_) => Err(Failed::Before(format!(
+            "the schema check got no answer within {budget:?}"
+        ))),
     }
 }
 
