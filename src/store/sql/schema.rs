@@ -195,12 +195,14 @@ pub(super) async fn prepare(store: &SqlStore) -> Result<(), Failed> {
         .await
         .map_err(|_| Failed::Before(format!("no connection within {budget:?}")))?
         .map_err(|e| classify(store, &e))?;
-    let checked = tokio::time::timeout(budget, check(&shared.dialect, &mut connection)).await;
-    // Said goodbye to, so the server logs no broken connection; a server that does not answer it
-    // is left to notice the closed socket.
-    let _ = tokio::time::timeout(budget, connection.close()).await;
-    match checked {
-        Ok(result) => result,
+    match tokio::time::timeout(budget, check(&shared.dialect, &mut connection)).await {
+        Ok(result) => {
+            // Said goodbye to, so that the server logs no broken connection (it has just answered;
+            // bounded all the same).
+            let _ = tokio::time::timeout(budget, connection.close()).await;
+            result
+        }
+        // A server that did not answer is left to notice the closed socket: no wait on it.
         Err(_) => Err(Failed::Before(format!(
             "the schema check got no answer within {budget:?}"
         ))),
