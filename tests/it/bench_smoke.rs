@@ -18,6 +18,7 @@ const PROBE: &str = r#"printf '%s %s %s %s\n' "$REDCRON_JOB" "$REDCRON_TICK" "$R
 /// contender and scenario.
 #[test]
 fn benchmark_runs_in_smoke_mode() {
+    let _heavy = super::support::heavy();
     super::support::require_program("redis-server", "redis-server");
     super::support::require_program("etcd", "etcd-server");
     super::support::require_program("bash", "bash");

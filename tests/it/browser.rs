@@ -64,6 +64,7 @@ fn chromium_loads_a_worker_page_and_takes_a_screenshot() {
 /// another origin that posts a pause is refused (403) and pauses nothing.
 #[test]
 fn the_dashboard_works_in_a_real_browser() {
+    let _heavy = super::support::heavy();
     let cluster = Backend::Redis.start_nodes(3);
     let dir = TestDir::new();
     let go = dir.join("go");

@@ -17,6 +17,7 @@ use crate::worker::{config, ledger, tick_time};
 /// for a slot), the slots' 3 descriptors per child were 5, and runs failed again.
 #[test]
 fn a_herd_past_the_open_files_limit_waits_for_slots_and_every_tick_runs() {
+    let _heavy = super::support::heavy();
     const JOBS: usize = 400;
     const LIMIT: u64 = 1_000;
     const SLOTS: usize = (LIMIT as usize - 256) / 3;

@@ -145,6 +145,7 @@ fn zookeeper_exactly_once_under_faults() {
 /// Generates a plan for `store` (`default_secs` long unless `REDCRON_CHAOS_SECS` says), carries it out,
 /// checks the run and fails the test `name` if it broke a promise.
 fn run_under_faults(store: StoreKind, default_secs: u64, name: &str) {
+    let _heavy = crate::support::heavy();
     let secs: u64 = env_number("REDCRON_CHAOS_SECS").unwrap_or(default_secs);
     let seed: u64 = env_number("REDCRON_CHAOS_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()

@@ -31,6 +31,46 @@ pub use testkit::{
     RedisCluster, RedisClusterBuilder, Worker, WorkerBuilder,
 };
 
+/// How many [`heavy`] tests may run at once: the test binary runs `RUST_TEST_THREADS` tests side by
+/// side (3, set in `.cargo/config.toml`), most of them waiting for ticks; two of the tests that keep
+/// the machine's cores busy for a minute (a chaos run, the benchmark's smoke) at once is what every test
+/// has met on this 2-core machine since the suite ran two tests at a time, and no more.
+pub const HEAVY_AT_ONCE: usize = 2;
+
+/// Waits for one of the [`HEAVY_AT_ONCE`] places of the tests that load the machine (many worker
+/// processes, a fault plan, a herd of jobs) and holds it until the guard is dropped (also when the test
+/// panics). A test that only waits for its ticks takes no place.
+pub fn heavy() -> HeavyPlace {
+    let (count, freed) = &HEAVY;
+    let mut running = count
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    while *running >= HEAVY_AT_ONCE {
+        running = freed
+            .wait(running)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+    }
+    *running += 1;
+    HeavyPlace(())
+}
+
+static HEAVY: (std::sync::Mutex<usize>, std::sync::Condvar) =
+    (std::sync::Mutex::new(0), std::sync::Condvar::new());
+
+/// A place among the heavy tests, given back on drop.
+pub struct HeavyPlace(());
+
+impl Drop for HeavyPlace {
+    fn drop(&mut self) {
+        let (count, freed) = &HEAVY;
+        let mut running = count
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *running -= 1;
+        freed.notify_one();
+    }
+}
+
 /// A temporary directory for one test: its `jobs.yaml`, its ledger, anything else it writes.
 ///
 /// Removed on drop, except when the test is panicking: then it is kept and its path printed, so the
