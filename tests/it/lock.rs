@@ -102,6 +102,49 @@ async fn node_restarted_empty_keeps_tokens_increasing() {
     cluster.cont(1);
 }
 
+/// A batch of more claims than one script call takes (several `EVALSHA`s in one pipeline) after every
+/// node's script cache was flushed: the calls that met `NOSCRIPT` are sent again once the scripts are
+/// loaded, and every claim of the batch is won once, with each call's answers matched to its own claims
+/// (the right job and tick, tokens rising tick to tick).
+#[tokio::test]
+async fn a_batch_of_several_calls_is_won_after_every_nodes_scripts_were_flushed() {
+    const JOBS: usize = 3 * redcron::store::redis::scripts::CLAIMS_PER_CALL + 7;
+    let cluster = RedisCluster::start(3);
+    let store = cluster.store(settings(10_000));
+    warm(&store).await;
+    let mut last = vec![0; JOBS];
+    for tick in [60_000, 120_000] {
+        for node in 0..3 {
+            cluster.query::<()>(node, redis::cmd("SCRIPT").arg("FLUSH"));
+        }
+        let requests: Vec<_> = (0..JOBS)
+            .map(|j| request("w", &format!("batch-{j}"), tick))
+            .collect();
+        let outcomes = store.claim_many(&requests).await;
+        assert_eq!(outcomes.len(), JOBS);
+        for (j, (outcome, request)) in outcomes.into_iter().zip(&requests).enumerate() {
+            // A node slow on a loaded machine: the same claim again, as the worker does.
+            let outcome = match outcome.retry_in() {
+                Some(_) => settled(&store, request).await,
+                None => outcome,
+            };
+            let lease = won(outcome);
+            assert_eq!(
+                (lease.job.as_str(), lease.tick.as_millis()),
+                (request.job.as_str(), tick)
+            );
+            assert!(
+                lease.token > last[j],
+                "job {j}: token {} after {}",
+                lease.token,
+                last[j]
+            );
+            last[j] = lease.token;
+            store.release(&lease).await;
+        }
+    }
+}
+
 /// With the persistence `docs/protocol.md` requires (AOF, fsync always), claims and fence counters
 /// survive a restart of every node: a claimed tick stays claimed, and tokens go on increasing.
 #[tokio::test]

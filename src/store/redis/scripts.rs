@@ -42,7 +42,7 @@ use redis::Script;
 /// The most claims (leases) in one script call: a node runs a call of 64 in well under a millisecond, so a
 /// big batch is cut into calls that other clients' commands can come between, and a call's keys stay far
 /// below Lua's limit on `unpack`.
-pub(crate) const CLAIMS_PER_CALL: usize = 64;
+pub const CLAIMS_PER_CALL: usize = 64;
 
 /// The helpers every claim script shares: [`COMPARE_INT_LUA`], the per-call key cache, the node's clock
 /// read once per call, and the checks of a claim — `claimed_by_other`: the claim record against our tick
