@@ -26,8 +26,10 @@ use super::{Read, StoreError};
 pub trait Claims {
     /// Claims each `(job, tick)` in `requests`, answering in the same order.
     ///
-    /// All claims go to each node as one pipelined round trip per protocol round, so a tick at which
-    /// 10,000 jobs are due costs the same number of round trips as a tick with one.
+    /// The claims go to each node together: on Redis one pipelined round trip per protocol round for
+    /// every [`crate::store::redis::scripts::CLAIMS_PER_ATTEMPT`] claims (attempts one after the other,
+    /// so that what one holds in memory is bounded), so a tick at which 10,000 jobs are due costs 79
+    /// round trips per round, not 10,000.
     fn claim_many(
         &self,
         requests: &[ClaimRequest],

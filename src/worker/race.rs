@@ -2,10 +2,10 @@
 //! claimant, and settle each final outcome — run what was won, record what was not.
 //!
 //! A claim is a scheduled tick, a trigger request or a retry attempt ([`Series`]). Claims due at one instant
-//! travel in one batch (one pipelined round trip per node and round), and each outcome is acted on as
-//! soon as it is decided ([`crate::store::Store::claim_each`]), so one job's split vote never holds back
-//! another job's start. Each keeps its claimant across retries, so a retry continues the claim instead of
-//! competing with it. What a worker learns about a claim it did not run (lost to another claimant,
+//! travel in one batch (on Redis one pipelined round trip per node and round for every 128 claims), and
+//! each outcome is acted on as soon as it is decided ([`crate::store::Store::claim_each`]), so one job's
+//! split vote never holds back another job's start. Each keeps its claimant across retries, so a retry
+//! continues the claim instead of competing with it. What a worker learns about a claim it did not run (lost to another claimant,
 //! skipped for overlap or a pause, given up at the end of its window) goes to the history — except a
 //! routine loss, to the worker first in the tick's claim order, which the winner's run entry tells
 //! (`raced`) — and a scheduled tick given up
@@ -95,14 +95,14 @@ pub(super) fn series_span(series: &Series) -> Span {
     }
 }
 
-/// Claims a batch of due ticks (one pipelined round trip per node and round) and settles each outcome in
+/// Claims a batch of due ticks (together: see [`crate::store::Claims`]) and settles each outcome in
 /// its own task; returns when every run (and every retry) has ended.
 ///
 /// An outcome that is not final — no quorum, a contender of the same tick between its rounds (or crashed
 /// there), a claim won by a worker that was paused until its lease expired — is retried with the *same*
 /// request, so the retry continues this worker's claim instead of competing with it, until the job's
 /// misfire grace ends or its next tick is due. Ticks retried at one instant travel together again, so a
-/// retry costs one round trip per node however many jobs it carries.
+/// retry costs the round trips of one batch, not one per job.
 ///
 /// A claim of a scheduled tick is sent only once the tick is due on cluster time, give or take
 /// [`EARLY_SLACK_MS`].

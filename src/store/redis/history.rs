@@ -73,6 +73,14 @@ return dropped
 /// pipeline), so that no call holds a node for long.
 const RECORD_CHUNK: usize = 100;
 
+/// The most entries in one pipeline to a node: a larger batch (the recorder's gathers up to 1,000, a
+/// tick's runs) goes in pipelines one after the other, for the reason claims do
+/// ([`super::scripts::CLAIMS_PER_ATTEMPT`]): each connection's write buffer keeps the size of the largest
+/// message it sent. With claims bounded, a tick's 1,000 entries in one message were the largest: the
+/// peak of a worker that ran 1,000 jobs a tick was ~1 MB lower with this bound (docs/scaling.md, "A sixth
+/// look").
+const RECORDS_PER_PIPELINE: usize = 2 * RECORD_CHUNK;
+
 /// Reads a job's entries with ticks in `[ARGV[1], ARGV[2]]`, newest first, at most `ARGV[3]` of them.
 ///
 /// KEYS: entries, index. Returns the entries' JSON (an id whose entry is gone reads as `nil`, skipped).
@@ -285,19 +293,21 @@ impl RedisStore {
 
 impl Records for RedisStore {
     /// Writes `entries` to every node: one script call per [`RECORD_CHUNK`] entries, whatever their
-    /// jobs, in one pipeline per node; see [`crate::store::Store::record`].
+    /// jobs, in pipelines of at most [`RECORDS_PER_PIPELINE`] entries one after the other; see
+    /// [`crate::store::Store::record`]. Fails at the first pipeline a majority did not take: the caller
+    /// writes the whole batch again, and an entry written twice is kept once (one per job and id).
     async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
-        if entries.is_empty() {
-            return Ok(());
+        for message in entries.chunks(RECORDS_PER_PIPELINE) {
+            let mut pipeline = redis::pipe();
+            for chunk in message.chunks(RECORD_CHUNK) {
+                let (keys, args) = record_call(&self.settings.key_prefix, &self.history, chunk);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                pipeline.add_command(evalsha(&RECORD, &keys, &args));
+            }
+            let answers = self.ask_all(&pipeline).await;
+            self.written_by_majority(answers)?;
         }
-        let mut pipeline = redis::pipe();
-        for chunk in entries.chunks(RECORD_CHUNK) {
-            let (keys, args) = record_call(&self.settings.key_prefix, &self.history, chunk);
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            pipeline.add_command(evalsha(&RECORD, &keys, &args));
-        }
-        let answers = self.ask_all(&pipeline).await;
-        self.written_by_majority(answers)
+        Ok(())
     }
 
     /// The entries of `query`, read from every node that answers and merged; see

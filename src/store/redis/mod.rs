@@ -455,8 +455,12 @@ impl Claims for RedisStore {
             if ready_at > Instant::now() {
                 tokio::time::sleep_until(ready_at).await;
             }
-            let now = Instant::now();
-            let (ready, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.1 <= now);
+            let (ready, waiting) = next_attempt(
+                pending,
+                |p| p.1,
+                Instant::now(),
+                scripts::CLAIMS_PER_ATTEMPT,
+            );
             pending = waiting;
             let batch: Vec<Try<'_>> = ready
                 .iter()
@@ -501,6 +505,22 @@ impl Claims for RedisStore {
             }
         }
     }
+}
+
+/// Splits `pending` into the claims of the next attempt — those due by `now`, at most `most`, in their
+/// order — and the rest, in theirs: what is due already goes in the attempt after, as soon as this one is
+/// decided ([`scripts::CLAIMS_PER_ATTEMPT`]).
+fn next_attempt<T>(
+    pending: Vec<T>,
+    due: impl Fn(&T) -> Instant,
+    now: Instant,
+    most: usize,
+) -> (Vec<T>, Vec<T>) {
+    let (mut ready, mut rest): (Vec<T>, Vec<T>) = pending.into_iter().partition(|p| due(p) <= now);
+    if ready.len() > most {
+        rest.extend(ready.drain(most..));
+    }
+    (ready, rest)
 }
 
 impl Leases for RedisStore {
@@ -550,5 +570,44 @@ impl Leases for RedisStore {
             }
         }
         self.release_each(std::slice::from_ref(lease)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::next_attempt;
+
+    /// A batch larger than an attempt goes in attempts of at most `most`, each the earliest due claims
+    /// in their order, until every claim has gone once; what is not due yet waits for its time.
+    #[test]
+    fn a_large_batch_goes_in_bounded_attempts_in_order() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        // 300 claims due now, and 5 not due yet among them.
+        let mut pending: Vec<(usize, Instant)> = (0..305)
+            .map(|i| (i, if i % 61 == 60 { later } else { now }))
+            .collect();
+        let mut attempts = Vec::new();
+        loop {
+            let (ready, rest) = next_attempt(pending, |p| p.1, now, 128);
+            pending = rest;
+            if ready.is_empty() {
+                break;
+            }
+            attempts.push(ready.into_iter().map(|p| p.0).collect::<Vec<_>>());
+        }
+        let sizes: Vec<usize> = attempts.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [128, 128, 44]);
+        let sent: Vec<usize> = attempts.concat();
+        let due: Vec<usize> = (0..305).filter(|i| i % 61 != 60).collect();
+        assert_eq!(sent, due, "every due claim once, in order");
+        let waiting: Vec<usize> = pending.iter().map(|p| p.0).collect();
+        assert_eq!(waiting, [60, 121, 182, 243, 304]);
+        let (ready, rest) = next_attempt(pending, |p| p.1, later, 128);
+        assert_eq!((ready.len(), rest.len()), (5, 0));
     }
 }

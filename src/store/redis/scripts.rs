@@ -44,6 +44,15 @@ use redis::Script;
 /// below Lua's limit on `unpack`.
 pub const CLAIMS_PER_CALL: usize = 64;
 
+/// The most claims in one attempt (its two rounds): a larger batch goes in attempts one after the other,
+/// each sent as soon as the one before it is decided. A round's pipeline is encoded for every node and
+/// copied into each connection's write buffer, which keeps the size of the largest message it sent, and
+/// each node's replies are read and parsed whole: a worker that claimed a tick's 1,000 jobs in one
+/// attempt peaked ~6 MB higher than with this bound (docs/scaling.md, "A sixth look"). The first jobs of a
+/// large batch also start sooner (~30 ms after the tick instead of ~150 ms for a lone worker's 1,000),
+/// while the last start when they did: spawning 1,000 processes, not claiming them, sets that.
+pub const CLAIMS_PER_ATTEMPT: usize = 2 * CLAIMS_PER_CALL;
+
 /// The helpers every claim script shares: [`COMPARE_INT_LUA`], the per-call key cache, the node's clock
 /// read once per call, and the checks of a claim — `claimed_by_other`: the claim record against our tick
 /// and claimant, the record if another claimant confirmed this tick or any later one here, else `nil`;
