@@ -243,6 +243,7 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
                 race_jobs: 10,
                 race_ticks: 2,
                 herd: options.etcd_herd.min(20),
+                herd_race_ticks: 1,
                 // One tick of each store's steady phase shows it runs: no figure is checked.
                 steady_seconds: 1,
                 settle_seconds: 1,
@@ -253,6 +254,7 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
                 race_jobs: 10,
                 race_ticks: 20,
                 herd: options.etcd_herd,
+                herd_race_ticks: 3,
                 steady_seconds: 10,
                 settle_seconds: 2,
             }

@@ -43,6 +43,8 @@ pub struct Sizes {
     pub race_ticks: usize,
     /// Jobs of the herd, the same on both stores.
     pub herd: usize,
+    /// Ticks of the lock-alone herd: the herd's jobs raced by 3 contenders in this process, no processes.
+    pub herd_race_ticks: usize,
     /// Ticks measured in the steady phase.
     pub steady_seconds: u64,
     /// Whole seconds the steady phase's workers get to settle once started, before its window: 2 for
@@ -61,6 +63,9 @@ pub struct Side {
     /// Uncontended claims that were not won (no quorum within `node_timeout`, …).
     pub failed: usize,
     pub race: Batch,
+    /// The lock-alone race for the herd's jobs at one tick: the claims alone, which the herd's own claim
+    /// time no longer is on Redis (a worker's later attempts go out among its first jobs' spawns).
+    pub herd_race: Batch,
     pub herd: Herd,
     pub steady: Load,
     /// The store's CPU (all nodes) per run in the steady phase.
@@ -124,6 +129,7 @@ pub fn run(
     for (store, n) in stores.into_iter().filter(|(store, _)| chosen(*store)) {
         let nodes = store.start_nodes(n);
         let (claim, release, failed) = runtime.block_on(latency(&nodes, sizes.claims))?;
+        let herd_race = runtime.block_on(race(&nodes, sizes.herd, sizes.herd_race_ticks))?;
         let race = runtime.block_on(race(&nodes, sizes.race_jobs, sizes.race_ticks))?;
         let herd = herd::on_nodes(&nodes, worker, probe, sizes.herd)?;
         let (steady, steady_cpu_per_run) = steady(&nodes, worker, probe, sizes)?;
@@ -134,6 +140,7 @@ pub fn run(
             release,
             failed,
             race,
+            herd_race,
             herd,
             steady,
             steady_cpu_per_run,
@@ -320,6 +327,11 @@ fn table(versus: &Versus) -> String {
     time("lock alone: race p50 ms (with releases)", &|s| {
         s.race.race.p50()
     });
+    // The claims alone: since a Redis worker claims a large batch in attempts of 128 that go out among its
+    // first jobs' spawns, the herd's last win below waits for those spawns on Redis.
+    time("lock alone, herd: settled p50 ms (no processes)", &|s| {
+        s.herd_race.claim.p50()
+    });
     // The first win marks the end of a worker's reads (and grants): first → last won is its writes.
     time("herd: tick→first won ms", &|s| {
         s.herd.tick_to_won.percentile(0.0)
@@ -353,6 +365,14 @@ fn table(versus: &Versus) -> String {
     row(
         "lock alone: won exactly once / twice / never",
         &|s| format!("{} / {} / {}", s.race.once, s.race.twice, s.race.unclaimed),
+        None,
+    );
+    row(
+        "lock alone, herd: won exactly once / twice / never",
+        &|s| {
+            let r = &s.herd_race;
+            format!("{} / {} / {}", r.once, r.twice, r.unclaimed)
+        },
         None,
     );
     row(
@@ -428,8 +448,9 @@ fn table(versus: &Versus) -> String {
         "\n## 7. Every shared store beside Redis: a claim, the lock alone, a herd of {} jobs\n\n\
          In this run, on this machine. Uncontended claim: one claimant claims a new tick of one job and \
          releases it, {} times. Lock alone: item 4b's race, 3 contenders in this process for {} jobs at \
-         one tick, {} ticks, no proxies. Herd: item 6's, {} jobs due at one instant on 3 worker \
-         processes. Redis: `node_timeout` 50 ms, no persistence; etcd: `node_timeout` 500 ms (its \
+         one tick, {} ticks, no proxies; the same for the herd's {} jobs, {} ticks (the claims alone: a \
+         worker's herd claims on Redis go out among its first jobs' spawns). Herd: item 6's, {} jobs due at \
+         one instant on 3 worker processes. Redis: `node_timeout` 50 ms, no persistence; etcd: `node_timeout` 500 ms (its \
          default), every write a Raft commit fsynced on a majority; PostgreSQL and MariaDB: one server each, \
          `node_timeout` 500 ms (the default), fsync on (`fsync`, `innodb_flush_log_at_trx_commit = 1`); \
          ZooKeeper: 3 members, `node_timeout` 500 ms, every write a quorum commit fsynced (`forceSync`, \
@@ -447,6 +468,8 @@ fn table(versus: &Versus) -> String {
         sizes.race_jobs,
         sizes.race_ticks,
         sizes.herd,
+        sizes.herd_race_ticks,
+        sizes.herd,
         STEADY_JOBS,
         STEADY_WORKERS,
         sizes.steady_seconds,
@@ -459,6 +482,20 @@ pub fn verdicts(versus: &Versus) -> Vec<Verdict> {
     let mut verdicts = Vec::new();
     for side in &versus.sides {
         let (race, herd, name) = (&side.race, &side.herd, side.store.name());
+        let herd_race = &side.herd_race;
+        verdicts.push(Verdict::new(
+            format!(
+                "{name}: lock alone, each of the herd's {} jobs won exactly once per tick",
+                herd_race.jobs
+            ),
+            format!(
+                "{} of {}, {} twice",
+                herd_race.once,
+                herd_race.jobs * herd_race.ticks,
+                herd_race.twice
+            ),
+            Some(herd_race.twice == 0 && herd_race.unclaimed == 0),
+        ));
         verdicts.push(Verdict::new(
             format!(
                 "{name}: lock alone, each of {} jobs won exactly once per tick",

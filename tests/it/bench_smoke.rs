@@ -128,6 +128,12 @@ fn benchmark_runs_in_smoke_mode() {
             "{}: the herd runs no job twice, and some at all: {herd:?}",
             side.store.name()
         );
+        let herd_race = &side.herd_race;
+        assert!(
+            herd_race.twice == 0 && herd_race.once > 0,
+            "{}: the lock-alone herd wins no job twice, and some at all: {herd_race:?}",
+            side.store.name()
+        );
         let steady = &side.steady;
         assert!(
             steady.duplicates == 0 && steady.commands_per_run.is_some_and(|n| n > 0.0),
