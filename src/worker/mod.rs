@@ -4,8 +4,8 @@
 //! no polling loop and no drift accumulated from tick to tick, because each wake-up targets a scheduled
 //! instant, not "now plus an interval". All jobs due at one instant are claimed in one batch
 //! ([`Store::claim_each`]), which costs a pipelined round trip per node and round for every 128 jobs
-//! due (on Redis; a transaction per 124 on etcd), not one per job. Runs that were won go on in their own
-//! tasks ([`run`]), each under a lease watchdog.
+//! due (on Redis; on etcd a write transaction per 124), not one per job. Runs that were won go on in
+//! their own tasks ([`run`]), each under a lease watchdog.
 //!
 //! Files: `agenda.rs` which ticks are due; `race.rs` the race for a batch and what becomes of each tick;
 //! `run.rs` one run under its watchdog; `env.rs` a job's environment; `recorder.rs` the history writer;
