@@ -362,22 +362,22 @@ fn table(versus: &Versus) -> String {
         &|s| format!("{} of {}", s.failed, s.failed + s.claim.len()),
         None,
     );
+    // Once / twice / never, as each measurement counts them.
+    let tally = |once: usize, twice: usize, never: usize| format!("{once} / {twice} / {never}");
+    let race = |r: &Batch| tally(r.once, r.twice, r.unclaimed);
     row(
         "lock alone: won exactly once / twice / never",
-        &|s| format!("{} / {} / {}", s.race.once, s.race.twice, s.race.unclaimed),
+        &|s| race(&s.race),
         None,
     );
     row(
         "lock alone, herd: won exactly once / twice / never",
-        &|s| {
-            let r = &s.herd_race;
-            format!("{} / {} / {}", r.once, r.twice, r.unclaimed)
-        },
+        &|s| race(&s.herd_race),
         None,
     );
     row(
         "herd: claimed exactly once / twice / never",
-        &|s| format!("{} / {} / {}", s.herd.once, s.herd.twice, s.herd.missing),
+        &|s| tally(s.herd.once, s.herd.twice, s.herd.missing),
         None,
     );
     let runs = |s: &Side| {
@@ -419,10 +419,7 @@ fn table(versus: &Versus) -> String {
     );
     row(
         "steady: runs exactly once / twice / never",
-        &|s| {
-            let l = &s.steady;
-            format!("{} / {} / {}", l.once, l.duplicates, l.missing)
-        },
+        &|s| tally(s.steady.once, s.steady.duplicates, s.steady.missing),
         None,
     );
     row(
