@@ -478,34 +478,22 @@ fn table(versus: &Versus) -> String {
 pub fn verdicts(versus: &Versus) -> Vec<Verdict> {
     let mut verdicts = Vec::new();
     for side in &versus.sides {
-        let (race, herd, name) = (&side.race, &side.herd, side.store.name());
-        let herd_race = &side.herd_race;
-        verdicts.push(Verdict::new(
-            format!(
-                "{name}: lock alone, each of the herd's {} jobs won exactly once per tick",
-                herd_race.jobs
-            ),
-            format!(
-                "{} of {}, {} twice",
-                herd_race.once,
-                herd_race.jobs * herd_race.ticks,
-                herd_race.twice
-            ),
-            Some(herd_race.twice == 0 && herd_race.unclaimed == 0),
-        ));
-        verdicts.push(Verdict::new(
-            format!(
-                "{name}: lock alone, each of {} jobs won exactly once per tick",
-                race.jobs
-            ),
-            format!(
-                "{} of {}, {} twice",
-                race.once,
-                race.jobs * race.ticks,
-                race.twice
-            ),
-            Some(race.twice == 0 && race.unclaimed == 0),
-        ));
+        let (herd, name) = (&side.herd, side.store.name());
+        for (race, whose) in [(&side.herd_race, "the herd's "), (&side.race, "")] {
+            verdicts.push(Verdict::new(
+                format!(
+                    "{name}: lock alone, each of {whose}{} jobs won exactly once per tick",
+                    race.jobs
+                ),
+                format!(
+                    "{} of {}, {} twice",
+                    race.once,
+                    race.jobs * race.ticks,
+                    race.twice
+                ),
+                Some(race.twice == 0 && race.unclaimed == 0),
+            ));
+        }
         verdicts.push(Verdict::new(
             format!(
                 "{name}: herd, each of {} jobs claimed exactly once",
