@@ -280,6 +280,63 @@ fn history_survives_a_minority_of_nodes_lost() {
     assert_eq!(failure.granted, 1);
 }
 
+/// A hung node (SIGSTOP) does not hold up the history: a batch of 1,000 entries, written in several
+/// pipelines one after the other, is done once the two other nodes have taken each pipeline — with a node
+/// timeout of two minutes, waiting for the hung node would keep `record` far past the bound below — and
+/// the hung node, resumed, holds every entry too (its requests were sent, and answered late).
+#[test]
+fn a_hung_node_does_not_hold_up_the_history() {
+    let mut cluster = RedisCluster::builder()
+        .nodes(3)
+        .persistence(Persistence::None)
+        .start();
+    let now = chrono::Utc::now();
+    let entries: Vec<Entry> = (0..1_000)
+        .map(|i| {
+            let tick = redcron::schedule::Tick(1_700_000_000_000 + (i / 10) * 1000);
+            let mut entry = Entry::new(&format!("job{}", i % 10), tick, "w1", Kind::Run, now);
+            entry.token = Some(i as u64 + 1);
+            entry
+        })
+        .collect();
+    let settings = LockSettings {
+        node_timeout: Duration::from_secs(120),
+        ..LockSettings::default()
+    };
+    let runtime = runtime();
+    let store = runtime.block_on(async { cluster.store(settings) });
+    // A warm-up write, so that every connection is open before the node hangs.
+    runtime
+        .block_on(store.record(&entries[..1]))
+        .expect("written to every node");
+    cluster.stop(2);
+    let written = runtime.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), store.record(&entries)).await
+    });
+    let hung = node_entries(&cluster, 0, "job3");
+    cluster.cont(2);
+    written
+        .expect("record returned without the hung node's answers")
+        .expect("written to a majority");
+    assert_eq!(hung.len(), 100, "node 0 holds job3's 100 ticks");
+    assert_eq!(history(&cluster, "job7").len(), 100);
+    // The hung node's requests were sent before it hung up; resumed, it answers them, in the background
+    // of the same runtime.
+    let resumed = runtime.block_on(async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let held: usize = (0..10)
+                .map(|job| node_entries(&cluster, 2, &format!("job{job}")).len())
+                .sum();
+            if held == 1_000 || tokio::time::Instant::now() > deadline {
+                return held;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    assert_eq!(resumed, 1_000, "the resumed node holds every entry");
+}
+
 /// A run whose lease is lost (every node down) is stopped, and its end — written while no node answers —
 /// is kept and reaches the history once the nodes are back: `explain` tells `lease_lost`.
 #[test]

@@ -14,11 +14,12 @@
 //!
 //! None of this is on a claim's path: the worker writes entries after the facts, in the background.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use redis::{Script, Value};
 
 use super::round::evalsha;
@@ -222,6 +223,48 @@ impl RedisStore {
         .await
     }
 
+    /// Sends `pipeline` to every node at once, as [`RedisStore::ask_all`] does, but returns as soon as a
+    /// majority of the configured nodes ran every command without an error; the other nodes' answers are
+    /// awaited in the background (each bounded by [`EXCHANGE_TIMEOUT`]). When no majority has succeeded
+    /// by then, every node's answer is waited for, so a failure names every node that failed.
+    ///
+    /// So a write that a majority takes at once is not held up by a hung minority: with a node that does
+    /// not answer, a batch of several pipelines written one after the other costs no exchange timeout per
+    /// pipeline.
+    pub(super) async fn ask_until_majority(
+        &self,
+        pipeline: redis::Pipeline,
+    ) -> Vec<(String, Result<Vec<Value>, String>)> {
+        let timeout = EXCHANGE_TIMEOUT.max(self.settings.node_timeout);
+        let pipeline = Arc::new(pipeline);
+        // Each request owns what it needs, so that the stragglers can move to a background task.
+        let mut pending: FuturesUnordered<_> = (0..self.nodes.len())
+            .map(|index| {
+                let (nodes, pipeline) = (Arc::clone(&self.nodes), Arc::clone(&pipeline));
+                async move {
+                    let node = &nodes[index];
+                    (node.label.clone(), node.eval(&pipeline, timeout).await)
+                }
+            })
+            .collect();
+        let (needed, mut succeeded) = (quorum(self.nodes.len()), 0);
+        let mut answers = Vec::with_capacity(self.nodes.len());
+        while let Some((node, answer)) = pending.next().await {
+            if matches!(&answer, Ok(values) if !values.iter().any(|v| matches!(v, Value::ServerError(_))))
+            {
+                succeeded += 1;
+            }
+            answers.push((node, answer));
+            if succeeded >= needed {
+                break;
+            }
+        }
+        if !pending.is_empty() {
+            tokio::spawn(async move { while pending.next().await.is_some() {} });
+        }
+        answers
+    }
+
     /// `Ok` if a majority of the configured nodes ran every command without an error.
     pub(super) fn written_by_majority(
         &self,
@@ -294,7 +337,9 @@ impl RedisStore {
 impl Records for RedisStore {
     /// Writes `entries` to every node: one script call per [`RECORD_CHUNK`] entries, whatever their
     /// jobs, in pipelines of at most [`RECORDS_PER_PIPELINE`] entries one after the other; see
-    /// [`crate::store::Store::record`]. Fails at the first pipeline a majority did not take: the caller
+    /// [`crate::store::Store::record`]. Each pipeline is done once a majority has taken it
+    /// ([`RedisStore::ask_until_majority`]), so a hung node costs no timeout per pipeline; the rest of the
+    /// nodes take it in the background. Fails at the first pipeline a majority did not take: the caller
     /// writes the whole batch again, and an entry written twice is kept once (one per job and id).
     async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
         for message in entries.chunks(RECORDS_PER_PIPELINE) {
@@ -304,7 +349,7 @@ impl Records for RedisStore {
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 pipeline.add_command(evalsha(&RECORD, &keys, &args));
             }
-            let answers = self.ask_all(&pipeline).await;
+            let answers = self.ask_until_majority(pipeline).await;
             self.written_by_majority(answers)?;
         }
         Ok(())
