@@ -21,7 +21,9 @@
 //!    increase per job in grant order.
 //!
 //! A claim refused by its compare goes to the next round (at most `retries` more), as a single claim
-//! retries. A write transaction whose answer is lost, or that etcd refused as a whole (too large, or a
+//! retries. A claim whose lease grant failed wrote nothing; it is decided on its keys read again with the
+//! round's unsure writes (another claimant's grant tells a loser that it lost), or else fails with the
+//! grant's failure. A write transaction whose answer is lost, or that etcd refused as a whole (too large, or a
 //! cluster whose `--max-txn-ops` is below the default), is settled claim by claim by reading the claims'
 //! keys back (`claim.rs`: this attempt's value written since the compared read is a grant at that
 //! revision); each claim of it is written alone from then on. A read transaction that fails is tried
@@ -180,14 +182,14 @@ impl EtcdStore {
             }
         }))
         .await;
-        let mut granted = Vec::new();
+        let (mut granted, mut ungranted) = (Vec::new(), Vec::new());
         for (mut claim, ids) in writing.into_iter().zip(grants) {
             match ids {
                 Ok(ids) => {
                     claim.granted = Some(ids);
                     granted.push(claim);
                 }
-                Err(why) => decided(claim.index, ClaimOutcome::NoQuorum(self.failure(why))),
+                Err(why) => ungranted.push((claim, why)),
             }
         }
         let mut writes: FuturesUnordered<_> = groups(granted)
@@ -227,8 +229,26 @@ impl EtcdStore {
                 }
             }
         }
-        let keys: Vec<&Keys> = unsure.iter().map(|(claim, _)| &claim.keys).collect();
-        let now = self.read_all(&keys).await;
+        // One read settles both the writes that may have applied and the claims whose grant failed.
+        let keys: Vec<&Keys> = unsure
+            .iter()
+            .chain(&ungranted)
+            .map(|(claim, _)| &claim.keys)
+            .collect();
+        let mut now = self.read_all(&keys).await;
+        let now_ungranted = now.split_off(unsure.len());
+        // A claim whose etcd lease was not granted (a busy or failing cluster: the grants of a batch go
+        // out at once, each bounded by the node timeout) wrote nothing. Its keys as read now may decide it
+        // — another claimant took the tick meanwhile, and a loser learns that it lost; else the grant's
+        // failure is its outcome.
+        for ((claim, why), now) in ungranted.into_iter().zip(now_ungranted) {
+            let retry_delay = self.settings.retry_delay;
+            let outcome = now
+                .ok()
+                .and_then(|now| decide(claim.request, &now, retry_delay, &released))
+                .unwrap_or_else(|| ClaimOutcome::NoQuorum(self.failure(why)));
+            decided(claim.index, outcome);
+        }
         for ((claim, why), now) in unsure.into_iter().zip(now) {
             match now {
                 Ok(now) => match self.settle(claim, now) {

@@ -14,6 +14,11 @@ use crate::store::etcd::EtcdStore;
 use crate::store::Claims as _;
 
 fn store(cluster: &EtcdCluster) -> EtcdStore {
+    store_with_ttl(cluster, Duration::from_secs(10))
+}
+
+/// A store whose lock TTL is `ttl`.
+fn store_with_ttl(cluster: &EtcdCluster, ttl: Duration) -> EtcdStore {
     let config = EtcdConfig {
         endpoints: cluster.endpoints(),
         user: None,
@@ -21,7 +26,7 @@ fn store(cluster: &EtcdCluster) -> EtcdStore {
         client_identity: None,
     };
     let settings = LockSettings {
-        ttl: Duration::from_secs(10),
+        ttl,
         node_timeout: Duration::from_secs(2),
         ..LockSettings::default()
     };
@@ -71,6 +76,44 @@ async fn a_failed_compare_refuses_only_its_own_claim() {
         "a and c were written in one transaction"
     );
     assert!(tokens[0] > their_lease.token);
+    match &outcomes[1] {
+        Some(ClaimOutcome::AlreadyClaimed { by: Some(by) }) => {
+            assert_eq!(by.tick, Some(Tick(60_000)));
+        }
+        other => panic!("b: {other:?}"),
+    }
+}
+
+/// A claim whose etcd lease is not granted wrote nothing, and is decided on its keys read again: a
+/// claim of a job another worker took meanwhile is told it lost (not `no_quorum`, which would leave a
+/// loser of a busy cluster's herd undecided), and one nobody took fails with the grant's failure. Our
+/// grants are refused here by a TTL above etcd's maximum lease TTL (9,000,000,000 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_grant_failed_is_decided_on_its_keys_read_again() {
+    let cluster = EtcdCluster::start();
+    let ours = store_with_ttl(&cluster, Duration::from_secs(10_000_000_000));
+    let theirs = store(&cluster);
+    let requests: Vec<ClaimRequest> = ["a", "b"]
+        .iter()
+        .map(|job| ClaimRequest::new("ours", job, Tick(60_000), Overlap::Skip, "f"))
+        .collect();
+    let claims = read(&ours, &requests).await;
+    // Between our read and our grants another worker claims `b`.
+    let other = ClaimRequest::new("theirs", "b", Tick(60_000), Overlap::Skip, "f");
+    let [ClaimOutcome::Won(_)] = &theirs.claim_many(&[other]).await[..] else {
+        panic!("the other worker's claim of b was not granted");
+    };
+    let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None, None];
+    let mut record = |index: usize, outcome| outcomes[index] = Some(outcome);
+    let again = ours.round(claims, &mut record).await;
+    assert!(again.is_empty(), "a failed grant is not tried again");
+    match &outcomes[0] {
+        Some(ClaimOutcome::NoQuorum(failure)) => {
+            let why = format!("{failure:?}");
+            assert!(why.contains("lease TTL"), "a: {why}");
+        }
+        other => panic!("a: {other:?}"),
+    }
     match &outcomes[1] {
         Some(ClaimOutcome::AlreadyClaimed { by: Some(by) }) => {
             assert_eq!(by.tick, Some(Tick(60_000)));
