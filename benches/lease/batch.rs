@@ -40,6 +40,9 @@ pub struct Batch {
     pub once: usize,
     pub twice: usize,
     pub unclaimed: usize,
+    /// For the (job, tick)s won by nobody: what the contenders were told (each contender's last outcome
+    /// for the job, [`outcome_label`], joined), and how many (job, tick)s got that.
+    pub undecided: std::collections::BTreeMap<String, usize>,
     /// Per contender and tick, all 5 nodes: claim round trips (`ACQUIRE`/`CONFIRM` pipelines) and commands.
     pub claim_round_trips: f64,
     pub commands: f64,
@@ -137,12 +140,15 @@ pub async fn race_ticks(stores: &[Store], names: &[String], ticks: usize) -> Bat
     };
     for t in 0..ticks {
         let started = Instant::now();
-        let (won, claimed) = race_once(stores, names, Tick(1_000 * (t as i64 + 2))).await;
+        let (won, claimed, told) = race_once(stores, names, Tick(1_000 * (t as i64 + 2))).await;
         batch.race.push(started.elapsed());
         batch.claim.push(claimed);
-        for count in won {
+        for (count, told) in won.into_iter().zip(told) {
             match count {
-                0 => batch.unclaimed += 1,
+                0 => {
+                    batch.unclaimed += 1;
+                    *batch.undecided.entry(told).or_default() += 1;
+                }
                 1 => batch.once += 1,
                 _ => batch.twice += 1,
             }
@@ -158,8 +164,12 @@ type Wave = (Duration, Vec<(usize, ClaimRequest)>);
 /// ranks the contenders by a hash of (contender, job, tick) and claims a job `rank × order::spread` after
 /// the tick); winners release. Returns, per job, how many won, and how long the claims took to settle:
 /// until every job's winning outcome was known (the backups' later answers, which find the jobs claimed,
-/// delay no job).
-pub async fn race_once(stores: &[Store], names: &[String], tick: Tick) -> (Vec<usize>, Duration) {
+/// delay no job); and per job what the contenders were last told, in contender order.
+pub async fn race_once(
+    stores: &[Store],
+    names: &[String],
+    tick: Tick,
+) -> (Vec<usize>, Duration, Vec<String>) {
     let started = Instant::now();
     let members: Vec<String> = (0..stores.len()).map(|i| format!("c{i}")).collect();
     let spread = order::spread(settings().retry_delay, names.len());
@@ -179,8 +189,10 @@ pub async fn race_once(stores: &[Store], names: &[String], tick: Tick) -> (Vec<u
         .collect();
     let won_at: Mutex<Vec<Option<Duration>>> = Mutex::new(vec![None; names.len()]);
     let leases: Mutex<Vec<(usize, redcron::lock::Lease)>> = Mutex::new(Vec::new());
+    let told: Mutex<Vec<Vec<String>>> =
+        Mutex::new(vec![vec![String::new(); stores.len()]; names.len()]);
     let mut won = vec![0; names.len()];
-    let (won_at_ref, leases_ref) = (&won_at, &leases);
+    let (won_at_ref, leases_ref, told_ref) = (&won_at, &leases, &told);
     join_all(
         stores
             .iter()
@@ -194,6 +206,9 @@ pub async fn race_once(stores: &[Store], names: &[String], tick: Tick) -> (Vec<u
                         group.iter().map(|(_, r)| r.clone()).collect();
                     store
                         .claim_each(&requests, |at, outcome| {
+                            if let Ok(mut told) = told_ref.lock() {
+                                told[group[at].0][contender] = outcome_label(&outcome);
+                            }
                             if let ClaimOutcome::Won(lease) = outcome {
                                 let job = group[at].0;
                                 if let Ok(mut won_at) = won_at_ref.lock() {
@@ -228,7 +243,25 @@ pub async fn race_once(stores: &[Store], names: &[String], tick: Tick) -> (Vec<u
             .map(|(contender, lease)| stores[*contender].release(lease)),
     )
     .await;
-    (won, settled)
+    let told = told.into_inner().unwrap_or_default();
+    let told = told.into_iter().map(|each| each.join(" / ")).collect();
+    (won, settled, told)
+}
+
+/// An outcome in a few words: its kind, and for `no_quorum` the first reason given.
+fn outcome_label(outcome: &ClaimOutcome) -> String {
+    match outcome {
+        ClaimOutcome::Won(_) => "won".to_string(),
+        ClaimOutcome::AlreadyClaimed { .. } => "already_claimed".to_string(),
+        ClaimOutcome::Busy { .. } => "busy".to_string(),
+        ClaimOutcome::Contended { .. } => "contended".to_string(),
+        ClaimOutcome::NoQuorum(failure) => match failure.failures.first() {
+            Some((_, why)) => format!("no_quorum ({})", why.chars().take(60).collect::<String>()),
+            None => "no_quorum".to_string(),
+        },
+        ClaimOutcome::Paused(_) => "paused".to_string(),
+        ClaimOutcome::Refused(_) => "refused".to_string(),
+    }
 }
 
 fn table(batches: &[Batch]) -> String {

@@ -474,6 +474,24 @@ fn table(versus: &Versus) -> String {
     )
 }
 
+/// What the contenders were told of the (job, tick)s nobody won, if any: `; 198 won by nobody, told
+/// no_quorum (…) / contended / …: 150, …`.
+fn undecided(race: &Batch) -> String {
+    if race.undecided.is_empty() {
+        return String::new();
+    }
+    let told: Vec<String> = race
+        .undecided
+        .iter()
+        .map(|(told, n)| format!("{told}: {n}"))
+        .collect();
+    format!(
+        "; {} won by nobody, the contenders told {}",
+        race.unclaimed,
+        told.join(", ")
+    )
+}
+
 /// Exactly once on both stores, in the race and in the herd.
 pub fn verdicts(versus: &Versus) -> Vec<Verdict> {
     let mut verdicts = Vec::new();
@@ -486,10 +504,11 @@ pub fn verdicts(versus: &Versus) -> Vec<Verdict> {
                     race.jobs
                 ),
                 format!(
-                    "{} of {}, {} twice",
+                    "{} of {}, {} twice{}",
                     race.once,
                     race.jobs * race.ticks,
-                    race.twice
+                    race.twice,
+                    undecided(race)
                 ),
                 Some(race.twice == 0 && race.unclaimed == 0),
             ));
