@@ -254,14 +254,24 @@ fn history_survives_a_minority_of_nodes_lost() {
             entry
         })
         .collect();
-    runtime()
-        .block_on(async {
-            cluster
-                .store(LockSettings::default())
-                .record(&entries)
-                .await
-        })
-        .expect("written to a majority");
+    // `record` returns once a majority took the entries; the last node takes them in the background, so
+    // the runtime lives until every node holds them (what this test starts from).
+    runtime().block_on(async {
+        cluster
+            .store(LockSettings::default())
+            .record(&entries)
+            .await
+            .expect("written to a majority");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while (0..cluster.len()).any(|node| node_entries(&cluster, node, "job").len() < 20)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    for node in 0..cluster.len() {
+        assert_eq!(node_entries(&cluster, node, "job").len(), 20, "node {node}");
+    }
     assert_eq!(history(&cluster, "job").len(), 20);
     cluster.kill(0);
     let without_one = read_history(&cluster, "job").expect("a majority answers");
