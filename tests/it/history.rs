@@ -293,7 +293,7 @@ fn history_survives_a_minority_of_nodes_lost() {
 /// A hung node (SIGSTOP) does not hold up the history: a batch of 1,000 entries, written in several
 /// pipelines one after the other, is done once the two other nodes have taken each pipeline — with a node
 /// timeout of two minutes, waiting for the hung node would keep `record` far past the bound below — and
-/// the hung node, resumed, holds every entry too (its requests were sent, and answered late).
+/// the hung node, resumed, holds every entry too (its requests were sent, and are answered late).
 #[test]
 fn a_hung_node_does_not_hold_up_the_history() {
     let mut cluster = RedisCluster::builder()
@@ -330,8 +330,8 @@ fn a_hung_node_does_not_hold_up_the_history() {
         .expect("written to a majority");
     assert_eq!(hung.len(), 100, "node 0 holds job3's 100 ticks");
     assert_eq!(history(&cluster, "job7").len(), 100);
-    // The hung node's requests were sent before it hung up; resumed, it answers them, in the background
-    // of the same runtime.
+    // The hung node's requests were sent while it hung (its kernel took them); resumed, it runs and
+    // answers them, awaited in the background of the same runtime.
     let resumed = runtime.block_on(async {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {

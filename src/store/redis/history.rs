@@ -201,6 +201,18 @@ fn record_call(
     (keys, args)
 }
 
+/// Why a node's answer to a write failed: its error, or the first command it refused; `None` if it ran
+/// every command.
+fn failure(answer: &Result<Vec<Value>, String>) -> Option<String> {
+    match answer {
+        Ok(values) => values.iter().find_map(|v| match v {
+            Value::ServerError(e) => Some(format!("{e:?}")),
+            _ => None,
+        }),
+        Err(why) => Some(why.clone()),
+    }
+}
+
 /// The membership keys: members, expiry.
 fn member_keys(prefix: &str) -> [String; 2] {
     let base = format!("{prefix}:members");
@@ -250,8 +262,7 @@ impl RedisStore {
         let (needed, mut succeeded) = (quorum(self.nodes.len()), 0);
         let mut answers = Vec::with_capacity(self.nodes.len());
         while let Some((node, answer)) = pending.next().await {
-            if matches!(&answer, Ok(values) if !values.iter().any(|v| matches!(v, Value::ServerError(_))))
-            {
+            if failure(&answer).is_none() {
                 succeeded += 1;
             }
             answers.push((node, answer));
@@ -272,14 +283,7 @@ impl RedisStore {
     ) -> Result<(), QuorumFailure> {
         let mut failures = Vec::new();
         for (node, answer) in answers {
-            let error = match answer {
-                Ok(values) => values.iter().find_map(|v| match v {
-                    Value::ServerError(e) => Some(format!("{e:?}")),
-                    _ => None,
-                }),
-                Err(why) => Some(why),
-            };
-            if let Some(why) = error {
+            if let Some(why) = failure(&answer) {
                 failures.push((node, why));
             }
         }
