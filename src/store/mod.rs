@@ -32,6 +32,7 @@
 pub mod capability;
 pub mod embedded;
 pub mod etcd;
+mod pace;
 pub mod redis;
 pub mod sql;
 pub mod zookeeper;

@@ -13,6 +13,16 @@
 //! member and not tried elsewhere. A member that failed is asked again after a short pause (during an
 //! election every member refuses), until the request's limit.
 //!
+//! A request's limit follows the cluster: it stretches, up to 10×, while the cluster answers slowly as a
+//! whole ([`crate::store::pace`], as the Redis store's rounds do), learned from how long the member that
+//! gave each request's first answer took — also an answer that came after the request gave up, which
+//! its attempts, each a task of its own, still listen for in the background. The silence before the
+//! next member is asked stretches with it, up to twice: a stretch learned from the burst of late answers
+//! after an election must not make a hung member cost long. Members that do not answer at all stretch
+//! nothing. Without it, three members starved of CPU by a herd's spawns answered every request of a few
+//! hundred claims after the 500 ms limit; each was raced again (and copied to a second member after
+//! 250 ms), feeding the queue that made them late, for the claims' whole window (docs/scaling.md).
+//!
 //! A request may thus be sent twice. Every request the store makes tolerates that: the claim's write is
 //! a compare-and-swap that a second copy cannot apply (the compared revisions changed), so are pauses
 //! and resumes (`pause_guard.rs`: a late copy must not undo a later command), puts of history and
@@ -27,25 +37,33 @@
 //! client per member, and the choice made here.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::OnceCell;
+use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, Instant};
 use tonic::Code;
+
+use crate::store::pace::{Pace, MAX_STRETCH};
 
 /// How long after a member failed it may be asked again within the same request (all of them refuse
 /// during an election, which takes a few heartbeats).
 const ROUND_PAUSE: Duration = Duration::from_millis(50);
 
-/// One client per etcd member, and which member answered last.
+/// One client per etcd member, which member answered last, and how slowly the cluster answers.
 pub(super) struct Cluster {
     members: Vec<Member>,
     options: ConnectOptions,
-    /// A request that gets no answer from a member within this long is also sent to the next member.
-    hedge_after: Duration,
+    /// The configured wait for one member: a request's limit is measured against it by the pace, and a
+    /// request that gets no answer from a member within half of it (stretched) also goes to the next.
+    node_timeout: Duration,
+    /// How much longer than configured requests wait while the cluster answers slowly
+    /// ([`crate::store::pace`]).
+    pace: Arc<Pace>,
     /// The member asked first: the one that answered last.
     preferred: AtomicUsize,
 }
@@ -64,9 +82,32 @@ enum Attempt<T> {
     Failed(String),
 }
 
+/// What the attempts of one request share: whether one has answered yet (only the first answer tells the
+/// pace how slowly the cluster answers; a hedged copy that answers later does not).
+struct Listening {
+    answered: AtomicBool,
+    /// Whether an attempt dropped unanswered is aborted (while the request waits) or left to finish in
+    /// the background (once the request gave up, so that its late answer still reaches the pace).
+    abort_unanswered: AtomicBool,
+}
+
+/// Aborts an attempt's request when the attempt is dropped unanswered, unless its request gave up.
+struct AbortUnanswered {
+    handle: AbortHandle,
+    listening: Arc<Listening>,
+}
+
+impl Drop for AbortUnanswered {
+    fn drop(&mut self) {
+        if self.listening.abort_unanswered.load(Ordering::Relaxed) {
+            self.handle.abort();
+        }
+    }
+}
+
 impl Cluster {
     /// The members of `endpoints` (at least one), reached with `options`; a member silent for half of
-    /// `node_timeout` is passed over.
+    /// `node_timeout` (stretched by the pace) is passed over.
     pub fn new(endpoints: &[String], options: ConnectOptions, node_timeout: Duration) -> Cluster {
         Cluster {
             members: endpoints
@@ -77,24 +118,61 @@ impl Cluster {
                 })
                 .collect(),
             options,
-            hedge_after: node_timeout / 2,
+            node_timeout,
+            pace: Arc::default(),
             preferred: AtomicUsize::new(0),
         }
     }
 
     /// Runs `request` on one member after another (see the module's doc) until one answers, for at most
-    /// `limit`; the error names what each member did.
+    /// `limit` as the pace stretches it; the error names what each member did.
     pub async fn call<T, F, Fut>(&self, limit: Duration, request: F) -> Result<T, String>
     where
         F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.call_capped(limit, Duration::MAX, request).await
+    }
+
+    /// [`Cluster::call`], for at most `cap` however much the pace stretches `limit` (a renewal must be
+    /// confirmed before the lease's deadline).
+    ///
+    /// Each attempt's request runs as a task of its own. Once one member answered, the others' are
+    /// aborted; once the request gave up, they go on in the background for at most [`MAX_STRETCH`] node
+    /// timeouts, so that an answer that was on its way tells the pace how late the cluster answers (see
+    /// [`crate::store::pace`]) — the request itself has failed, as it would have without them.
+    pub async fn call_capped<T, F, Fut>(
+        &self,
+        limit: Duration,
+        cap: Duration,
+        request: F,
+    ) -> Result<T, String>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
     {
         let n = self.members.len();
         if n == 0 {
             return Err("no etcd endpoints".to_string());
         }
-        let deadline = Instant::now() + limit;
-        let hedge_after = self.hedge_after.min(limit / 2);
+        let started = Instant::now();
+        let listening = Arc::new(Listening {
+            answered: AtomicBool::new(false),
+            abort_unanswered: AtomicBool::new(true),
+        });
+        let limit = self.pace.budget(limit).min(cap);
+        let deadline = started + limit;
+        // Silence from a slow cluster is not a hung member, and a copy adds to what made it slow; but a
+        // stretch learned from a burst of late answers (an election) must not keep a hung member waited
+        // for long: at most twice as long as configured.
+        let hedge_after = (self.pace.budget(self.node_timeout) / 2)
+            .min(self.node_timeout)
+            .min(limit / 2);
+        // How long an attempt's request may go on: the request's limit, and after it the longest that
+        // still tells the pace something.
+        let bound = limit.max(self.node_timeout.mul_f64(MAX_STRETCH));
         let mut next = self.preferred.load(Ordering::Relaxed) % n;
         let mut failures: Vec<Option<String>> = vec![None; n];
         let mut failed_at: Vec<Option<Instant>> = vec![None; n];
@@ -128,7 +206,7 @@ impl Cluster {
                     };
                     match (0..n).map(|k| (next + k) % n).find(|&i| ready(i)) {
                         Some(i) => {
-                            pending.push(self.attempt(i, &request));
+                            pending.push(self.attempt(i, &request, &listening, bound));
                             in_flight[i] = true;
                             next = (i + 1) % n;
                             ask_at = now + hedge_after;
@@ -145,6 +223,8 @@ impl Cluster {
                 }
             }
         }
+        // Given up: the attempts still in flight finish in the background.
+        listening.abort_unanswered.store(false, Ordering::Relaxed);
         let silent = format!("no answer within {} ms", limit.as_millis());
         let told: Vec<String> = self
             .members
@@ -166,11 +246,21 @@ impl Cluster {
         })
     }
 
-    /// One attempt of `request` on member `i`, connecting to it first if need be.
-    async fn attempt<T, F, Fut>(&self, i: usize, request: &F) -> (usize, Attempt<T>)
+    /// One attempt of `request` on member `i`, connecting to it first if need be; the request itself runs
+    /// as a task (see [`Cluster::call_capped`]), and the first answer of the request tells the pace how
+    /// long the member that gave it took (the silence of a member asked before it is that member's, not
+    /// the cluster's).
+    async fn attempt<T, F, Fut>(
+        &self,
+        i: usize,
+        request: &F,
+        listening: &Arc<Listening>,
+        bound: Duration,
+    ) -> (usize, Attempt<T>)
     where
         F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
     {
         let member = &self.members[i];
         let connect = || Client::connect([&member.endpoint], Some(self.options.clone()));
@@ -178,7 +268,31 @@ impl Cluster {
             Ok(client) => client.clone(),
             Err(e) => return (i, settle(e, |why| format!("cannot connect: {why}"))),
         };
-        (i, settle_result(request(client).await))
+        let sent = request(client);
+        let (pace, reference) = (Arc::clone(&self.pace), self.node_timeout);
+        let shared = Arc::clone(listening);
+        let task = tokio::spawn(async move {
+            let sent_at = Instant::now();
+            let answer = tokio::time::timeout(bound, sent).await.ok()?;
+            let answered = match &answer {
+                Ok(_) => true,
+                Err(e) => is_answer(e),
+            };
+            if answered && !shared.answered.swap(true, Ordering::Relaxed) {
+                pace.majority_after(sent_at.elapsed(), reference);
+            }
+            Some(answer)
+        });
+        let _abort = AbortUnanswered {
+            handle: task.abort_handle(),
+            listening: Arc::clone(listening),
+        };
+        let attempt = match task.await {
+            Ok(Some(result)) => settle_result(result),
+            Ok(None) => Attempt::Failed("no answer".to_string()),
+            Err(e) => Attempt::Failed(format!("the request's task failed: {e}")),
+        };
+        (i, attempt)
     }
 }
 
@@ -224,9 +338,57 @@ fn is_answer(error: &etcd_client::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_answer;
-    use etcd_client::Error;
+    use super::{is_answer, Cluster};
+    use etcd_client::{Client, ConnectOptions, Error};
+    use std::time::{Duration, Instant};
+    use testkit::{DelayProxy, EtcdCluster};
     use tonic::{Code, Status};
+
+    /// When every member answers a request after its limit (a proxy in front of each holds it back), the
+    /// request fails, but its late answer, still listened for, stretches the next one's limit, which is
+    /// then answered. Without the pace the second request fails as the first did.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn late_answers_of_the_whole_cluster_stretch_the_next_wait() {
+        const HOLD: Duration = Duration::from_millis(700);
+        const MARKER: &str = "held-back-put";
+        let node_timeout = Duration::from_millis(400);
+        let etcd = EtcdCluster::start();
+        let proxies: Vec<DelayProxy> = (0..etcd.len())
+            .map(|member| DelayProxy::start(etcd.client_port(member), MARKER, HOLD))
+            .collect();
+        let endpoints: Vec<String> = proxies
+            .iter()
+            .map(|proxy| format!("http://127.0.0.1:{}", proxy.port()))
+            .collect();
+        let cluster = Cluster::new(&endpoints, ConnectOptions::new(), node_timeout);
+        let put = |mut client: Client| async move { client.put(MARKER, "v", None).await };
+        // Connected first, so that the hold is all that a put waits for.
+        for _ in 0..endpoints.len() {
+            let get = |mut client: Client| async move { client.get("warm-up", None).await };
+            cluster.call(node_timeout, get).await.expect("a read");
+        }
+        proxies.iter().for_each(|proxy| proxy.delay_next(1));
+        let first = cluster.call(node_timeout, put).await;
+        let Err(why) = first else {
+            panic!("a put held past its limit was answered");
+        };
+        assert!(why.contains("no answer within 400 ms"), "{why}");
+        // The held put is answered after HOLD, in the background.
+        let waited = Instant::now();
+        while cluster.pace.budget(node_timeout) <= node_timeout {
+            assert!(
+                waited.elapsed() < Duration::from_secs(20),
+                "the late answer did not reach the pace"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let stretched = cluster.pace.budget(node_timeout);
+        assert!(stretched >= HOLD * 2, "stretched to {stretched:?} only");
+        proxies.iter().for_each(|proxy| proxy.delay_next(1));
+        let second = cluster.call(node_timeout, put).await;
+        second.expect("a put held as long, within the stretched limit, is answered");
+        assert!(proxies.iter().map(DelayProxy::delayed).sum::<usize>() >= 2);
+    }
 
     #[test]
     fn etcd_refusals_are_answers_and_member_trouble_is_not() {

@@ -44,43 +44,48 @@ use crate::store::Leases;
 impl EtcdStore {
     /// One keep-alive of etcd lease `id`, bound to `key`, believed only if the cluster's leader restarted
     /// its TTL (see the module's doc): a serializable read of `key`, the keep-alive and a linearizable read
-    /// of `key`, all on one member, within `limit`. `Ok(true)`: renewed by the leader; `Ok(false)`: the
-    /// lease is gone (etcd answered TTL 0, or `key` is no longer bound to it); `Err`: unconfirmed.
+    /// of `key`, all on one member, within `node_timeout` as the pace stretches it but at most `cap`.
+    /// `Ok(true)`: renewed by the leader; `Ok(false)`: the lease is gone (etcd answered TTL 0, or `key` is
+    /// no longer bound to it); `Err`: unconfirmed.
     async fn keep_alive_on_leader(
         &self,
         id: i64,
         key: &str,
-        limit: Duration,
+        cap: Duration,
     ) -> Result<bool, String> {
+        let limit = self.settings.node_timeout;
         let answer = self
             .cluster
-            .call(limit, |mut client| async move {
-                let local = Some(GetOptions::new().with_serializable().with_keys_only());
-                let before = client.get(key, local).await?;
-                match client.lease_keep_alive(id).await {
-                    Ok(_) => {}
-                    Err(etcd_client::Error::LeaseKeepAliveError(why))
-                        if why == "lease not found" =>
-                    {
-                        return Ok(Renewed::Gone)
+            .call_capped(limit, cap, |mut client| {
+                let key = key.to_owned();
+                async move {
+                    let local = Some(GetOptions::new().with_serializable().with_keys_only());
+                    let before = client.get(key.as_str(), local).await?;
+                    match client.lease_keep_alive(id).await {
+                        Ok(_) => {}
+                        Err(etcd_client::Error::LeaseKeepAliveError(why))
+                            if why == "lease not found" =>
+                        {
+                            return Ok(Renewed::Gone)
+                        }
+                        Err(other) => return Err(other),
                     }
-                    Err(other) => return Err(other),
+                    let after = client
+                        .get(key, Some(GetOptions::new().with_keys_only()))
+                        .await?;
+                    let term =
+                        |answer: &etcd_client::GetResponse| answer.header().map(|h| h.raft_term());
+                    let (was, is) = (term(&before), term(&after));
+                    if was.is_none() || was != is {
+                        return Ok(Renewed::LeaderChanged { was, is });
+                    }
+                    let bound = after.kvs().first().is_some_and(|kv| kv.lease() == id);
+                    Ok(if bound {
+                        Renewed::ByLeader
+                    } else {
+                        Renewed::Gone
+                    })
                 }
-                let after = client
-                    .get(key, Some(GetOptions::new().with_keys_only()))
-                    .await?;
-                let term =
-                    |answer: &etcd_client::GetResponse| answer.header().map(|h| h.raft_term());
-                let (was, is) = (term(&before), term(&after));
-                if was.is_none() || was != is {
-                    return Ok(Renewed::LeaderChanged { was, is });
-                }
-                let bound = after.kvs().first().is_some_and(|kv| kv.lease() == id);
-                Ok(if bound {
-                    Renewed::ByLeader
-                } else {
-                    Renewed::Gone
-                })
             })
             .await?;
         match answer {
@@ -99,10 +104,13 @@ impl EtcdStore {
     async fn bound_now(&self, key: &str, id: i64) -> Option<bool> {
         let read = self
             .cluster
-            .call(self.settings.node_timeout, |mut client| async move {
-                client
-                    .get(key, Some(GetOptions::new().with_keys_only()))
-                    .await
+            .call(self.settings.node_timeout, |mut client| {
+                let key = key.to_owned();
+                async move {
+                    client
+                        .get(key, Some(GetOptions::new().with_keys_only()))
+                        .await
+                }
             })
             .await
             .ok()?;
@@ -160,12 +168,9 @@ impl Leases for EtcdStore {
             return Err(RenewError::NotHeld(failure));
         };
         // A renewal confirmed after the deadline proves nothing about the time in between.
-        let budget = lease
-            .deadline()
-            .saturating_duration_since(start)
-            .min(self.settings.node_timeout);
+        let cap = lease.deadline().saturating_duration_since(start);
         let key = self.lease_key(lease);
-        let answer = self.keep_alive_on_leader(id, &key, budget).await;
+        let answer = self.keep_alive_on_leader(id, &key, cap).await;
         let expired = BootInstant::now() >= lease.deadline();
         match (answer, expired) {
             (Ok(false), _) => {

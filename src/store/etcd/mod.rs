@@ -108,11 +108,13 @@ impl EtcdStore {
     }
 
     /// Runs one request on a member that serves, failing over from one that does not, bounded by
-    /// `limit` (`cluster.rs`); an error says what went wrong on each member.
+    /// `limit` as the cluster's pace stretches it (`cluster.rs`); an error says what went wrong on each
+    /// member.
     async fn call<T, F, Fut>(&self, limit: Duration, request: F) -> Result<T, String>
     where
         F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
     {
         self.cluster.call(limit, request).await
     }

@@ -18,8 +18,8 @@
 //! Files: this one holds the store's construction and its claims, leases and health (the capabilities of
 //! [`crate::store::capability`]), and the plain lease; `claim.rs` the two rounds of a claim and the
 //! reading of a lost one; `scripts.rs` the Lua scripts, with their safety arguments; `node.rs` one node's
-//! connection and the redaction of its password; `round.rs` how one pipeline goes to every node;
-//! `pace.rs` how long a round waits while the nodes answer slowly; `keeper.rs` the batching of renewals
+//! connection and the redaction of its password; `round.rs` how one pipeline goes to every node
+//! (waiting as long as `crate::store::pace` says while the nodes answer slowly); `keeper.rs` the batching of renewals
 //! and releases; `reply.rs` the parsing of the scripts' replies; `time.rs` the nodes' clocks (`TIME`),
 //! for cluster time and readiness; `history.rs` run history and membership; `pause.rs` pauses;
 //! `triggers.rs` trigger requests.
@@ -28,7 +28,6 @@ mod claim;
 mod history;
 mod keeper;
 pub(crate) mod node;
-mod pace;
 mod pause;
 mod reply;
 mod round;
@@ -62,8 +61,8 @@ pub struct RedisStore {
     settings: LockSettings,
     history: HistorySettings,
     nodes: Arc<Vec<Node>>,
-    /// How much longer than configured rounds wait while the nodes answer slowly ([`pace`]).
-    pace: Arc<pace::Pace>,
+    /// How much longer than configured rounds wait while the nodes answer slowly ([`crate::store::pace`]).
+    pace: Arc<crate::store::pace::Pace>,
     /// Sends renewals and releases together ([`keeper`]); `None` in the keeper's own copy.
     keeper: Option<Arc<keeper::Keeper>>,
     /// The last full list of trigger requests, read again only when it changed ([`triggers`]).

@@ -7,9 +7,9 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::{Pipeline, Value};
 use tokio::time::Instant;
 
-use super::pace::MAX_STRETCH;
 use super::RedisStore;
 use crate::lock::quorum::{quorum, Decision, Tally, Vote};
+use crate::store::pace::MAX_STRETCH;
 
 impl RedisStore {
     /// Sends `pipeline` to every node in the background, bounded by the TTL (after which the keys it
@@ -50,7 +50,7 @@ impl RedisStore {
 
     /// Sends one pipeline to every node in parallel and collects, per command, each node's parsed answer,
     /// until every command's outcome is decided or the round's budget has passed: `configured` as the
-    /// store's [`Pace`](super::pace::Pace) stretches it, at most `cap`. A node silent at the budget counts
+    /// store's [`Pace`](crate::store::pace::Pace) stretches it, at most `cap`. A node silent at the budget counts
     /// as failed ("no answer within …").
     ///
     /// Tells the pace when a majority of nodes had answered — after the round, in the background, when

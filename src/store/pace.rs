@@ -1,13 +1,16 @@
-//! How long a round waits for the nodes: its configured budget, stretched while the nodes as a whole
-//! answer slowly.
+//! How long a store waits for its nodes: the configured budget, stretched while the nodes as a whole
+//! answer slowly. Shared by the Redis store (a round's wait for a majority, `redis/round.rs`) and the
+//! etcd store (a request's wait for a member, and when to ask the next one, `etcd/cluster.rs`).
 //!
-//! A round is decided as soon as a majority has answered, so its budget only bounds the wait for nodes
-//! that do not answer; one hung node costs nothing. But when the nodes *all* answer late — the host is
-//! saturated (a burst of spawns, other tenants) and the nodes share its cores — a fixed budget gives up on
-//! answers that are on their way. The nodes did the work anyway (and a claim's `SET`s must then be
-//! undone), the claim is retried with more work for them, and throughput collapses: at 1,000 jobs per
-//! second on two cores, two rounds in three missed their budget and most ticks were skipped as
-//! `no_quorum` while every node was alive.
+//! A round is decided as soon as a majority has answered (on etcd: as soon as one member answered for
+//! the cluster), so its budget only bounds the wait for nodes that do not answer; one hung node costs
+//! nothing. But when the nodes *all* answer late — the host is saturated (a burst of spawns, other
+//! tenants) and the nodes share its cores — a fixed budget gives up on answers that are on their way. The
+//! nodes did the work anyway (a claim's writes must then be undone or read back), the claim is retried
+//! with more work for them, and throughput collapses: at 1,000 jobs per second on two cores, two Redis
+//! rounds in three missed their budget and most ticks were skipped as `no_quorum` while every node was
+//! alive; a herd of 2,000 jobs on three etcd members sharing two cores with its spawns had every request
+//! of a few hundred jobs time out, and race again, for the jobs' whole 30 s window.
 //!
 //! So each round reports when its majority had answered, as a fraction of its configured budget — a round
 //! that gave up first keeps listening in the background for the late answers — and later rounds wait up to
