@@ -186,6 +186,17 @@ pub fn on_nodes(
     };
     stop_all(&mut workers);
     read_ledger(&ledger, tick_at, &mut herd)?;
+    // What each worker logged, for a herd that missed jobs or ran one twice: why, claim by claim.
+    if std::env::var_os("REDCRON_BENCH_KEEP").is_some() {
+        for (w, worker) in workers.iter().enumerate() {
+            let log = dir.path().join(format!("herd-w{w}.log"));
+            std::fs::write(&log, worker.lines().join("\n")).map_err(|e| e.to_string())?;
+        }
+        eprintln!(
+            "The herd's worker configs, logs and ledger kept in {}",
+            dir.keep().display()
+        );
+    }
     for worker in &workers {
         for event in worker.events("tick.won") {
             let at = event["timestamp"]

@@ -17,7 +17,8 @@
 //!
 //! - `REDCRON_BENCH_WORKER=<path>`: the `redcron` binary items 3–8 run as the workers (default: the one
 //!   Cargo built with the benchmark), e.g. a base build kept aside for an A/B in one session.
-//! - `REDCRON_BENCH_KEEP=1`: keep the workers' configs, JSON logs and ledgers (items 3–5) and print where.
+//! - `REDCRON_BENCH_KEEP=1`: keep the workers' configs, JSON logs and ledgers (items 3–5, and the herds of
+//!   items 6–7) and print where.
 //!
 //! Under `cargo test --all-targets` (no `--bench` argument) it does nothing: the smoke test in
 //! `tests/it/bench_smoke.rs` runs it instead.
