@@ -192,9 +192,14 @@ impl Worker {
         children::kill_and_reap(&mut self.child);
     }
 
-    /// Waits up to `timeout` for the worker to exit.
+    /// Waits up to `timeout` for the worker to exit; once it has, also (at most 2 s) for the reader
+    /// threads to take in the rest of its stdout and stderr, so that [`Self::stderr`] and
+    /// [`Self::lines`] then hold everything it wrote (a reader descheduled on a loaded machine would
+    /// otherwise leave its last error out).
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        children::wait_timeout(&mut self.child, timeout)
+        let status = children::wait_timeout(&mut self.child, timeout)?;
+        self.output.wait_closed(Duration::from_secs(2));
+        Some(status)
     }
 
     /// Every stdout line so far, as written.
@@ -280,6 +285,7 @@ struct OutputState {
     stdout: Vec<String>,
     stderr: String,
     stdout_closed: bool,
+    stderr_closed: bool,
 }
 
 impl Output {
@@ -290,11 +296,12 @@ impl Output {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Waits up to `timeout` until both pipes have been read to their end.
     fn wait_closed(&self, timeout: Duration) {
         let state = self.lock();
-        let _ = self
-            .changed
-            .wait_timeout_while(state, timeout, |state| !state.stdout_closed);
+        let _ = self.changed.wait_timeout_while(state, timeout, |state| {
+            !(state.stdout_closed && state.stderr_closed)
+        });
     }
 
     fn read_stdout(&self, stdout: Option<impl Read>) {
@@ -315,13 +322,16 @@ impl Output {
     }
 
     fn read_stderr(&self, stderr: Option<impl Read>) {
-        let Some(mut stderr) = stderr else { return };
-        let mut chunk = [0u8; 4096];
-        while let Ok(n @ 1..) = stderr.read(&mut chunk) {
-            self.lock()
-                .stderr
-                .push_str(&String::from_utf8_lossy(&chunk[..n]));
+        if let Some(mut stderr) = stderr {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut chunk) {
+                self.lock()
+                    .stderr
+                    .push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
         }
+        self.lock().stderr_closed = true;
+        self.changed.notify_all();
     }
 }
 
