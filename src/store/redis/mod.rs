@@ -19,10 +19,10 @@
 //! [`crate::store::capability`]), and the plain lease; `claim.rs` the two rounds of a claim and the
 //! reading of a lost one; `scripts.rs` the Lua scripts, with their safety arguments; `node.rs` one node's
 //! connection and the redaction of its password; `round.rs` how one pipeline goes to every node
-//! (waiting as long as `crate::store::pace` says while the nodes answer slowly); `keeper.rs` the batching of renewals
-//! and releases; `reply.rs` the parsing of the scripts' replies; `time.rs` the nodes' clocks (`TIME`),
-//! for cluster time and readiness; `history.rs` run history and membership; `pause.rs` pauses;
-//! `triggers.rs` trigger requests.
+//! (waiting as long as `crate::store::pace` says while the nodes answer slowly); `keeper.rs` the
+//! batching of renewals and releases; `reply.rs` the parsing of the scripts' replies; `time.rs` the
+//! nodes' clocks (`TIME`), for cluster time and readiness; `history.rs` run history and membership;
+//! `pause.rs` pauses; `triggers.rs` trigger requests.
 
 mod claim;
 mod history;

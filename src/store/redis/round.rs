@@ -50,8 +50,8 @@ impl RedisStore {
 
     /// Sends one pipeline to every node in parallel and collects, per command, each node's parsed answer,
     /// until every command's outcome is decided or the round's budget has passed: `configured` as the
-    /// store's [`Pace`](crate::store::pace::Pace) stretches it, at most `cap`. A node silent at the budget counts
-    /// as failed ("no answer within …").
+    /// store's [`Pace`](crate::store::pace::Pace) stretches it, at most `cap`. A node silent at the
+    /// budget counts as failed ("no answer within …").
     ///
     /// Tells the pace when a majority of nodes had answered — after the round, in the background, when
     /// the budget passed first: answers that come late are what stretches later rounds, and nodes that
