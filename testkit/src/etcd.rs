@@ -5,7 +5,7 @@
 //! changing under a claim, so each member can be killed (SIGKILL), hung (SIGSTOP), continued, and
 //! restarted on its ports and data directory; [`EtcdCluster::leader`] says which member leads. As for
 //! Redis nodes, the cluster counts as started only once every member reports itself healthy (`/health`:
-//! a leader exists), a cluster that never does fails the test with the members' logs, and every member
+//! a leader exists) and its own process listens on its ports ([`crate::ports`]), a cluster that never does fails the test with the members' logs, and every member
 //! is killed on drop. Elections are fast (heartbeat 50 ms, election timeout 500 ms), so a test waits
 //! about a second for a new leader, and etcd's shortest lease TTL is one second. A cluster may serve its
 //! clients over TLS only, requiring client certificates ([`EtcdCluster::with_tls`]); health is read
@@ -88,7 +88,7 @@ impl EtcdCluster {
             crate::require_program("openssl", "openssl");
             make_certificates(dir.path());
         }
-        let ports = free_ports(3 * n);
+        let ports = crate::free_ports(3 * n);
         let mut cluster = EtcdCluster {
             members: (0..n)
                 .map(|i| Member {
@@ -325,12 +325,19 @@ impl EtcdCluster {
                 }
                 if http(self.members[i].metrics_port, "GET /health", "")
                     .is_some_and(|body| body.contains("\"health\":\"true\""))
+                    && self.listens(i)
                 {
                     break;
                 }
                 if Instant::now() >= deadline {
+                    let whose = if self.listens(i) {
+                        ""
+                    } else {
+                        " (it does not listen on its client and metrics ports: another process \
+                         holds one?)"
+                    };
                     return Err(format!(
-                        "etcd member {i} not healthy within {READY_TIMEOUT:?}:\n{}",
+                        "etcd member {i} not healthy within {READY_TIMEOUT:?}{whose}:\n{}",
                         self.logs()
                     ));
                 }
@@ -338,6 +345,17 @@ impl EtcdCluster {
             }
         }
         Ok(())
+    }
+
+    /// Whether member `i`'s own process listens on its client and metrics ports: what answers there
+    /// is this member, not another test's server ([`crate::ports`]).
+    fn listens(&self, i: usize) -> bool {
+        let member = &self.members[i];
+        member.child.as_ref().is_some_and(|child| {
+            [member.client_port, member.metrics_port]
+                .iter()
+                .all(|&port| crate::ports::listened_on_by(child.id(), port))
+        })
     }
 
     /// Member `i`'s own id and the leader's id, from its status (`None` if it does not answer).
@@ -400,21 +418,6 @@ fn http_within(port: u16, request_line: &str, body: &str, timeout: Duration) -> 
     head.starts_with("HTTP/1.0 200")
         .then(|| body.to_string())
         .or_else(|| head.starts_with("HTTP/1.1 200").then(|| body.to_string()))
-}
-
-/// `n` distinct ports that were free a moment ago (bound together, so no two are equal).
-pub(crate) fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| {
-            l.local_addr()
-                .expect("a bound socket has an address")
-                .port()
-        })
-        .collect()
 }
 
 /// A CA (`ca.pem`) and a certificate it signed for 127.0.0.1, for servers and clients alike (`cert.pem`,

@@ -19,6 +19,7 @@
 //! - [`sql`]: [`SqlServer`], a PostgreSQL or MariaDB server to crash, hang, restart and flush.
 //! - [`zookeeper`]: [`ZkEnsemble`], N ZooKeeper members to kill, hang and restart, with their leader;
 //!   [`SharedZk`], one ensemble per process for the tests that leave its members alone.
+//! - [`ports`]: free loopback ports, never the same twice, and which process listens on one.
 //! - [`delay_proxy`]: [`DelayProxy`], a TCP proxy that holds back requests carrying a marker.
 //! - [`worker`]: [`Worker`], one `redcron run` process and its JSON log.
 //! - [`stores`]: [`Backend`] and [`Cluster`], any store's nodes (or file) and a redcron store on them.
@@ -27,6 +28,7 @@ pub mod browser;
 pub mod children;
 pub mod delay_proxy;
 pub mod etcd;
+pub mod ports;
 pub mod redis;
 pub mod sql;
 pub mod stores;
@@ -38,20 +40,12 @@ use std::path::PathBuf;
 pub use self::browser::Browser;
 pub use self::delay_proxy::DelayProxy;
 pub use self::etcd::{linearizable_read, EtcdCluster};
+pub use self::ports::{free_port, free_ports};
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
 pub use self::sql::{SqlKind, SqlServer, SqlServerBuilder};
 pub use self::stores::{store_keeping, store_on, worker_config, Backend, Cluster, EmbeddedFile};
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};
 pub use self::zookeeper::{SharedZk, ZkEnsemble};
-
-/// A loopback port that was free a moment ago (the caller retries if someone else takes it first).
-pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
-    listener
-        .local_addr()
-        .expect("a bound socket has an address")
-        .port()
-}
 
 /// Panics unless `program` is on PATH, saying which Debian package provides it.
 pub fn require_program(program: &str, package: &str) {

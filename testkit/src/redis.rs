@@ -4,7 +4,8 @@
 //! each node can be killed (SIGKILL), hung (SIGSTOP: connections are accepted but never answered, unlike a
 //! refused connection), continued, restarted on the same port (with its AOF when persistence is on), and
 //! flushed; nodes may require a password. Like redis-rs's `redis-test`, a node counts as started only
-//! once it answers PING, and a node that never does fails the test with its log.
+//! once it answers PING — and, unlike it, only once its own process listens on its port (another test's
+//! node could answer there: [`crate::ports`]); a node that never does fails the test with its log.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -338,12 +339,20 @@ impl RedisCluster {
             if let Ok(Some(status)) = child.try_wait() {
                 break Err(format!("redis-server exited ({status})"));
             }
-            if ping(&url, Duration::from_millis(200)) {
+            // Answering is not enough: another process may hold the port ([`crate::ports`]).
+            if ping(&url, Duration::from_millis(200))
+                && crate::ports::listened_on_by(child.id(), node.port)
+            {
                 break Ok(());
             }
             if Instant::now() >= deadline {
+                let whose = if crate::ports::listened_on_by(child.id(), node.port) {
+                    ""
+                } else {
+                    " on a port of its own (Address already in use by another process?)"
+                };
                 break Err(format!(
-                    "redis-server did not answer PING within {READY_TIMEOUT:?}"
+                    "redis-server did not answer PING{whose} within {READY_TIMEOUT:?}"
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -413,4 +422,24 @@ fn ping(url: &str, timeout: Duration) -> bool {
     redis::cmd("PING")
         .query::<String>(&mut connection)
         .is_ok_and(|reply| reply == "PONG")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node whose port another server holds is not counted as started because that server answers
+    /// PING: the start fails with the node's own "Address already in use", which makes the harness try a
+    /// new port.
+    #[test]
+    fn a_node_whose_port_another_server_holds_does_not_start() {
+        let other = RedisCluster::start(1);
+        let mut cluster = RedisCluster::start(1);
+        cluster.kill(0);
+        cluster.nodes[0].port = other.port(0);
+        let error = cluster
+            .try_start(0)
+            .expect_err("the port is the other node's");
+        assert!(error.contains("Address already in use"), "{error}");
+    }
 }

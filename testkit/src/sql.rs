@@ -3,7 +3,8 @@
 //! The SQL store's argument is about a single primary that crashes (SIGKILL), hangs (SIGSTOP) and comes
 //! back with its data, so the server runs from Debian's own packages (`postgresql`, `mariadb-server`) in a
 //! fresh temporary directory, is initialised there (`initdb`, `mariadb-install-db`: well under a second
-//! each), counts as started only once it answers the protocol's first exchange, and fails the test with
+//! each), counts as started only once it answers the protocol's first exchange on a port its own process
+//! listens on ([`crate::ports`]), and fails the test with
 //! its log otherwise. Like the Redis nodes and etcd members it is killed on drop and dies with the test
 //! binary (`children::spawn`).
 //!
@@ -705,7 +706,8 @@ impl SqlServer {
             if let Ok(Some(status)) = child.try_wait() {
                 break Err(format!("{} exited ({status})", self.kind.name()));
             }
-            if self.ready() {
+            // Answering is not enough: another process may hold the port ([`crate::ports`]).
+            if self.ready() && crate::ports::listened_on_by(child.id(), self.port) {
                 break Ok(());
             }
             if Instant::now() >= deadline {

@@ -368,9 +368,10 @@ impl Cluster {
                 vec![leader, (leader + 1) % cluster.len()]
             }
             // Every member: a leader answers `sync` and reads alone until it sees (after `syncLimit`) that
-            // its followers are gone, and the leader may change between asking `srvr` and the SIGSTOP — a
-            // conformance run once renewed through a member left running. With all hung, the majority's
-            // silence is certain.
+            // its followers are gone, and the leader may change between asking `srvr` and the SIGSTOP.
+            // With all hung, the majority's silence is certain. (Two conformance runs renewed anyway:
+            // through another test's ensemble that held a member's port, which no readiness check
+            // noticed then — see `ports`.)
             Cluster::Zookeeper(ensemble) => (0..ensemble.len()).collect(),
             Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
             Cluster::Embedded(_) | Cluster::Sql(_) => vec![0],

@@ -9,7 +9,7 @@
 //! with its `zoo.cfg`, `myid`, data and logs, the admin server off and only the `srvr`, `ruok` and `mntr`
 //! four-letter words allowed. An ensemble counts as started once a member says it leads (`srvr`) and a
 //! client session can be created through every member (a session is a write the quorum commits, so that
-//! proves the quorum serves); one that never does fails the test with the members' logs, and every member
+//! proves the quorum serves) whose own process listens on its client port ([`crate::ports`]); one that never does fails the test with the members' logs, and every member
 //! is killed on drop (and with the test binary: [`children`]).
 //!
 //! Timing: `tickTime` is 250 ms, so ZooKeeper accepts session timeouts from 500 ms to 20 s (the store's
@@ -114,7 +114,7 @@ impl ZkEnsemble {
             .prefix("redcron-zk-")
             .tempdir()
             .expect("cannot create a temporary directory");
-        let mut ports = crate::etcd::free_ports(3 * n + 1);
+        let mut ports = crate::free_ports(3 * n + 1);
         let secure_port = ports.pop().filter(|_| tls);
         if tls {
             crate::require_program("openssl", "openssl");
@@ -175,6 +175,13 @@ impl ZkEnsemble {
     /// Member `i`'s process id, while it runs.
     pub fn pid(&self, i: usize) -> Option<u32> {
         self.members[i].child.as_ref().map(Child::id)
+    }
+
+    /// Whether member `i`'s own process listens on its client port, so that what answers there is this
+    /// member and not another test's ensemble ([`crate::ports`]).
+    fn listens(&self, i: usize) -> bool {
+        self.pid(i)
+            .is_some_and(|pid| crate::ports::listened_on_by(pid, self.client_port(i)))
     }
 
     /// Whether member `i` runs and is not hung.
@@ -364,14 +371,26 @@ impl ZkEnsemble {
                 }
             }
             if self.leader().is_some() {
-                waiting.retain(|&i| !session_created(self.members[i].client_port));
+                // A session through the port proves a serving member there; that it is member `i`
+                // takes its own process listening on it ([`crate::ports`]).
+                waiting.retain(|&i| !(self.listens(i) && session_created(self.client_port(i))));
             }
             if waiting.is_empty() {
                 break;
             }
             if Instant::now() >= deadline {
+                let foreign: Vec<usize> = waiting
+                    .iter()
+                    .copied()
+                    .filter(|&i| !self.listens(i))
+                    .collect();
+                let whose = if foreign.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (members {foreign:?} do not listen on their ports: Address already in use?)")
+                };
                 return Err(format!(
-                    "ZooKeeper members {waiting:?} not serving within {READY_TIMEOUT:?}:\n{}",
+                    "ZooKeeper members {waiting:?} not serving within {READY_TIMEOUT:?}{whose}:\n{}",
                     self.logs()
                 ));
             }

@@ -95,3 +95,21 @@ fn a_tls_member_serves_clients_with_certificates() {
     assert!(ZkSession::connect(ensemble.client_port(0), Duration::from_secs(5)).is_ok());
     assert_eq!(ensemble.leader(), Some(0));
 }
+
+/// A member whose client port another ensemble holds is not counted as serving because that ensemble
+/// answers on the port (a conformance run once hung every member of its own ensemble and still renewed a
+/// lease, through another test's): the start fails with "Address already in use", which makes
+/// [`ZkEnsemble::start`] try again on new ports.
+#[test]
+fn a_member_whose_port_another_ensemble_holds_does_not_serve() {
+    let other = ZkEnsemble::start(1);
+    let mut ensemble = ZkEnsemble::start(1);
+    ensemble.kill(0);
+    ensemble.members[0].client_port = other.client_port(0);
+    ensemble.write_config(0);
+    ensemble.spawn(0);
+    let error = ensemble
+        .try_wait_serving(&[0])
+        .expect_err("the port is the other ensemble's");
+    assert!(error.contains("Address already in use"), "{error}");
+}

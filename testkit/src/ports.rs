@@ -1,0 +1,145 @@
+//! Loopback ports for the servers a test starts, and which process listens on one.
+//!
+//! A port is picked by binding port 0 and closing the socket again; the server binds it a moment
+//! later. Two hazards lie in between. The kernel hands a port just released to the next bind(0) as
+//! readily as any other (here about one call in seventy returns one of the last 200 released), so two
+//! servers started at once by one test binary could both be told to use the same port: this module
+//! never hands out a port twice in one process. And another process may bind the port first: so a
+//! harness counts a server as started only once [`listened_on_by`] finds *its own* process listening,
+//! not when something answers on its port — a ZooKeeper member whose port another ensemble held once
+//! passed every readiness check through that ensemble, and its test then renewed a lease through the
+//! other ensemble after hanging every member of its own.
+
+use std::collections::BTreeSet;
+use std::net::TcpListener;
+use std::sync::Mutex;
+
+/// Every port this process handed out.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// `n` distinct loopback ports that were free a moment ago and that this process never handed out
+/// before (the caller retries with new ones if another process takes one first).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    // A test that panicked while holding the set left it whole: every insert is a single call.
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    // Every listener stays bound until the end, so that the kernel offers each port once per call.
+    let mut bound: Vec<TcpListener> = Vec::new();
+    let mut ports = Vec::with_capacity(n);
+    while ports.len() < n {
+        assert!(
+            bound.len() < n + 10_000,
+            "no loopback port left that this process has not used"
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
+        let port = listener
+            .local_addr()
+            .expect("a bound socket has an address")
+            .port();
+        if handed_out.insert(port) {
+            ports.push(port);
+        }
+        bound.push(listener);
+    }
+    ports
+}
+
+/// A loopback port that was free a moment ago ([`free_ports`]).
+pub fn free_port() -> u16 {
+    free_ports(1)[0]
+}
+
+/// Whether process `pid` has a socket listening on TCP `port` (any address, IPv4 or IPv6), from
+/// `/proc/net/tcp{,6}` and `/proc/<pid>/fd`: the proof that a server answering on its port is the one
+/// the harness started.
+#[cfg(target_os = "linux")]
+pub fn listened_on_by(pid: u32, port: u16) -> bool {
+    let listening: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| listening_inodes(&table, port))
+        .collect();
+    if listening.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_str()?.to_string();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .any(|inode| listening.contains(&inode))
+}
+
+/// Elsewhere the check cannot be made; a server answering on its port is taken to be the one started.
+#[cfg(not(target_os = "linux"))]
+pub fn listened_on_by(_pid: u32, _port: u16) -> bool {
+    true
+}
+
+/// The inodes of the sockets of a `/proc/net/tcp` table that listen on `port`.
+///
+/// A line: `sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+/// ...`, the address `HEXADDR:HEXPORT`, state `0A` = LISTEN.
+fn listening_inodes(table: &str, port: u16) -> Vec<String> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = fields.get(1)?.rsplit_once(':')?.1;
+            let listening = *fields.get(3)? == "0A";
+            (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                .then(|| fields.get(9).map(|inode| (*inode).to_string()))
+                .flatten()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_port_is_handed_out_twice() {
+        // Without the record of ports handed out, about one call in seventy returns one of the last 200
+        // ports released: 3,000 calls repeat one almost surely.
+        let mut seen = BTreeSet::new();
+        for _ in 0..1_000 {
+            for port in free_ports(3) {
+                assert!(seen.insert(port), "port {port} handed out twice");
+            }
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_listener_is_found_in_its_own_process_only() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let port = listener.local_addr().expect("an address").port();
+        assert!(listened_on_by(std::process::id(), port));
+        // Process 1 (init, or the container's first process) does not listen on our port.
+        assert!(!listened_on_by(1, port));
+        drop(listener);
+        assert!(!listened_on_by(std::process::id(), port));
+    }
+
+    #[test]
+    fn the_table_is_read_by_port_and_state() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+                     \x20  0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0 100 0 0 10 0\n\
+                     \x20  1: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0 20 4 30 10 -1\n\
+                     \x20  2: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1 0 100 0 0 10 0\n";
+        assert_eq!(listening_inodes(table, 0x1F90), vec!["111".to_string()]);
+        assert_eq!(listening_inodes(table, 0x1F91), vec!["333".to_string()]);
+        assert!(listening_inodes(table, 0x1F92).is_empty());
+    }
+}
