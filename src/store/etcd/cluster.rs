@@ -16,7 +16,10 @@
 //! A request's limit follows the cluster: it stretches, up to 10×, while the cluster answers slowly as a
 //! whole ([`crate::store::pace`], as the Redis store's rounds do), learned from how long the member that
 //! gave each request's first answer took — also an answer that came after the request gave up, which
-//! its attempts, each a task of its own, still listen for in the background. The silence before the
+//! its attempts, each a task of its own, still listen for in the background. A request whose limit
+//! comes reads the pace again and waits on if answers that came meanwhile stretched it: a herd's batch
+//! goes out before any answer could teach the pace, and its first answers, late but in time, then
+//! extend the wait of the others. The silence before the
 //! next member is asked stretches with it, up to twice: a stretch learned from the burst of late answers
 //! after an election must not make a hung member cost long. Members that do not answer at all stretch
 //! nothing. Without it, three members starved of CPU by a herd's spawns answered every request of a few
@@ -162,17 +165,19 @@ impl Cluster {
             answered: AtomicBool::new(false),
             abort_unanswered: AtomicBool::new(true),
         });
-        let limit = self.pace.budget(limit).min(cap);
-        let deadline = started + limit;
+        let configured = limit;
+        let limit = self.pace.budget(configured).min(cap);
+        let mut deadline = started + limit;
         // Silence from a slow cluster is not a hung member, and a copy adds to what made it slow; but a
         // stretch learned from a burst of late answers (an election) must not keep a hung member waited
         // for long: at most twice as long as configured.
         let hedge_after = (self.pace.budget(self.node_timeout) / 2)
             .min(self.node_timeout)
             .min(limit / 2);
-        // How long an attempt's request may go on: the request's limit, and after it the longest that
-        // still tells the pace something.
-        let bound = limit.max(self.node_timeout.mul_f64(MAX_STRETCH));
+        // How long an attempt's request may go on: the request's longest limit, and after it the longest
+        // that still tells the pace something.
+        let bound =
+            (configured.mul_f64(MAX_STRETCH).min(cap)).max(self.node_timeout.mul_f64(MAX_STRETCH));
         let mut next = self.preferred.load(Ordering::Relaxed) % n;
         let mut failures: Vec<Option<String>> = vec![None; n];
         let mut failed_at: Vec<Option<Instant>> = vec![None; n];
@@ -183,7 +188,16 @@ impl Cluster {
         loop {
             tokio::select! {
                 biased;
-                () = sleep_until(deadline) => break,
+                () = sleep_until(deadline) => {
+                    // Answers that came meanwhile may have stretched the pace (a herd's batch goes out
+                    // at once, before any answer could; its first answers come late but in time): the
+                    // request then waits as long as one sent now would.
+                    let stretched = started + self.pace.budget(configured).min(cap);
+                    if stretched <= deadline {
+                        break;
+                    }
+                    deadline = stretched;
+                }
                 Some((i, attempt)) = pending.next() => {
                     in_flight[i] = false;
                     match attempt {
@@ -225,7 +239,7 @@ impl Cluster {
         }
         // Given up: the attempts still in flight finish in the background.
         listening.abort_unanswered.store(false, Ordering::Relaxed);
-        let silent = format!("no answer within {} ms", limit.as_millis());
+        let silent = format!("no answer within {} ms", (deadline - started).as_millis());
         let told: Vec<String> = self
             .members
             .iter()
@@ -388,6 +402,44 @@ mod tests {
         let second = cluster.call(node_timeout, put).await;
         second.expect("a put held as long, within the stretched limit, is answered");
         assert!(proxies.iter().map(DelayProxy::delayed).sum::<usize>() >= 2);
+    }
+
+    /// A request whose limit comes after answers that came meanwhile stretched the pace waits on, as one
+    /// sent then would. Two puts on one member (so that neither is copied elsewhere): the proxy holds
+    /// the first for HOLD and the second, behind it on the connection, for HOLD more; the first's answer,
+    /// in time, stretches the pace, and the second is answered after the limit it was sent with. Without
+    /// the second look at the pace when the limit comes, the second put fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn answers_that_come_during_a_request_stretch_its_own_wait() {
+        const HOLD: Duration = Duration::from_millis(900);
+        const MARKER: &str = "held-back-put";
+        let node_timeout = Duration::from_millis(1_500);
+        let etcd = EtcdCluster::start();
+        let proxy = DelayProxy::start(etcd.client_port(0), MARKER, HOLD);
+        let endpoint = format!("http://127.0.0.1:{}", proxy.port());
+        let cluster = Cluster::new(&[endpoint], ConnectOptions::new(), node_timeout);
+        let get = |mut client: Client| async move { client.get("warm-up", None).await };
+        cluster.call(node_timeout, get).await.expect("a read");
+        let put = |mut client: Client| async move { client.put(MARKER, "v", None).await };
+        proxy.delay_next(2);
+        let first = cluster.call(node_timeout, put);
+        let second = async {
+            // Sent once the proxy holds the first, so that it is held on its own after it.
+            while proxy.delayed() == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let sent = Instant::now();
+            (cluster.call(node_timeout, put).await, sent.elapsed())
+        };
+        let (first, (second, waited)) = tokio::join!(first, second);
+        first.expect("the first put, answered after HOLD, is within its limit");
+        second.expect("the second put waits as long as the first answer stretched the pace");
+        assert!(
+            waited > node_timeout,
+            "the second put was answered within the limit it was sent with ({waited:?}): the test \
+             proves nothing"
+        );
+        assert_eq!(proxy.delayed(), 2);
     }
 
     #[test]
