@@ -14,17 +14,17 @@
 //! election every member refuses), until the request's limit.
 //!
 //! A request's limit follows the cluster: it stretches, up to 10×, while the cluster answers slowly as a
-//! whole ([`crate::store::pace`], as the Redis store's rounds do), learned from how long the member that
-//! gave each request's first answer took — also an answer that came after the request gave up, which
-//! its attempts, each a task of its own, still listen for in the background. A request whose limit
-//! comes reads the pace again and waits on if answers that came meanwhile stretched it: a herd's batch
-//! goes out before any answer could teach the pace, and its first answers, late but in time, then
-//! extend the wait of the others. The silence before the
-//! next member is asked stretches with it, up to twice: a stretch learned from the burst of late answers
+//! whole ([`crate::store::pace`], as the Redis store's rounds do), learned from how long the member that gave
+//! each request's first answer took — also an answer that came after the request gave up, which its attempts,
+//! each a task of its own, still listen for in the background. A request whose limit comes reads the pace
+//! again and waits on if answers that came meanwhile stretched it: a herd's batch goes out before any answer
+//! could teach the pace, and its first answers, late but in time, then extend the wait of the others. The
+//! silence before the next member is asked stretches with it, up to twice (not a renewal's, whose slack
+//! counts on half a node timeout; `lock::renewal_slack`): a stretch learned from the burst of late answers
 //! after an election must not make a hung member cost long. Members that do not answer at all stretch
 //! nothing. Without it, three members starved of CPU by a herd's spawns answered every request of a few
-//! hundred claims after the 500 ms limit; each was raced again (and copied to a second member after
-//! 250 ms), feeding the queue that made them late, for the claims' whole window (docs/scaling.md).
+//! hundred claims after the 500 ms limit; each was raced again (and copied to a second member after 250 ms),
+//! feeding the queue that made them late, for the claims' whole window (docs/scaling.md).
 //!
 //! A request may thus be sent twice. Every request the store makes tolerates that: the claim's write is
 //! a compare-and-swap that a second copy cannot apply (the compared revisions changed), so are pauses
@@ -75,6 +75,17 @@ pub(super) struct Cluster {
 struct Member {
     endpoint: String,
     client: OnceCell<Client>,
+}
+
+/// How long a request waits in silence before it also goes to the next member.
+#[derive(Clone, Copy)]
+enum Hedge {
+    /// Half the node timeout as the pace stretches it, at most a whole one. Silence from a slow cluster
+    /// is not a hung member, and a copy adds to what made it slow; but a stretch learned from a burst of
+    /// late answers (an election) must not keep a hung member waited for long.
+    Paced,
+    /// Half the configured node timeout (a renewal's: [`Cluster::call_renewal`]).
+    Configured,
 }
 
 /// How one member's attempt at a request ended.
@@ -135,20 +146,42 @@ impl Cluster {
         Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
         T: Send + 'static,
     {
-        self.call_capped(limit, Duration::MAX, request).await
+        self.request(limit, Duration::MAX, Hedge::Paced, request)
+            .await
     }
 
-    /// [`Cluster::call`], for at most `cap` however much the pace stretches `limit` (a renewal must be
-    /// confirmed before the lease's deadline).
-    ///
-    /// Each attempt's request runs as a task of its own. Once one member answered, the others' are
-    /// aborted; once the request gave up, they go on in the background for at most [`MAX_STRETCH`] node
-    /// timeouts, so that an answer that was on its way tells the pace how late the cluster answers (see
-    /// [`crate::store::pace`]) — the request itself has failed, as it would have without them.
-    pub async fn call_capped<T, F, Fut>(
+    /// A renewal's [`Cluster::call`]: for at most `cap` however much the pace stretches `limit` (a
+    /// renewal must be confirmed before the lease's deadline), and sent to the next member after half
+    /// the *configured* node timeout of silence, however slowly the cluster answers: the lease's slack
+    /// ([`crate::lock::renewal_slack`]) counts on a hung member costing a renewal no more, and one job's
+    /// renewal copied adds little to a slow cluster's work.
+    pub async fn call_renewal<T, F, Fut>(
         &self,
         limit: Duration,
         cap: Duration,
+        request: F,
+    ) -> Result<T, String>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.request(limit, cap, Hedge::Configured, request).await
+    }
+
+    /// A request, for at most `cap` however much the pace stretches `limit`, sent to the next member
+    /// after `hedge`'s silence.
+    ///
+    /// Each attempt's request runs as a task of its own. Once one member answered, the others' are
+    /// aborted; once the request gave up, they go on in the background for at most [`MAX_STRETCH`] node
+    /// timeouts (or times the request's limit, the longer), so that an answer that was on its way tells
+    /// the pace how late the cluster answers (see [`crate::store::pace`]) — the request itself has
+    /// failed, as it would have without them.
+    async fn request<T, F, Fut>(
+        &self,
+        limit: Duration,
+        cap: Duration,
+        hedge: Hedge,
         request: F,
     ) -> Result<T, String>
     where
@@ -168,12 +201,11 @@ impl Cluster {
         let configured = limit;
         let limit = self.pace.budget(configured).min(cap);
         let mut deadline = started + limit;
-        // Silence from a slow cluster is not a hung member, and a copy adds to what made it slow; but a
-        // stretch learned from a burst of late answers (an election) must not keep a hung member waited
-        // for long: at most twice as long as configured.
-        let hedge_after = (self.pace.budget(self.node_timeout) / 2)
-            .min(self.node_timeout)
-            .min(limit / 2);
+        let hedge_after = match hedge {
+            Hedge::Paced => (self.pace.budget(self.node_timeout) / 2).min(self.node_timeout),
+            Hedge::Configured => self.node_timeout / 2,
+        }
+        .min(limit / 2);
         // How long an attempt's request may go on: the request's longest limit, and after it the longest
         // that still tells the pace something.
         let bound =
@@ -261,7 +293,7 @@ impl Cluster {
     }
 
     /// One attempt of `request` on member `i`, connecting to it first if need be; the request itself runs
-    /// as a task (see [`Cluster::call_capped`]), and the first answer of the request tells the pace how
+    /// as a task (see [`Cluster::request`]), and the first answer of the request tells the pace how
     /// long the member that gave it took (the silence of a member asked before it is that member's, not
     /// the cluster's).
     async fn attempt<T, F, Fut>(
@@ -354,6 +386,7 @@ fn is_answer(error: &etcd_client::Error) -> bool {
 mod tests {
     use super::{is_answer, Cluster};
     use etcd_client::{Client, ConnectOptions, Error};
+    use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
     use testkit::{DelayProxy, EtcdCluster};
     use tonic::{Code, Status};
@@ -440,6 +473,57 @@ mod tests {
              proves nothing"
         );
         assert_eq!(proxy.delayed(), 2);
+    }
+
+    /// While the pace is stretched, a request waits up to a whole node timeout on a hung member before
+    /// it asks the next; a renewal only half of one, as the lease's slack counts on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_passes_a_hung_member_by_after_half_the_configured_node_timeout() {
+        let node_timeout = Duration::from_millis(2_000);
+        let mut etcd = EtcdCluster::start();
+        let endpoints: Vec<String> = (0..etcd.len())
+            .map(|member| format!("http://127.0.0.1:{}", etcd.client_port(member)))
+            .collect();
+        let cluster = Cluster::new(&endpoints, ConnectOptions::new(), node_timeout);
+        let get = |mut client: Client| async move { client.get("k", None).await };
+        for member in 0..endpoints.len() {
+            cluster.preferred.store(member, Ordering::Relaxed);
+            cluster.call(node_timeout, get).await.expect("a read");
+        }
+        // A follower hangs (the others keep their leader), and is asked first.
+        let hung = (etcd.leader() + 1) % etcd.len();
+        etcd.stop(hung);
+        // Answers 70 % of a node timeout late: a stretch of 2.1, a request's silence up to a whole one.
+        cluster
+            .pace
+            .majority_after(node_timeout.mul_f64(0.7), node_timeout);
+        let timed = |renewal: bool| {
+            cluster.preferred.store(hung, Ordering::Relaxed);
+            let cluster = &cluster;
+            async move {
+                let started = Instant::now();
+                let answer = if renewal {
+                    cluster
+                        .call_renewal(node_timeout, Duration::from_secs(60), get)
+                        .await
+                } else {
+                    cluster.call(node_timeout, get).await
+                };
+                answer.expect("the other members answer");
+                started.elapsed()
+            }
+        };
+        let renewal = timed(true).await;
+        let request = timed(false).await;
+        etcd.cont(hung);
+        assert!(
+            request >= node_timeout,
+            "a request asked the next member after {request:?}, before a whole node timeout"
+        );
+        assert!(
+            renewal < node_timeout.mul_f64(0.8),
+            "a renewal waited {renewal:?} on a hung member (half a node timeout expected)"
+        );
     }
 
     #[test]

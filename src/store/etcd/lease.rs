@@ -56,7 +56,7 @@ impl EtcdStore {
         let limit = self.settings.node_timeout;
         let answer = self
             .cluster
-            .call_capped(limit, cap, |mut client| {
+            .call_renewal(limit, cap, |mut client| {
                 let key = key.to_owned();
                 async move {
                     let local = Some(GetOptions::new().with_serializable().with_keys_only());
