@@ -50,8 +50,9 @@ impl RedisStore {
 
     /// Sends one pipeline to every node in parallel and collects, per command, each node's parsed answer,
     /// until every command's outcome is decided or the round's budget has passed: `configured` as the
-    /// store's [`Pace`](crate::store::pace::Pace) stretches it, at most `cap`. A node silent at the
-    /// budget counts as failed ("no answer within …").
+    /// store's [`Pace`](crate::store::pace::Pace) stretches it, at most `cap` — read again when the
+    /// budget passes, and waited on if it grew meanwhile. A node silent at the budget counts as failed
+    /// ("no answer within …").
     ///
     /// Tells the pace when a majority of nodes had answered — after the round, in the background, when
     /// the budget passed first: answers that come late are what stretches later rounds, and nodes that
@@ -69,7 +70,7 @@ impl RedisStore {
         failed: fn(String) -> A,
         vote: impl Fn(&A) -> Vote,
     ) -> Vec<Vec<(usize, A)>> {
-        let budget = self.pace.budget(configured).min(cap);
+        let mut budget = self.pace.budget(configured).min(cap);
         let start = Instant::now();
         let (needed, mut answered) = (quorum(self.nodes.len()), 0);
         let commands = pipeline.cmd_iter().count();
@@ -92,6 +93,14 @@ impl RedisStore {
                 Ok(Some(answer)) => answer,
                 Ok(None) => break,
                 Err(_) => {
+                    // Answers that came meanwhile may have stretched the pace (a herd's batches go out
+                    // at once, before any answer could; their first majorities come late but in time):
+                    // the round then waits as long as one sent now would.
+                    let stretched = self.pace.budget(configured).min(cap);
+                    if stretched > budget {
+                        budget = stretched;
+                        continue;
+                    }
                     let why = format!("no answer within {} ms", budget.as_millis());
                     for node in (0..heard.len()).filter(|node| !heard[*node]) {
                         record_failure(&mut answers, &mut tallies, node, &why, failed, &vote);
@@ -224,9 +233,87 @@ pub(super) fn evalsha(script: &redis::Script, keys: &[String], args: &[&str]) ->
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use redis::Value;
+    use testkit::{DelayProxy, RedisCluster};
 
     use super::Shape;
+    use crate::lock::quorum::Vote;
+    use crate::lock::LockSettings;
+    use crate::store::redis::RedisStore;
+
+    /// A round whose budget passes after answers that came meanwhile stretched the pace waits on, as one
+    /// sent then would. Two rounds of a `SET` on three nodes, each behind a proxy that holds the first
+    /// round for HOLD and the second, behind it on the node's connection, for HOLD more: the first
+    /// round's majority, in time, stretches the pace, and the second's comes after the budget it was
+    /// sent with. Without the second look at the pace when the budget passes, the second round fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn answers_that_come_during_a_round_stretch_its_own_wait() {
+        const HOLD: Duration = Duration::from_millis(900);
+        const MARKER: &str = "held-back-set";
+        let budget = Duration::from_millis(1_500);
+        let redis = RedisCluster::start(3);
+        let proxies: Vec<DelayProxy> = (0..redis.len())
+            .map(|node| DelayProxy::start(redis.port(node), MARKER, HOLD))
+            .collect();
+        let urls: Vec<String> = proxies.iter().map(DelayProxy::url).collect();
+        let settings = LockSettings {
+            node_timeout: budget,
+            ..LockSettings::default()
+        };
+        let store = RedisStore::new(&urls, settings).expect("a store");
+        let round = |key: &'static str| {
+            let store = &store;
+            async move {
+                let mut pipeline = redis::pipe();
+                pipeline.cmd("SET").arg(key).arg("v");
+                let answers = store
+                    .round(
+                        (pipeline, Shape::Commands),
+                        budget,
+                        Duration::MAX,
+                        |value| value == Value::Okay,
+                        |_| false,
+                        |&done| {
+                            if done {
+                                Vote::Granted
+                            } else {
+                                Vote::Failed("no OK".to_string())
+                            }
+                        },
+                    )
+                    .await;
+                let set = answers.into_iter().next().unwrap_or_default();
+                set.iter().filter(|(_, done)| *done).count()
+            }
+        };
+        assert!(round("warm-up").await >= 2, "the nodes answer");
+        proxies.iter().for_each(|proxy| proxy.delay_next(2));
+        let first = round(MARKER);
+        let second = async {
+            // Sent once every proxy holds the first, so that it is held on its own after it.
+            while proxies.iter().any(|proxy| proxy.delayed() == 0) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let sent = Instant::now();
+            (round(MARKER).await, sent.elapsed())
+        };
+        let (first, (second, waited)) = tokio::join!(first, second);
+        assert!(
+            first >= 2,
+            "the first round, answered after HOLD, is within its budget"
+        );
+        assert!(
+            second >= 2,
+            "the second round waits as long as the first majority stretched the pace"
+        );
+        assert!(
+            waited > budget,
+            "the second round was decided within the budget it was sent with ({waited:?}): the test \
+             proves nothing"
+        );
+    }
 
     fn text(value: Value) -> Result<String, String> {
         match value {
