@@ -6,9 +6,9 @@
 //! servers started at once by one test binary could both be told to use the same port: this module
 //! never hands out a port twice in one process. And another process may bind the port first: so a
 //! harness counts a server as started only once [`listened_on_by`] finds *its own* process listening,
-//! not when something answers on its port — a ZooKeeper member whose port another ensemble held once
-//! passed every readiness check through that ensemble, and its test then renewed a lease through the
-//! other ensemble after hanging every member of its own.
+//! not when something answers on its port: a ZooKeeper member whose port another ensemble holds passes
+//! every earlier readiness check through that ensemble (`zookeeper::tests`), which is the likeliest
+//! account of two conformance runs that renewed a lease after hanging every member of their own.
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;

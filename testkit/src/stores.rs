@@ -369,9 +369,9 @@ impl Cluster {
             }
             // Every member: a leader answers `sync` and reads alone until it sees (after `syncLimit`) that
             // its followers are gone, and the leader may change between asking `srvr` and the SIGSTOP.
-            // With all hung, the majority's silence is certain. (Two conformance runs renewed anyway:
-            // through another test's ensemble that held a member's port, which no readiness check
-            // noticed then — see `ports`.)
+            // With all hung, the majority's silence is certain. (Two conformance runs renewed anyway,
+            // most likely through another test's ensemble that held a member's port, which no readiness
+            // check noticed then — see `ports`.)
             Cluster::Zookeeper(ensemble) => (0..ensemble.len()).collect(),
             Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
             Cluster::Embedded(_) | Cluster::Sql(_) => vec![0],
