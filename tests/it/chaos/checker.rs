@@ -153,6 +153,23 @@ pub fn check(input: &Input<'_>) -> Report {
             .failures
             .push("no run of the long job outlived the TTL: renewals were not exercised".into());
     }
+    if input.store == StoreKind::Zookeeper {
+        let moves: usize = facts
+            .sessions
+            .values()
+            .map(|s| s.len().saturating_sub(1))
+            .sum();
+        let cut_off: i64 = (0..facts.lives.len())
+            .flat_map(|instance| facts.session_cut_off(instance))
+            .map(|(from, to)| to.min(input.window.1) - from)
+            .filter(|ms| *ms > 0)
+            .sum();
+        report.notes.push(format!(
+            "ZooKeeper sessions: {} established by {} processes, moved {moves} times; {cut_off} ms in all with a session's member out of reach",
+            facts.sessions.values().map(Vec::len).sum::<usize>(),
+            facts.sessions.len()
+        ));
+    }
     let winners: BTreeSet<usize> = facts.runs.iter().map(|run| run.worker).collect();
     report.notes.push(format!(
         "workers that won ticks: {}",

@@ -172,7 +172,17 @@ pub struct Facts {
     /// Per `(instance, job, tick)`: the holders that `tick.lost: busy` named, with the tick each held
     /// the job's lease for (what the nodes answered).
     pub busy: HashMap<(usize, String, i64), Vec<BusyAnswer>>,
+    /// The node serving on each client port (`Happening::NodePort`).
+    pub ports: HashMap<u16, usize>,
+    /// Per instance: `(at, node)` each time its ZooKeeper client established its session on a member
+    /// (the client's own log line), in time order. Every request of the session goes to that member
+    /// until the next.
+    pub sessions: HashMap<usize, Vec<(i64, usize)>>,
 }
+
+/// What the ZooKeeper client logs (target `zookeeper_client::session`) when its session is established
+/// on a member, or moved to another: `… to tcp://127.0.0.1:2181` (`tcp+tls://` with TLS).
+const SESSION_ESTABLISHED: &str = "succeeds to establish session to ";
 
 /// A holder named by `tick.lost: busy`, and the tick it held the lease for.
 pub type BusyAnswer = (String, Option<i64>);
@@ -238,6 +248,9 @@ impl Facts {
                 Happening::WorkerShutdown { instance } => {
                     let life = &mut facts.lives[*instance];
                     life.end = life.end.min(at);
+                }
+                Happening::NodePort { node, port } => {
+                    facts.ports.insert(*port, *node);
                 }
                 Happening::NodeDown { node, .. } => down_since[*node] = Some(at),
                 Happening::NodeUp { node } => {
@@ -314,6 +327,9 @@ impl Facts {
         for list in &mut facts.corrections {
             list.sort_by_key(|&(at, _)| at);
         }
+        for list in facts.sessions.values_mut() {
+            list.sort_by_key(|&(at, _)| at);
+        }
         facts
     }
 
@@ -327,6 +343,23 @@ impl Facts {
             if name == "worker.started" && instance < self.lives.len() {
                 self.lives[instance].ready = self.lives[instance].ready.min(*at);
                 self.measured[log.worker].push((*at, None));
+            }
+            if let Some(endpoint) = event["message"]
+                .as_str()
+                .and_then(|message| message.strip_prefix(SESSION_ESTABLISHED))
+            {
+                // A run saved before the timeline recorded ports knows no member's port.
+                if self.ports.is_empty() {
+                    continue;
+                }
+                let port = endpoint.rsplit(':').next().and_then(|p| p.parse().ok());
+                match port.and_then(|port: u16| self.ports.get(&port)) {
+                    Some(&node) => self.sessions.entry(instance).or_default().push((*at, node)),
+                    None => self.malformed.push(format!(
+                        "instance {instance}: a session on an unknown member: {event}"
+                    )),
+                }
+                continue;
             }
             if name == "clock.unmeasured" {
                 self.unmeasured.entry(instance).or_default().push(*at);
@@ -580,6 +613,27 @@ impl Facts {
             }
         }
         lost
+    }
+
+    /// The intervals during which every request of `instance` went to a member out of reach: its
+    /// ZooKeeper session rode a member that was killed, hung or stalled, and its client had not yet
+    /// moved the session to another (it does so only after its connection timeout without an answer,
+    /// or when the connection breaks). The other members answering is no help then: a session talks
+    /// to one member at a time. Empty on the other stores, whose clients log no session.
+    pub fn session_cut_off(&self, instance: usize) -> Vec<(i64, i64)> {
+        let Some(sessions) = self.sessions.get(&instance) else {
+            return Vec::new();
+        };
+        let mut cut_off = Vec::new();
+        for (k, &(from, node)) in sessions.iter().enumerate() {
+            let to = sessions.get(k + 1).map_or(NEVER, |&(next, _)| next);
+            let out = self.unusable[node].iter().chain(&self.stalled[node]);
+            cut_off.extend(
+                out.map(|&(s, e)| (s.max(from), e.min(to)))
+                    .filter(|(s, e)| s < e),
+            );
+        }
+        cut_off
     }
 
     /// What `instance` logged for `(job, tick)`.

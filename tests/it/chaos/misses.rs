@@ -69,6 +69,17 @@
 //!   answer (`tick.lost: busy`) works as on Redis;
 //! - there are no ghosts, no proxy and no stall of every node on etcd, so those rules find nothing.
 //!
+//! **On ZooKeeper** the etcd reading applies (a *majority* is 2 of the 3 members, a member is unusable
+//! while killed or hung and 2 s after, and during a stall the probe measured: a write slower than
+//! 100 ms), and one more thing makes the ensemble out of a worker's reach: a session talks to **one**
+//! member at a time. While the member its session rides is killed, hung or stalled, every request of
+//! that worker goes unanswered, whatever the other two do, until its client moves the session (when
+//! the connection breaks, or after its connection timeout without an answer); the client logs each
+//! member it establishes the session on (`succeeds to establish session to tcp://…`), and the timeline
+//! names each member's port (`Happening::NodePort`). An attempt within such an interval counts as made
+//! with no majority in reach (*session's member out of reach*). A live member that a worker's session
+//! did not ride is no excuse.
+//!
 //! **On a SQL server** the same rules apply with one node, the server: a *majority* is that server, so it
 //! is out of reach while killed (until it is restarted and for 2 s after: the workers' pools reconnect)
 //! or hung (SIGSTOP, a hang longer than `node_timeout` fails the calls, a shorter one only delays them),
@@ -82,7 +93,8 @@
 //! The table names one cause per explained miss: the first of *won, never started*, *granted to a
 //! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
 //! *held by a contender of another tick*, *a dead contender of the tick*, *no quorum*
-//! (planned), *no quorum* (measured stalls), *later tick claimed*, *no live worker*, that applies.
+//! (planned), *no quorum* (measured stalls), *session's member out of reach*, *later tick claimed*,
+//! *no live worker*, that applies.
 
 use std::collections::BTreeSet;
 
@@ -263,6 +275,10 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         (
             "nodes stalled",
             "no quorum within the tick's window: a majority of nodes stalled (measured by the probe, not planned)",
+        ),
+        (
+            "session's member out of reach",
+            "no member within the tick's window for a worker whose ZooKeeper session rode a member killed, hung or stalled, until its client moved the session",
         ),
         (
             "later tick claimed first",
@@ -516,18 +532,26 @@ fn no_majority_in_window(
         attempts.push(gave_up);
     }
     let extra = unavailable(e, worker, tick);
-    let (mut stalled, mut dead) = (false, false);
+    let cut_off = facts.session_cut_off(instance);
+    let (mut stalled, mut dead, mut quorum_lost) = (false, false, false);
     for end in attempts {
         let (a, b) = (end - CLAIM_MS, end);
-        stalled |= !facts.no_quorum_in(a, b, &extra)?;
-        dead |= facts.no_quorum_in(a, b, &[]) != Some(true);
+        if let Some(planned) = facts.no_quorum_in(a, b, &extra) {
+            quorum_lost = true;
+            stalled |= !planned;
+            dead |= facts.no_quorum_in(a, b, &[]) != Some(true);
+        } else if !cut_off.iter().any(|&(s, t)| s <= b && a <= t) {
+            return None;
+        }
     }
     let cause = if dead {
         "dead contender of the tick"
     } else if stalled {
         "nodes stalled"
-    } else {
+    } else if quorum_lost {
         "no quorum"
+    } else {
+        "session's member out of reach"
     };
     Some(cause)
 }

@@ -201,6 +201,10 @@ impl Scenario {
     }
 
     fn check(&self) -> Report {
+        self.check_on(StoreKind::Redis)
+    }
+
+    fn check_on(&self, store: StoreKind) -> Report {
         let jobs = [JobSpec {
             name: "quick".into(),
             skip: [true, false],
@@ -209,7 +213,7 @@ impl Scenario {
             long: false,
         }];
         check(&Input {
-            store: StoreKind::Redis,
+            store,
             jobs: &jobs,
             ttl_ms: TTL,
             window: (T0, T0 + 9_000),
@@ -304,6 +308,60 @@ fn checker_explains_misses_only_by_faults() {
     let report = scenario.check();
     passed_explaining(&report, "no quorum");
     assert_eq!(report.rows[0].explained, 1);
+}
+
+/// On ZooKeeper a session talks to one member: a worker whose session's member stalled had no member
+/// in reach until its client moved the session, though the other two answered all along. Once its
+/// session is on a member that answers, their answers are no excuse.
+#[test]
+fn checker_counts_a_stalled_session_member_out_of_reach_for_its_worker_only() {
+    let tick = T0 + 4_000;
+    // Every worker's session rides member 0 from its start; worker `moved`'s moves to member 1 at `at`.
+    let scenario = |moved: Option<(usize, i64)>| {
+        let mut scenario = Scenario::new();
+        scenario.quick_ticks(&[4]);
+        for node in 0..3 {
+            let port = 2181 + node as u16;
+            scenario
+                .timeline
+                .push(T0 - 10_000, Happening::NodePort { node, port });
+        }
+        let session = |port: u16| {
+            let message = format!("succeeds to establish session to tcp://127.0.0.1:{port}");
+            json!({"event": "zookeeper_client::session", "message": message})
+        };
+        for instance in 0..WORKERS {
+            scenario.log(instance, T0 - 9_800, session(2181));
+        }
+        if let Some((instance, at)) = moved {
+            scenario.log(instance, at, session(2182));
+        }
+        let until = tick + 2_000;
+        scenario
+            .timeline
+            .push(tick - 100, Happening::NodeStalled { node: 0, until });
+        scenario.no_quorum(tick, &[400, 900]);
+        scenario.check_on(StoreKind::Zookeeper)
+    };
+    passed_explaining(&scenario(None), "session rode a member");
+    // Moved during the stall, after its attempts: they were made cut off.
+    passed_explaining(&scenario(Some((2, tick + 1_000))), "session rode a member");
+    // Moved before member 0 stalled: member 1 answered it, and so did member 2.
+    let report = scenario(Some((2, tick - 600)));
+    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+    assert!(failed_with(&report, "w2 (process #2"), "{report}");
+    // The same lines on a store whose nodes are counted by majority alone excuse nothing.
+    let mut redis = Scenario::new();
+    redis.quick_ticks(&[4]);
+    redis.timeline.push(
+        tick - 100,
+        Happening::NodeStalled {
+            node: 0,
+            until: tick + 2_000,
+        },
+    );
+    redis.no_quorum(tick, &[400, 900]);
+    assert!(failed_with(&redis.check(), "UNEXPLAINED MISS"));
 }
 
 /// Giving up for want of a majority explains a miss only if every failed attempt within the tick's window

@@ -42,6 +42,12 @@ pub enum Happening {
         version: usize,
         done: bool,
     },
+    /// Node `node` serves clients on `port` (on 127.0.0.1), for the whole run: what a worker's log names
+    /// when it connects to a member (a ZooKeeper session rides one member).
+    NodePort {
+        node: usize,
+        port: u16,
+    },
     NodeDown {
         node: usize,
         hung: bool,

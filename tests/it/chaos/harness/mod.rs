@@ -211,6 +211,12 @@ impl Cluster {
             started_ms: 0,
         };
         let at = now_ms();
+        for node in 0..cluster.nodes.len() {
+            let port = cluster.nodes.probe_port(node);
+            cluster
+                .timeline
+                .push(at, Happening::NodePort { node, port });
+        }
         for (worker, offset_ms) in plan.offsets.iter().enumerate() {
             cluster.timeline.push(
                 at,
