@@ -55,12 +55,53 @@ pub fn free_port() -> u16 {
 /// the harness started.
 #[cfg(target_os = "linux")]
 pub fn listened_on_by(pid: u32, port: u16) -> bool {
-    let listening: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+    owns_a_socket(pid, |fields| {
+        fields.state == LISTEN && fields.local_port == port
+    })
+}
+
+/// Whether process `pid` has a TCP connection established to `port` (on any address): which member of
+/// an ensemble a client in that process talks to, read from `/proc/net/tcp{,6}` and `/proc/<pid>/fd`.
+#[cfg(target_os = "linux")]
+pub fn connected_to(pid: u32, port: u16) -> bool {
+    owns_a_socket(pid, |fields| {
+        fields.state == ESTABLISHED && fields.remote_port == port
+    })
+}
+
+/// Elsewhere the check cannot be made; a server answering on its port is taken to be the one started.
+#[cfg(not(target_os = "linux"))]
+pub fn listened_on_by(_pid: u32, _port: u16) -> bool {
+    true
+}
+
+/// Elsewhere the check cannot be made: no connection is found.
+#[cfg(not(target_os = "linux"))]
+pub fn connected_to(_pid: u32, _port: u16) -> bool {
+    false
+}
+
+/// The TCP states of `/proc/net/tcp` the checks read.
+const ESTABLISHED: &str = "01";
+const LISTEN: &str = "0A";
+
+/// The fields of one socket of a `/proc/net/tcp` table the checks read.
+struct Socket<'a> {
+    local_port: u16,
+    remote_port: u16,
+    state: &'a str,
+    inode: &'a str,
+}
+
+/// Whether process `pid` holds a socket of `/proc/net/tcp{,6}` for which `wanted` holds.
+#[cfg(target_os = "linux")]
+fn owns_a_socket(pid: u32, wanted: impl Fn(&Socket<'_>) -> bool) -> bool {
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|table| std::fs::read_to_string(table).ok())
-        .flat_map(|table| listening_inodes(&table, port))
+        .flat_map(|table| inodes(&table, &wanted))
         .collect();
-    if listening.is_empty() {
+    if inodes.is_empty() {
         return false;
     }
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
@@ -76,30 +117,27 @@ pub fn listened_on_by(pid: u32, port: u16) -> bool {
                     .to_string(),
             )
         })
-        .any(|inode| listening.contains(&inode))
+        .any(|inode| inodes.contains(&inode))
 }
 
-/// Elsewhere the check cannot be made; a server answering on its port is taken to be the one started.
-#[cfg(not(target_os = "linux"))]
-pub fn listened_on_by(_pid: u32, _port: u16) -> bool {
-    true
-}
-
-/// The inodes of the sockets of a `/proc/net/tcp` table that listen on `port`.
+/// The inodes of the sockets of a `/proc/net/tcp` table for which `wanted` holds.
 ///
 /// A line: `sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
-/// ...`, the address `HEXADDR:HEXPORT`, state `0A` = LISTEN.
-fn listening_inodes(table: &str, port: u16) -> Vec<String> {
+/// ...`, each address `HEXADDR:HEXPORT`, state `0A` = LISTEN, `01` = ESTABLISHED.
+fn inodes(table: &str, wanted: impl Fn(&Socket<'_>) -> bool) -> Vec<String> {
+    let port = |address: &str| u16::from_str_radix(address.rsplit_once(':')?.1, 16).ok();
     table
         .lines()
         .skip(1)
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let local_port = fields.get(1)?.rsplit_once(':')?.1;
-            let listening = *fields.get(3)? == "0A";
-            (listening && u16::from_str_radix(local_port, 16).ok()? == port)
-                .then(|| fields.get(9).map(|inode| (*inode).to_string()))
-                .flatten()
+            let socket = Socket {
+                local_port: port(fields.get(1)?)?,
+                remote_port: port(fields.get(2)?)?,
+                state: fields.get(3)?,
+                inode: fields.get(9)?,
+            };
+            wanted(&socket).then(|| socket.inode.to_string())
         })
         .collect()
 }
@@ -122,12 +160,17 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_listener_is_found_in_its_own_process_only() {
+    fn a_listener_and_a_connection_are_found_in_their_own_process_only() {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let port = listener.local_addr().expect("an address").port();
         assert!(listened_on_by(std::process::id(), port));
         // Process 1 (init, or the container's first process) does not listen on our port.
         assert!(!listened_on_by(1, port));
+        assert!(!connected_to(std::process::id(), port));
+        let stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("a connection");
+        assert!(connected_to(std::process::id(), port));
+        assert!(!connected_to(1, port));
+        drop(stream);
         drop(listener);
         assert!(!listened_on_by(std::process::id(), port));
     }
@@ -138,8 +181,13 @@ mod tests {
                      \x20  0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0 100 0 0 10 0\n\
                      \x20  1: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0 20 4 30 10 -1\n\
                      \x20  2: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1 0 100 0 0 10 0\n";
-        assert_eq!(listening_inodes(table, 0x1F90), vec!["111".to_string()]);
-        assert_eq!(listening_inodes(table, 0x1F91), vec!["333".to_string()]);
-        assert!(listening_inodes(table, 0x1F92).is_empty());
+        let listening = |port: u16| inodes(table, |s| s.state == LISTEN && s.local_port == port);
+        assert_eq!(listening(0x1F90), vec!["111".to_string()]);
+        assert_eq!(listening(0x1F91), vec!["333".to_string()]);
+        assert!(listening(0x1F92).is_empty());
+        let connected =
+            |port: u16| inodes(table, |s| s.state == ESTABLISHED && s.remote_port == port);
+        assert_eq!(connected(0xD431), vec!["222".to_string()]);
+        assert!(connected(0x1F90).is_empty());
     }
 }

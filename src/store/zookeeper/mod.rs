@@ -79,7 +79,7 @@ impl ZookeeperStore {
         settings: LockSettings,
         history: HistorySettings,
     ) -> Result<ZookeeperStore, StoreError> {
-        let sessions = Sessions::new(config, &settings.key_prefix)?;
+        let sessions = Sessions::new(config, &settings.key_prefix, settings.node_timeout)?;
         Ok(ZookeeperStore {
             settings,
             history,

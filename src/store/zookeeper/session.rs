@@ -5,6 +5,15 @@
 //! never cancels it: the next call finds the session ready. The client reconnects to another member by
 //! itself within the same session while the session lives; only a new session loses the leases, whose
 //! ephemeral nodes the ensemble deleted with the old one.
+//!
+//! A session talks to one member at a time, so while that member is hung (SIGSTOP, a long GC pause, a
+//! partition that drops packets) every request of this worker goes unanswered, whatever the others do,
+//! until the client gives the member up: after its **connection timeout** without a byte from it
+//! ([`connection_timeout`]). The client's own default is `2/5` of the session timeout — 12 s at the
+//! default `lock.ttl` of 30 s, during which this worker claims nothing and confirms no renewal — so
+//! the store sets it to what `lock.node_timeout` says a member may take. (The client picks the next
+//! member in a shuffled order, which may be the hung one again: that try costs one more connection
+//! timeout.)
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,6 +55,8 @@ struct Spec {
     hosts: String,
     chroot: String,
     timeout: Duration,
+    /// How long the client waits for a byte from its member before it moves the session to another.
+    connection_timeout: Duration,
     /// `user:password` for digest auth.
     digest: Option<String>,
     tls: Option<TlsOptions>,
@@ -60,7 +71,11 @@ pub(super) struct Sessions {
 impl Sessions {
     /// Sessions for the ensemble of `config`, chrooted to `/<prefix>`; reads the TLS files now, so that a
     /// bad file stops the worker at start, naming it.
-    pub fn new(config: &ZookeeperConfig, prefix: &str) -> Result<Sessions, StoreError> {
+    pub fn new(
+        config: &ZookeeperConfig,
+        prefix: &str,
+        node_timeout: Duration,
+    ) -> Result<Sessions, StoreError> {
         let tls = match &config.tls {
             None => None,
             Some(tls) => {
@@ -89,6 +104,7 @@ impl Sessions {
             hosts: config.hosts.join(","),
             chroot: format!("/{prefix}"),
             timeout: config.session_timeout,
+            connection_timeout: connection_timeout(node_timeout, config.session_timeout),
             digest: config
                 .auth
                 .as_ref()
@@ -154,9 +170,28 @@ impl Sessions {
     }
 }
 
+/// How long the client may hear nothing from the member its session rides before it moves the session
+/// to another: `4 × node_timeout`, at least 1 s, at most the client's own default of `2/5` of the
+/// session timeout.
+///
+/// A member that answered none of four rounds in time is hung for this worker's purposes. The client
+/// pings an idle connection after `3/8` of this (so a healthy member has `5/8` of it, 1.25 node
+/// timeouts at least, to answer the ping), and a false move costs little: the session, its ephemeral
+/// leases and their deadlines stay as they are; the requests in flight fail as a lost answer does
+/// (`claim.rs` settles such a claim by reading it back), and ZooKeeper refuses what the old member
+/// still forwards once the session has moved. The bound keeps a short session's timeouts as the
+/// client sets them (above `3/5` of the session timeout it would ignore the setting).
+pub(super) fn connection_timeout(node_timeout: Duration, session_timeout: Duration) -> Duration {
+    (node_timeout * 4)
+        .max(Duration::from_secs(1))
+        .min(session_timeout * 2 / 5)
+}
+
 /// Connects a new session, makes the chroot's directories, and chroots the client.
 async fn connect(spec: Arc<Spec>) -> Result<Arc<Session>, String> {
-    let mut connector = Client::connector().with_session_timeout(spec.timeout);
+    let mut connector = Client::connector()
+        .with_session_timeout(spec.timeout)
+        .with_connection_timeout(spec.connection_timeout);
     if let Some(digest) = &spec.digest {
         connector = connector.with_auth("digest", digest.as_bytes());
     }

@@ -13,7 +13,7 @@ use crate::config::ZookeeperConfig;
 use crate::history::{HistorySettings, Query};
 use crate::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap};
 use crate::schedule::Tick;
-use crate::store::{Claims, Records, Triggers};
+use crate::store::{Claims, Leases, Records, Triggers};
 
 fn settings(prefix: &str) -> LockSettings {
     LockSettings {
@@ -133,4 +133,78 @@ async fn auth_keeps_the_nodes_and_garbage_is_skipped_or_claimed() {
     assert!(triggers.value.is_empty(), "{triggers:?}");
     assert_eq!(triggers.skipped.len(), 1, "{triggers:?}");
     assert!(triggers.skipped[0].len() <= 500, "{}", triggers.skipped[0]);
+}
+
+/// A hung member costs a worker whose session rides it four node timeouts (twice that if the client
+/// tries it again first), not the client's default of `2/5` of the session timeout (8 s here): the
+/// client moves the same session, with its leases, to another member (`session::connection_timeout`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_member_costs_its_sessions_four_node_timeouts_not_two_fifths_of_the_session() {
+    let mut ensemble = ZkEnsemble::start(3);
+    let leader = ensemble.wait_leader(Duration::from_secs(20));
+    let riding = |ensemble: &ZkEnsemble| -> Vec<usize> {
+        (0..ensemble.len())
+            .filter(|&i| testkit::ports::connected_to(std::process::id(), ensemble.client_port(i)))
+            .collect()
+    };
+    // The session rides one of the two followers (the leader is not listed, so hanging the member costs
+    // no election); the other follower takes it over.
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let config = ZookeeperConfig {
+        hosts: followers
+            .iter()
+            .map(|&i| ensemble.addresses()[i].clone())
+            .collect(),
+        session_timeout: Duration::from_secs(20),
+        auth: None,
+        tls: None,
+    };
+    let settings = LockSettings {
+        ttl: Duration::from_secs(20),
+        renew_every: Duration::from_secs(5),
+        node_timeout: Duration::from_millis(250),
+        ..settings("moving")
+    };
+    let store =
+        ZookeeperStore::new(&config, settings, HistorySettings::default()).expect("a store");
+    let first = ClaimRequest::new("w", "job", Tick(1_000), Overlap::Allow, "f");
+    let ClaimOutcome::Won(mut lease) = claim(&store, &first).await else {
+        panic!("the first claim must be granted");
+    };
+    let members = riding(&ensemble);
+    assert!(
+        members.len() == 1 && followers.contains(&members[0]),
+        "one connection, to a follower: {members:?}"
+    );
+    let member = members[0];
+    let session = store.sessions.ready().expect("a session").id;
+
+    ensemble.stop(member);
+    let hung = std::time::Instant::now();
+    let next = ClaimRequest::new("w", "job", Tick(2_000), Overlap::Allow, "f");
+    let outcome = claim(&store, &next).await;
+    let waited = hung.elapsed();
+    eprintln!("WAITED {waited:?}");
+    ensemble.cont(member);
+    assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+    // 1 s without an answer (4 × 250 ms), a connect to another member — or, when the client tries the
+    // hung member again first, 1 s more (measured: 1.1 s or 2.2 s; the client's default: 8 s or more).
+    assert!(
+        waited < Duration::from_secs(5),
+        "claims resumed only after {waited:?}"
+    );
+    let moved = riding(&ensemble);
+    assert!(
+        moved.len() == 1 && moved[0] != member,
+        "the session moved off member {member}: {moved:?}"
+    );
+    assert_eq!(
+        store.sessions.ready().expect("a session").id,
+        session,
+        "the same session, not a new one"
+    );
+    assert!(
+        store.renew(&mut lease).await.is_ok(),
+        "the first lease lives on with its session"
+    );
 }
