@@ -15,6 +15,7 @@ use crate::history::{Entry, Kind};
 use crate::inspect::explain::Explanation;
 use crate::inspect::history::History;
 use crate::inspect::status::Status;
+use crate::inspect::story::pause_note;
 use crate::inspect::time::{duration_ms, instant, instant_ms};
 use crate::inspect::Notes;
 
@@ -133,20 +134,7 @@ pub(super) fn status(status: &Status) -> String {
             notes.push("disabled".to_string());
         }
         if let Some(read) = &job.paused {
-            let until = read
-                .pause
-                .until
-                .map_or(String::new(), |t| format!(" until {}", instant(t)));
-            let reason = match read.pause.reason.as_str() {
-                "" => String::new(),
-                reason => format!(": {reason}"),
-            };
-            notes.push(format!(
-                "PAUSED{until} by {}{reason} (on {} node{})",
-                read.pause.by,
-                read.nodes,
-                super::plural(read.nodes)
-            ));
+            notes.push(format!("PAUSED {}", pause_note(read)));
         }
         if let Some(overdue) = &job.overdue {
             notes.push(format!("OVERDUE: no entry for {}", instant(overdue.tick)));

@@ -14,13 +14,13 @@ use futures_util::future::join_all;
 use serde::Serialize;
 
 use super::status::{alive, SETTLE};
-use super::story::{describe, gone, no_entry_hint};
+use super::story::{describe, gone, no_entry_hint, pause_note};
 use super::time::{self, instant, instant_ms};
 use super::Notes;
 use crate::config::JobConfig;
 use crate::history::tick::{self, raced_for_it, TickRecord};
 use crate::history::{Entry, HistorySettings, Kind, Query, CONTROL_PAUSED};
-use crate::lock::QuorumFailure;
+use crate::lock::{PauseRead, QuorumFailure};
 use crate::membership::Member;
 use crate::schedule::Tick;
 use crate::store::Store;
@@ -41,6 +41,9 @@ pub struct ExplainInputs {
     pub earlier: bool,
     /// The latest pause or resume (`control` entry) among the newest entries before the tick, if any.
     pub control_before: Option<Entry>,
+    /// The job's pause as the store holds it now (`status`'s `paused`): whether a pause told as the
+    /// latest before the tick still stands.
+    pub paused_now: Option<PauseRead>,
     /// The workers the store knows, to tell a run under way from one whose worker died.
     pub members: Vec<Member>,
     pub notes: Notes,
@@ -70,6 +73,10 @@ pub async fn read(store: &Store, job: &str, tick: Tick) -> Result<ExplainInputs,
         histories.push(notes.keep(read?));
     }
     let members = notes.keep(store.members().await?);
+    let paused_now = notes
+        .keep(store.pauses(&[job.to_string()]).await?)
+        .pop()
+        .flatten();
     let before = histories.pop().unwrap_or_default();
     // A read full of controls cannot tell: taken as earlier history, as before controls existed.
     let earlier = before.iter().any(|e| !e.is_control()) || before.len() >= ENTRIES_BEFORE;
@@ -79,6 +86,7 @@ pub async fn read(store: &Store, job: &str, tick: Tick) -> Result<ExplainInputs,
         entries,
         earlier,
         control_before,
+        paused_now,
         members,
         notes,
     })
@@ -133,6 +141,8 @@ pub struct Explanation {
     /// `history` lists them in `ticks`.
     #[serde(serialize_with = "time::records")]
     pub records: Vec<TickRecord>,
+    /// The job's pause now, as `status` gives it (`null`: not paused).
+    pub paused_now: Option<PauseRead>,
     /// The story, one sentence a line.
     pub story: Vec<String>,
     /// What may explain a tick nobody accounted for.
@@ -165,6 +175,7 @@ pub fn explain(
         entries,
         earlier,
         control_before,
+        paused_now,
         members,
         notes,
     } = inputs;
@@ -216,13 +227,21 @@ pub fn explain(
         ));
     }
     // A pause in force at the tick, as far as the latest control before it says (it may have ended by
-    // its `until`, which the sentence gives).
+    // its `until`, which the sentence gives), and whether a pause stands now: a resume after the tick
+    // is not among the entries read.
     if let Some(pause) = control_before.filter(|c| c.action.as_deref() == Some(CONTROL_PAUSED)) {
         story.push(format!(
             "the latest pause or resume before it: {}, at {}",
             describe(&pause),
             instant_ms(pause.tick)
         ));
+        story.push(match &paused_now {
+            Some(read) => format!("the job is paused now: {}", pause_note(read)),
+            None => {
+                "the job is not paused now: the pause was lifted (`redcron resume`) or ended since"
+                    .to_string()
+            }
+        });
     }
     let records = tick::group(entries.iter().cloned());
     // The winners' views name the racers, routine losers included; the entries name the rest (and all
@@ -323,6 +342,7 @@ pub fn explain(
         runs,
         entries,
         records,
+        paused_now,
         story,
         hint,
         notes,

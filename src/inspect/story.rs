@@ -9,6 +9,7 @@ use super::explain::Facts;
 use super::time::{duration_ms, instant};
 use crate::config::show_duration;
 use crate::history::{Entry, Kind};
+use crate::lock::PauseRead;
 use crate::membership::Member;
 
 /// Why the run of `worker`, which is not alive, will never end in the history.
@@ -24,6 +25,27 @@ pub(crate) fn gone(members: &[Member], worker: &str) -> String {
         ),
         None => format!("{worker} is unknown to the store: the run's end will not be recorded"),
     }
+}
+
+/// A pause as `status` notes it: `until <instant> by <who>: <reason> (on <n> nodes)`, each part only
+/// when there is one (no end: until `redcron resume`).
+pub(crate) fn pause_note(read: &PauseRead) -> String {
+    let until = read
+        .pause
+        .until
+        .map_or(String::new(), |t| format!(" until {}", instant(t)));
+    let reason = match read.pause.reason.as_str() {
+        "" => String::new(),
+        reason => format!(": {reason}"),
+    };
+    format!(
+        "{until} by {}{reason} (on {} node{})",
+        read.pause.by,
+        read.nodes,
+        if read.nodes == 1 { "" } else { "s" }
+    )
+    .trim_start()
+    .to_string()
 }
 
 /// One entry as a sentence.

@@ -510,7 +510,7 @@ fn controls_are_in_the_history_and_leave_the_status(dir: &TestDir, cli: &Path) {
         "pause", "tick", "--for", "1h", "--reason", "deploy", "--json",
     ]);
     // Once a tick after the pause is recorded as skipped, no run of before it is still going.
-    wait_for("a tick skipped as paused", Duration::from_secs(20), || {
+    let skipped = wait_for("a tick skipped as paused", Duration::from_secs(20), || {
         let (_, json, _) = inspect(
             dir,
             cli,
@@ -519,9 +519,33 @@ fn controls_are_in_the_history_and_leave_the_status(dir: &TestDir, cli: &Path) {
         parse(&json)["ticks"]
             .as_array()?
             .iter()
-            .any(|t| t["kind"] == "skipped" && t["reason"] == "paused")
-            .then_some(())
+            .find(|t| t["kind"] == "skipped" && t["reason"] == "paused")?["tick"]
+            .as_i64()
     });
+    // `explain` tells the pause before the tick, and whether one stands now.
+    let explain = |dir: &TestDir| {
+        let (code, json, stderr) = inspect(
+            dir,
+            cli,
+            &["explain", "tick", &skipped.to_string(), "--json"],
+        );
+        assert_eq!(code, 0, "{json}{stderr}");
+        parse(&json)
+    };
+    let told = |explained: &serde_json::Value, sentence: &str| {
+        explained["story"].as_array().is_some_and(|story| {
+            story
+                .iter()
+                .any(|l| l.as_str().is_some_and(|l| l.contains(sentence)))
+        })
+    };
+    let during = explain(dir);
+    assert!(
+        told(&during, "the latest pause or resume before it"),
+        "{during}"
+    );
+    assert!(told(&during, "the job is paused now"), "{during}");
+    assert_eq!(during["paused_now"]["reason"], "deploy", "{during}");
     let before = served(dir, cli);
     assert_eq!(before["last_run_kind"], "run", "{before}");
     assert_eq!(before["failures_in_a_row"], 0, "{before}");
@@ -534,6 +558,9 @@ fn controls_are_in_the_history_and_leave_the_status(dir: &TestDir, cli: &Path) {
     );
     let resumed = pause(&["resume", "tick", "--reason", "done", "--json"]);
     assert_eq!(resumed["action"], "resumed");
+    let after = explain(dir);
+    assert!(told(&after, "the job is not paused now"), "{after}");
+    assert!(after["paused_now"].is_null(), "{after}");
     // A resume of a job that is not paused changes nothing, and records nothing.
     let (_, json, _) = inspect(dir, cli, &["resume", "tick", "--json"]);
     assert!(parse(&json)["recorded_in_history"].is_null(), "{json}");

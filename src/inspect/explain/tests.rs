@@ -42,6 +42,7 @@ fn explain_at(now: i64, entries: Vec<Entry>, members: Vec<Member>, earlier: bool
         entries,
         earlier,
         control_before: None,
+        paused_now: None,
         members,
         notes: Notes::default(),
     };
@@ -338,7 +339,7 @@ fn the_latest_attempt_decides_the_verdict() {
 /// entry of the tick: one made in the tick's very millisecond leaves a tick nobody accounted for
 /// `no_entry`.
 #[test]
-fn a_pause_before_the_tick_is_told_and_a_control_is_no_entry_of_it() {
+fn a_pause_before_the_tick_is_told_with_whether_one_stands_now_and_a_control_is_no_entry_of_it() {
     let config = config();
     let control = |action: &'static str, secs: i64| {
         let what = crate::history::Control {
@@ -358,12 +359,40 @@ fn a_pause_before_the_tick_is_told_and_a_control_is_no_entry_of_it() {
         control_before: Some(control(CONTROL_PAUSED, 590)),
         ..ExplainInputs::default()
     };
-    let explanation = explain(&config.jobs[0], &config.history, TICK, inputs, at(700));
+    let explanation = explain(
+        &config.jobs[0],
+        &config.history,
+        TICK,
+        inputs.clone(),
+        at(700),
+    );
     assert_eq!(explanation.verdict, Verdict::NotRun);
     assert_told(
         &explanation,
         "the latest pause or resume before it: ops@host paused the job: migration, at",
     );
+    // Whether it still stands is read now: a resume after the tick is not among the entries read.
+    assert_told(
+        &explanation,
+        "the job is not paused now: the pause was lifted",
+    );
+    let standing = ExplainInputs {
+        paused_now: Some(crate::lock::PauseRead {
+            pause: crate::lock::Pause {
+                until: None,
+                by: "ops@host".into(),
+                reason: "migration".into(),
+            },
+            nodes: 3,
+        }),
+        ..inputs
+    };
+    let explanation = explain(&config.jobs[0], &config.history, TICK, standing, at(700));
+    assert_told(
+        &explanation,
+        "the job is paused now: by ops@host: migration (on 3 nodes)",
+    );
+    assert!(explanation.paused_now.is_some());
     let resumed = ExplainInputs {
         entries: Vec::new(),
         earlier: true,
@@ -372,7 +401,10 @@ fn a_pause_before_the_tick_is_told_and_a_control_is_no_entry_of_it() {
     };
     let explanation = explain(&config.jobs[0], &config.history, TICK, resumed, at(700));
     assert!(
-        !explanation.story.iter().any(|l| l.contains("latest pause")),
+        !explanation
+            .story
+            .iter()
+            .any(|l| l.contains("latest pause") || l.contains("paused now")),
         "a resume before the tick is not told: {:#?}",
         explanation.story
     );
