@@ -366,6 +366,105 @@ async fn a_session_slower_to_open_than_node_timeout_still_serves_the_next_claims
     );
 }
 
+/// A call that has to open a session takes a connection that comes back to the pool meanwhile,
+/// instead of waiting for a login. Here logins take 4 s (a proxy holds each session's startup message)
+/// and a test session holds the fence row of `pit` for 1.5 s: claims of `pit` take every session of the
+/// pool, waiting for the row, until one has to open a session (and gives up at its 3 s budget). A claim
+/// of another job then finds no idle session and opens one — and is served, once the row is free and
+/// the first claim of `pit` committed, by that claim's session. Without the look at returned
+/// connections it waits for its own login's 4 s and fails at its budget.
+#[test]
+fn a_call_waiting_to_open_a_session_takes_one_that_came_back() {
+    const LOGIN: Duration = Duration::from_secs(4);
+    let server = SqlServer::start(SqlKind::Postgres);
+    let proxy = DelayProxy::start(server.port(), "client_encoding", LOGIN);
+    let url = server.url().replace(
+        &format!(":{}/", server.port()),
+        &format!(":{}/", proxy.port()),
+    );
+    let settings = LockSettings {
+        ttl: Duration::from_secs(30),
+        node_timeout: Duration::from_secs(3),
+        retry_delay: Duration::from_millis(50),
+        ..LockSettings::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    // The store's pool spawns its upkeep on the runtime it is built in.
+    let _entered = runtime.enter();
+    let store = store_at(SqlKind::Postgres, &url, settings);
+    // The fence row of `pit` exists, and the pool holds its first sessions, idle.
+    let first = runtime.block_on(store.claim(&request("w", "pit", 1_000)));
+    let ClaimOutcome::Won(first) = first else {
+        panic!("the first claim: {first:?}");
+    };
+    runtime.block_on(store.release(&first));
+    let count = |sql: &str| -> i64 {
+        let out = server.exec(sql);
+        out.lines()
+            .rev()
+            .find_map(|line| line.trim().parse().ok())
+            .unwrap_or_else(|| panic!("not a count: {out:?}"))
+    };
+    let waiting = |what: &str, sql: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while count(sql) == 0 {
+            assert!(Instant::now() < deadline, "{what} never happened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            server.exec(
+                "BEGIN;\nSELECT token FROM redcron_fences WHERE lock_key = 'redcron:{pit}:fence' \
+                 FOR UPDATE;\nSELECT pg_sleep(1.5);\nCOMMIT;\n",
+            )
+        });
+        waiting(
+            "the test session holding the fence row",
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep';",
+        );
+        // Logins are slow from now on. Claims of `pit` take every session of the pool, each waiting
+        // for the row, until one has to open a session.
+        proxy.delay_next(10);
+        let (runtime, store) = (&runtime, &store);
+        let mut locked = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while proxy.delayed() == 0 {
+            let tick = 2_000 + 1_000 * locked.len() as i64;
+            locked.push(
+                scope.spawn(move || runtime.block_on(store.claim(&request("w", "pit", tick)))),
+            );
+            let sql = "SELECT count(*) FROM pg_stat_activity WHERE usename = 'redcron' \
+                       AND wait_event_type = 'Lock';";
+            while proxy.delayed() == 0 && count(sql) < locked.len() as i64 {
+                assert!(
+                    Instant::now() < deadline && locked.len() <= 8,
+                    "no claim had to open a session"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let asked = Instant::now();
+        let third = runtime.block_on(store.claim(&request("w", "c", 2_000)));
+        let waited = asked.elapsed();
+        for claim in locked {
+            claim.join().expect("a claim waiting for the row");
+        }
+        assert!(
+            matches!(third, ClaimOutcome::Won(_)),
+            "the third claim, after {waited:?}: {third:?}"
+        );
+        assert!(
+            waited < LOGIN,
+            "served after {waited:?}: by the new session"
+        );
+    });
+}
+
 /// PostgreSQL's `now()` is the time its transaction began; a claim that waits for the job's fence row
 /// must compute its lease's expiry from the clock when it writes (`clock_timestamp()`), or the lease it
 /// grants is short by the wait and a contender is granted the job while the holder still runs. A test

@@ -25,6 +25,7 @@ mod records;
 mod schema;
 mod triggers;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,10 @@ pub use schema::{Schema, Unusable, SCHEMA_VERSION};
 /// How many times a transaction that the server aborted as a serialization failure or a deadlock
 /// (SQLSTATE `40001`, `40P01`; MySQL's 1213 is `40001`) is run again before its caller is told it failed.
 const CONFLICT_RETRIES: u32 = 5;
+
+/// How often an acquire that opens a connection (or waits for its turn to) looks for one that came back
+/// to the pool (sqlx tells no one when a connection is returned).
+const RETURNED_POLL: Duration = Duration::from_millis(10);
 
 /// How long the pool goes on opening one connection after the call that needed it stopped waiting (see
 /// `SqlStore::connection`): an opening is carried to its end, not replaced, unless the server has not
@@ -308,7 +313,11 @@ impl SqlStore {
     /// - **At most [`OPENING_AT_ONCE`] openings at a time.** An acquire that may open a connection (the
     ///   pool has no idle one and is below `pool_size`) waits for a permit first, and is dropped without
     ///   opening if its caller has left by then; so the first session is ready after one login's time,
-    ///   not eight logins' shared. An acquire that can only wait for a connection to come back is
+    ///   not eight logins' shared.
+    /// - **A connection that comes back is taken.** While such an acquire waits for its permit or its
+    ///   login, it looks every [`RETURNED_POLL`] for a connection returned to the pool and hands that
+    ///   over instead; the opening goes on (or, still waiting for its permit, never starts) and what it
+    ///   opens joins the pool. A call that finished must not leave the next one waiting for a login. An acquire that can only wait for a connection to come back is
     ///   dropped as soon as its caller leaves, so no connection is handed to a caller that is gone.
     async fn connection(&self, budget: Duration) -> Result<PoolConnection<Any>, Failed> {
         let (hand_over, handed) = tokio::sync::oneshot::channel();
@@ -317,13 +326,29 @@ impl SqlStore {
             let mut hand_over = hand_over;
             let pool = &shared.pool;
             let acquired = if pool.num_idle() == 0 && pool.size() < shared.pool_size {
-                let Ok(_opening) = shared.opening.acquire().await else {
-                    return;
-                };
-                if hand_over.is_closed() {
-                    return;
+                // The opening runs as a task of its own (carried to its end); while it waits for its
+                // permit or logs in, a connection that comes back to the pool is taken instead, and
+                // what the opening opens then joins the pool.
+                let wanted = Arc::new(AtomicBool::new(true));
+                let mut opening = tokio::spawn(open_one(Arc::clone(&shared), Arc::clone(&wanted)));
+                loop {
+                    tokio::select! {
+                        opened = &mut opening => match opened {
+                            Ok(Some(acquired)) => break acquired,
+                            Ok(None) | Err(_) => return,
+                        },
+                        () = tokio::time::sleep(RETURNED_POLL) => {
+                            if hand_over.is_closed() {
+                                wanted.store(false, Ordering::Relaxed);
+                                return;
+                            }
+                            if let Some(connection) = pool.try_acquire() {
+                                wanted.store(false, Ordering::Relaxed);
+                                break Ok(connection);
+                            }
+                        }
+                    }
                 }
-                pool.acquire().await
             } else {
                 tokio::select! {
                     acquired = pool.acquire() => acquired,
@@ -447,6 +472,19 @@ impl SqlStore {
             node_us,
         })
     }
+}
+
+/// One connection opened for `shared`'s pool (see `SqlStore::connection`), once one of the
+/// [`OPENING_AT_ONCE`] permits is free: `None`, without opening, if it is no longer `wanted` by then.
+async fn open_one(
+    shared: Arc<Shared>,
+    wanted: Arc<AtomicBool>,
+) -> Option<Result<PoolConnection<Any>, sqlx::Error>> {
+    let _opening = shared.opening.acquire().await.ok()?;
+    if !wanted.load(Ordering::Relaxed) {
+        return None;
+    }
+    Some(shared.pool.acquire().await)
 }
 
 /// How long the pool's acquire goes on opening a connection: twice `node_timeout`, at least
