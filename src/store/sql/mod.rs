@@ -313,12 +313,13 @@ impl SqlStore {
     /// - **At most [`OPENING_AT_ONCE`] openings at a time.** An acquire that may open a connection (the
     ///   pool has no idle one and is below `pool_size`) waits for a permit first, and is dropped without
     ///   opening if its caller has left by then; so the first session is ready after one login's time,
-    ///   not eight logins' shared.
-    /// - **A connection that comes back is taken.** While such an acquire waits for its permit or its
-    ///   login, it looks every [`RETURNED_POLL`] for a connection returned to the pool and hands that
-    ///   over instead; the opening goes on (or, still waiting for its permit, never starts) and what it
-    ///   opens joins the pool. A call that finished must not leave the next one waiting for a login. An acquire that can only wait for a connection to come back is
+    ///   not eight logins' shared. An acquire that can only wait for a connection to come back is
     ///   dropped as soon as its caller leaves, so no connection is handed to a caller that is gone.
+    /// - **A connection that comes back is taken.** While an acquire waits for its permit or its login,
+    ///   it looks every [`RETURNED_POLL`] for a connection returned to the pool and hands that over
+    ///   instead (it was in use a moment ago: no liveness test); the opening goes on (or, still waiting
+    ///   for its permit, never starts) and what it opens joins the pool. A call that finished must not
+    ///   leave the next one waiting for a login.
     async fn connection(&self, budget: Duration) -> Result<PoolConnection<Any>, Failed> {
         let (hand_over, handed) = tokio::sync::oneshot::channel();
         let shared = Arc::clone(&self.shared);
