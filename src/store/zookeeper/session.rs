@@ -227,3 +227,22 @@ async fn connect(spec: Arc<Spec>) -> Result<Arc<Session>, String> {
         acls,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::connection_timeout;
+    use std::time::Duration;
+
+    /// Four node timeouts, at least 1 s, at most the client's own `2/5` of the session timeout.
+    #[test]
+    fn the_connection_timeout_is_four_node_timeouts_within_its_bounds() {
+        let ms = Duration::from_millis;
+        // The defaults: node_timeout 500 ms, session 30 s (lock.ttl).
+        assert_eq!(connection_timeout(ms(500), ms(30_000)), ms(2_000));
+        assert_eq!(connection_timeout(ms(100), ms(30_000)), ms(1_000));
+        // The chaos runs' 400 ms and 4 s: the client's default already.
+        assert_eq!(connection_timeout(ms(400), ms(4_000)), ms(1_600));
+        // A short session keeps the client's default, below the 1 s floor too.
+        assert_eq!(connection_timeout(ms(500), ms(2_000)), ms(800));
+    }
+}

@@ -184,7 +184,6 @@ async fn a_hung_member_costs_its_sessions_four_node_timeouts_not_two_fifths_of_t
     let next = ClaimRequest::new("w", "job", Tick(2_000), Overlap::Allow, "f");
     let outcome = claim(&store, &next).await;
     let waited = hung.elapsed();
-    eprintln!("WAITED {waited:?}");
     ensemble.cont(member);
     assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
     // 1 s without an answer (4 × 250 ms), a connect to another member — or, when the client tries the
