@@ -10,7 +10,7 @@
 //! `redcron trigger` request, whose run's tick is the request's time.
 
 use chrono::{DateTime, Utc};
-use futures_util::future::join_all;
+use futures_util::future::{join, join_all};
 use serde::Serialize;
 
 use super::status::{alive, SETTLE};
@@ -72,11 +72,10 @@ pub async fn read(store: &Store, job: &str, tick: Tick) -> Result<ExplainInputs,
     for read in join_all(queries.iter().map(|query| store.history(query))).await {
         histories.push(notes.keep(read?));
     }
-    let members = notes.keep(store.members().await?);
-    let paused_now = notes
-        .keep(store.pauses(&[job.to_string()]).await?)
-        .pop()
-        .flatten();
+    let jobs = [job.to_string()];
+    let (members, pauses) = join(store.members(), store.pauses(&jobs)).await;
+    let members = notes.keep(members?);
+    let paused_now = notes.keep(pauses?).pop().flatten();
     let before = histories.pop().unwrap_or_default();
     // A read full of controls cannot tell: taken as earlier history, as before controls existed.
     let earlier = before.iter().any(|e| !e.is_control()) || before.len() >= ENTRIES_BEFORE;
