@@ -38,6 +38,11 @@ pub const MAX_ENTRIES_PER_JOB: usize = 40_000;
 /// larger than this is read alone).
 pub const ENTRIES_IN_FLIGHT: usize = 32_768;
 
+/// A budget of [`ENTRIES_IN_FLIGHT`] entries for [`newest_entries`]: each read holds its share of it.
+pub(crate) fn entry_budget() -> Semaphore {
+    Semaphore::new(ENTRIES_IN_FLIGHT)
+}
+
 /// The most jobs [`read`] reads at once (the store's load stays bounded too).
 const JOBS_IN_FLIGHT: usize = 128;
 
@@ -54,7 +59,7 @@ pub async fn read(
     since: Option<DateTime<Utc>>,
     limit: usize,
 ) -> Result<History, QuorumFailure> {
-    let budget = Semaphore::new(ENTRIES_IN_FLIGHT);
+    let budget = entry_budget();
     let mut notes = Notes::new(store);
     let mut merge = Merge::new(limit);
     let mut waiting = jobs.iter();
@@ -79,10 +84,10 @@ pub async fn read(
 }
 
 /// One job's answer, with what it was asked for and its share of the read's budget.
-struct Page<'a> {
+pub(crate) struct Page<'a> {
     /// The last read of the job: its entries came from it, and so do the nodes it notes.
-    read: Read<Vec<Entry>>,
-    asked: usize,
+    pub(crate) read: Read<Vec<Entry>>,
+    pub(crate) asked: usize,
     _budget: Option<SemaphorePermit<'a>>,
 }
 
@@ -95,24 +100,47 @@ async fn read_job<'a>(
     since: Option<DateTime<Utc>>,
     limit: usize,
 ) -> Result<Page<'a>, QuorumFailure> {
-    let mut asked = limit
-        .saturating_mul(ENTRIES_PER_TICK)
-        .clamp(1, MAX_ENTRIES_PER_JOB);
+    let first = limit.saturating_mul(ENTRIES_PER_TICK);
+    let since = since.map(|t| Tick(t.timestamp_millis()));
+    newest_entries(
+        store,
+        budget,
+        job,
+        since,
+        first,
+        MAX_ENTRIES_PER_JOB,
+        |entries, asked| whole_ticks(entries, asked) >= limit,
+    )
+    .await
+}
+
+/// Reads the newest entries of `job` (with ticks at or after `since`) from `store`: `first` of them, then
+/// four times as many while the answer came back full and `enough(entries, asked)` says it is not, up to
+/// `most`. Each read holds its share of `budget` (all of it at most) until the page is dropped, so the
+/// readers of many jobs together hold a bounded number of entries.
+pub(crate) async fn newest_entries<'a>(
+    store: &Store,
+    budget: &'a Semaphore,
+    job: &str,
+    since: Option<Tick>,
+    first: usize,
+    most: usize,
+    enough: impl Fn(&[Entry], usize) -> bool,
+) -> Result<Page<'a>, QuorumFailure> {
+    let most = most.max(1);
+    let mut asked = first.clamp(1, most);
     loop {
         let share = u32::try_from(asked.min(ENTRIES_IN_FLIGHT)).unwrap_or(u32::MAX);
         // `None` only if the semaphore were closed, which it never is: the read goes on unbudgeted.
         let permit = budget.acquire_many(share).await.ok();
         let query = Query {
             job: job.to_string(),
-            since: since.map(|t| Tick(t.timestamp_millis())),
+            since,
             until: None,
             limit: asked,
         };
         let read = store.history(&query).await?;
-        let enough = read.value.len() < asked
-            || asked >= MAX_ENTRIES_PER_JOB
-            || whole_ticks(&read.value, asked) >= limit;
-        if enough {
+        if read.value.len() < asked || asked >= most || enough(&read.value, asked) {
             return Ok(Page {
                 read,
                 asked,
@@ -121,9 +149,7 @@ async fn read_job<'a>(
         }
         drop(read);
         drop(permit);
-        asked = asked
-            .saturating_mul(ENTRIES_PER_TICK)
-            .min(MAX_ENTRIES_PER_JOB);
+        asked = asked.saturating_mul(ENTRIES_PER_TICK).min(most);
     }
 }
 

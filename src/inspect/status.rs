@@ -14,20 +14,28 @@ use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use serde::Serialize;
+use tokio::sync::Semaphore;
 
+use super::history;
 use super::time;
 use super::Notes;
 use crate::config::{Config, JobConfig};
 use crate::history::tick::{self, TickRecord};
-use crate::history::{Entry, Kind, Query};
+use crate::history::{Entry, Kind};
 use crate::lock::{PauseRead, QuorumFailure};
 use crate::membership::Member;
 use crate::store::{Read, Store};
 use crate::trigger::TriggerRequest;
 
 /// How many entries of each job the status reads, newest first: enough for the failures in a row and the
-/// last success of most jobs (the store keeps `history.keep_ticks` ticks per job anyway).
+/// last success of most jobs (the store keeps `history.keep_ticks` ticks per job anyway). Pauses and
+/// resumes (`control` entries) are not counted ([`newest_of`]).
 pub const ENTRIES_PER_JOB: usize = 2000;
+
+/// How many times the entries asked for a status read of one job may take when pauses and resumes are
+/// among them: a job paused and resumed beside each of its ticks (automation) still has its newest ticks
+/// read, while a job with endless controls costs a bounded read.
+const CONTROLS_ALLOWANCE: usize = 16;
 
 /// A tick's window is taken as ended this long after [`JobConfig::window_end`], for the workers' history
 /// writes (made after the fact, in the background) to land.
@@ -51,7 +59,8 @@ pub struct StatusInputs {
 /// How many history entries [`read_status`] holds at once, all jobs together: a job's entries are dropped
 /// as soon as its status is known, so the status of 10,000 jobs costs this much memory, not every job's
 /// history at once (10,000 jobs × [`ENTRIES_PER_JOB`] would be gigabytes in the worker that serves it).
-pub const ENTRIES_IN_FLIGHT: usize = 32_768;
+/// The same bound as `history`'s reads.
+pub use super::history::ENTRIES_IN_FLIGHT;
 /// The most jobs whose histories [`read_status`] reads at once (the store's load stays bounded too).
 const JOBS_IN_FLIGHT: usize = 128;
 
@@ -72,6 +81,7 @@ pub async fn read_status(
     let pauses = notes.keep(store.pauses(&names).await?);
     let triggers = notes.keep(store.triggers().await?);
     let at_once = (ENTRIES_IN_FLIGHT / entries_per_job.max(1)).clamp(1, JOBS_IN_FLIGHT);
+    let budget = history::entry_budget();
     let mut waiting = jobs.iter().copied().zip(pauses);
     let mut reads = FuturesOrdered::new();
     let mut statuses = Vec::with_capacity(jobs.len());
@@ -80,7 +90,7 @@ pub async fn read_status(
             let Some((job, pause)) = waiting.next() else {
                 break;
             };
-            reads.push_back(history_of(store, job, pause, entries_per_job));
+            reads.push_back(history_of(store, &budget, job, pause, entries_per_job));
         }
         let Some((job, pause, read)) = reads.next().await else {
             break;
@@ -93,8 +103,8 @@ pub async fn read_status(
     Ok(assemble(config, members, statuses, notes, now))
 }
 
-/// Reads what the status of `jobs` needs, with the newest `entries_per_job` entries of each: a page of
-/// the dashboard reads its own jobs only, and fewer entries of each.
+/// Reads what the status of `jobs` needs, with the newest `entries_per_job` entries of each (controls not
+/// counted, [`newest_of`]): a page of the dashboard reads its own jobs only, and fewer entries of each.
 pub async fn read_jobs(
     store: &Store,
     jobs: &[&JobConfig],
@@ -102,17 +112,12 @@ pub async fn read_jobs(
 ) -> Result<StatusInputs, QuorumFailure> {
     let mut notes = Notes::new(store);
     let members = notes.keep(store.members().await?);
-    let queries: Vec<Query> = jobs
+    let budget = history::entry_budget();
+    let reads = jobs
         .iter()
-        .map(|job| Query {
-            job: job.name.clone(),
-            since: None,
-            until: None,
-            limit: entries_per_job,
-        })
-        .collect();
-    let mut histories = Vec::with_capacity(queries.len());
-    for read in join_all(queries.iter().map(|query| store.history(query))).await {
+        .map(|job| newest_of(store, &budget, &job.name, entries_per_job));
+    let mut histories = Vec::with_capacity(jobs.len());
+    for read in join_all(reads).await {
         histories.push(notes.keep(read?));
     }
     let names: Vec<String> = jobs.iter().map(|job| job.name.clone()).collect();
@@ -210,9 +215,10 @@ pub struct Overdue {
     pub window_ended_at: DateTime<Utc>,
 }
 
-/// `job`'s newest `limit` entries, with what came along.
+/// `job`'s newest `limit` entries ([`newest_of`]), with what came along.
 async fn history_of<'a>(
     store: &Store,
+    budget: &Semaphore,
     job: &'a JobConfig,
     pause: Option<PauseRead>,
     limit: usize,
@@ -221,13 +227,30 @@ async fn history_of<'a>(
     Option<PauseRead>,
     Result<Read<Vec<Entry>>, QuorumFailure>,
 ) {
-    let query = Query {
-        job: job.name.clone(),
-        since: None,
-        until: None,
-        limit,
-    };
-    (job, pause, store.history(&query).await)
+    (job, pause, newest_of(store, budget, &job.name, limit).await)
+}
+
+/// `job`'s newest `limit` entries other than pauses and resumes (`control` entries), which say nothing
+/// of a tick and must not push the ticks out of a fixed-size read: read `limit` entries, then more while
+/// the answer was full and controls took some of it, up to [`CONTROLS_ALLOWANCE`] times `limit`. Only
+/// the newest `limit` entries of ticks are kept, and the budget's share is given back before this returns
+/// (a caller that holds the entries of many jobs holds at most `limit` of each).
+async fn newest_of(
+    store: &Store,
+    budget: &Semaphore,
+    job: &str,
+    limit: usize,
+) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+    let ticks_in = |entries: &[Entry]| entries.iter().filter(|e| !e.is_control()).count();
+    let most = limit.saturating_mul(CONTROLS_ALLOWANCE);
+    let page = history::newest_entries(store, budget, job, None, limit, most, |entries, _| {
+        ticks_in(entries) >= limit
+    })
+    .await?;
+    let mut read = page.read;
+    read.value.retain(|entry| !entry.is_control());
+    read.value.truncate(limit);
+    Ok(read)
 }
 
 /// The status of `config`'s jobs and of the workers at `now`, from what [`read_jobs`] gathered of all of

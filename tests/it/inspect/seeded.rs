@@ -1,7 +1,12 @@
 //! The commands on a history and membership seeded through the store: tables, JSON, usage errors.
 
+use std::collections::BTreeSet;
+
+use chrono::Utc;
+
 use super::{hourly_tick, hourly_tick_at, line, show, Fixture, OTHER_CONFIG};
-use redcron::history::{Entry, Kind};
+use redcron::history::{Control, Entry, Kind, CONTROL_PAUSED, CONTROL_RESUMED};
+use redcron::inspect::status;
 use redcron::schedule::Tick;
 
 /// `status`: alive, stopped and other-config workers marked; each job's last run (unfinished when its
@@ -428,4 +433,55 @@ fn the_embedded_store_is_read_from_its_file() {
         "{status}"
     );
     assert_eq!(status["jobs"][0]["last_run"]["token"], 12);
+}
+
+/// Pauses and resumes (`control` entries) do not use up a status read's entries: with 100 controls newer
+/// than all of `archive`'s ticks, a read of 40 entries (the dashboard's strips) still holds the seeded
+/// entries of its 4 ticks, and the status from it is the one the seed alone gives.
+#[test]
+fn controls_do_not_push_the_ticks_out_of_a_status_read() {
+    let fixture = Fixture::new();
+    let ticks = fixture.seed();
+    let made = Utc::now() - chrono::Duration::seconds(200);
+    let controls: Vec<Entry> = (0..100)
+        .map(|n| {
+            let what = Control {
+                action: if n % 2 == 0 {
+                    CONTROL_PAUSED
+                } else {
+                    CONTROL_RESUMED
+                },
+                by: "ops via dashboard from 127.0.0.1".to_string(),
+                reason: format!("drill {n}"),
+                until: None,
+            };
+            Entry::control(
+                "archive",
+                &what,
+                "dashboard",
+                made + chrono::Duration::seconds(n),
+            )
+        })
+        .collect();
+    fixture.record(&controls);
+    let config = redcron::config::load(&fixture.config).expect("the test config is valid");
+    let archive = &config.jobs[0];
+    let inputs = fixture
+        .runtime
+        .block_on(status::read_jobs(&fixture.store, &[archive], 40))
+        .expect("a majority answered");
+    let read = &inputs.histories[0];
+    assert!(read.iter().all(|e| !e.is_control()), "{read:#?}");
+    let read_ticks: BTreeSet<i64> = read.iter().map(|e| e.tick).collect();
+    let seeded: BTreeSet<i64> = ticks.iter().map(|t| t.as_millis()).collect();
+    assert_eq!(read_ticks, seeded, "{read:#?}");
+    assert_eq!(read.len(), 7, "every seeded entry of archive: {read:#?}");
+
+    let status = status::status_of(&config, &[archive], inputs, Utc::now());
+    let job = &status.jobs[0];
+    let token = job.last_run.as_ref().and_then(|run| run.token);
+    assert_eq!(token, Some(4), "{job:#?}");
+    assert_eq!(job.failures_in_a_row, 3, "{job:#?}");
+    let success = job.last_success.as_ref().map(|run| run.tick);
+    assert_eq!(success, Some(ticks[3].as_millis()), "{job:#?}");
 }
