@@ -2,7 +2,9 @@
 //! [`Browser`], sees what a person would see and does what a person would do — log in, read the tick
 //! strips as the page's script keeps them live, pause through the form, resume, trigger and watch the run
 //! — against three workers on real Redis nodes, while `redcron status` and the history are held against
-//! what the pages said. And what a hostile page in the same browser cannot do: post a pause.
+//! what the pages said. And what a hostile page in the same browser cannot do: post a pause. And, on a
+//! stand-in site that makes the race certain, that the page's script puts in a change made before its
+//! first answer.
 //!
 //! One cluster, three workers and one browser serve every scenario, one after the other in one test: a
 //! browser and three workers cost more to start than the scenarios take, and none disturbs another (each
@@ -54,6 +56,55 @@ fn chromium_loads_a_worker_page_and_takes_a_screenshot() {
     let shot = dir.join("index.png");
     browser.screenshot(&shot);
     assert_png(&shot);
+}
+
+/// The page's script puts in a change made between the page's load and its first answer, and asks
+/// with that answer's ETag from then on (a page left stale for good by such a change once failed the
+/// test above in CI). The real race is milliseconds wide, so a stand-in site makes it certain: it serves
+/// the dashboard's own script and a page whose navigation load says `before` while every ask of the
+/// script (`Accept: text/html`, as it sends) gets `after` — which only the script can put in.
+#[test]
+fn the_script_puts_in_a_change_made_before_its_first_answer() {
+    const SCRIPT: &str = include_str!("../../src/dashboard/assets/app.js");
+    const ETAG: &str = "\"after\"";
+    let page = |text: &str| {
+        format!(
+            "<!doctype html><title>live</title><main id=\"content\" data-live=\"true\">\
+             <p id=\"state\">{text}</p></main><script src=\"/assets/app.js\"></script>"
+        )
+    };
+    let (before, after) = (page("before"), page("after"));
+    let asked_again = Arc::new(AtomicBool::new(false));
+    let site = Page::answering({
+        let asked_again = Arc::clone(&asked_again);
+        move |head| {
+            if head.starts_with("GET /assets/app.js ") {
+                return Reply::new("200 OK", &[("Content-Type", "text/javascript")], SCRIPT);
+            }
+            if !head.starts_with("GET / ") {
+                return Reply::new("404 Not Found", &[], "");
+            }
+            if header(head, "Accept") != Some("text/html") {
+                return Reply::html(&before, &[]);
+            }
+            if header(head, "If-None-Match") == Some(ETAG) {
+                asked_again.store(true, Ordering::SeqCst);
+                return Reply::new("304 Not Modified", &[("ETag", ETAG)], "");
+            }
+            Reply::html(&after, &[("ETag", ETAG)])
+        }
+    });
+    let browser = Browser::start();
+    browser.goto(&site.url);
+    browser.wait_until("the change since the load to be put in", WAIT, |b| {
+        b.text("#state") == "after"
+    });
+    browser.wait_until(
+        "the script to ask with the first answer's ETag",
+        WAIT,
+        |_| asked_again.load(Ordering::SeqCst),
+    );
+    assert_eq!(browser.text("#state"), "after", "a 304 changes nothing");
 }
 
 /// Three workers on three Redis nodes, one browser, every scenario of issue 24 in turn: the login; the
@@ -295,7 +346,7 @@ fn wait_for_history(cluster: &Cluster, what: &str, done: impl Fn(&[Entry]) -> bo
     }
 }
 
-/// A page served on another loopback port: every request is answered with it, until dropped.
+/// A site served on another loopback port until dropped: each request's head is answered by a function.
 struct Page {
     url: String,
     stop: Arc<AtomicBool>,
@@ -303,7 +354,13 @@ struct Page {
 }
 
 impl Page {
+    /// Every request is answered with `html`.
     fn serve(html: String) -> Page {
+        Page::answering(move |_| Reply::html(&html, &[]))
+    }
+
+    /// Each request is answered with what `respond` makes of its head (request line and headers).
+    fn answering(respond: impl Fn(&str) -> Reply + Send + 'static) -> Page {
         let listener = TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
         let address = listener
             .local_addr()
@@ -317,7 +374,7 @@ impl Page {
                         break;
                     }
                     if let Ok(stream) = stream {
-                        answer(stream, &html);
+                        answer(stream, &respond);
                     }
                 }
             }
@@ -341,20 +398,49 @@ impl Drop for Page {
     }
 }
 
-/// Reads a request's head and answers `html`, closing the connection.
-fn answer(mut stream: TcpStream, html: &str) {
+/// An answer of [`Page`]: status line, headers and body.
+struct Reply(String);
+
+impl Reply {
+    fn new(status: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+        let mut head = format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            body.len()
+        );
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        Reply(format!("{head}\r\n{body}"))
+    }
+
+    fn html(html: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut all = vec![("Content-Type", "text/html; charset=utf-8")];
+        all.extend_from_slice(headers);
+        Reply::new("200 OK", &all, html)
+    }
+}
+
+/// Reads a request's head and answers it with `respond`, closing the connection.
+fn answer(mut stream: TcpStream, respond: &impl Fn(&str) -> Reply) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     let mut head = Vec::new();
     let mut byte = [0; 1];
     while !head.ends_with(b"\r\n\r\n") && matches!(stream.read(&mut byte), Ok(1)) {
         head.push(byte[0]);
     }
-    let response = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{html}",
-        html.len()
-    );
+    let Reply(response) = respond(&String::from_utf8_lossy(&head));
     let _ = stream.write_all(response.as_bytes());
+}
+
+/// The value of header `name` in a request's `head`, if it has one.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (found, value) = line.split_once(':')?;
+        found
+            .trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| value.trim())
+    })
 }
 
 /// Panics unless `path` is a PNG image of the browser's window, 1280 pixels wide.
