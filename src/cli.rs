@@ -20,7 +20,7 @@ mod trigger;
 pub use self::exit::Exit;
 pub use self::explain::ExplainArgs;
 pub use self::history::HistoryArgs;
-pub use self::pause::{PauseArgs, ResumeArgs};
+pub use self::pause::{JobsArg, PauseArgs, ResumeArgs};
 pub use self::status::StatusArgs;
 pub use self::trigger::TriggerArgs;
 
@@ -80,10 +80,10 @@ pub enum Action {
     History(HistoryArgs),
     /// Tell one tick's story: who raced, who won with which token, how it ended, or why nobody ran it.
     Explain(ExplainArgs),
-    /// Pause a job through the lock: no claim of it is granted anywhere until `resume` (or until --for
-    /// ends); its ticks are recorded as skipped (paused). Runs under way go on.
+    /// Pause jobs through the lock (one, several, or --all): no claim of them is granted anywhere until
+    /// `resume` (or until --for ends); their ticks are recorded as skipped (paused). Runs under way go on.
     Pause(PauseArgs),
-    /// Resume a paused job: its next tick runs.
+    /// Resume paused jobs (one, several, or --all): their next ticks run.
     Resume(ResumeArgs),
     /// Run a job once now, on whichever live worker claims it through the lock (exactly one), obeying
     /// its overlap rule; prints the run's id, or with --wait its outcome.

@@ -1,5 +1,5 @@
-//! `redcron pause JOB [--for DURATION] [--reason TEXT]` and `redcron resume JOB`: stop and restart a job's
-//! ticks through the lock.
+//! `redcron pause JOB… [--for DURATION] [--reason TEXT]` and `redcron resume JOB…` (or `--all`): stop and
+//! restart jobs' ticks through the lock.
 //!
 //! `pause` writes the job's pause to every node and succeeds once a majority took it; from then on both
 //! rounds of every claim refuse, so no tick of the job is granted anywhere — also on a worker that has not
@@ -20,6 +20,13 @@
 //! A worker of an earlier release ignores pauses (its claim scripts never read the key), so `pause` first
 //! reads the live workers and refuses, naming them, while one of them does not honour it
 //! ([`super::honoured`]); `--even-if-ignored` pauses anyway and the report names them.
+//!
+//! Several jobs (or `--all`, for a maintenance window) are changed one after the other, each as one job
+//! is, with one read of the live workers before the first, one `until` for all, one read-back and one
+//! history write after the last. A store failure on the first job is the command's error, as for one
+//! job; on a later one it stops there: the jobs changed before it stand, are reported and recorded, the
+//! report lists the jobs not changed, and the command exits with the failure's code. There is no
+//! transaction across jobs: the store has none across keys on every backend.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -29,7 +36,8 @@ use serde::Serialize;
 
 use super::honoured::{self, Ignoring};
 use super::read::{ReadError, Reader};
-use super::{load_job, operator, render, say, say_error, ConfigArg, Exit};
+use super::{find_job, load, operator, render, say, say_error, ConfigArg, Exit};
+use crate::config::Config;
 use crate::history::{Control, Entry};
 use crate::inspect::time::instant;
 use crate::inspect::Notes;
@@ -45,9 +53,8 @@ const MAX_FOR: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Arguments of `pause`.
 #[derive(Debug, clap::Args)]
 pub struct PauseArgs {
-    /// The job's name.
-    #[arg(value_name = "JOB")]
-    pub job: String,
+    #[command(flatten)]
+    pub jobs: JobsArg,
     /// End the pause by itself after this long (90s, 30m, 2h, 1day; at most a year). Default: until
     /// `redcron resume`. A pause in force that lasts longer stays as it is (unless --replace); a pause
     /// that has ended by the time it reaches the store is not written (exit 2).
@@ -75,9 +82,8 @@ pub struct PauseArgs {
 /// Arguments of `resume`.
 #[derive(Debug, clap::Args)]
 pub struct ResumeArgs {
-    /// The job's name.
-    #[arg(value_name = "JOB")]
-    pub job: String,
+    #[command(flatten)]
+    pub jobs: JobsArg,
     /// Why, for the history's record of the resume.
     #[arg(long, value_name = "TEXT", default_value = "")]
     pub reason: String,
@@ -88,9 +94,57 @@ pub struct ResumeArgs {
     pub json: bool,
 }
 
-/// What `pause` and `resume` report. Field names are stable (docs/history.md).
+/// Which jobs `pause` or `resume` changes: those named, or every job of the config file.
+#[derive(Debug, clap::Args)]
+pub struct JobsArg {
+    /// The job's name; several names change each of them, one after the other.
+    #[arg(value_name = "JOB", required_unless_present = "all")]
+    pub names: Vec<String>,
+    /// Every job of the config file, enabled or not (a maintenance window: `pause --all --for 2h`, then
+    /// `resume --all`).
+    #[arg(long, conflicts_with = "names")]
+    pub all: bool,
+}
+
+impl JobsArg {
+    /// One job named: the report is that job's alone, as before several could be.
+    fn one(&self) -> bool {
+        !self.all && self.names.len() == 1
+    }
+
+    /// How the command line named the jobs, to repeat it in advice.
+    fn as_given(&self) -> String {
+        match self.all {
+            true => "--all".to_string(),
+            false => self.names.join(" "),
+        }
+    }
+
+    /// The jobs' names in the config's order for `--all`, else as given without repeats; or every
+    /// unknown name said on stderr and the exit code for it.
+    fn resolve(&self, config: &Config) -> Result<Vec<String>, ExitCode> {
+        if self.all {
+            return Ok(config.jobs.iter().map(|job| job.name.clone()).collect());
+        }
+        let mut names: Vec<String> = Vec::with_capacity(self.names.len());
+        let mut unknown = false;
+        for name in &self.names {
+            match find_job(config, name) {
+                Ok(_) if names.contains(name) => {}
+                Ok(_) => names.push(name.clone()),
+                Err(_) => unknown = true,
+            }
+        }
+        match unknown {
+            true => Err(ExitCode::from(Exit::Usage)),
+            false => Ok(names),
+        }
+    }
+}
+
+/// What `pause` and `resume` report of one job. Field names are stable (docs/history.md).
 #[derive(Debug, Serialize)]
-pub(super) struct PauseReport {
+pub(super) struct JobChange {
     pub job: String,
     pub action: Action,
     /// For `resume`: whether a node held a pause.
@@ -98,16 +152,49 @@ pub(super) struct PauseReport {
     pub was_paused: Option<bool>,
     /// The pause as read back after the write (`null` once resumed), with on how many nodes it stands.
     pub paused: Option<PauseRead>,
-    /// How many nodes the store has.
-    pub configured_nodes: usize,
-    /// For `pause --even-if-ignored`: the live workers that ignore the pause (of an earlier release).
-    pub ignored_by: Vec<Ignoring>,
     /// Whether the control's `control` entry reached the history (a majority of the nodes); absent when
     /// nothing changed, so nothing was to be recorded. `false` does not undo the control.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_in_history: Option<bool>,
+}
+
+/// What `pause JOB` and `resume JOB` report: the one job's change. Field names are stable
+/// (docs/history.md).
+#[derive(Debug, Serialize)]
+pub(super) struct PauseReport {
+    #[serde(flatten)]
+    pub change: JobChange,
+    /// How many nodes the store has.
+    pub configured_nodes: usize,
+    /// For `pause --even-if-ignored`: the live workers that ignore the pause (of an earlier release).
+    pub ignored_by: Vec<Ignoring>,
     #[serde(flatten)]
     pub notes: Notes,
+}
+
+/// What `pause` and `resume` of several jobs (or `--all`) report. Field names are stable
+/// (docs/history.md).
+#[derive(Debug, Serialize)]
+pub(super) struct BulkReport {
+    /// Each job changed (or found as it was asked to be), in the order they were changed.
+    pub jobs: Vec<JobChange>,
+    /// The jobs not changed, in order, each with why: a pause whose `--for` had ended when it reached
+    /// the store, or the store failing (then every job after it is listed too, and the command exits
+    /// with the failure's code).
+    pub not_changed: Vec<NotChanged>,
+    /// How many nodes the store has.
+    pub configured_nodes: usize,
+    /// For `pause --even-if-ignored`: the live workers that ignore the pause (of an earlier release).
+    pub ignored_by: Vec<Ignoring>,
+    #[serde(flatten)]
+    pub notes: Notes,
+}
+
+/// A job that `pause` or `resume` of several jobs left as it was, and why.
+#[derive(Debug, Serialize)]
+pub(super) struct NotChanged {
+    pub job: String,
+    pub why: String,
 }
 
 /// What `pause` or `resume` did, as reported.
@@ -122,48 +209,47 @@ pub(super) enum Action {
     Resumed,
 }
 
-/// What the change did.
+/// What the change did to one job.
 enum Changed {
-    /// The pause written, kept out by a longer one, or over; `ignored_by` are the live workers that
-    /// ignore it (only with `--even-if-ignored`).
-    Paused {
-        outcome: PauseOutcome,
-        ignored_by: Vec<Ignoring>,
-    },
+    /// The pause written, kept out by a longer one, or over.
+    Paused(PauseOutcome),
     /// Resumed: whether a node held a pause.
     Resumed { was_paused: bool },
-    /// Nothing written: these live workers would ignore the pause.
+}
+
+/// Whether the command goes on, once the live workers were read: with the workers that will ignore the
+/// change (only with `--even-if-ignored`), or refused because of them.
+enum Go {
+    Ahead(Vec<Ignoring>),
     Refused(Vec<Ignoring>),
 }
 
 /// Carries out `pause`.
 pub(super) fn pause(args: &PauseArgs) -> anyhow::Result<ExitCode> {
+    // One instant for every job: a maintenance window ends at once for all of them.
     let pause = Pause {
         until: args.duration.map(|duration| until(Utc::now(), duration)),
         by: operator(),
         reason: args.reason.clone(),
     };
+    let in_force = match args.replace {
+        true => InForce::Replace,
+        false => InForce::KeepLonger,
+    };
     let control = Control::paused(&pause);
     change(
         &args.config,
-        &args.job,
+        &args.jobs,
         args.json,
         control,
-        |reader, job| {
+        |reader| {
             let ignored_by = honoured::ignoring(reader, Capability::Pause)?;
-            if !ignored_by.is_empty() && !args.even_if_ignored {
-                return Ok(Changed::Refused(ignored_by));
-            }
-            let in_force = match args.replace {
-                true => InForce::Replace,
-                false => InForce::KeepLonger,
-            };
-            let outcome = reader.pause(job, &pause, in_force)?;
-            Ok(Changed::Paused {
-                outcome,
-                ignored_by,
+            Ok(match ignored_by.is_empty() || args.even_if_ignored {
+                true => Go::Ahead(ignored_by),
+                false => Go::Refused(ignored_by),
             })
         },
+        |reader, job| Ok(Changed::Paused(reader.pause(job, &pause, in_force)?)),
     )
 }
 
@@ -174,9 +260,10 @@ pub(super) fn resume(args: &ResumeArgs) -> anyhow::Result<ExitCode> {
     let control = Control::resumed(operator(), args.reason.clone());
     change(
         &args.config,
-        &args.job,
+        &args.jobs,
         args.json,
         control,
+        |_| Ok(Go::Ahead(Vec::new())),
         |reader, job| {
             let was_paused = reader.resume(job)?;
             Ok(Changed::Resumed { was_paused })
@@ -184,97 +271,259 @@ pub(super) fn resume(args: &ResumeArgs) -> anyhow::Result<ExitCode> {
     )
 }
 
-/// Loads the config, finds the job, makes the change (`write`), records `control` in the history if the
-/// change took effect, reads the pause back and reports it; or says why nothing was written.
+/// What [`change`] did, before it is reported.
+struct Done {
+    /// The jobs changed, in order, with what the change did.
+    changed: Vec<(String, Changed)>,
+    /// The store's failure that stopped the command, and the jobs it left unchanged.
+    stopped: Option<(ReadError, Vec<String>)>,
+    /// Each changed job's pause, read back, in the order of `changed`.
+    paused: Vec<Option<PauseRead>>,
+    /// Whether the `control` entries reached the history, if any was to be recorded.
+    recorded: Option<bool>,
+    ignored_by: Vec<Ignoring>,
+}
+
+/// Loads the config, finds the jobs, asks `check` whether to go on, makes the change of each job in turn
+/// (`write`; a store failure stops at that job), reads their pauses back, records `control` in the
+/// history for each change that took effect, and reports; or says why nothing was written.
 fn change(
     config: &ConfigArg,
-    name: &str,
+    jobs: &JobsArg,
     json: bool,
     control: Control,
-    write: impl FnOnce(&mut Reader, &str) -> Result<Changed, ReadError>,
+    check: impl FnOnce(&mut Reader) -> Result<Go, ReadError>,
+    write: impl Fn(&mut Reader, &str) -> Result<Changed, ReadError>,
 ) -> anyhow::Result<ExitCode> {
-    let (config, job) = match load_job(config, name) {
-        Ok((config, job)) => (config, job.name),
+    let config = match load(&config.config) {
+        Ok(config) => config,
+        Err(code) => return Ok(code),
+    };
+    let names = match jobs.resolve(&config) {
+        Ok(names) => names,
         Err(code) => return Ok(code),
     };
     let configured_nodes = config.store.nodes();
-    let mut recorded_in_history = None;
-    let done = Reader::open(&config).and_then(|mut reader| {
-        let changed = write(&mut reader, &job)?;
-        if matches!(changed, Changed::Refused(_)) {
-            return Ok((changed, None, reader.notes()));
+    let mut reader = match Reader::open(&config) {
+        Ok(reader) => reader,
+        Err(error) => return Ok(super::read_failed(&error)),
+    };
+    let ignored_by = match check(&mut reader) {
+        Ok(Go::Ahead(ignored_by)) => ignored_by,
+        Ok(Go::Refused(ignoring)) => {
+            render::warn_notes(&reader.notes());
+            let (what, given) = (names_text(&names), jobs.as_given());
+            let effect = format!("it would go on running {what}'s ticks while paused");
+            say_error(&honoured::refusal("pause", &given, &ignoring, &effect));
+            return Ok(ExitCode::from(Exit::Ignored));
         }
-        let paused = reader.pauses(std::slice::from_ref(&job))?.pop().flatten();
-        // After the read-back, with a deadline of its own: however the history write fares, the report
-        // of the change is what it would have been without it.
-        if took_effect(&changed) {
-            reader.renew_deadline();
-            recorded_in_history = Some(record(&mut reader, &job, &control));
-        }
-        Ok((changed, paused, reader.notes()))
-    });
-    let (changed, paused, notes) = match done {
+        Err(error) => return Ok(super::read_failed(&error)),
+    };
+    let done = match apply(&mut reader, &names, &control, ignored_by, write) {
         Ok(done) => done,
         Err(error) => return Ok(super::read_failed(&error)),
     };
-    let (action, was_paused, ignored_by) = match changed {
-        Changed::Paused {
-            outcome: PauseOutcome::AlreadyOver,
-            ..
-        } => {
-            render::warn_notes(&notes);
-            say_error(&over(&job, paused.as_ref()));
-            return Ok(ExitCode::from(Exit::Usage));
+    let notes = reader.notes();
+    if jobs.one() {
+        return report_one(done, configured_nodes, notes, json);
+    }
+    report_bulk(done, configured_nodes, notes, json)
+}
+
+/// Changes each of `names` in turn, reads the pauses back and records the controls that took effect. A
+/// store failure on the first job is the command's error; on a later one it stops there, and the jobs
+/// changed before it are still read back and recorded.
+fn apply(
+    reader: &mut Reader,
+    names: &[String],
+    control: &Control,
+    ignored_by: Vec<Ignoring>,
+    write: impl Fn(&mut Reader, &str) -> Result<Changed, ReadError>,
+) -> Result<Done, ReadError> {
+    let mut changed = Vec::with_capacity(names.len());
+    let mut stopped = None;
+    for (index, job) in names.iter().enumerate() {
+        // Each change has the command's whole time: a thousand of them are not one read.
+        reader.renew_deadline();
+        match write(reader, job) {
+            Ok(change) => changed.push((job.clone(), change)),
+            Err(error) if index == 0 => return Err(error),
+            Err(error) => {
+                stopped = Some((error, names[index..].to_vec()));
+                break;
+            }
         }
-        Changed::Paused {
-            outcome: PauseOutcome::LongerKept(_),
-            ignored_by,
-        } => (Action::Kept, None, ignored_by),
-        Changed::Paused {
-            outcome: PauseOutcome::Paused,
-            ignored_by,
-        } => (Action::Paused, None, ignored_by),
-        Changed::Resumed { was_paused } => (Action::Resumed, Some(was_paused), Vec::new()),
-        Changed::Refused(ignoring) => {
+    }
+    reader.renew_deadline();
+    let changed_names: Vec<String> = changed.iter().map(|(job, _)| job.clone()).collect();
+    let paused = reader.pauses(&changed_names)?;
+    // After the read-back, with a deadline of its own: however the history write fares, the report of
+    // the change is what it would have been without it.
+    let mut recorded = None;
+    if changed.iter().any(|(_, change)| took_effect(change)) {
+        reader.renew_deadline();
+        let now = reader.cluster_now();
+        let entries: Vec<Entry> = changed
+            .iter()
+            .filter(|(_, change)| took_effect(change))
+            .map(|(job, _)| Entry::control(job, control, CONTROL_WRITER, now))
+            .collect();
+        recorded = Some(record(reader, &entries, control));
+    }
+    Ok(Done {
+        changed,
+        stopped,
+        paused,
+        recorded,
+        ignored_by,
+    })
+}
+
+/// One job's report, as the command gave it before it took several: a pause over before it landed is
+/// an error (exit 2).
+fn report_one(
+    done: Done,
+    configured_nodes: usize,
+    notes: Notes,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let Done {
+        changed,
+        paused,
+        recorded,
+        ignored_by,
+        ..
+    } = done;
+    let (Some((job, change)), Some(paused)) =
+        (changed.into_iter().next(), paused.into_iter().next())
+    else {
+        anyhow::bail!("no job was changed");
+    };
+    let change = match job_change(job, change, paused, recorded) {
+        Ok(change) => change,
+        Err(why) => {
             render::warn_notes(&notes);
-            let effect = format!("it would go on running {job}'s ticks while paused");
-            say_error(&honoured::refusal("pause", &job, &ignoring, &effect));
-            return Ok(ExitCode::from(Exit::Ignored));
+            say_error(&why);
+            return Ok(ExitCode::from(Exit::Usage));
         }
     };
     let report = PauseReport {
-        action,
-        job,
-        was_paused,
-        paused,
+        change,
         configured_nodes,
         ignored_by,
-        recorded_in_history,
         notes,
     };
-    render::deliver(&report, &report.notes, json, text)
+    render::deliver(&report, &report.notes, json, |report| {
+        let mut text = sentence(&report.change, report.configured_nodes);
+        if stops_claims(&report.change) {
+            text.push_str(&starts(&report.ignored_by, "it", "until then"));
+            text.push('\n');
+        }
+        text
+    })
+}
+
+/// The report of several jobs: each job's change, then those not changed; exits with the store's
+/// failure's code if one stopped the command, else 2 if a pause was over before it landed, else 0.
+fn report_bulk(
+    done: Done,
+    configured_nodes: usize,
+    notes: Notes,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let Done {
+        changed,
+        stopped,
+        paused,
+        recorded,
+        ignored_by,
+    } = done;
+    let mut jobs = Vec::with_capacity(changed.len());
+    let mut not_changed = Vec::new();
+    for ((job, change), paused) in changed.into_iter().zip(paused) {
+        match job_change(job.clone(), change, paused, recorded) {
+            Ok(change) => jobs.push(change),
+            Err(why) => not_changed.push(NotChanged { job, why }),
+        }
+    }
+    let over_before_landing = !not_changed.is_empty();
+    let mut exit = Exit::Ok;
+    if over_before_landing {
+        exit = Exit::Usage;
+    }
+    if let Some((error, left)) = &stopped {
+        exit = error.exit_code();
+        let why = format!("not changed: {error}");
+        not_changed.extend(left.iter().map(|job| NotChanged {
+            job: job.clone(),
+            why: why.clone(),
+        }));
+    }
+    let report = BulkReport {
+        jobs,
+        not_changed,
+        configured_nodes,
+        ignored_by,
+        notes,
+    };
+    render::deliver(&report, &report.notes, json, bulk_text)?;
+    if let Some((error, left)) = &stopped {
+        say_error(&format!(
+            "{error}; stopped there: {} of {} jobs not changed ({})",
+            left.len(),
+            report.jobs.len() + report.not_changed.len(),
+            names_text(left),
+        ));
+    } else if over_before_landing {
+        say_error(
+            "some pauses were not written: their --for had ended before they reached the store",
+        );
+    }
+    Ok(ExitCode::from(exit))
+}
+
+/// A job's change as reported, or why nothing was written: a pause that had ended before it landed.
+fn job_change(
+    job: String,
+    change: Changed,
+    paused: Option<PauseRead>,
+    recorded: Option<bool>,
+) -> Result<JobChange, String> {
+    let recorded_in_history = recorded.filter(|_| took_effect(&change));
+    let (action, was_paused) = match change {
+        Changed::Paused(PauseOutcome::AlreadyOver) => return Err(over(&job, paused.as_ref())),
+        Changed::Paused(PauseOutcome::LongerKept(_)) => (Action::Kept, None),
+        Changed::Paused(PauseOutcome::Paused) => (Action::Paused, None),
+        Changed::Resumed { was_paused } => (Action::Resumed, Some(was_paused)),
+    };
+    Ok(JobChange {
+        job,
+        action,
+        was_paused,
+        paused,
+        recorded_in_history,
+    })
 }
 
 /// Whether the change is one the history records: a pause written, or a resume that lifted a pause.
 fn took_effect(changed: &Changed) -> bool {
     matches!(
         changed,
-        Changed::Paused {
-            outcome: PauseOutcome::Paused,
-            ..
-        } | Changed::Resumed { was_paused: true }
+        Changed::Paused(PauseOutcome::Paused) | Changed::Resumed { was_paused: true }
     )
 }
 
-/// Records `control` of `job` in the history, stamped with cluster time; whether a majority took it. A
-/// failure is a warning, not an error: the control itself is done and stays done.
-fn record(reader: &mut Reader, job: &str, control: &Control) -> bool {
-    let entry = Entry::control(job, control, CONTROL_WRITER, reader.cluster_now());
-    match reader.record(std::slice::from_ref(&entry)) {
+/// Records the `control` entries of the jobs changed, stamped with cluster time; whether a majority
+/// took them. A failure is a warning, not an error: the controls themselves are done and stay done.
+fn record(reader: &mut Reader, entries: &[Entry], control: &Control) -> bool {
+    match reader.record(entries) {
         Ok(()) => true,
         Err(error) => {
+            let jobs: Vec<String> = entries.iter().map(|entry| entry.job.clone()).collect();
             say(&format!(
-                "warning: {job} was {} as reported below, but the history does not record it: {error}",
+                "warning: {} {} {} as reported below, but the history does not record it: {error}",
+                names_text(&jobs),
+                if jobs.len() == 1 { "was" } else { "were" },
                 control.action
             ));
             false
@@ -282,31 +531,70 @@ fn record(reader: &mut Reader, job: &str, control: &Control) -> bool {
     }
 }
 
-/// The report as a sentence or two.
-fn text(report: &PauseReport) -> String {
-    let nodes = |read: &PauseRead| format!("{} of {} nodes", read.nodes, report.configured_nodes);
-    let job = &report.job;
-    match (report.action, &report.paused, report.was_paused) {
+/// `a`, `a and b`, `a, b and c`; past ten names, the first ten and how many more.
+fn names_text(names: &[String]) -> String {
+    const SHOWN: usize = 10;
+    match names {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] if names.len() <= SHOWN => format!("{} and {last}", rest.join(", ")),
+        _ => format!(
+            "{} and {} more",
+            names[..SHOWN].join(", "),
+            names.len() - SHOWN
+        ),
+    }
+}
+
+/// Whether the report says that a pause stands now (then what it stops is said too).
+fn stops_claims(change: &JobChange) -> bool {
+    change.paused.is_some() && change.was_paused.is_none()
+}
+
+/// The report of several jobs as text: a line per job changed, what the pauses stop, and a line per job
+/// not changed.
+fn bulk_text(report: &BulkReport) -> String {
+    let mut text = String::new();
+    for change in &report.jobs {
+        text.push_str(&sentence(change, report.configured_nodes));
+    }
+    if report.jobs.iter().any(stops_claims) {
+        text.push_str(&starts(
+            &report.ignored_by,
+            "a paused job",
+            "while its pause stands",
+        ));
+        text.push('\n');
+    }
+    for left in &report.not_changed {
+        text.push_str(&format!("{}: {}\n", left.job, left.why));
+    }
+    text
+}
+
+/// What happened to one job, as a line.
+fn sentence(change: &JobChange, configured_nodes: usize) -> String {
+    let nodes = |read: &PauseRead| format!("{} of {configured_nodes} nodes", read.nodes);
+    let job = &change.job;
+    match (change.action, &change.paused, change.was_paused) {
         (Action::Kept, Some(read), _) => format!(
             "{job} stays paused {} (by {}, on {}){}: that pause lasts longer than the one asked \
-             for, which does not shorten it (`redcron pause {job} --replace` does)\n{}\n",
+             for, which does not shorten it (`redcron pause {job} --replace` does)\n",
             until_text(&read.pause),
             read.pause.by,
             nodes(read),
             reason_text(&read.pause),
-            starts(report),
         ),
         (Action::Kept, None, _) => format!(
             "{job}: a longer pause was in force and was kept, but it is gone already (it ended, or \
              was resumed)\n"
         ),
         (_, Some(read), None) => format!(
-            "paused {job} {} (by {}, on {}){}\n{}\n",
+            "paused {job} {} (by {}, on {}){}\n",
             until_text(&read.pause),
             read.pause.by,
             nodes(read),
             reason_text(&read.pause),
-            starts(report),
         ),
         (_, Some(read), Some(_)) => format!(
             "resumed {job}, but a pause is still on {}: run `redcron resume {job}` again\n",
@@ -338,12 +626,13 @@ fn reason_text(pause: &Pause) -> String {
     }
 }
 
-/// What the pause in force stops: every tick, or every tick but on the workers that ignore it.
-fn starts(report: &PauseReport) -> String {
-    let starts = match report.ignored_by.as_slice() {
-        [] => "no claim of it is granted anywhere until then (a tick granted just before may still start)".to_string(),
+/// What the pause in force stops — every tick of `what` (`it`, `a paused job`) for `how_long` (`until
+/// then`, `while its pause stands`), or every tick but on the workers that ignore it.
+fn starts(ignored_by: &[Ignoring], what: &str, how_long: &str) -> String {
+    let starts = match ignored_by {
+        [] => format!("no claim of {what} is granted anywhere {how_long} (a tick granted just before may still start)"),
         ignoring => format!(
-            "no tick of it starts until then, except on {}: of an earlier release, it ignores \
+            "no tick of {what} starts {how_long}, except on {}: of an earlier release, it ignores \
              pauses and goes on running the job's ticks",
             honoured::names(ignoring)
         ),

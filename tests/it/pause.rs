@@ -353,8 +353,8 @@ fn a_pause_for_two_seconds_ends_by_itself(backend: Backend) {
 }
 
 /// Bad input and faults: an unknown job names the jobs there are (exit 2), a bad `--for` says what is
-/// expected (exit 2), no majority of nodes taking the pause is exit 3 naming the nodes, `resume` of a job
-/// that is not paused says so.
+/// expected (exit 2), no majority of nodes taking the pause (of one job or `--all`) or the resume is exit
+/// 3 naming the nodes, `resume` of a job that is not paused says so.
 #[test]
 fn pause_errors_are_clear_and_no_majority_exits_3() {
     let mut cluster = RedisCluster::start(3);
@@ -377,12 +377,22 @@ fn pause_errors_are_clear_and_no_majority_exits_3() {
     assert_eq!((code, stdout.as_str()), (0, "tick was not paused\n"));
     cluster.kill(1);
     cluster.kill(2);
-    let (code, _, stderr) = inspect(&dir, &config, &["pause", "tick"]);
-    assert_eq!(code, 3, "{stderr}");
-    assert!(
-        stderr.contains("no majority: 1 of 3 nodes") && stderr.contains(&cluster.url(2)),
-        "{stderr}"
-    );
+    for args in [
+        &["pause", "tick"][..],
+        &["pause", "--all"],
+        &["resume", "--all"],
+    ] {
+        let (code, stdout, stderr) = inspect(&dir, &config, args);
+        assert_eq!(code, 3, "{args:?}: {stderr}");
+        assert!(
+            stdout.is_empty(),
+            "{args:?}: nothing changed, nothing reported: {stdout}"
+        );
+        assert!(
+            stderr.contains("no majority: 1 of 3 nodes") && stderr.contains(&cluster.url(2)),
+            "{args:?}: {stderr}"
+        );
+    }
 }
 
 /// `pause` sent at a random moment from 5 ms before to 5 ms after a tick of a job every second — while the
@@ -684,3 +694,155 @@ crate::on_every_store!(
         controls_are_in_the_history_and_leave_the_status_on,
     ],
 );
+
+/// `pause` and `resume` of several jobs, and of `--all`, on the embedded store: each named job is paused
+/// (one `control` entry each), a shorter pause keeps the longer ones and writes the others, `resume
+/// --all` lifts every pause; unknown names are all said and nothing is written (exit 2); a store failure
+/// on a later job stops there — the jobs before it stay paused and recorded, the report lists those not
+/// changed, and the exit code is the failure's.
+#[test]
+fn several_jobs_and_all_are_paused_and_resumed_in_one_command() {
+    let dir = TestDir::new();
+    let never = "0 0 0 1 1 *";
+    let jobs: String = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|name| ledger_job(name, never, &dir.ledger()))
+        .collect();
+    let (_worker, config) = crate::embedded::start_worker(&dir, "w0", &jobs);
+    let paused = || -> Vec<bool> {
+        let (code, status, stderr) = inspect(&dir, &config, &["status", "--json"]);
+        assert_eq!(code, 0, "{stderr}");
+        let status = parse(&status);
+        let jobs = status["jobs"].as_array().cloned().unwrap_or_default();
+        jobs.iter().map(|job| !job["paused"].is_null()).collect()
+    };
+    let actions = |report: &serde_json::Value| -> Vec<(String, String)> {
+        let jobs = report["jobs"].as_array().cloned().unwrap_or_default();
+        jobs.iter()
+            .map(|job| {
+                let text = |field: &str| job[field].as_str().unwrap_or_default().to_string();
+                (text("job"), text("action"))
+            })
+            .collect()
+    };
+
+    let (code, _, stderr) = inspect(&dir, &config, &["pause", "alpha", "nope", "zilch"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("no job named \"nope\"") && stderr.contains("no job named \"zilch\""),
+        "{stderr}"
+    );
+    assert_eq!(paused(), [false, false, false], "nothing written");
+
+    let args = [
+        "pause",
+        "alpha",
+        "gamma",
+        "alpha",
+        "--reason",
+        "maintenance",
+        "--json",
+    ];
+    let (code, json, stderr) = inspect(&dir, &config, &args);
+    assert_eq!(code, 0, "{stderr}");
+    let report = parse(&json);
+    assert_eq!(
+        actions(&report),
+        [
+            ("alpha".into(), "paused".into()),
+            ("gamma".into(), "paused".into())
+        ]
+    );
+    assert_eq!(report["jobs"][0]["recorded_in_history"], true, "{json}");
+    assert_eq!(
+        report["jobs"][1]["paused"]["reason"], "maintenance",
+        "{json}"
+    );
+    assert_eq!(report["not_changed"], serde_json::json!([]), "{json}");
+    assert_eq!(paused(), [true, false, true]);
+
+    let (code, text, stderr) = inspect(&dir, &config, &["pause", "--all", "--for", "1h"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        text.contains("alpha stays paused until `redcron resume`"),
+        "{text}"
+    );
+    assert!(text.contains("\npaused beta until "), "{text}");
+    assert!(text.contains("gamma stays paused"), "{text}");
+    assert_eq!(
+        text.matches("no claim of a paused job is granted anywhere")
+            .count(),
+        1,
+        "what a pause stops is said once: {text}"
+    );
+    assert_eq!(paused(), [true, true, true]);
+
+    let (code, json, stderr) = inspect(&dir, &config, &["resume", "--all", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report = parse(&json);
+    let resumed: Vec<(String, String)> = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|job| (job.to_string(), "resumed".to_string()))
+        .collect();
+    assert_eq!(actions(&report), resumed);
+    assert_eq!(paused(), [false, false, false]);
+    let (_, history, _) = inspect(&dir, &config, &["history", "--json"]);
+    let history = parse(&history);
+    let controls = history["controls"].as_array().cloned().unwrap_or_default();
+    let count = |job: &str, action: &str| {
+        controls
+            .iter()
+            .filter(|c| c["job"] == job && c["action"] == action)
+            .count()
+    };
+    assert_eq!(
+        [
+            count("alpha", "paused"),
+            count("beta", "paused"),
+            count("gamma", "paused")
+        ],
+        [1, 1, 1],
+        "a pause kept out by a longer one records nothing: {controls:#?}"
+    );
+    assert_eq!(
+        [
+            count("alpha", "resumed"),
+            count("beta", "resumed"),
+            count("gamma", "resumed")
+        ],
+        [1, 1, 1],
+        "{controls:#?}"
+    );
+
+    // The store refuses beta's pause: alpha stays paused, gamma is not tried.
+    let database = rusqlite::Connection::open(dir.join("redcron.db")).expect("the embedded store");
+    database
+        .execute_batch(
+            "CREATE TRIGGER refuse_beta BEFORE INSERT ON paused WHEN NEW.job = 'beta'
+             BEGIN SELECT RAISE(ABORT, 'beta refused by the test'); END;
+             CREATE TRIGGER refuse_beta_again BEFORE UPDATE ON paused WHEN NEW.job = 'beta'
+             BEGIN SELECT RAISE(ABORT, 'beta refused by the test'); END;",
+        )
+        .expect("triggers that refuse beta's pause");
+    let (code, json, stderr) = inspect(&dir, &config, &["pause", "--all", "--json"]);
+    assert_eq!(code, 3, "no majority took beta's pause: {json}{stderr}");
+    let report = parse(&json);
+    assert_eq!(actions(&report), [("alpha".into(), "paused".into())]);
+    let left: Vec<&str> = report["not_changed"]
+        .as_array()
+        .map(|left| left.iter().filter_map(|l| l["job"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(left, ["beta", "gamma"], "{json}");
+    assert!(
+        report["not_changed"][0]["why"]
+            .as_str()
+            .is_some_and(|why| why.contains("beta refused by the test")),
+        "{json}"
+    );
+    assert!(
+        stderr.contains("stopped there: 2 of 3 jobs not changed (beta and gamma)"),
+        "{stderr}"
+    );
+    assert_eq!(paused(), [true, false, false]);
+    assert_eq!(report["jobs"][0]["recorded_in_history"], true, "{json}");
+}
