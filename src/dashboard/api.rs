@@ -13,6 +13,8 @@
 //!   pause are also recorded in the job's history as a `control` entry (action, by, reason, until,
 //!   stamped with the worker's cluster time); a failed history write leaves the control done, is logged
 //!   (`dashboard.control_not_recorded`) and answered with `recorded_in_history: false`.
+//! - `POST /api/jobs/pause` and `/resume` of several jobs at once are [`super::bulk`]'s, let in by the
+//!   same rules ([`admit`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -42,7 +44,7 @@ use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT};
 /// The most ticks `/api/history` lists, as `redcron history --limit`.
 const MAX_LIMIT: usize = crate::cli::history::MAX_LIMIT;
 /// The writer (`worker`) of the `control` entries the dashboard records.
-const CONTROL_WRITER: &str = "dashboard";
+pub(super) const CONTROL_WRITER: &str = "dashboard";
 /// The longest pause reason taken.
 const MAX_REASON: usize = 500;
 
@@ -137,7 +139,7 @@ pub(super) async fn explain(
 
 /// What a control's body may say.
 #[derive(Debug, Default, Deserialize)]
-struct ControlBody {
+pub(super) struct ControlBody {
     /// How long a pause lasts (90s, 30m, 2h); none or empty: until resumed.
     #[serde(default, rename = "for")]
     duration: Option<String>,
@@ -146,6 +148,129 @@ struct ControlBody {
     /// The session's CSRF token (forms).
     #[serde(default)]
     csrf: Option<String>,
+    /// Several jobs' controls ([`super::bulk`]): the jobs, a JSON array of names or, from a form, names
+    /// separated by white space.
+    #[serde(default)]
+    pub(super) jobs: Option<Names>,
+    /// Several jobs' controls: every job of the config in force, instead of `jobs`.
+    #[serde(default)]
+    pub(super) all: bool,
+    /// Several jobs' controls from a form: the query of the page it was posted from, to go back to.
+    #[serde(default)]
+    pub(super) back: Option<String>,
+}
+
+/// Job names as a body gives them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum Names {
+    List(Vec<String>),
+    Text(String),
+}
+
+impl Names {
+    /// The names, in order.
+    pub(super) fn names(&self) -> Vec<&str> {
+        match self {
+            Names::List(names) => names.iter().map(String::as_str).collect(),
+            Names::Text(text) => text.split_whitespace().collect(),
+        }
+    }
+}
+
+impl ControlBody {
+    /// The operator's reason as the form sent it: trimmed, at most [`MAX_REASON`] characters.
+    pub(super) fn reason(&self) -> String {
+        let reason = self.reason.as_deref().unwrap_or_default().trim();
+        reason.chars().take(MAX_REASON).collect()
+    }
+
+    /// When a pause of `for` asked now ends (`None`: until resumed), or why `for` is not a duration.
+    pub(super) fn until(&self) -> Result<Option<chrono::DateTime<Utc>>, String> {
+        match self.duration.as_deref().map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(text) => crate::cli::pause::parse_for(text).map(|duration| {
+                Some(Utc::now() + chrono::Duration::from_std(duration).unwrap_or_default())
+            }),
+        }
+    }
+}
+
+/// A control request let in ([`admit`]): its body, whether it came from a form (answered with a
+/// redirect), and the `by` its pause or trigger request carries.
+pub(super) struct Admitted {
+    pub(super) body: ControlBody,
+    pub(super) form: bool,
+    pub(super) by: String,
+}
+
+/// Lets a control request in if it may use the controls: controls on, a token proven, a body that
+/// parses, and with the session's cookie the session's CSRF token.
+pub(super) fn admit(
+    access: &Access,
+    from: SocketAddr,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Admitted, Problem> {
+    if !access.config.dashboard.controls {
+        return Err(Problem::new(
+            StatusCode::FORBIDDEN,
+            "the controls are off (dashboard.controls is false)",
+        ));
+    }
+    let Some(operator) = &access.operator else {
+        return Err(Problem::new(
+            StatusCode::FORBIDDEN,
+            "the controls need a dashboard token",
+        ));
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let form = content_type.starts_with("application/x-www-form-urlencoded");
+    let body: ControlBody = if body.is_empty() {
+        ControlBody::default()
+    } else if form {
+        serde_urlencoded::from_bytes(body).map_err(|e| {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                &format!("the form does not parse: {e}"),
+            )
+        })?
+    } else if content_type.starts_with("application/json") {
+        serde_json::from_slice(body).map_err(|e| {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                &format!("the JSON body does not parse: {e}"),
+            )
+        })?
+    } else {
+        let why = "send application/json or application/x-www-form-urlencoded";
+        return Err(Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, why));
+    };
+    if operator.via == Proof::Cookie {
+        let candidate = body
+            .csrf
+            .clone()
+            .or_else(|| {
+                headers
+                    .get("x-csrf-token")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        let session = operator.session.as_deref().unwrap_or("");
+        if !access.keys.check_csrf(&operator.name, session, &candidate) {
+            let why = "the form's CSRF token is missing or not this session's: reload the page";
+            return Err(Problem::new(StatusCode::FORBIDDEN, why));
+        }
+    }
+    Ok(Admitted {
+        body,
+        form,
+        by: format!("{} via dashboard from {}", operator.name, from.ip()),
+    })
 }
 
 /// What a control answers in JSON.
@@ -207,12 +332,10 @@ pub(super) async fn control(
 impl<'a> Control<'a> {
     /// The operator's reason as the form sent it: trimmed, at most [`MAX_REASON`] characters.
     fn reason(&self) -> String {
-        let reason = self.body.reason.as_deref().unwrap_or_default().trim();
-        reason.chars().take(MAX_REASON).collect()
+        self.body.reason()
     }
 
-    /// The control asked for, if this request may use it: controls on, a token proven, the session's
-    /// CSRF token with a cookie, a body that parses, a job of the config.
+    /// The control asked for, if this request may use it ([`admit`]) on a job of the config.
     fn admit(
         dashboard: &'a Dashboard,
         access: &'a Access,
@@ -221,60 +344,7 @@ impl<'a> Control<'a> {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Control<'a>, Problem> {
-        if !access.config.dashboard.controls {
-            return Err(Problem::new(
-                StatusCode::FORBIDDEN,
-                "the controls are off (dashboard.controls is false)",
-            ));
-        }
-        let Some(operator) = &access.operator else {
-            return Err(Problem::new(
-                StatusCode::FORBIDDEN,
-                "the controls need a dashboard token",
-            ));
-        };
-        let content_type = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let form = content_type.starts_with("application/x-www-form-urlencoded");
-        let body: ControlBody = if body.is_empty() {
-            ControlBody::default()
-        } else if form {
-            serde_urlencoded::from_bytes(body).map_err(|e| {
-                Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    &format!("the form does not parse: {e}"),
-                )
-            })?
-        } else if content_type.starts_with("application/json") {
-            serde_json::from_slice(body).map_err(|e| {
-                Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    &format!("the JSON body does not parse: {e}"),
-                )
-            })?
-        } else {
-            let why = "send application/json or application/x-www-form-urlencoded";
-            return Err(Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, why));
-        };
-        if operator.via == Proof::Cookie {
-            let candidate = body
-                .csrf
-                .clone()
-                .or_else(|| {
-                    headers
-                        .get("x-csrf-token")
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string)
-                })
-                .unwrap_or_default();
-            let session = operator.session.as_deref().unwrap_or("");
-            if !access.keys.check_csrf(&operator.name, session, &candidate) {
-                let why = "the form's CSRF token is missing or not this session's: reload the page";
-                return Err(Problem::new(StatusCode::FORBIDDEN, why));
-            }
-        }
+        let Admitted { body, form, by } = admit(access, from, headers, body)?;
         let job = find(access, name)?;
         Ok(Control {
             dashboard,
@@ -282,20 +352,15 @@ impl<'a> Control<'a> {
             job,
             body,
             form,
-            by: format!("{} via dashboard from {}", operator.name, from.ip()),
+            by,
             from,
         })
     }
 
     async fn pause(self) -> Response {
-        let until = match self.body.duration.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(text) => match crate::cli::pause::parse_for(text) {
-                Ok(duration) => {
-                    Some(Utc::now() + chrono::Duration::from_std(duration).unwrap_or_default())
-                }
-                Err(why) => return problem(StatusCode::BAD_REQUEST, &why),
-            },
+        let until = match self.body.until() {
+            Ok(until) => until,
+            Err(why) => return problem(StatusCode::BAD_REQUEST, &why),
         };
         let reason = self.reason();
         if let Err(response) = self.honoured(Capability::Pause).await {
@@ -378,23 +443,11 @@ impl<'a> Control<'a> {
 
     /// Refuses (409) while a live worker would ignore `capability`.
     async fn honoured(&self, capability: Capability) -> Result<(), Response> {
-        let members = match bounded(self.dashboard.context.store.members()).await {
-            Ok(read) => read.value,
-            Err(failure) => return Err(self.failed(capability.name(), &failure)),
-        };
-        let ignoring: Vec<String> = membership::ignoring(&members, capability)
-            .into_iter()
-            .map(|m| format!("{} (host {}, version {:?})", m.id, m.host, m.version))
-            .collect();
-        if ignoring.is_empty() {
-            return Ok(());
+        match ignored(self.dashboard, capability).await {
+            Ok(None) => Ok(()),
+            Ok(Some(why)) => Err(problem(StatusCode::CONFLICT, &why)),
+            Err(failure) => Err(self.failed(capability.name(), &failure)),
         }
-        let why = format!(
-            "not done: live workers of an earlier release ignore it: {}; upgrade them first (the command \
-             line's --even-if-ignored goes on anyway)",
-            ignoring.join(", ")
-        );
-        Err(problem(StatusCode::CONFLICT, &why))
     }
 
     fn failed(&self, action: &str, failure: &ReadFailure) -> Response {
@@ -451,8 +504,27 @@ impl<'a> Control<'a> {
     }
 }
 
+/// Why `capability` is refused now — live workers of an earlier release would ignore it — or `None`.
+pub(super) async fn ignored(
+    dashboard: &Dashboard,
+    capability: Capability,
+) -> Result<Option<String>, ReadFailure> {
+    let members = bounded(dashboard.context.store.members()).await?.value;
+    let ignoring: Vec<String> = membership::ignoring(&members, capability)
+        .into_iter()
+        .map(|m| format!("{} (host {}, version {:?})", m.id, m.host, m.version))
+        .collect();
+    Ok((!ignoring.is_empty()).then(|| {
+        format!(
+            "not done: live workers of an earlier release ignore it: {}; upgrade them first (the command \
+             line's --even-if-ignored goes on anyway)",
+            ignoring.join(", ")
+        )
+    }))
+}
+
 /// The job `name` of the config in force, or a 404.
-fn find<'a>(access: &'a Access, name: &str) -> Result<&'a JobConfig, Problem> {
+pub(super) fn find<'a>(access: &'a Access, name: &str) -> Result<&'a JobConfig, Problem> {
     access
         .config
         .jobs
@@ -467,10 +539,10 @@ fn find<'a>(access: &'a Access, name: &str) -> Result<&'a JobConfig, Problem> {
 }
 
 /// An error answer: its status and `{"error": why}`.
-struct Problem(StatusCode, String);
+pub(super) struct Problem(StatusCode, String);
 
 impl Problem {
-    fn new(status: StatusCode, why: &str) -> Problem {
+    pub(super) fn new(status: StatusCode, why: &str) -> Problem {
         Problem(status, why.to_string())
     }
 }
@@ -493,11 +565,11 @@ fn json(headers: &HeaderMap, value: &impl serde::Serialize) -> Response {
     }
 }
 
-fn problem(status: StatusCode, why: &str) -> Response {
+pub(super) fn problem(status: StatusCode, why: &str) -> Response {
     Problem(status, why.to_string()).into_response()
 }
 
 /// 503 with why the store could not be read.
-fn unavailable(failure: &ReadFailure) -> Response {
+pub(super) fn unavailable(failure: &ReadFailure) -> Response {
     problem(StatusCode::SERVICE_UNAVAILABLE, &failure.to_string())
 }

@@ -22,9 +22,11 @@
 //! - `view`: the pure part: rows, tick strips, filters, paging.
 //! - `pages`: the HTML; `words` (a schedule in words) and `chart` (a job's timeline in SVG) beside it.
 //! - `api`: the JSON routes and the controls.
+//! - `bulk`: pause and resume of several jobs at once (a maintenance window), and `/`'s form for it.
 
 mod api;
 pub(crate) mod auth;
+mod bulk;
 mod chart;
 mod pages;
 mod read;
@@ -133,6 +135,7 @@ pub(crate) fn router(dashboard: Arc<Dashboard>) -> Router {
         .route("/api/status", get(api::status))
         .route("/api/history", get(api::history))
         .route("/api/explain", get(api::explain))
+        .route("/api/jobs/{action}", post(bulk::control))
         .route("/api/jobs/{name}/{action}", post(api::control))
         .route("/logout", post(pages::logout))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&dashboard), gate));

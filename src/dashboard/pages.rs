@@ -105,6 +105,9 @@ pub(super) async fn index(
                 }
             }
             (pager(&filter, overview.page, overview.pages))
+            @if access.may_control() {
+                (bulk_controls(&rows, &filter, overview.page, access.csrf()))
+            }
         }
     };
     page(&headers, &access, "Jobs", body, timing)
@@ -738,6 +741,50 @@ fn worker_row(worker: &WorkerStatus, max_offset_ms: i64) -> Markup {
                 @if member.running.len() > RUNS_LISTED {
                     a href="/?state=running" { "and " (member.running.len() - RUNS_LISTED) " more" }
                 }
+            }
+        }
+    }
+}
+
+/// The forms that pause or resume every job listed on this page of `/` (a maintenance window): they
+/// name the jobs the operator sees, not the filter, which may select others by the time they post.
+fn bulk_controls<S, C>(
+    rows: &[(&JobStatus, S, C)],
+    filter: &Filter,
+    page: usize,
+    csrf: Option<String>,
+) -> Markup {
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|(status, _, _)| status.name.as_str())
+        .collect();
+    let jobs = names.join(" ");
+    let count = names.len();
+    let back = filter.query_for(page);
+    let csrf = csrf.unwrap_or_default();
+    let these = if count == 1 {
+        "this job".to_string()
+    } else {
+        format!("these {count} jobs")
+    };
+    html! {
+        section.controls #bulk aria-label="Controls of the jobs listed" {
+            h2 { "Controls of the " (count) " job" @if count != 1 { "s" } " listed" }
+            form #bulk-pause-form method="post" action="/api/jobs/pause" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="jobs" value=(jobs);
+                input type="hidden" name="back" value=(back);
+                label for="bulk-reason" { "Reason" }
+                input #bulk-reason name="reason" required maxlength="500";
+                label for="bulk-for" { "For (e.g. 2h; empty: until resumed)" }
+                input #bulk-for name="for" maxlength="20";
+                button type="submit" { "Pause " (these) }
+            }
+            form #bulk-resume-form method="post" action="/api/jobs/resume" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="jobs" value=(jobs);
+                input type="hidden" name="back" value=(back);
+                button type="submit" { "Resume " (these) }
             }
         }
     }

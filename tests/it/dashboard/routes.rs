@@ -374,6 +374,157 @@ fn pause_resume_and_trigger_through_the_api_are_the_command_line_s() {
     assert_eq!(text.status, 415, "{}", text.body);
 }
 
+/// Several jobs at once — a maintenance window — through `/api/jobs/pause` and `/resume`: named jobs or
+/// `all`, one `by` and end for every pause, each job's change logged and recorded in its history; an
+/// unknown name is 404 and changes nothing, a body naming no jobs (or both ways) is 400, `trigger` of
+/// several jobs does not exist; and `/`'s form names the jobs it lists, needs the session's CSRF token,
+/// and goes back to the page it came from.
+#[test]
+fn several_jobs_are_paused_and_resumed_at_once() {
+    let dir = TestDir::new();
+    let never = "schedule: \"0 0 1 1 *\"\n    command: [\"true\"]\n";
+    let jobs: String = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|name| format!("  - name: {name}\n    {never}"))
+        .collect();
+    let (worker, port, config) = dashboard_worker(&dir, TOKENS, &jobs);
+    let client = Client::new(port);
+    let paused = || -> Vec<bool> {
+        ["alpha", "beta", "gamma"]
+            .iter()
+            .map(|name| !cli_job(&dir, &config, name)["paused"].is_null())
+            .collect()
+    };
+    let results = |report: &Value| -> Vec<(String, String)> {
+        let jobs = report["jobs"].as_array().cloned().unwrap_or_default();
+        jobs.iter()
+            .map(|j| {
+                let text = |field: &str| j[field].as_str().unwrap_or_default().to_string();
+                (text("job"), text("result"))
+            })
+            .collect()
+    };
+
+    for (body, status) in [
+        (r#"{"jobs": ["alpha", "nope"], "reason": "r"}"#, 404),
+        (r#"{"reason": "r"}"#, 400),
+        (r#"{"jobs": ["alpha"], "all": true}"#, 400),
+        (r#"{"jobs": [], "reason": "r"}"#, 400),
+        (r#"{"jobs": ["alpha"], "for": "soon"}"#, 400),
+    ] {
+        let answer = client.post_json(OPS, "/api/jobs/pause", body);
+        assert_eq!(answer.status, status, "{body}: {}", answer.body);
+    }
+    let unknown = client.post_json(OPS, "/api/jobs/pause", r#"{"jobs": ["alpha", "nope"]}"#);
+    assert!(unknown.json()["error"]
+        .as_str()
+        .is_some_and(|why| why.contains("\"nope\"") && why.contains("nothing was changed")));
+    let trigger = client.post_json(OPS, "/api/jobs/trigger", r#"{"all": true}"#);
+    assert_eq!(trigger.status, 404, "{}", trigger.body);
+    assert_eq!(paused(), [false, false, false], "nothing changed");
+
+    let body = r#"{"jobs": ["gamma", "alpha", "gamma"], "for": "2h", "reason": "disk swap"}"#;
+    let answer = client.post_json(OPS, "/api/jobs/pause", body);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let report = answer.json();
+    assert_eq!(
+        results(&report),
+        [
+            ("gamma".into(), "paused".into()),
+            ("alpha".into(), "paused".into())
+        ]
+    );
+    assert_eq!(report["by"], "ops via dashboard from 127.0.0.1", "{report}");
+    assert_eq!(report["recorded_in_history"], true, "{report}");
+    assert_eq!(paused(), [true, false, true]);
+    let alpha = cli_job(&dir, &config, "alpha");
+    let gamma = cli_job(&dir, &config, "gamma");
+    assert_eq!(alpha["paused"]["reason"], "disk swap", "{alpha}");
+    assert!(alpha["paused"]["until"].is_string(), "{alpha}");
+    assert_eq!(
+        alpha["paused"]["until"], gamma["paused"]["until"],
+        "one end for all"
+    );
+
+    // `/`'s form lists the page's jobs; with the session's CSRF token it resumes them and goes back.
+    let cookie = client.login(ALICE);
+    let index = client.get("/?q=a", &[("cookie", cookie.as_str())]);
+    assert_eq!(index.status, 200, "{}", index.body);
+    assert!(
+        index.body.contains("<form id=\"bulk-resume-form\""),
+        "{}",
+        index.body
+    );
+    let csrf = input_value(&index.body, "csrf").expect("the form's CSRF token");
+    let listed = input_value(&index.body, "jobs").expect("the jobs listed");
+    assert_eq!(listed, "alpha beta gamma");
+    // As a browser reads the attribute.
+    let back = input_value(&index.body, "back")
+        .expect("the way back")
+        .replace("&amp;", "&");
+    let origin = format!("http://127.0.0.1:{port}");
+    let headers = [
+        ("origin", origin.as_str()),
+        ("sec-fetch-site", "same-origin"),
+    ];
+    let form = format!("jobs={}&back={}", enc(&listed), enc(&back));
+    let refused = client.post_form(&cookie, "/api/jobs/resume", &headers, &form);
+    assert_eq!(refused.status, 403, "no CSRF token: {}", refused.body);
+    assert_eq!(paused(), [true, false, true]);
+    let with_csrf = format!("{form}&csrf={csrf}&reason=done");
+    let resumed = client.post_form(&cookie, "/api/jobs/resume", &headers, &with_csrf);
+    assert_eq!(resumed.status, 303, "{}", resumed.body);
+    assert_eq!(resumed.header("location"), "/?q=a&page=1");
+    assert_eq!(paused(), [false, false, false]);
+
+    let all = client.post_json(
+        OPS,
+        "/api/jobs/pause",
+        r#"{"all": true, "reason": "freeze"}"#,
+    );
+    assert_eq!(all.status, 200, "{}", all.body);
+    let names = ["alpha", "beta", "gamma"].map(String::from);
+    assert_eq!(
+        results(&all.json()),
+        names.clone().map(|n| (n, "paused".to_string()))
+    );
+    let again = client.post_json(OPS, "/api/jobs/resume", r#"{"all": true}"#);
+    assert_eq!(
+        results(&again.json()),
+        names.map(|n| (n, "resumed".to_string()))
+    );
+
+    let history = cli_json(&dir, &config, &["history"]);
+    let controls = history["controls"].as_array().cloned().unwrap_or_default();
+    let count = |job: &str, action: &str| {
+        controls
+            .iter()
+            .filter(|c| c["job"] == job && c["action"] == action)
+            .count()
+    };
+    assert_eq!(
+        [
+            count("alpha", "paused"),
+            count("beta", "paused"),
+            count("alpha", "resumed")
+        ],
+        [2, 1, 2],
+        "{controls:#?}"
+    );
+    let last = |e: &Value| {
+        e["event"] == "dashboard.control"
+            && e["job"] == "gamma"
+            && e["result"] == "resumed"
+            && e["operator"] == "ops"
+    };
+    worker
+        .wait_for(Duration::from_secs(10), last)
+        .expect("the last change is logged");
+    let logged = worker.events("dashboard.control");
+    assert_eq!(logged.len(), 11, "one event per job changed: {logged:#?}");
+    assert!(logged.iter().all(|e| e["bulk"] == true), "{logged:#?}");
+}
+
 /// On each shared store the dashboard reads the cluster as the store holds it: a job every second shows its
 /// runs in its strip, the workers page lists the worker alive and every node answering, and a trigger
 /// through the API runs, its run recorded with who asked (the token's name).
