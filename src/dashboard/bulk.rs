@@ -9,12 +9,14 @@
 //! cookie), a pause is refused (409) while a live worker of an earlier release would ignore it, and each
 //! job is then changed as one job's control changes it, one after the other, with one end for every
 //! pause. No transaction spans jobs (no store has one across keys): a store failure stops at that job —
-//! the jobs changed before it stand and are recorded, the answer (503) lists those not changed. Each job's
-//! change is logged (`dashboard.control`), and the changes that took effect are recorded in the history
-//! as `control` entries, in one write.
+//! the jobs changed before it stand and are recorded, the answer (503) lists those not changed. So does
+//! a request that has taken [`BULK_TIME`]: a slow store holds no request, and no store connection, for
+//! much longer than that, however many jobs it names. Each job's change is logged (`dashboard.control`),
+//! and the changes that took effect are recorded in the history as `control` entries, in one write.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
@@ -35,6 +37,10 @@ use crate::membership::Capability;
 
 /// How many unknown names an answer lists.
 const UNKNOWN_SHOWN: usize = 10;
+
+/// The longest a request of several jobs goes on starting changes (each change is bounded by
+/// [`super::read::READ_TIMEOUT`] too): ten thousand jobs take seconds on a healthy store.
+const BULK_TIME: Duration = Duration::from_secs(60);
 
 /// What a control of several jobs answers in JSON.
 #[derive(Debug, Serialize)]
@@ -218,11 +224,15 @@ impl Change<'_> {
         let store = &self.dashboard.context.store;
         let mut report = self.report("pause");
         let mut took_effect = Vec::new();
+        let started = Instant::now();
         for (index, job) in jobs.iter().enumerate() {
+            if self.out_of_time(started, &mut report, &jobs[index..]) {
+                break;
+            }
             let outcome = match bounded(store.pause(&job.name, &pause, InForce::KeepLonger)).await {
                 Ok(outcome) => outcome,
                 Err(failure) => {
-                    self.stop(&mut report, &jobs[index..], &failure.to_string());
+                    self.stop(&mut report, &jobs[index..], &failure.to_string(), true);
                     break;
                 }
             };
@@ -259,11 +269,15 @@ impl Change<'_> {
         let store = &self.dashboard.context.store;
         let mut report = self.report("resume");
         let mut took_effect = Vec::new();
+        let started = Instant::now();
         for (index, job) in jobs.iter().enumerate() {
+            if self.out_of_time(started, &mut report, &jobs[index..]) {
+                break;
+            }
             let was_paused = match bounded(store.resume(&job.name)).await {
                 Ok(was_paused) => was_paused,
                 Err(failure) => {
-                    self.stop(&mut report, &jobs[index..], &failure.to_string());
+                    self.stop(&mut report, &jobs[index..], &failure.to_string(), true);
                     break;
                 }
             };
@@ -296,9 +310,25 @@ impl Change<'_> {
         }
     }
 
-    /// The store failed at the first of `left`: every job of `left` is not changed, and why.
-    fn stop(&self, report: &mut BulkReport, left: &[&JobConfig], error: &str) {
-        if let Some(first) = left.first() {
+    /// Whether the request started at `started` has had its [`BULK_TIME`]; then every job of `left` is
+    /// not changed, and why.
+    fn out_of_time(&self, started: Instant, report: &mut BulkReport, left: &[&JobConfig]) -> bool {
+        if started.elapsed() < BULK_TIME {
+            return false;
+        }
+        let why = format!(
+            "the request's {} s ran out before this job's turn: change fewer jobs at once, or use `redcron {} --all`",
+            BULK_TIME.as_secs(),
+            report.action
+        );
+        self.stop(report, left, &why, false);
+        true
+    }
+
+    /// The store failed at the first of `left` (`failed`), or its turn never came: every job of `left`
+    /// is not changed, and why.
+    fn stop(&self, report: &mut BulkReport, left: &[&JobConfig], error: &str, failed: bool) {
+        if let (Some(first), true) = (left.first(), failed) {
             self.log(report.action, &first.name, "failed");
         }
         let why = format!("not changed: {error}");

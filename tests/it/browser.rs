@@ -112,7 +112,8 @@ fn the_script_puts_in_a_change_made_before_its_first_answer() {
 /// alive and every node up; a pause with a reason through `#pause-form` is what `redcron status` reports
 /// and no tick after it runs (each is recorded skipped); the resume through `#resume-form` lets the next
 /// tick run; a trigger through `#trigger-form` is followed live to `started`, then `ended`; a page of
-/// another origin that posts a pause is refused (403) and pauses nothing.
+/// another origin that posts a pause is refused (403) and pauses nothing; `/`'s form pauses and resumes
+/// the jobs it lists.
 #[test]
 fn the_dashboard_works_in_a_real_browser() {
     let _heavy = super::support::heavy();
@@ -149,6 +150,7 @@ fn the_dashboard_works_in_a_real_browser() {
     pause_and_resume(&browser, &site(0), &cluster, &config, &shots);
     trigger(&browser, &site(0), &go);
     cross_site_post_is_refused(&browser, &site(0), &config);
+    pause_and_resume_the_jobs_listed(&browser, &site(2), &config);
 
     browser.goto(&format!("{}/", site(0)));
     browser.wait_for("#jobs li.tick.t-failed", WAIT);
@@ -262,6 +264,44 @@ fn pause_and_resume(browser: &Browser, site: &str, cluster: &Cluster, config: &P
         while_paused.is_empty(),
         "ran while paused: {while_paused:?}"
     );
+}
+
+/// `/` filtered to `report` pauses the jobs it lists through `#bulk-pause-form` — `report` alone, with the
+/// reason typed, under the token's name — and comes back to the same filtered page, which shows it
+/// paused; `#bulk-resume-form` lifts it.
+fn pause_and_resume_the_jobs_listed(browser: &Browser, site: &str, config: &Path) {
+    let listed = format!("{site}/?q=report&page=1");
+    browser.goto(&listed);
+    browser.wait_for("#bulk-pause-form", WAIT);
+    let row = r#"#jobs tr[data-job="report"]"#;
+    assert_eq!(
+        browser.count("#jobs tbody tr"),
+        1,
+        "the filter lists report alone"
+    );
+    browser.fill("#bulk-reason", "browser test: bulk");
+    browser.click("#bulk-pause-form button[type=submit]");
+    browser.wait_until("report shown paused", WAIT, |b| {
+        b.attr(row, "data-paused").as_deref() == Some("true")
+    });
+    assert_eq!(browser.url(), listed, "back to the page the form was on");
+    let paused = &job_status(config, "report")["paused"];
+    assert_eq!(paused["reason"], "browser test: bulk", "{paused}");
+    assert!(
+        paused["by"]
+            .as_str()
+            .is_some_and(|by| by.starts_with("alice via dashboard")),
+        "{paused}"
+    );
+    assert!(
+        job_status(config, "tick")["paused"].is_null(),
+        "a job not listed stays as it was"
+    );
+    browser.click("#bulk-resume-form button[type=submit]");
+    browser.wait_until("report shown active", WAIT, |b| {
+        b.attr(row, "data-paused").as_deref() == Some("false")
+    });
+    assert!(job_status(config, "report")["paused"].is_null());
 }
 
 /// Triggering `manual` (whose run waits for a file) through its form: the job's page follows the
