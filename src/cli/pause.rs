@@ -152,6 +152,10 @@ pub(super) struct JobChange {
     pub was_paused: Option<bool>,
     /// The pause as read back after the write (`null` once resumed), with on how many nodes it stands.
     pub paused: Option<PauseRead>,
+    /// Set when the pauses could not be read back: the store stopped answering after the change (of
+    /// several jobs, at a later job); `paused` then says nothing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub not_read_back: bool,
     /// Whether the control's `control` entry reached the history (a majority of the nodes); absent when
     /// nothing changed, so nothing was to be recorded. `false` does not undo the control.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -277,8 +281,9 @@ struct Done {
     changed: Vec<(String, Changed)>,
     /// The store's failure that stopped the command, and the jobs it left unchanged.
     stopped: Option<(ReadError, Vec<String>)>,
-    /// Each changed job's pause, read back, in the order of `changed`.
-    paused: Vec<Option<PauseRead>>,
+    /// Each changed job's pause, read back, in the order of `changed`; `None` when the store, having
+    /// stopped the command, did not answer the read-back either.
+    paused: Option<Vec<Option<PauseRead>>>,
     /// Whether the `control` entries reached the history, if any was to be recorded.
     recorded: Option<bool>,
     ignored_by: Vec<Ignoring>,
@@ -356,7 +361,12 @@ fn apply(
     }
     reader.renew_deadline();
     let changed_names: Vec<String> = changed.iter().map(|(job, _)| job.clone()).collect();
-    let paused = reader.pauses(&changed_names)?;
+    let paused = match reader.pauses(&changed_names) {
+        Ok(paused) => Some(paused),
+        // The jobs changed before the failure are still reported, as changed and not read back.
+        Err(_) if stopped.is_some() => None,
+        Err(error) => return Err(error),
+    };
     // After the read-back, with a deadline of its own: however the history write fares, the report of
     // the change is what it would have been without it.
     let mut recorded = None;
@@ -394,12 +404,13 @@ fn report_one(
         ignored_by,
         ..
     } = done;
-    let (Some((job, change)), Some(paused)) =
-        (changed.into_iter().next(), paused.into_iter().next())
-    else {
+    let (Some((job, change)), Some(paused)) = (
+        changed.into_iter().next(),
+        paused.and_then(|paused| paused.into_iter().next()),
+    ) else {
         anyhow::bail!("no job was changed");
     };
-    let change = match job_change(job, change, paused, recorded) {
+    let change = match job_change(job, change, Some(paused), recorded) {
         Ok(change) => change,
         Err(why) => {
             render::warn_notes(&notes);
@@ -440,7 +451,11 @@ fn report_bulk(
     } = done;
     let mut jobs = Vec::with_capacity(changed.len());
     let mut not_changed = Vec::new();
-    for ((job, change), paused) in changed.into_iter().zip(paused) {
+    let read_back: Vec<Option<Option<PauseRead>>> = match paused {
+        Some(paused) => paused.into_iter().map(Some).collect(),
+        None => changed.iter().map(|_| None).collect(),
+    };
+    for ((job, change), paused) in changed.into_iter().zip(read_back) {
         match job_change(job.clone(), change, paused, recorded) {
             Ok(change) => jobs.push(change),
             Err(why) => not_changed.push(NotChanged { job, why }),
@@ -483,12 +498,15 @@ fn report_bulk(
 }
 
 /// A job's change as reported, or why nothing was written: a pause that had ended before it landed.
+/// `paused` is the pause read back after the change, `None` if it could not be read back.
 fn job_change(
     job: String,
     change: Changed,
-    paused: Option<PauseRead>,
+    paused: Option<Option<PauseRead>>,
     recorded: Option<bool>,
 ) -> Result<JobChange, String> {
+    let not_read_back = paused.is_none();
+    let paused = paused.flatten();
     let recorded_in_history = recorded.filter(|_| took_effect(&change));
     let (action, was_paused) = match change {
         Changed::Paused(PauseOutcome::AlreadyOver) => return Err(over(&job, paused.as_ref())),
@@ -501,6 +519,7 @@ fn job_change(
         action,
         was_paused,
         paused,
+        not_read_back,
         recorded_in_history,
     })
 }
@@ -548,7 +567,8 @@ fn names_text(names: &[String]) -> String {
 
 /// Whether the report says that a pause stands now (then what it stops is said too).
 fn stops_claims(change: &JobChange) -> bool {
-    change.paused.is_some() && change.was_paused.is_none()
+    (change.paused.is_some() || change.not_read_back && change.action == Action::Paused)
+        && change.was_paused.is_none()
 }
 
 /// The report of several jobs as text: a line per job changed, what the pauses stop, and a line per job
@@ -576,6 +596,16 @@ fn bulk_text(report: &BulkReport) -> String {
 fn sentence(change: &JobChange, configured_nodes: usize) -> String {
     let nodes = |read: &PauseRead| format!("{} of {configured_nodes} nodes", read.nodes);
     let job = &change.job;
+    if change.not_read_back {
+        let done = match change.action {
+            Action::Paused => "paused",
+            Action::Kept => "kept the longer pause of",
+            Action::Resumed => "resumed",
+        };
+        return format!(
+            "{done} {job} (a majority took it; not read back: the store stopped answering)\n"
+        );
+    }
     match (change.action, &change.paused, change.was_paused) {
         (Action::Kept, Some(read), _) => format!(
             "{job} stays paused {} (by {}, on {}){}: that pause lasts longer than the one asked \
@@ -690,5 +720,49 @@ mod tests {
         assert!(parse_for("soon")
             .expect_err("not a duration")
             .contains("is not a duration"));
+    }
+
+    /// Of several jobs, those changed before the store stopped answering — the read-back too — are
+    /// reported as changed and not read back, in the text and the JSON, and what a pause stops is said.
+    #[test]
+    fn a_change_not_read_back_is_reported_as_done_and_unread() {
+        let paused = Changed::Paused(PauseOutcome::Paused);
+        let change = job_change("alpha".into(), paused, None, Some(false)).expect("a change");
+        assert!(change.not_read_back && change.paused.is_none());
+        let json = serde_json::to_value(&change).expect("JSON");
+        assert_eq!(json["not_read_back"], true, "{json}");
+        let report = BulkReport {
+            jobs: vec![change],
+            not_changed: vec![NotChanged {
+                job: "beta".into(),
+                why: "not changed: no majority".into(),
+            }],
+            configured_nodes: 3,
+            ignored_by: Vec::new(),
+            notes: Notes::default(),
+        };
+        let text = bulk_text(&report);
+        assert!(
+            text.starts_with(
+                "paused alpha (a majority took it; not read back: the store stopped answering)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("no claim of a paused job is granted"),
+            "{text}"
+        );
+        assert!(text.ends_with("beta: not changed: no majority\n"), "{text}");
+        let read = job_change(
+            "alpha".into(),
+            Changed::Resumed { was_paused: true },
+            Some(None),
+            None,
+        );
+        let json = serde_json::to_value(read.expect("a change")).expect("JSON");
+        assert!(
+            json.get("not_read_back").is_none(),
+            "only said when set: {json}"
+        );
     }
 }
