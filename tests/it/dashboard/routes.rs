@@ -495,13 +495,7 @@ fn several_jobs_are_paused_and_resumed_at_once() {
     );
 
     let history = cli_json(&dir, &config, &["history"]);
-    let controls = history["controls"].as_array().cloned().unwrap_or_default();
-    let count = |job: &str, action: &str| {
-        controls
-            .iter()
-            .filter(|c| c["job"] == job && c["action"] == action)
-            .count()
-    };
+    let count = |job: &str, action: &str| crate::inspect::controls_of(&history, job, action);
     assert_eq!(
         [
             count("alpha", "paused"),
@@ -509,7 +503,7 @@ fn several_jobs_are_paused_and_resumed_at_once() {
             count("alpha", "resumed")
         ],
         [2, 1, 2],
-        "{controls:#?}"
+        "{history:#}"
     );
     let last = |e: &Value| {
         e["event"] == "dashboard.control"

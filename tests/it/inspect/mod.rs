@@ -267,3 +267,14 @@ pub(crate) fn inspect(dir: &TestDir, config: &Path, args: &[&str]) -> (i32, Stri
 pub(crate) fn parse(stdout: &str) -> Value {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"))
 }
+
+/// How many of `history --json`'s controls are `action` (`paused`, `resumed`) of `job`.
+pub(crate) fn controls_of(history: &Value, job: &str, action: &str) -> usize {
+    let controls = history["controls"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    controls
+        .iter()
+        .filter(|c| c["job"] == job && c["action"] == action)
+        .count()
+}
