@@ -317,8 +317,14 @@ fn change(
         Ok(Go::Ahead(ignored_by)) => ignored_by,
         Ok(Go::Refused(ignoring)) => {
             render::warn_notes(&reader.notes());
-            let (what, given) = (names_text(&names), jobs.as_given());
-            let effect = format!("it would go on running {what}'s ticks while paused");
+            let effect = match names.as_slice() {
+                [job] => format!("it would go on running {job}'s ticks while paused"),
+                several => format!(
+                    "it would go on running the ticks of {} while paused",
+                    names_text(several)
+                ),
+            };
+            let given = jobs.as_given();
             say_error(&honoured::refusal("pause", &given, &ignoring, &effect));
             return Ok(ExitCode::from(Exit::Ignored));
         }

@@ -58,7 +58,7 @@ fn paused(dir: &TestDir, config: &Path, job: &str) -> bool {
 
 /// The scenario on the store `config` names, with the current worker `w0` running `tick`: pause and
 /// trigger work with current workers only; with the old worker alive, both refuse with exit 5 naming it
-/// (and nothing is written), and act with `--even-if-ignored`, saying which worker ignores them; `resume`
+/// (and nothing is written; `pause --all` too), and act with `--even-if-ignored`, saying which worker ignores them; `resume`
 /// is never refused.
 fn pause_and_trigger_refuse_while_a_worker_ignores_them(dir: &TestDir, config: &Path) {
     wait_alive(dir, config, "w0");
@@ -85,6 +85,16 @@ fn pause_and_trigger_refuse_while_a_worker_ignores_them(dir: &TestDir, config: &
     assert!(
         !paused(dir, config, "tick"),
         "a refused pause writes nothing"
+    );
+    let (code, stdout, stderr) = inspect(dir, config, &["pause", "--all"]);
+    assert_eq!(code, 5, "pause --all must refuse: {stdout}{stderr}");
+    assert!(
+        stderr.contains("legacy-7") && stderr.contains("redcron pause --all --even-if-ignored"),
+        "{stderr}"
+    );
+    assert!(
+        !paused(dir, config, "tick"),
+        "a refused pause --all writes nothing"
     );
 
     let (code, stdout, stderr) = inspect(dir, config, &["trigger", "tick", "--timeout", "5s"]);
