@@ -58,8 +58,8 @@ fn paused(dir: &TestDir, config: &Path, job: &str) -> bool {
 
 /// The scenario on the store `config` names, with the current worker `w0` running `tick`: pause and
 /// trigger work with current workers only; with the old worker alive, both refuse with exit 5 naming it
-/// (and nothing is written; `pause --all` too), and act with `--even-if-ignored`, saying which worker ignores them; `resume`
-/// is never refused.
+/// (and nothing is written; `pause --all` too), and act with `--even-if-ignored`, saying which worker
+/// ignores them; `resume` is never refused.
 fn pause_and_trigger_refuse_while_a_worker_ignores_them(dir: &TestDir, config: &Path) {
     wait_alive(dir, config, "w0");
     // A fleet of current workers: pause and resume as before.
