@@ -44,7 +44,7 @@ use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT};
 /// The most ticks `/api/history` lists, as `redcron history --limit`.
 const MAX_LIMIT: usize = crate::cli::history::MAX_LIMIT;
 /// The writer (`worker`) of the `control` entries the dashboard records.
-pub(super) const CONTROL_WRITER: &str = "dashboard";
+const CONTROL_WRITER: &str = "dashboard";
 /// The longest pause reason taken.
 const MAX_REASON: usize = 500;
 
@@ -404,20 +404,10 @@ impl<'a> Control<'a> {
         self.done("resume", result, None, None, &reason, recorded)
     }
 
-    /// Records `control` of the job in its history, stamped with the worker's cluster time; whether a
-    /// majority took it. A failure is logged, not answered as an error: the control itself is done.
+    /// Records `control` of the job in its history ([`record_controls`]); whether a majority took it.
     async fn record(&self, control: &JobControl) -> bool {
-        let context = &self.dashboard.context;
-        let entry = Entry::control(&self.job.name, control, CONTROL_WRITER, context.clock.now());
-        match bounded(context.store.record(std::slice::from_ref(&entry))).await {
-            Ok(()) => true,
-            Err(failure) => {
-                warn!(event = events::dashboard::CONTROL_NOT_RECORDED, action = control.action,
-                      job = %self.job.name, operator = self.operator(), error = %failure,
-                      "Dashboard control done, but not recorded in the history");
-                false
-            }
-        }
+        let jobs = std::slice::from_ref(&self.job.name);
+        record_controls(self.dashboard, self.access, jobs, control).await
     }
 
     async fn trigger(self) -> Response {
@@ -489,18 +479,37 @@ impl<'a> Control<'a> {
         (status, Json(report)).into_response()
     }
 
-    /// The token's name of the operator using the control.
-    fn operator(&self) -> &str {
-        self.access
-            .operator
-            .as_ref()
-            .map_or("", |o| o.name.as_str())
-    }
-
     fn log(&self, action: &str, result: &str, reason: &str) {
-        let operator = self.operator();
+        let operator = self.access.operator_name();
         info!(event = events::dashboard::CONTROL, action, job = %self.job.name, operator,
               from = %self.from, reason, result, "Dashboard control used");
+    }
+}
+
+/// Records `control` of each of `jobs` in their histories, in one write stamped with the worker's cluster
+/// time; whether a majority took it. A failure is logged, not answered as an error: the controls
+/// themselves are done and stay done.
+pub(super) async fn record_controls(
+    dashboard: &Dashboard,
+    access: &Access,
+    jobs: &[String],
+    control: &JobControl,
+) -> bool {
+    let context = &dashboard.context;
+    let now = context.clock.now();
+    let entries: Vec<Entry> = jobs
+        .iter()
+        .map(|job| Entry::control(job, control, CONTROL_WRITER, now))
+        .collect();
+    match bounded(context.store.record(&entries)).await {
+        Ok(()) => true,
+        Err(failure) => {
+            let names = jobs.join(" ");
+            warn!(event = events::dashboard::CONTROL_NOT_RECORDED, action = control.action,
+                  job = %names, operator = access.operator_name(), error = %failure,
+                  "Dashboard control done, but not recorded in the history");
+            false
+        }
     }
 }
 

@@ -24,13 +24,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Json};
 use serde::Serialize;
-use tracing::{info, warn};
+use tracing::info;
 
-use super::api::{self, admit, problem, Admitted, ControlBody, Problem, CONTROL_WRITER};
+use super::api::{self, admit, problem, Admitted, ControlBody, Problem};
 use super::read::bounded;
 use super::{Access, Dashboard};
 use crate::config::JobConfig;
-use crate::history::{Control, Entry};
+use crate::history::Control;
 use crate::lock::{InForce, Pause, PauseOutcome};
 use crate::logging::events;
 use crate::membership::Capability;
@@ -339,40 +339,16 @@ impl Change<'_> {
         report.error = Some(error.to_string());
     }
 
-    /// Records `control` of each of `jobs` in their histories, in one write stamped with the worker's
-    /// cluster time; whether a majority took it (`None`: nothing to record). A failure is logged, not
-    /// answered as an error: the changes themselves are done.
+    /// Records `control` of each of `jobs` ([`api::record_controls`]); `None`: nothing to record.
     async fn record(&self, jobs: &[String], control: &Control) -> Option<bool> {
         if jobs.is_empty() {
             return None;
         }
-        let context = &self.dashboard.context;
-        let now = context.clock.now();
-        let entries: Vec<Entry> = jobs
-            .iter()
-            .map(|job| Entry::control(job, control, CONTROL_WRITER, now))
-            .collect();
-        Some(match bounded(context.store.record(&entries)).await {
-            Ok(()) => true,
-            Err(failure) => {
-                warn!(event = events::dashboard::CONTROL_NOT_RECORDED, action = control.action,
-                      jobs = jobs.len(), operator = self.operator(), error = %failure,
-                      "Dashboard control of several jobs done, but not recorded in the history");
-                false
-            }
-        })
-    }
-
-    /// The token's name of the operator using the control.
-    fn operator(&self) -> &str {
-        self.access
-            .operator
-            .as_ref()
-            .map_or("", |o| o.name.as_str())
+        Some(api::record_controls(self.dashboard, self.access, jobs, control).await)
     }
 
     fn log(&self, action: &str, job: &str, result: &str) {
-        let (operator, reason) = (self.operator(), self.reason.as_str());
+        let (operator, reason) = (self.access.operator_name(), self.reason.as_str());
         info!(event = events::dashboard::CONTROL, action, job, operator, from = %self.from,
               reason, result, bulk = true, "Dashboard control used");
     }

@@ -77,6 +77,11 @@ pub(crate) struct Access {
 }
 
 impl Access {
+    /// The token's name of the operator who made the request (empty without a token).
+    pub(crate) fn operator_name(&self) -> &str {
+        self.operator.as_ref().map_or("", |o| o.name.as_str())
+    }
+
     /// Whether this request may use the controls: they are on, and it proved a token.
     pub(crate) fn may_control(&self) -> bool {
         self.config.dashboard.controls && self.operator.is_some()
