@@ -519,6 +519,19 @@ fn controls_are_in_the_history_and_leave_the_status(dir: &TestDir, cli: &Path) {
     pause(&[
         "pause", "tick", "--for", "1h", "--reason", "deploy", "--json",
     ]);
+    // The pause's `control` entry is stamped when the command records it, after the write: a tick
+    // skipped by the pause may come before that stamp on a loaded machine. The tick explained below is
+    // one after it.
+    let (_, json, _) = inspect(dir, cli, &["history", "--job", "tick", "--json"]);
+    let history = parse(&json);
+    let controls = history["controls"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let made = controls
+        .iter()
+        .find(|c| c["action"] == "paused")
+        .and_then(|c| c["tick"].as_i64())
+        .unwrap_or_else(|| panic!("the pause's control entry: {history}"));
     // Once a tick after the pause is recorded as skipped, no run of before it is still going.
     let skipped = wait_for("a tick skipped as paused", Duration::from_secs(20), || {
         let (_, json, _) = inspect(
@@ -526,10 +539,11 @@ fn controls_are_in_the_history_and_leave_the_status(dir: &TestDir, cli: &Path) {
             cli,
             &["history", "--job", "tick", "--json", "--limit", "3"],
         );
-        parse(&json)["ticks"]
-            .as_array()?
-            .iter()
-            .find(|t| t["kind"] == "skipped" && t["reason"] == "paused")?["tick"]
+        parse(&json)["ticks"].as_array()?.iter().find(|t| {
+            t["kind"] == "skipped"
+                && t["reason"] == "paused"
+                && t["tick"].as_i64().is_some_and(|tick| tick > made)
+        })?["tick"]
             .as_i64()
     });
     // `explain` tells the pause before the tick, and whether one stands now.
