@@ -351,13 +351,23 @@ fn apply(
     ignored_by: Vec<Ignoring>,
     write: impl Fn(&mut Reader, &str) -> Result<Changed, ReadError>,
 ) -> Result<Done, ReadError> {
+    // A control is stamped with the instant before its write, so that every tick the change can have
+    // affected — claimed once the write landed — comes after its `control` entry in the history
+    // (`explain`'s "latest pause or resume before it"); stamped after the write and the read-back, a
+    // loaded machine put the first ticks a pause skipped before their pause.
+    let clock = reader.cluster_clock();
     let mut changed = Vec::with_capacity(names.len());
+    let mut stamps = Vec::with_capacity(names.len());
     let mut stopped = None;
     for (index, job) in names.iter().enumerate() {
         // Each change has the command's whole time: a thousand of them are not one read.
         reader.renew_deadline();
+        let stamp = clock.now();
         match write(reader, job) {
-            Ok(change) => changed.push((job.clone(), change)),
+            Ok(change) => {
+                changed.push((job.clone(), change));
+                stamps.push(stamp);
+            }
             Err(error) if index == 0 => return Err(error),
             Err(error) => {
                 stopped = Some((error, names[index..].to_vec()));
@@ -378,11 +388,11 @@ fn apply(
     let mut recorded = None;
     if changed.iter().any(|(_, change)| took_effect(change)) {
         reader.renew_deadline();
-        let now = reader.cluster_now();
         let entries: Vec<Entry> = changed
             .iter()
-            .filter(|(_, change)| took_effect(change))
-            .map(|(job, _)| Entry::control(job, control, CONTROL_WRITER, now))
+            .zip(&stamps)
+            .filter(|((_, change), _)| took_effect(change))
+            .map(|((job, _), stamp)| Entry::control(job, control, CONTROL_WRITER, *stamp))
             .collect();
         recorded = Some(record(reader, &entries, control));
     }
@@ -714,6 +724,7 @@ pub(crate) fn parse_for(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::history::Query;
 
     #[test]
     fn for_takes_a_positive_duration_of_at_most_a_year() {
@@ -726,6 +737,59 @@ mod tests {
         assert!(parse_for("soon")
             .expect_err("not a duration")
             .contains("is not a duration"));
+    }
+
+    /// A control is stamped with the instant before its change is written, not when it is recorded
+    /// (after the write and the read-back): every tick the change can have affected comes after it.
+    #[test]
+    fn a_control_is_stamped_before_its_change_is_written() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let text = "embedded:\n  path: cron.db\njobs:\n  - name: alpha\n    schedule: \"* * * * *\"\n    command: [\"true\"]\n";
+        let config = crate::config::parse(text, &dir.path().join("jobs.yaml")).expect("a config");
+        // The command reads an existing store only: an empty file is an empty SQLite database.
+        std::fs::write(dir.path().join("cron.db"), b"").expect("the database file");
+        let mut reader = Reader::open(&config).expect("the embedded store");
+        let pause = Pause {
+            until: None,
+            by: "tester".into(),
+            reason: "stamp".into(),
+        };
+        let names = ["alpha".to_string()];
+        // The write starts late (a slow store), and says when it reached the store.
+        let reached = std::cell::Cell::new(None);
+        let done = apply(
+            &mut reader,
+            &names,
+            &Control::paused(&pause),
+            Vec::new(),
+            |reader, job| {
+                std::thread::sleep(Duration::from_millis(400));
+                reached.set(Some(Utc::now()));
+                Ok(Changed::Paused(reader.pause(
+                    job,
+                    &pause,
+                    InForce::Replace,
+                )?))
+            },
+        )
+        .expect("the pause");
+        assert_eq!(done.recorded, Some(true));
+        let reached = reached.get().expect("written").timestamp_millis();
+        let query = Query {
+            job: "alpha".into(),
+            since: None,
+            until: None,
+            limit: 10,
+        };
+        let entries = reader.histories(&[query]).expect("the history");
+        let controls: Vec<&Entry> = entries[0].iter().filter(|e| e.is_control()).collect();
+        assert_eq!(controls.len(), 1, "{entries:?}");
+        // 200 ms of the 400 spare for a loaded machine; stamped on record, it would come after `reached`.
+        assert!(
+            controls[0].tick <= reached - 200,
+            "stamped {} for a write that reached the store at {reached}",
+            controls[0].tick
+        );
     }
 
     /// Of several jobs, those changed before the store stopped answering — the read-back too — are

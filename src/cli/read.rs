@@ -13,7 +13,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
@@ -180,15 +179,15 @@ impl Reader {
         bounded(&self.runtime, self.deadline, measure(&self.store))
     }
 
-    /// Cluster time now, as the workers keep it: this host's clock corrected by its offset to the nodes'
-    /// clocks where the store has clocks to read (Redis) and they answer, else this host's clock — a
-    /// stamp for what the command records, never a reason to refuse it.
-    pub(super) fn cluster_now(&mut self) -> DateTime<Utc> {
+    /// Cluster time, as the workers keep it: this host's clock corrected by its offset to the nodes'
+    /// clocks where the store has clocks to read (Redis) and they answer, else this host's clock — for
+    /// stamping what the command records, never a reason to refuse it. Measured once, read at each stamp.
+    pub(super) fn cluster_clock(&mut self) -> ClusterClock {
         let clock = ClusterClock::local();
         if let Ok(Some(Ok(estimate))) = self.measure_clock() {
             clock.set(&estimate);
         }
-        clock.now()
+        clock
     }
 
     /// Writes history entries to every node (a majority must take them), as the workers write theirs.

@@ -25,7 +25,7 @@ use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Json};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -372,6 +372,7 @@ impl<'a> Control<'a> {
             reason: reason.clone(),
         };
         let store = &self.dashboard.context.store;
+        let stamp = self.dashboard.context.clock.now();
         let outcome = match bounded(store.pause(&self.job.name, &pause, InForce::KeepLonger)).await
         {
             Ok(outcome) => outcome,
@@ -380,7 +381,11 @@ impl<'a> Control<'a> {
         let (result, paused, recorded) = match outcome {
             PauseOutcome::Paused => {
                 let control = JobControl::paused(&pause);
-                ("paused", Some(pause), Some(self.record(&control).await))
+                (
+                    "paused",
+                    Some(pause),
+                    Some(self.record(&control, stamp).await),
+                )
             }
             PauseOutcome::LongerKept(kept) => ("kept", Some(kept), None),
             PauseOutcome::AlreadyOver => ("already_over", None, None),
@@ -390,6 +395,7 @@ impl<'a> Control<'a> {
 
     async fn resume(self) -> Response {
         let store = &self.dashboard.context.store;
+        let stamp = self.dashboard.context.clock.now();
         let was_paused = match bounded(store.resume(&self.job.name)).await {
             Ok(was) => was,
             Err(failure) => return self.failed("resume", &failure),
@@ -397,17 +403,18 @@ impl<'a> Control<'a> {
         let reason = self.reason();
         let (result, recorded) = if was_paused {
             let control = JobControl::resumed(self.by.clone(), reason.clone());
-            ("resumed", Some(self.record(&control).await))
+            ("resumed", Some(self.record(&control, stamp).await))
         } else {
             ("was_not_paused", None)
         };
         self.done("resume", result, None, None, &reason, recorded)
     }
 
-    /// Records `control` of the job in its history ([`record_controls`]); whether a majority took it.
-    async fn record(&self, control: &JobControl) -> bool {
-        let jobs = std::slice::from_ref(&self.job.name);
-        record_controls(self.dashboard, self.access, jobs, control).await
+    /// Records `control` of the job, stamped `stamp`, in its history ([`record_controls`]); whether a
+    /// majority took it.
+    async fn record(&self, control: &JobControl, stamp: DateTime<Utc>) -> bool {
+        let jobs = [(self.job.name.clone(), stamp)];
+        record_controls(self.dashboard, self.access, &jobs, control).await
     }
 
     async fn trigger(self) -> Response {
@@ -486,25 +493,25 @@ impl<'a> Control<'a> {
     }
 }
 
-/// Records `control` of each of `jobs` in their histories, in one write stamped with the worker's cluster
-/// time; whether a majority took it. A failure is logged, not answered as an error: the controls
+/// Records `control` of each of `jobs` in their histories, in one write, each stamped with the worker's
+/// cluster time taken just before its change was written (so every tick the change can have affected
+/// comes after it); whether a majority took it. A failure is logged, not answered as an error: the controls
 /// themselves are done and stay done.
 pub(super) async fn record_controls(
     dashboard: &Dashboard,
     access: &Access,
-    jobs: &[String],
+    jobs: &[(String, DateTime<Utc>)],
     control: &JobControl,
 ) -> bool {
-    let context = &dashboard.context;
-    let now = context.clock.now();
     let entries: Vec<Entry> = jobs
         .iter()
-        .map(|job| Entry::control(job, control, CONTROL_WRITER, now))
+        .map(|(job, stamp)| Entry::control(job, control, CONTROL_WRITER, *stamp))
         .collect();
-    match bounded(context.store.record(&entries)).await {
+    match bounded(dashboard.context.store.record(&entries)).await {
         Ok(()) => true,
         Err(failure) => {
-            let names = jobs.join(" ");
+            let names: Vec<&str> = jobs.iter().map(|(job, _)| job.as_str()).collect();
+            let names = names.join(" ");
             warn!(event = events::dashboard::CONTROL_NOT_RECORDED, action = control.action,
                   job = %names, operator = access.operator_name(), error = %failure,
                   "Dashboard control done, but not recorded in the history");

@@ -229,6 +229,7 @@ impl Change<'_> {
             if self.out_of_time(started, &mut report, &jobs[index..]) {
                 break;
             }
+            let stamp = self.dashboard.context.clock.now();
             let outcome = match bounded(store.pause(&job.name, &pause, InForce::KeepLonger)).await {
                 Ok(outcome) => outcome,
                 Err(failure) => {
@@ -238,7 +239,7 @@ impl Change<'_> {
             };
             let (result, paused) = match outcome {
                 PauseOutcome::Paused => {
-                    took_effect.push(job.name.clone());
+                    took_effect.push((job.name.clone(), stamp));
                     ("paused", Some(pause.clone()))
                 }
                 PauseOutcome::LongerKept(kept) => ("kept", Some(kept)),
@@ -274,6 +275,7 @@ impl Change<'_> {
             if self.out_of_time(started, &mut report, &jobs[index..]) {
                 break;
             }
+            let stamp = self.dashboard.context.clock.now();
             let was_paused = match bounded(store.resume(&job.name)).await {
                 Ok(was_paused) => was_paused,
                 Err(failure) => {
@@ -282,7 +284,7 @@ impl Change<'_> {
                 }
             };
             let result = if was_paused {
-                took_effect.push(job.name.clone());
+                took_effect.push((job.name.clone(), stamp));
                 "resumed"
             } else {
                 "was_not_paused"
@@ -339,8 +341,13 @@ impl Change<'_> {
         report.error = Some(error.to_string());
     }
 
-    /// Records `control` of each of `jobs` ([`api::record_controls`]); `None`: nothing to record.
-    async fn record(&self, jobs: &[String], control: &Control) -> Option<bool> {
+    /// Records `control` of each of `jobs`, with the instant before its change ([`api::record_controls`]);
+    /// `None`: nothing to record.
+    async fn record(
+        &self,
+        jobs: &[(String, chrono::DateTime<chrono::Utc>)],
+        control: &Control,
+    ) -> Option<bool> {
         if jobs.is_empty() {
             return None;
         }
