@@ -16,9 +16,11 @@
 //! that gave up first keeps listening in the background for the late answers — and later rounds wait up to
 //! [`MARGIN`] times the recent worst of that fraction (decaying slowly), never less than configured, never
 //! more than [`MAX_STRETCH`] times it. Nodes that do not answer at all (hung, down, cut off) report
-//! nothing, so they stretch nothing: a hung majority is given up after the configured budget, as before.
-//! Nor does a majority that came later than `MAX_STRETCH` budgets: that is this process stopped, not the
-//! nodes slow.
+//! nothing, so they stretch nothing: a hung majority beside a node that answered is given up after the
+//! configured budget, as before. Nor does a majority that came later than `MAX_STRETCH` budgets: that is
+//! this process stopped, not the nodes slow. (A Redis round that has heard from no node at all when its
+//! budget passes waits on to its longest wait instead: the first batches of a herd, sent before any answer
+//! could stretch the pace, find every node busy; see `redis/round.rs`.)
 //!
 //! Safety does not depend on the budget: a claim's validity is the TTL less the time it took, and the
 //! confirming round and a renewal are still bounded by the lease's deadline.

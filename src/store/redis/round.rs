@@ -51,8 +51,9 @@ impl RedisStore {
     /// Sends one pipeline to every node in parallel and collects, per command, each node's parsed answer,
     /// until every command's outcome is decided or the round's budget has passed: `configured` as the
     /// store's [`Pace`](crate::store::pace::Pace) stretches it, at most `cap` — read again when the
-    /// budget passes, and waited on if it grew meanwhile. A node silent at the budget counts as failed
-    /// ("no answer within …").
+    /// budget passes, and waited on if it grew meanwhile; and if no node at all has answered by then,
+    /// waited on to the round's longest wait (`MAX_STRETCH` budgets, at most `cap`). A node silent at the
+    /// end counts as failed ("no answer within …").
     ///
     /// Tells the pace when a majority of nodes had answered — after the round, in the background, when
     /// the budget passed first: answers that come late are what stretches later rounds, and nodes that
@@ -99,6 +100,17 @@ impl RedisStore {
                     let stretched = self.pace.budget(configured).min(cap);
                     if stretched > budget {
                         budget = stretched;
+                        continue;
+                    }
+                    // Not one node has answered, not even with an error: the nodes are busy, not gone
+                    // (a herd's first batches go out before any answer could stretch the pace), and
+                    // giving up now would have them do the work anyway and the claim retried with more.
+                    // So the round waits on, as long as it ever waits. Every node hung or cut off costs
+                    // that wait, when nothing can be won anyway; a node that answered (a live minority,
+                    // a refused connection) keeps the budget as it was.
+                    let longest = late.min(cap);
+                    if !heard.contains(&true) && budget < longest {
+                        budget = longest;
                         continue;
                     }
                     let why = format!("no answer within {} ms", budget.as_millis());
@@ -243,6 +255,45 @@ mod tests {
     use crate::lock::LockSettings;
     use crate::store::redis::RedisStore;
 
+    /// One round of a `SET` of `key` on every node of `store`: how many nodes set it, and how long the
+    /// round took.
+    async fn set_round(
+        store: &RedisStore,
+        key: &str,
+        budget: Duration,
+        cap: Duration,
+    ) -> (usize, Duration) {
+        let mut pipeline = redis::pipe();
+        pipeline.cmd("SET").arg(key).arg("v");
+        let sent = Instant::now();
+        let answers = store
+            .round(
+                (pipeline, Shape::Commands),
+                budget,
+                cap,
+                |value| value == Value::Okay,
+                |_| false,
+                |&done| {
+                    if done {
+                        Vote::Granted
+                    } else {
+                        Vote::Failed("no OK".to_string())
+                    }
+                },
+            )
+            .await;
+        let set = answers.into_iter().next().unwrap_or_default();
+        (set.iter().filter(|(_, done)| *done).count(), sent.elapsed())
+    }
+
+    fn store_on(urls: &[String], budget: Duration) -> RedisStore {
+        let settings = LockSettings {
+            node_timeout: budget,
+            ..LockSettings::default()
+        };
+        RedisStore::new(urls, settings).expect("a store")
+    }
+
     /// A round whose budget passes after answers that came meanwhile stretched the pace waits on, as one
     /// sent then would. Two rounds of a `SET` on three nodes, each behind a proxy that holds the first
     /// round for HOLD and the second, behind it on the node's connection, for HOLD more: the first
@@ -258,37 +309,9 @@ mod tests {
             .map(|node| DelayProxy::start(redis.port(node), MARKER, HOLD))
             .collect();
         let urls: Vec<String> = proxies.iter().map(DelayProxy::url).collect();
-        let settings = LockSettings {
-            node_timeout: budget,
-            ..LockSettings::default()
-        };
-        let store = RedisStore::new(&urls, settings).expect("a store");
-        let round = |key: &'static str| {
-            let store = &store;
-            async move {
-                let mut pipeline = redis::pipe();
-                pipeline.cmd("SET").arg(key).arg("v");
-                let answers = store
-                    .round(
-                        (pipeline, Shape::Commands),
-                        budget,
-                        Duration::MAX,
-                        |value| value == Value::Okay,
-                        |_| false,
-                        |&done| {
-                            if done {
-                                Vote::Granted
-                            } else {
-                                Vote::Failed("no OK".to_string())
-                            }
-                        },
-                    )
-                    .await;
-                let set = answers.into_iter().next().unwrap_or_default();
-                set.iter().filter(|(_, done)| *done).count()
-            }
-        };
-        assert!(round("warm-up").await >= 2, "the nodes answer");
+        let store = store_on(&urls, budget);
+        let round = |key| set_round(&store, key, budget, Duration::MAX);
+        assert!(round("warm-up").await.0 >= 2, "the nodes answer");
         proxies.iter().for_each(|proxy| proxy.delay_next(2));
         let first = round(MARKER);
         let second = async {
@@ -296,10 +319,9 @@ mod tests {
             while proxies.iter().any(|proxy| proxy.delayed() == 0) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let sent = Instant::now();
-            (round(MARKER).await, sent.elapsed())
+            round(MARKER).await
         };
-        let (first, (second, waited)) = tokio::join!(first, second);
+        let ((first, _), (second, waited)) = tokio::join!(first, second);
         assert!(
             first >= 2,
             "the first round, answered after HOLD, is within its budget"
@@ -312,6 +334,68 @@ mod tests {
             waited > budget,
             "the second round was decided within the budget it was sent with ({waited:?}): the test \
              proves nothing"
+        );
+    }
+
+    /// A round that has heard from no node at all when its budget passes waits on: the nodes are busy,
+    /// as under a herd's first batches, not gone. Three nodes, each behind a proxy that holds the round
+    /// for three budgets (the pace unstretched: every round before was quick). Given up at its budget,
+    /// the round would have no node, and a claim would be retried with the nodes' work done twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_round_that_heard_from_no_node_waits_on_for_busy_nodes() {
+        const MARKER: &str = "busy-set";
+        let budget = Duration::from_millis(300);
+        let redis = RedisCluster::start(3);
+        let proxies: Vec<DelayProxy> = (0..redis.len())
+            .map(|node| DelayProxy::start(redis.port(node), MARKER, budget * 3))
+            .collect();
+        let urls: Vec<String> = proxies.iter().map(DelayProxy::url).collect();
+        let store = store_on(&urls, budget);
+        assert!(set_round(&store, "warm-up", budget, Duration::MAX).await.0 >= 2);
+        proxies.iter().for_each(|proxy| proxy.delay_next(1));
+        let (set, waited) = set_round(&store, MARKER, budget, Duration::MAX).await;
+        assert!(
+            set >= 2,
+            "a majority set it after {waited:?}: the round waited for the busy nodes"
+        );
+        assert!(
+            waited > budget,
+            "decided within the budget ({waited:?}): the test proves nothing"
+        );
+    }
+
+    /// What waiting on costs is bounded: with every node hung (SIGSTOP), a round fails after its
+    /// longest wait ([`MAX_STRETCH`](crate::store::pace::MAX_STRETCH) budgets), or at its cap when that is
+    /// sooner; and once a node has answered — here with a failure (killed: its connection refused at
+    /// once) — the others are given up at the budget, as before (a live minority with a hung majority:
+    /// `conformance::redis::a_hung_minority_costs_one_node_timeout`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hung_nodes_are_given_up_after_the_longest_wait_and_at_the_budget_once_one_answered() {
+        let budget = Duration::from_millis(200);
+        let longest = budget * 10;
+        let mut redis = RedisCluster::start(3);
+        let store = store_on(&redis.urls(), budget);
+        assert!(set_round(&store, "warm-up", budget, Duration::MAX).await.0 >= 2);
+        (0..redis.len()).for_each(|node| redis.stop(node));
+        let (set, waited) = set_round(&store, "hung", budget, Duration::MAX).await;
+        assert_eq!(set, 0);
+        assert!(
+            waited >= longest && waited < longest * 3,
+            "every node hung: failed after {waited:?}, the longest wait being {longest:?}"
+        );
+        let cap = budget * 3;
+        let (set, waited) = set_round(&store, "hung-capped", budget, cap).await;
+        assert_eq!(set, 0);
+        assert!(
+            waited >= cap && waited < longest,
+            "capped at {cap:?}: failed after {waited:?}"
+        );
+        redis.kill(0);
+        let (set, waited) = set_round(&store, "one-failed", budget, Duration::MAX).await;
+        assert_eq!(set, 0);
+        assert!(
+            waited >= budget && waited < longest,
+            "a node answered: the hung ones given up after {waited:?}, not the longest wait"
         );
     }
 
