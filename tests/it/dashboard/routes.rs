@@ -2,6 +2,7 @@
 //! in the command line's shapes, the controls as `redcron` sees them; and the same pages on real Redis.
 
 use super::*;
+use crate::support::{DelayProxy, RedisCluster};
 
 /// Every page and JSON route answers with a token: the pages with their contract's elements, the JSON
 /// API with the same top-level keys (and the same ticks) as `redcron status|history|explain --json`,
@@ -372,6 +373,58 @@ fn pause_resume_and_trigger_through_the_api_are_the_command_line_s() {
         "x",
     );
     assert_eq!(text.status, 415, "{}", text.body);
+}
+
+/// A control made on the dashboard is stamped with the instant before its write, not when the history
+/// records it: with every Redis node's copy of the pause held back for HOLD (a slow store), a pause of
+/// one job and of several are stamped before the write landed, so the ticks a pause skipped come after
+/// its `control` entry.
+#[test]
+fn dashboard_controls_are_stamped_before_their_writes() {
+    const HOLD: Duration = Duration::from_millis(1_500);
+    // Only in the pause written to the nodes (its reason), never in what is read before it.
+    const MARKER: &str = "stamp-before-the-write";
+    let redis = RedisCluster::start(3);
+    let proxies: Vec<DelayProxy> = (0..redis.len())
+        .map(|node| DelayProxy::start(redis.port(node), MARKER, HOLD))
+        .collect();
+    let nodes: Vec<String> = proxies.iter().map(|p| format!("\"{}\"", p.url())).collect();
+    let dir = TestDir::new();
+    let never = "schedule: \"0 0 1 1 *\"\n    command: [\"true\"]\n";
+    let (worker, port) = listening_worker(&dir, "jobs", |port| {
+        // A node timeout above HOLD: the held write is slow, not lost.
+        format!(
+            "redis:\n  nodes: [{}]\nlock:\n  ttl: 30s\n  node_timeout: 3s\nworker:\n  id: w1\n  \
+             listen: 127.0.0.1:{port}\n{TOKENS}jobs:\n  - name: alpha\n    {never}  - name: beta\n    {never}",
+            nodes.join(", ")
+        )
+    });
+    let config = dir.join("jobs.yaml");
+    let client = Client::new(port);
+    let body = format!(r#"{{"reason": "{MARKER}"}}"#);
+    let bulk = format!(r#"{{"jobs": ["beta"], "reason": "{MARKER}"}}"#);
+    for (job, path, body) in [
+        ("alpha", "/api/jobs/alpha/pause", body),
+        ("beta", "/api/jobs/pause", bulk),
+    ] {
+        proxies.iter().for_each(|proxy| proxy.delay_next(1));
+        let asked = chrono::Utc::now().timestamp_millis();
+        let answer = client.post_json(OPS, path, &body);
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body);
+        assert!(
+            proxies.iter().all(|proxy| proxy.delayed() > 0),
+            "{path}: the pause was not held back: the test proves nothing"
+        );
+        let history = cli_json(&dir, &config, &["history", "--job", job]);
+        let control = history["controls"][0].clone();
+        let stamp = control["tick"].as_i64().expect("a control's tick");
+        // Half the hold spare for a loaded machine; stamped on record, it would come after the hold.
+        assert!(
+            stamp < asked + HOLD.as_millis() as i64 / 2,
+            "{path}: asked at {asked}, stamped {stamp}: {control}"
+        );
+    }
+    drop(worker);
 }
 
 /// Several jobs at once — a maintenance window — through `/api/jobs/pause` and `/resume`: named jobs or
