@@ -519,9 +519,9 @@ fn controls_are_in_the_history_and_leave_the_status(dir: &TestDir, cli: &Path) {
     pause(&[
         "pause", "tick", "--for", "1h", "--reason", "deploy", "--json",
     ]);
-    // The pause's `control` entry is stamped when the command records it, after the write: a tick
-    // skipped by the pause may come before that stamp on a loaded machine. The tick explained below is
-    // one after it.
+    // The pause's `control` entry is stamped just before the write, but a tick whose claim ran late on a
+    // loaded machine may still have been skipped by the pause and come before that stamp: the tick
+    // explained below is one after it.
     let (_, json, _) = inspect(dir, cli, &["history", "--job", "tick", "--json"]);
     let history = parse(&json);
     let controls = history["controls"]
