@@ -10,6 +10,7 @@
 //! - [`herd`]: item 6, N jobs due at one instant on 3 workers, against the spawn limit and the peer.
 //! - [`etcd`]: item 7, the etcd store beside Redis: a claim, the lock alone, a herd.
 //! - [`dashboard`]: item 8, the dashboard's page of 1,000 jobs: its weight, render and store times.
+//! - [`job`]: the workers' job, `probe.rs`, compiled for the run.
 //! - [`ops`]: item 4c, the commands and Redis CPU of each store operation (the cost model).
 //! - [`peer`]: the peer of items 4b and 6, one `SET NX PX` per (job, tick) on one node.
 //! - [`workers`]: worker processes, their `/proc` figures, ledgers and logs.
@@ -31,6 +32,8 @@ pub mod dashboard;
 pub mod etcd;
 #[path = "herd.rs"]
 pub mod herd;
+#[path = "job.rs"]
+pub mod job;
 #[path = "nodes.rs"]
 pub mod nodes;
 #[path = "ops.rs"]

@@ -2,12 +2,12 @@
 //! 3 worker processes on 5 nodes, measured against what this machine can spawn and against the peer.
 //!
 //! Every job gets the same daily schedule, whose next tick is a few seconds after the workers start; each
-//! run appends `job tick worker ns` to a ledger as its first act (the probe of `main.rs`). From the ledger:
+//! run appends `job tick worker ns` to a ledger as its first act (the probe, `probe.rs`). From the ledger:
 //! every job claimed exactly once, and the herd time — tick to the last run's first instruction. In the
 //! same run, after the workers stopped, a plain loop starts the same number of `/bin/sh -c true` children:
 //! the spawn time, what this machine can do without any lock; the ratio herd ÷ spawn is what redcron adds.
-//! A second loop starts the herd's own job (the probe) the same way, since that job costs more to start
-//! than `sh -c true`.
+//! A second loop starts the herd's own job (the probe) the same way: the herd's starts are that job's,
+//! whose start costs differ from `sh -c true`'s.
 //! The nodes' own counters (`INFO commandstats`, `INFO cpu`, all 5 nodes, before the tick and after the
 //! last run ended) give Redis commands and CPU per claim. Last, the [`super::peer`] settles the same N jobs
 //! at one tick on one node; redcron's claim time (tick to the last `tick.won`) is printed as a multiple.
@@ -342,8 +342,8 @@ fn table(herd: &Herd) -> String {
         "\n## 6. The herd: {} jobs due at one instant, 3 workers, 5 nodes\n\n\
          Each run's first act appends to a ledger; herd time is the tick to the last run's start. Spawn time: \
          the same number of `/bin/sh -c true` children started by a plain loop in this process, in the same \
-         run (the machine's limit without any lock); then the same for the herd's own job, the probe, which \
-         costs more to start. Claim time: the tick to the last `tick.won` event. \
+         run (the machine's limit without any lock); then the same for the herd's own job, the probe. \
+         Claim time: the tick to the last `tick.won` event. \
          Redis commands and CPU per claim: all 5 nodes' `INFO commandstats` / `INFO cpu` from just before \
          the tick until the runs' releases and history writes were done (the workers' background traffic \
          included).\n\n{}\n\nThe peer under the same herd, lock level only (no processes): one node, 3 \

@@ -10,9 +10,6 @@ mod bench;
 
 use bench::cycle::Kind;
 
-/// The job of the smoke run: bash records its own start (`$EPOCHREALTIME`, µs) in the ledger (`$0`).
-const PROBE: &str = r#"printf '%s %s %s %s\n' "$REDCRON_JOB" "$REDCRON_TICK" "$REDCRON_WORKER_ID" "${EPOCHREALTIME/./}000" >> "$0""#;
-
 /// Every item of the benchmark runs end to end (5 redis-server nodes, the peers, a slow and a hung node,
 /// 3 worker processes, the in-process batch race, the herd, the same on 3 etcd members) and reports every
 /// contender and scenario.
@@ -21,7 +18,11 @@ fn benchmark_runs_in_smoke_mode() {
     let _heavy = super::support::heavy();
     super::support::require_program("redis-server", "redis-server");
     super::support::require_program("etcd", "etcd-server");
-    super::support::require_program("bash", "bash");
+    // The benchmark's own job, compiled as `cargo bench` compiles it: a probe that cannot be built or
+    // does not record its runs fails here (the ledgers would be empty).
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let probe = bench::job::compile_probe(scratch.path())
+        .unwrap_or_else(|why| panic!("the benchmark's probe: {why}"));
     let options = bench::Options {
         smoke: true,
         sections: vec![1, 2, 3, 4, 5, 6, 7],
@@ -29,7 +30,7 @@ fn benchmark_runs_in_smoke_mode() {
         contenders: Kind::ALL.to_vec(),
         current_thread: false,
         worker: Some(env!("CARGO_BIN_EXE_redcron").into()),
-        probe: vec!["bash".into(), "-c".into(), PROBE.into()],
+        probe: vec![probe.display().to_string()],
         etcd_herd: 20,
         stores: Vec::new(),
     };
