@@ -14,7 +14,8 @@ use std::ffi::OsString;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-/// Appends this run's line to `ledger`; exit code 2 without a ledger, 1 when the write fails.
+/// Appends this run's line to `ledger` in one `O_APPEND` write, so that concurrent runs never interleave
+/// their lines; exit code 2 without a ledger, 1 when the write fails.
 pub fn record(ledger: Option<OsString>) -> ExitCode {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
