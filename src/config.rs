@@ -84,6 +84,9 @@ pub struct WorkerConfig {
     /// This worker's id in logs and lease values (default `<hostname>-<pid>-<short random>`); letters,
     /// digits and `_ . - : @` only, so it never contains the `/` that separates it from a lease's uuid.
     pub id: String,
+    /// Whether `id` was made up because the file names none: a reload then keeps the running worker's
+    /// id rather than comparing two made-up ones (which always differ) and asking for a restart.
+    pub id_is_default: bool,
     /// How long running jobs may go on after a graceful shutdown was requested.
     pub shutdown_grace: Duration,
     /// Above this offset to the Redis nodes' clocks the worker warns (`clock.offset_high`). Not zero.

@@ -564,6 +564,7 @@ fn worker(raw: &RawWorker, report: &mut Report) -> WorkerConfig {
     .unwrap_or(crate::membership::HEARTBEAT_EVERY);
     WorkerConfig {
         id,
+        id_is_default: raw.id.is_none(),
         shutdown_grace,
         max_clock_offset,
         clock_check_every,

@@ -19,7 +19,7 @@ pub(super) fn reload(
     running: &Config,
     why: &'static str,
 ) -> Option<Arc<Config>> {
-    let new = match crate::config::load(&running.path) {
+    let mut new = match crate::config::load(&running.path) {
         Ok(new) => new,
         Err(e) => {
             context.metrics.config_reloaded(false);
@@ -37,13 +37,25 @@ pub(super) fn reload(
     for warning in &new.warnings {
         warn!(event = events::config::WARNING, "{warning}");
     }
-    if new.store != running.store
-        || new.lock != running.lock
-        || new.history != running.history
-        || new.worker != running.worker
-    {
-        warn!(event = events::config::RESTART_NEEDED, why,
-              "The store, lock, history or worker settings changed: they apply after a restart; jobs are reloaded now");
+    // A worker keeps its id for its life: a file that names none keeps the one made up at start.
+    if new.worker.id_is_default && running.worker.id_is_default {
+        new.worker.id.clone_from(&running.worker.id);
+    }
+    let sections = [
+        ("store", new.store != running.store),
+        ("lock", new.lock != running.lock),
+        ("history", new.history != running.history),
+        ("worker", new.worker != running.worker),
+    ];
+    let changed: Vec<&str> = sections
+        .iter()
+        .filter(|(_, differs)| *differs)
+        .map(|(name, _)| *name)
+        .collect();
+    if !changed.is_empty() {
+        let sections = changed.join(",");
+        warn!(event = events::config::RESTART_NEEDED, why, sections = %sections,
+              "The {sections} settings changed: they apply after a restart; jobs are reloaded now");
     }
     let names = |config: &Config| -> BTreeMap<String, String> {
         config

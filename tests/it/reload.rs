@@ -539,3 +539,53 @@ fn a_renamed_job_is_a_new_job_and_the_old_names_run_finishes() {
         runs.len()
     );
 }
+
+/// A worker whose file names no `worker.id` keeps the id it made up at start across reloads: a reload
+/// that changes only a job logs `config.reloaded` and no `config.restart_needed` (two made-up ids always
+/// differ, and every reload used to ask for a restart). A reload that does change a worker setting still
+/// asks for one, naming the section.
+#[test]
+fn a_reload_keeps_a_made_up_worker_id_and_asks_no_restart() {
+    let dir = TestDir::new();
+    let yaml = |worker: &str, jobs: &str| crate::embedded::config_with(worker, jobs);
+    let path = dir.write_config(&yaml(
+        "  shutdown_grace: 5s\n",
+        &ledger_job("a", "* * * * * *", &dir.ledger()),
+    ));
+    let mut worker = Worker::spawn(path.clone(), &[]);
+    worker
+        .wait_for_event("worker.started", WAIT)
+        .expect("worker.started");
+
+    replace(
+        &path,
+        &yaml(
+            "  shutdown_grace: 5s\n",
+            &ledger_job("b", "* * * * * *", &dir.ledger()),
+        ),
+    );
+    worker.signal(libc::SIGHUP);
+    worker
+        .wait_for(WAIT, |e| {
+            e["event"] == "config.reloaded" && e["added"] == "b"
+        })
+        .expect("config.reloaded with b added");
+    assert!(
+        worker.events("config.restart_needed").is_empty(),
+        "a reload that changed only a job asked for a restart: {:?}",
+        worker.events("config.restart_needed")
+    );
+
+    replace(
+        &path,
+        &yaml(
+            "  shutdown_grace: 6s\n",
+            &ledger_job("b", "* * * * * *", &dir.ledger()),
+        ),
+    );
+    worker.signal(libc::SIGHUP);
+    let restart = worker
+        .wait_for_event("config.restart_needed", WAIT)
+        .expect("a changed worker setting asks for a restart");
+    assert_eq!(restart["sections"], "worker", "{restart}");
+}
