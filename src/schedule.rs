@@ -156,6 +156,45 @@ impl Schedule {
         })
     }
 
+    /// A warning for an expression that is almost certainly a mistake, or `None`: a wildcard `*` in the
+    /// finest field (seconds with 6 fields, minutes with 5) under a restricted coarser time field, such as
+    /// `* */15 * * * *` (every second of every fifteenth minute: 60 runs in a row) or `* 30 2 * * *` (60
+    /// runs at 02:30). It names how many runs come in a row and the expression that runs once, which is
+    /// what was meant nearly always. A restricted finest field (`*/10 * 9-17 * * *`, every 10 s in those
+    /// hours) is deliberate, and so is a day field restricted under wildcard times (`* * * * 1`, every
+    /// minute on Mondays); macros never trip it.
+    pub fn burst_warning(&self) -> Option<String> {
+        let trimmed = self.expression.trim();
+        if trimmed.starts_with('@') {
+            return None;
+        }
+        let fields: Vec<&str> = trimmed.split_whitespace().collect();
+        // The time fields, finest first.
+        let names: &[&str] = if fields.len() == 6 {
+            &["second", "minute", "hour"]
+        } else {
+            &["minute", "hour"]
+        };
+        let wildcards = fields.iter().take_while(|field| **field == "*").count();
+        if wildcards == 0 || wildcards >= names.len() {
+            return None;
+        }
+        let in_a_row = 60u64.pow(wildcards as u32);
+        let once: Vec<&str> = fields
+            .iter()
+            .enumerate()
+            .map(|(i, field)| if i < wildcards { "0" } else { field })
+            .collect();
+        Some(format!(
+            "{:?} fires every {} of each {} it matches ({in_a_row} runs in a row); \
+             to run once at those times, write {:?}",
+            self.expression,
+            names[0],
+            names[wildcards],
+            once.join(" ")
+        ))
+    }
+
     /// The expression as written.
     pub fn expression(&self) -> &str {
         &self.expression
@@ -365,6 +404,54 @@ fn naive(secs: i64) -> Option<NaiveDateTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A wildcard below a restricted time field is warned of with the run count and the
+    /// expression that runs once; ordinary schedules are not.
+    #[test]
+    fn a_wildcard_under_a_restricted_time_field_is_warned_of() {
+        let warning = |expr: &str| {
+            Schedule::parse(expr, chrono_tz::UTC)
+                .expect("valid")
+                .burst_warning()
+        };
+        let every_second = warning("* */15 * * * *").expect("warned");
+        assert!(
+            every_second.contains("every second of each minute")
+                && every_second.contains("60 runs in a row")
+                && every_second.contains("\"0 */15 * * * *\""),
+            "{every_second}"
+        );
+        let at_0230 = warning("* 30 2 * * *").expect("warned");
+        assert!(at_0230.contains("\"0 30 2 * * *\""), "{at_0230}");
+        let hour = warning("* * 2 * * *").expect("warned");
+        assert!(
+            hour.contains("every second of each hour")
+                && hour.contains("3600 runs in a row")
+                && hour.contains("\"0 0 2 * * *\""),
+            "{hour}"
+        );
+        let minutes = warning("* 2 * * *").expect("warned");
+        assert!(
+            minutes.contains("every minute of each hour") && minutes.contains("\"0 2 * * *\""),
+            "{minutes}"
+        );
+        for fine in [
+            "* * * * * *",
+            "* * * * *",
+            "*/5 * * * *",
+            "0 */15 * * * *",
+            "30 2 * * *",
+            "0 * * * *",
+            "*/10 * 9-17 * * 1-5",
+            "*/5 9-17 * * *",
+            "0 * 2 * * *",
+            "* * * * 1",
+            "@hourly",
+            "@daily",
+        ] {
+            assert_eq!(warning(fine), None, "{fine}");
+        }
+    }
 
     #[test]
     fn schedules_of_one_expression_share_one_parse_and_keep_their_own_zone() {

@@ -131,7 +131,12 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
                     format!("cron expression {:?} never fires", expr.value),
                 );
             }
-            Ok(schedule) => return Some(schedule),
+            Ok(schedule) => {
+                if let Some(why) = schedule.burst_warning() {
+                    report.warn(expr.mark, &field("schedule"), why);
+                }
+                return Some(schedule);
+            }
         }
         None
     });

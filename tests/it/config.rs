@@ -473,6 +473,25 @@ fn warnings() {
     );
 }
 
+/// A schedule with a wildcard below a restricted time field is warned of with its line and the
+/// expression that runs once (`* */15 * * * *` runs 60 times in a row every 15 minutes).
+#[test]
+fn a_schedule_that_bursts_is_warned_of() {
+    let config = ok("jobs:\n  - name: a\n    schedule: \"* */15 * * * *\"\n    command: [\"true\"]\n  - name: b\n    schedule: \"* 30 2 * * *\"\n    command: [\"true\"]\n");
+    assert_eq!(config.warnings.len(), 2, "{:?}", config.warnings);
+    assert!(
+        config.warnings[0].starts_with("jobs.yaml:3:15: jobs[0].schedule: \"* */15 * * * *\" fires every second of each minute it matches (60 runs in a row); to run once at those times, write \"0 */15 * * * *\""),
+        "{:?}",
+        config.warnings
+    );
+    assert!(
+        config.warnings[1].starts_with("jobs.yaml:6:15: jobs[1].schedule:")
+            && config.warnings[1].contains("\"0 30 2 * * *\""),
+        "{:?}",
+        config.warnings
+    );
+}
+
 /// Missing required fields are reported at the start of the job, and commands must not be empty.
 #[test]
 fn missing_fields_and_empty_commands() {
