@@ -252,16 +252,34 @@ fn act_on(
         }
         return None;
     };
-    let retry_at = context.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
-    if retry_at >= p.until {
+    let Some(wait) = within_window(context.clock.now(), p.until, wait) else {
         p.span().in_scope(|| give_up(context, &p, &outcome));
         return None;
-    }
+    };
     p.span().in_scope(|| retrying(&p, &outcome, wait));
     p.retry_at = tokio::time::Instant::now() + wait;
     p.last = Some(outcome);
     Some(p)
 }
+
+/// The wait before a claim that was not final is sent again, at `now` (cluster time), for a window that
+/// ends at `until`: `wait`, or — when that would land at or past the window's end — one last attempt
+/// [`LAST_ATTEMPT_BEFORE`] before the end, so that a majority back a second before the window closes still
+/// grants the tick (G4 in `docs/protocol.md`: a tick is granted when a majority answers *within* its
+/// misfire grace; a backoff of up to [`NO_QUORUM_BACKOFF_MAX`] gave it up with that much of its window left).
+/// `None`: no time left for another attempt; the claim is given up.
+fn within_window(now: DateTime<Utc>, until: DateTime<Utc>, wait: Duration) -> Option<Duration> {
+    let left = (until - now).to_std().ok()?;
+    if wait < left {
+        return Some(wait);
+    }
+    let last = left.checked_sub(LAST_ATTEMPT_BEFORE)?;
+    (!last.is_zero()).then_some(last)
+}
+
+/// How long before the end of its window a claim's last attempt is sent: long enough for one round
+/// trip to the store on a loaded machine, short beside the backoff it cuts.
+const LAST_ATTEMPT_BEFORE: Duration = Duration::from_millis(100);
 
 /// How long this worker waits before its first claim of `due`: its place in the claim order among
 /// `members` ([`crate::lock::order`]) times `spread`, the spread cut to the claim's window divided by the
@@ -503,6 +521,26 @@ mod tests {
         assert!(!routine_loss(ranked, "later_tick_claimed", Some("w2")));
         assert!(!routine_loss(ranked, "already_claimed", None));
         assert!(!routine_loss(None, "already_claimed", Some("w2")));
+    }
+
+    /// A retry whose backoff fits the window waits it out; one that would land at or past the window's
+    /// end is sent once more just before the end; with no time left for one, the claim is given up.
+    #[test]
+    fn the_last_retry_lands_just_before_the_window_ends() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).expect("valid");
+        let after = |ms: i64| now + chrono::Duration::milliseconds(ms);
+        let ms = Duration::from_millis;
+        assert_eq!(within_window(now, after(5_000), ms(2_000)), Some(ms(2_000)));
+        // 1.5 s of the window left, a backoff of 2 s: one more attempt 100 ms before the end.
+        assert_eq!(within_window(now, after(1_500), ms(2_000)), Some(ms(1_400)));
+        assert_eq!(within_window(now, after(1_500), ms(1_500)), Some(ms(1_400)));
+        // No time left for an attempt: given up.
+        assert_eq!(within_window(now, after(100), ms(250)), None);
+        assert_eq!(within_window(now, after(50), ms(250)), None);
+        assert_eq!(within_window(now, after(-10), ms(250)), None);
+        // After the last attempt, the next backoff finds less than the margin left: given up.
+        let at_last = after(1_400);
+        assert_eq!(within_window(at_last, after(1_500), ms(2_000)), None);
     }
 
     /// The size of what `f` returns, without calling it (a future's size is known from its type alone).
