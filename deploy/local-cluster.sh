@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A redcron cluster on this machine: 5 redis-server nodes on loopback and 3 workers, with merged logs.
+# A redcron cluster on this machine: 5 redis-server nodes on loopback and 3 workers, with merged logs —
+# a failover demo: kill a worker or a node while it runs, and the rest goes on.
 #
 # For trying redcron out and for the deploy test (tests/it/deploy.rs); not for production (see
 # deploy/README.md for the recipes that are). Everything it starts runs in a directory of its own and is
@@ -13,8 +14,14 @@ usage() {
 Usage: deploy/local-cluster.sh [OPTIONS]
 
 Starts 5 redis-server nodes on loopback, with the persistence docs/protocol.md requires
-(deploy/redis/redis.conf), and 3 redcron workers with a demo jobs file; prints the workers' merged
-logs until Ctrl-C or --seconds; then stops the workers (SIGTERM), then the nodes.
+(deploy/redis/redis.conf), and 3 redcron workers with a demo jobs file, each serving the dashboard
+on a port of its own; prints their pids, a paste-ready `redcron status` command, and the workers'
+merged logs until Ctrl-C or --seconds; then stops the workers (SIGTERM), then the nodes.
+
+A failover demo: kill a worker (`kill -9 PID`) or a node, or pause one (`kill -STOP PID`, then
+`kill -CONT PID`), while it runs. The script reports each worker or node that exits and goes on;
+every tick still runs exactly once (`"$DIR/redcron" history ledger`, `"$DIR/redcron" explain ...`).
+It stops by itself only when no worker is left.
 
 Options:
   --dir DIR         put the nodes' data, the logs and the demo ledger in DIR (created if missing, kept
@@ -38,11 +45,14 @@ Environment:
                     rebuilt if present
 
 In the directory: worker-N.log (each worker's output), redis-N/ (a node's data dir: its AOF and
-redis.log), ledger (one line per run of the demo job `ledger`). The workers and their jobs run there.
+redis.log), ledger (one line per run of the demo job `ledger`), env (the variables the jobs file
+uses) and redcron (the binary with those variables set: `"$DIR/redcron" status`). The workers and
+their jobs run there.
 
-Exit status: 0 when --seconds elapsed and every worker stopped cleanly; 130 after Ctrl-C (SIGINT),
-143 after SIGTERM, 129 after SIGHUP; 1 when something did not start, or a worker or node exited
-by itself or uncleanly; 2 for a usage error.
+Exit status: 0 when --seconds elapsed and every worker still running then stopped cleanly (those
+that exited before are reported when they do, and listed again at the end); 130 after Ctrl-C
+(SIGINT), 143 after SIGTERM, 129 after SIGHUP; 1 when something did not start, no worker was left,
+or a worker stopped uncleanly; 2 for a usage error.
 EOF
 }
 
@@ -178,7 +188,9 @@ render() {
 	esac
 }
 
-node_pids=() node_ports=() worker_pids=() viewer_pids=()
+node_pids=() node_ports=() worker_pids=() worker_ports=() viewer_pids=()
+# What exited before the stop ("worker-2 (pid 123): killed by SIGKILL"), reported as it happens.
+gone_workers=() gone_nodes=() exited=() ended=
 hurry=0
 
 # Whether pid $1 is a running child of this script. Every signal below goes through this: a child that
@@ -245,6 +257,7 @@ cleanup() {
 		say "stopping ${#worker_pids[@]} workers (SIGTERM; they finish or stop their runs and release their leases)"
 		terminate "$stop_timeout" "${worker_pids[@]}"
 		for i in "${!worker_pids[@]}"; do
+			[[ -z ${gone_workers[$i]:-} ]] || continue # reaped when it exited, and reported then
 			wait "${worker_pids[$i]}"
 			status=$?
 			if ((status != 0)); then
@@ -253,6 +266,9 @@ cleanup() {
 			fi
 		done
 	fi
+	if ((${#exited[@]} > 0)); then
+		say "exited before the stop: $(IFS=';' && printf '%s' "${exited[*]}" | sed 's/;/; /g')"
+	fi
 	# The viewers end soon after their worker; wait for them so that no line is lost.
 	for ((i = 0; i < 50; i++)); do
 		alive "${viewer_pids[@]}" || break
@@ -260,7 +276,7 @@ cleanup() {
 	done
 	signal TERM "${viewer_pids[@]}"
 	if ((${#node_pids[@]} > 0)); then
-		say "stopping ${#node_pids[@]} redis nodes (SIGTERM)"
+		say "stopping the redis nodes (SIGTERM)"
 		terminate 10 "${node_pids[@]}"
 		wait "${node_pids[@]}" 2>/dev/null
 	fi
@@ -309,15 +325,68 @@ start_node() {
 	die "redis node $i did not start"
 }
 
+# Whether something answers on 127.0.0.1 port $1.
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# A port for worker $1's listener: --base-port's P+5+N-1, or a random one nothing answers on.
+worker_port() {
+	local port tries
+	if [[ -n $base_port ]]; then
+		echo $((base_port + 5 + $1 - 1))
+		return
+	fi
+	for ((tries = 0; tries < 50; tries++)); do
+		port=$((20000 + RANDOM % 20000))
+		port_taken "$port" || {
+			echo "$port"
+			return
+		}
+	done
+	die "found no free port for worker $1's listener"
+}
+
 # Starts worker $1 (1-based) with its output going to worker-N.log, and its viewer.
 start_worker() {
-	local name="worker-$1" log="$dir/worker-$1.log" pid
+	local name="worker-$1" log="$dir/worker-$1.log" pid port
+	port=$(worker_port "$1")
 	: >"$log" # before the viewer opens it
-	REDCRON_WORKER_NAME=$name "${detach[@]}" "$bin" run -c "$jobs" </dev/null >>"$log" 2>&1 &
+	REDCRON_WORKER_NAME=$name REDCRON_WORKER_PORT=$port "${detach[@]}" "$bin" run -c "$jobs" </dev/null >>"$log" 2>&1 &
 	pid=$!
 	worker_pids+=("$pid")
+	worker_ports+=("$port")
 	view "$pid" "$log" "$name" &
 	viewer_pids+=("$!")
+}
+
+# Reaps pid $1, a child that has exited, and sets $ended to how it ended: "exit status N" or "killed by
+# SIGNAME". (Not through $(...): a subshell cannot wait for this script's children.)
+how_it_ended() {
+	local status=0
+	wait "$1" 2>/dev/null || status=$?
+	if ((status > 128)); then
+		ended="killed by SIG$(kill -l "$((status - 128))" 2>/dev/null || echo "$((status - 128))")"
+	else
+		ended="exit status $status"
+	fi
+}
+
+# The paste-ready commands: env (the jobs file's variables) and redcron (the binary with them set), in
+# the directory, so that `"$dir/redcron" status` asks the cluster from another terminal.
+write_helpers() {
+	local i
+	{
+		for i in 1 2 3 4 5; do printf 'REDCRON_NODE_%s=%q\n' "$i" "$(printenv "REDCRON_NODE_$i")"; done
+		printf 'REDCRON_DEMO_DIR=%q\nREDCRON_WORKER_NAME=cli\nREDCRON_WORKER_PORT=9464\nREDCRON_CONFIG=%q\n' "$dir" "$jobs"
+	} >"$dir/env"
+	cat >"$dir/redcron" <<HELPER
+#!/usr/bin/env bash
+# redcron with the variables of the demo cluster in $dir (written by deploy/local-cluster.sh).
+set -a
+. $(printf '%q' "$dir/env")
+set +a
+exec $(printf '%q' "$bin") "\$@"
+HELPER
+	chmod +x "$dir/redcron"
 }
 
 # Waits until every worker has logged worker.started; a worker that exits first is a failure.
@@ -337,8 +406,9 @@ export REDCRON_DEMO_DIR=$dir
 for i in 1 2 3 4 5; do start_node "$i"; done
 say "redis nodes up on 127.0.0.1 ports ${node_ports[*]} (appendonly yes, appendfsync always)"
 
+write_helpers
 # Check the jobs file once before starting workers, so that a mistake in it is reported once.
-if ! check_output=$(REDCRON_WORKER_NAME=worker-1 "$bin" check -c "$jobs" 2>&1); then
+if ! check_output=$(REDCRON_WORKER_NAME=worker-1 REDCRON_WORKER_PORT=9464 "$bin" check -c "$jobs" 2>&1); then
 	printf '%s\n' "$check_output" >&2
 	die "$jobs does not pass 'redcron check'"
 fi
@@ -346,6 +416,14 @@ fi
 for ((i = 1; i <= workers; i++)); do start_worker "$i"; done
 await_workers
 say "workers started: $workers ($bin); files in $dir"
+for i in "${!worker_pids[@]}"; do
+	say "  worker-$((i + 1)): pid ${worker_pids[$i]}, dashboard http://127.0.0.1:${worker_ports[$i]}/"
+done
+for i in "${!node_pids[@]}"; do
+	say "  redis node $((i + 1)): pid ${node_pids[$i]}, port ${node_ports[$i]}"
+done
+say "ask the cluster from another terminal: \"$dir/redcron\" status   (or history ledger, explain ledger TICK)"
+say "try a failover: kill -9 ${worker_pids[0]} (worker-1), or kill -9 ${node_pids[0]} (a node); the rest goes on"
 if [[ -n $seconds ]]; then
 	say "stopping in ${seconds}s"
 else
@@ -355,11 +433,21 @@ fi
 deadline=$((SECONDS + ${seconds:-0}))
 while :; do
 	for i in "${!worker_pids[@]}"; do
-		# Its exit status is reported while stopping.
-		running "${worker_pids[$i]}" || die "worker-$((i + 1)) exited by itself"
+		[[ -z ${gone_workers[$i]:-} ]] || continue
+		running "${worker_pids[$i]}" && continue
+		how_it_ended "${worker_pids[$i]}"
+		gone_workers[i]=$ended
+		exited+=("worker-$((i + 1)) (pid ${worker_pids[$i]}): ${gone_workers[$i]}")
+		say "worker-$((i + 1)) (pid ${worker_pids[$i]}) exited: ${gone_workers[$i]}; the other workers go on (its output: $dir/worker-$((i + 1)).log)"
 	done
+	((${#gone_workers[@]} < ${#worker_pids[@]})) || die "no worker is left"
 	for i in "${!node_pids[@]}"; do
-		running "${node_pids[$i]}" || die "redis node $((i + 1)) exited by itself; see $dir/redis-$((i + 1))/redis.log"
+		[[ -z ${gone_nodes[$i]:-} ]] || continue
+		running "${node_pids[$i]}" && continue
+		how_it_ended "${node_pids[$i]}"
+		gone_nodes[i]=$ended
+		exited+=("redis node $((i + 1)) (pid ${node_pids[$i]}): ${gone_nodes[$i]}")
+		say "redis node $((i + 1)) (pid ${node_pids[$i]}) exited: ${gone_nodes[$i]}; the workers go on with the other nodes (a majority is 3 of 5; its log: $dir/redis-$((i + 1))/redis.log)"
 	done
 	if [[ -n $seconds ]] && ((SECONDS >= deadline)); then
 		say "${seconds}s elapsed"

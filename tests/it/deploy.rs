@@ -113,6 +113,106 @@ fn local_cluster_runs_every_tick_once_and_leaves_nothing_behind() {
     );
 }
 
+/// The failover demo: with `deploy/local-cluster.sh` running, a worker and a node SIGKILLed are each
+/// reported and the demo goes on — the other workers run the ticks after the kill, each once — and the
+/// `redcron` wrapper it writes beside its files answers `status` from outside (it sets the jobs file's
+/// variables); the script still ends with 0, naming what exited.
+#[test]
+fn local_cluster_goes_on_when_a_worker_and_a_node_are_killed() {
+    require_program("redis-server", "redis-server");
+    require_program("redis-cli", "redis-tools");
+    let dir = TestDir::new();
+    let cluster = dir.join("cluster");
+    let cluster_arg = cluster.to_str().expect("temp paths are UTF-8 here");
+    let mut script = Script::start(
+        &["--seconds", "20", "--dir", cluster_arg, "--format", "json"],
+        &cluster,
+    );
+    let ledger_lines = || {
+        std::fs::read_to_string(cluster.join("ledger"))
+            .map(|text| text.lines().count())
+            .unwrap_or(0)
+    };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what} did not happen in 90 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    until("two runs of the demo job", &|| ledger_lines() >= 2);
+
+    // worker-1's pid is in its worker.started event; node 1's is what it answers itself.
+    let log = std::fs::read_to_string(cluster.join("worker-1.log")).expect("worker-1.log");
+    let worker_pid: libc::pid_t = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|e| e["event"] == "worker.started")
+        .and_then(|e| e["pid"].as_i64())
+        .and_then(|pid| pid.try_into().ok())
+        .expect("worker.started names its pid");
+    let env = std::fs::read_to_string(cluster.join("env")).expect("the script writes env");
+    let port = env
+        .lines()
+        .find_map(|line| line.strip_prefix("REDCRON_NODE_1=redis://127.0.0.1:"))
+        .expect("env names node 1")
+        .to_owned();
+    let info = Command::new("redis-cli")
+        .args(["-p", &port, "info", "server"])
+        .output()
+        .expect("redis-cli");
+    let node_pid: libc::pid_t = String::from_utf8_lossy(&info.stdout)
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("process_id:")?.parse().ok())
+        .expect("node 1 names its process_id");
+    for pid in [worker_pid, node_pid] {
+        // SAFETY: kill has no memory effects; both pids are processes the script started in this test's
+        // directory and still runs (it has not reaped them: they are alive).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let killed_at = ledger_lines();
+    until("three runs after the kills", &|| ledger_lines() >= killed_at + 3);
+
+    let status = Command::new(cluster.join("redcron"))
+        .args(["status", "--json"])
+        .output()
+        .expect("the redcron wrapper runs");
+    assert!(
+        status.status.success(),
+        "\"$DIR/redcron\" status failed: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let status_text = String::from_utf8_lossy(&status.stdout);
+    assert!(status_text.contains("worker-2"), "{status_text}");
+
+    let (exit, _stdout, stderr) = script.wait(Duration::from_secs(180));
+    assert!(exit.success(), "local-cluster.sh ended with {exit}:\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "worker-1 (pid {worker_pid}) exited: killed by SIGKILL; the other workers go on"
+        )) && stderr.contains(&format!(
+            "redis node 1 (pid {node_pid}) exited: killed by SIGKILL; the workers go on"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("exited before the stop: worker-1"), "{stderr}");
+    assert!(
+        stderr.contains("\"/redcron\" status") || stderr.contains("/redcron\" status"),
+        "the script prints a paste-ready status command:\n{stderr}"
+    );
+
+    let ledger = std::fs::read_to_string(cluster.join("ledger")).expect("ledger");
+    let mut ticks = BTreeMap::<&str, usize>::new();
+    for line in ledger.lines() {
+        let tick = line.split_whitespace().nth(1).expect("a tick");
+        *ticks.entry(tick).or_default() += 1;
+    }
+    let twice: Vec<_> = ticks.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "ticks run twice: {twice:?}\n{ledger}");
+    let left = leftovers(&cluster, Duration::from_secs(5));
+    assert!(left.is_empty(), "processes still running: {left:?}");
+}
+
 /// `--help` documents the options, and a bad option is a usage error (exit 2) that starts nothing.
 #[test]
 fn local_cluster_help_and_usage_errors() {
@@ -444,6 +544,7 @@ fn jobs(text: &str) -> Config {
             "REDIS_PASSWORD" => Some("0123abcd".to_owned()),
             "REDCRON_DEMO_DIR" => Some("/tmp/demo".to_owned()),
             "REDCRON_WORKER_NAME" => Some("worker-1".to_owned()),
+            "REDCRON_WORKER_PORT" => Some("9464".to_owned()),
             _ => name
                 .strip_prefix("REDCRON_NODE_")
                 .map(|i| format!("redis://127.0.0.1:700{i}")),
