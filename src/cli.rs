@@ -317,13 +317,46 @@ fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a config::JobConfig,
     Err(ExitCode::from(Exit::Usage))
 }
 
-/// Who runs this command, for the pauses and trigger requests it writes: `$USER@host`.
+/// Who runs this command, for the pauses and trigger requests it writes: `$USER@host` — or, where
+/// neither `USER` nor `LOGNAME` is set (a container, cron, `env -i`), the process's user from the
+/// password database, or `uid-N` if it has none: never a bare `unknown`.
 fn operator() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".to_string());
+        .ok()
+        .filter(|user| !user.is_empty())
+        .unwrap_or_else(os_user);
     let host = gethostname::gethostname().to_string_lossy().into_owned();
     format!("{user}@{host}")
+}
+
+/// This process's user name from the password database, or `uid-N`.
+fn os_user() -> String {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buffer = vec![0 as libc::c_char; 4096];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is to memory owned here and alive for the call; `buffer.len()` is its size.
+    let code = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut found,
+        )
+    };
+    if code == 0 && !found.is_null() && !entry.pw_name.is_null() {
+        // SAFETY: getpwuid_r succeeded, so pw_name points to a NUL-terminated string in `buffer`.
+        let name = unsafe { std::ffi::CStr::from_ptr(entry.pw_name) };
+        if let Ok(name) = name.to_str() {
+            if !name.is_empty() {
+                return name.to_owned();
+            }
+        }
+    }
+    format!("uid-{uid}")
 }
 
 /// Prints why the store could not be read, and gives the documented exit code for it.

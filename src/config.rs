@@ -344,7 +344,7 @@ impl fmt::Display for Problem {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read at all.
-    #[error("{}: cannot read the configuration file: {source}", path.display())]
+    #[error("{}: cannot read the configuration file: {source}{}", path.display(), read_hint(source))]
     Read {
         path: PathBuf,
         #[source]
@@ -362,6 +362,17 @@ impl ConfigError {
             ConfigError::Read { .. } => &[],
             ConfigError::Invalid { problems } => problems,
         }
+    }
+}
+
+/// What to do about a file that could not be read: a missing one is most often the default
+/// `jobs.yaml` looked for in the wrong directory, so say how to name another.
+fn read_hint(error: &std::io::Error) -> &'static str {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => {
+            "; name the jobs file with -c FILE (or REDCRON_CONFIG=FILE); without either it is jobs.yaml in the current directory"
+        }
+        _ => "",
     }
 }
 

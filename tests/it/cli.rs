@@ -208,7 +208,7 @@ fn run_with_bad_config_exits_2() {
     );
 }
 
-/// A missing file is exit 2 with its name.
+/// A missing file is exit 2 with its name and how to name another (`-c`, `REDCRON_CONFIG`).
 #[test]
 fn missing_file() {
     let dir = TestDir::new();
@@ -216,6 +216,18 @@ fn missing_file() {
     assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.starts_with("nowhere.yaml: cannot read the configuration file"),
+        "{stderr}"
+    );
+    // Where to name another file: the flag and the variable.
+    assert!(
+        stderr.contains("-c FILE") && stderr.contains("REDCRON_CONFIG"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = output(redcron(dir.path()).arg("check"));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.starts_with("jobs.yaml: cannot read the configuration file")
+            && stderr.contains("without either it is jobs.yaml in the current directory"),
         "{stderr}"
     );
 }

@@ -253,11 +253,12 @@ fn three_workers_start_nothing_while_paused_and_run_again_after_resume(backend: 
         stdout.starts_with("paused tick until `redcron resume`"),
         "{stdout}"
     );
-    let nodes = cluster.len();
-    assert!(
-        stdout.contains(&format!("on {nodes} of {nodes} nodes): migration")),
-        "{stdout}"
-    );
+    // A store of one node has no majority to count ("on 1 of 1 nodes" said nothing).
+    let on = match cluster.len() {
+        1 => "on the store".to_string(),
+        nodes => format!("on {nodes} of {nodes} nodes"),
+    };
+    assert!(stdout.contains(&format!("{on}): migration")), "{stdout}");
     std::thread::sleep(Duration::from_millis(4_500));
     let (_, status, _) = inspect(&dir, &cli, &["status", "--json"]);
     let status = parse(&status);
@@ -853,4 +854,34 @@ fn several_jobs_and_all_are_paused_and_resumed_in_one_command() {
     );
     assert_eq!(paused(), [true, false, false]);
     assert_eq!(report["jobs"][0]["recorded_in_history"], true, "{json}");
+}
+
+/// On a store of one node (the embedded file) `pause` says where it wrote without counting nodes ("on 1
+/// of 1 nodes" said nothing), and a command run where neither `USER` nor `LOGNAME` is set (a container,
+/// cron, `env -i`) is by the OS user, never `unknown@host`.
+#[test]
+fn pause_on_one_node_names_the_store_and_the_os_user() {
+    let dir = TestDir::new();
+    let job = ledger_job("tick", "0 0 0 1 1 *", &dir.ledger());
+    let (_worker, config) = crate::embedded::start_worker(&dir, "w0", &job);
+    let (code, stdout, stderr) = crate::cli::output(
+        crate::cli::redcron(dir.path())
+            .env_remove("USER")
+            .env_remove("LOGNAME")
+            .args(["pause", "tick", "-c"])
+            .arg(&config),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("on the store)") && !stdout.contains("nodes"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("(by unknown@"), "{stdout}");
+    // This test runs as some user the password database knows (root in CI), or as `uid-N`.
+    let by = stdout
+        .split("(by ")
+        .nth(1)
+        .and_then(|rest| rest.split('@').next())
+        .expect("by whom");
+    assert!(!by.is_empty() && by != "unknown", "{stdout}");
 }

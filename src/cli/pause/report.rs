@@ -262,7 +262,11 @@ fn bulk_text(report: &BulkReport) -> String {
 
 /// What happened to one job, as a line.
 fn sentence(change: &JobChange, configured_nodes: usize) -> String {
-    let nodes = |read: &PauseRead| format!("{} of {configured_nodes} nodes", read.nodes);
+    // A store of one node (an SQL server, the embedded file) has no majority to count.
+    let nodes = |read: &PauseRead| match configured_nodes {
+        1 => "the store".to_string(),
+        n => format!("{} of {n} nodes", read.nodes),
+    };
     let job = &change.job;
     if change.not_read_back {
         let done = match change.action {
