@@ -171,7 +171,9 @@ fn local_cluster_goes_on_when_a_worker_and_a_node_are_killed() {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     let killed_at = ledger_lines();
-    until("three runs after the kills", &|| ledger_lines() >= killed_at + 3);
+    until("three runs after the kills", &|| {
+        ledger_lines() >= killed_at + 3
+    });
 
     let status = Command::new(cluster.join("redcron"))
         .args(["status", "--json"])
@@ -186,7 +188,10 @@ fn local_cluster_goes_on_when_a_worker_and_a_node_are_killed() {
     assert!(status_text.contains("worker-2"), "{status_text}");
 
     let (exit, _stdout, stderr) = script.wait(Duration::from_secs(180));
-    assert!(exit.success(), "local-cluster.sh ended with {exit}:\n{stderr}");
+    assert!(
+        exit.success(),
+        "local-cluster.sh ended with {exit}:\n{stderr}"
+    );
     assert!(
         stderr.contains(&format!(
             "worker-1 (pid {worker_pid}) exited: killed by SIGKILL; the other workers go on"
@@ -195,7 +200,10 @@ fn local_cluster_goes_on_when_a_worker_and_a_node_are_killed() {
         )),
         "{stderr}"
     );
-    assert!(stderr.contains("exited before the stop: worker-1"), "{stderr}");
+    assert!(
+        stderr.contains("exited before the stop: worker-1"),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("\"/redcron\" status") || stderr.contains("/redcron\" status"),
         "the script prints a paste-ready status command:\n{stderr}"
