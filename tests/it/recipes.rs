@@ -142,17 +142,15 @@ impl Storage {
     /// The value `resource` holds, `None` if it was never written.
     fn read(&self, resource: &str) -> Option<String> {
         let text = match self {
-            Storage::Postgres(server) | Storage::Mariadb(server) => {
-                server.exec(&format!("SELECT value FROM report WHERE resource = '{resource}';"))
-            }
+            Storage::Postgres(server) | Storage::Mariadb(server) => server.exec(&format!(
+                "SELECT value FROM report WHERE resource = '{resource}';"
+            )),
             Storage::Redis(cluster) => cluster.get(0, &format!("{{{resource}}}:value"))?,
-            Storage::Files(dir) => {
-                match std::fs::read_to_string(dir.join("data").join(resource)) {
-                    Ok(text) => text,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-                    Err(e) => panic!("cannot read {resource}: {e}"),
-                }
-            }
+            Storage::Files(dir) => match std::fs::read_to_string(dir.join("data").join(resource)) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+                Err(e) => panic!("cannot read {resource}: {e}"),
+            },
         };
         let text = text.trim_end_matches('\n');
         (!text.is_empty()).then(|| text.to_string())
@@ -274,7 +272,10 @@ fn wait_exited(pid: u32, timeout: Duration) {
         if exited {
             return;
         }
-        assert!(Instant::now() < deadline, "job {pid} still runs after {timeout:?}");
+        assert!(
+            Instant::now() < deadline,
+            "job {pid} still runs after {timeout:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -386,7 +387,11 @@ fn a_paused_holders_late_write_is_refused_by_the_file_recipe() {
 
 /// Runs `recipe` once, as a job of `storage` with `token`, writing `value` to `resource`; its exit code.
 fn write_once(recipe: &Recipe, storage: &Storage, dir: &TestDir, token: &str, value: &str) -> i32 {
-    let script = format!("write() {{\n    recipes={}\n    {}\n}}\nwrite exact \"$1\"\n", shell_quote(&recipes()), recipe.write);
+    let script = format!(
+        "write() {{\n    recipes={}\n    {}\n}}\nwrite exact \"$1\"\n",
+        shell_quote(&recipes()),
+        recipe.write
+    );
     let output = Command::new("sh")
         .args(["-c", &script, "sh", value])
         .current_dir(dir.path())
@@ -394,7 +399,10 @@ fn write_once(recipe: &Recipe, storage: &Storage, dir: &TestDir, token: &str, va
         .env("REDCRON_FENCING_TOKEN", token)
         .output()
         .expect("cannot run sh");
-    output.status.code().unwrap_or_else(|| panic!("the recipe died: {output:?}"))
+    output
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("the recipe died: {output:?}"))
 }
 
 /// `path` quoted for the shell.
@@ -445,11 +453,18 @@ fn every_recipe_file_is_explained() {
     let readme = std::fs::read_to_string(recipes().join("README.md")).expect("the recipes' README");
     for entry in std::fs::read_dir(recipes()).expect("the recipes' directory") {
         let path = entry.expect("a directory entry").path();
-        let name = path.file_name().expect("a file name").to_string_lossy().to_string();
+        let name = path
+            .file_name()
+            .expect("a file name")
+            .to_string_lossy()
+            .to_string();
         if name == "README.md" {
             continue;
         }
-        assert!(readme.contains(&format!("`{name}`")), "README.md does not explain {name}");
+        assert!(
+            readme.contains(&format!("`{name}`")),
+            "README.md does not explain {name}"
+        );
         let text = std::fs::read_to_string(&path).expect("a recipe");
         let opening: String = text
             .lines()
@@ -461,7 +476,10 @@ fn every_recipe_file_is_explained() {
             opening.starts_with("--") || opening.starts_with('#') || opening.starts_with("\"\"\""),
             "{name} does not open with a comment"
         );
-        assert!(opening.contains("Limits"), "{name} does not state its limits up front");
+        assert!(
+            opening.contains("Limits"),
+            "{name} does not state its limits up front"
+        );
     }
 }
 
