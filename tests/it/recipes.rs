@@ -280,14 +280,12 @@ fn wait_exited(pid: u32, timeout: Duration) {
     }
 }
 
-/// The scenario of the module's doc, for `recipe` on `storage`.
-fn a_paused_holders_late_write(recipe: &Recipe, storage: Storage) {
+/// The scenario of the module's doc, for `recipe` on the storage that `storage` starts for the test's
+/// directory.
+fn a_paused_holders_late_write(recipe: &Recipe, storage: impl FnOnce(&TestDir) -> Storage) {
     let lock = RedisCluster::start(1);
     let dir = TestDir::new();
-    let storage = match storage {
-        Storage::Files(_) => Storage::files(&dir),
-        other => other,
-    };
+    let storage = storage(&dir);
     copy_without_check(recipe, &dir.join("unchecked"));
     dir.write("job.sh", job_script(recipe));
     let config = dir.write_config(&config(&lock));
@@ -358,34 +356,35 @@ fn a_paused_holders_late_write(recipe: &Recipe, storage: Storage) {
 /// paused holder's late write; without the `WHERE` clause's check it lands.
 #[test]
 fn a_paused_holders_late_write_is_refused_by_postgres() {
-    a_paused_holders_late_write(&POSTGRES, Storage::postgres());
+    a_paused_holders_late_write(&POSTGRES, |_| Storage::postgres());
 }
 
 /// MariaDB (the MySQL recipe): the same, with the writes gated on the fence row's `UPDATE`.
 #[test]
 fn a_paused_holders_late_write_is_refused_by_mysql() {
-    a_paused_holders_late_write(&MYSQL, Storage::mariadb());
+    a_paused_holders_late_write(&MYSQL, |_| Storage::mariadb());
 }
 
 /// Redis through `redis-cli`: the Lua script that compares and writes in one step refuses it.
 #[test]
 fn a_paused_holders_late_write_is_refused_by_redis() {
-    a_paused_holders_late_write(&REDIS, Storage::redis());
+    a_paused_holders_late_write(&REDIS, |_| Storage::redis());
 }
 
 /// A Python program (standard library only) calling the same Lua script refuses it.
 #[test]
 fn a_paused_holders_late_write_is_refused_by_the_python_program() {
-    a_paused_holders_late_write(&PYTHON, Storage::redis());
+    a_paused_holders_late_write(&PYTHON, |_| Storage::redis());
 }
 
 /// A file replaced by rename under a flock, after comparing the highest token seen, refuses it.
 #[test]
 fn a_paused_holders_late_write_is_refused_by_the_file_recipe() {
-    a_paused_holders_late_write(&FILE, Storage::Files(PathBuf::new()));
+    a_paused_holders_late_write(&FILE, Storage::files);
 }
 
-/// Runs `recipe` once, as a job of `storage` with `token`, writing `value` to `resource`; its exit code.
+/// Runs `recipe` once as a job with `token` would, writing `value` to the resource `exact` of `storage`;
+/// the recipe's exit status.
 fn write_once(recipe: &Recipe, storage: &Storage, dir: &TestDir, token: &str, value: &str) -> i32 {
     let script = format!(
         "write() {{\n    recipes={}\n    {}\n}}\nwrite exact \"$1\"\n",
