@@ -32,6 +32,7 @@ const MODULES: &[&str] = &[
     "model",
     "old_workers",
     "pause",
+    "recipes",
     "reload",
     "retries",
     "schedule",

@@ -33,6 +33,7 @@ mod old_workers;
 mod order;
 mod output_tail;
 mod pause;
+mod recipes;
 mod reload;
 mod retries;
 mod schedule;
