@@ -72,6 +72,8 @@ events! {
         LOST = "tick.lost";
         /// The tick is not raced or not won by anyone here (the `reason` says why).
         SKIPPED = "tick.skipped";
+        /// At start: a tick from before the worker started is raced (it is within the job's misfire grace).
+        FROM_BEFORE_START = "tick.from_before_start";
         /// ERROR, once across the cluster: nobody ran the tick within its window.
         MISSED = "tick.missed";
         /// WARN at start: the job's history could not be read, so missed ticks are not reported.

@@ -120,6 +120,16 @@ impl Agenda {
         &self.jobs[index]
     }
 
+    /// The jobs' first ticks that are earlier than `now`, oldest first: at start, those within their
+    /// misfire grace, which a worker that starts late still races.
+    pub(super) fn before(&self, now: chrono::DateTime<Utc>) -> Vec<(&JobConfig, Tick)> {
+        let now = Tick(now.timestamp_millis());
+        self.due
+            .range(..now)
+            .flat_map(|(tick, indexes)| indexes.iter().map(|index| (&*self.jobs[*index], *tick)))
+            .collect()
+    }
+
     pub(super) fn next_tick(&self) -> Option<Tick> {
         self.due.keys().next().copied()
     }

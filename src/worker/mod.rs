@@ -229,6 +229,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     let _ = context.sentinel.set(sentinel);
     let triggers_task = triggers::start(Arc::clone(&context));
     let mut agenda = Agenda::new(jobs, clock.now());
+    say_ticks_from_before_start(&agenda, clock.now());
     // A store with clocks that could not be measured at start: no tick is scheduled until they are, since
     // this host's clock may be seconds ahead of them, and a tick raced on it would be claimed that early
     // (and make the job's earlier ticks unclaimable for every worker, G1′). The ticks of that stretch are
@@ -240,6 +241,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         if !scheduling && clock.is_known() {
             scheduling = true;
             agenda = agenda.restart(clock.now());
+            say_ticks_from_before_start(&agenda, clock.now());
         }
         let wait = match agenda.next_tick() {
             _ if !scheduling => UNMEASURED_POLL,
@@ -623,3 +625,28 @@ mod tests {
         }
     }
 }
+
+/// Says of each tick from before the start that the agenda races (within its job's misfire grace) that
+/// it does and why: a first start that ran a tick of a minute ago without a word looked like a bug. One
+/// event a job for the first [`FROM_BEFORE_START_SAID`], then one for the rest (a fleet of jobs every
+/// second has one such tick each).
+fn say_ticks_from_before_start(agenda: &Agenda, now: chrono::DateTime<chrono::Utc>) {
+    let ticks = agenda.before(now);
+    for (job, tick) in ticks.iter().take(FROM_BEFORE_START_SAID) {
+        let late_ms = (now.timestamp_millis() - tick.as_millis()).max(0) as u64;
+        info!(event = events::tick::FROM_BEFORE_START, job = %job.name, tick = %tick, late_ms,
+              misfire_grace_ms = job.misfire_grace.as_millis() as u64, count = 1u64,
+              "Racing a tick from before this worker started: it is within the job's misfire_grace (if another worker ran it, the claim says so; misfire_grace: 0s races only the ticks to come)");
+    }
+    if let Some(rest) = ticks
+        .len()
+        .checked_sub(FROM_BEFORE_START_SAID)
+        .filter(|n| *n > 0)
+    {
+        info!(event = events::tick::FROM_BEFORE_START, count = rest as u64,
+              "Racing ticks from before this worker started for {rest} more jobs: each is within its job's misfire_grace");
+    }
+}
+
+/// How many jobs' ticks from before the start are logged one by one.
+const FROM_BEFORE_START_SAID: usize = 10;

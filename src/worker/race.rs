@@ -338,25 +338,49 @@ fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
         context.suspect(&p.job, tick);
     }
     let (job, tick) = (&p.job.name, p.request.tick);
+    let window = window_words(&p.job, tick, series);
     match outcome {
         ClaimOutcome::NoQuorum(failure) => {
             warn!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "no_quorum", error = %failure,
-                   "Skipped: no majority of the store's nodes answered within the grace")
+                   "Skipped: no majority of the store's nodes answered {window}")
         }
         ClaimOutcome::Contended { holder, .. } => {
             warn!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "contended",
                    holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
-                   "Skipped: another worker held this tick's lease without claiming it until the grace ended")
+                   "Skipped: another worker held this tick's lease without claiming it {window}")
         }
         ClaimOutcome::Busy { holder, .. } => {
             info!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "overlap",
                   holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()),
-                  "Skipped: another run held the job until the window ended")
+                  "Skipped: another run held the job {window}")
         }
         _ => {
             warn!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "lease_expired",
-                   "Skipped: every lease won for this tick expired before the job could start, until the grace ended")
+                   "Skipped: every lease won for this tick expired before the job could start, {window}")
         }
+    }
+}
+
+/// Which end of its window a claim was given up at, in words: a scheduled tick's window ends at the
+/// job's next tick or at the end of its misfire grace, whichever comes first, and a skip cut off by the
+/// next tick must not say "within the grace"; a trigger or a retry has a window of its own.
+fn window_words(job: &JobConfig, tick: Tick, series: &Series) -> &'static str {
+    if *series != Series::Schedule {
+        return "before its window ended";
+    }
+    let grace = chrono::Duration::from_std(job.misfire_grace).unwrap_or(chrono::TimeDelta::MAX);
+    let next_first = match (
+        job.schedule.next_after(tick.to_utc()),
+        tick.to_utc().checked_add_signed(grace),
+    ) {
+        (Some(next), Some(graced)) => next.to_utc() < graced,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    if next_first {
+        "before the job's next tick was due"
+    } else {
+        "within the misfire grace"
     }
 }
 
@@ -541,6 +565,32 @@ mod tests {
         // After the last attempt, the next backoff finds less than the margin left: given up.
         let at_last = after(1_400);
         assert_eq!(within_window(at_last, after(1_500), ms(2_000)), None);
+    }
+
+    /// A skip of a tick whose next tick came before the end of its grace says so; one whose grace ended
+    /// first says that; a trigger's says its own window.
+    #[test]
+    fn a_skip_names_the_end_of_its_window() {
+        let job = |schedule: &str, grace: &str| {
+            let text = format!("jobs:\n  - name: a\n    schedule: \"{schedule}\"\n    command: [\"true\"]\n    misfire_grace: {grace}\n");
+            let config =
+                crate::config::parse_with_env(&text, std::path::Path::new("jobs.yaml"), &|_| None)
+                    .expect("valid");
+            config.jobs[0].clone()
+        };
+        let tick = Tick(1_800_000_000_000);
+        assert_eq!(
+            window_words(&job("* * * * * *", "5s"), tick, &Series::Schedule),
+            "before the job's next tick was due"
+        );
+        assert_eq!(
+            window_words(&job("0 * * * * *", "5s"), tick, &Series::Schedule),
+            "within the misfire grace"
+        );
+        assert_eq!(
+            window_words(&job("* * * * * *", "5s"), tick, &Series::Retry(1)),
+            "before its window ended"
+        );
     }
 
     /// The size of what `f` returns, without calling it (a future's size is known from its type alone).

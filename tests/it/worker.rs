@@ -304,8 +304,9 @@ fn sigterm_lets_the_run_finish_and_a_second_signal_exits_130() {
     }
 }
 
-/// A worker started late (within `misfire_grace`) runs a tick that nobody ran; a worker that arrives
-/// after that tick was run does not run it again.
+/// A worker started late (within `misfire_grace`) runs a tick that nobody ran, saying that it races a tick
+/// from before its start (`tick.from_before_start`); a worker that arrives after that tick was run does
+/// not run it again.
 #[test]
 fn late_worker_runs_a_missed_tick_once() {
     let cluster = RedisCluster::start(3);
@@ -329,6 +330,18 @@ fn late_worker_runs_a_missed_tick_once() {
     first
         .wait_for_event("run.finished", Duration::from_secs(10))
         .expect("the missed tick was run");
+    // It said that it races a tick from before its start, and why.
+    let said = first
+        .wait_for_event("tick.from_before_start", Duration::from_secs(5))
+        .expect("tick.from_before_start");
+    assert_eq!(said["job"], "late", "{said}");
+    assert_eq!(said["misfire_grace_ms"], 15_000, "{said}");
+    assert!(
+        said["late_ms"]
+            .as_u64()
+            .is_some_and(|late| (1_000..15_000).contains(&late)),
+        "{said}"
+    );
     let second = Worker::spawn(
         dir.write("b.yaml", config(&cluster, "  id: late-b\n", &job)),
         &[],
