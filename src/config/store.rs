@@ -84,7 +84,9 @@ impl StoreConfig {
                 }
             ),
             StoreConfig::Embedded(embedded) => format!(
-                "embedded, database {} (shared by the workers of this host that use it)",
+                "embedded, database {} (shared by the workers of this host that use it). No shared \
+                 store: every host that runs this file runs every job; configure redis:, etcd:, \
+                 zookeeper:, postgres: or mysql: for workers on several hosts",
                 embedded.path.display()
             ),
             StoreConfig::Sql(sql) => format!(

@@ -28,7 +28,8 @@ events! {
     worker {
         /// The worker is up (with its settings and limits).
         STARTED = "worker.started";
-        /// WARN at start: no `redis:` or `etcd:` section, so ticks are claimed in this host's database file.
+        /// WARN at start: no shared store, so ticks are claimed in this host's database file (and every host
+        /// that runs the file runs every job).
         EMBEDDED_STORE = "worker.embedded_store";
         /// WARN, once per stretch: the worker's announcement did not reach a majority.
         HEARTBEAT_FAILED = "worker.heartbeat_failed";

@@ -135,9 +135,9 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         warn!(
             event = events::worker::EMBEDDED_STORE,
             path = %embedded.path.display(),
-            "No shared store in the config (redis:, etcd:, zookeeper:, postgres: or mysql:): using the embedded store, a database file of this host. \
-             Workers on this host may share it; configure Redis nodes, an etcd cluster, a ZooKeeper ensemble or a SQL \
-             server to run workers on several hosts."
+            "No shared store in the config (redis:, etcd:, zookeeper:, postgres: or mysql:): every host that runs this file runs every job. \
+             The embedded store is a database file of this host, which the workers on this host share; configure Redis nodes, \
+             an etcd cluster, a ZooKeeper ensemble or a SQL server to run each job once across several hosts."
         );
     }
     if let Err(error) = crate::clock::boot::start_alarm() {

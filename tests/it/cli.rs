@@ -521,3 +521,33 @@ fn check_prints_a_config_fingerprint_of_the_whole_schedule() {
     );
     assert_ne!(base, fingerprint(&format!("jobs:\n{a}")));
 }
+
+/// A file with no shared store says plainly, in `check` and in the worker's warning, that every host
+/// that runs it runs every job (a recipe that copied the shipped jobs.yaml to every host ran every job
+/// everywhere with one quiet WARN).
+#[test]
+fn a_file_without_a_shared_store_says_every_host_runs_every_job() {
+    let dir = TestDir::new();
+    dir.write(
+        "jobs.yaml",
+        "jobs:\n  - name: a\n    schedule: \"0 0 0 1 1 *\"\n    command: [\"true\"]\n",
+    );
+    let (code, stdout, stderr) = output(redcron(dir.path()).arg("check"));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("store: embedded, database")
+            && stdout.contains("every host that runs this file runs every job"),
+        "{stdout}"
+    );
+    let worker = crate::support::Worker::spawn(dir.join("jobs.yaml"), &[]);
+    let warned = worker
+        .wait_for_event("worker.embedded_store", Duration::from_secs(20))
+        .expect("worker.embedded_store");
+    assert_eq!(warned["level"], "WARN", "{warned}");
+    assert!(
+        warned["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("every host that runs this file runs every job")),
+        "{warned}"
+    );
+}
