@@ -24,6 +24,7 @@ mod herd;
 mod history;
 mod inspect;
 mod job_env;
+mod leftovers;
 mod lease_stop;
 mod listener;
 mod lock;
