@@ -252,7 +252,11 @@ impl RunningChild {
             }
             .instrument(span),
         );
-        let run = spec.env.iter().rev().find(|(key, _)| key == reaper::RUN_MARKER);
+        let run = spec
+            .env
+            .iter()
+            .rev()
+            .find(|(key, _)| key == reaper::RUN_MARKER);
         let run = run
             .map(|(_, value)| value.to_string_lossy().into_owned())
             .filter(|value| !value.is_empty());
@@ -301,7 +305,10 @@ impl RunningChild {
         if let Some(output) = &mut self.output {
             // Nothing of the tree lives any more; only a process that was handed the pipes by other means
             // can hold them now. The logging task does not panic; a cancelled one has nothing more to log.
-            if tokio::time::timeout(DRAIN_AFTER_KILL, output).await.is_err() {
+            if tokio::time::timeout(DRAIN_AFTER_KILL, output)
+                .await
+                .is_err()
+            {
                 self.abandon_output();
             }
             self.output = None;

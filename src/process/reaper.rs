@@ -67,7 +67,10 @@ impl Own {
     /// Runs `spawn` (which returns the child's pid when it started one) so that no scan takes the child
     /// for an orphan.
     pub(crate) fn spawn<T>(spawn: impl FnOnce() -> (T, Option<u32>)) -> T {
-        let _gate = OWN.gate.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _gate = OWN
+            .gate
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let (value, pid) = spawn();
         if let Some(pid) = pid {
             OWN.lock().insert(pid);
@@ -81,7 +84,9 @@ impl Own {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
-        self.pids.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.pids
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -181,7 +186,9 @@ impl Scanner {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
-        self.requested.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.requested
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The scanning thread: waits for a request (or, while orphans live, [`IDLE_SCAN`] at most, to reap
@@ -234,7 +241,11 @@ fn scan_now() -> Vec<Orphan> {
         return Vec::new();
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
             continue;
         };
         if let Some(stat) = Stat::read(pid).filter(|stat| stat.ppid == me) {
@@ -242,7 +253,10 @@ fn scan_now() -> Vec<Orphan> {
         }
     }
     {
-        let _gate = OWN.gate.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _gate = OWN
+            .gate
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let own = OWN.lock();
         children.retain(|(pid, _)| !own.contains(pid));
     }
@@ -294,7 +308,9 @@ fn marker(pid: u32) -> Option<String> {
     use std::io::Read as _;
     let file = std::fs::File::open(format!("/proc/{pid}/environ")).ok()?;
     let mut environ = Vec::new();
-    file.take(MAX_ENVIRON as u64).read_to_end(&mut environ).ok()?;
+    file.take(MAX_ENVIRON as u64)
+        .read_to_end(&mut environ)
+        .ok()?;
     let prefix = format!("{RUN_MARKER}=");
     environ
         .split(|&byte| byte == 0)
@@ -331,7 +347,11 @@ pub(crate) async fn sweep(grace: Duration) -> usize {
             }
             signalled.insert(orphan.pid);
         }
-        let pause = if killed { MIN_GAP } else { Duration::from_millis(100) };
+        let pause = if killed {
+            MIN_GAP
+        } else {
+            Duration::from_millis(100)
+        };
         tokio::time::sleep(pause).await;
     }
 }

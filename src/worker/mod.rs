@@ -127,7 +127,10 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     // Before any job runs: jobs must neither read the worker's memory nor leave processes behind.
     let settings = [
         ("not_dumpable", env::hide_from_jobs()),
-        ("child_subreaper", crate::process::reaper::become_subreaper()),
+        (
+            "child_subreaper",
+            crate::process::reaper::become_subreaper(),
+        ),
     ];
     for (setting, result) in settings {
         if let Err(error) = result {

@@ -202,7 +202,10 @@ fn jobs_cannot_read_the_workers_environment() {
     let leaked = stolen
         .windows(password.len())
         .any(|window| window == password.as_bytes());
-    assert!(!leaked, "the job read the password from the worker's environ");
+    assert!(
+        !leaked,
+        "the job read the password from the worker's environ"
+    );
     assert!(stolen.is_empty(), "{}", String::from_utf8_lossy(&stolen));
     let denied = dir.read("denied").unwrap_or_default();
     assert!(denied.contains("Permission denied"), "{denied}");

@@ -21,7 +21,7 @@ fn leaving_job(dir: &TestDir) -> String {
     format!(
         "  - name: leaver\n    schedule: \"* * * * * *\"\n    overlap: skip\n    stop_grace: 500ms\n    command: |\n      \
          for pid in $(cut -d' ' -f2 {p} 2>/dev/null); do kill -0 $pid 2>/dev/null && echo \"$REDCRON_RUN_ID $pid\" >> {o}; done\n      \
-         sh -c 'echo \"$REDCRON_RUN_ID $$$$\" >> {p}; exec sleep 40' &\n      \
+         sh -c 'echo \"$REDCRON_RUN_ID $$$$\" >> {p}; exec sleep 40' >/dev/null 2>&1 &\n      \
          setsid sh -c 'echo \"$REDCRON_RUN_ID $$$$\" >> {p}; sleep 41 & echo \"$REDCRON_RUN_ID $!\" >> {p}; wait' >/dev/null 2>&1 </dev/null &\n      \
          sh -c 'trap \"\" TERM; echo \"$REDCRON_RUN_ID $$$$\" >> {p}; while :; do sleep 1; done' >/dev/null 2>&1 &\n      \
          sleep 0.2; exit 0\n",
@@ -110,9 +110,14 @@ fn a_run_leaves_no_process_behind() {
             .collect();
         // Checked as soon as each run is seen finished: its processes must be gone by then already.
         let left = survivors(&dir, &finished);
-        assert!(left.is_empty(), "processes of finished runs alive: {left:?}");
+        assert!(
+            left.is_empty(),
+            "processes of finished runs alive: {left:?}"
+        );
         let noted = pids_by_run(&dir);
-        let complete = finished.iter().all(|run| noted.get(run).map(BTreeSet::len) == Some(4));
+        let complete = finished
+            .iter()
+            .all(|run| noted.get(run).map(BTreeSet::len) == Some(4));
         if finished.len() >= 3 && complete {
             break finished;
         }
@@ -127,10 +132,17 @@ fn a_run_leaves_no_process_behind() {
     }
     let ending = worker.events("run.ending_rest");
     assert!(ending.len() >= finished.len(), "{ending:?}");
-    assert_eq!(dir.read("overlap").unwrap_or_default(), "", "runs overlapped");
+    assert_eq!(
+        dir.read("overlap").unwrap_or_default(),
+        "",
+        "runs overlapped"
+    );
     // A run lasts past the next tick, which `overlap: skip` skips.
     let skipped = worker.events("tick.skipped");
-    assert!(skipped.iter().any(|e| e["reason"] == "overlap"), "{skipped:?}");
+    assert!(
+        skipped.iter().any(|e| e["reason"] == "overlap"),
+        "{skipped:?}"
+    );
 
     // Stop while a run is under way: one not finished whose four processes wrote their pids.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -149,5 +161,8 @@ fn a_run_leaves_no_process_behind() {
     let every: BTreeSet<String> = pids_by_run(&dir).into_keys().collect();
     assert!(every.len() > finished.len(), "no run under way at the stop");
     let left = survivors(&dir, &every);
-    assert!(left.is_empty(), "processes alive after the worker stopped: {left:?}");
+    assert!(
+        left.is_empty(),
+        "processes alive after the worker stopped: {left:?}"
+    );
 }
