@@ -163,8 +163,9 @@ where
             LogFormat::Text => {
                 write!(
                     writer,
-                    "{timestamp} {level:>5} {} {name}: {message}",
-                    self.worker
+                    "{timestamp} {level:>5} {} {name}: {}",
+                    visible(&self.worker),
+                    visible(&message)
                 )?;
                 for (key, value) in rest {
                     write!(writer, " {key}={}", text(&value))?;
@@ -189,16 +190,65 @@ pub(crate) fn shorten(text: &str, max: usize) -> String {
     format!("{}…", &text[..end])
 }
 
+/// `text` with every control character — C0, DEL and C1, newlines and tabs too — shown as a visible
+/// escape (`\n`, `\t`, `\r`, `\x1b`, `\u{9b}`): for text from a job or a client (output, reasons,
+/// names) on its way to a terminal, where `ESC ]0;…BEL` would retitle it, `ESC [2J` clear it, and a
+/// newline or carriage return forge a line. Borrowed when there is nothing to escape. Backslashes are left
+/// as they are: the result is for reading, not for parsing back (the JSON forms are for that).
+pub(crate) fn visible(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        push_visible(&mut out, c);
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// [`visible`] line by line: the newlines stay (a layout's own), every other control is escaped.
+pub(crate) fn visible_lines(text: &str) -> String {
+    let lines: Vec<std::borrow::Cow<'_, str>> = text.split('\n').map(visible).collect();
+    lines.join("\n")
+}
+
+/// Pushes `c`, or its visible escape when it is a control character (see [`visible`]).
+fn push_visible(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\t' => out.push_str("\\t"),
+        '\r' => out.push_str("\\r"),
+        c if c.is_control() && (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        c => out.push(c),
+    }
+}
+
 /// Serializes a string or JSON value; neither can fail (string keys, no non-string map keys).
 fn json<T: serde::Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
 }
 
-/// A value for `key=value`: bare when unambiguous, quoted when it holds spaces or quotes.
+/// A value for `key=value`: bare when unambiguous; quoted when it is empty or holds a space, `=`, a
+/// quote, a backslash or a control character, with `"` and `\` escaped and controls shown as
+/// [`visible`] does — so a value (a job's output line) can neither end its field early and forge
+/// another nor reach the terminal raw.
 fn text(value: &Value) -> String {
+    let needs_quotes =
+        |c: char| c.is_whitespace() || c.is_control() || matches!(c, '"' | '=' | '\\');
     match value {
-        Value::String(s) if s.is_empty() || s.contains(|c: char| c.is_whitespace() || c == '"') => {
-            format!("{s:?}")
+        Value::String(s) if s.is_empty() || s.contains(needs_quotes) => {
+            let mut out = String::with_capacity(s.len() + 2);
+            out.push('"');
+            for c in s.chars() {
+                match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    c => push_visible(&mut out, c),
+                }
+            }
+            out.push('"');
+            out
         }
         Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -417,6 +467,46 @@ mod tests {
                 && first.contains(" pid=1234")
         );
         assert_eq!(out.lines().count(), 2);
+    }
+
+    /// A job's output line in the text format cannot forge a field nor reach the terminal raw: a value
+    /// with spaces, `=`, quotes or controls is one quoted field, its quotes and backslashes escaped and its
+    /// controls shown as `\x1b`; the message is escaped too.
+    #[test]
+    fn text_values_cannot_forge_fields_or_hold_controls() {
+        let out = capture(LogFormat::Text, || {
+            let line = "ok\" level=ERROR job=other \u{1b}[2J\u{9b}\\ x=1\r";
+            tracing::info!(
+                event = "run.output",
+                stream = "stdout",
+                line,
+                "Output \u{1b}]0;t\u{7}"
+            );
+            tracing::info!(
+                event = "run.output",
+                stream = "stdout",
+                line = "a=b",
+                "Output"
+            );
+        });
+        assert!(
+            !out.contains(|c: char| c.is_control() && c != '\n'),
+            "{out:?}"
+        );
+        let first = out.lines().next().expect("a line");
+        assert!(
+            first.ends_with(r#" line="ok\" level=ERROR job=other \x1b[2J\u{9b}\\ x=1\r""#),
+            "{first}"
+        );
+        assert!(first.contains(r"Output \x1b]0;t\x07 "), "{first}");
+        assert!(
+            out.lines()
+                .nth(1)
+                .is_some_and(|l| l.ends_with(r#" line="a=b""#)),
+            "{out}"
+        );
+        assert_eq!(visible("tab\there"), r"tab\there");
+        assert_eq!(visible_lines("a\u{1b}\nb\u{7f}"), "a\\x1b\nb\\x7f");
     }
 
     /// A filter that does not parse is reported with the filter text.

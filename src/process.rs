@@ -2,15 +2,23 @@
 //!
 //! A job may be a shell pipeline whose real work happens in grandchildren, so each child leads a process
 //! group of its own and every signal goes to the whole group: stopping a run must not leave a `sleep` or a
-//! backup tool behind. Output is logged line by line as it arrives (`run.output`, inside the caller's
+//! backup tool behind. Nor may a run that ends by itself: when the child (the group's leader) exits, what
+//! is left of its tree is ended too — SIGTERM to its group and to the descendants that left the group
+//! (`setsid`; found as the worker's orphans, see [`reaper`]), SIGKILL [`ChildSpec::stop_grace`] later —
+//! and the run is over only once none of them lives. A run that left a process behind would still hold
+//! nothing (its lease released, `overlap: skip` letting the next tick start) while that process works on:
+//! two "runs" at once. Ending them, rather than waiting for them, keeps a run's length the leader's: a
+//! daemon started by a job does not hold the job for ever. Output is logged line by line as it arrives (`run.output`, inside the caller's
 //! span, so each line carries the run's `job`, `tick`, `run_id` and `token`), and [`RunningChild::wait`]
 //! returns only once the child has exited and its output has been fully logged, so the exit event is
 //! always the run's last line. The child inherits no environment: it gets exactly [`ChildSpec::env`]
 //! (the worker decides what that holds, see `worker::env`). The same readers keep the last bytes of each
 //! stream when asked ([`RunningChild::spawn_keeping`], `tail`), for the history of a run that failed.
 
+pub(crate) mod reaper;
 mod tail;
 
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::future::Future;
 use std::io;
@@ -34,6 +42,10 @@ pub const MAX_LINE_BYTES: usize = 64 * 1024;
 /// After SIGKILL the group is dead, but an escaped descendant may still hold the pipes: stop reading then.
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 
+/// While the rest of a tree is being ended, how often it is looked at again when no SIGCHLD came (a
+/// member whose parent is another member dies without one).
+const REST_POLL: Duration = Duration::from_millis(100);
+
 /// What to run, as configured for a job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChildSpec {
@@ -42,6 +54,8 @@ pub struct ChildSpec {
     pub env: Vec<(OsString, OsString)>,
     /// The child's working directory; the worker's when `None`.
     pub workdir: Option<PathBuf>,
+    /// Once the child has exited, how long what it left running has between SIGTERM and SIGKILL.
+    pub stop_grace: Duration,
 }
 
 /// How a child ended.
@@ -134,6 +148,30 @@ pub struct RunningChild {
     output: Option<JoinHandle<()>>,
     /// The last bytes of each stream, when kept.
     tails: Option<SharedTails>,
+    /// The run this child is, as its environment's [`reaper::RUN_MARKER`] says; `None` when unmarked.
+    run: Option<String>,
+    stop_grace: Duration,
+    /// What is left of the tree once the child has exited: `None` before, or once all of it is gone.
+    rest: Option<Rest>,
+    /// The child exited and nothing of its tree lives any more.
+    rest_gone: bool,
+    /// [`RunningChild::kill_now`] was called: what is left gets SIGKILL, not SIGTERM.
+    killed: bool,
+}
+
+/// The processes a child left when it exited, being ended.
+#[derive(Debug)]
+struct Rest {
+    /// SIGKILL from then on.
+    kill_at: tokio::time::Instant,
+    /// SIGKILL was sent (at `kill_at`, or by [`RunningChild::kill_now`]).
+    killed: bool,
+    /// The group was sent SIGTERM.
+    group_signalled: bool,
+    /// The orphans sent SIGTERM already.
+    signalled: HashSet<u32>,
+    /// The orphans of this run the last scan found.
+    orphans: Vec<reaper::Orphan>,
 }
 
 impl RunningChild {
@@ -173,7 +211,12 @@ impl RunningChild {
         if let Some(dir) = &spec.workdir {
             command.current_dir(dir);
         }
-        let mut child = command.spawn().map_err(|source| ProcessError::Spawn {
+        let spawned = reaper::Own::spawn(|| {
+            let spawned = command.spawn();
+            let pid = spawned.as_ref().ok().and_then(Child::id);
+            (spawned, pid)
+        });
+        let mut child = spawned.map_err(|source| ProcessError::Spawn {
             program: match &spec.workdir {
                 Some(dir) => format!("{program} (in {})", dir.display()),
                 None => program.to_owned(),
@@ -209,12 +252,25 @@ impl RunningChild {
             }
             .instrument(span),
         );
+        let run = spec
+            .env
+            .iter()
+            .rev()
+            .find(|(key, _)| key == reaper::RUN_MARKER);
+        let run = run
+            .map(|(_, value)| value.to_string_lossy().into_owned())
+            .filter(|value| !value.is_empty());
         Ok(RunningChild {
             child,
             pid,
             status: None,
             output: Some(output),
             tails,
+            run,
+            stop_grace: spec.stop_grace,
+            rest: None,
+            rest_gone: false,
+            killed: false,
         })
     }
 
@@ -238,19 +294,128 @@ impl RunningChild {
         self.pid
     }
 
-    /// Waits for the child to exit AND its output to be fully logged.
+    /// Waits for the child to exit, then for what it left running to be ended (see the module's doc),
+    /// and for its output to be fully logged; returns how the child ended.
     ///
-    /// Cancel-safe: it may sit in a `select!` and be called again; the exit status is kept once known.
-    /// A background process that keeps the child's stdout open keeps this waiting: the run is not over
-    /// until its output is (use [`RunningChild::stop`] to end it).
+    /// Cancel-safe: it may sit in a `select!` and be called again; the exit status is kept once known, and
+    /// the ending of the rest goes on where it was.
     pub async fn wait(&mut self) -> Result<ExitKind, ProcessError> {
         let status = self.wait_exit().await?;
+        self.end_the_rest().await;
         if let Some(output) = &mut self.output {
-            // The logging task does not panic; a cancelled one has nothing more to log either way.
-            let _ = output.await;
+            // Nothing of the tree lives any more; only a process that was handed the pipes by other means
+            // can hold them now. The logging task does not panic; a cancelled one has nothing more to log.
+            if tokio::time::timeout(DRAIN_AFTER_KILL, output)
+                .await
+                .is_err()
+            {
+                self.abandon_output();
+            }
             self.output = None;
         }
         Ok(status)
+    }
+
+    /// Ends what the exited child left of its tree: its group, and the orphans of its run. SIGTERM at
+    /// once, SIGKILL from `stop_grace` on (or at once after [`RunningChild::kill_now`]); returns when none
+    /// of them lives.
+    async fn end_the_rest(&mut self) {
+        if self.rest_gone {
+            return;
+        }
+        let scanner = reaper::Scanner::get();
+        let mut sigchld = None;
+        loop {
+            let orphans = match scanner {
+                Some(scanner) => {
+                    let scan = scanner.after_now().await;
+                    let run = self.run.as_deref().unwrap_or_default();
+                    let mine = scan.orphans.iter().filter(|orphan| orphan.belongs_to(run));
+                    mine.cloned().collect()
+                }
+                None => Vec::new(),
+            };
+            if !self.group_lives() && orphans.is_empty() {
+                self.rest = None;
+                self.rest_gone = true;
+                return;
+            }
+            let now = tokio::time::Instant::now();
+            let rest = self.rest.get_or_insert_with(|| {
+                info!(
+                    event = events::run::ENDING_REST,
+                    pid = self.pid,
+                    escaped = orphans.len() as u64,
+                    kill_in_ms = self.stop_grace.as_millis() as u64,
+                    "The job's process exited and left processes running: SIGTERM to them, SIGKILL after stop_grace"
+                );
+                Rest {
+                    kill_at: now + self.stop_grace,
+                    killed: self.killed,
+                    group_signalled: false,
+                    signalled: HashSet::new(),
+                    orphans: Vec::new(),
+                }
+            });
+            rest.orphans = orphans;
+            let kill = rest.killed || now >= rest.kill_at;
+            let kill_at = rest.kill_at;
+            if kill {
+                rest.killed = true;
+                rest.orphans
+                    .iter()
+                    .for_each(|orphan| orphan.signal(libc::SIGKILL));
+            } else {
+                for orphan in &rest.orphans {
+                    if rest.signalled.insert(orphan.pid) {
+                        orphan.signal(libc::SIGTERM);
+                    }
+                }
+            }
+            let first = !std::mem::replace(&mut rest.group_signalled, true);
+            if kill {
+                self.signal_group(libc::SIGKILL);
+            } else if first {
+                self.signal_group(libc::SIGTERM);
+            }
+            if sigchld.is_none() {
+                use tokio::signal::unix::{signal, SignalKind};
+                sigchld = signal(SignalKind::child()).ok();
+            }
+            let child_died = async {
+                match &mut sigchld {
+                    Some(stream) => {
+                        stream.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = child_died => {}
+                () = tokio::time::sleep(REST_POLL) => {}
+                () = tokio::time::sleep_until(kill_at), if !kill => {}
+            }
+        }
+    }
+
+    /// Whether a process of the child's group (other than its reaped leader) still lives.
+    fn group_lives(&self) -> bool {
+        let Ok(pgid) = libc::pid_t::try_from(self.pid) else {
+            return false;
+        };
+        // SAFETY: signal 0 only checks that the group exists.
+        pgid > 0 && unsafe { libc::killpg(pgid, 0) } == 0
+    }
+
+    fn abandon_output(&mut self) {
+        warn!(
+            event = events::run::OUTPUT_ABANDONED,
+            pid = self.pid,
+            "Output still open after the job's processes were ended; stopped reading it"
+        );
+        if let Some(output) = self.output.take() {
+            output.abort();
+        }
     }
 
     /// SIGTERM to the process group, then SIGKILL to the group after `grace` if the child has not exited
@@ -282,22 +447,23 @@ impl RunningChild {
             .await
             .is_err()
         {
-            warn!(
-                event = events::run::OUTPUT_ABANDONED,
-                pid = self.pid,
-                "Output still open after SIGKILL (a descendant left the process group); stopped reading it"
-            );
-            if let Some(output) = self.output.take() {
-                output.abort();
-            }
+            self.abandon_output();
         }
         Ok(status)
     }
 
-    /// SIGKILL to the process group now, unless the child has already finished.
+    /// SIGKILL to the process group and to the orphans of the run found so far, unless the child has
+    /// already finished; what is found later gets SIGKILL at once too.
     pub fn kill_now(&mut self) {
         if !self.is_finished() {
+            self.killed = true;
             self.signal_group(libc::SIGKILL);
+            if let Some(rest) = &mut self.rest {
+                rest.killed = true;
+                rest.orphans
+                    .iter()
+                    .for_each(|orphan| orphan.signal(libc::SIGKILL));
+            }
         }
     }
 
@@ -314,16 +480,19 @@ impl RunningChild {
                 pid: self.pid,
                 source,
             })?;
+        reaper::Own::forget(self.pid);
         Ok(*self.status.insert(ExitKind::from_status(status)))
     }
 
-    /// Exited and output fully read: nothing of it is left to signal.
+    /// Exited, the rest of its tree ended and output fully read: nothing of it is left to signal.
     fn is_finished(&self) -> bool {
-        self.status.is_some() && self.output.is_none()
+        self.status.is_some() && self.rest_gone && self.output.is_none()
     }
 
-    /// Signals the group. The group id cannot name another group while the group exists, and it exists
-    /// while the unreaped leader or any member holding its output lives; that is when this is called.
+    /// Signals the group. The group id cannot name another group while the group exists (Linux keeps a
+    /// pid's number while any process has it as its group), and this is called only until a check found
+    /// the group empty: the number could be another group's only if it were freed and handed out again in
+    /// between, which takes a whole turn of the pid numbers within one [`REST_POLL`].
     fn signal_group(&self, signal: i32) {
         let Ok(pgid) = libc::pid_t::try_from(self.pid) else {
             return;
@@ -343,6 +512,10 @@ impl Drop for RunningChild {
         self.kill_now();
         if let Some(output) = self.output.take() {
             output.abort();
+        }
+        if self.status.is_none() {
+            // tokio reaps a dropped child; a scan that takes it for an orphan meanwhile only kills it again.
+            reaper::Own::forget(self.pid);
         }
     }
 }
@@ -510,6 +683,7 @@ mod tests {
             command: Command::Shell(script.to_owned()),
             env: std::env::vars_os().collect(),
             workdir: None,
+            stop_grace: Duration::from_secs(1),
         }
     }
 
@@ -645,6 +819,7 @@ mod tests {
             command: Command::Argv(vec!["only-here".into()]),
             env: vec![("PATH".into(), path.into())],
             workdir: None,
+            stop_grace: Duration::from_secs(1),
         };
         assert_eq!(resolve("only-here", &spec), tool);
         assert_eq!(resolve("/bin/sh", &spec), PathBuf::from("/bin/sh"));

@@ -3,6 +3,12 @@
 //! The reports are the [`crate::inspect`] model's plain values (serialized as they are for `--json`); the
 //! tables here can change without touching the reading or the reasoning. Tables are aligned plain text:
 //! columns two spaces apart, times in UTC as RFC 3339 (what `explain` takes), no colours, no crate.
+//!
+//! Much of what they print came from outside — a job's output, a pause's reason and `by`, worker names
+//! and hosts, a node's error — and reaches a terminal: every control character in it is shown as a
+//! visible escape ([`visible`]). Each table cell and each line of a story or an output tail is escaped
+//! whole, newlines included (a reason's newline must not forge a row), and the finished text once more
+//! line by line, so nothing added later can slip through. The JSON forms escape by being JSON.
 
 use std::process::ExitCode;
 
@@ -18,6 +24,7 @@ use crate::inspect::status::Status;
 use crate::inspect::story::pause_note;
 use crate::inspect::time::{duration_ms, instant, instant_ms};
 use crate::inspect::Notes;
+use crate::logging::{visible, visible_lines};
 
 /// Prints the warnings of `notes` to stderr, then `report` to stdout: as JSON with `json`, else as
 /// `human` renders it.
@@ -33,7 +40,7 @@ pub(super) fn deliver<T: Serialize>(
         text.push('\n');
         text
     } else {
-        human(report)
+        visible_lines(&human(report))
     };
     emit(&text)?;
     Ok(ExitCode::from(Exit::Ok))
@@ -42,7 +49,7 @@ pub(super) fn deliver<T: Serialize>(
 /// Prints the warnings of `notes` to stderr, one line each.
 pub(super) fn warn_notes(notes: &Notes) {
     for warning in warnings(notes) {
-        say(&format!("warning: {warning}"));
+        say(&format!("warning: {}", visible(&warning)));
     }
 }
 
@@ -63,7 +70,9 @@ fn warnings(notes: &Notes) -> Vec<String> {
 pub(super) fn status(status: &Status) -> String {
     let mut out = format!(
         "store: {}\nconfig: {}, fingerprint {}\n\n",
-        status.notes.store, status.config.path, status.config.fingerprint
+        visible(&status.notes.store),
+        visible(&status.config.path),
+        status.config.fingerprint
     );
     let mut workers = Table::new(&[
         "WORKER",
@@ -238,7 +247,7 @@ pub(super) fn ticks(history: &History) -> String {
         out.push_str(&table.render());
     }
     if let Some(cut) = &history.cut_short {
-        out.push_str(&format!("note: {cut}\n"));
+        out.push_str(&format!("note: {}\n", visible(cut)));
     }
     out
 }
@@ -319,11 +328,11 @@ fn exit(e: &Entry) -> String {
 pub(super) fn explanation(explanation: &Explanation) -> String {
     let mut out = String::new();
     for line in &explanation.story {
-        out.push_str(line);
+        out.push_str(&visible(line));
         out.push('\n');
     }
     if let Some(hint) = &explanation.hint {
-        out.push_str(&format!("hint: {hint}\n"));
+        out.push_str(&format!("hint: {}\n", visible(hint)));
     }
     for run in &explanation.runs {
         for (stream, tail) in [("stdout", &run.tail_out), ("stderr", &run.tail_err)] {
@@ -349,13 +358,13 @@ fn output_tail(run: &Entry, stream: &str, text: &str) -> String {
     let shown = &lines[lines.len().saturating_sub(TAIL_LINES)..];
     let mut out = format!(
         "{}'s run{}, {stream}, last {} line{}:\n",
-        run.worker,
+        visible(&run.worker),
         run.token.map_or(String::new(), |t| format!(" (token {t})")),
         shown.len(),
         super::plural(shown.len())
     );
     for line in shown {
-        out.push_str(&format!("    {line}\n"));
+        out.push_str(&format!("    {}\n", visible(line)));
     }
     out
 }
@@ -398,8 +407,10 @@ impl Table {
         }
     }
 
+    /// Adds a row; each cell is escaped whole ([`visible`]), so that it stays one cell of one line.
     fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        let cells = cells.into_iter().map(|cell| visible(&cell).into_owned());
+        self.rows.push(cells.collect());
     }
 
     /// Every column as wide as its widest cell, two spaces apart, no trailing spaces.

@@ -31,6 +31,8 @@ events! {
         /// WARN at start: no shared store, so ticks are claimed in this host's database file (and every host
         /// that runs the file runs every job).
         EMBEDDED_STORE = "worker.embedded_store";
+        /// WARN at start: a process setting of the worker (`not_dumpable`, `child_subreaper`) failed.
+        SETTING_FAILED = "worker.setting_failed";
         /// WARN, once per stretch: the worker's announcement did not reach a majority.
         HEARTBEAT_FAILED = "worker.heartbeat_failed";
         /// Announcements reach a majority again after `HEARTBEAT_FAILED`.
@@ -115,6 +117,8 @@ events! {
         OUTPUT_ERROR = "run.output_error";
         /// WARN: after SIGKILL an escaped descendant still held the output pipes; reading stopped.
         OUTPUT_ABANDONED = "run.output_abandoned";
+        /// The child exited and left processes running: they get SIGTERM, and SIGKILL after `stop_grace`.
+        ENDING_REST = "run.ending_rest";
         /// The job's `timeout` passed; the child is being stopped.
         TIMEOUT = "run.timeout";
         /// SIGTERM goes to the child's process group; SIGKILL follows unless it exits.

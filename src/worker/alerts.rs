@@ -223,6 +223,7 @@ async fn run_hook(
             &vars,
         ),
         workdir: job.workdir.clone(),
+        stop_grace: job.stop_grace,
     };
     let mut child = match RunningChild::spawn(&spec) {
         Ok(child) => child,

@@ -6,6 +6,12 @@
 //! — any job could print it into the logs or write to the lock keys. So the store's variables are never
 //! inherited (a job whose `env` names one still gets it), and `inherit_env` chooses what else a job
 //! takes from the worker: everything, nothing, or a list of names.
+//!
+//! Nor may a job read the worker's own environment (or memory) through `/proc/<worker pid>/environ`,
+//! which a process of the same user may by default: [`hide_from_jobs`] marks the worker not dumpable, so
+//! those files are the kernel's (root's) and closed to anyone without `CAP_SYS_PTRACE`. The flag is reset
+//! in a child at its `execve`, so jobs are not affected, and it does not change what the worker itself
+//! may read of other processes (the orphans' `environ`, see `process::reaper`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -39,6 +45,16 @@ pub(crate) fn job_environment(
     let own = job_env.iter().chain(redcron.iter().map(|(k, v)| (k, v)));
     env.extend(own.map(|(name, value)| (OsString::from(name), OsString::from(value))));
     env.into_iter().collect()
+}
+
+/// Makes the worker not dumpable (`PR_SET_DUMPABLE` 0): its `/proc/<pid>/environ`, `mem` and the like
+/// cannot be read by its jobs, which run as the same user, nor can they ptrace it (see the module's doc).
+pub(crate) fn hide_from_jobs() -> std::io::Result<()> {
+    // SAFETY: prctl with PR_SET_DUMPABLE only sets a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -124,6 +124,20 @@ pub(crate) struct Context {
 /// logs them and races again at the next tick.
 pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError> {
     let shutdown = control.shutdown().clone();
+    // Before any job runs: jobs must neither read the worker's memory nor leave processes behind.
+    let settings = [
+        ("not_dumpable", env::hide_from_jobs()),
+        (
+            "child_subreaper",
+            crate::process::reaper::become_subreaper(),
+        ),
+    ];
+    for (setting, result) in settings {
+        if let Err(error) = result {
+            warn!(event = events::worker::SETTING_FAILED, setting, error = %error,
+                  "Cannot apply a process setting of the worker (see the README's Logs table for what is lost)");
+        }
+    }
     // One copy of the config, shared with the context (the dashboard, `/readyz`): a copy each held its
     // jobs' definitions a second time.
     let mut config = Arc::new(config);
@@ -295,6 +309,8 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     }
     let _ = sentinel_task.await;
     let _ = triggers_task.await;
+    // Every run has ended its own processes; what none of them could tell was its own goes now.
+    crate::process::reaper::sweep(Duration::from_secs(2)).await;
     heartbeat.stop().await;
     context.recorder.close();
     let _ = recorder_task.await;

@@ -31,6 +31,7 @@ use crate::lock::{renew_when_left, Lease, RenewError};
 use crate::logging::events;
 use crate::membership::Running;
 use crate::metrics::Metrics;
+use crate::process::reaper::RUN_MARKER;
 use crate::process::{ChildSpec, ExitKind, ProcessError, RunningChild};
 use crate::store::Store;
 
@@ -197,7 +198,8 @@ async fn start(
         ("REDCRON_JOB".to_string(), job.name.clone()),
         ("REDCRON_TICK".to_string(), lease.tick.to_string()),
         ("REDCRON_FENCING_TOKEN".to_string(), lease.token.to_string()),
-        ("REDCRON_RUN_ID".to_string(), run_id.to_string()),
+        // Inherited by the job's descendants: how the worker tells whose the processes left behind are.
+        (RUN_MARKER.to_string(), run_id.to_string()),
         ("REDCRON_WORKER_ID".to_string(), context.worker_id.clone()),
     ];
     if let Some(id) = lease.series.trigger() {
@@ -215,6 +217,7 @@ async fn start(
             &redcron,
         ),
         workdir: job.workdir.clone(),
+        stop_grace: job.stop_grace,
     };
     // The claim may have been granted just before this process was paused (GC, SIGSTOP, a VM freeze): a
     // job must never start on a lease whose deadline has passed, nor on one so near its deadline that it

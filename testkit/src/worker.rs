@@ -25,6 +25,8 @@ pub struct WorkerBuilder {
     env: Vec<(String, String)>,
     args: Vec<String>,
     open_files: Option<u64>,
+    user: Option<(u32, u32)>,
+    stdout: Option<PathBuf>,
 }
 
 impl WorkerBuilder {
@@ -50,6 +52,19 @@ impl WorkerBuilder {
     /// low `ulimit -n` would.
     pub fn open_files_limit(mut self, limit: u64) -> Self {
         self.open_files = Some(limit);
+        self
+    }
+
+    /// Runs the worker as this user and group (the test runs as root), with no supplementary groups.
+    pub fn user(mut self, uid: u32, gid: u32) -> Self {
+        self.user = Some((uid, gid));
+        self
+    }
+
+    /// Sends the worker's stdout (its log) to this file or FIFO, opened for writing by the worker's
+    /// start, instead of to the test: [`Worker::logs`] then has nothing.
+    pub fn stdout_to(mut self, path: impl AsRef<Path>) -> Self {
+        self.stdout = Some(path.as_ref().to_owned());
         self
     }
 
@@ -84,6 +99,17 @@ impl WorkerBuilder {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some((uid, gid)) = self.user {
+            use std::os::unix::process::CommandExt as _;
+            command.uid(uid).gid(gid);
+        }
+        if let Some(path) = &self.stdout {
+            let sink = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .unwrap_or_else(|e| panic!("cannot open {} for the worker: {e}", path.display()));
+            command.stdout(sink);
+        }
         if let Some(limit) = self.open_files {
             use std::os::unix::process::CommandExt as _;
             let limit = libc::rlimit {
@@ -160,6 +186,8 @@ impl Worker {
             env: Vec::new(),
             args: Vec::new(),
             open_files: None,
+            user: None,
+            stdout: None,
         }
     }
 

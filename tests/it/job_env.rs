@@ -162,3 +162,51 @@ fn store_password_is_kept_from_jobs() {
         "password in the worker's stderr"
     );
 }
+
+/// A worker run as an unprivileged user, with the store's password in its environment: a job of that
+/// user (`inherit_env: none`) that reads its parent's `/proc/<pid>/environ` (the worker's) gets nothing,
+/// and cannot attach to it either; the job runs, and its parent is the worker.
+#[test]
+fn jobs_cannot_read_the_workers_environment() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let password = format!("pw-{:08x}", rand::random::<u32>());
+    let cluster = RedisCluster::builder().nodes(1).password(&password).start();
+    let dir = TestDir::new();
+    // The worker and its job run as `nobody`: the directory is theirs to write in.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod the test directory");
+    let node = format!(
+        "\"redis://:${{REDIS_PASSWORD}}@127.0.0.1:{}\"",
+        cluster.port(0)
+    );
+    let command = "echo $PPID > ppid; cat /proc/$PPID/environ > stolen 2> denied; \
+                   cat /proc/$PPID/task/$PPID/environ >> stolen 2>> denied; echo tried > tried";
+    let path = dir.write_config(&format!(
+        "redis:\n  nodes: [{node}]\nworker:\n  id: unprivileged\njobs:\n  - name: thief\n    \
+         schedule: \"* * * * * *\"\n    inherit_env: none\n    command: '{command}'\n"
+    ));
+    let worker = Worker::builder(&path)
+        .env("REDIS_PASSWORD", &password)
+        .user(65534, 65534)
+        .spawn();
+    let finished = worker
+        .wait_for(Duration::from_secs(20), |e| {
+            e["event"] == "run.finished" && e["job"] == "thief"
+        })
+        .expect("the job ran");
+    assert_eq!(finished["outcome"], "success", "{finished}");
+    assert_eq!(dir.read("tried").as_deref(), Some("tried\n"));
+    let parent = dir.read("ppid").unwrap_or_default();
+    assert_eq!(parent.trim(), worker.pid().to_string(), "the job's parent");
+    let stolen = std::fs::read(dir.join("stolen")).unwrap_or_default();
+    let leaked = stolen
+        .windows(password.len())
+        .any(|window| window == password.as_bytes());
+    assert!(
+        !leaked,
+        "the job read the password from the worker's environ"
+    );
+    assert!(stolen.is_empty(), "{}", String::from_utf8_lossy(&stolen));
+    let denied = dir.read("denied").unwrap_or_default();
+    assert!(denied.contains("Permission denied"), "{denied}");
+}
