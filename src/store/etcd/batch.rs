@@ -72,7 +72,8 @@ struct Claim<'a> {
     alone: bool,
 }
 
-/// What became of one claim after a round.
+/// What became of one claim after a round (short-lived, one per claim and round: not boxed).
+#[allow(clippy::large_enum_variant)]
 enum Step<'a> {
     Decided(usize, ClaimOutcome),
     Again(Claim<'a>),

@@ -185,9 +185,7 @@ impl Sessions {
     /// timeout (the ACL walk included); `None` once a session is ready, when the ensemble does not
     /// answer in that time, and without auth (which makes no walk).
     pub async fn unusable(&self) -> Option<String> {
-        if self.spec.digest.is_none() {
-            return None;
-        }
+        self.spec.digest.as_ref()?;
         match tokio::time::timeout(self.spec.timeout, self.start()).await {
             Ok(Err(failed)) if failed.unusable => Some(failed.why),
             _ => None,
