@@ -99,6 +99,8 @@ events! {
     store {
         /// WARN, once per entry and node: an entry redcron cannot have written is skipped.
         ENTRY_SKIPPED = "store.entry_skipped";
+        /// WARN: nodes of the ZooKeeper store had another ACL than its user's and were given it.
+        ACL_FIXED = "store.acl_fixed";
     }
 
     /// A job as the cluster sees it.

@@ -64,7 +64,8 @@ pub enum StoreError {
         target: String,
         reason: String,
     },
-    /// A ZooKeeper store that cannot be used (a TLS file that cannot be read): never a password.
+    /// A ZooKeeper store that cannot be used (a TLS file that cannot be read, a node of the store that its
+    /// user cannot make its own): never a password.
     #[error("ZooKeeper store: {reason}")]
     Zookeeper { reason: String },
     #[error("embedded store {}: {reason}", path.display())]

@@ -14,7 +14,7 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -78,8 +78,82 @@ impl EtcdCluster {
         unreachable!("the last attempt returns or panics")
     }
 
+    /// Saves a snapshot of the cluster's keyspace to `path`, through member 0 (`etcdctl snapshot save`,
+    /// Debian's `etcd-client`); panics with etcdctl's output if that fails.
+    pub fn snapshot_save(&self, path: &Path) {
+        crate::require_program("etcdctl", "etcd-client");
+        let output = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint(0), "snapshot", "save"])
+            .arg(path)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run etcdctl: {e}"));
+        assert!(
+            output.status.success(),
+            "etcdctl snapshot save failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// A new cluster of `n` members on fresh ports, each member's data restored from `snapshot`
+    /// (`etcdctl snapshot restore`, as an operator restores a cluster): the keys as they were when it was
+    /// saved, at its revision. Waits until every member is healthy, panics (with the logs) otherwise.
+    pub fn restored_from(snapshot: &Path, n: usize) -> EtcdCluster {
+        crate::require_program("etcd", "etcd-server");
+        crate::require_program("etcdctl", "etcd-client");
+        for attempt in 1..=5 {
+            let mut cluster = EtcdCluster::spawned_with(n, false, Some(snapshot));
+            match cluster.try_wait_healthy((0..n).collect()) {
+                Ok(()) => return cluster,
+                Err(log) if attempt < 5 && log.contains("address already in use") => continue,
+                Err(log) => panic!("{log}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// Restores member `i`'s data directory from `snapshot`, as a member of this cluster.
+    fn restore(&self, i: usize, snapshot: &Path) {
+        let dir = self.member_dir(i);
+        std::fs::create_dir_all(&dir).expect("cannot create a member directory");
+        let output = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["snapshot", "restore"])
+            .arg(snapshot)
+            .args(["--name", &format!("m{i}")])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--initial-cluster", &self.peers().join(",")])
+            .args(["--initial-cluster-token", "redcron-test"])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{}", self.members[i].peer_port),
+            ])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run etcdctl: {e}"));
+        assert!(
+            output.status.success(),
+            "etcdctl snapshot restore failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Every member's `name=peer URL`, as `--initial-cluster` lists them.
+    fn peers(&self) -> Vec<String> {
+        (0..self.len())
+            .map(|m| format!("m{m}=http://127.0.0.1:{}", self.members[m].peer_port))
+            .collect()
+    }
+
     /// `n` members spawned on fresh free ports in a new directory, not yet waited for.
     fn spawned(n: usize, tls: bool) -> EtcdCluster {
+        EtcdCluster::spawned_with(n, tls, None)
+    }
+
+    /// [`Self::spawned`], each member's data first restored from `snapshot` if given.
+    fn spawned_with(n: usize, tls: bool, snapshot: Option<&Path>) -> EtcdCluster {
         let dir = tempfile::Builder::new()
             .prefix("redcron-etcd-")
             .tempdir()
@@ -103,6 +177,9 @@ impl EtcdCluster {
             tls,
         };
         for i in 0..n {
+            if let Some(snapshot) = snapshot {
+                cluster.restore(i, snapshot);
+            }
             cluster.spawn(i, true);
         }
         cluster
@@ -247,9 +324,7 @@ impl EtcdCluster {
             .append(true)
             .open(dir.join("etcd.log"))
             .expect("cannot create a log file");
-        let peers: Vec<String> = (0..self.len())
-            .map(|m| format!("m{m}=http://127.0.0.1:{}", self.members[m].peer_port))
-            .collect();
+        let peers = self.peers();
         let (client, peer) = (
             self.endpoint(i),
             format!("http://127.0.0.1:{}", self.members[i].peer_port),

@@ -15,10 +15,9 @@
 //!    decide its own writes, and a failed compare refuses only that claim, whose nested else-branch reads
 //!    its keys back to decide again. At most [`CLAIMS_PER_WRITE`] claims per transaction (etcd counts a
 //!    nested transaction's operations against what the outer one leaves of `--max-txn-ops`), and **never
-//!    two claims of one job in one transaction**: etcd refuses a transaction that writes one key twice,
-//!    and all writes of one transaction share its revision, so two claims of one job there would share a
-//!    token. In separate transactions each grant of a job has its own revision, so tokens still strictly
-//!    increase per job in grant order.
+//!    two claims of one job in one transaction**: etcd refuses a transaction that writes one key twice
+//!    (both would write the job's fence). Each claim's write rewrites its job's fence at the `mod_revision` read (`claim.rs`), so the
+//!    tokens of a job strictly increase in grant order.
 //!
 //! A claim refused by its compare goes to the next round (at most `retries` more), as a single claim
 //! retries. A claim whose lease grant failed wrote nothing; it is decided on its keys read again with the
@@ -46,9 +45,9 @@ use crate::clock::boot::BootInstant;
 use crate::lock::keys::{attempt_value, Holder};
 use crate::lock::{validity, ClaimOutcome, ClaimRequest};
 
-/// The most operations one claim puts in a transaction: the gets of its (at most four) keys, or its
+/// The most operations one claim puts in a transaction: the gets of its (at most five) keys, or its
 /// compare-and-swap's compares.
-const OPS_PER_CLAIM: usize = 4;
+const OPS_PER_CLAIM: usize = 5;
 
 /// The most claims one write transaction carries: etcd checks a nested transaction against what the outer
 /// one's own operations (one per claim) leave of `--max-txn-ops`.
@@ -66,12 +65,15 @@ struct Claim<'a> {
     deadline: BootInstant,
     /// What the claim decides on: its keys as last read.
     snapshot: Snapshot,
+    /// The token its next write gives, from that snapshot ([`Snapshot::next_token`]).
+    token: u64,
     granted: Option<Granted>,
     /// Its last write went in a transaction that failed as a whole: written alone from now on.
     alone: bool,
 }
 
-/// What became of one claim after a round.
+/// What became of one claim after a round (short-lived, one per claim and round: not boxed).
+#[allow(clippy::large_enum_variant)]
 enum Step<'a> {
     Decided(usize, ClaimOutcome),
     Again(Claim<'a>),
@@ -148,6 +150,7 @@ impl EtcdStore {
                 keys,
                 deadline,
                 snapshot: snapshot?,
+                token: 0,
                 granted: None,
                 alone: false,
             })
@@ -164,14 +167,23 @@ impl EtcdStore {
     ) -> Vec<Claim<'a>> {
         let released = |value: &str| self.was_released(value);
         let mut writing = Vec::new();
-        for claim in claims {
+        for mut claim in claims {
             let retry_delay = self.settings.retry_delay;
             match decide(claim.request, &claim.snapshot, retry_delay, &released) {
                 Some(outcome) => {
                     self.unused(claim.granted);
                     decided(claim.index, outcome);
                 }
-                None => writing.push(claim),
+                None => match claim.snapshot.next_token(claim.request.tick) {
+                    Ok(token) => {
+                        claim.token = token;
+                        writing.push(claim);
+                    }
+                    Err(refusal) => {
+                        self.unused(claim.granted);
+                        decided(claim.index, ClaimOutcome::Refused(refusal));
+                    }
+                },
             }
         }
         // Each claim's etcd lease, granted once per claim and kept across its rounds.
@@ -206,7 +218,7 @@ impl EtcdStore {
                     for (claim, written) in group.into_iter().zip(each) {
                         match written {
                             Ok(Written::Applied(revision)) => {
-                                let outcome = self.claim_won(&claim, revision);
+                                let outcome = self.claim_won(&claim, claim.token, revision);
                                 decided(claim.index, outcome);
                             }
                             // Refused: perhaps because this very write applied already (a copy sent
@@ -269,33 +281,47 @@ impl EtcdStore {
 
     /// Whether the claim's write applied, as its keys read since say: the record holds this attempt's
     /// value, written after the read its compares used (an earlier claim of the same claimant wrote the
-    /// same value), and then the record's `mod_revision` is the token. Else it decides again on `now`.
+    /// same value), and the fence written with it (the same `mod_revision`) holds its token. Else — also
+    /// when a later grant of the job rewrote the fence since, so that the token is unknown — it decides
+    /// again on `now` (this claimant goes on from its own record, with a new token).
     fn settle<'a>(&self, mut claim: Claim<'a>, now: Snapshot) -> Step<'a> {
         let compared = claim
             .snapshot
             .claim
             .as_ref()
             .map_or(0, |seen| seen.mod_revision);
-        match &now.claim {
-            Some(record)
+        let token = match (&now.claim, &now.fence) {
+            (Some(record), Some(fence))
                 if record.value == record_value(claim.request.tick, &claim.value)
-                    && record.mod_revision > compared =>
+                    && record.mod_revision > compared
+                    && fence.mod_revision == record.mod_revision =>
             {
-                let outcome = self.claim_won(&claim, record.mod_revision);
+                fence
+                    .value
+                    .parse::<u64>()
+                    .ok()
+                    .map(|t| (t, record.mod_revision))
+            }
+            _ => None,
+        };
+        match token {
+            Some((token, revision)) => {
+                let outcome = self.claim_won(&claim, token, revision);
                 Step::Decided(claim.index, outcome)
             }
-            _ => {
+            None => {
                 claim.snapshot = now;
                 Step::Again(claim)
             }
         }
     }
 
-    /// The grant of `claim` at `revision` ([`EtcdStore::won`]).
-    fn claim_won(&self, claim: &Claim<'_>, revision: i64) -> ClaimOutcome {
+    /// The grant of `claim` with `token`, written at `revision` ([`EtcdStore::won`]).
+    fn claim_won(&self, claim: &Claim<'_>, token: u64, revision: i64) -> ClaimOutcome {
         let lease = claim.granted.map_or(0, |ids| ids.lease);
         self.won(
             claim.request,
+            token,
             revision,
             claim.value.clone(),
             lease,
@@ -367,6 +393,7 @@ impl EtcdStore {
                 &claim.snapshot,
                 claim.request,
                 &claim.value,
+                claim.token,
                 ids,
             ))
         };

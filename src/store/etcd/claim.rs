@@ -1,27 +1,32 @@
-//! Claims on etcd: read the claim's keys, decide, and write the claim record and the lease key in one
-//! transaction that holds only if none of the keys read changed since.
+//! Claims on etcd: read the claim's keys, decide, and write the claim record, the lease key and the
+//! job's fence in one transaction that holds only if none of the keys read changed since.
 //!
-//! A claim is a read of its keys (`snapshot.rs`: the series' claim record, the job's lease key and pause,
-//! a trigger's request key), an etcd lease grant with the lock's TTL (only when the claim may be taken),
-//! and the compare-and-swap; the claims of a batch share the read and write transactions (`batch.rs`),
-//! each with compares of its own:
+//! A claim is a read of its keys (`snapshot.rs`: the series' claim record, the job's lease key, pause and
+//! fence, a trigger's request key), an etcd lease grant with the lock's TTL (only when the claim may be
+//! taken), and the compare-and-swap; the claims of a batch share the read and write transactions
+//! (`batch.rs`), each with compares of its own:
 //!
 //! ```text
 //! if   mod_revision(k) == seen(k)  for every key read                      (0: the key does not exist)
-//! then put claim = "<T> <value>";  put lease = <value> bound to the etcd lease
+//! then put claim = "<T> <value>";  put lease = <value> bound to the etcd lease;  put fence = <token>
 //! else get every key read                                                  (decide again on what is there)
 //! ```
 //!
 //! The read said that the job is not paused, that no other claimant confirmed `T` or a later tick in the
 //! series and that no other claimant holds the lease key; the compares make that still true when the
 //! writes apply, since etcd applies transactions one at a time in revision order. So a record of `T` is
-//! written for one claimant only (G1), the record's tick never goes down (G1′), nothing is granted once a
-//! pause is committed, and the revision of the write — the token — is above that of every grant before it
-//! in every series (G2; a grant of another job written in the same transaction has the same revision,
-//! one of the same job never does), with no clock in the argument. A transaction whose answer is lost,
-//! or that was refused because a copy of it sent to another member applied first (`cluster.rs`), is
-//! settled by the record read back: this attempt's value written since the compared read is a grant,
-//! with the record's `mod_revision` as its token.
+//! written for one claimant only (G1), the record's tick never goes down (G1′), and nothing is granted
+//! once a pause is committed. The **token** is `max(fence + 1, T_ms × 1000)`
+//! ([`crate::lock::keys::next_token`], the other stores' rule) over the fence read, which the
+//! transaction rewrites at the `mod_revision` it read: every grant of the job, in every series, rewrites
+//! the fence, so of two grants the later read the earlier's token and chose a higher one (G2, with no
+//! clock in the argument). The floor keeps tokens rising where etcd forgot writes — a cluster restored
+//! from a snapshot restarts its revisions and the fences at the snapshot's, but later ticks start above
+//! every token of earlier ones. A transaction whose answer is lost, or that was refused because a copy of
+//! it sent to another member applied first (`cluster.rs`), is settled by the keys read back: this
+//! attempt's value in the record, written since the compared read, is a grant, whose token is the fence
+//! written with it (same `mod_revision`); a fence rewritten since by a later grant leaves the token
+//! unknown, and the claim is decided again (the same claimant goes on from its record, with a new token).
 //!
 //! **One etcd lease per claim, also in a batch.** Sharing one grant among the claims of a batch would
 //! save a request per claim, and is not done, for these reasons:
@@ -113,11 +118,12 @@ impl EtcdStore {
         }
     }
 
-    /// A grant at `revision`, if the lease's validity is not spent yet; else (a paused process, a slow
+    /// A grant with `token`, written at `revision`, if the lease's validity is not spent yet; else (a paused process, a slow
     /// cluster) the etcd lease is revoked and the same claimant tries again, finding the record its own.
     pub(super) fn won(
         &self,
         request: &ClaimRequest,
+        token: u64,
         revision: i64,
         value: String,
         id: i64,
@@ -128,14 +134,7 @@ impl EtcdStore {
             let why = "the claim took longer than the lease's validity".to_string();
             return ClaimOutcome::NoQuorum(self.failure(why));
         }
-        // A revision is an i64 above 0, so the token is exact and at most MAX_TOKEN; one that is not (a
-        // broken answer) gives no grant rather than the token 0.
-        let Some(token) = u64::try_from(revision).ok().filter(|token| *token > 0) else {
-            self.revoke_later(id);
-            let why = format!("etcd answered the revision {revision}");
-            return ClaimOutcome::NoQuorum(self.failure(why));
-        };
-        self.remember(&value, id);
+        self.remember(&value, id, revision);
         ClaimOutcome::Won(Lease::new(request, token, value, deadline))
     }
 
@@ -154,11 +153,19 @@ impl EtcdStore {
         seen: &Snapshot,
         request: &ClaimRequest,
         value: &str,
+        token: u64,
         ids: Granted,
     ) -> Txn {
         let revision =
             |seen: &Option<super::snapshot::Seen>| seen.as_ref().map_or(0, |s| s.mod_revision);
-        let seen_revisions = [&seen.claim, &seen.lease, &seen.paused, &seen.anchor].map(revision);
+        let seen_revisions = [
+            &seen.claim,
+            &seen.lease,
+            &seen.paused,
+            &seen.fence,
+            &seen.anchor,
+        ]
+        .map(revision);
         let compares: Vec<Compare> = keys
             .all()
             .zip(seen_revisions)
@@ -178,6 +185,7 @@ impl EtcdStore {
                     value,
                     Some(PutOptions::new().with_lease(ids.lease)),
                 ),
+                TxnOp::put(keys.fence.as_str(), token.to_string(), None),
             ])
             .or_else(keys.gets())
     }

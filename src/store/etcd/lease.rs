@@ -135,21 +135,31 @@ impl EtcdStore {
     }
 
     /// Remembers the etcd lease of a granted lease, by its value.
-    pub(super) fn remember(&self, value: &str, id: i64) {
-        self.lock_leases().insert(value.to_string(), id);
+    pub(super) fn remember(&self, value: &str, id: i64, revision: i64) {
+        self.lock_leases()
+            .insert(value.to_string(), super::Held { id, revision });
     }
 
     /// The etcd lease of a granted lease.
     fn etcd_lease(&self, value: &str) -> Option<i64> {
-        self.lock_leases().get(value).copied()
+        self.lock_leases().get(value).map(|granted| granted.id)
+    }
+
+    /// The revision of a granted lease's write.
+    fn written_at(&self, value: &str) -> Option<i64> {
+        self.lock_leases()
+            .get(value)
+            .map(|granted| granted.revision)
     }
 
     /// Forgets a lease that is released or lost; returns its etcd lease.
     fn forget(&self, value: &str) -> Option<i64> {
-        self.lock_leases().remove(value)
+        self.lock_leases().remove(value).map(|granted| granted.id)
     }
 
-    fn lock_leases(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, i64>> {
+    fn lock_leases(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, super::Held>> {
         // A panic while holding the map leaves it whole (every use is one call on it).
         self.leases
             .lock()
@@ -204,8 +214,9 @@ impl Leases for EtcdStore {
     fn lease_gone<'a>(&'a self, lease: &Lease) -> impl Future<Output = ()> + Send + use<'a> {
         let id = self.etcd_lease(&lease.value);
         let key = self.lease_key(lease);
-        // The token is the revision of the claim's write: every change of the key since comes after it.
-        let mut from = i64::try_from(lease.token)
+        // Every change of the key since the claim's write comes after its revision.
+        let mut from = self
+            .written_at(&lease.value)
             .unwrap_or(i64::MAX)
             .saturating_add(1);
         async move {

@@ -2,13 +2,13 @@
 //!
 //! etcd replicates every write through Raft and orders all of them by one revision, so the store needs no
 //! majority logic of its own and no clock: a claim of `(job, T)` is a compare-and-swap that writes the
-//! job's claim record (`<T> <lease value>`, the names of [`crate::lock::keys`]) and its lease key (bound
-//! to an etcd lease with the lock's TTL) only if both are unchanged since they were read and the record
-//! said that no other claimant confirmed `T` or a later tick (`claim.rs`); the claims of a batch are read
-//! together and written several to a transaction, never two of one job (`batch.rs`). The revision of
-//! that write is the fencing token: strictly increasing in grant order across all workers for each job
-//! (other jobs' claims written in the same transaction share it), and kept through any restart by the
-//! Raft log. Renewals are etcd keep-alives, a release revokes the etcd lease (which deletes
+//! job's claim record (`<T> <lease value>`, the names of [`crate::lock::keys`]), its lease key (bound
+//! to an etcd lease with the lock's TTL) and its fence only if all are unchanged since they were read and
+//! the record said that no other claimant confirmed `T` or a later tick (`claim.rs`); the claims of a
+//! batch are read together and written several to a transaction, never two of one job (`batch.rs`). The
+//! fencing token is `max(fence + 1, T_ms × 1000)`, the other stores' rule, written into the fence by that
+//! write: strictly increasing in grant order across all workers for each job, and above every earlier
+//! tick's tokens even after the cluster was restored from a snapshot. Renewals are etcd keep-alives, a release revokes the etcd lease (which deletes
 //! only the keys bound to it: this attempt's), and a lease is lost only as etcd decides (`lease.rs`).
 //! Each series instance (the schedule, a trigger, a retry attempt) has its own claim record under the
 //! job's lease key (`snapshot.rs`); a pause is the job's `…:paused` key, which every claim reads and
@@ -63,13 +63,22 @@ pub struct EtcdStore {
     /// One client per member, each connected on first use (a worker starts while etcd is down), and
     /// the failover between them.
     cluster: Arc<Cluster>,
-    /// The etcd lease of each granted lease, by lease value (unique per attempt), for renew and release.
-    leases: Mutex<HashMap<String, i64>>,
+    /// The etcd lease of each granted lease and its write's revision, by lease value (unique per attempt),
+    /// for renew, release and its watch.
+    leases: Mutex<HashMap<String, Held>>,
     /// The etcd lease that keeps each announced member alive, by worker id.
     members: Mutex<HashMap<String, i64>>,
     /// Lease values this process released whose revoke etcd has not applied yet (during an election):
     /// their runs have ended, so this process may take the job's lease key over from them.
     released: Arc<Mutex<HashSet<String>>>,
+}
+
+/// A granted lease as the store keeps it: its etcd lease, and the revision of the claim's write (the
+/// watch of its lease key starts after it).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    id: i64,
+    revision: i64,
 }
 
 impl EtcdStore {

@@ -1,11 +1,12 @@
 //! What a claim on etcd reads and decides on: the keys of one claim instance as one snapshot, and the
 //! answer that snapshot gives ([`decide`]) — the rules of the Lua scripts on a Redis node.
 //!
-//! A claim reads up to four keys in one read-only transaction (one linearizable snapshot): the series'
-//! claim record, the job's lease key, its pause (`…:paused`), and for a trigger its *anchor*, the request
-//! key that `redcron trigger` wrote (`triggers.rs`). The compare-and-swap then compares the
-//! `mod_revision` of every one of them (0: absent), so a pause, a claim or a forgotten request between
-//! the read and the write fails the transaction like any other change.
+//! A claim reads up to five keys in one read-only transaction (one linearizable snapshot): the series'
+//! claim record, the job's lease key, its pause (`…:paused`), its fence (`…:fence`, the job's last token),
+//! and for a trigger its *anchor*, the request key that `redcron trigger` wrote (`triggers.rs`). The
+//! compare-and-swap then compares the `mod_revision` of every one of them (0: absent), so a pause, a
+//! claim or a forgotten request between the read and the write fails the transaction like any other
+//! change.
 
 use etcd_client::{GetResponse, Txn, TxnOp, TxnOpResponse};
 
@@ -26,6 +27,8 @@ pub(super) struct Keys {
     pub claim: String,
     pub lease: String,
     pub paused: String,
+    /// The job's fence: the last token granted in any of its series (every grant rewrites it).
+    pub fence: String,
     /// A trigger's request key: the claim is refused once it is gone (handled or expired).
     pub anchor: Option<String>,
 }
@@ -33,7 +36,7 @@ pub(super) struct Keys {
 impl Keys {
     /// The keys of `request` under `prefix` ([`claim_keys`], and the request key of a trigger).
     pub fn of(prefix: &str, request: &ClaimRequest) -> Keys {
-        let [lease, _fence, claim, paused] = claim_keys(
+        let [lease, fence, claim, paused] = claim_keys(
             prefix,
             &request.job,
             request.tick,
@@ -48,13 +51,14 @@ impl Keys {
             claim,
             lease,
             paused,
+            fence,
             anchor,
         }
     }
 
     /// The keys in the order a read (or a refused compare-and-swap) gets them.
     pub fn all(&self) -> impl Iterator<Item = &str> {
-        [&self.claim, &self.lease, &self.paused]
+        [&self.claim, &self.lease, &self.paused, &self.fence]
             .into_iter()
             .chain(&self.anchor)
             .map(String::as_str)
@@ -77,10 +81,25 @@ pub(super) struct Snapshot {
     pub claim: Option<Seen>,
     pub lease: Option<Seen>,
     pub paused: Option<Seen>,
+    pub fence: Option<Seen>,
     pub anchor: Option<Seen>,
 }
 
 impl Snapshot {
+    /// The token a grant on this snapshot carries: `max(fence + 1, token floor of the tick)`
+    /// ([`crate::lock::keys::next_token`], as every store computes it), where the fence is the job's last
+    /// token (0 when it has none: a job never claimed, or claimed only by workers that took the revision
+    /// as the token). A fence that does not parse is taken as 0: the tick's floor is still above every
+    /// token of an earlier tick.
+    pub fn next_token(&self, tick: Tick) -> Result<u64, crate::lock::Refusal> {
+        let fence = self
+            .fence
+            .as_ref()
+            .and_then(|seen| seen.value.parse::<u64>().ok())
+            .unwrap_or(0);
+        crate::lock::keys::next_token(fence, tick)
+    }
+
     /// The gets of a read (or of a refused compare-and-swap) of `keys`.
     pub fn from_responses(keys: &Keys, responses: &[TxnOpResponse]) -> Result<Snapshot, String> {
         let one = |index: usize| -> Result<Option<Seen>, String> {
@@ -93,7 +112,8 @@ impl Snapshot {
             claim: one(0)?,
             lease: one(1)?,
             paused: one(2)?,
-            anchor: if keys.anchor.is_some() { one(3)? } else { None },
+            fence: one(3)?,
+            anchor: if keys.anchor.is_some() { one(4)? } else { None },
         })
     }
 }

@@ -131,3 +131,29 @@ fn another_series_of_the_same_tick_holding_the_lease_makes_the_job_busy() {
         Some(ClaimOutcome::Contended { .. })
     ));
 }
+
+/// The token is `max(fence + 1, tick × 1000)`, as on the other stores: a job without a fence (never
+/// claimed, or claimed only by workers that took the revision as the token) starts at the tick's floor,
+/// a fence above the floor goes on from itself, a fence that is not a number counts as none, and a
+/// token past the bound is refused.
+#[test]
+fn the_token_is_above_the_fence_and_the_ticks_floor() {
+    let tick = Tick(1_800_000_000_000);
+    let floor = 1_800_000_000_000_000;
+    let with = |fence: Option<&str>| Snapshot {
+        fence: fence.and_then(key),
+        ..Snapshot::default()
+    };
+    assert_eq!(with(None).next_token(tick), Ok(floor));
+    assert_eq!(with(Some("499")).next_token(tick), Ok(floor));
+    assert_eq!(
+        with(Some(&(floor + 7).to_string())).next_token(tick),
+        Ok(floor + 8)
+    );
+    assert_eq!(with(Some("garbage")).next_token(tick), Ok(floor));
+    let last = crate::lock::keys::MAX_TOKEN.to_string();
+    assert!(matches!(
+        with(Some(&last)).next_token(tick),
+        Err(crate::lock::Refusal::TokenLimit { .. })
+    ));
+}

@@ -23,8 +23,10 @@
 //!
 //! One session per store (one per worker process), connected on first use, in the background, and
 //! again after it expired: a new session never inherits the old one's leases, whose ephemeral nodes the
-//! ensemble deleted with it.
+//! ensemble deleted with it. With digest auth, the first session makes every node under the chroot its
+//! user's before it serves a call (`acl.rs`).
 
+mod acl;
 mod claim;
 mod decide;
 mod lease;
@@ -170,10 +172,17 @@ impl Health for ZookeeperStore {
         }
     }
 
-    /// Starts connecting (a worker starts while ZooKeeper is down: that is not an error).
+    /// Starts connecting (a worker starts while ZooKeeper is down: that is not an error). With auth it
+    /// waits for the first connect, up to the session timeout, and fails if a node of the store cannot
+    /// be made this user's (`acl.rs`), naming it.
     async fn prepare(&self) -> Result<(), StoreError> {
         let _connecting = self.sessions.start();
-        Ok(())
+        match self.sessions.unusable().await {
+            None => Ok(()),
+            Some(why) => Err(StoreError::Zookeeper {
+                reason: format!("{}: {why}", self.hosts.join(",")),
+            }),
+        }
     }
 }
 

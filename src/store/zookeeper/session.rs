@@ -15,12 +15,14 @@
 //! member in a shuffled order, which may be the hung one again: that try costs one more connection
 //! timeout.)
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, FutureExt as _, Shared};
 use zookeeper_client::{Acls, Client, CreateMode, SessionState, TlsOptions};
 
+use super::acl;
 use crate::config::ZookeeperConfig;
 use crate::store::StoreError;
 
@@ -47,7 +49,25 @@ impl Session {
     }
 }
 
-type Connecting = Shared<BoxFuture<'static, Result<Arc<Session>, String>>>;
+/// Why a connect gave no session.
+#[derive(Debug, Clone)]
+pub(super) struct Unconnected {
+    pub why: String,
+    /// Whether the store cannot be used until someone acts (a node of the store that this user cannot
+    /// make its own, `acl.rs`), rather than not yet (the ensemble is down): the worker stops at start.
+    pub unusable: bool,
+}
+
+impl Unconnected {
+    fn later(why: String) -> Unconnected {
+        Unconnected {
+            why,
+            unusable: false,
+        }
+    }
+}
+
+type Connecting = Shared<BoxFuture<'static, Result<Arc<Session>, Unconnected>>>;
 
 /// What a connect needs, kept for every later connect.
 struct Spec {
@@ -66,6 +86,9 @@ struct Spec {
 pub(super) struct Sessions {
     spec: Arc<Spec>,
     connecting: Mutex<Option<Connecting>>,
+    /// Whether a session of this process has walked the whole tree under the chroot and made it this
+    /// user's (with auth: `acl.rs`); later sessions check the chroot and its directories only.
+    walked: Arc<AtomicBool>,
 }
 
 impl Sessions {
@@ -114,6 +137,7 @@ impl Sessions {
         Ok(Sessions {
             spec: Arc::new(spec),
             connecting: Mutex::new(None),
+            walked: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -131,11 +155,11 @@ impl Sessions {
                 Some(_) => {}
             }
         }
-        let spec = Arc::clone(&self.spec);
-        let task = tokio::spawn(connect(spec));
+        let task = tokio::spawn(connect(Arc::clone(&self.spec), Arc::clone(&self.walked)));
         let shared = async move {
-            task.await
-                .unwrap_or_else(|e| Err(format!("the connect task failed: {e}")))
+            task.await.unwrap_or_else(|e| {
+                Err(Unconnected::later(format!("the connect task failed: {e}")))
+            })
         }
         .boxed()
         .shared();
@@ -149,11 +173,22 @@ impl Sessions {
         match tokio::time::timeout(limit, connecting).await {
             Ok(Ok(session)) if session.usable() => Ok(session),
             Ok(Ok(_)) => Err("the session expired; a new one is being connected".to_string()),
-            Ok(Err(why)) => Err(why),
+            Ok(Err(failed)) => Err(failed.why),
             Err(_) => Err(format!(
                 "no session yet (connecting, waited {})",
                 crate::config::show_duration(limit)
             )),
+        }
+    }
+
+    /// With auth, why the store cannot be used, if the first connect says so within the session
+    /// timeout (the ACL walk included); `None` once a session is ready, when the ensemble does not
+    /// answer in that time, and without auth (which makes no walk).
+    pub async fn unusable(&self) -> Option<String> {
+        self.spec.digest.as_ref()?;
+        match tokio::time::timeout(self.spec.timeout, self.start()).await {
+            Ok(Err(failed)) if failed.unusable => Some(failed.why),
+            _ => None,
         }
     }
 
@@ -187,8 +222,9 @@ pub(super) fn connection_timeout(node_timeout: Duration, session_timeout: Durati
         .min(session_timeout * 2 / 5)
 }
 
-/// Connects a new session, makes the chroot's directories, and chroots the client.
-async fn connect(spec: Arc<Spec>) -> Result<Arc<Session>, String> {
+/// Connects a new session, makes the chroot's directories, with auth makes the tree this user's
+/// (`acl.rs`: the whole of it unless `walked`), and chroots the client.
+async fn connect(spec: Arc<Spec>, walked: Arc<AtomicBool>) -> Result<Arc<Session>, Unconnected> {
     let mut connector = Client::connector()
         .with_session_timeout(spec.timeout)
         .with_connection_timeout(spec.connection_timeout);
@@ -204,22 +240,59 @@ async fn connect(spec: Arc<Spec>) -> Result<Arc<Session>, String> {
         }
         None => connector.connect(&spec.hosts).await,
     }
-    .map_err(|e| format!("cannot connect: {e}"))?;
+    .map_err(|e| Unconnected::later(format!("cannot connect: {e}")))?;
     let acls = if spec.digest.is_some() {
         Acls::creator_all()
     } else {
         Acls::anyone_all()
     };
     let options = CreateMode::Persistent.with_acls(acls);
-    for dir in ["jobs", "history", "members", "members-alive", "triggers"] {
-        root.mkdir(&format!("{}/{dir}", spec.chroot), &options)
-            .await
-            .map_err(|e| format!("cannot make {}/{dir}: {e}", spec.chroot))?;
+    for dir in acl::DIRS {
+        let path = format!("{}/{dir}", spec.chroot);
+        match root.mkdir(&path, &options).await {
+            Ok(()) => {}
+            // Another identity's chroot (with auth: this user's walk would stop there too).
+            Err(zookeeper_client::Error::NoAuth) if spec.digest.is_some() => {
+                let acl = match root.get_acl(&spec.chroot).await {
+                    Ok((acl, _)) => acl::show(&acl),
+                    Err(e) => format!("unreadable: {e}"),
+                };
+                return Err(Unconnected {
+                    why: acl::Unfixable {
+                        path: spec.chroot.clone(),
+                        why: format!("this user may not make {path} in it"),
+                        acl,
+                    }
+                    .to_string(),
+                    unusable: true,
+                });
+            }
+            Err(e) => return Err(Unconnected::later(format!("cannot make {path}: {e}"))),
+        }
+    }
+    let id = root.session_id().0;
+    if spec.digest.is_some() {
+        let whole = !walked.load(Ordering::Acquire);
+        match acl::lock_down(&root, &spec.chroot, id, whole).await {
+            Ok(report) => {
+                report.log(&spec.chroot);
+                if whole {
+                    walked.store(true, Ordering::Release);
+                }
+            }
+            Err(acl::Stopped::Unfixable(unfixable)) => {
+                return Err(Unconnected {
+                    why: unfixable.to_string(),
+                    unusable: true,
+                })
+            }
+            Err(acl::Stopped::Failed(why)) => return Err(Unconnected::later(why)),
+        }
     }
     let client = root
         .chroot(spec.chroot.as_str())
-        .map_err(|_| format!("invalid chroot {}", spec.chroot))?;
-    let (id, timeout) = (client.session_id().0, client.session_timeout());
+        .map_err(|_| Unconnected::later(format!("invalid chroot {}", spec.chroot)))?;
+    let timeout = client.session_timeout();
     Ok(Arc::new(Session {
         client,
         id,

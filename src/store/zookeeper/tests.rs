@@ -207,3 +207,116 @@ async fn a_hung_member_costs_its_sessions_four_node_timeouts_not_two_fifths_of_t
         "the first lease lives on with its session"
     );
 }
+
+/// A tree made without auth — 2,000 history entries, a chroot, another session's ephemeral node —
+/// becomes the user's at the first session of a store with auth, before its first claim: every node
+/// then carries the creator's ACL only, which a plain client cannot change. A node another user owns
+/// makes `prepare` fail, naming the node and that user, never a password or a digest's hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_session_with_auth_makes_the_whole_tree_the_users() {
+    use zookeeper_client::{Acl, Acls, AuthId, Client, CreateMode, Permission};
+
+    use crate::store::Health;
+
+    let ensemble = ZkEnsemble::start(1);
+    let hosts = ensemble.addresses().join(",");
+    let plain = Client::connect(&hosts).await.expect("a plain session");
+    let open = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    plain
+        .mkdir("/walked/history/job", &open)
+        .await
+        .expect("made");
+    let writes = (0..2_000).map(|i| {
+        let path = format!("/walked/history/job/{i:020}-x");
+        let (plain, open) = (&plain, &open);
+        async move { plain.create(&path, b"{}", open).await.map(|_| ()) }
+    });
+    for made in futures_util::future::join_all(writes).await {
+        made.expect("made");
+    }
+    let other_session = Client::connect(&hosts).await.expect("another session");
+    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    other_session
+        .create("/walked/history/job/ephemeral", b"", &ephemeral)
+        .await
+        .expect("made");
+
+    let owner = store(&ensemble, "walked", Some(("redcron", "s3cret")));
+    let started = std::time::Instant::now();
+    owner.prepare().await.expect("the tree is made the user's");
+    eprintln!(
+        "2,003 open nodes made the user's in {:?}",
+        started.elapsed()
+    );
+    let request = ClaimRequest::new("w", "job", Tick(1_000), Overlap::Skip, "f");
+    assert!(matches!(
+        claim(&owner, &request).await,
+        ClaimOutcome::Won(_)
+    ));
+    let user = Client::connector()
+        .with_auth("digest", b"redcron:s3cret")
+        .connect(&hosts)
+        .await
+        .expect("the user's session");
+    for path in [
+        "/walked",
+        "/walked/history/job/00000000000000001999-x",
+        "/walked/history/job/ephemeral",
+    ] {
+        let (acl, _) = user.get_acl(path).await.expect("an ACL");
+        assert!(
+            acl.len() == 1 && acl[0].scheme() == "digest",
+            "{path}: {acl:?}"
+        );
+        assert_eq!(
+            plain.set_data(path, b"x", None).await,
+            Err(zookeeper_client::Error::NoAuth),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        plain
+            .delete("/walked/history/job/00000000000000000000-x", None)
+            .await,
+        Err(zookeeper_client::Error::NoAuth)
+    );
+
+    // Another user's node under an open chroot.
+    plain.mkdir("/theirs/jobs", &open).await.expect("made");
+    let mallory = Client::connector()
+        .with_auth("digest", b"mallory:hunter2")
+        .connect(&hosts)
+        .await
+        .expect("mallory's session");
+    // Mallory's, and readable by anyone: this user may read the ACL, not change it.
+    let theirs = [
+        Acl::new(Permission::ALL, AuthId::authed()),
+        Acl::new(Permission::READ, AuthId::anyone()),
+    ];
+    let creator = CreateMode::Persistent.with_acls(Acls::new(&theirs));
+    mallory
+        .create("/theirs/jobs/x", b"", &creator)
+        .await
+        .expect("made");
+    let refused = store(&ensemble, "theirs", Some(("redcron", "s3cret")));
+    let error = refused
+        .prepare()
+        .await
+        .expect_err("another user's node")
+        .to_string();
+    assert!(error.contains("/theirs/jobs/x"), "{error}");
+    assert!(
+        error.contains("digest:mallory:cdrwa,world:anyone:r"),
+        "{error}"
+    );
+    assert!(error.contains("127.0.0.1:"), "names the hosts: {error}");
+    assert!(
+        !error.contains("hunter2") && !error.contains("s3cret"),
+        "{error}"
+    );
+    let (acl, _) = mallory.get_acl("/theirs/jobs/x").await.expect("an ACL");
+    assert!(
+        !error.contains(acl[0].id().split(':').nth(1).unwrap_or("?")),
+        "the digest's hash: {error}"
+    );
+}

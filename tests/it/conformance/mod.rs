@@ -4,7 +4,8 @@
 //!
 //! [`conformance!`] instantiates the whole suite once per store, as `conformance::<store>::<test>`, so that
 //! one store's run is one filter (`cargo test --test it conformance::embedded`); a store's own faults (a
-//! node down or hung, no majority) and the tests that hold for some stores only are listed on its line. A
+//! node down or hung, no majority) and the tests that hold for some stores only are listed on its line (as
+//! `auth`, on every store that has credentials: all but the embedded one). A
 //! new store is one more line at the end of this file (and a variant of `testkit::Backend`).
 //!
 //! Each test starts its own cluster and uses jobs of its own ([`Backend::start_shared`]: on ZooKeeper the
@@ -13,6 +14,7 @@
 //! the stores (etcd's whole-second leases, the embedded store's fsync'd commits) is answered by the
 //! harness ([`Backend::adapt`], [`Backend::expiry`]), so each test says the same for every store.
 
+mod auth;
 mod claims;
 mod faults;
 mod leases;
@@ -119,12 +121,14 @@ macro_rules! conformance {
 }
 
 conformance!(redis, Backend::Redis, extra: [
+    auth::a_client_without_credentials_changes_nothing,
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
     faults::a_minority_down_still_claims_and_a_majority_down_is_no_quorum,
     faults::a_hung_minority_costs_one_node_timeout,
 ]);
 conformance!(etcd, Backend::Etcd, extra: [
+    auth::a_client_without_credentials_changes_nothing,
     faults::a_member_killed_and_restarted_costs_no_grant,
     faults::a_hung_leader_costs_an_election_not_a_grant,
 ]);
@@ -133,11 +137,15 @@ conformance!(embedded, Backend::Embedded, extra: [
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
 ]);
 conformance!(postgres, Backend::Postgres, extra: [
+    auth::a_client_without_credentials_changes_nothing,
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
 ]);
 conformance!(mariadb, Backend::Mariadb, extra: [
+    auth::a_client_without_credentials_changes_nothing,
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
 ]);
-conformance!(zookeeper, Backend::Zookeeper, extra: []);
+conformance!(zookeeper, Backend::Zookeeper, extra: [
+    auth::a_client_without_credentials_changes_nothing,
+]);
