@@ -474,12 +474,8 @@ fn one_server_under_two_names_wins_no_tick() {
     cluster.kill(1);
     let dir = TestDir::new();
     let job = "  - name: every-second\n    schedule: \"* * * * * *\"\n    command: 'true'\n";
-    let yaml = crate::support::worker_config(
-        crate::support::Backend::Redis,
-        &urls,
-        "  id: w\n",
-        job,
-    );
+    let yaml =
+        crate::support::worker_config(crate::support::Backend::Redis, &urls, "  id: w\n", job);
     let path = dir.write_config(&yaml);
     let (code, _, stderr) = crate::cli::output(
         crate::cli::redcron(dir.path())
@@ -489,7 +485,9 @@ fn one_server_under_two_names_wins_no_tick() {
     );
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains(&format!("redis://127.0.0.1:{port} and redis://localhost:{port} are one server")),
+        stderr.contains(&format!(
+            "redis://127.0.0.1:{port} and redis://localhost:{port} are one server"
+        )),
         "{stderr}"
     );
     let worker = Worker::spawn(&path, &[]);

@@ -274,8 +274,11 @@ async fn one_server_under_two_names_votes_once() {
     for tick in 1..=5 {
         let why = no_quorum(&store, &request("w", "aliased", tick * 1_000)).await;
         assert!(
-            why.contains(&format!("node redis://localhost:{port} is the same server as node redis://127.0.0.1:{port}"))
-                || why.contains(&format!("node redis://127.0.0.1:{port} is the same server as node redis://localhost:{port}")),
+            why.contains(&format!(
+                "node redis://localhost:{port} is the same server as node redis://127.0.0.1:{port}"
+            )) || why.contains(&format!(
+                "node redis://127.0.0.1:{port} is the same server as node redis://localhost:{port}"
+            )),
             "tick {tick}: the failure names both names of the server: {why}"
         );
     }
@@ -287,6 +290,7 @@ async fn one_server_under_two_names_votes_once() {
 /// node voted and the claim was won.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_evicts_keys_does_not_vote() {
+    use redcron::store::Health as _;
     let mut cluster = RedisCluster::start(3);
     let policy = |name: &str| {
         let mut set = ::redis::cmd("CONFIG");
@@ -296,11 +300,15 @@ async fn a_node_that_evicts_keys_does_not_vote() {
     cluster.query::<()>(0, &policy("allkeys-lru"));
     cluster.query::<()>(1, &policy("volatile-ttl"));
     let store = RedisStore::new(&cluster.urls(), settings(2_000)).expect("urls");
+    // As the worker does at start: every node identified before the first claim.
+    store.prepare().await.expect("prepare never fails");
     let why = no_quorum(&store, &request("w", "evicted", 1_000)).await;
     for (node, name) in [(0, "allkeys-lru"), (1, "volatile-ttl")] {
         assert!(
-            why.contains(&format!("node {} evicts keys (maxmemory-policy {name})", cluster.url(node)))
-                && why.contains("CONFIG SET maxmemory-policy noeviction"),
+            why.contains(&format!(
+                "node {} evicts keys (maxmemory-policy {name})",
+                cluster.url(node)
+            )) && why.contains("CONFIG SET maxmemory-policy noeviction"),
             "node {node} refused with the fix: {why}"
         );
     }
@@ -316,10 +324,14 @@ async fn a_node_that_evicts_keys_does_not_vote() {
     let deadline = std::time::Instant::now() + Duration::from_secs(25);
     let mut tick = 3_000;
     loop {
-        let outcome = store.claim_many(&[request("w", "evicted", tick)]).await.remove(0);
+        let outcome = store
+            .claim_many(&[request("w", "evicted", tick)])
+            .await
+            .remove(0);
         match outcome {
             ClaimOutcome::NoQuorum(failure)
-                if format!("{:?}", failure.failures).contains("maxmemory-policy allkeys-random") =>
+                if format!("{:?}", failure.failures)
+                    .contains("maxmemory-policy allkeys-random") =>
             {
                 break
             }
@@ -360,7 +372,9 @@ async fn nodes_restarted_empty_one_after_another_never_grant_a_running_tick_agai
             tokio::time::sleep(Duration::from_millis(400)).await;
             match holder.renew(&mut lease).await {
                 Ok(()) | Err(RenewError::Unconfirmed(_)) => {}
-                Err(error) => panic!("the holder lost its lease after node {node} restarted: {error}"),
+                Err(error) => {
+                    panic!("the holder lost its lease after node {node} restarted: {error}")
+                }
             }
         }
         let late = watcher
@@ -385,7 +399,12 @@ async fn nodes_restarted_empty_one_after_another_never_grant_a_running_tick_agai
         "the tick was granted again after its run released it: {after:?}"
     );
     let next = won(settled_on(&fresh, &request("d", "restarted", tick + 60_000)).await);
-    assert!(next.token > lease.token, "{} after {}", next.token, lease.token);
+    assert!(
+        next.token > lease.token,
+        "{} after {}",
+        next.token,
+        lease.token
+    );
 }
 
 /// `request`'s outcome on `store` once final, retried as the worker does.
@@ -393,7 +412,10 @@ async fn settled_on(store: &RedisStore, request: &redcron::lock::ClaimRequest) -
     use redcron::store::Claims as _;
     let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let outcome = store.claim_many(std::slice::from_ref(request)).await.remove(0);
+        let outcome = store
+            .claim_many(std::slice::from_ref(request))
+            .await
+            .remove(0);
         match outcome.retry_in() {
             Some(wait) if tokio::time::Instant::now() + wait < give_up => {
                 tokio::time::sleep(wait.max(Duration::from_millis(10))).await;

@@ -284,11 +284,17 @@ impl RedisStore {
                 .unwrap_or_default();
             let calls = Calls::new(
                 &scripts::RENEW,
-                renewals
-                    .iter()
-                    .map(|(keys, [value, token, tick])| {
-                        (keys, [value.as_str(), ttl_ms.as_str(), token.as_str(), tick.as_str()])
-                    }),
+                renewals.iter().map(|(keys, [value, token, tick])| {
+                    (
+                        keys,
+                        [
+                            value.as_str(),
+                            ttl_ms.as_str(),
+                            token.as_str(),
+                            tick.as_str(),
+                        ],
+                    )
+                }),
             );
             let answers = self
                 .round(

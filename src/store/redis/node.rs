@@ -112,7 +112,8 @@ impl Node {
             }
         }
         let (client, config) = (self.client.clone(), self.config.clone());
-        let (registry, index, bound) = (Arc::clone(&self.registry), self.index, self.connect_timeout);
+        let (registry, index, bound) =
+            (Arc::clone(&self.registry), self.index, self.connect_timeout);
         let opening = async move {
             let mut connection = client
                 .get_multiplexed_async_connection_with_config(&config)
@@ -167,7 +168,8 @@ impl Node {
         let (registry, index) = (Arc::clone(&self.registry), self.index);
         let (session, timeout) = (Arc::clone(session), RECHECK);
         tokio::spawn(async move {
-            if let Ok(Ok(identity)) = tokio::time::timeout(timeout, identify(&mut connection)).await {
+            if let Ok(Ok(identity)) = tokio::time::timeout(timeout, identify(&mut connection)).await
+            {
                 if identity != session.current() {
                     registry.admit(index, &identity);
                     if let Ok(mut latest) = session.latest.lock() {
