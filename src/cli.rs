@@ -265,6 +265,22 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     for warning in &config.warnings {
         out.push_str(&format!("warning: {warning}\n"));
     }
+    // Two names of one server would vote twice; a worker refuses the second (by `run_id`), and this
+    // catches what resolves to one address before any worker starts.
+    if let crate::config::StoreConfig::Redis(redis) = &config.store {
+        let shared = crate::store::redis::node::shared_addresses(&redis.nodes);
+        if !shared.is_empty() {
+            for (first, second, address) in shared {
+                say_error(&format!(
+                    "{}: redis nodes {first} and {second} are one server ({address}): it would vote \
+                     once, not twice, and the majority would be out of reach sooner; list each server \
+                     once in redis.nodes",
+                    config.path.display()
+                ));
+            }
+            return Ok(ExitCode::from(Exit::Usage));
+        }
+    }
     let (jobs, warnings) = (config.jobs.len(), config.warnings.len());
     out.push_str(&format!(
         "{}: OK, {jobs} job{}, {warnings} warning{}\n",

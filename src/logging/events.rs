@@ -101,6 +101,13 @@ events! {
         ENTRY_SKIPPED = "store.entry_skipped";
         /// WARN: nodes of the ZooKeeper store had another ACL than its user's and were given it.
         ACL_FIXED = "store.acl_fixed";
+        /// ERROR, per connection: a Redis node's answers do not count (a replica, an evicting or Cluster
+        /// server, or a second name of a server another node is).
+        NODE_REFUSED = "store.node_refused";
+        /// WARN: a Redis node's `run_id` changed (it restarted); it does not count for one TTL.
+        NODE_RESTARTED = "store.node_restarted";
+        /// WARN, once per server: a Redis node runs without `appendonly yes` and `appendfsync always`.
+        NODE_UNSAFE = "store.node_unsafe";
     }
 
     /// A job as the cluster sees it.

@@ -357,3 +357,154 @@ async fn a_claim_record_of_another_type_is_taken_as_claimed() {
         assert_eq!(kind, "hash", "node {node}");
     }
 }
+
+/// The events named `event` that `worker` logged for `node`.
+fn node_events(worker: &Worker, event: &str, node: &str) -> Vec<serde_json::Value> {
+    worker
+        .events(event)
+        .into_iter()
+        .filter(|e| e["node"] == node)
+        .collect()
+}
+
+/// Sleeps until the wall clock is 1–4 s past a multiple of 30 s, so that a job on `*/30 * * * * *`
+/// started now races a tick that has most of its window left.
+fn just_after_a_half_minute() {
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let into = now.as_millis() % 30_000;
+        if (1_000..4_000).contains(&into) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Finding 55.5: two of three nodes restarted empty one after the other (each a minority at its time)
+/// while a 12 s run goes on: the run keeps its lease to its end, and a worker started after the restarts,
+/// racing the same tick within its grace, does not run it again. The holder's renewals put its lease,
+/// record and fence back on each restarted node. Without that, the second worker won the running tick
+/// with the same token, and the first run was stopped on `lease.lost`.
+#[test]
+fn two_nodes_restarted_empty_during_a_long_run_never_run_its_tick_again() {
+    let mut cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let job = "  - name: long\n    schedule: \"*/30 * * * * *\"\n    misfire_grace: 29s\n    command: 'sleep 12'\n";
+    just_after_a_half_minute();
+    let first = Worker::spawn(
+        dir.write_config(&crate::worker::config(&cluster, "  id: first\n", job)),
+        &[],
+    );
+    let started = first
+        .wait_for_event("run.started", Duration::from_secs(10))
+        .expect("the first worker runs the tick");
+    for node in [0, 1] {
+        cluster.restart(node);
+        // Past the hold (the TTL, 2 s) and a few renewals (every 500 ms).
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    let second = Worker::spawn(
+        dir.write_config(&crate::worker::config(&cluster, "  id: second\n", job)),
+        &[],
+    );
+    second
+        .wait_for_event("worker.started", Duration::from_secs(10))
+        .expect("the second worker starts");
+    let finished = first
+        .wait_for_event("run.finished", Duration::from_secs(20))
+        .expect("the first run ends");
+    std::thread::sleep(Duration::from_secs(2));
+    let again: Vec<_> = second
+        .events("run.started")
+        .into_iter()
+        .filter(|e| e["tick"] == started["tick"])
+        .collect();
+    assert!(
+        again.is_empty(),
+        "tick {} ran again on the second worker: {again:?} (first: {started})",
+        started["tick"]
+    );
+    assert_eq!(
+        finished["outcome"], "success",
+        "the first run kept its lease: {finished}"
+    );
+}
+
+/// Finding 55.5 (b): a read-only replica listed as a node is refused at start, with an ERROR that names
+/// it, instead of silently never voting until another node fails.
+#[test]
+fn a_replica_listed_as_a_node_is_refused_at_start() {
+    let cluster = RedisCluster::start(3);
+    let mut replicaof = ::redis::cmd("REPLICAOF");
+    replicaof.arg("127.0.0.1").arg(cluster.port(1));
+    cluster.query::<()>(0, &replicaof);
+    let dir = TestDir::new();
+    let job = "  - name: tick\n    schedule: \"*/30 * * * * *\"\n    command: 'true'\n";
+    let worker = Worker::spawn(
+        dir.write_config(&crate::worker::config(&cluster, "  id: w\n", job)),
+        &[],
+    );
+    let refused = worker
+        .wait_for(Duration::from_secs(10), |e| {
+            e["event"] == "store.node_refused" && e["node"] == cluster.url(0).as_str()
+        })
+        .expect("the replica is refused at start");
+    assert_eq!(refused["level"], "ERROR", "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap_or("").contains("replica"),
+        "{refused}"
+    );
+    assert!(node_events(&worker, "store.node_refused", &cluster.url(1)).is_empty());
+}
+
+/// Finding 55.4: one server under two names (`127.0.0.1` and `localhost`) and a node that is down: a
+/// worker wins no tick (one server is one vote of three), logs an ERROR naming both names, and `redcron
+/// check` fails on the config, naming both. Without it, every tick was won on the one server.
+#[test]
+fn one_server_under_two_names_wins_no_tick() {
+    let mut cluster = RedisCluster::start(2);
+    let port = cluster.port(0);
+    let urls = [
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}"),
+        cluster.url(1),
+    ];
+    cluster.kill(1);
+    let dir = TestDir::new();
+    let job = "  - name: every-second\n    schedule: \"* * * * * *\"\n    command: 'true'\n";
+    let yaml =
+        crate::support::worker_config(crate::support::Backend::Redis, &urls, "  id: w\n", job);
+    let path = dir.write_config(&yaml);
+    let (code, _, stderr) = crate::cli::output(
+        crate::cli::redcron(dir.path())
+            .arg("check")
+            .arg("--config")
+            .arg(&path),
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "redis://127.0.0.1:{port} and redis://localhost:{port} are one server"
+        )),
+        "{stderr}"
+    );
+    let worker = Worker::spawn(&path, &[]);
+    let refused = worker
+        .wait_for_event("store.node_refused", Duration::from_secs(10))
+        .expect("the second name is refused");
+    let error = refused["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains(&format!("redis://127.0.0.1:{port}"))
+            && error.contains(&format!("redis://localhost:{port}"))
+            && error.contains("same server"),
+        "{refused}"
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        worker.events("run.started").is_empty(),
+        "a tick was won on one server: {:?}",
+        worker.events("run.started")
+    );
+}

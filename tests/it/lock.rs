@@ -243,3 +243,184 @@ async fn renewals_asked_for_together_are_each_decided_on_their_own() {
         );
     }
 }
+
+/// The failures of a claim of `request` that no majority would grant: every node's reason, as the worker
+/// logs them; panics if the claim is granted or refused for another cause.
+async fn no_quorum(store: &RedisStore, request: &redcron::lock::ClaimRequest) -> String {
+    use redcron::store::Claims as _;
+    let outcome = store.claim_many(std::slice::from_ref(request)).await;
+    match outcome.into_iter().next() {
+        Some(ClaimOutcome::NoQuorum(failure)) => format!("{:?}", failure.failures),
+        other => panic!("expected no majority, got {other:?}"),
+    }
+}
+
+/// Finding 55.4: one server listed under two names (`127.0.0.1` and `localhost`) beside a node that is
+/// down votes once, not twice: no claim is granted (1 of 3 votes), and the failure names both names of the
+/// server. Without identifying nodes by `run_id`, every claim was won on the one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_under_two_names_votes_once() {
+    use redcron::store::Health as _;
+    let mut cluster = RedisCluster::start(2);
+    let port = cluster.port(0);
+    let urls = [
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}"),
+        cluster.url(1),
+    ];
+    cluster.kill(1);
+    let store = RedisStore::new(&urls, settings(2_000)).expect("urls");
+    store.prepare().await.expect("prepare never fails");
+    for tick in 1..=5 {
+        let why = no_quorum(&store, &request("w", "aliased", tick * 1_000)).await;
+        assert!(
+            why.contains(&format!(
+                "node redis://localhost:{port} is the same server as node redis://127.0.0.1:{port}"
+            )) || why.contains(&format!(
+                "node redis://127.0.0.1:{port} is the same server as node redis://localhost:{port}"
+            )),
+            "tick {tick}: the failure names both names of the server: {why}"
+        );
+    }
+}
+
+/// Finding 55.5 (a): a node that evicts keys (`maxmemory-policy allkeys-lru`) does not vote — beside a
+/// node that is down, no claim is granted — and the failure names it and the fix. The policy is also
+/// noticed when it changes on a live connection (read again every 10 s). Without the check, the evicting
+/// node voted and the claim was won.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_evicts_keys_does_not_vote() {
+    use redcron::store::Health as _;
+    let mut cluster = RedisCluster::start(3);
+    let policy = |name: &str| {
+        let mut set = ::redis::cmd("CONFIG");
+        set.arg("SET").arg("maxmemory-policy").arg(name);
+        set
+    };
+    cluster.query::<()>(0, &policy("allkeys-lru"));
+    cluster.query::<()>(1, &policy("volatile-ttl"));
+    let store = RedisStore::new(&cluster.urls(), settings(2_000)).expect("urls");
+    // As the worker does at start: every node identified before the first claim.
+    store.prepare().await.expect("prepare never fails");
+    let why = no_quorum(&store, &request("w", "evicted", 1_000)).await;
+    for (node, name) in [(0, "allkeys-lru"), (1, "volatile-ttl")] {
+        assert!(
+            why.contains(&format!(
+                "node {} evicts keys (maxmemory-policy {name})",
+                cluster.url(node)
+            )) && why.contains("CONFIG SET maxmemory-policy noeviction"),
+            "node {node} refused with the fix: {why}"
+        );
+    }
+    // Fixed on node 1 (a new store connects anew): claims are won on nodes 1 and 2 only.
+    cluster.query::<()>(1, &policy("noeviction"));
+    let store = RedisStore::new(&cluster.urls(), settings(2_000)).expect("urls");
+    use redcron::store::Claims as _;
+    let lease = won(settled_on(&store, &request("w", "evicted", 2_000)).await);
+    store.release(&lease).await;
+    // Broken again on the live connection: noticed at the next reading of the checks.
+    cluster.query::<()>(1, &policy("allkeys-random"));
+    cluster.kill(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(25);
+    let mut tick = 3_000;
+    loop {
+        let outcome = store
+            .claim_many(&[request("w", "evicted", tick)])
+            .await
+            .remove(0);
+        match outcome {
+            ClaimOutcome::NoQuorum(failure)
+                if format!("{:?}", failure.failures)
+                    .contains("maxmemory-policy allkeys-random") =>
+            {
+                break
+            }
+            ClaimOutcome::Won(lease) => store.release(&lease).await,
+            _ => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a policy changed on a live connection was never noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tick += 1_000;
+    }
+}
+
+/// Finding 55.5 (c): two of three nodes restarted empty one after the other while a lease is held and
+/// renewed — each a minority at its time — never let the tick be granted again: not to a store that saw
+/// the restarts, nor to one that connects only afterwards, and not after the holder released it. The
+/// holder's renewals put its lease, record and fence back on each restarted node (`scripts::RENEW`),
+/// and a restarted node does not count for one TTL. Without them, the tick was granted a second time
+/// with the first grant's token, and the holder's lease was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_restarted_empty_one_after_another_never_grant_a_running_tick_again() {
+    use redcron::store::Claims as _;
+    let mut cluster = RedisCluster::start(3);
+    let lock = settings(2_000);
+    let holder = RedisStore::new(&cluster.urls(), lock.clone()).expect("urls");
+    let watcher = RedisStore::new(&cluster.urls(), lock.clone()).expect("urls");
+    let tick = 60_000;
+    let mut lease = won(settled_on(&holder, &request("a", "restarted", tick)).await);
+    let _ = settled_on(&watcher, &request("warm-up", "warm-up", 1)).await;
+    for node in [0, 1] {
+        cluster.restart(node);
+        // The holder renews every 400 ms, as the watchdog would, past the restarted node's hold (the
+        // TTL and its drift).
+        let until = tokio::time::Instant::now() + Duration::from_secs(3);
+        while tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            match holder.renew(&mut lease).await {
+                Ok(()) | Err(RenewError::Unconfirmed(_)) => {}
+                Err(error) => {
+                    panic!("the holder lost its lease after node {node} restarted: {error}")
+                }
+            }
+        }
+        let late = watcher
+            .claim_many(&[request(&format!("b{node}"), "restarted", tick)])
+            .await
+            .remove(0);
+        assert!(
+            !matches!(late, ClaimOutcome::Won(_)),
+            "after node {node} restarted empty, the running tick was granted again: {late:?}"
+        );
+    }
+    let fresh = RedisStore::new(&cluster.urls(), lock.clone()).expect("urls");
+    let again = settled_on(&fresh, &request("c", "restarted", tick)).await;
+    assert!(
+        matches!(again, ClaimOutcome::AlreadyClaimed { .. }),
+        "a store that connected after the restarts was granted the running tick: {again:?}"
+    );
+    holder.release(&lease).await;
+    let after = settled_on(&fresh, &request("d", "restarted", tick)).await;
+    assert!(
+        matches!(after, ClaimOutcome::AlreadyClaimed { .. }),
+        "the tick was granted again after its run released it: {after:?}"
+    );
+    let next = won(settled_on(&fresh, &request("d", "restarted", tick + 60_000)).await);
+    assert!(
+        next.token > lease.token,
+        "{} after {}",
+        next.token,
+        lease.token
+    );
+}
+
+/// `request`'s outcome on `store` once final, retried as the worker does.
+async fn settled_on(store: &RedisStore, request: &redcron::lock::ClaimRequest) -> ClaimOutcome {
+    use redcron::store::Claims as _;
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let outcome = store
+            .claim_many(std::slice::from_ref(request))
+            .await
+            .remove(0);
+        match outcome.retry_in() {
+            Some(wait) if tokio::time::Instant::now() + wait < give_up => {
+                tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+            }
+            _ => return outcome,
+        }
+    }
+}

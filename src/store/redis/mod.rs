@@ -24,6 +24,7 @@
 //! nodes' clocks (`TIME`), for cluster time and readiness; `history.rs` run history and membership;
 //! `pause.rs` pauses; `triggers.rs` trigger requests.
 
+mod admission;
 mod claim;
 mod history;
 mod keeper;
@@ -52,7 +53,9 @@ use crate::clock::cluster::Readings;
 use crate::history::HistorySettings;
 use crate::lock::keys::{attempt_value, claim_keys, lease_key};
 use crate::lock::quorum::{quorum, Vote};
-use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError};
+use crate::lock::{
+    validity, ClaimOutcome, ClaimRequest, Lease, LockSettings, Overlap, RenewError, Series,
+};
 use crate::schedule::Tick;
 
 /// Leases, claims and fencing tokens on a majority of N independent Redis nodes.
@@ -115,9 +118,15 @@ impl RedisStore {
         // `rediss://` nodes need a TLS crypto provider; rustls no longer picks one by itself. Installing
         // fails only if one is already installed, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let labels = urls.iter().map(|url| node::redact(url)).collect();
+        // Held off after a restart: the TTL and its drift, by when every lease of before it has expired
+        // or been renewed (which restores it on the node), and every round under way then has ended.
+        let hold = settings.ttl + validity::drift(settings.ttl, settings.drift_factor);
+        let registry = Arc::new(admission::Registry::new(labels, hold));
         let nodes = urls
             .iter()
-            .map(|url| Node::new(url, settings.node_timeout))
+            .enumerate()
+            .map(|(index, url)| Node::new(url, index, settings.node_timeout, Arc::clone(&registry)))
             .collect::<Result<Vec<_>, _>>()?;
         nodes.iter().for_each(Node::warm_up);
         Ok(RedisStore {
@@ -237,13 +246,26 @@ impl RedisStore {
             leases.iter().map(|_| None).collect();
         // Each renewal's stopwatch starts before its pipeline is sent.
         let mut sent: Vec<(usize, BootInstant)> = Vec::new();
-        let mut renewals: Vec<([String; 1], String)> = Vec::new();
+        // Per renewal: the lease, fence and claim keys; the value, the token, and the tick of a scheduled
+        // run (what `RENEW` puts back on a node that forgot the lease).
+        let mut renewals: Vec<([String; 3], [String; 3])> = Vec::new();
         for (index, lease) in leases.iter_mut().enumerate() {
             match lease.start_renewal() {
                 Ok(start) => {
+                    let [key, fence, claim, _] = claim_keys(
+                        &settings.key_prefix,
+                        &lease.job,
+                        lease.tick,
+                        lease.overlap,
+                        &lease.series,
+                    );
+                    let tick = match lease.series {
+                        Series::Schedule => lease.tick.as_millis().to_string(),
+                        _ => String::new(),
+                    };
                     renewals.push((
-                        [lease_key(&settings.key_prefix, lease)],
-                        lease.value.clone(),
+                        [key, fence, claim],
+                        [lease.value.clone(), lease.token.to_string(), tick],
                     ));
                     sent.push((index, start));
                 }
@@ -262,9 +284,17 @@ impl RedisStore {
                 .unwrap_or_default();
             let calls = Calls::new(
                 &scripts::RENEW,
-                renewals
-                    .iter()
-                    .map(|(key, value)| (key, [value.as_str(), ttl_ms.as_str()])),
+                renewals.iter().map(|(keys, [value, token, tick])| {
+                    (
+                        keys,
+                        [
+                            value.as_str(),
+                            ttl_ms.as_str(),
+                            token.as_str(),
+                            tick.as_str(),
+                        ],
+                    )
+                }),
             );
             let answers = self
                 .round(
@@ -406,8 +436,18 @@ impl Health for RedisStore {
         Ok(Some(self.read_time().await))
     }
 
-    /// Nothing to prepare: ready at once.
+    /// Opens and identifies every node's connection, all at once and each within its connection timeout
+    /// (2 s, or 4 × `node_timeout` if longer), so that the checks' errors and warnings are logged at start
+    /// and two names of one server are told apart before any claim (`admission`). Never fails: a node
+    /// down or refused at start is a failed vote, and is identified again when it answers.
     async fn prepare(&self) -> Result<(), StoreError> {
+        let timeout = std::time::Duration::from_secs(2).max(self.settings.node_timeout * 4);
+        let opening: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .map(|node| node.identify(timeout))
+            .collect();
+        opening.collect::<Vec<_>>().await;
         Ok(())
     }
 }

@@ -1,15 +1,22 @@
-//! One Redis node of the lock: its address (never shown with a password) and its connection.
+//! One Redis node of the lock: its address (never shown with a password), its connection, and whether
+//! its answers count ([`super::admission`]).
 //!
-//! Connections are opened lazily and re-opened by redis-rs's `ConnectionManager` after an I/O error, so a
-//! node that is down when the worker starts, or that dies later, is simply a failed vote until it is back.
-//! Every request is bounded by the caller's per-node timeout: a hung node (SIGSTOP, a black-holed route)
-//! costs one timeout per round, never a TCP or client timeout.
+//! The connection is opened lazily and opened again after an I/O error, so a node that is down when the
+//! worker starts, or that dies later, is simply a failed vote until it is back. Each new connection is
+//! identified (`INFO`) before anything is sent on it, so no answer of a server that restarted, is a
+//! replica, evicts keys, or is another node under a second name counts by accident. Every request is
+//! bounded by the caller's per-node timeout: a hung node (SIGSTOP, a black-holed route) costs one timeout
+//! per round, never a TCP or client timeout.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Pipeline, Value};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Pipeline, Value};
+use tokio::time::Instant;
 
+use super::admission::{self, Identity, Registry, Standing, RECHECK};
 use crate::store::StoreError;
 
 /// The address of a node for logs and errors: the URL with any password replaced by `***`.
@@ -32,44 +39,152 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// A Redis node: a lazily connected, self-reconnecting multiplexed connection.
+/// A Redis node: a lazily connected, self-reconnecting multiplexed connection whose server was
+/// identified before its first use.
 pub(crate) struct Node {
     /// The redacted address, for logs and errors.
     pub(crate) label: String,
-    connection: ConnectionManager,
+    index: usize,
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    /// How long opening and identifying a connection may take.
+    connect_timeout: Duration,
+    registry: Arc<Registry>,
+    /// The connection in use or on its way; `None` before the first and after one failed.
+    link: Mutex<Option<Connecting>>,
+}
+
+/// A connection being opened and identified, shared by every request that waits for it.
+type Connecting = Shared<BoxFuture<'static, Result<Arc<Session>, String>>>;
+
+/// An open, identified connection.
+struct Session {
+    connection: MultiplexedConnection,
+    identity: Identity,
+    /// When the checks were last read on this connection.
+    checked: Mutex<Instant>,
+    /// What a later reading of the checks said, if it differs from the first.
+    latest: Mutex<Option<Identity>>,
 }
 
 impl Node {
-    /// Prepares a node from its URL without connecting (the connection is opened on first use).
-    pub(crate) fn new(url: &str, node_timeout: Duration) -> Result<Node, StoreError> {
+    /// Prepares node `index` from its URL without connecting (the connection is opened on first use);
+    /// `registry` is shared by the store's nodes.
+    pub(crate) fn new(
+        url: &str,
+        index: usize,
+        node_timeout: Duration,
+        registry: Arc<Registry>,
+    ) -> Result<Node, StoreError> {
         let label = redact(url);
         let client = redis::Client::open(url).map_err(|error| StoreError::InvalidNode {
             url: label.clone(),
             reason: error.to_string().replace(url, &label),
         })?;
-        let config = ConnectionManagerConfig::new()
-            // Connecting may take longer than one vote (TLS, a remote link); the attempt goes on in the
-            // background while votes that cannot wait for it count the node as failed.
-            .set_connection_timeout(Some(Duration::from_secs(2).max(node_timeout * 4)))
-            // One attempt per reconnection: the rounds retry by themselves, and a long backoff inside the
-            // manager would only hide a node that is back.
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500))
-            // No response timeout here: each round bounds its own wait (see `query`).
+        // Connecting may take longer than one vote (TLS, a remote link); the attempt goes on in the
+        // background while votes that cannot wait for it count the node as failed.
+        let connect_timeout = Duration::from_secs(2).max(node_timeout * 4);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            // No response timeout here: each round bounds its own wait (see `eval`).
             .set_response_timeout(None);
-        let connection =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|error| {
-                StoreError::InvalidNode {
-                    url: label.clone(),
-                    reason: error.to_string(),
-                }
-            })?;
-        Ok(Node { label, connection })
+        Ok(Node {
+            label,
+            index,
+            client,
+            config,
+            connect_timeout,
+            registry,
+            link: Mutex::new(None),
+        })
     }
 
-    /// Sends a pipeline of `EVALSHA`s and returns one value per command, or why the node failed, all
-    /// within `timeout`.
+    /// The connection in use, or the one on its way (started now if there is none, or the last failed).
+    fn connecting(&self) -> Connecting {
+        let Ok(mut link) = self.link.lock() else {
+            return async { Err("the node's connection lock is poisoned (a bug)".to_string()) }
+                .boxed()
+                .shared();
+        };
+        if let Some(current) = link.as_ref() {
+            if !matches!(current.peek(), Some(Err(_))) {
+                return current.clone();
+            }
+        }
+        let (client, config) = (self.client.clone(), self.config.clone());
+        let (registry, index, bound) =
+            (Arc::clone(&self.registry), self.index, self.connect_timeout);
+        let opening = async move {
+            let mut connection = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(|error| error.to_string())?;
+            // A server that accepts and then hangs must not hold the connection up for good.
+            let identity = tokio::time::timeout(bound, identify(&mut connection))
+                .await
+                .map_err(|_| format!("INFO: no answer within {} ms", bound.as_millis()))??;
+            registry.admit(index, &identity);
+            Ok(Arc::new(Session {
+                connection,
+                identity,
+                checked: Mutex::new(Instant::now()),
+                latest: Mutex::new(None),
+            }))
+        }
+        .boxed()
+        .shared();
+        // Opened in the background, so that a vote that gives up on it does not stop it.
+        tokio::spawn(opening.clone().map(|_| ()));
+        *link = Some(opening.clone());
+        opening
+    }
+
+    /// Forgets `session` after it failed, so that the next request opens a new connection (unless one
+    /// is already on its way).
+    fn drop_session(&self, session: &Arc<Session>) {
+        let Ok(mut link) = self.link.lock() else {
+            return;
+        };
+        let is_current = matches!(
+            link.as_ref().and_then(|current| current.peek()),
+            Some(Ok(current)) if Arc::ptr_eq(current, session)
+        );
+        if is_current {
+            *link = None;
+        }
+    }
+
+    /// Reads the checks again on `session` in the background, when the last reading is older than
+    /// [`RECHECK`]: a `CONFIG SET` or `REPLICAOF` on a live server changes nothing on the connection.
+    fn recheck(&self, session: &Arc<Session>) {
+        let Ok(mut checked) = session.checked.lock() else {
+            return;
+        };
+        if checked.elapsed() < RECHECK {
+            return;
+        }
+        *checked = Instant::now();
+        let mut connection = session.connection.clone();
+        let (registry, index) = (Arc::clone(&self.registry), self.index);
+        let (session, timeout) = (Arc::clone(session), RECHECK);
+        tokio::spawn(async move {
+            if let Ok(Ok(identity)) = tokio::time::timeout(timeout, identify(&mut connection)).await
+            {
+                if identity != session.current() {
+                    registry.admit(index, &identity);
+                    if let Ok(mut latest) = session.latest.lock() {
+                        *latest = Some(identity);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Sends a pipeline of `EVALSHA`s and returns one value per command, or why the node failed or does
+    /// not count, all within `timeout`.
+    ///
+    /// A node refused by its checks ([`super::admission`]) is sent nothing; one held off (restarted) is
+    /// sent the pipeline, so that its writes land, and its answer counts as a failure that says why.
     ///
     /// A node that restarted (or flushed its script cache) answers `NOSCRIPT`; the scripts are then loaded
     /// and the pipeline sent once more. That is safe because a `NOSCRIPT` command did not run, and every
@@ -80,7 +195,20 @@ impl Node {
         pipeline: &Pipeline,
         timeout: Duration,
     ) -> Result<Vec<Value>, String> {
-        let mut connection = self.connection.clone();
+        let deadline = Instant::now() + timeout;
+        let no_answer = || format!("no answer within {} ms", timeout.as_millis());
+        let session = match tokio::time::timeout_at(deadline, self.connecting()).await {
+            Ok(Ok(session)) => session,
+            Ok(Err(error)) => return Err(error),
+            Err(_) => return Err(no_answer()),
+        };
+        self.recheck(&session);
+        let identity = session.current();
+        let standing = self.registry.standing(self.index, &identity);
+        if let Standing::Refused(why) = standing {
+            return Err(why);
+        }
+        let mut connection = session.connection.clone();
         let exchange = async {
             let first = pipeline.query_async::<Vec<Value>>(&mut connection).await;
             if !needs_scripts(&first) {
@@ -102,22 +230,95 @@ impl Node {
             load.query_async::<()>(&mut connection).await?;
             pipeline.query_async::<Vec<Value>>(&mut connection).await
         };
-        match tokio::time::timeout(timeout, exchange).await {
-            Ok(Ok(values)) => Ok(values),
-            Ok(Err(error)) => Err(error.to_string()),
+        let values = match tokio::time::timeout_at(deadline, exchange).await {
+            Ok(Ok(values)) => values,
+            Ok(Err(error)) => {
+                if error.is_unrecoverable_error() || error.is_io_error() {
+                    self.drop_session(&session);
+                }
+                return Err(error.to_string());
+            }
+            Err(_) => return Err(no_answer()),
+        };
+        // Decided after the answer too: a hold or a refusal that began while the pipeline was on its way
+        // (another name of the server was admitted meanwhile) counts.
+        match self.registry.standing(self.index, &identity) {
+            Standing::Counted => Ok(values),
+            Standing::HeldOff(why, _) | Standing::Refused(why) => Err(why),
+        }
+    }
+
+    /// Opens and identifies the connection now (if it is not open yet), within `timeout`: what this node
+    /// is, or why it could not be told.
+    pub(crate) async fn identify(&self, timeout: Duration) -> Result<(), String> {
+        match tokio::time::timeout(timeout, self.connecting()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(error),
             Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
         }
     }
 
     /// Starts connecting in the background, so that the first round does not pay for the connection.
     pub(crate) fn warm_up(&self) {
-        let mut connection = self.connection.clone();
-        tokio::spawn(async move {
-            let _ = redis::cmd("PING")
-                .query_async::<Value>(&mut connection)
-                .await;
-        });
+        drop(self.connecting());
     }
+}
+
+impl Session {
+    /// What the server said it is at the last reading of the checks.
+    fn current(&self) -> Identity {
+        match self.latest.lock() {
+            Ok(latest) => latest.clone().unwrap_or_else(|| self.identity.clone()),
+            Err(_) => self.identity.clone(),
+        }
+    }
+}
+
+/// The pairs of `urls` (as redacted labels) that resolve to a common socket address, with that address:
+/// two names of one server, which would vote twice were they not identified by `run_id`. URLs that do
+/// not parse or resolve (a host unknown here) are left out: a worker tells those apart when it connects.
+pub(crate) fn shared_addresses(urls: &[String]) -> Vec<(String, String, std::net::SocketAddr)> {
+    use std::net::ToSocketAddrs as _;
+    let resolved: Vec<(String, Vec<std::net::SocketAddr>)> = urls
+        .iter()
+        .filter_map(|url| {
+            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).ok()?;
+            let (host, port) = match info.addr() {
+                redis::ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
+                redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+                _ => return None,
+            };
+            let addresses = (host.as_str(), port).to_socket_addrs().ok()?.collect();
+            Some((redact(url), addresses))
+        })
+        .collect();
+    let mut shared = Vec::new();
+    for (i, (first, theirs)) in resolved.iter().enumerate() {
+        for (second, ours) in &resolved[i + 1..] {
+            if let Some(address) = theirs.iter().find(|address| ours.contains(address)) {
+                shared.push((first.clone(), second.clone(), *address));
+            }
+        }
+    }
+    shared
+}
+
+/// Asks the server on `connection` what it is: `INFO` (its default sections) and, where the server
+/// allows it (not renamed, not denied by an ACL), `CONFIG GET appendfsync`.
+async fn identify(connection: &mut MultiplexedConnection) -> Result<Identity, String> {
+    let info: Value = redis::cmd("INFO")
+        .query_async(connection)
+        .await
+        .map_err(|error| format!("INFO failed: {error}"))?;
+    let appendfsync = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async::<Value>(connection)
+        .await
+        .ok()
+        .and_then(|value| admission::config_value(&value));
+    let text = admission::text(&info).ok_or_else(|| "INFO gave no text".to_string())?;
+    Identity::parse(&text, appendfsync).ok_or_else(|| "INFO named no run_id".to_string())
 }
 
 /// Whether a reply says that a script is not in the node's cache.
@@ -136,7 +337,22 @@ fn needs_scripts(reply: &redis::RedisResult<Vec<Value>>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{redact, shared_addresses};
+
+    /// Two names that resolve to one address are reported as a pair; distinct ports are not.
+    #[test]
+    fn two_names_of_one_address_are_found() {
+        let urls = [
+            "redis://127.0.0.1:32101".to_string(),
+            "redis://:pw@localhost:32101/1".to_string(),
+            "redis://127.0.0.1:32102".to_string(),
+        ];
+        let shared = shared_addresses(&urls);
+        assert_eq!(shared.len(), 1, "{shared:?}");
+        assert_eq!(shared[0].0, "redis://127.0.0.1:32101");
+        assert_eq!(shared[0].1, "redis://:***@localhost:32101/1");
+        assert_eq!(shared[0].2.port(), 32101);
+    }
 
     #[test]
     fn redact_hides_passwords_only() {

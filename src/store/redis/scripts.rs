@@ -357,26 +357,53 @@ end
 return replies
 "#;
 
-/// The watchdog's renewals: per lease, compare-and-`PEXPIRE`.
+/// The watchdog's renewals: per lease, compare-and-`PEXPIRE`, and the lease put back where the node
+/// forgot it.
 ///
-/// Per lease, one KEY: the lease; two ARGV: value, ttl (ms). Returns per lease, in order, 1 if this node
-/// still held our value and it was extended, else 0.
+/// Per lease, three KEYS: the lease, the fence, the claim record; four ARGV: value, ttl (ms), the lease's
+/// token, and its tick (ms) for a scheduled run (empty for a one-off: its record is not put back).
+/// Returns per lease, in order, 1 if this node still held our value and it was extended; 2 if it held
+/// nothing and its fence was below our token — it forgot our grant (restarted empty, flushed) — and the
+/// lease, the fence (raised to our token) and, for a scheduled run, our claim record (unless another
+/// claimant confirmed this tick or a later one here since) were put back; else 0. Only 1 counts as held.
 ///
-/// Invariant: only our own value is ever extended. A key that already expired is *not* re-created, so a
-/// renewal can never resurrect a lease on a node where another holder may have taken it meanwhile.
+/// Invariants: only our own value is ever extended. A key is put back only where nothing holds it and the
+/// fence is below our token: where our grant never reached (its confirmation went to others) or was
+/// forgotten. Where our grant did reach, an expired lease stays expired, so a late renewal never
+/// resurrects a lease on a node where another holder may have taken it meanwhile; elsewhere what is put
+/// back is what a confirmation of our grant would have written, and it blocks others for one TTL at most.
+/// A forgotten lease of a run under way is so back on every node after one renewal, its record and
+/// fence with it: a node that restarted empty answers as before once its hold ends (`admission`), and a
+/// later claimant of the tick finds it claimed, with a token above ours
+/// (`lock::nodes_restarted_empty_one_after_another_never_grant_a_running_tick_again`).
 pub static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(&renew_source()));
 fn renew_source() -> String {
-    format!("{CACHE_LUA}{RENEW_BODY}")
+    format!("{}{RENEW_BODY}", *CLAIM_HELPERS_LUA)
 }
 const RENEW_BODY: &str = r#"
-local replies = {}
-for i = 1, #KEYS do
-  if get(KEYS[i]) == ARGV[2 * i - 1] then
-    replies[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-  else
-    replies[i] = 0
+local function renew(lease, fence, claim, value, ttl, token, tick)
+  local held = get(lease)
+  if held == value then
+    return redis.call('PEXPIRE', lease, ttl)
   end
+  if held or (compare_int(get(fence), token) or -1) >= 0 or redis.call('EXISTS', lease) == 1 then
+    return 0
+  end
+  redis.call('SET', lease, value, 'PX', ttl)
+  cache[lease] = value
+  put(fence, token)
+  if tick ~= '' and not claimed_by_other(claim, tick, claimant_of(value)) then
+    put(claim, tick .. ' ' .. value)
+  end
+  return 2
 end
+local replies = {}
+for i = 0, #KEYS / 3 - 1 do
+  local k, a = 3 * i, 4 * i
+  replies[i + 1] = renew(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3],
+    ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+end
+flush()
 return replies
 "#;
 

@@ -1,0 +1,383 @@
+//! Which Redis servers may vote: each node is identified by what it is, not by its URL, whenever a
+//! connection to it is opened, and checked against the deployment's assumptions (`docs/protocol.md`,
+//! *Assumptions the deployment must honour*) before any of its answers counts.
+//!
+//! On every new connection (at start, and after each reconnection) the node is asked `INFO` (and, where
+//! the server allows it, `CONFIG GET appendfsync`), and its [`Identity`] decides its [`Standing`]:
+//!
+//! - **refused** (answers nothing, as a node down): a replica (`role` not `master`: it takes no write, and a
+//!   promoted replica is a node that forgot records), a Redis Cluster node (a script call carries many
+//!   jobs' keys), or a `maxmemory-policy` other than `noeviction` (an evicted claim record is a forgotten
+//!   claim, an evicted lease an early expiry); or a second name of a server that another configured node
+//!   already is (the same `run_id`): one server votes once, whatever its names.
+//! - **held off** for the lock's TTL and drift (its answers are sent, so that its writes land, but count
+//!   as failures): a node whose `run_id` changed since this process last saw it — it restarted — unless
+//!   it fsyncs every write before replying (`appendonly yes`, `appendfsync always`) before and after:
+//!   any other may have restarted empty. That is Redlock's delayed restart: by the end of the hold every lease granted
+//!   before the restart has either expired or been renewed, and a renewal puts a lost lease key back
+//!   with its fence and claim record (`scripts::RENEW`), so the node answers again as it did before it
+//!   lost them. Also held off: a name that takes over a server from another node (a changed resolution),
+//!   so that no round counts the server under both names.
+//! - **counted** otherwise. Persistence off (`aof_enabled:0`, or `appendfsync` not `always`) is warned
+//!   about, once per server, at `WARN`: what it costs is stated in `docs/protocol.md`, and the hold above
+//!   is what this process can do about it.
+//!
+//! The checks are read again every [`RECHECK`] on the open connection, so that `CONFIG SET
+//! maxmemory-policy` or `REPLICAOF` on a live node is noticed without a reconnection.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::Value;
+use tokio::time::Instant;
+use tracing::{error, warn};
+
+use crate::logging::events;
+
+/// How often the checks are read again on an open connection.
+pub(super) const RECHECK: Duration = Duration::from_secs(10);
+
+/// What a node said it is, from `INFO` (and `CONFIG GET appendfsync`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(super) struct Identity {
+    /// `run_id`: a random id the server draws at each start.
+    pub(super) run_id: String,
+    /// `role`: `master` or `slave`.
+    pub(super) role: String,
+    /// `maxmemory_policy`.
+    pub(super) maxmemory_policy: String,
+    /// `cluster_enabled:1`.
+    pub(super) cluster: bool,
+    /// `aof_enabled:1`.
+    pub(super) aof: bool,
+    /// `appendfsync`, when the server lets us read it.
+    pub(super) appendfsync: Option<String>,
+}
+
+impl Identity {
+    /// Parses the text of `INFO` (all default sections); `None` without a `run_id`.
+    pub(super) fn parse(info: &str, appendfsync: Option<String>) -> Option<Identity> {
+        let mut identity = Identity {
+            appendfsync,
+            ..Identity::default()
+        };
+        for line in info.lines() {
+            let Some((field, value)) = line.trim_end().split_once(':') else {
+                continue;
+            };
+            match field {
+                "run_id" => identity.run_id = value.to_string(),
+                "role" => identity.role = value.to_string(),
+                "maxmemory_policy" => identity.maxmemory_policy = value.to_string(),
+                "cluster_enabled" => identity.cluster = value == "1",
+                "aof_enabled" => identity.aof = value == "1",
+                _ => {}
+            }
+        }
+        (!identity.run_id.is_empty()).then_some(identity)
+    }
+
+    /// Why this server must not vote, whoever else it is; `None` if it may.
+    pub(super) fn refusal(&self) -> Option<String> {
+        if self.role != "master" {
+            return Some(format!(
+                "is a replica (role:{}), which takes no write and forgets records when promoted: not \
+                 counted; list primaries only (`REPLICAOF NO ONE` makes it one)",
+                self.role
+            ));
+        }
+        if self.cluster {
+            return Some(
+                "is a Redis Cluster node (cluster_enabled:1); a claim's script call carries many jobs' \
+                 keys: not counted; use standalone servers"
+                    .to_string(),
+            );
+        }
+        if !self.maxmemory_policy.is_empty() && self.maxmemory_policy != "noeviction" {
+            return Some(format!(
+                "evicts keys (maxmemory-policy {}): an evicted claim record is a forgotten claim, an \
+                 evicted lease an early expiry: not counted; run `CONFIG SET maxmemory-policy \
+                 noeviction` (and set it in redis.conf)",
+                self.maxmemory_policy
+            ));
+        }
+        None
+    }
+
+    /// Whether this server keeps every write it acknowledged across a crash: `appendonly yes` with
+    /// `appendfsync always` (it fsyncs the append-only file before it replies), both read.
+    pub(super) fn durable(&self) -> bool {
+        self.aof && self.appendfsync.as_deref() == Some("always")
+    }
+
+    /// What this server's persistence lacks for `docs/protocol.md`'s assumption 1, if anything.
+    pub(super) fn persistence_gap(&self) -> Option<String> {
+        if !self.aof {
+            return Some("appendonly is off".to_string());
+        }
+        match self.appendfsync.as_deref() {
+            Some("always") | None => None,
+            Some(other) => Some(format!("appendfsync is {other}, not always")),
+        }
+    }
+}
+
+/// Whether a node's answers count now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Standing {
+    Counted,
+    /// Sent to, not counted: why, until when.
+    HeldOff(String, Instant),
+    /// Not sent to: why.
+    Refused(String),
+}
+
+/// What the store knows of its nodes' servers: the run id each node last reported, and which node votes
+/// for each server. Shared by the nodes of one store.
+pub(crate) struct Registry {
+    /// The nodes' labels (redacted URLs), by index.
+    labels: Vec<String>,
+    /// How long a restarted node is held off: the lock's TTL plus its drift (every lease of before the
+    /// restart has expired or renewed by then, and every round that started before it has ended).
+    hold: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Per node: the run id it last reported, when it counts from, and why not until then.
+    nodes: HashMap<usize, Seen>,
+    /// Per run id: the node that votes for that server.
+    owners: HashMap<String, usize>,
+    /// The run ids whose voting node stopped reporting them: a node that reports one takes it over.
+    released: std::collections::HashSet<String>,
+    /// The run ids whose missing persistence was warned about.
+    warned: std::collections::HashSet<String>,
+}
+
+struct Seen {
+    run_id: String,
+    /// Whether the server said it was durable ([`Identity::durable`]).
+    durable: bool,
+    counts_from: Instant,
+    why_held: String,
+}
+
+impl Registry {
+    /// A registry for nodes labelled `labels`, holding restarted nodes off for `hold`.
+    pub(crate) fn new(labels: Vec<String>, hold: Duration) -> Registry {
+        Registry {
+            labels,
+            hold,
+            state: Mutex::default(),
+        }
+    }
+
+    fn label(&self, node: usize) -> &str {
+        self.labels.get(node).map_or("?", String::as_str)
+    }
+
+    /// Notes that node `node` (re)connected to a server that says it is `identity`, logs what is wrong
+    /// with it, and returns its standing now.
+    pub(super) fn admit(&self, node: usize, identity: &Identity) -> Standing {
+        let label = self.label(node).to_string();
+        let now = Instant::now();
+        let Ok(mut state) = self.state.lock() else {
+            return Standing::Refused("the node registry is poisoned (a bug)".to_string());
+        };
+        let previous = state
+            .nodes
+            .get(&node)
+            .map(|seen| (seen.run_id.clone(), seen.durable));
+        let restarted = previous
+            .as_ref()
+            .is_some_and(|(run, _)| *run != identity.run_id);
+        if let Some((old, was_durable)) = previous.filter(|_| restarted) {
+            if state.owners.get(&old) == Some(&node) {
+                state.owners.remove(&old);
+                state.released.insert(old.clone());
+            }
+            // A server that fsyncs every write before it replies, before and after its restart, forgot
+            // nothing this process counted: no hold. Any other may have come back empty.
+            let hold = if was_durable && identity.durable() {
+                Duration::ZERO
+            } else {
+                self.hold
+            };
+            let until = now + hold;
+            warn!(
+                event = events::store::NODE_RESTARTED,
+                node = %label,
+                old_run_id = %old,
+                run_id = %identity.run_id,
+                held_ms = hold.as_millis() as u64,
+                "Node restarted; without `appendfsync always` its answers do not count until every \
+                 lease of before the restart has ended or been restored (Redlock's delayed restart)"
+            );
+            state.nodes.insert(
+                node,
+                Seen {
+                    run_id: identity.run_id.clone(),
+                    durable: identity.durable(),
+                    counts_from: until,
+                    why_held: format!(
+                        "restarted (run_id {old} is now {}) without `appendfsync always`: not counted \
+                         until {} ms after the restart",
+                        identity.run_id,
+                        hold.as_millis()
+                    ),
+                },
+            );
+        } else if !state.nodes.contains_key(&node) {
+            state.nodes.insert(
+                node,
+                Seen {
+                    run_id: identity.run_id.clone(),
+                    durable: identity.durable(),
+                    counts_from: now,
+                    why_held: String::new(),
+                },
+            );
+        }
+        if let Some(gap) = identity.persistence_gap() {
+            if state.warned.insert(identity.run_id.clone()) {
+                warn!(
+                    event = events::store::NODE_UNSAFE,
+                    node = %label,
+                    run_id = %identity.run_id,
+                    problem = %gap,
+                    "Node runs without `appendonly yes` and `appendfsync always`: a crash or restart \
+                     forgets the claims it confirmed; see docs/protocol.md, assumption 1"
+                );
+            }
+        }
+        drop(state);
+        let standing = self.standing(node, identity);
+        if let Standing::Refused(why) = &standing {
+            error!(
+                event = events::store::NODE_REFUSED,
+                node = %label,
+                run_id = %identity.run_id,
+                error = %why,
+                "Node refused: its answers do not count until this is fixed"
+            );
+        }
+        standing
+    }
+
+    /// The standing now of node `node`, connected to `identity`: refused for what the server is, or as a
+    /// second name of a server another node votes for; held off while a hold lasts; else counted.
+    pub(super) fn standing(&self, node: usize, identity: &Identity) -> Standing {
+        if let Some(why) = identity.refusal() {
+            return Standing::Refused(format!("node {} {why}", self.label(node)));
+        }
+        let now = Instant::now();
+        let Ok(mut state) = self.state.lock() else {
+            return Standing::Refused("the node registry is poisoned (a bug)".to_string());
+        };
+        let owner = match state.owners.get(&identity.run_id) {
+            Some(owner) => *owner,
+            None => {
+                state.owners.insert(identity.run_id.clone(), node);
+                if state.released.remove(&identity.run_id) {
+                    // Another node voted for this server until it stopped reporting it (a changed
+                    // resolution): this one waits until every round that counted the other has ended.
+                    let why = format!(
+                        "took over server {} from another node: not counted for {} ms",
+                        identity.run_id,
+                        self.hold.as_millis()
+                    );
+                    if let Some(seen) = state.nodes.get_mut(&node) {
+                        seen.counts_from = seen.counts_from.max(now + self.hold);
+                        seen.why_held = why;
+                    }
+                }
+                node
+            }
+        };
+        if owner != node {
+            return Standing::Refused(format!(
+                "node {} is the same server as node {} (run_id {}): not counted, so that one server \
+                 never votes twice; list each server once in redis.nodes",
+                self.label(node),
+                self.label(owner),
+                identity.run_id
+            ));
+        }
+        let Some(seen) = state.nodes.get_mut(&node) else {
+            return Standing::Counted;
+        };
+        if seen.run_id != identity.run_id {
+            // A check on a connection older than the node's latest: that connection is on its way out.
+            return Standing::Refused(format!(
+                "node {} answered on a connection to a server it no longer is",
+                self.label(node)
+            ));
+        }
+        if now < seen.counts_from {
+            return Standing::HeldOff(
+                format!("node {} {}", self.label(node), seen.why_held),
+                seen.counts_from,
+            );
+        }
+        Standing::Counted
+    }
+}
+
+/// The `INFO` text of a reply.
+pub(super) fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// The value of `CONFIG GET appendfsync`'s reply (an array or a map of name and value).
+pub(super) fn config_value(value: &Value) -> Option<String> {
+    match value {
+        Value::Array(items) => items.get(1).and_then(text),
+        Value::Map(pairs) => pairs.first().and_then(|(_, value)| text(value)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Identity;
+
+    const INFO: &str = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\n# Replication\r\n\
+                        role:master\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n# Persistence\r\n\
+                        aof_enabled:0\r\n# Cluster\r\ncluster_enabled:0\r\n";
+
+    /// A primary with `noeviction` may vote; a replica, a Cluster node and an evicting server may not, and
+    /// each refusal says what to change.
+    #[test]
+    fn refusals_name_what_to_fix() {
+        let primary = Identity::parse(INFO, None).expect("a run id");
+        assert_eq!(primary.run_id, "abc123");
+        assert_eq!(primary.refusal(), None);
+        assert_eq!(
+            primary.persistence_gap().as_deref(),
+            Some("appendonly is off")
+        );
+        let replica = Identity::parse(&INFO.replace("role:master", "role:slave"), None).unwrap();
+        assert!(replica.refusal().unwrap().contains("REPLICAOF NO ONE"));
+        let lru = INFO.replace("noeviction", "allkeys-lru");
+        let evicting = Identity::parse(&lru, None).unwrap();
+        assert!(evicting
+            .refusal()
+            .unwrap()
+            .contains("CONFIG SET maxmemory-policy noeviction"));
+        let cluster = INFO.replace("cluster_enabled:0", "cluster_enabled:1");
+        assert!(Identity::parse(&cluster, None).unwrap().refusal().is_some());
+        let aof = INFO.replace("aof_enabled:0", "aof_enabled:1");
+        let everysec = Identity::parse(&aof, Some("everysec".to_string())).unwrap();
+        assert!(everysec.persistence_gap().unwrap().contains("everysec"));
+        let always = Identity::parse(&aof, Some("always".to_string())).unwrap();
+        assert_eq!(always.persistence_gap(), None);
+        assert_eq!(Identity::parse("# Server\r\n", None), None);
+    }
+}
