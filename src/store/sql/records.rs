@@ -116,7 +116,7 @@ impl Records for SqlStore {
              FROM {history} WHERE job = ? AND tick BETWEEN ? AND ? ORDER BY tick DESC",
         );
         let rows = self
-            .with_connection(self.budget() * 4, move |connection| {
+            .with_reader(self.budget() * 4, move |connection| {
                 Box::pin(async move {
                     // The tick of the limit-th newest entry: every entry of it and of newer ticks is read,
                     // so that the merge's order (not the table's) picks the entries of the last tick.
@@ -218,7 +218,7 @@ impl Records for SqlStore {
              FROM {members} WHERE expires_us > {now_us} OR expired_ms > {now_ms} - ?",
         );
         let rows: Vec<(String, i64, Option<String>, i64)> = self
-            .with_connection(self.budget() * 4, move |connection| {
+            .with_reader(self.budget() * 4, move |connection| {
                 Box::pin(async move {
                     sqlx::query_as(sqlx::AssertSqlSafe(select))
                         .bind(MAX_VALUE)
