@@ -277,20 +277,31 @@ fn a_database_file_deleted_under_running_workers_runs_no_tick_twice() {
         );
     }
     assert!(
-        workers[2].logs().iter().all(|e| e["reason"] != "file_replaced"),
+        workers[2]
+            .logs()
+            .iter()
+            .all(|e| e["reason"] != "file_replaced"),
         "the worker on the new file saw a fault: {:?}",
         workers[2].lines()
     );
     let (status, _, body) = ready;
     assert_eq!(status, 503, "{body}");
     // By now the third worker has made a new file at the path.
-    assert!(body.contains("replaced") && body.contains("restart"), "{body}");
+    assert!(
+        body.contains("replaced") && body.contains("restart"),
+        "{body}"
+    );
 }
 
 /// Asserts that every (job, tick) of the ledger ran once.
 fn runs_once(dir: &TestDir) {
     for ((job, tick), entries) in ledger(dir) {
-        assert_eq!(entries.len(), 1, "{job} {tick} ran {} times: {entries:?}", entries.len());
+        assert_eq!(
+            entries.len(),
+            1,
+            "{job} {tick} ran {} times: {entries:?}",
+            entries.len()
+        );
     }
 }
 

@@ -442,7 +442,12 @@ fn no_rights(kind: SqlKind) {
         "viewer.yaml",
         config(kind, server.port(), "viewer", DATABASE, &env_job("t")),
     );
-    let stderr = stops_at_start(worker(&viewer, "viewer-pw"), &target, "may not", "viewer-pw");
+    let stderr = stops_at_start(
+        worker(&viewer, "viewer-pw"),
+        &target,
+        "may not",
+        "viewer-pw",
+    );
     assert!(
         stderr.contains("GRANT SELECT, INSERT, UPDATE, DELETE ON redcron_fences"),
         "{stderr}"
@@ -468,11 +473,16 @@ fn no_rights(kind: SqlKind) {
     };
     server.exec(&revoke);
     let denied = running
-        .wait_for(Duration::from_secs(20), |e| e["reason"] == "permission_denied")
+        .wait_for(Duration::from_secs(20), |e| {
+            e["reason"] == "permission_denied"
+        })
         .unwrap_or_else(|| panic!("no permission_denied: {:?}", running.lines()));
     assert_eq!(denied["level"], "ERROR", "{denied}");
     let error = denied["error"].as_str().unwrap_or_default();
-    assert!(error.contains(&target) && error.contains("permission denied"), "{error}");
+    assert!(
+        error.contains(&target) && error.contains("permission denied"),
+        "{error}"
+    );
     assert!(
         !running
             .logs()

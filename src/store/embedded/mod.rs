@@ -146,7 +146,8 @@ impl FileId {
     fn check(self, path: &Path) -> Result<(), StoreFault> {
         let what = match FileId::of(path) {
             Ok(now) if now == self => return Ok(()),
-            Ok(_) => "the database file was replaced by another file since this worker opened it".to_string(),
+            Ok(_) => "the database file was replaced by another file since this worker opened it"
+                .to_string(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 "the database file was deleted since this worker opened it".to_string()
             }

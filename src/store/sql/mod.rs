@@ -439,7 +439,9 @@ impl SqlStore {
     async fn with_reader<T, F>(&self, budget: Duration, work: F) -> Result<T, Failed>
     where
         T: Send,
-        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + 'static,
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>
+            + Send
+            + 'static,
     {
         self.prepared().await?;
         let started = Instant::now();

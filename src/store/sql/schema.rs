@@ -364,7 +364,11 @@ async fn grant(dialect: &Dialect, connection: &mut AnyConnection) -> Result<Stri
                 .fetch_one(&mut *connection)
                 .await?;
             let (name, host) = user.rsplit_once('@').unwrap_or((&user, "%"));
-            let user = format!("'{}'@'{}'", name.replace('\'', "''"), host.replace('\'', "''"));
+            let user = format!(
+                "'{}'@'{}'",
+                name.replace('\'', "''"),
+                host.replace('\'', "''")
+            );
             let mut grant = format!("GRANT SELECT ON {} TO {user};\n", tables[0]);
             for table in &tables[1..] {
                 grant.push_str(&format!("GRANT {rights} ON {table} TO {user};\n"));

@@ -50,7 +50,10 @@ pub(super) async fn reads_of_a_large_history_never_delay_claims_or_renewals(back
                 entry
             })
             .collect();
-        store.record(&entries).await.expect("the history is written");
+        store
+            .record(&entries)
+            .await
+            .expect("the history is written");
     }
     let mut lease = crate::support::claim_won(&store, &request("w", "long", 1_000)).await;
 
@@ -132,4 +135,3 @@ pub(super) async fn reads_of_a_large_history_never_delay_claims_or_renewals(back
     );
     store.release(&lease).await;
 }
-
