@@ -261,6 +261,7 @@ fn outcome_label(outcome: &ClaimOutcome) -> String {
         },
         ClaimOutcome::Paused(_) => "paused".to_string(),
         ClaimOutcome::Refused(_) => "refused".to_string(),
+        ClaimOutcome::Fault(fault) => fault.reason().to_string(),
     }
 }
 

@@ -214,6 +214,10 @@ pub enum ClaimOutcome {
     /// So many nodes refused the claim as out of bounds (its tick far ahead of their clocks, or a token
     /// past [`keys::MAX_TOKEN`]) that no majority is left for it. Final.
     Refused(Refusal),
+    /// The store answers, but no claim can be made on it until someone acts ([`StoreFault`]): nothing was
+    /// granted. Not final, like `NoQuorum`: retried (the rights may be granted back), and logged as
+    /// what it is.
+    Fault(StoreFault),
 }
 
 impl ClaimOutcome {
@@ -222,7 +226,7 @@ impl ClaimOutcome {
     pub fn retry_in(&self) -> Option<Duration> {
         match self {
             ClaimOutcome::Contended { retry_in, .. } => Some(*retry_in),
-            ClaimOutcome::NoQuorum(_) => Some(Duration::ZERO),
+            ClaimOutcome::NoQuorum(_) | ClaimOutcome::Fault(_) => Some(Duration::ZERO),
             ClaimOutcome::Won(_)
             | ClaimOutcome::AlreadyClaimed { .. }
             | ClaimOutcome::Busy { .. }
@@ -241,7 +245,33 @@ impl ClaimOutcome {
             ClaimOutcome::Won(_)
             | ClaimOutcome::NoQuorum(_)
             | ClaimOutcome::Paused(_)
-            | ClaimOutcome::Refused(_) => None,
+            | ClaimOutcome::Refused(_)
+            | ClaimOutcome::Fault(_) => None,
+        }
+    }
+}
+
+/// Why a store that answers cannot take claims until someone acts: not a missing majority (nothing to
+/// wait for), so it is logged at ERROR with its own reason and makes `/readyz` not ready.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreFault {
+    /// The embedded store's database file at `path` is no longer the file this worker opened (deleted, or
+    /// replaced by another): its claims would be invisible to the workers that open the path now, and
+    /// theirs to it, so the same tick could run twice. Nothing is claimed or renewed on it any more.
+    #[error("{path}: {what}: this worker's connection is on a file that workers starting now do not see, so it claims nothing; restart every worker that shares the file, so that all of them open the same one")]
+    FileReplaced { path: String, what: String },
+    /// The SQL server refused a statement for want of a privilege (PostgreSQL `42501`, MySQL 1142 and
+    /// kin): `target` is `host:port/database`, `why` the server's message.
+    #[error("{target}: permission denied: {why} (grant this user SELECT, INSERT, UPDATE and DELETE on the store's tables; `redcron check --sql` lists them)")]
+    PermissionDenied { target: String, why: String },
+}
+
+impl StoreFault {
+    /// The `reason` field of the log lines and history entries it causes.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StoreFault::FileReplaced { .. } => "file_replaced",
+            StoreFault::PermissionDenied { .. } => "permission_denied",
         }
     }
 }

@@ -309,7 +309,9 @@ async fn raise(context: &Context, job: &JobConfig, tick: Tick, claimed_by: Optio
             context.recorder.note(entry);
             true
         }
-        ClaimOutcome::NoQuorum(_) | ClaimOutcome::Contended { .. } => false,
+        ClaimOutcome::NoQuorum(_) | ClaimOutcome::Contended { .. } | ClaimOutcome::Fault(_) => {
+            false
+        }
         // Another worker raised it (or a later tick's alarm): at most once. No alarm is ever paused (no job
         // name holds the `:` of its pseudo-job's), so `Paused` cannot come; it would settle it too. A
         // refusal (the tick far ahead of the store's clock, the token at its bound) is final as well.

@@ -225,7 +225,7 @@ fn act_on(
         // Won, but too close to (or past) the lease's deadline to start: the process was paused.
         // The same claimant claims the tick again, with a fresh lease (see `run::start`).
         ClaimOutcome::Won(lease) if lease.remaining() <= p.job.stop_grace => Some(Duration::ZERO),
-        ClaimOutcome::NoQuorum(_) => {
+        ClaimOutcome::NoQuorum(_) | ClaimOutcome::Fault(_) => {
             let wait = p.backoff;
             p.backoff = (p.backoff * 2).min(NO_QUORUM_BACKOFF_MAX);
             Some(wait)
@@ -305,6 +305,10 @@ fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
             warn!(event = events::tick::RETRYING, job = %job, tick = %tick, reason = "no_quorum", error = %failure,
                   retry_in_ms, "No majority of the store's nodes answered; racing again")
         }
+        ClaimOutcome::Fault(fault) => {
+            error!(event = events::tick::RETRYING, job = %job, tick = %tick, reason = fault.reason(), error = %fault,
+                   retry_in_ms, "The store cannot take claims until someone acts; racing again")
+        }
         ClaimOutcome::Contended { holder, .. } => {
             info!(event = events::tick::RETRYING, job = %job, tick = %tick, reason = "contended",
                   holder = holder.as_ref().map_or("unknown", |h| h.worker.as_str()), retry_in_ms,
@@ -327,6 +331,7 @@ fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
 fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
     let reason = match outcome {
         ClaimOutcome::NoQuorum(_) => "no_quorum",
+        ClaimOutcome::Fault(fault) => fault.reason(),
         ClaimOutcome::Contended { .. } => "contended",
         ClaimOutcome::Busy { .. } => "overlap",
         _ => "lease_expired",
@@ -343,6 +348,10 @@ fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
         ClaimOutcome::NoQuorum(failure) => {
             warn!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "no_quorum", error = %failure,
                    "Skipped: no majority of the store's nodes answered {window}")
+        }
+        ClaimOutcome::Fault(fault) => {
+            error!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = fault.reason(), error = %fault,
+                   "Skipped: the store could not take claims within the grace")
         }
         ClaimOutcome::Contended { holder, .. } => {
             warn!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "contended",
@@ -510,7 +519,10 @@ fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outco
                 );
             }
         }
-        ClaimOutcome::Won(_) | ClaimOutcome::Contended { .. } | ClaimOutcome::NoQuorum(_) => {
+        ClaimOutcome::Won(_)
+        | ClaimOutcome::Contended { .. }
+        | ClaimOutcome::NoQuorum(_)
+        | ClaimOutcome::Fault(_) => {
             // A win is run (`run_won`); the others are never settled: `race` retries them until it gives
             // up, and logs that.
         }

@@ -223,6 +223,88 @@ fn two_workers_on_one_file_run_each_tick_once() {
     }
 }
 
+/// Two workers share `redcron.db`, a job every second; the database's three files are deleted and a
+/// third worker starts 4 s later on the same path (a new file): no tick runs twice (the job's own ledger),
+/// the first two log at ERROR that the file was deleted or replaced (`file_replaced`), claim nothing
+/// more, and answer `/readyz` with 503, naming the file and saying to restart the workers.
+#[test]
+fn a_database_file_deleted_under_running_workers_runs_no_tick_twice() {
+    let dir = TestDir::new();
+    let jobs = ledger_job("every", "* * * * * *", &dir.ledger());
+    let port = crate::support::free_port();
+    let first = dir.write(
+        "a.yaml",
+        config_with(&format!("  id: a\n  listen: 127.0.0.1:{port}\n"), &jobs),
+    );
+    let mut workers = vec![Worker::spawn(first, &[])];
+    workers.push(Worker::spawn(dir.write("b.yaml", config("b", &jobs)), &[]));
+    for worker in &workers {
+        worker
+            .wait_for_event("worker.started", Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("worker started: {}", worker.stderr()));
+    }
+    wait_for_runs(&workers[0], 1, Duration::from_secs(20));
+    for name in ["redcron.db", "redcron.db-wal", "redcron.db-shm"] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    std::thread::sleep(Duration::from_secs(4));
+    workers.push(Worker::spawn(dir.write("c.yaml", config("c", &jobs)), &[]));
+    workers[2]
+        .wait_for_event("worker.started", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("worker started: {}", workers[2].stderr()));
+    wait_for_runs(&workers[2], 4, Duration::from_secs(20));
+    let ready = crate::metrics::get(port, "/readyz").expect("/readyz answers");
+    for worker in &mut workers {
+        stop(worker);
+    }
+
+    runs_once(&dir);
+    for worker in &workers[..2] {
+        let faults: Vec<Value> = worker
+            .logs()
+            .into_iter()
+            .filter(|e| e["reason"] == "file_replaced" && e["level"] == "ERROR")
+            .collect();
+        let error = faults
+            .first()
+            .and_then(|e| e["error"].as_str())
+            .unwrap_or_else(|| panic!("no ERROR with reason file_replaced: {:?}", worker.lines()));
+        assert!(
+            error.contains("redcron.db")
+                && (error.contains("deleted") || error.contains("replaced"))
+                && error.contains("restart"),
+            "{error}"
+        );
+    }
+    assert!(
+        workers[2]
+            .logs()
+            .iter()
+            .all(|e| e["reason"] != "file_replaced"),
+        "the worker on the new file saw a fault: {:?}",
+        workers[2].lines()
+    );
+    let (status, _, body) = ready;
+    assert_eq!(status, 503, "{body}");
+    // By now the third worker has made a new file at the path.
+    assert!(
+        body.contains("replaced") && body.contains("restart"),
+        "{body}"
+    );
+}
+
+/// Asserts that every (job, tick) of the ledger ran once.
+fn runs_once(dir: &TestDir) {
+    for ((job, tick), entries) in ledger(dir) {
+        assert_eq!(
+            entries.len(),
+            1,
+            "{job} {tick} ran {} times: {entries:?}",
+            entries.len()
+        );
+    }
+}
+
 /// History and membership written through the store outlive it: a store opened again on the same file
 /// (a restarted worker, or the command line reading) reads back the entries and the members.
 #[tokio::test]

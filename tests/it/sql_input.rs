@@ -398,3 +398,110 @@ fn password_kept_from_jobs(kind: SqlKind) {
     assert!(!printed.is_empty(), "the job printed its environment");
     assert_no_password(&worker, password);
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// A user without the rights on the tables.
+
+#[test]
+fn postgres_a_user_without_write_rights_is_refused_at_start_and_a_revoke_is_a_permission_error() {
+    no_rights(SqlKind::Postgres);
+}
+
+#[test]
+fn mariadb_a_user_without_write_rights_is_refused_at_start_and_a_revoke_is_a_permission_error() {
+    no_rights(SqlKind::Mariadb);
+}
+
+/// A user that may only SELECT the tables: the worker exits 1 naming a table and the GRANT to run. Then
+/// `reader`'s INSERT, UPDATE and DELETE are revoked while its worker runs: its claims are logged as
+/// denied (`permission_denied`, not `no_quorum`); granted back, its job runs again within seconds (the
+/// connections that were refused are closed, not reused with the rights they had).
+fn no_rights(kind: SqlKind) {
+    let server = SqlServer::start(kind);
+    let dir = TestDir::new();
+    let target = target(server.port(), DATABASE);
+    let password = testkit::sql::PASSWORD;
+    let path = dir.write_config(&config(kind, server.port(), USER, DATABASE, &env_job("t")));
+    let mut first = worker(&path, password);
+    first
+        .wait_for(Duration::from_secs(20), |e| e["event"] == "run.finished")
+        .unwrap_or_else(|| panic!("no run on a new database: {:?}", first.lines()));
+    first.kill();
+
+    server.exec(&match kind {
+        SqlKind::Postgres => "CREATE ROLE viewer LOGIN PASSWORD 'viewer-pw';\n\
+                              GRANT USAGE ON SCHEMA public TO viewer;\n\
+                              GRANT SELECT ON ALL TABLES IN SCHEMA public TO viewer;\n"
+            .to_string(),
+        SqlKind::Mariadb => format!(
+            "CREATE USER 'viewer'@'%' IDENTIFIED BY 'viewer-pw';\n\
+             GRANT SELECT ON {DATABASE}.* TO 'viewer'@'%';\n"
+        ),
+    });
+    let viewer = dir.write(
+        "viewer.yaml",
+        config(kind, server.port(), "viewer", DATABASE, &env_job("t")),
+    );
+    let stderr = stops_at_start(
+        worker(&viewer, "viewer-pw"),
+        &target,
+        "may not",
+        "viewer-pw",
+    );
+    assert!(
+        stderr.contains("GRANT SELECT, INSERT, UPDATE, DELETE ON redcron_fences"),
+        "{stderr}"
+    );
+
+    let reading = dir.write(
+        "reader.yaml",
+        config(kind, server.port(), READER, DATABASE, &env_job("t")),
+    );
+    let mut running = worker(&reading, READER_PASSWORD);
+    running
+        .wait_for(Duration::from_secs(20), |e| e["event"] == "run.finished")
+        .unwrap_or_else(|| panic!("no run as {READER}: {:?}", running.lines()));
+    let (revoke, grant) = match kind {
+        SqlKind::Postgres => (
+            format!("REVOKE INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public FROM {READER};"),
+            format!("GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {READER};"),
+        ),
+        SqlKind::Mariadb => (
+            format!("REVOKE INSERT, UPDATE, DELETE ON {DATABASE}.* FROM '{READER}'@'%'; FLUSH PRIVILEGES;"),
+            format!("GRANT INSERT, UPDATE, DELETE ON {DATABASE}.* TO '{READER}'@'%'; FLUSH PRIVILEGES;"),
+        ),
+    };
+    server.exec(&revoke);
+    let denied = running
+        .wait_for(Duration::from_secs(20), |e| {
+            e["reason"] == "permission_denied"
+        })
+        .unwrap_or_else(|| panic!("no permission_denied: {:?}", running.lines()));
+    assert_eq!(denied["level"], "ERROR", "{denied}");
+    let error = denied["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&target) && error.contains("permission denied"),
+        "{error}"
+    );
+    assert!(
+        !running
+            .logs()
+            .iter()
+            .any(|e| e["job"] == "t" && e["reason"] == "no_quorum"),
+        "a denied claim was told as no quorum: {:?}",
+        running.lines()
+    );
+
+    server.exec(&grant);
+    let granted = chrono::Utc::now();
+    running
+        .wait_for(Duration::from_secs(10), |e| {
+            e["event"] == "run.finished"
+                && e["timestamp"]
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .is_some_and(|t| t.to_utc() > granted)
+        })
+        .unwrap_or_else(|| panic!("no run after the rights were back: {:?}", running.lines()));
+    running.kill();
+}

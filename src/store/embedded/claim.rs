@@ -14,7 +14,7 @@
 
 use rusqlite::{params, OptionalExtension as _, Transaction};
 
-use super::{nanos, now_ms, EmbeddedStore, Shared};
+use super::{nanos, now_ms, EmbeddedStore, Failed, Shared};
 use crate::clock::boot::BootInstant;
 use crate::lock::keys::{attempt_value, claim_keys, claimant_of, lease_key, next_token, Holder};
 use crate::lock::{
@@ -31,7 +31,7 @@ impl Leases for EmbeddedStore {
         let key = lease_key(&self.shared.settings.key_prefix, lease);
         let value = lease.value.clone();
         let renewed = self
-            .write(move |shared, transaction| {
+            .write_checked(move |shared, transaction| {
                 let now = BootInstant::now();
                 let expires = nanos(now + shared.settings.ttl);
                 let changed = transaction.execute(
@@ -59,7 +59,13 @@ impl Leases for EmbeddedStore {
                 let failure = self.shared.failure("lease not held".to_string());
                 Err(RenewError::NotHeld(failure))
             }
-            Err(failure) => Err(RenewError::Unconfirmed(failure)),
+            // A lease on a file no other worker opens now excludes nobody: lost at once, so the run
+            // stops now rather than at its deadline (another worker may already run the job).
+            Err(Failed::Fault(fault)) => {
+                lease.mark_lost();
+                Err(RenewError::NotHeld(self.shared.failure(fault.to_string())))
+            }
+            Err(Failed::Node(why)) => Err(RenewError::Unconfirmed(self.shared.failure(why))),
         }
     }
 
@@ -94,14 +100,15 @@ impl Leases for EmbeddedStore {
 
 impl Claims for EmbeddedStore {
     /// Claims every request in one transaction; see [`crate::store::Store::claim_many`]. A failed
-    /// transaction (the database busy or unwritable) answers `NoQuorum` for each, to be retried.
+    /// transaction (the database busy or unwritable) answers `NoQuorum` for each, to be retried; a file
+    /// that is no longer the path's answers [`ClaimOutcome::Fault`] for each, and claims nothing.
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Vec<ClaimOutcome> {
         if requests.is_empty() {
             return Vec::new();
         }
         let owned = requests.to_vec();
         let claimed = self
-            .write(move |shared, transaction| {
+            .write_checked(move |shared, transaction| {
                 shared.drop_expired_leases(transaction)?;
                 owned
                     .iter()
@@ -111,10 +118,17 @@ impl Claims for EmbeddedStore {
             .await;
         match claimed {
             Ok(outcomes) => outcomes,
-            Err(failure) => requests
+            Err(Failed::Fault(fault)) => requests
                 .iter()
-                .map(|_| ClaimOutcome::NoQuorum(failure.clone()))
+                .map(|_| ClaimOutcome::Fault(fault.clone()))
                 .collect(),
+            Err(Failed::Node(why)) => {
+                let failure = self.shared.failure(why);
+                requests
+                    .iter()
+                    .map(|_| ClaimOutcome::NoQuorum(failure.clone()))
+                    .collect()
+            }
         }
     }
 

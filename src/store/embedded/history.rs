@@ -81,7 +81,7 @@ impl Records for EmbeddedStore {
     /// parse is skipped, and named in [`Read::skipped`].
     async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
         let query = query.clone();
-        self.blocking(move |shared, connection| {
+        self.read(move |shared, connection| {
             let since = query.since.map_or(i64::MIN, |t| t.as_millis());
             let until = query.until.map_or(i64::MAX, |t| t.as_millis());
             let mut select = connection.prepare_cached(
@@ -148,7 +148,7 @@ impl Records for EmbeddedStore {
     /// Alive is decided on the boot clock, so a live member is listed whatever the reader's wall clock
     /// says (`redcron trigger` compares its clock with the live workers' heartbeats).
     async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
-        self.blocking(|shared, connection| {
+        self.read(|shared, connection| {
             let now = BootInstant::now();
             let kept_since = Utc::now()
                 .timestamp_millis()

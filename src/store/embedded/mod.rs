@@ -18,6 +18,18 @@
 //! Pauses (`pause.rs`) are rows that expire on this host's wall clock, as a Redis key with a TTL expires on
 //! the node's; every claim reads its job's row in its transaction.
 //!
+//! The lock path (claims, renewals, releases and every other write) has a connection of its own; reads
+//! (history, members, pauses and trigger requests, for the dashboard, the command line and the worker's
+//! checks) take one of at most [`READERS`] read-only connections beside it, which the write-ahead log
+//! lets run beside the writer, and each read is stopped after [`READ_LIMIT`]: no read, however large or
+//! however many, delays a claim or a renewal.
+//!
+//! Every write first checks that the path still names the file the store opened (its device and inode):
+//! a file deleted or replaced under running workers (`rm redcron.db*`, a restore) would leave them
+//! claiming on a file that a worker starting now does not see, and the same tick would run twice. On a
+//! file that is no longer the path's, claims answer [`StoreFault::FileReplaced`] and renewals fail as not
+//! held (a lease on it excludes nobody, so the run stops at once), and `/readyz` is not ready.
+//!
 //! What survives a restart (of a worker or of the host): the claim records and fencing counters, kept
 //! forever (those of triggers and retries until an hour after their window) — a restarted worker, even one whose clock stepped back, never runs a claimed tick again, and
 //! its tokens keep rising — and the history and membership (`history.rs`). Leases survive a worker's
@@ -30,21 +42,30 @@ mod history;
 mod pause;
 mod triggers;
 
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rusqlite::{Connection, InterruptHandle, OpenFlags, Transaction, TransactionBehavior};
 
 use crate::clock::boot::{self, BootInstant};
 use crate::clock::cluster::Readings;
 use crate::history::HistorySettings;
-use crate::lock::{LockSettings, QuorumFailure};
+use crate::lock::{LockSettings, QuorumFailure, StoreFault};
 use crate::store::{Health, StoreError};
 
 /// How long a transaction waits for another process's write lock before it fails (and the claim is
 /// retried like one that found no quorum). Far above a healthy transaction (one fsync), below a lease.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How many read-only connections a store opens at most: reads beyond them wait for one (without a
+/// thread), so that what readers hold of the host's CPU, memory and the file is bounded.
+const READERS: usize = 2;
+
+/// How long one read may run before it is interrupted and fails: a read of a job's whole history with
+/// large output tails takes well under a second.
+const READ_LIMIT: Duration = Duration::from_secs(5);
 
 /// The schema this version writes (`PRAGMA user_version`).
 const SCHEMA_VERSION: i64 = 2;
@@ -86,7 +107,70 @@ struct Shared {
     path: PathBuf,
     /// This host's boot id: a lease's expiry on the boot clock holds only in the boot it was taken in.
     boot_id: String,
+    /// The lock path's connection: every write, and nothing else.
     connection: Mutex<Connection>,
+    /// The file the store opened, checked before every write ([`FileId::check`]).
+    file: FileId,
+    /// Idle read-only connections (at most [`READERS`]); a read takes one, or opens one.
+    readers: Mutex<Vec<Reader>>,
+    /// [`READERS`] permits: a read holds one while it runs.
+    reading: tokio::sync::Semaphore,
+}
+
+/// A read-only connection, with the handle that interrupts a read past [`READ_LIMIT`].
+struct Reader {
+    connection: Connection,
+    interrupt: Arc<InterruptHandle>,
+}
+
+/// The database file as the file system knows it (device and inode): what the path named when the
+/// store opened it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    /// What `path` names now.
+    fn of(path: &Path) -> std::io::Result<FileId> {
+        let meta = std::fs::metadata(path)?;
+        Ok(FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// Whether `path` still names this file (one `stat`): the fault if it was deleted or replaced, or
+    /// cannot be looked at.
+    fn check(self, path: &Path) -> Result<(), StoreFault> {
+        let what = match FileId::of(path) {
+            Ok(now) if now == self => return Ok(()),
+            Ok(_) => "the database file was replaced by another file since this worker opened it"
+                .to_string(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                "the database file was deleted since this worker opened it".to_string()
+            }
+            Err(e) => format!("the database file cannot be looked at ({e})"),
+        };
+        Err(StoreFault::FileReplaced {
+            path: path.display().to_string(),
+            what,
+        })
+    }
+}
+
+/// Why a call on the file failed: the one node's failure (busy, a disk error), or a fault that waiting
+/// does not mend ([`StoreFault`]).
+enum Failed {
+    Node(String),
+    Fault(StoreFault),
+}
+
+impl From<rusqlite::Error> for Failed {
+    fn from(e: rusqlite::Error) -> Failed {
+        Failed::Node(e.to_string())
+    }
 }
 
 impl EmbeddedStore {
@@ -133,6 +217,8 @@ impl EmbeddedStore {
                 Err(Unprepared::Unusable(why)) => return Err(fail(why)),
             }
         }
+        // The connection opened the file at the path a moment ago, and its schema is read: this is it.
+        let file = FileId::of(path).map_err(|e| fail(format!("cannot look at the file: {e}")))?;
         Ok(EmbeddedStore {
             shared: Arc::new(Shared {
                 settings,
@@ -140,6 +226,9 @@ impl EmbeddedStore {
                 path: path.to_path_buf(),
                 boot_id,
                 connection: Mutex::new(connection),
+                file,
+                readers: Mutex::new(Vec::new()),
+                reading: tokio::sync::Semaphore::new(READERS),
             }),
         })
     }
@@ -158,27 +247,22 @@ impl EmbeddedStore {
 
     /// Runs `work` in one `BEGIN IMMEDIATE` transaction on a blocking thread and commits it; a failure
     /// (the database busy past [`BUSY_TIMEOUT`], a disk error) rolls it back and is told as the one
-    /// node's failure.
+    /// node's failure, and a file that is no longer the path's as that fault ([`Self::write_checked`]).
     async fn write<T: Send + 'static>(
         &self,
         work: impl FnOnce(&Shared, &Transaction) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, QuorumFailure> {
-        self.blocking(move |shared, connection| {
-            let transaction =
-                connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let value = work(shared, &transaction)?;
-            transaction.commit()?;
-            Ok(value)
-        })
-        .await
+        self.write_checked(work)
+            .await
+            .map_err(|failed| self.shared.quorum(failed))
     }
 
-    /// Runs `work` with the connection on a blocking thread (SQLite's calls block: on the disk, and on
-    /// other processes' locks), so that the runtime's threads never wait for them.
-    async fn blocking<T: Send + 'static>(
+    /// [`Self::write`], telling a file that is no longer the path's ([`FileId::check`], before the
+    /// transaction) apart from the node's failures.
+    async fn write_checked<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&Shared, &mut Connection) -> rusqlite::Result<T> + Send + 'static,
-    ) -> Result<T, QuorumFailure> {
+        work: impl FnOnce(&Shared, &Transaction) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, Failed> {
         let shared = Arc::clone(&self.shared);
         let joined = tokio::task::spawn_blocking(move || {
             // A panic while holding the connection leaves no transaction open (dropping one rolls it
@@ -187,12 +271,94 @@ impl EmbeddedStore {
                 .connection
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            work(&shared, &mut connection).map_err(|e| e.to_string())
+            shared.file.check(&shared.path).map_err(Failed::Fault)?;
+            let transaction =
+                connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let value = work(&shared, &transaction)?;
+            transaction.commit()?;
+            Ok(value)
         })
         .await;
-        joined
-            .unwrap_or_else(|e| Err(format!("the database call failed: {e}")))
+        joined.unwrap_or_else(|e| Err(Failed::Node(format!("the database call failed: {e}"))))
+    }
+
+    /// Runs `work` on one of the read-only connections on a blocking thread, never on the lock path's
+    /// connection: it waits (without a thread) for one of the [`READERS`], and is interrupted after
+    /// [`READ_LIMIT`].
+    async fn read<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Shared, &mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, QuorumFailure> {
+        let Ok(_permit) = self.shared.reading.acquire().await else {
+            return Err(self.shared.failure("the store is closed".to_string()));
+        };
+        let shared = Arc::clone(&self.shared);
+        let (started, interrupt) = tokio::sync::oneshot::channel();
+        let mut joined = tokio::task::spawn_blocking(move || {
+            let mut reader = match shared.take_reader() {
+                Ok(reader) => reader,
+                Err(e) => return Err(format!("cannot open a read connection: {e}")),
+            };
+            let _ = started.send(Arc::clone(&reader.interrupt));
+            let read = work(&shared, &mut reader.connection);
+            shared.give_back(reader);
+            read.map_err(|e| match e.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::OperationInterrupted) => {
+                    format!("the read was stopped after {READ_LIMIT:?}")
+                }
+                _ => e.to_string(),
+            })
+        });
+        let read = match tokio::time::timeout(READ_LIMIT, &mut joined).await {
+            Ok(read) => read,
+            Err(_) => {
+                if let Ok(interrupt) = interrupt.await {
+                    interrupt.interrupt();
+                }
+                joined.await
+            }
+        };
+        read.unwrap_or_else(|e| Err(format!("the database call failed: {e}")))
             .map_err(|why| self.shared.failure(why))
+    }
+}
+
+impl Shared {
+    /// An idle read-only connection, or a new one. Opened without `CREATE`, so a file deleted since is
+    /// an error here, never a new empty database.
+    fn take_reader(&self) -> rusqlite::Result<Reader> {
+        let idle = self
+            .readers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pop();
+        if let Some(reader) = idle {
+            return Ok(reader);
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let connection = Connection::open_with_flags(&self.path, flags)?;
+        connection.busy_timeout(BUSY_TIMEOUT)?;
+        let interrupt = Arc::new(connection.get_interrupt_handle());
+        Ok(Reader {
+            connection,
+            interrupt,
+        })
+    }
+
+    /// Returns a read connection to the idle ones.
+    fn give_back(&self, reader: Reader) {
+        self.readers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(reader);
+    }
+
+    /// `failed` as the failure of the store's one node (a fault named as what it is).
+    fn quorum(&self, failed: Failed) -> QuorumFailure {
+        match failed {
+            Failed::Node(why) => self.failure(why),
+            Failed::Fault(fault) => self.failure(fault.to_string()),
+        }
     }
 }
 
@@ -222,18 +388,17 @@ impl Health for EmbeddedStore {
 
     /// The database's write lock taken (`BEGIN IMMEDIATE`, as a claim takes it) and let go, waiting for
     /// another process's at most `BUSY_TIMEOUT`: the file answers, and a claim could be decided now.
+    ///
+    /// A file that is no longer the path's ([`StoreFault::FileReplaced`]) is not ready.
     async fn readiness(&self) -> Result<Option<Readings>, String> {
-        self.write(|_, _| Ok(()))
-            .await
-            .map(|()| None)
-            .map_err(|failure| {
-                let why: Vec<String> = failure
-                    .failures
-                    .iter()
-                    .map(|(path, why)| format!("{path}: {why}"))
-                    .collect();
-                format!("the database does not answer: {}", why.join("; "))
-            })
+        match self.write_checked(|_, _| Ok(())).await {
+            Ok(()) => Ok(None),
+            Err(Failed::Fault(fault)) => Err(fault.to_string()),
+            Err(Failed::Node(why)) => Err(format!(
+                "the database does not answer: {}: {why}",
+                self.shared.label()
+            )),
+        }
     }
 
     /// Nothing to prepare: ready at once.

@@ -50,8 +50,8 @@ impl Pauses for EmbeddedStore {
     /// The pause of each of `jobs`, in order; see [`crate::store::Store::pauses`].
     async fn pauses(&self, jobs: &[String]) -> Result<Read<Vec<Option<PauseRead>>>, QuorumFailure> {
         let jobs = jobs.to_vec();
-        self.blocking(move |shared, connection| {
-            // A read: a deferred transaction, which never waits for a writer.
+        self.read(move |shared, connection| {
+            // A read: a deferred transaction on a read connection, which never waits for the writer.
             let transaction = connection.transaction()?;
             let transaction = &transaction;
             let value = jobs

@@ -35,7 +35,7 @@ impl Triggers for EmbeddedStore {
 
     /// Every request not past its expiry, oldest first; see [`crate::store::Store::triggers`].
     async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
-        self.blocking(|shared, connection| {
+        self.read(|shared, connection| {
             let mut select = connection
                 .prepare_cached("SELECT id, request FROM triggers WHERE expires_ms > ?1")?;
             let mut rows = select.query([now_ms()])?;

@@ -126,6 +126,13 @@ impl SqlStore {
         match decided {
             Ok(outcomes) => outcomes,
             Err(Failed::Unknown(why)) => self.read_back(&chunk, &values, started, &why).await,
+            Err(Failed::Denied(why)) => {
+                let fault = self.permission_fault(why);
+                chunk
+                    .iter()
+                    .map(|_| ClaimOutcome::Fault(fault.clone()))
+                    .collect()
+            }
             Err(failed) => {
                 let failure = self.failure(failed);
                 chunk

@@ -179,6 +179,38 @@ impl Dialect {
         }
     }
 
+    /// The statements a read's session runs after [`Dialect::on_connect`]'s: on MariaDB, a bound of
+    /// `read_ms` on each statement (`max_statement_time`, in a `/*M! … */` comment: MySQL's own bound,
+    /// `max_execution_time`, is a name MariaDB refuses, so MySQL's reads are bounded by the client only).
+    /// PostgreSQL's bound is per transaction ([`Dialect::read_bound`]).
+    pub fn read_session(&self, lock_s: u64, read_ms: u128) -> Vec<String> {
+        match self.kind {
+            SqlDialect::Postgres => Vec::new(),
+            SqlDialect::Mysql => vec![format!(
+                "SET SESSION innodb_lock_wait_timeout = {lock_s} \
+                 /*M!100108 , max_statement_time = {}.{:03} */",
+                read_ms / 1000,
+                read_ms % 1000
+            )],
+        }
+    }
+
+    /// On PostgreSQL, the first statement of a read's transaction ([`Dialect::begin_read`]): its
+    /// statements are cancelled by the server after `read_ms`, for this transaction only.
+    pub fn read_bound(&self, read_ms: u128) -> Option<String> {
+        match self.kind {
+            SqlDialect::Postgres => Some(format!(
+                "SELECT set_config('statement_timeout', '{read_ms}ms', true)"
+            )),
+            SqlDialect::Mysql => None,
+        }
+    }
+
+    /// The statement that begins a read's transaction (PostgreSQL): read-only, `READ COMMITTED`.
+    pub fn begin_read(&self) -> &'static str {
+        "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY"
+    }
+
     /// The statements every new connection runs, if any: on MySQL, `READ COMMITTED` (InnoDB's default
     /// `REPEATABLE READ` would read a snapshot taken before a row lock was waited for), a lock wait of
     /// `lock_s`, and an idle limit of `idle_s` (a worker paused inside a transaction must not hold the

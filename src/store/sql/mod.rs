@@ -16,6 +16,14 @@
 //! [`dialect::Dialect`] (placeholders, upserts, the clock, column types). Times are stored as integers (ms
 //! or µs since the epoch), so no time zone setting of the server or the session can change them.
 //!
+//! Reads (history, members, pauses and trigger requests, for the dashboard, the command line and the
+//! worker's checks) have a pool of their own, [`READ_CONNECTIONS`] sessions whose statements the server
+//! stops after the read's budget (`statement_timeout`, MariaDB's `max_statement_time`): the lock path —
+//! claims, renewals, releases — keeps all of `pool_size`, and no read, however many, can take one of its
+//! connections. A statement refused for want of a privilege closes its connection (the server may keep a
+//! session's rights from before a `GRANT`), answers claims with [`StoreFault::PermissionDenied`] and
+//! makes `/readyz` not ready until the rights are back.
+//!
 //! What this store assumes, and what a failure of the server costs: docs/protocol.md, *The SQL store*.
 
 mod claim;
@@ -37,7 +45,7 @@ use sqlx::{Any, AnyConnection, AnyPool, Connection as _};
 use crate::clock::cluster::{Readings, Sample};
 use crate::config::SqlConfig;
 use crate::history::HistorySettings;
-use crate::lock::{LockSettings, QuorumFailure};
+use crate::lock::{LockSettings, QuorumFailure, StoreFault};
 use crate::store::{Health, StoreError};
 
 pub use dialect::Dialect;
@@ -60,6 +68,10 @@ const OPENING_PATIENCE: Duration = Duration::from_secs(5);
 /// `SqlStore::connection`).
 const OPENING_AT_ONCE: usize = 2;
 
+/// How many sessions the reads have, beside the lock path's `pool_size`: reads beyond them wait for one
+/// within their budget.
+const READ_CONNECTIONS: u32 = 2;
+
 /// Claims, leases, tokens, history, membership, pauses and triggers in one SQL database.
 pub struct SqlStore {
     shared: Arc<Shared>,
@@ -72,7 +84,13 @@ struct Shared {
     dialect: Dialect,
     /// `host:port/database`, to name the server in logs and errors (never a password).
     target: String,
+    /// The lock path's pool: claims, renewals, releases, and the other writes.
     pool: AnyPool,
+    /// The reads' pool ([`READ_CONNECTIONS`] sessions, their statements bounded by the server).
+    reads: AnyPool,
+    /// The last permission error of a statement, until a check of the rights passes
+    /// ([`SqlStore::rights_back`]): `/readyz` is not ready while it is set.
+    denied: std::sync::Mutex<Option<String>>,
     /// The pool's largest size (`pool_size`).
     pool_size: u32,
     /// [`OPENING_AT_ONCE`] permits: held by an acquire that may open a connection.
@@ -93,6 +111,9 @@ enum Failed {
     Unknown(String),
     /// The server answered, but the store cannot be used (see [`Unusable`]).
     Unusable(Unusable),
+    /// The server refused a statement for want of a privilege (nothing was written); the connection was
+    /// closed.
+    Denied(String),
 }
 
 impl std::fmt::Display for Failed {
@@ -101,6 +122,7 @@ impl std::fmt::Display for Failed {
             Failed::Before(why) => f.write_str(why),
             Failed::Unknown(why) => write!(f, "the commit's answer was lost: {why}"),
             Failed::Unusable(why) => write!(f, "{why}"),
+            Failed::Denied(why) => write!(f, "permission denied: {why}"),
         }
     }
 }
@@ -147,6 +169,24 @@ impl SqlStore {
         let on_connect: Arc<[String]> = dialect
             .on_connect(lock_s, idle_s, idle_transaction_s)
             .into();
+        // A read's statements end on the server when its longest budget (`SqlStore::read_budget`) has
+        // passed, rather than running on after the client gave up on them.
+        let read_ms = (settings.node_timeout * 4).as_millis().max(1);
+        let mut read_session: Vec<String> = on_connect.to_vec();
+        read_session.extend(dialect.read_session(lock_s, read_ms));
+        let read_session: Arc<[String]> = read_session.into();
+        let reads = AnyPoolOptions::new()
+            .after_connect(move |connection, _| {
+                let read_session = Arc::clone(&read_session);
+                Box::pin(async move { start_session(connection, &read_session).await })
+            })
+            .max_connections(READ_CONNECTIONS)
+            .min_connections(0)
+            .acquire_timeout(acquire_timeout(&settings))
+            .idle_timeout(Duration::from_secs(300))
+            .max_lifetime(Duration::from_secs(1800))
+            .test_before_acquire(config.dialect == crate::config::SqlDialect::Mysql)
+            .connect_lazy_with(options.clone());
         let pool = AnyPoolOptions::new()
             .after_connect({
                 let on_connect = Arc::clone(&on_connect);
@@ -174,6 +214,8 @@ impl SqlStore {
                 dialect,
                 target,
                 pool,
+                reads,
+                denied: std::sync::Mutex::new(None),
                 pool_size: config.pool_size,
                 opening: tokio::sync::Semaphore::new(OPENING_AT_ONCE),
                 on_connect,
@@ -279,6 +321,10 @@ impl SqlStore {
                     connection.close_on_drop();
                 }
                 let why = self.describe_error(&e);
+                if denied(&e) {
+                    connection.close_on_drop();
+                    return Err(self.note_denied(why));
+                }
                 if committing && !answered {
                     Err(Failed::Unknown(why))
                 } else {
@@ -376,26 +422,145 @@ impl SqlStore {
         Ok(connection)
     }
 
-    /// One statement (or a few) outside a transaction, on a connection of the pool, within `budget`.
+    /// One statement (or a few) outside a transaction, on a connection of the lock path's pool, within
+    /// `budget`.
     async fn with_connection<T, F>(&self, budget: Duration, work: F) -> Result<T, Failed>
     where
         T: Send,
         F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send,
     {
         self.prepared().await?;
-        let mut connection = self.connection(budget).await?;
+        let connection = self.connection(budget).await?;
+        self.run_on(connection, budget, work).await
+    }
+
+    /// As [`Self::with_connection`], on a connection of the reads' pool ([`READ_CONNECTIONS`]), never
+    /// one of the lock path's: waited for within `budget`, with the rest of it for the statements.
+    async fn with_reader<T, F>(&self, budget: Duration, work: F) -> Result<T, Failed>
+    where
+        T: Send,
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>
+            + Send
+            + 'static,
+    {
+        self.prepared().await?;
+        let started = Instant::now();
+        let connection = match tokio::time::timeout(budget, self.shared.reads.acquire()).await {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(e)) => return Err(Failed::Before(self.describe_error(&e))),
+            Err(_) => {
+                return Err(Failed::Before(format!(
+                    "no read connection within {budget:?} ({READ_CONNECTIONS} serve the reads)"
+                )))
+            }
+        };
+        let left = budget.saturating_sub(started.elapsed());
+        // On PostgreSQL the bound is the transaction's own (`SET LOCAL`), so no session state is left for a
+        // pooler in transaction mode to hand to another client.
+        let Some(bound) = self.shared.dialect.read_bound(left.as_millis().max(1)) else {
+            return self.run_on(connection, left, work).await;
+        };
+        let begin = self.shared.dialect.begin_read();
+        self.run_on(connection, left, move |connection| {
+            Box::pin(async move {
+                let mut transaction = connection.begin_with(begin).await?;
+                sqlx::Executor::execute(&mut *transaction, sqlx::AssertSqlSafe(bound)).await?;
+                let value = work(&mut transaction).await?;
+                transaction.commit().await?;
+                Ok(value)
+            })
+        })
+        .await
+    }
+
+    /// Runs `work` on `connection` within `budget`; a connection that broke, was cut off, or was refused
+    /// a statement for want of a privilege is closed, never reused.
+    async fn run_on<T, F>(
+        &self,
+        mut connection: PoolConnection<Any>,
+        budget: Duration,
+        work: F,
+    ) -> Result<T, Failed>
+    where
+        T: Send,
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send,
+    {
         match tokio::time::timeout(budget, work(&mut connection)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
-                if !matches!(e, sqlx::Error::Database(_)) {
+                if !matches!(e, sqlx::Error::Database(_)) || denied(&e) {
                     connection.close_on_drop();
                 }
-                Err(Failed::Before(self.describe_error(&e)))
+                let why = self.describe_error(&e);
+                if denied(&e) {
+                    return Err(self.note_denied(why));
+                }
+                Err(Failed::Before(why))
             }
             Err(_) => {
                 connection.close_on_drop();
                 Err(Failed::Before(format!("no answer within {budget:?}")))
             }
+        }
+    }
+
+    /// Keeps `why`, a permission error, for `/readyz` (until [`Self::rights_back`]), as a call's failure.
+    fn note_denied(&self, why: String) -> Failed {
+        *self
+            .shared
+            .denied
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(why.clone());
+        Failed::Denied(why)
+    }
+
+    /// A permission error `why` as a claim's fault.
+    fn permission_fault(&self, why: String) -> StoreFault {
+        StoreFault::PermissionDenied {
+            target: self.shared.target.clone(),
+            why,
+        }
+    }
+
+    /// After a permission error: whether the rights are back, checked as at start
+    /// ([`schema::missing_right`]) on a session of its own (a pooled one may keep the rights it had);
+    /// `Err` with what is missing while they are not. Clears the error once they are.
+    async fn rights_back(&self) -> Result<(), String> {
+        let noted = self
+            .shared
+            .denied
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let Some(noted) = noted else {
+            return Ok(());
+        };
+        let target = &self.shared.target;
+        let budget = self.budget() * 4;
+        let checked = tokio::time::timeout(budget, async {
+            let mut connection = self.direct_session().await?;
+            let missing = schema::missing_right(&self.shared.dialect, &mut connection).await;
+            let _ = connection.close().await;
+            missing
+        })
+        .await;
+        match checked {
+            Ok(Ok(None)) => {
+                *self
+                    .shared
+                    .denied
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+                Ok(())
+            }
+            Ok(Ok(Some(missing))) => Err(format!("{target}: permission denied: {missing}")),
+            Ok(Err(e)) => Err(format!(
+                "{target}: permission denied: {noted} (the rights could not be checked again: {})",
+                self.describe_error(&e)
+            )),
+            Err(_) => Err(format!(
+                "{target}: permission denied: {noted} (the rights could not be checked again within {budget:?})"
+            )),
         }
     }
 
@@ -505,6 +670,20 @@ async fn start_session(
     Ok(())
 }
 
+/// Whether `e` is the server's refusal of a statement for want of a privilege: PostgreSQL `42501`;
+/// MySQL/MariaDB 1142 (a command on a table), 1143 (on a column), 1044 (on the database), 1227 (needs a
+/// global privilege), 1370 (a routine).
+fn denied(e: &sqlx::Error) -> bool {
+    let Some(db) = e.as_database_error() else {
+        return false;
+    };
+    let number = db
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|e| e.number());
+    db.code().as_deref() == Some("42501")
+        || matches!(number, Some(1142 | 1143 | 1044 | 1227 | 1370))
+}
+
 /// The start of a failure's text that marks it as the server's serialization failure or deadlock.
 const CONFLICT_MARK: &str = "conflict: ";
 
@@ -534,7 +713,10 @@ impl Health for SqlStore {
 
     /// The database's clock, read as a claim reads it; the server in recovery or read-only (a standby, or
     /// a primary fenced by the operator) is not ready, since no claim could be written.
+    ///
+    /// After a permission error, not ready until the rights are back ([`SqlStore::rights_back`]).
     async fn readiness(&self) -> Result<Option<Readings>, String> {
+        self.rights_back().await?;
         let sql = self.sql("SELECT {read_only}");
         let read_only = self
             .with_connection(self.budget(), move |connection| {
@@ -559,7 +741,7 @@ impl Health for SqlStore {
     /// See [`SqlStore::prepared`]: the schema checked, created or upgraded.
     async fn prepare(&self) -> Result<(), StoreError> {
         match self.prepared().await {
-            Ok(()) | Err(Failed::Before(_)) | Err(Failed::Unknown(_)) => Ok(()),
+            Ok(()) | Err(Failed::Before(_) | Failed::Unknown(_) | Failed::Denied(_)) => Ok(()),
             Err(Failed::Unusable(why)) => Err(StoreError::Sql {
                 dialect: self.shared.dialect.section(),
                 target: self.shared.target.clone(),

@@ -116,7 +116,7 @@ impl Records for SqlStore {
              FROM {history} WHERE job = ? AND tick BETWEEN ? AND ? ORDER BY tick DESC",
         );
         let rows = self
-            .with_connection(self.budget() * 4, move |connection| {
+            .with_reader(self.budget() * 4, move |connection| {
                 Box::pin(async move {
                     // The tick of the limit-th newest entry: every entry of it and of newer ticks is read,
                     // so that the merge's order (not the table's) picks the entries of the last tick.
@@ -141,23 +141,30 @@ impl Records for SqlStore {
             })
             .await
             .map_err(|failed| self.failure(failed))?;
-        let (mut entries, mut skipped) = (Vec::new(), Vec::new());
-        for (tick, json, length) in rows {
-            let read = match json {
-                Some(json) => Entry::from_json(&json).map_err(|e| e.to_string()),
-                None => Err(format!("{length} bytes, more than {MAX_VALUE}")),
-            };
-            match read {
-                Ok(entry) => entries.push(entry),
-                Err(why) => skipped.push(skip_note(
-                    &self.shared.target,
-                    "history entry of tick",
-                    &tick.to_string(),
-                    &why,
-                )),
+        // Parsed on a blocking thread: a job's history with large output tails is megabytes of JSON,
+        // which would hold a runtime thread (and the claims and renewals waiting for one) as long.
+        let (target, limit) = (self.shared.target.clone(), query.limit);
+        let parsed = tokio::task::spawn_blocking(move || {
+            let (mut entries, mut skipped) = (Vec::new(), Vec::new());
+            for (tick, json, length) in rows {
+                let read = match json {
+                    Some(json) => Entry::from_json(&json).map_err(|e| e.to_string()),
+                    None => Err(format!("{length} bytes, more than {MAX_VALUE}")),
+                };
+                match read {
+                    Ok(entry) => entries.push(entry),
+                    Err(why) => skipped.push(skip_note(
+                        &target,
+                        "history entry of tick",
+                        &tick.to_string(),
+                        &why,
+                    )),
+                }
             }
-        }
-        Ok(Read::newest(entries, query.limit, skipped))
+            Read::newest(entries, limit, skipped)
+        })
+        .await;
+        parsed.map_err(|e| self.failure(format!("reading the history failed: {e}")))
     }
 
     /// Keeps `member`'s announcement, stamped with the database's clock, alive for [`Member::ttl`] (a
@@ -218,7 +225,7 @@ impl Records for SqlStore {
              FROM {members} WHERE expires_us > {now_us} OR expired_ms > {now_ms} - ?",
         );
         let rows: Vec<(String, i64, Option<String>, i64)> = self
-            .with_connection(self.budget() * 4, move |connection| {
+            .with_reader(self.budget() * 4, move |connection| {
                 Box::pin(async move {
                     sqlx::query_as(sqlx::AssertSqlSafe(select))
                         .bind(MAX_VALUE)

@@ -6,7 +6,8 @@
 //! entries by job and id; members by id; pauses by job; trigger requests by id. A server that answers but
 //! cannot hold them — refused credentials, a missing database (or one the user may not use), a version
 //! older than the store needs, a schema of a newer redcron, a table changed by hand, a user without the
-//! right to create tables — is [`Unusable`], with what to do about it.
+//! right to create tables, a user without the rights on them that claims need (checked at start by
+//! [`missing_right`]) — is [`Unusable`], with what to do about it.
 
 use sqlx::{AnyConnection, Connection as _, Executor as _};
 
@@ -38,6 +39,8 @@ pub enum Unusable {
              the statements below (what `redcron check --sql` prints), and grant this user SELECT, INSERT, UPDATE \
              and DELETE on the tables unless it owns them:\n{sql}")]
     NoDdl { why: String, sql: String },
+    #[error("this user may not {missing}. Have an administrator run, in this database:\n{grant}")]
+    NoRights { missing: String, grant: String },
 }
 
 /// The store's tables for one server and key prefix, as `redcron check` shows them.
@@ -284,7 +287,95 @@ async fn check(dialect: &Dialect, connection: &mut AnyConnection) -> Result<(), 
             }));
         }
     }
+    if let Some(missing) = missing_right(dialect, connection).await.map_err(before)? {
+        let grant = grant(dialect, connection).await.map_err(before)?;
+        return Err(Failed::Unusable(Unusable::NoRights { missing, grant }));
+    }
     Ok(())
+}
+
+/// The first right on the store's tables that this session lacks, as "<privilege> <table> (<the server's
+/// refusal>)", or `None` if it has them all: SELECT on the schema table, SELECT, INSERT, UPDATE and DELETE
+/// on the others, each tried as a statement that touches no row (the server checks a statement's
+/// privileges before it runs it, whatever it would match), in one transaction that is rolled back.
+/// Only a permission error counts (PostgreSQL `42501`, MySQL 1142 and kin); any other is returned.
+pub(super) async fn missing_right(
+    dialect: &Dialect,
+    connection: &mut AnyConnection,
+) -> Result<Option<String>, sqlx::Error> {
+    let mut transaction = connection.begin().await?;
+    for table in TABLES {
+        let name = dialect.table(table);
+        let (columns, _) = columns(table);
+        let first = columns[0].0;
+        let mut statements = vec![("SELECT", format!("SELECT 1 FROM {name} WHERE 1 = 0"))];
+        if table != "schema" {
+            statements.extend([
+                (
+                    "INSERT into",
+                    format!("INSERT INTO {name} SELECT * FROM {name} WHERE 1 = 0"),
+                ),
+                (
+                    "UPDATE",
+                    format!("UPDATE {name} SET {first} = {first} WHERE 1 = 0"),
+                ),
+                ("DELETE from", format!("DELETE FROM {name} WHERE 1 = 0")),
+            ]);
+        }
+        for (privilege, statement) in statements {
+            match transaction.execute(sqlx::AssertSqlSafe(statement)).await {
+                Ok(_) => {}
+                Err(e) if super::denied(&e) => {
+                    // Dropped, the transaction is rolled back; PostgreSQL's is aborted already.
+                    let why = e
+                        .as_database_error()
+                        .map_or_else(|| e.to_string(), |d| d.message().to_string());
+                    return Ok(Some(format!(
+                        "{privilege} {name} ({})",
+                        super::dialect::scrub(&why)
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    transaction.rollback().await?;
+    Ok(None)
+}
+
+/// The statements that grant this session's user the rights [`missing_right`] checks.
+async fn grant(dialect: &Dialect, connection: &mut AnyConnection) -> Result<String, sqlx::Error> {
+    let tables: Vec<String> = TABLES.iter().map(|table| dialect.table(table)).collect();
+    let rights = "SELECT, INSERT, UPDATE, DELETE";
+    Ok(match dialect.kind() {
+        SqlDialect::Postgres => {
+            let (user,): (String,) = sqlx::query_as("SELECT CAST(current_user AS TEXT)")
+                .fetch_one(&mut *connection)
+                .await?;
+            let user = format!("\"{}\"", user.replace('"', "\"\""));
+            format!(
+                "GRANT SELECT ON {} TO {user};\nGRANT {rights} ON {} TO {user};\n",
+                tables[0],
+                tables[1..].join(", ")
+            )
+        }
+        SqlDialect::Mysql => {
+            let (user,): (String,) = sqlx::query_as("SELECT CAST(CURRENT_USER() AS CHAR)")
+                .fetch_one(&mut *connection)
+                .await?;
+            let (name, host) = user.rsplit_once('@').unwrap_or((&user, "%"));
+            let user = format!(
+                "'{}'@'{}'",
+                name.replace('\'', "''"),
+                host.replace('\'', "''")
+            );
+            let mut grant = format!("GRANT SELECT ON {} TO {user};\n", tables[0]);
+            for table in &tables[1..] {
+                grant.push_str(&format!("GRANT {rights} ON {table} TO {user};\n"));
+            }
+            grant
+        }
+    })
 }
 
 /// Refuses a server older than the store needs ([`too_old`]).

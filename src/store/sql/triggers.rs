@@ -38,7 +38,7 @@ impl Triggers for SqlStore {
              WHERE expires_ms > {now_ms}",
         );
         let rows: Vec<(String, Option<String>)> = self
-            .with_connection(self.budget() * 2, move |connection| {
+            .with_reader(self.budget() * 2, move |connection| {
                 Box::pin(async move {
                     sqlx::query_as(sqlx::AssertSqlSafe(select))
                         .bind(MAX_VALUE)

@@ -13,12 +13,16 @@
 //! start per test); a test that stops or kills nodes starts its own ([`Backend::start`]). What differs between
 //! the stores (etcd's whole-second leases, the embedded store's fsync'd commits) is answered by the
 //! harness ([`Backend::adapt`], [`Backend::expiry`]), so each test says the same for every store.
+//!
+//! `reads` holds on the stores whose reads share a process's connections with its lock path (the
+//! embedded store, PostgreSQL, MariaDB): a worker whose dashboard is hammered keeps its leases and ticks.
 
 mod auth;
 mod claims;
 mod faults;
 mod leases;
 mod pauses;
+mod reads;
 mod records;
 mod triggers;
 
@@ -135,16 +139,19 @@ conformance!(etcd, Backend::Etcd, extra: [
 conformance!(embedded, Backend::Embedded, extra: [
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
+    reads::reads_of_a_large_history_never_delay_claims_or_renewals,
 ]);
 conformance!(postgres, Backend::Postgres, extra: [
     auth::a_client_without_credentials_changes_nothing,
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
+    reads::reads_of_a_large_history_never_delay_claims_or_renewals,
 ]);
 conformance!(mariadb, Backend::Mariadb, extra: [
     auth::a_client_without_credentials_changes_nothing,
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
+    reads::reads_of_a_large_history_never_delay_claims_or_renewals,
 ]);
 conformance!(zookeeper, Backend::Zookeeper, extra: [
     auth::a_client_without_credentials_changes_nothing,
