@@ -62,7 +62,15 @@ pub(super) async fn status(
     let jobs: Vec<&JobConfig> = access.config.jobs.iter().collect();
     let read = status::read_status(store, &access.config, &jobs, status::ENTRIES_PER_JOB, now);
     match bounded(dashboard.scans.scan(read)).await {
-        Ok(status) => json(&headers, &status),
+        // Off the runtime's threads, as `/api/history`'s: 10,000 jobs are ~11 MB of JSON.
+        Ok(status) => tokio::task::spawn_blocking(move || json(&headers, &status))
+            .await
+            .unwrap_or_else(|_| {
+                problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the answer could not be written",
+                )
+            }),
         Err(failure) => unavailable(&failure),
     }
 }
@@ -101,8 +109,18 @@ pub(super) async fn history(
     };
     match read {
         Ok(mut history) => {
-            fit(&mut history, MAX_HISTORY_BYTES);
-            json(&headers, &history)
+            // Measuring, writing and compressing megabytes is CPU work: off the runtime's threads, so
+            // that the lock's renewals and the probes never wait for it.
+            let answer = tokio::task::spawn_blocking(move || {
+                fit(&mut history, MAX_HISTORY_BYTES);
+                json(&headers, &history)
+            });
+            answer.await.unwrap_or_else(|_| {
+                problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the answer could not be written",
+                )
+            })
         }
         Err(failure) => unavailable(&failure),
     }
