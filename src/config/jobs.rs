@@ -34,6 +34,7 @@ struct Shared<'a> {
 /// (`src/store/sql/schema.rs`), and no one reads a longer name in a table anyway.
 pub(crate) const MAX_SQL_JOB_NAME: usize = 200;
 
+#[allow(clippy::too_many_arguments)] // each is one of the config's sections, or the clock
 pub(super) fn jobs(
     raw: Option<Spanned<Vec<RawJob>>>,
     lock: &LockSettings,

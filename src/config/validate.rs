@@ -28,7 +28,6 @@ pub(super) const TOP: Mark = Mark { line: 1, column: 1 };
 /// Builds the configuration; whatever is wrong goes to `report` (the result is meaningless then).
 /// `variables_under` a top-level section gives the `${VAR}` names written under it; `written` the text
 /// as written of a scalar in which a `${VAR}` was replaced.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn config(
     raw: RawConfig,
     path: &Path,

@@ -45,7 +45,7 @@ impl Hosts {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         host == "localhost"
             || self.hostname.as_deref() == Some(host.as_str())
-            || allowed.iter().any(|name| *name == host)
+            || allowed.contains(&host)
     }
 
     /// The names `allows` takes, for a refusal's message.
