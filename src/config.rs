@@ -110,6 +110,9 @@ pub struct JobConfig {
     pub schedule: Schedule,
     /// What it runs.
     pub command: Command,
+    /// The command as the file writes it, when a `${VAR}` was replaced in it (the arguments of a list
+    /// joined by spaces): what is shown of it (the dashboard), so that no variable's value is.
+    pub command_as_written: Option<String>,
     /// Environment variables set for the child process, over what it inherits.
     pub env: BTreeMap<String, String>,
     /// What of the worker's environment the child inherits (never the store's variables).
@@ -429,6 +432,7 @@ pub fn parse_with_env(
         &mut report,
         chrono::Utc::now(),
         &|section: &str| document.variables_under(section),
+        &|mark: yaml::Mark| document.written(mark).map(str::to_string),
         env,
     );
     if !report.problems.is_empty() {

@@ -36,6 +36,9 @@ pub struct DashboardConfig {
     pub controls: bool,
     /// `public` (default false): serve the read-only dashboard without a token on a non-loopback address.
     pub public: bool,
+    /// `allowed_hosts` (default none): the names, beside an IP address, `localhost` and this host's name,
+    /// that a request's `Host` may give for the dashboard (lower case, without a port).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for DashboardConfig {
@@ -45,6 +48,7 @@ impl Default for DashboardConfig {
             tokens: Vec::new(),
             controls: false,
             public: false,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -71,6 +75,7 @@ impl fmt::Debug for DashboardConfig {
             .field("tokens", &self.tokens)
             .field("controls", &self.controls)
             .field("public", &self.public)
+            .field("allowed_hosts", &self.allowed_hosts)
             .finish()
     }
 }
@@ -183,11 +188,17 @@ pub(super) fn dashboard(
         let mark = raw.controls.as_ref().map_or(raw.mark, |c| c.mark);
         report.error(mark, "dashboard.controls", why);
     }
+    let allowed_hosts = raw
+        .allowed_hosts
+        .as_ref()
+        .map(|list| allowed_hosts(list, report))
+        .unwrap_or_default();
     let config = DashboardConfig {
         enabled,
         tokens,
         controls,
         public,
+        allowed_hosts,
     };
     if let Serving::Off(why) = config.serving(listen) {
         if enabled {
@@ -199,6 +210,37 @@ pub(super) fn dashboard(
         }
     }
     config
+}
+
+/// The most names `allowed_hosts` may give.
+const MAX_ALLOWED_HOSTS: usize = 64;
+
+/// `allowed_hosts`: host names (letters, digits, `-` and `.`, at most 253 characters), lower-cased, a
+/// trailing dot dropped.
+fn allowed_hosts(list: &Spanned<Vec<Spanned<String>>>, report: &mut Report) -> Vec<String> {
+    if list.value.len() > MAX_ALLOWED_HOSTS {
+        let why = format!("at most {MAX_ALLOWED_HOSTS} names");
+        report.error(list.mark, "dashboard.allowed_hosts", why);
+    }
+    let mut names = Vec::new();
+    for (i, name) in list.value.iter().enumerate() {
+        let host = name.value.trim().trim_end_matches('.').to_ascii_lowercase();
+        let valid = (1..=253).contains(&host.len())
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.'));
+        if valid {
+            names.push(host);
+        } else {
+            let why = format!(
+                "invalid host name {:?}: letters, digits, `-` and `.`, without a port or a scheme \
+                 (e.g. redcron.example.com)",
+                name.value
+            );
+            report.error(name.mark, &format!("dashboard.allowed_hosts[{i}]"), why);
+        }
+    }
+    names
 }
 
 fn valid_name(name: &str) -> bool {
@@ -257,6 +299,16 @@ mod tests {
         let env = |name: &str| (name == "TOKEN").then(|| "0123456789abcdef-secret".to_string());
         parse_with_env(&format!("{head}{JOBS}"), Path::new("jobs.yaml"), &env)
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn allowed_hosts_are_names_lower_cased() {
+        let config =
+            parse("dashboard:\n  allowed_hosts: [Cron.Example.COM., cron-1]\n").expect("valid");
+        assert_eq!(
+            config.dashboard.allowed_hosts,
+            ["cron.example.com", "cron-1"]
+        );
     }
 
     #[test]
@@ -323,6 +375,8 @@ mod tests {
             ("dashboard:\n  token: short\n", "2:10: dashboard.token: a token must be at least 16 characters"),
             ("dashboard:\n  public: maybe\n", "2:11: dashboard.public: invalid \"maybe\""),
             ("dashboard:\n  tokne: x\n", "dashboard.tokne: unknown field `tokne`"),
+            ("dashboard:\n  allowed_hosts: [\"http://a.example\"]\n", "dashboard.allowed_hosts[0]: invalid host name"),
+            ("dashboard:\n  allowed_hosts: a.example\n", "dashboard.allowed_hosts"),
             (
                 "dashboard:\n  tokens:\n    - {name: a, token: aaaaaaaaaaaaaaaaaaaa}\n    - {name: a, token: bbbbbbbbbbbbbbbbbbbb}\n",
                 "dashboard.tokens[1].name: duplicate token name \"a\"",

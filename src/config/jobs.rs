@@ -26,12 +26,15 @@ struct Shared<'a> {
     /// The longest job name the store takes (a SQL store keeps names in indexed key columns).
     max_name: Option<usize>,
     now: DateTime<Utc>,
+    /// The text as written of a scalar in which a `${VAR}` was replaced.
+    written: &'a dyn Fn(Mark) -> Option<String>,
 }
 
 /// The longest job name a SQL store takes: a job's keys are indexed columns of bounded width
 /// (`src/store/sql/schema.rs`), and no one reads a longer name in a table anyway.
 pub(crate) const MAX_SQL_JOB_NAME: usize = 200;
 
+#[allow(clippy::too_many_arguments)] // each is one of the config's sections, or the clock
 pub(super) fn jobs(
     raw: Option<Spanned<Vec<RawJob>>>,
     lock: &LockSettings,
@@ -40,6 +43,7 @@ pub(super) fn jobs(
     store: &super::StoreConfig,
     report: &mut Report,
     now: DateTime<Utc>,
+    written: &dyn Fn(Mark) -> Option<String>,
 ) -> Vec<JobConfig> {
     let max_name = matches!(store, super::StoreConfig::Sql(_)).then_some(MAX_SQL_JOB_NAME);
     let shared = Shared {
@@ -48,6 +52,7 @@ pub(super) fn jobs(
         secret_env_vars,
         max_name,
         now,
+        written,
     };
     let Some(list) = raw else {
         report.warn(
@@ -142,6 +147,10 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
     });
     let command = required(&raw.command, &field("command"), raw.mark, report)
         .and_then(|command| self::command(command, &field("command"), report));
+    let command_as_written = raw
+        .command
+        .as_ref()
+        .and_then(|command| as_written(command, shared.written));
     let mut env = BTreeMap::new();
     for (key, value) in &raw.env {
         if key.value.is_empty() || key.value.contains(['=', '\0']) || value.value.contains('\0') {
@@ -220,6 +229,7 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
         name: name?,
         schedule: schedule?,
         command: command?,
+        command_as_written,
         env,
         inherit_env,
         workdir,
@@ -321,6 +331,32 @@ fn command(raw: &Spanned<OneOrList>, field: &str, report: &mut Report) -> Option
         OneOrList::Invalid => {}
     }
     None
+}
+
+/// `raw` as the file writes it, if a `${VAR}` was replaced in it (a list's arguments joined by spaces).
+fn as_written(
+    raw: &Spanned<OneOrList>,
+    written: &dyn Fn(Mark) -> Option<String>,
+) -> Option<String> {
+    match &raw.value {
+        OneOrList::One(_) => written(raw.mark),
+        OneOrList::List(argv) => {
+            let args: Vec<(Option<String>, &str)> = argv
+                .iter()
+                .map(|arg| (written(arg.mark), arg.value.as_str()))
+                .collect();
+            args.iter()
+                .any(|(as_written, _)| as_written.is_some())
+                .then(|| {
+                    let args: Vec<&str> = args
+                        .iter()
+                        .map(|(as_written, value)| as_written.as_deref().unwrap_or(value))
+                        .collect();
+                    args.join(" ")
+                })
+        }
+        OneOrList::Invalid => None,
+    }
 }
 
 fn required<'a, T>(

@@ -142,6 +142,7 @@ pub(crate) struct RawDashboard {
     pub tokens: Option<Spanned<Vec<RawDashboardToken>>>,
     pub controls: Option<Spanned<String>>,
     pub public: Option<Spanned<String>>,
+    pub allowed_hosts: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// One of `dashboard.tokens`.
@@ -411,6 +412,9 @@ fn read_dashboard(node: &Node, key: Mark, report: &mut Report) -> Option<RawDash
         tokens,
         controls: fields.scalar("controls", report),
         public: fields.scalar("public", report),
+        allowed_hosts: fields
+            .take("allowed_hosts")
+            .and_then(|list| scalars(list, "dashboard.allowed_hosts", report)),
     };
     fields.finish(report);
     Some(dashboard)

@@ -26,13 +26,15 @@ use crate::store::redis::node::redact;
 pub(super) const TOP: Mark = Mark { line: 1, column: 1 };
 
 /// Builds the configuration; whatever is wrong goes to `report` (the result is meaningless then).
-/// `variables_under` a top-level section gives the `${VAR}` names written under it.
+/// `variables_under` a top-level section gives the `${VAR}` names written under it; `written` the text
+/// as written of a scalar in which a `${VAR}` was replaced.
 pub(crate) fn config(
     raw: RawConfig,
     path: &Path,
     report: &mut Report,
     now: DateTime<Utc>,
     variables_under: &dyn Fn(&str) -> BTreeSet<String>,
+    written: &dyn Fn(super::yaml::Mark) -> Option<String>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Config {
     let sql = sql_section(&raw);
@@ -88,6 +90,7 @@ pub(crate) fn config(
         &store,
         report,
         now,
+        written,
     );
     Config {
         path: path.to_path_buf(),

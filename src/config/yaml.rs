@@ -28,7 +28,7 @@ use yaml_rust2::parser::{Event, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
 /// A position in the file: 1-based line and column (in characters).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) struct Mark {
     pub line: usize,
     pub column: usize,
@@ -106,9 +106,17 @@ pub(crate) struct Document {
     pub tainted: Vec<Mark>,
     /// `(scalar, variable)` for every `${VAR}` replaced, by the position of the scalar it was in.
     substituted: Vec<(Mark, String)>,
+    /// The text as written of every scalar in which a `${VAR}` was replaced, by its position.
+    written: HashMap<Mark, Rc<str>>,
 }
 
 impl Document {
+    /// The text as written (`${VAR}` not replaced) of the scalar at `mark`, if a variable was replaced
+    /// in it: what may be shown of a value that holds a secret.
+    pub fn written(&self, mark: Mark) -> Option<&str> {
+        self.written.get(&mark).map(|text| &**text)
+    }
+
     /// The variables replaced inside the top-level `key:` of the document, at any depth, aliases
     /// included (an alias keeps the position of the scalar it repeats).
     pub fn variables_under(&self, key: &str) -> BTreeSet<String> {
@@ -170,6 +178,7 @@ pub(crate) fn parse(
         problems: Vec::new(),
         tainted: Vec::new(),
         substituted: Vec::new(),
+        written: HashMap::new(),
     };
     let mut parser = Parser::new_from_str(text);
     loop {
@@ -193,6 +202,7 @@ pub(crate) fn parse(
         problems: builder.problems,
         tainted: builder.tainted,
         substituted: builder.substituted,
+        written: builder.written,
     })
 }
 
@@ -239,6 +249,7 @@ struct Builder<'a> {
     problems: Vec<YamlProblem>,
     tainted: Vec<Mark>,
     substituted: Vec<(Mark, String)>,
+    written: HashMap<Mark, Rc<str>>,
 }
 
 impl Builder<'_> {
@@ -256,7 +267,11 @@ impl Builder<'_> {
                     Kind::Null
                 } else {
                     let before = self.problems.len();
+                    let replaced = self.substituted.len();
                     let value = self.substitute(&text, mark);
+                    if self.substituted.len() > replaced {
+                        self.written.insert(mark, text.as_str().into());
+                    }
                     if self.problems.len() == before {
                         Kind::Scalar(value.into())
                     } else {

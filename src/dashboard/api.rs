@@ -43,6 +43,9 @@ use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT};
 
 /// The most ticks `/api/history` lists, as `redcron history --limit`.
 const MAX_LIMIT: usize = crate::cli::history::MAX_LIMIT;
+/// The most bytes of JSON `/api/history` answers with: 5,000 ticks with 64 KiB output tails would be
+/// over 600 MB. The newest ticks that fit are listed, and `cut_short` says how many were left out.
+pub(super) const MAX_HISTORY_BYTES: usize = 16 * 1024 * 1024;
 /// The writer (`worker`) of the `control` entries the dashboard records.
 const CONTROL_WRITER: &str = "dashboard";
 /// The longest pause reason taken.
@@ -59,7 +62,15 @@ pub(super) async fn status(
     let jobs: Vec<&JobConfig> = access.config.jobs.iter().collect();
     let read = status::read_status(store, &access.config, &jobs, status::ENTRIES_PER_JOB, now);
     match bounded(dashboard.scans.scan(read)).await {
-        Ok(status) => json(&headers, &status),
+        // Off the runtime's threads, as `/api/history`'s: 10,000 jobs are ~11 MB of JSON.
+        Ok(status) => tokio::task::spawn_blocking(move || json(&headers, &status))
+            .await
+            .unwrap_or_else(|_| {
+                problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the answer could not be written",
+                )
+            }),
         Err(failure) => unavailable(&failure),
     }
 }
@@ -97,9 +108,73 @@ pub(super) async fn history(
         bounded(dashboard.scans.scan(read)).await
     };
     match read {
-        Ok(history) => json(&headers, &history),
+        Ok(mut history) => {
+            // Measuring, writing and compressing megabytes is CPU work: off the runtime's threads, so
+            // that the lock's renewals and the probes never wait for it.
+            let answer = tokio::task::spawn_blocking(move || {
+                fit(&mut history, MAX_HISTORY_BYTES);
+                json(&headers, &history)
+            });
+            answer.await.unwrap_or_else(|_| {
+                problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the answer could not be written",
+                )
+            })
+        }
         Err(failure) => unavailable(&failure),
     }
+}
+
+/// Cuts `history` to its newest ticks whose entries fit in `budget` bytes of JSON (each entry is
+/// listed twice: in `entries` and in its tick; the first tick is kept whatever its size), with the
+/// controls since the oldest tick kept; `cut_short` says what was left out.
+fn fit(history: &mut history::History, budget: usize) {
+    let size = |entry: &Entry| serde_json::to_vec(entry).map_or(0, |json| json.len() + 64);
+    let mut used = 0;
+    let mut kept = 0;
+    for record in &history.ticks {
+        let cost: usize = record.entries().map(|entry| 2 * size(entry)).sum();
+        if kept > 0 && used + cost > budget {
+            break;
+        }
+        used += cost;
+        kept += 1;
+    }
+    let total = history.ticks.len();
+    if kept == total {
+        return;
+    }
+    history.ticks.truncate(kept);
+    let listed: std::collections::HashSet<_> = history
+        .ticks
+        .iter()
+        .map(|record| {
+            (
+                record.job().to_string(),
+                record.record.tick,
+                record.series(),
+            )
+        })
+        .collect();
+    let oldest = history.ticks.last().map_or(i64::MIN, |r| r.record.tick);
+    history.controls.retain(|control| control.tick >= oldest);
+    history.entries.retain(|entry| {
+        if entry.is_control() {
+            entry.tick >= oldest
+        } else {
+            listed.contains(&(entry.job.clone(), entry.tick, entry.series()))
+        }
+    });
+    let cut = format!(
+        "the answer is cut at {} MiB: the newest {kept} of {total} ticks are listed; ask for fewer \
+         (limit) or for one job",
+        budget / (1024 * 1024)
+    );
+    history.cut_short = Some(match history.cut_short.take() {
+        Some(earlier) => format!("{earlier}; {cut}"),
+        None => cut,
+    });
 }
 
 /// `GET /api/explain?job=J&tick=T`: one tick's story; `T` in RFC 3339 or epoch milliseconds.

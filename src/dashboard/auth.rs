@@ -11,7 +11,7 @@
 //!   sends it) and `Path=/`.
 //! - A state-changing request is refused (403) before anything else when a browser says it comes from
 //!   another site (`Sec-Fetch-Site` other than `same-origin` or `none`) or an `Origin` header names
-//!   another origin than the request's `Host`. With the cookie it must also carry the session's CSRF
+//!   another origin than the request's `Host`, or a name that is not the dashboard's ([`super::hosts`]). With the cookie it must also carry the session's CSRF
 //!   token (form field `csrf` or header `X-CSRF-Token`): an HMAC of the cookie under the token. Bearer
 //!   requests need no CSRF token: a browser never adds that header by itself.
 
@@ -26,8 +26,8 @@ use crate::config::DashboardToken;
 pub(crate) const COOKIE: &str = "redcron_session";
 /// How long a session cookie is accepted after its login.
 pub(crate) const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
-/// How long a failed attempt holds its answer back: with one failure answered at a time per worker, a
-/// guesser gets at most one try per second.
+/// How long a failed attempt holds its answer back. A client address gets one try per
+/// [`super::attempts::COOLDOWN`]; its tries in between are not checked.
 pub(crate) const FAILED_ATTEMPT_DELAY: Duration = Duration::from_secs(1);
 /// The longest cookie value read; anything longer is not ours.
 const MAX_COOKIE: usize = 512;
@@ -215,8 +215,9 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// Why a state-changing request is refused as cross-site, if it is: a browser's `Sec-Fetch-Site` other
-/// than `same-origin` or `none` (typed or bookmarked), or an `Origin` that is not this `Host`'s.
-pub(crate) fn cross_site(headers: &HeaderMap) -> Option<String> {
+/// than `same-origin` or `none` (typed or bookmarked), or an `Origin` that is not one of the dashboard's
+/// names (`allows`, [`super::hosts`]) or not this request's `Host` (another port is another site).
+pub(crate) fn cross_site(headers: &HeaderMap, allows: &dyn Fn(&str) -> bool) -> Option<String> {
     if let Some(site) = headers.get("sec-fetch-site") {
         let site = site.to_str().unwrap_or("?");
         if site != "same-origin" && site != "none" {
@@ -234,7 +235,9 @@ pub(crate) fn cross_site(headers: &HeaderMap) -> Option<String> {
         let same = origin
             .strip_prefix("http://")
             .or_else(|| origin.strip_prefix("https://"))
-            .is_some_and(|authority| !host.is_empty() && authority.eq_ignore_ascii_case(host));
+            .is_some_and(|authority| {
+                allows(authority) && !host.is_empty() && authority.eq_ignore_ascii_case(host)
+            });
         if !same {
             return Some(format!(
                 "Origin {origin:?} is not this dashboard's ({host:?}): the request came from another site"
@@ -418,7 +421,11 @@ mod tests {
             for (name, value) in pairs {
                 headers.insert(*name, HeaderValue::from_static(value));
             }
-            cross_site(&headers)
+            // The dashboard's names: addresses and localhost ([`super::super::hosts`]).
+            let allows = |authority: &str| {
+                authority.starts_with("127.0.0.1") || authority.starts_with("localhost")
+            };
+            cross_site(&headers, &allows)
         };
         assert_eq!(with(&[]), None, "curl sends neither");
         assert_eq!(with(&[("sec-fetch-site", "same-origin")]), None);
@@ -432,6 +439,11 @@ mod tests {
         assert_eq!(with(&[host, ("origin", "http://127.0.0.1:9464")]), None);
         assert!(with(&[host, ("origin", "http://127.0.0.1:9465")]).is_some());
         assert!(with(&[host, ("origin", "null")]).is_some());
+        let rebound = ("host", "evil.example:9464");
+        assert!(
+            with(&[rebound, ("origin", "http://evil.example:9464")]).is_some(),
+            "a name that is not the dashboard's, even as the Host"
+        );
         assert!(
             with(&[("origin", "http://evil.example")]).is_some(),
             "no host"

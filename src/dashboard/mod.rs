@@ -17,7 +17,8 @@
 //! and `/readyz` are the listener's own and never need a token.
 //!
 //! # Layout
-//! - [`auth`]: tokens, session cookies, CSRF.
+//! - [`auth`]: tokens, session cookies, CSRF; `attempts`: one wrong token per client a second.
+//! - `hosts`: the names the dashboard answers to (`Host`, `Origin`), against DNS rebinding.
 //! - `read`: what each page reads from the store, bounded in time.
 //! - `view`: the pure part: rows, tick strips, filters, paging.
 //! - `pages`: the HTML; `words` (a schedule in words) and `chart` (a job's timeline in SVG) beside it.
@@ -25,11 +26,14 @@
 //! - `bulk`: pause and resume of several jobs at once (a maintenance window), and `/`'s form for it.
 
 mod api;
+mod attempts;
 pub(crate) mod auth;
 mod bulk;
 mod chart;
+mod hosts;
 mod pages;
 mod read;
+mod revoked;
 mod view;
 mod words;
 
@@ -59,10 +63,16 @@ pub(crate) struct Dashboard {
     listen: SocketAddr,
     /// The keys of the tokens in force, rebuilt when a reload changes them.
     keys: Mutex<(Vec<DashboardToken>, Arc<Keys>)>,
-    /// Held by a failed attempt while it waits: one failure is answered at a time.
-    failures: tokio::sync::Mutex<()>,
+    /// The last failed token of each client address ([`attempts`]).
+    attempts: attempts::Attempts,
     /// The turns of the reads of every job's history.
     scans: read::Scans,
+    /// The turns of every page's and `/api` answer's read ([`read::Reads`]).
+    reads: read::Reads,
+    /// This host's names ([`hosts`]).
+    hosts: hosts::Hosts,
+    /// The sessions ended by a logout here ([`revoked`]).
+    revoked: revoked::Revoked,
 }
 
 /// What the gate found out about a request that may go on.
@@ -104,8 +114,11 @@ impl Dashboard {
             context,
             listen,
             keys: Mutex::new((tokens, keys)),
-            failures: tokio::sync::Mutex::new(()),
+            attempts: attempts::Attempts::new(),
             scans: read::Scans::new(),
+            reads: read::Reads::new(),
+            hosts: hosts::Hosts::of_this_host(),
+            revoked: revoked::Revoked::new(),
         })
     }
 
@@ -121,13 +134,21 @@ impl Dashboard {
         Arc::clone(&keys.1)
     }
 
-    /// Answers a failed attempt from `from` after [`auth::FAILED_ATTEMPT_DELAY`], one at a time.
-    async fn failed_attempt(&self, from: Option<SocketAddr>) {
-        let from = from.map_or_else(|| "unknown".to_string(), |a| a.ip().to_string());
-        tracing::warn!(event = crate::logging::events::dashboard::LOGIN_FAILED, from = %from,
-                       "A wrong dashboard token was offered");
-        let _one_at_a_time = self.failures.lock().await;
-        tokio::time::sleep(auth::FAILED_ATTEMPT_DELAY).await;
+    /// Checks a token offered by `from` with `check`, unless `from` failed within
+    /// [`attempts::COOLDOWN`]; a failure is logged and answered after [`auth::FAILED_ATTEMPT_DELAY`].
+    async fn attempt<T>(
+        &self,
+        from: Option<SocketAddr>,
+        check: impl FnOnce() -> Result<T, ()>,
+    ) -> attempts::Attempt<T> {
+        let ip = from.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+        let attempt = self.attempts.attempt(ip, check);
+        if let attempts::Attempt::Failed = attempt {
+            tracing::warn!(event = crate::logging::events::dashboard::LOGIN_FAILED, from = %ip,
+                           "A wrong dashboard token was offered");
+            tokio::time::sleep(auth::FAILED_ATTEMPT_DELAY).await;
+        }
+        attempt
     }
 }
 
@@ -149,8 +170,37 @@ pub(crate) fn router(dashboard: Arc<Dashboard>) -> Router {
         .route("/login", get(pages::login_form).post(pages::login))
         .route("/assets/app.js", get(pages::script))
         .route("/assets/style.css", get(pages::style))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&dashboard),
+            known_host,
+        ))
         .layer(middleware::map_response(secure))
         .with_state(dashboard)
+}
+
+/// Lets a request through if its `Host` is one of the dashboard's names ([`hosts`]); else 421.
+async fn known_host(
+    State(dashboard): State<Arc<Dashboard>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(host) = request.headers().get(header::HOST) else {
+        return next.run(request).await;
+    };
+    let config = dashboard.context.config();
+    let allowed = &config.dashboard.allowed_hosts;
+    let host = String::from_utf8_lossy(host.as_bytes());
+    if dashboard.hosts.allows(&host, allowed) {
+        return next.run(request).await;
+    }
+    let shown: String = host.chars().take(100).collect();
+    let text = format!(
+        "Misdirected request: Host {shown:?} is not a name of this dashboard ({}). A page of another \
+         site reaching it through DNS rebinding would look like this; if you reach the dashboard by \
+         this name, add it to dashboard.allowed_hosts.\n",
+        dashboard.hosts.describe(allowed)
+    );
+    (StatusCode::MISDIRECTED_REQUEST, text).into_response()
 }
 
 /// Lets a request through, with its [`Access`], or answers it: not served (404), cross-site (403), no or
@@ -167,22 +217,39 @@ async fn gate(
     let keys = dashboard.keys(&config);
     let api = request.uri().path().starts_with("/api/");
     let operator = if keys.any() {
-        match keys.operator(request.headers(), chrono::Utc::now().timestamp()) {
-            Ok(Some(operator)) => Some(operator),
-            Ok(None) if api => return unauthorized("a dashboard token is needed"),
-            Ok(None) => {
+        let now = chrono::Utc::now().timestamp();
+        let headers = request.headers();
+        // Only a bearer header is a guess; a cookie is checked by its mac, which no one guesses.
+        let proved = if headers.contains_key(header::AUTHORIZATION) {
+            let from = request
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0);
+            dashboard
+                .attempt(from, || keys.operator(headers, now))
+                .await
+        } else {
+            attempts::Attempt::Passed(keys.operator(headers, now).unwrap_or(None))
+        };
+        // A session ended by a logout ([`revoked`]) is no proof, as an expired one is not.
+        let ended = |operator: &Operator| {
+            let session = operator.session.as_deref();
+            session.is_some_and(|cookie| dashboard.revoked.is_revoked(cookie))
+        };
+        match proved {
+            attempts::Attempt::Passed(Some(operator)) if !ended(&operator) => Some(operator),
+            attempts::Attempt::Passed(_) if api => {
+                return unauthorized("a dashboard token is needed")
+            }
+            attempts::Attempt::Passed(_) => {
                 let back = request.uri().path_and_query().map_or("/", |p| p.as_str());
                 return Redirect::to(&format!("/login?next={}", pages::encode_query(back)))
                     .into_response();
             }
-            Err(()) => {
-                let from = request
-                    .extensions()
-                    .get::<ConnectInfo<SocketAddr>>()
-                    .map(|c| c.0);
-                dashboard.failed_attempt(from).await;
-                return unauthorized("the bearer token is not one of dashboard.tokens");
+            attempts::Attempt::Failed => {
+                return unauthorized("the bearer token is not one of dashboard.tokens")
             }
+            attempts::Attempt::Cooling => return cooling(),
         }
     } else {
         None
@@ -192,7 +259,24 @@ async fn gate(
         operator,
         keys,
     });
-    next.run(request).await
+    // Every GET behind the gate reads the store: it takes its turn ([`read::Reads`]).
+    if request.method() != Method::GET {
+        return next.run(request).await;
+    }
+    let Some(turn) = dashboard.reads.turn().await else {
+        let wait = read::READ_WAIT.as_secs();
+        let text = format!(
+            "Busy: the dashboard's reads of the store are all taken, and none freed within {wait} s; \
+             try again.\n"
+        );
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "2")],
+            text,
+        )
+            .into_response();
+    };
+    read::holding(turn, next.run(request).await)
 }
 
 /// The answer to a request the dashboard does not serve at all: off (404), or a state-changing request
@@ -208,11 +292,24 @@ fn refuse(
         return Some((StatusCode::NOT_FOUND, text).into_response());
     }
     if method != Method::GET && method != Method::HEAD {
-        if let Some(why) = auth::cross_site(headers) {
+        let allowed = &config.dashboard.allowed_hosts;
+        let allows = |authority: &str| dashboard.hosts.allows(authority, allowed);
+        if let Some(why) = auth::cross_site(headers, &allows) {
             return Some((StatusCode::FORBIDDEN, format!("Refused: {why}.\n")).into_response());
         }
     }
     None
+}
+
+/// The answer to a token offered within [`attempts::COOLDOWN`] of its client's last failure: 429, not
+/// checked.
+fn cooling() -> Response {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, "1")],
+        "Too many requests: a wrong token came from this address less than a second ago; try again.\n",
+    )
+        .into_response()
 }
 
 fn unauthorized(why: &str) -> Response {

@@ -324,7 +324,8 @@ pub(super) struct Login {
 }
 
 /// `POST /login`: a valid token sets the session cookie and goes on to `next` (a path of this site);
-/// anything else is answered after [`auth::FAILED_ATTEMPT_DELAY`].
+/// a wrong one is answered after [`auth::FAILED_ATTEMPT_DELAY`], and one within a second of its
+/// address's last failure is not checked (429, [`super::attempts`]).
 pub(super) async fn login(
     State(dashboard): State<Arc<Dashboard>>,
     ConnectInfo(from): ConnectInfo<std::net::SocketAddr>,
@@ -337,16 +338,36 @@ pub(super) async fn login(
     }
     let keys = dashboard.keys(&config);
     let next = safe_next(&login.next);
-    let Some(name) = keys.check(login.token.trim()) else {
-        dashboard.failed_attempt(Some(from)).await;
-        let why = if keys.any() {
-            "That is not a dashboard token."
-        } else {
-            "This dashboard has no token: nobody logs in."
-        };
-        return login_page(&config, next, Some(why), StatusCode::UNAUTHORIZED);
+    let checked = dashboard
+        .attempt(Some(from), || keys.check(login.token.trim()).ok_or(()))
+        .await;
+    let name = match checked {
+        super::attempts::Attempt::Passed(name) => name,
+        super::attempts::Attempt::Failed => {
+            let why = if keys.any() {
+                "That is not a dashboard token."
+            } else {
+                "This dashboard has no token: nobody logs in."
+            };
+            return login_page(&config, next, Some(why), StatusCode::UNAUTHORIZED);
+        }
+        super::attempts::Attempt::Cooling => {
+            let why = "A wrong token came from this address less than a second ago: try again.";
+            return login_page(&config, next, Some(why), StatusCode::TOO_MANY_REQUESTS);
+        }
     };
-    let Some(session) = keys.session(&name, Utc::now().timestamp()) else {
+    // A cookie is its name and second: one issued again in the second of a logout that ended it would
+    // be the ended one, so it is issued a second later (a minute ahead is accepted).
+    let now = Utc::now().timestamp();
+    let session = (0..60)
+        .map(|ahead| keys.session(&name, now + ahead))
+        .find(|session| {
+            session
+                .as_deref()
+                .is_none_or(|s| !dashboard.revoked.is_revoked(s))
+        })
+        .flatten();
+    let Some(session) = session else {
         return login_page(
             &config,
             next,
@@ -365,8 +386,15 @@ pub(super) async fn login(
         .into_response()
 }
 
-/// `POST /logout`: ends the session (the cookie is cleared).
-pub(super) async fn logout() -> Response {
+/// `POST /logout`: ends the session: this worker no longer accepts its cookie ([`super::revoked`]),
+/// and the browser is told to drop it.
+pub(super) async fn logout(
+    State(dashboard): State<Arc<Dashboard>>,
+    Extension(access): Extension<Access>,
+) -> Response {
+    if let Some(session) = access.operator.as_ref().and_then(|o| o.session.as_deref()) {
+        dashboard.revoked.revoke(session, Utc::now().timestamp());
+    }
     (
         [(header::SET_COOKIE, auth::clear_cookie())],
         Redirect::to("/login"),
@@ -865,7 +893,11 @@ fn trigger_state(id: &str, ticks: &[TickRecord], status: &JobStatus) -> (&'stati
     }
 }
 
+/// The job's command as shown: as the file writes it, so that no `${VAR}`'s value is shown.
 fn command(job: &JobConfig) -> String {
+    if let Some(written) = &job.command_as_written {
+        return written.clone();
+    }
     match &job.command {
         Command::Shell(script) => script.clone(),
         Command::Argv(argv) => argv.join(" "),

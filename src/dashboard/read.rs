@@ -1,11 +1,22 @@
 //! What each page reads from the store, through the [`crate::inspect`] model's reads, bounded in time: a
 //! page never waits for the store longer than [`READ_TIMEOUT`], and says why when it could not read.
+//!
+//! Bounded in number too ([`Reads`]): at most [`READS_AT_ONCE`] pages and `/api` answers are read and
+//! sent at once per worker; a request past them waits [`READ_WAIT`] for its turn and is then answered
+//! 503 with `Retry-After`. A turn lasts until the answer's last byte is sent, so what the answers hold
+//! in memory — the entries read and the body — is at most that many answers' worth, however many
+//! clients ask, and the store serves the dashboard that many reads at a time beside the lock's work.
 
 use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::response::Response;
+use futures_util::StreamExt as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::view::{self, Filter, StateFilter};
 use crate::config::{Config, JobConfig};
@@ -38,6 +49,36 @@ impl Scans {
         let _turn = self.0.acquire().await.ok();
         read.await
     }
+}
+
+/// How many pages and `/api` answers one worker reads and sends at once.
+const READS_AT_ONCE: usize = 4;
+/// How long a request waits for its turn among [`READS_AT_ONCE`] before it is answered 503.
+pub(super) const READ_WAIT: Duration = Duration::from_secs(2);
+
+/// The turns of the dashboard's reads ([`READS_AT_ONCE`]).
+pub(super) struct Reads(Arc<Semaphore>);
+
+impl Reads {
+    pub(super) fn new() -> Reads {
+        Reads(Arc::new(Semaphore::new(READS_AT_ONCE)))
+    }
+
+    /// A turn, if one comes within [`READ_WAIT`].
+    pub(super) async fn turn(&self) -> Option<OwnedSemaphorePermit> {
+        let turn = tokio::time::timeout(READ_WAIT, Arc::clone(&self.0).acquire_owned());
+        turn.await.ok()?.ok()
+    }
+}
+
+/// `response`, whose body holds `turn` until its last byte is sent (or the connection is dropped).
+pub(super) fn holding(turn: OwnedSemaphorePermit, response: Response) -> Response {
+    let (parts, body) = response.into_parts();
+    let stream = body.into_data_stream().map(move |chunk| {
+        let _held = &turn;
+        chunk
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
 }
 
 /// Why a page could not read the store.

@@ -246,6 +246,7 @@ mod tests {
             name: name.to_string(),
             schedule: Schedule::parse("* * * * * *", chrono_tz::UTC).expect("valid"),
             command: Command::Argv(vec!["true".to_string()]),
+            command_as_written: None,
             env: BTreeMap::new(),
             inherit_env: crate::config::InheritEnv::All,
             workdir: None,

@@ -21,10 +21,14 @@
 //! once (derived from the open-file limit beside the children's slots: [`super::slots`]); a connection
 //! past them is accepted and closed at once, and counted (`redcron_http_connections_refused_total`),
 //! so that neither the descriptors nor the kernel's backlog fill. Each connection serves one request
-//! (no keep-alive), whose headers must arrive within [`HEADER_TIMEOUT`] and which must be answered
-//! within [`REQUEST_TIMEOUT`] in all, or the connection is closed: a slow or silent client holds a
-//! descriptor for a bounded time. HTTP is still parsed by hyper (axum's own stack), which axum's
-//! `serve` wraps without these bounds.
+//! (no keep-alive), whose headers must arrive within [`HEADER_TIMEOUT`], whose body within
+//! [`BODY_TIMEOUT`] after them (else 408), and which must be answered within [`REQUEST_TIMEOUT`] in
+//! all, or the connection is closed: a slow or silent client holds a descriptor for a bounded time.
+//! A share of the connections is kept for the probes ([`budget`]): a liveness probe that fails under
+//! dashboard load would restart a healthy worker and end its jobs. HTTP is still parsed by hyper (axum's
+//! own stack), which axum's `serve` wraps without these bounds.
+
+mod budget;
 
 use std::any::Any;
 use std::net::SocketAddr;
@@ -32,20 +36,22 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, State};
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use futures_util::FutureExt as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use self::budget::{Admitted, Budget, Held};
 use super::{Context, WorkerError};
 use crate::clock::cluster::{estimate, Estimate, Readings, TooFewSamples};
 use crate::config::{show_duration, Serving, WorkerConfig};
@@ -62,8 +68,13 @@ pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connection may take from its accept to the last byte of its answer (`/readyz` waits
 /// [`READY_TIMEOUT`] at most; Prometheus gives up on a scrape after 10 s by default).
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request's body may take to arrive once its headers have: a login form or a control's
+/// JSON is a few hundred bytes, sent with the headers.
+pub(crate) const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most a connection's request may buffer (its headers): a GET needs a few hundred bytes.
 const MAX_BUFFER: usize = 64 * 1024;
+/// The largest request body read (a control of several jobs names them all).
+const MAX_BODY: usize = 2 * 1024 * 1024;
 /// How long the listener waits before accepting again after an error that is not the connection's
 /// (the process is out of descriptors).
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -135,17 +146,21 @@ impl Server {
                 listen,
             ))
         });
-        let router = Router::new()
+        let probes = Router::new()
             .route("/metrics", get(metrics))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
             .with_state(probe);
         let router = match dashboard {
-            Ok(dashboard) => router.merge(dashboard),
-            Err(_) => router,
+            Ok(dashboard) => probes.clone().merge(dashboard),
+            Err(_) => probes.clone(),
+        };
+        let routers = Routers {
+            all: router.layer(middleware::from_fn(whole_body)),
+            probes: probes.fallback(busy),
         };
         let stop = CancellationToken::new();
-        let serving = serve(listener, router, limits, Arc::clone(context), stop.clone());
+        let serving = serve(listener, routers, limits, Arc::clone(context), stop.clone());
         let task = tokio::spawn(async move {
             // `serve` has no error to return (it retries a failed accept); a panic in it is said here,
             // rather than lost with the task.
@@ -172,17 +187,23 @@ impl Server {
     }
 }
 
-/// Accepts connections until `stop`, serving each in a task of its own while fewer than
-/// `limits.connections` are open, and closing it unanswered otherwise; then waits for the connections
+/// The listener's routes: all of them for a general connection, the probes' for a reserve one.
+struct Routers {
+    all: Router,
+    probes: Router,
+}
+
+/// Accepts connections until `stop`, serving each in a task of its own while the [`Budget`] of
+/// `limits.connections` lets it in, and closing it unanswered otherwise; then waits for the connections
 /// under way (dropping this future aborts them).
 async fn serve(
     listener: TcpListener,
-    router: Router,
+    routers: Routers,
     limits: Limits,
     context: Arc<Context>,
     stop: CancellationToken,
 ) {
-    let open = Arc::new(Semaphore::new(limits.connections.max(1)));
+    let budget = Budget::new(limits.connections);
     let mut connections = JoinSet::new();
     let mut failing = false;
     loop {
@@ -195,22 +216,30 @@ async fn serve(
         match accepted {
             Ok((stream, peer)) => {
                 failing = false;
-                match Arc::clone(&open).try_acquire_owned() {
-                    Ok(permit) => {
-                        connections.spawn(connection(
-                            stream,
-                            router.clone().layer(Extension(ConnectInfo(peer))),
-                            limits,
-                            permit,
-                            stop.clone(),
-                        ));
+                let (router, limits, held) = match budget.admit(peer.ip()) {
+                    Some(Admitted::General(held)) => (routers.all.clone(), limits, held),
+                    Some(Admitted::Reserve(held)) => {
+                        let limits = Limits {
+                            header_timeout: budget::RESERVE_HEADER_TIMEOUT,
+                            request_timeout: budget::RESERVE_REQUEST_TIMEOUT,
+                            ..limits
+                        };
+                        (routers.probes.clone(), limits, held)
                     }
-                    Err(_) => {
+                    None => {
                         // Closed at once: the descriptor is given back, and the client told.
                         drop(stream);
                         context.metrics.connection_refused();
+                        continue;
                     }
-                }
+                };
+                connections.spawn(connection(
+                    stream,
+                    router.layer(Extension(ConnectInfo(peer))),
+                    limits,
+                    held,
+                    stop.clone(),
+                ));
             }
             // The client gave up before the accept: nothing to do.
             Err(error)
@@ -235,13 +264,13 @@ async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
-/// Serves one request on `stream` within `limits`, holding `_permit` (one of the open connections) until
+/// Serves one request on `stream` within `limits`, holding `_held` (its share of the [`Budget`]) until
 /// the connection is closed. After `stop`, a request under way is answered and the connection closed.
 async fn connection(
     stream: TcpStream,
     router: Router,
     limits: Limits,
-    _permit: OwnedSemaphorePermit,
+    _held: Held,
     stop: CancellationToken,
 ) {
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -271,6 +300,42 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         .map(|text| (*text).to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".to_string())
+}
+
+/// Reads the request's whole body within [`BODY_TIMEOUT`] (408 past it) and at most [`MAX_BODY`] bytes
+/// (413), before any handler sees it: a client that sends its headers and then its body a byte at a time
+/// holds its connection seconds, not the whole [`REQUEST_TIMEOUT`].
+async fn whole_body(request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(_)) => {
+            let why = format!(
+                "The request's body is over {} KiB, or was cut off.\n",
+                MAX_BODY / 1024
+            );
+            (StatusCode::PAYLOAD_TOO_LARGE, why).into_response()
+        }
+        Err(_) => {
+            let waited = show_duration(BODY_TIMEOUT);
+            let why =
+                format!("The request's body did not arrive within {waited} of its headers.\n");
+            (StatusCode::REQUEST_TIMEOUT, why).into_response()
+        }
+    }
+}
+
+/// The answer on a reserve connection ([`budget`]) to anything but the probes: 503, try again.
+async fn busy() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, "1")],
+        "The listener is at its connection limit: only /healthz, /readyz and /metrics are answered now; try again.\n",
+    )
+        .into_response()
 }
 
 async fn metrics(State(probe): State<Arc<Probe>>) -> impl IntoResponse {

@@ -201,3 +201,243 @@ fn trickle(port: u16) -> Option<Duration> {
     }
     None
 }
+
+/// The token of the dashboard of [`dashboard_worker`].
+const TOKEN: &str = "listener-token-0123456789";
+
+/// A worker like [`flooded_worker`]'s, with 1,024 descriptors (64 connections) and a dashboard with a
+/// token; its port.
+fn dashboard_worker(dir: &TestDir) -> (Worker, u16) {
+    for _ in 0..5 {
+        let port = free_port();
+        let yaml = format!(
+            "worker:\n  id: w\n  listen: 127.0.0.1:{port}\ndashboard:\n  token: {TOKEN}\n\
+             jobs:\n  - name: quiet\n    schedule: \"0 0 1 1 *\"\n    command: [\"true\"]\n"
+        );
+        let mut worker = Worker::builder(dir.write_config(&yaml))
+            .open_files_limit(1024)
+            .spawn();
+        let first = worker.wait_for(Duration::from_secs(30), |e| {
+            e["event"] == "worker.listening" || e["event"] == "worker.failed"
+        });
+        match first {
+            Some(event) if event["event"] == "worker.listening" => return (worker, port),
+            Some(event)
+                if event["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("in use")) =>
+            {
+                worker.wait_timeout(Duration::from_secs(10));
+            }
+            other => panic!(
+                "the worker is not listening: {other:?}\n{}",
+                worker.stderr()
+            ),
+        }
+    }
+    panic!("no free port in 5 attempts");
+}
+
+/// Sends `request` (the whole of it) on a new connection to `port` and reads the answer until the
+/// worker closes the connection or `within` passes: the answer's text, or why there is none.
+pub(crate) fn raw(port: u16, request: &str, within: Duration) -> Result<String, String> {
+    let address = ([127, 0, 0, 1], port).into();
+    let mut stream =
+        TcpStream::connect_timeout(&address, within).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(within))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut answer = Vec::new();
+    match stream.read_to_end(&mut answer) {
+        Ok(_) if answer.is_empty() => Err("closed without an answer".to_string()),
+        Ok(_) => Ok(String::from_utf8_lossy(&answer).into_owned()),
+        Err(e) if !answer.is_empty() => {
+            Err(format!("{e} after {:?}", String::from_utf8_lossy(&answer)))
+        }
+        Err(e) => Err(format!("read: {e}")),
+    }
+}
+
+/// The status of a raw answer (0 if it has none).
+pub(crate) fn status_of(answer: &str) -> u16 {
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Probes `/healthz` of `port` every 100 ms until `stop`, from the address `127.0.0.2` (a prober is
+/// another client than the one flooding: a kubelet probes from its node): how long each probe took, or
+/// why it failed (anything but 200 within [`PROBE_WITHIN`]).
+fn probe_until(port: u16, stop: &std::sync::atomic::AtomicBool) -> Vec<Result<Duration, String>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let mut probes = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let started = Instant::now();
+        let answer = runtime
+            .block_on(async { tokio::time::timeout(PROBE_WITHIN, healthz_from(port)).await });
+        let probe = match answer {
+            Ok(Ok(answer)) if status_of(&answer) == 200 => Ok(started.elapsed()),
+            Ok(Ok(answer)) => Err(format!(
+                "after {:?}: {:?}",
+                started.elapsed(),
+                answer.lines().next()
+            )),
+            Ok(Err(why)) => Err(format!("after {:?}: {why}", started.elapsed())),
+            Err(_) => Err(format!("no answer within {PROBE_WITHIN:?}")),
+        };
+        probes.push(probe);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    probes
+}
+
+/// `GET /healthz` of `port` from `127.0.0.2`: the answer's text.
+async fn healthz_from(port: u16) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(([127, 0, 0, 2], 0).into())?;
+    let mut stream = socket.connect(([127, 0, 0, 1], port).into()).await?;
+    let request = "GET /healthz HTTP/1.1\r\nHost: 10.1.2.3:9464\r\nConnection: close\r\n\r\n";
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// How long a liveness probe waits (kubelet's default is 1 s; this machine is loaded).
+const PROBE_WITHIN: Duration = Duration::from_millis(1500);
+
+/// The attacks of issue 46.6 on a dashboard with a token from one address, each while `/healthz` is
+/// probed every 100 ms from another: 300 connections that send a `POST /login`'s headers and never its body
+/// (before: each held its connection until the 30 s request timeout, and every probe found the
+/// listener full), then 32 clients reconnecting for 6 s with wrong bearer tokens (before: each
+/// waited its turn behind the one-at-a-time failure delay, holding its connection). Every probe
+/// answers 200 within 1.5 s; the unfinished bodies are answered 408 within the 5 s body timeout; of
+/// the wrong tokens one a second is checked (401), the others are 429 unchecked or 503.
+#[test]
+fn health_answers_under_slow_bodies_and_a_wrong_token_flood() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let dir = TestDir::new();
+    let (_worker, port) = dashboard_worker(&dir);
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || probe_until(port, &stop))
+    };
+    let head = format!(
+        "POST /login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: 100\r\n\r\ntoken="
+    );
+    let slow: Vec<TcpStream> = (0..300)
+        .filter_map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+            stream.write_all(head.as_bytes()).ok()?;
+            Some(stream)
+        })
+        .collect();
+    // The slow bodies are held for the body timeout (5 s): probe through it and a little after.
+    std::thread::sleep(Duration::from_secs(7));
+    stop.store(true, Ordering::Relaxed);
+    let during_slow = prober.join().expect("the prober");
+    let answered: Vec<String> = slow
+        .into_iter()
+        .filter_map(|mut stream| {
+            stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+            let mut text = Vec::new();
+            let _ = stream.read_to_end(&mut text);
+            let text = String::from_utf8_lossy(&text).into_owned();
+            (!text.is_empty()).then_some(text)
+        })
+        .collect();
+    assert!(
+        answered.iter().any(|a| status_of(a) == 408),
+        "no slow body answered 408: {:?}",
+        answered
+            .iter()
+            .map(|a| a.lines().next())
+            .collect::<Vec<_>>()
+    );
+
+    // The wrong-token flood.
+    stop.store(false, Ordering::Relaxed);
+    let prober = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || probe_until(port, &stop))
+    };
+    let until = Instant::now() + Duration::from_secs(6);
+    let flood: Vec<_> = (0..32)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut statuses = Vec::new();
+                while Instant::now() < until {
+                    let request = format!(
+                        "GET /api/status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+                         Authorization: Bearer wrong-token-{i:04}-0123456789\r\nConnection: close\r\n\r\n"
+                    );
+                    if let Ok(answer) = raw(port, &request, Duration::from_secs(5)) {
+                        statuses.push(status_of(&answer));
+                    }
+                }
+                statuses
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = flood
+        .into_iter()
+        .flat_map(|f| f.join().expect("a flooder"))
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    let during_flood = prober.join().expect("the prober");
+    // 401 checked and wrong, 429 not checked (cooling down), 503 on a reserve connection (one client
+    // holds half the general ones).
+    let count = |status: u16| statuses.iter().filter(|s| **s == status).count();
+    eprintln!(
+        "wrong tokens: {} answers: {} 401, {} 429, {} 503",
+        statuses.len(),
+        count(401),
+        count(429),
+        count(503)
+    );
+    assert!(
+        statuses.iter().all(|s| matches!(s, 401 | 429 | 503)),
+        "a wrong token let in: {:?}",
+        statuses
+            .iter()
+            .filter(|s| !matches!(s, 401 | 429 | 503))
+            .collect::<Vec<_>>()
+    );
+    let failures = statuses.iter().filter(|s| **s == 401).count();
+    assert!(
+        (1..=8).contains(&failures),
+        "one checked failure per second from one address: {failures} in 6 s"
+    );
+    for (what, probes) in [
+        ("slow bodies", &during_slow),
+        ("wrong tokens", &during_flood),
+    ] {
+        let failed: Vec<&String> = probes.iter().filter_map(|p| p.as_ref().err()).collect();
+        let slowest = probes.iter().filter_map(|p| p.as_ref().ok()).max();
+        eprintln!(
+            "{what}: {} probes, slowest {slowest:?}, {} wrong tokens answered",
+            probes.len(),
+            statuses.len()
+        );
+        assert!(probes.len() >= 10, "{what}: {} probes", probes.len());
+        assert!(
+            failed.is_empty(),
+            "{what}: {} of {} probes failed: {failed:?}",
+            failed.len(),
+            probes.len()
+        );
+    }
+}

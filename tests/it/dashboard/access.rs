@@ -389,3 +389,109 @@ fn a_single_token_from_the_environment_acts_as_operator() {
     assert!(page.body.contains("Logged in as operator"), "{}", page.body);
     assert!(!page.body.contains(secret), "the token is never shown");
 }
+
+/// DNS rebinding (issue 46.4): a token-less loopback dashboard asked with `Host: evil.example:PORT`
+/// answers 421 with a body that names no job, on every dashboard route (before: 200 with everything
+/// on it); asked by its address, `localhost` or a name of `dashboard.allowed_hosts` it answers 200;
+/// `/healthz`, `/readyz` and `/metrics` answer any `Host` (probes and scrapers use pod addresses and
+/// service names). A post whose `Origin` and `Host` both name the rebinding site is refused, not
+/// taken as same-site. Over raw HTTP, so that the `Host` is exactly what a browser would send.
+#[test]
+fn a_host_that_is_not_the_dashboard_s_is_refused() {
+    use crate::listener::{raw, status_of};
+
+    let dir = TestDir::new();
+    let dashboard = "dashboard:\n  allowed_hosts: [cron.example.com]\n";
+    let (_worker, port, _config) = dashboard_worker(&dir, dashboard, QUIET);
+    let ask = |path: &str, host: &str| {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        raw(port, &request, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let evil = format!("evil.example:{port}");
+    for path in [
+        "/",
+        "/jobs/quiet",
+        "/workers",
+        "/api/status",
+        "/api/history",
+        "/login",
+        "/assets/app.js",
+    ] {
+        let answer = ask(path, &evil);
+        assert_eq!(status_of(&answer), 421, "{path}: {answer}");
+        assert!(
+            answer.contains("dashboard.allowed_hosts"),
+            "{path}: {answer}"
+        );
+        assert!(
+            !answer.contains("hostile") && !answer.contains("quiet"),
+            "{path}: {answer}"
+        );
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("cron.example.com:{port}"),
+        "CRON.example.com".to_string(),
+    ] {
+        let answer = ask("/api/status", &host);
+        assert_eq!(status_of(&answer), 200, "{host}: {answer}");
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let answer = ask(path, &evil);
+        assert_eq!(status_of(&answer), 200, "{path} with any Host: {answer}");
+    }
+    let post = format!(
+        "POST /api/jobs/quiet/pause HTTP/1.1\r\nHost: {evil}\r\nOrigin: http://{evil}\r\n\
+         Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    );
+    let answer = raw(port, &post, Duration::from_secs(10)).expect("an answer");
+    assert_eq!(status_of(&answer), 421, "{answer}");
+}
+
+/// `POST /logout` ends the session (issue 46.8): the cookie copied before it gets 401 on `/api/status`,
+/// and its trigger form with the session's CSRF token is refused and triggers nothing (before: both
+/// went on working for the cookie's 12 hours); a new login works.
+#[test]
+fn a_logout_ends_the_session_for_good() {
+    let dir = TestDir::new();
+    let (worker, port, _config) = dashboard_worker(&dir, TOKENS, QUIET);
+    let client = Client::new(port);
+    let cookie = client.login(ALICE);
+    let with = [("cookie", cookie.as_str())];
+    let page = client.get("/jobs/quiet", &with);
+    assert_eq!(page.status, 200, "{}", page.body);
+    let csrf = input_value(&page.body, "csrf").expect("the page's CSRF token");
+    assert_eq!(client.get("/api/status", &with).status, 200);
+
+    let logout = client.post_form(&cookie, "/logout", &[], "");
+    assert_eq!(logout.status, 303, "{}", logout.body);
+    assert!(logout.header("set-cookie").contains("Max-Age=0"));
+
+    let status = client.get("/api/status", &with);
+    assert_eq!(
+        status.status, 401,
+        "the old cookie after the logout: {}",
+        status.body
+    );
+    assert_eq!(client.get("/", &with).status, 303, "pages go to the login");
+    let trigger = client.post_form(
+        &cookie,
+        "/api/jobs/quiet/trigger",
+        &[],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(trigger.status, 401, "{}", trigger.body);
+    assert!(
+        worker.events("dashboard.control").is_empty(),
+        "{:?}",
+        worker.events("dashboard.control")
+    );
+    let again = client.login(ALICE);
+    assert_eq!(
+        client
+            .get("/api/status", &[("cookie", again.as_str())])
+            .status,
+        200
+    );
+}

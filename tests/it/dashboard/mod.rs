@@ -13,6 +13,7 @@
 //! # Layout
 //! - `routes`: every route with a token, the JSON API beside the command line, the controls; Redis.
 //! - `access`: tokens, cookies, the failed-attempt delay, CSRF, serving without a token, config errors.
+//! - `limits`: heavy reads take turns within a byte budget.
 //! - `pages`: escaping of hostile values, skipped ticks in the strip, paging and filtering 2,500 jobs.
 //! - here: the worker's config, an HTTP client that shows redirects, and what the tests read of pages.
 
@@ -28,6 +29,7 @@ use crate::metrics::{get, listening_worker, listening_worker_with, wait_for as w
 use crate::support::{Backend, TestDir, Worker};
 
 mod access;
+mod limits;
 mod pages;
 mod routes;
 

@@ -170,3 +170,52 @@ fn a_paused_job_s_ticks_are_shown_skipped() {
     let row = &job.body[at..].split("</tr>").next().unwrap_or("");
     assert!(row.contains("skipped") && row.contains("(paused)"), "{row}");
 }
+
+/// A job's command with a `${VAR}` (issue 46.3) is shown as written: its page shows
+/// `curl -u admin:${BACKUP_PW} …` and neither the page nor the JSON API holds the variable's value
+/// (before: the page showed the password).
+#[test]
+fn a_command_s_variables_are_shown_as_written() {
+    let dir = TestDir::new();
+    let secret = "s3cr3t-backup-pw-4711";
+    let jobs = "  - name: backup\n    schedule: \"0 0 1 1 *\"\n    \
+                command: \"echo curl -u admin:${BACKUP_PW} https://backup.example/\"\n\
+                \x20 - name: listed\n    schedule: \"0 0 1 1 *\"\n    \
+                command: [\"echo\", \"--password=${BACKUP_PW}\", \"x\"]\n";
+    let env = [("BACKUP_PW", secret)];
+    let (_worker, port) = listening_worker_with(&dir, "jobs", &env, |port| {
+        yaml("", "w1", &format!("127.0.0.1:{port}"), "", jobs)
+    });
+    let client = Client::new(port);
+    let page = client.get("/jobs/backup", &[]);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body
+            .contains("echo curl -u admin:${BACKUP_PW} https://backup.example/"),
+        "{}",
+        page.body
+    );
+    let listed = client.get("/jobs/listed", &[]);
+    assert!(
+        listed.body.contains("echo --password=${BACKUP_PW} x"),
+        "{}",
+        listed.body
+    );
+    for path in [
+        "/",
+        "/jobs/backup",
+        "/jobs/listed",
+        "/workers",
+        "/api/status",
+        "/api/history",
+        "/api/explain?job=backup&tick=0",
+    ] {
+        let answer = client.get(path, &[]);
+        assert!(
+            matches!(answer.status, 200 | 404),
+            "{path}: {}",
+            answer.status
+        );
+        assert!(!answer.body.contains(secret), "{path} shows the value");
+    }
+}
