@@ -619,29 +619,6 @@ impl Drop for BusyGuard {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The order a run entry names (`raced`) is the claim order itself: each worker's index is the place
-    /// from which it claims, on its own view and on every other worker's with the same members.
-    #[test]
-    fn the_raced_order_is_the_claim_order() {
-        let members: Vec<String> = ["a", "b", "c", "d"].iter().map(|m| m.to_string()).collect();
-        for tick in [Tick(1_000), Tick(2_000), Tick(3_000)] {
-            let ordered = in_claim_order(members[..3].to_vec(), "d", "job", tick);
-            assert_eq!(ordered.len(), 4);
-            for (place, member) in ordered.iter().enumerate() {
-                assert_eq!(
-                    crate::lock::order::rank(&members, member, "job", tick),
-                    place
-                );
-            }
-            assert_eq!(ordered, in_claim_order(members.clone(), "a", "job", tick));
-        }
-    }
-}
-
 /// Says of each tick from before the start that the agenda races (within its job's misfire grace) that
 /// it does and why: a first start that ran a tick of a minute ago without a word looked like a bug. One
 /// event a job for the first [`FROM_BEFORE_START_SAID`], then one for the rest (a fleet of jobs every
@@ -666,3 +643,26 @@ fn say_ticks_from_before_start(agenda: &Agenda, now: chrono::DateTime<chrono::Ut
 
 /// How many jobs' ticks from before the start are logged one by one.
 const FROM_BEFORE_START_SAID: usize = 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The order a run entry names (`raced`) is the claim order itself: each worker's index is the place
+    /// from which it claims, on its own view and on every other worker's with the same members.
+    #[test]
+    fn the_raced_order_is_the_claim_order() {
+        let members: Vec<String> = ["a", "b", "c", "d"].iter().map(|m| m.to_string()).collect();
+        for tick in [Tick(1_000), Tick(2_000), Tick(3_000)] {
+            let ordered = in_claim_order(members[..3].to_vec(), "d", "job", tick);
+            assert_eq!(ordered.len(), 4);
+            for (place, member) in ordered.iter().enumerate() {
+                assert_eq!(
+                    crate::lock::order::rank(&members, member, "job", tick),
+                    place
+                );
+            }
+            assert_eq!(ordered, in_claim_order(members.clone(), "a", "job", tick));
+        }
+    }
+}

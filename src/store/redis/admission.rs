@@ -229,16 +229,13 @@ impl Registry {
                     ),
                 },
             );
-        } else if !state.nodes.contains_key(&node) {
-            state.nodes.insert(
-                node,
-                Seen {
-                    run_id: identity.run_id.clone(),
-                    durable: identity.durable(),
-                    counts_from: now,
-                    why_held: String::new(),
-                },
-            );
+        } else {
+            state.nodes.entry(node).or_insert_with(|| Seen {
+                run_id: identity.run_id.clone(),
+                durable: identity.durable(),
+                counts_from: now,
+                why_held: String::new(),
+            });
         }
         if let Some(gap) = identity.persistence_gap() {
             if state.warned.insert(identity.run_id.clone()) {

@@ -346,10 +346,10 @@ mod tests {
         let cert = acl("x509", "CN=worker", Permission::ALL);
         let own = [me.clone(), cert.clone()];
         assert!(is_own(&[cert.clone(), me.clone()], &own));
-        assert!(!is_own(&[me.clone()], &own));
+        assert!(!is_own(std::slice::from_ref(&me), &own));
         let open = acl("world", "anyone", Permission::ALL);
         assert!(!is_own(&[me.clone(), cert.clone(), open.clone()], &own));
-        assert!(!is_own(&[open], &[me.clone()]));
+        assert!(!is_own(&[open], std::slice::from_ref(&me)));
         let weaker = acl("digest", "redcron:h=", Permission::READ);
         assert!(!is_own(&[weaker], &[me]));
     }
