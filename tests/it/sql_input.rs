@@ -467,7 +467,10 @@ fn no_rights(kind: SqlKind) {
             format!("GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {READER};"),
         ),
         SqlKind::Mariadb => (
-            format!("REVOKE INSERT, UPDATE, DELETE ON {DATABASE}.* FROM '{READER}'@'%'; FLUSH PRIVILEGES;"),
+            // MariaDB checks database-level rights when a session starts: a revoke reaches the sessions
+            // already open only once they end, so the operator's revoke ends them (`KILL USER`), and the
+            // pool's new sessions are refused.
+            format!("REVOKE INSERT, UPDATE, DELETE ON {DATABASE}.* FROM '{READER}'@'%'; FLUSH PRIVILEGES; KILL USER '{READER}';"),
             format!("GRANT INSERT, UPDATE, DELETE ON {DATABASE}.* TO '{READER}'@'%'; FLUSH PRIVILEGES;"),
         ),
     };
