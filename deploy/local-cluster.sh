@@ -328,7 +328,9 @@ start_node() {
 # Whether something answers on 127.0.0.1 port $1.
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# A port for worker $1's listener: --base-port's P+5+N-1, or a random one nothing answers on.
+# A port for worker $1's listener: --base-port's P+5+N-1, or a random one nothing answers on, below
+# Linux's ephemeral range (32768 up), where the local end of an outgoing connection refuses no test
+# connection but cannot be bound.
 worker_port() {
 	local port tries
 	if [[ -n $base_port ]]; then
@@ -336,7 +338,7 @@ worker_port() {
 		return
 	fi
 	for ((tries = 0; tries < 50; tries++)); do
-		port=$((20000 + RANDOM % 20000))
+		port=$((20000 + RANDOM % 12000))
 		port_taken "$port" || {
 			echo "$port"
 			return
@@ -345,15 +347,16 @@ worker_port() {
 	die "found no free port for worker $1's listener"
 }
 
-# Starts worker $1 (1-based) with its output going to worker-N.log, and its viewer.
+# Starts worker $1 (1-based) with its output going to worker-N.log, and its viewer; again in its place
+# (the same index) when it is started once more.
 start_worker() {
 	local name="worker-$1" log="$dir/worker-$1.log" pid port
 	port=$(worker_port "$1")
 	: >"$log" # before the viewer opens it
 	REDCRON_WORKER_NAME=$name REDCRON_WORKER_PORT=$port "${detach[@]}" "$bin" run -c "$jobs" </dev/null >>"$log" 2>&1 &
 	pid=$!
-	worker_pids+=("$pid")
-	worker_ports+=("$port")
+	worker_pids[$1 - 1]=$pid
+	worker_ports[$1 - 1]=$port
 	view "$pid" "$log" "$name" &
 	viewer_pids+=("$!")
 }
@@ -389,13 +392,26 @@ HELPER
 	chmod +x "$dir/redcron"
 }
 
-# Waits until every worker has logged worker.started; a worker that exits first is a failure.
+# Waits until every worker has logged worker.started; a worker that exits first is a failure — unless its
+# listener's port was taken meanwhile (another program bound it after worker_port looked), when it is
+# started again on another port, up to 5 times.
 await_workers() {
-	local i tries
+	local i tries attempts
 	for i in "${!worker_pids[@]}"; do
+		attempts=0
 		for ((tries = 0; tries < 300; tries++)); do
 			grep -q 'worker\.started' "$dir/worker-$((i + 1)).log" 2>/dev/null && continue 2
-			running "${worker_pids[$i]}" || die "worker-$((i + 1)) exited before it started; see its output above"
+			if ! running "${worker_pids[$i]}"; then
+				wait "${worker_pids[$i]}" 2>/dev/null || true
+				if grep -q 'cannot listen on' "$dir/worker-$((i + 1)).log" && ((attempts < 5)) && [[ -z $base_port ]]; then
+					attempts=$((attempts + 1))
+					say "worker-$((i + 1))'s port ${worker_ports[$i]} was taken; starting it on another"
+					start_worker $((i + 1))
+					tries=0
+					continue
+				fi
+				die "worker-$((i + 1)) exited before it started; see its output above"
+			fi
 			sleep 0.1
 		done
 		die "worker-$((i + 1)) did not log worker.started within 30s"
