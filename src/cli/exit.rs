@@ -2,7 +2,7 @@
 //! the job's own exit code that `trigger --wait` passes on.
 //!
 //! One type, so that a code is never written as a bare number and its meaning is written once: `--help`
-//! is generated from [`Exit::DOCUMENTED`], and a test holds the README's exit-code table to it.
+//! is generated from [`Exit::DOCUMENTED`], and a test holds `docs/cli.md`'s exit-code table to it.
 
 use std::process::ExitCode;
 
@@ -35,7 +35,7 @@ pub enum Exit {
 }
 
 impl Exit {
-    /// Every exit code in the order `--help` and the README list them; `Job(0)` stands for any job's code.
+    /// Every exit code in the order `--help` and `docs/cli.md` list them; `Job(0)` stands for any job's code.
     pub(crate) const DOCUMENTED: [Exit; 8] = [
         Exit::Ok,
         Exit::Failure,
@@ -61,7 +61,7 @@ impl Exit {
         }
     }
 
-    /// What lists the code in `--help` and the README: the code itself, or for a job's code the command
+    /// What lists the code in `--help` and `docs/cli.md`: the code itself, or for a job's code the command
     /// that passes it on.
     pub(crate) fn label(self) -> String {
         match self {
@@ -127,15 +127,15 @@ mod tests {
 
     use super::Exit;
 
-    /// The README, whose *Command line* section has the exit-code table.
-    const README: &str = include_str!("../../README.md");
+    /// `docs/cli.md`, the command line's reference, with the exit-code table.
+    const CLI_DOC: &str = include_str!("../../docs/cli.md");
 
-    /// The README's exit-code table as (code, meaning) rows, without the backticks around the code.
+    /// `docs/cli.md`'s exit-code table as (code, meaning) rows, without the backticks around the code.
     fn readme_rows() -> BTreeSet<(String, String)> {
-        let start = README
+        let start = CLI_DOC
             .find("| exit code | meaning |")
-            .expect("the README has an exit-code table");
-        README[start..]
+            .expect("docs/cli.md has an exit-code table");
+        CLI_DOC[start..]
             .lines()
             .skip(2)
             .take_while(|line| line.starts_with('|'))
@@ -150,7 +150,7 @@ mod tests {
             .collect()
     }
 
-    /// The README's exit-code table has a row for every code, with the meaning `--help` gives it, and no
+    /// `docs/cli.md`'s exit-code table has a row for every code, with the meaning `--help` gives it, and no
     /// other row.
     #[test]
     fn the_readme_lists_every_code_and_no_other() {
@@ -163,7 +163,7 @@ mod tests {
         let unknown: Vec<_> = readme.difference(&code).collect();
         assert!(
             missing.is_empty() && unknown.is_empty(),
-            "codes missing from the README's exit-code table, or worded otherwise: {missing:?}; \
+            "codes missing from docs/cli.md's exit-code table, or worded otherwise: {missing:?}; \
              rows of the table that are no code of Exit: {unknown:?}"
         );
     }

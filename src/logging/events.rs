@@ -1,10 +1,10 @@
 //! The name of every event the worker and the CLI log (their `event` field), in one place.
 //!
 //! The names are public: operators filter the logs on them (`select(.event == "run.finished")`) and build
-//! alerts on them, the integration tests look events up by them, and the README's *Logs* table documents
+//! alerts on them, the integration tests look events up by them, and `docs/logs.md`'s table documents
 //! each. A name is `<area>.<fact>` and its constant `events::<area>::<FACT>`, so that
 //! `info!(event = events::run::STARTED, …)` logs `run.started`; the tests below hold this module, that rule
-//! and the README's table to one another, both ways.
+//! and that table to one another, both ways.
 
 /// Declares each area's module of constants and, for the tests, the list of them all (so that a constant
 /// cannot be left out of the checks).
@@ -211,18 +211,12 @@ mod tests {
 
     use super::ALL;
 
-    /// The README, whose *Logs* section documents every event.
-    const README: &str = include_str!("../../README.md");
+    /// `docs/logs.md`, whose table documents every event.
+    const LOGS: &str = include_str!("../../docs/logs.md");
 
-    /// The events in the first column of the README's *Logs* table.
+    /// The events in the first column of `docs/logs.md`'s tables.
     fn documented() -> BTreeSet<&'static str> {
-        let start = README
-            .find("\n## Logs\n")
-            .expect("the README has a Logs section");
-        let section = &README[start + 1..];
-        let section = &section[..section.find("\n## ").unwrap_or(section.len())];
-        section
-            .lines()
+        LOGS.lines()
             .filter_map(|line| line.strip_prefix("| `"))
             .filter_map(|cell| cell.split_once('`'))
             .map(|(name, _)| name)
@@ -240,7 +234,7 @@ mod tests {
         assert_eq!(names.len(), ALL.len(), "an event name is declared twice");
     }
 
-    /// The README's events table and this module list the same events: none logged undocumented, none
+    /// `docs/logs.md`'s events table and this module list the same events: none logged undocumented, none
     /// documented that is not logged.
     #[test]
     fn the_readme_documents_every_event_and_no_other() {
@@ -250,7 +244,7 @@ mod tests {
         let unknown: Vec<_> = documented.difference(&logged).collect();
         assert!(
             undocumented.is_empty() && unknown.is_empty(),
-            "events not in the README's Logs table: {undocumented:?}; \
+            "events not in docs/logs.md's table: {undocumented:?}; \
              in the table but not in src/logging/events.rs: {unknown:?}"
         );
     }

@@ -27,7 +27,7 @@
 //!   jobs, `check`'s line, node count) are `match`es that then fail to compile, and its arm in
 //!   [`Store::open`]; its section's parsing (`config/raw.rs`) and checks (`config/validate.rs`, with the
 //!   one-section rule's list there);
-//! - its docs (README's store sections), and its run of the store tests.
+//! - its docs (its page docs/store-<name>.md, or the Redis rows of docs/configuration.md), and its run of the store tests.
 
 pub mod capability;
 pub mod embedded;

@@ -135,7 +135,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     for (setting, result) in settings {
         if let Err(error) = result {
             warn!(event = events::worker::SETTING_FAILED, setting, error = %error,
-                  "Cannot apply a process setting of the worker (see the README's Logs table for what is lost)");
+                  "Cannot apply a process setting of the worker (docs/logs.md says what is lost)");
         }
     }
     // One copy of the config, shared with the context (the dashboard, `/readyz`): a copy each held its

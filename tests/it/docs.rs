@@ -45,6 +45,24 @@ const MODULES: &[&str] = &[
     "yaml_limits",
 ];
 
+/// The documents whose citations are checked: the README and every reference page of docs/.
+const DOCUMENTS: &[&str] = &[
+    "README.md",
+    "docs/protocol.md",
+    "docs/model.md",
+    "docs/configuration.md",
+    "docs/cli.md",
+    "docs/logs.md",
+    "docs/operations.md",
+    "docs/guarantees.md",
+    "docs/performance.md",
+    "docs/development.md",
+    "docs/store-embedded.md",
+    "docs/store-etcd.md",
+    "docs/store-sql.md",
+    "docs/store-zookeeper.md",
+];
+
 /// The stores a suite is instantiated for (`conformance::etcd::name`, `lock::redis::name`): a citation may
 /// name the store between the module and the test.
 const STORES: &[&str] = &[
@@ -107,7 +125,7 @@ fn every_test_the_documents_cite_exists() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut missing = Vec::new();
     let mut cited = 0;
-    for doc in ["README.md", "docs/protocol.md", "docs/model.md"] {
+    for doc in DOCUMENTS {
         let text = std::fs::read_to_string(root.join(doc)).expect("document");
         for (module, name) in citations(&text) {
             cited += 1;
@@ -167,7 +185,7 @@ fn conformance_citations_name_a_store_that_runs_the_test() {
         "cannot read the stores' extra tests from the suite: {extras:?}"
     );
     let mut wrong = Vec::new();
-    for doc in ["README.md", "docs/protocol.md", "docs/model.md"] {
+    for doc in DOCUMENTS {
         let text = std::fs::read_to_string(root.join(doc)).expect("document");
         for quoted in text.split('`').skip(1).step_by(2) {
             let runs_it = |store: &str, name: &str| {

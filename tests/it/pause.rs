@@ -400,7 +400,7 @@ fn pause_errors_are_clear_and_no_majority_exits_3() {
 /// tick's claims are in flight — 12 times (resumed 1.3 s later), two workers racing each tick: no tick
 /// whose claims began after `pause` returned ran (a tick more than 20 ms after it, for the offset between
 /// cluster time and this host's clock), nor any while paused; a tick granted just before the pause may
-/// still start after `pause` returned, as the README says — counted, with how late.
+/// still start after `pause` returned, as docs/cli.md says — counted, with how late.
 #[test]
 fn a_pause_at_a_tick_refuses_every_claim_begun_after_it() {
     const ROUNDS: usize = 12;

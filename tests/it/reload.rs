@@ -414,7 +414,7 @@ fn a_config_replaced_while_its_job_runs_lets_the_run_finish() {
 /// A job renamed in the config file while its run is under way, under two workers that read the file:
 /// renaming makes a new job. The old name's run finishes (success) and the old name is raced no more
 /// after each worker's reload; the new name is raced from its next tick after the reload, once per tick,
-/// with its own claims and tokens. Done again after `redcron pause <name> --for 1m` (the README's way to
+/// with its own claims and tokens. Done again after `redcron pause <name> --for 1m` (docs/cli.md's way to
 /// rename without a gap in which the workers' reloads disagree): no instant then runs under both names.
 #[test]
 fn a_renamed_job_is_a_new_job_and_the_old_names_run_finishes() {

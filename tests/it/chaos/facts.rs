@@ -533,7 +533,7 @@ impl Facts {
     /// Whether process `instance` of worker `worker` was still taking its first measurement of the
     /// store's clock at real time `t`: it had started, and neither its first `clock.offset` nor its first
     /// `clock.unmeasured` had come. A starting worker schedules its first ticks on the clock that
-    /// measurement gives (README, *Clocks*), so a tick due meanwhile is not its to race.
+    /// measurement gives (docs/guarantees.md, *Clocks*), so a tick due meanwhile is not its to race.
     pub fn starting_at(&self, instance: usize, worker: usize, t: i64) -> bool {
         let ready = self.lives[instance].ready;
         let measured = self.measured[worker]
