@@ -32,6 +32,14 @@ pub(super) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The most operations etcd takes in one transaction (its `--max-txn-ops` default).
 pub(super) const MAX_TXN_OPS: usize = 128;
 
+/// The most bytes of entries written in one transaction: etcd refuses a request of more than 1.5 MiB
+/// (its `--max-request-bytes` default), and a refused batch would be tried again, and refused, forever.
+/// An entry alone is always below it (its output tails are bounded: [`crate::config::MAX_OUTPUT_TAIL`]).
+pub(super) const MAX_TXN_BYTES: usize = 1024 * 1024;
+
+/// The most keys of one page of a history read.
+const FIRST_PAGE: i64 = 256;
+
 impl EtcdStore {
     /// Deletes the job's entries of every tick older than its newest `keep_ticks`, once it has more than
     /// [`crate::history::HistorySettings::most_ticks`].
@@ -122,6 +130,34 @@ impl EtcdStore {
         Ok(found)
     }
 
+    /// The keys of `[from, to)`, newest first, at most `page` of them; `None` when etcd's answer is larger
+    /// than the client takes in one message (tonic refuses it as `OutOfRange` before it is decoded).
+    async fn history_page(
+        &self,
+        from: &str,
+        to: &str,
+        page: i64,
+    ) -> Result<Option<etcd_client::GetResponse>, String> {
+        let options = GetOptions::new()
+            .with_range(to)
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_limit(page);
+        self.call(EXCHANGE_TIMEOUT, |mut c| {
+            let (key, options) = (from.to_string(), options.clone());
+            async move {
+                match c.get(key, Some(options)).await {
+                    Err(etcd_client::Error::GRpcStatus(status))
+                        if status.code() == tonic::Code::OutOfRange =>
+                    {
+                        Ok(None)
+                    }
+                    answer => answer.map(Some),
+                }
+            }
+        })
+        .await
+    }
+
     /// `<prefix>:{<job>}:history/`: the job's history keys start with it.
     fn history_base(&self, job: &str) -> String {
         format!("{}:{{{job}}}:history/", self.settings.key_prefix)
@@ -153,15 +189,26 @@ impl Records for EtcdStore {
     /// Writes `entries`, and keeps each of their jobs within its bound (see the module); see
     /// [`crate::store::Store::record`].
     async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
-        for chunk in entries.chunks(MAX_TXN_OPS) {
-            let puts: Vec<TxnOp> = chunk
-                .iter()
-                .map(|entry| TxnOp::put(self.entry_key(entry), entry.to_json(), None))
-                .collect();
-            let txn = Txn::new().and_then(puts);
-            self.txn(EXCHANGE_TIMEOUT, txn)
-                .await
-                .map_err(|why| self.failure(why))?;
+        // Transactions of at most MAX_TXN_OPS entries and MAX_TXN_BYTES, in order.
+        let stored: Vec<(String, String)> = entries
+            .iter()
+            .map(|entry| (self.entry_key(entry), entry.to_json()))
+            .collect();
+        let mut stored = stored.into_iter().peekable();
+        let (mut puts, mut bytes) = (Vec::new(), 0);
+        while let Some((key, json)) = stored.next() {
+            bytes += key.len() + json.len();
+            puts.push(TxnOp::put(key, json, None));
+            let full = stored.peek().is_none_or(|(key, json)| {
+                puts.len() == MAX_TXN_OPS || bytes + key.len() + json.len() > MAX_TXN_BYTES
+            });
+            if full {
+                let txn = Txn::new().and_then(std::mem::take(&mut puts));
+                self.txn(EXCHANGE_TIMEOUT, txn)
+                    .await
+                    .map_err(|why| self.failure(why))?;
+                bytes = 0;
+            }
         }
         // A job's ticks are listed only at a write of a tick that checks the bound (as on Redis).
         let mut jobs: Vec<&str> = entries
@@ -179,39 +226,63 @@ impl Records for EtcdStore {
 
     /// The entries of `query`, newest first; see [`crate::store::Store::history`]. An entry that does not
     /// parse is skipped, and named in [`Read::skipped`].
+    ///
+    /// Read in pages of at most [`FIRST_PAGE`] keys, newest first, each starting below the last key of
+    /// the one before, until the limit is reached on a whole tick: one answer of the whole range would
+    /// pass the client's 4 MiB bound on a gRPC message once a job's entries carry large output tails, and
+    /// then the job's history could not be read at all. A page whose answer passes that bound is asked
+    /// again at half the keys, down to one (an entry is far below it: [`MAX_TXN_BYTES`] bounds a write).
     async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
         let base = self.history_base(&query.job);
         let from = format!(
             "{base}{}",
             sortable(query.since.map_or(i64::MIN, |t| t.as_millis()))
         );
-        let to = format!(
+        let mut to = format!(
             "{base}{}0",
             sortable(query.until.map_or(i64::MAX, |t| t.as_millis()))
         );
-        let range = GetOptions::new()
-            .with_range(to)
-            .with_sort(SortTarget::Key, SortOrder::Descend);
-        let answer = self
-            .get(EXCHANGE_TIMEOUT, from, range)
-            .await
-            .map_err(|why| self.failure(why))?;
         let (mut entries, mut skipped) = (Vec::new(), Vec::new());
-        let mut last_tick = None;
-        // Whole ticks up to the limit, so that the merge's order picks the entries of the last tick.
-        for kv in answer.kvs() {
-            let tick = kv.key().get(base.len()..base.len() + 20);
-            if entries.len() >= query.limit && last_tick != tick {
-                break;
+        let mut last_tick: Option<Vec<u8>> = None;
+        let mut page = FIRST_PAGE;
+        'pages: loop {
+            let Some(answer) = self
+                .history_page(&from, &to, page)
+                .await
+                .map_err(|why| self.failure(why))?
+            else {
+                if page == 1 {
+                    return Err(self.failure(format!(
+                        "a history entry of job {} is larger than the client's bound on an answer",
+                        query.job
+                    )));
+                }
+                page /= 2;
+                continue;
+            };
+            let kvs = answer.kvs();
+            // Whole ticks up to the limit, so that the merge's order picks the entries of the last tick.
+            for kv in kvs {
+                let tick = kv.key().get(base.len()..base.len() + 20);
+                if entries.len() >= query.limit && last_tick.as_deref() != tick {
+                    break 'pages;
+                }
+                last_tick = tick.map(<[u8]>::to_vec);
+                match kv
+                    .value_str()
+                    .map_err(|e| e.to_string())
+                    .and_then(|json| Entry::from_json(json).map_err(|e| e.to_string()))
+                {
+                    Ok(entry) => entries.push(entry),
+                    Err(why) => skipped.push(format!("etcd: history entry skipped: {why}")),
+                }
             }
-            last_tick = tick;
-            match kv
-                .value_str()
-                .map_err(|e| e.to_string())
-                .and_then(|json| Entry::from_json(json).map_err(|e| e.to_string()))
-            {
-                Ok(entry) => entries.push(entry),
-                Err(why) => skipped.push(format!("etcd: history entry skipped: {why}")),
+            match kvs.last() {
+                // The range's end is exclusive: the next page starts below the last key read.
+                Some(last) if answer.more() => {
+                    to = String::from_utf8_lossy(last.key()).into_owned()
+                }
+                _ => break,
             }
         }
         Ok(Read::newest(entries, query.limit, skipped))
