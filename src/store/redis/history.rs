@@ -82,17 +82,45 @@ const RECORD_CHUNK: usize = 100;
 /// look").
 const RECORDS_PER_PIPELINE: usize = 2 * RECORD_CHUNK;
 
-/// Reads a job's entries with ticks in `[ARGV[1], ARGV[2]]`, newest first, at most `ARGV[3]` of them.
+/// Reads one page of a job's entries with ticks in `[ARGV[1], ARGV[2]]`, newest first: of the `ARGV[4]`
+/// ids from place `ARGV[3]` on, those whose entries fit in `ARGV[5]` bytes (at least one).
 ///
-/// KEYS: entries, index. Returns the entries' JSON (an id whose entry is gone reads as `nil`, skipped).
+/// KEYS: entries, index. Returns how many ids the page went through, `1` if they were the range's last
+/// (else `0`), then their entries' JSON (an id whose entry is gone reads as `nil`, skipped). A page is
+/// bounded so that no call holds the node for long: a node runs one script at a time, and a claim or
+/// renewal waits for it ([`PAGE_BYTES`]).
 pub static HISTORY: LazyLock<Script> = LazyLock::new(|| Script::new(HISTORY_LUA));
 const HISTORY_LUA: &str = r#"
-local ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], ARGV[2], ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-if #ids == 0 then
-  return {}
+local wanted = tonumber(ARGV[4])
+local ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], ARGV[2], ARGV[1], 'LIMIT', tonumber(ARGV[3]), wanted)
+local budget = tonumber(ARGV[5])
+local page = {'0', '0'}
+local bytes = 0
+for i = 1, #ids do
+  if i > 1 and bytes >= budget then
+    break
+  end
+  local json = redis.call('HGET', KEYS[1], ids[i])
+  if json then
+    bytes = bytes + #json
+  end
+  page[#page + 1] = json
 end
-return redis.call('HMGET', KEYS[1], unpack(ids))
+local went = #page - 2
+page[1] = tostring(went)
+if went == #ids and #ids < wanted then
+  page[2] = '1'
+end
+return page
 "#;
+
+/// The most bytes of entries one page of a history read carries (unless its first entry alone is
+/// more): about a millisecond of a node's time, so a dashboard reading a job's megabytes of output tails
+/// delays a claim or a renewal on that node by no more.
+const PAGE_BYTES: usize = 256 * 1024;
+
+/// The most ids one page of a history read goes through.
+const PAGE_IDS: usize = 1_000;
 
 /// Announces a worker: `<now ms> <json>` under its id, heartbeat expiry now + ttl; drops members dead for
 /// longer than `keep_dead`.
@@ -235,6 +263,37 @@ impl RedisStore {
         .await
     }
 
+    /// Runs a history read (`read`, given a node and the read's deadline) on every node at once, on the
+    /// readers' connections, in its turn among at most [`super::HISTORY_READS`] reads at once, all
+    /// within the exchange's timeout: a read of megabytes never queues a claim or a renewal behind it on
+    /// a connection, and many reads at once (a busy dashboard) wait for each other rather than take
+    /// every node's time.
+    async fn ask_readers<'a, F, Fut>(&'a self, read: F) -> Vec<(String, Result<Vec<Value>, String>)>
+    where
+        F: Fn(&'a super::node::Node, tokio::time::Instant) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<Value>, String>>,
+    {
+        let timeout = EXCHANGE_TIMEOUT.max(self.settings.node_timeout);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, self.reads.acquire()).await else {
+            let busy = format!(
+                "no turn among the history reads within {} ms",
+                timeout.as_millis()
+            );
+            return self
+                .readers
+                .iter()
+                .map(|node| (node.label.clone(), Err(busy.clone())))
+                .collect();
+        };
+        join_all(
+            self.readers
+                .iter()
+                .map(|node| async { (node.label.clone(), read(node, deadline).await) }),
+        )
+        .await
+    }
+
     /// Sends `pipeline` to every node at once, as [`RedisStore::ask_all`] does, but returns as soon as a
     /// majority of the configured nodes ran every command without an error; the other nodes' answers are
     /// awaited in the background (each bounded by [`EXCHANGE_TIMEOUT`]). When no majority has succeeded
@@ -368,12 +427,13 @@ impl Records for RedisStore {
         let until = query
             .until
             .map_or("+inf".to_string(), |t| t.as_millis().to_string());
-        let limit = query.limit.to_string();
         let [entries, _, index] = history_keys(&self.settings.key_prefix, &query.job);
         let keys = [entries, index];
-        let mut pipeline = redis::pipe();
-        pipeline.add_command(evalsha(&HISTORY, &keys, &[&since, &until, &limit]));
-        let answers = self.ask_all(&pipeline).await;
+        let answers = self
+            .ask_readers(|node, deadline| {
+                read_pages(node, &keys, [&since, &until], query.limit, deadline)
+            })
+            .await;
         let mut skipped = Vec::new();
         let read = self.read_majority(answers, |node, value| {
             let mut entries = Vec::new();
@@ -445,6 +505,52 @@ impl Records for RedisStore {
             skipped,
         })
     }
+}
+
+/// A job's entries on `node` (KEYS `keys`, ticks in `window`), newest first, at most `limit`, read in
+/// pages of [`HISTORY`] until `deadline`: one reply, an array of the entries' JSON, as one call of the
+/// whole range would give. A page starts at the place where the one before it ended; an entry written
+/// meanwhile moves the later ones one place down, so one may be read twice (the merge keeps it once),
+/// and a trim drops only entries older than any read yet: none is missed.
+async fn read_pages(
+    node: &super::node::Node,
+    keys: &[String; 2],
+    window: [&str; 2],
+    limit: usize,
+    deadline: tokio::time::Instant,
+) -> Result<Vec<Value>, String> {
+    let (mut entries, mut place) = (Vec::new(), 0);
+    while place < limit {
+        let (from, wanted) = (place.to_string(), (limit - place).min(PAGE_IDS).to_string());
+        let budget = PAGE_BYTES.to_string();
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(evalsha(
+            &HISTORY,
+            keys,
+            &[window[0], window[1], &from, &wanted, &budget],
+        ));
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let reply = node.eval(&pipeline, left).await?.into_iter().next();
+        let Some(Value::Array(mut page)) = reply else {
+            return Err(format!("unexpected reply {reply:?}"));
+        };
+        let head: Vec<Value> = page.drain(..2.min(page.len())).collect();
+        let number = |value: Option<&Value>| match value {
+            Some(Value::BulkString(bytes)) => {
+                std::str::from_utf8(bytes).ok()?.parse::<usize>().ok()
+            }
+            _ => None,
+        };
+        let (Some(went), Some(last)) = (number(head.first()), number(head.get(1))) else {
+            return Err(format!("unexpected page head {head:?}"));
+        };
+        entries.extend(page);
+        place += went;
+        if went == 0 || last == 1 {
+            break;
+        }
+    }
+    Ok(vec![Value::Array(entries)])
 }
 
 /// An array reply as optional strings (`nil` items as `None`); a server error or another shape fails.

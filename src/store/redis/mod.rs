@@ -64,6 +64,12 @@ pub struct RedisStore {
     settings: LockSettings,
     history: HistorySettings,
     nodes: Arc<Vec<Node>>,
+    /// The same nodes on connections of their own for history reads ([`Records::history`]), which may
+    /// carry megabytes: on the lock's connections they would queue claims and renewals behind them.
+    readers: Arc<Vec<Node>>,
+    /// How many history reads may be under way at once ([`HISTORY_READS`]): each costs every node the
+    /// time to gather and send the whole answer, during which it serves nothing else.
+    reads: Arc<tokio::sync::Semaphore>,
     /// How much longer than configured rounds wait while the nodes answer slowly ([`crate::store::pace`]).
     pace: Arc<crate::store::pace::Pace>,
     /// Sends renewals and releases together ([`keeper`]); `None` in the keeper's own copy.
@@ -71,6 +77,9 @@ pub struct RedisStore {
     /// The last full list of trigger requests, read again only when it changed ([`triggers`]).
     last_list: Arc<triggers::LastList>,
 }
+
+/// How many history reads one store runs at once; more wait their turn (within the read's own budget).
+const HISTORY_READS: usize = 2;
 
 /// One request in one attempt.
 struct Try<'a> {
@@ -123,16 +132,22 @@ impl RedisStore {
         // or been renewed (which restores it on the node), and every round under way then has ended.
         let hold = settings.ttl + validity::drift(settings.ttl, settings.drift_factor);
         let registry = Arc::new(admission::Registry::new(labels, hold));
-        let nodes = urls
-            .iter()
-            .enumerate()
-            .map(|(index, url)| Node::new(url, index, settings.node_timeout, Arc::clone(&registry)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let open = || {
+            urls.iter()
+                .enumerate()
+                .map(|(index, url)| {
+                    Node::new(url, index, settings.node_timeout, Arc::clone(&registry))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let (nodes, readers) = (open()?, open()?);
         nodes.iter().for_each(Node::warm_up);
         Ok(RedisStore {
             settings,
             history: HistorySettings::default(),
             nodes: Arc::new(nodes),
+            readers: Arc::new(readers),
+            reads: Arc::new(tokio::sync::Semaphore::new(HISTORY_READS)),
             pace: Arc::default(),
             keeper: None,
             last_list: Arc::default(),
