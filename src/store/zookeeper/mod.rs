@@ -47,8 +47,10 @@ use crate::history::HistorySettings;
 use crate::lock::quorum::quorum;
 use crate::lock::{validity, LockSettings, QuorumFailure};
 
-/// The most bytes of one node's data the store reads as a value; a larger one is garbage, skipped.
-pub(super) const MAX_DATA: usize = 64 * 1024;
+/// The most bytes of one node's data the store reads as a value; a larger one is garbage, skipped. It is
+/// ZooKeeper's own bound on a node's data (`jute.maxbuffer`'s default, 1 MiB): a history entry with both
+/// output tails at the largest `output_tail` is up to about 790 KB of JSON (a control byte is 6).
+pub(super) const MAX_DATA: usize = 1024 * 1024;
 
 /// The most children of one node a read goes through; more are left for the next read (with a note).
 pub(super) const MAX_CHILDREN: usize = 20_000;
@@ -57,6 +59,9 @@ pub(super) const MAX_CHILDREN: usize = 20_000;
 /// writer and the CLI (as on etcd).
 pub(super) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How many history reads one store runs at once.
+const HISTORY_READS: usize = 2;
+
 /// Claims, leases, tokens, history and membership in one ZooKeeper ensemble.
 pub struct ZookeeperStore {
     settings: LockSettings,
@@ -64,6 +69,11 @@ pub struct ZookeeperStore {
     hosts: Vec<String>,
     /// The session, connected in the background on first use and after it expired.
     sessions: Sessions,
+    /// A session of its own for history reads, which may carry megabytes: ZooKeeper answers a
+    /// session's requests in order, so on the lock's session they would queue its renewals behind them.
+    readers: Sessions,
+    /// How many history reads may be under way at once ([`HISTORY_READS`]); more wait their turn.
+    reads: tokio::sync::Semaphore,
     /// Each granted lease not yet released, by lease value (unique per attempt): its session and
     /// deadline, which its reaper (`lease.rs`) reads.
     leases: Arc<Mutex<HashMap<String, lease::Held>>>,
@@ -82,11 +92,14 @@ impl ZookeeperStore {
         history: HistorySettings,
     ) -> Result<ZookeeperStore, StoreError> {
         let sessions = Sessions::new(config, &settings.key_prefix, settings.node_timeout)?;
+        let readers = Sessions::new(config, &settings.key_prefix, settings.node_timeout)?;
         Ok(ZookeeperStore {
             settings,
             history,
             hosts: config.hosts.clone(),
             sessions,
+            readers,
+            reads: tokio::sync::Semaphore::new(HISTORY_READS),
             leases: Arc::new(Mutex::new(HashMap::new())),
             heartbeats: Arc::new(Mutex::new(HashMap::new())),
         })

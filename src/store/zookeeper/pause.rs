@@ -115,7 +115,11 @@ impl Pauses for ZookeeperStore {
         let (mut value, mut skipped) = (Vec::with_capacity(jobs.len()), Vec::new());
         for chunk in jobs.chunks(500) {
             let datas = self
-                .read_many(&session, chunk.iter().map(|job| job_path(job)))
+                .read_many(
+                    &session,
+                    chunk.iter().map(|job| job_path(job)),
+                    super::records::READ_CHUNK,
+                )
                 .await
                 .map_err(|why| self.failure(why))?;
             for (job, data) in chunk.iter().zip(datas) {

@@ -28,8 +28,12 @@ use crate::lock::QuorumFailure;
 use crate::membership::{self, Member, KEEP_DEAD};
 use crate::store::{skip_note, Read, Records};
 
-/// How many reads go in one multi-read.
-const READ_CHUNK: usize = 200;
+/// How many reads go in one multi-read of small nodes (members, triggers, pauses).
+pub(super) const READ_CHUNK: usize = 200;
+
+/// How many history entries go in one multi-read: each may carry 128 KiB of output tails, and the
+/// answer to one multi-read is one message that holds the session's connection while it is sent.
+const HISTORY_CHUNK: usize = 16;
 
 impl ZookeeperStore {
     /// The children of `path`, sorted (none if it does not exist).
@@ -48,15 +52,16 @@ impl ZookeeperStore {
         }
     }
 
-    /// The data of each of `paths`, in order (`None`: no such node), in multi-reads.
+    /// The data of each of `paths`, in order (`None`: no such node), in multi-reads of `chunk` paths.
     pub(super) async fn read_many(
         &self,
         session: &Session,
         paths: impl Iterator<Item = String>,
+        chunk: usize,
     ) -> Result<Vec<Option<(Vec<u8>, Stat)>>, String> {
         let paths: Vec<String> = paths.collect();
         let mut found = Vec::with_capacity(paths.len());
-        for chunk in paths.chunks(READ_CHUNK) {
+        for chunk in paths.chunks(chunk) {
             let mut reader = session.client.new_multi_reader();
             for path in chunk {
                 reader.add_get_data(path).map_err(|e| e.to_string())?;
@@ -70,6 +75,60 @@ impl ZookeeperStore {
             }
         }
         Ok(found)
+    }
+
+    /// [`Records::history`]'s read, unbounded in time.
+    async fn read_history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+        let _turn = self
+            .reads
+            .acquire()
+            .await
+            .map_err(|_| self.failure("the history reads are closed"))?;
+        let session = self
+            .readers
+            .current(EXCHANGE_TIMEOUT)
+            .await
+            .map_err(|why| self.failure(why))?;
+        let dir = Self::history_dir(&query.job);
+        let mut names = self
+            .children(&session, &dir)
+            .await
+            .map_err(|why| self.failure(why))?;
+        let from = sortable(query.since.map_or(i64::MIN, |t| t.as_millis()));
+        let to = sortable(query.until.map_or(i64::MAX, |t| t.as_millis()));
+        names.retain(|name| {
+            name.get(..20)
+                .is_some_and(|tick| tick >= from.as_str() && tick <= to.as_str())
+        });
+        names.reverse();
+        // Whole ticks up to the limit, so that the merge's order picks the entries of the last tick.
+        let mut chosen = Vec::new();
+        for name in &names {
+            let tick = name.get(..20);
+            if chosen.len() >= query.limit
+                && chosen.last().map(|n: &&String| n.get(..20)) != Some(tick)
+            {
+                break;
+            }
+            chosen.push(name);
+        }
+        let datas = self
+            .read_many(
+                &session,
+                chosen.iter().map(|name| format!("{dir}/{name}")),
+                HISTORY_CHUNK,
+            )
+            .await
+            .map_err(|why| self.failure(why))?;
+        let (mut entries, mut skipped) = (Vec::new(), Vec::new());
+        for (name, data) in chosen.iter().zip(datas) {
+            let Some((data, _)) = data else { continue };
+            match text(&data).and_then(|json| Entry::from_json(json).map_err(|e| e.to_string())) {
+                Ok(entry) => entries.push(entry),
+                Err(why) => skipped.push(skip_note("zookeeper", "history entry", name, &why)),
+            }
+        }
+        Ok(Read::newest(entries, query.limit, skipped))
     }
 
     /// Writes `data` at `path`: created (with its parent, if missing) or replaced.
@@ -224,7 +283,11 @@ impl ZookeeperStore {
         let mut ids = self.children(session, "/members").await?;
         ids.truncate(MAX_CHILDREN);
         let datas = self
-            .read_many(session, ids.iter().map(|id| format!("/members/{id}")))
+            .read_many(
+                session,
+                ids.iter().map(|id| format!("/members/{id}")),
+                READ_CHUNK,
+            )
             .await?;
         Ok(ids
             .into_iter()
@@ -286,48 +349,14 @@ impl Records for ZookeeperStore {
 
     /// The entries of `query`, newest first; an entry that does not parse is skipped, and named in
     /// [`Read::skipped`]; see [`crate::store::Store::history`].
+    ///
+    /// On the readers' session ([`ZookeeperStore`]'s `readers`), in its turn among at most two reads at
+    /// once, the entries fetched [`HISTORY_CHUNK`] at a time, all within [`EXCHANGE_TIMEOUT`].
     async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
-        let session = self
-            .sessions
-            .current(EXCHANGE_TIMEOUT)
-            .await
-            .map_err(|why| self.failure(why))?;
-        let dir = Self::history_dir(&query.job);
-        let mut names = self
-            .children(&session, &dir)
-            .await
-            .map_err(|why| self.failure(why))?;
-        let from = sortable(query.since.map_or(i64::MIN, |t| t.as_millis()));
-        let to = sortable(query.until.map_or(i64::MAX, |t| t.as_millis()));
-        names.retain(|name| {
-            name.get(..20)
-                .is_some_and(|tick| tick >= from.as_str() && tick <= to.as_str())
-        });
-        names.reverse();
-        // Whole ticks up to the limit, so that the merge's order picks the entries of the last tick.
-        let mut chosen = Vec::new();
-        for name in &names {
-            let tick = name.get(..20);
-            if chosen.len() >= query.limit
-                && chosen.last().map(|n: &&String| n.get(..20)) != Some(tick)
-            {
-                break;
-            }
-            chosen.push(name);
+        match tokio::time::timeout(EXCHANGE_TIMEOUT, self.read_history(query)).await {
+            Ok(read) => read,
+            Err(_) => Err(self.failure("the history read got no answer in time")),
         }
-        let datas = self
-            .read_many(&session, chosen.iter().map(|name| format!("{dir}/{name}")))
-            .await
-            .map_err(|why| self.failure(why))?;
-        let (mut entries, mut skipped) = (Vec::new(), Vec::new());
-        for (name, data) in chosen.iter().zip(datas) {
-            let Some((data, _)) = data else { continue };
-            match text(&data).and_then(|json| Entry::from_json(json).map_err(|e| e.to_string())) {
-                Ok(entry) => entries.push(entry),
-                Err(why) => skipped.push(skip_note("zookeeper", "history entry", name, &why)),
-            }
-        }
-        Ok(Read::newest(entries, query.limit, skipped))
     }
 
     /// Records `member`, stamped now, and keeps it alive while this session lives and its heartbeat

@@ -69,7 +69,11 @@ impl Triggers for ZookeeperStore {
             ids.truncate(MAX_CHILDREN);
         }
         let datas = self
-            .read_many(&session, ids.iter().map(|id| format!("/triggers/{id}")))
+            .read_many(
+                &session,
+                ids.iter().map(|id| format!("/triggers/{id}")),
+                super::records::READ_CHUNK,
+            )
             .await
             .map_err(|why| self.failure(why))?;
         let now_ms = chrono::Utc::now().timestamp_millis();
