@@ -338,6 +338,25 @@ impl Entry {
         Tick(self.tick)
     }
 
+    /// About the bytes the entry holds, in memory or as JSON before escaping: its output tails, the
+    /// workers it names, and an allowance for its bounded fields. It bounds the history writer's queue
+    /// and each of its writes ([`crate::worker`]'s recorder), without serializing the entry.
+    pub(crate) fn held_bytes(&self) -> usize {
+        const FIELDS: usize = 512;
+        let tails = [&self.tail_out, &self.tail_err]
+            .into_iter()
+            .flatten()
+            .map(String::len)
+            .sum::<usize>();
+        let raced = self
+            .raced
+            .iter()
+            .flatten()
+            .map(|id| id.len() + 3)
+            .sum::<usize>();
+        FIELDS + self.job.len() + tails + raced
+    }
+
     /// The entry as stored: one line of JSON.
     pub fn to_json(&self) -> String {
         // Serializing plain strings, numbers and timestamps cannot fail.

@@ -5,11 +5,13 @@
 //! [`crate::store::Store::record`] (one pipeline per node, however many entries), [`GATHER`] after the
 //! first entry of a batch arrived. A job's start therefore never waits for history, and a slow or
 //! failed write costs history, never a run. A write that a majority did not take is kept and tried
-//! again (1 s, doubling up to 30 s) until it is taken; only beyond 10,000 waiting entries, or at
-//! shutdown, are entries dropped, and that is logged. At shutdown the queue is written out before the
-//! worker exits.
+//! again (1 s, doubling up to 30 s) until it is taken; only beyond 10,000 waiting entries or
+//! [`HELD_BYTES`] of them (a job's output tails make an entry up to 128 KiB), or at shutdown, are
+//! entries dropped, and that is logged. One call carries at most [`BATCH`] entries and [`CALL_BYTES`]
+//! (or one entry): what every store takes in one request. At shutdown the queue is written out before
+//! the worker exits.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +26,12 @@ use crate::logging::events;
 const QUEUE: usize = 10_000;
 /// The most entries written in one call.
 const BATCH: usize = 1_000;
+/// The most bytes ([`Entry::held_bytes`]) of entries written in one call, unless one entry alone is
+/// more: below what each store takes in one request (etcd's 1.5 MiB, ZooKeeper's 1 MiB a node).
+const CALL_BYTES: usize = 1024 * 1024;
+/// The most bytes of entries queued and waiting for the writer together; beyond it new entries are
+/// dropped (and counted): 10,000 entries with full output tails would hold 1.3 GB.
+const HELD_BYTES: usize = 64 * 1024 * 1024;
 /// How long the writer lets entries gather after the first one arrives before it writes. The entries of a
 /// tick's runs then go to the nodes after the tick's other jobs have started, not among their claims, and
 /// a run that ends within it has its start and its end written once, as its end.
@@ -40,6 +48,8 @@ pub(crate) struct Recorder {
     /// the next ([`super::background`]), with the entries still queued.
     pending: tokio::sync::Mutex<mpsc::Receiver<Entry>>,
     dropped: AtomicU64,
+    /// The bytes of the entries queued or waiting in the writer ([`Entry::held_bytes`]).
+    held: AtomicUsize,
     closing: Notify,
 }
 
@@ -50,15 +60,26 @@ impl Recorder {
             queue,
             pending: tokio::sync::Mutex::new(pending),
             dropped: AtomicU64::new(0),
+            held: AtomicUsize::new(0),
             closing: Notify::new(),
         }
     }
 
-    /// Queues `entry` for the store; never waits. A full queue drops it (counted, logged by the writer).
+    /// Queues `entry` for the store; never waits. A full queue, by entries or by [`HELD_BYTES`], drops
+    /// it (counted, logged by the writer).
     pub(crate) fn note(&self, entry: Entry) {
-        if self.queue.try_send(entry).is_err() {
+        let size = entry.held_bytes();
+        let held = self.held.fetch_add(size, Ordering::Relaxed);
+        if held + size > HELD_BYTES || self.queue.try_send(entry).is_err() {
+            self.held.fetch_sub(size, Ordering::Relaxed);
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counts `entries` as no longer held: written or dropped.
+    fn release<'a>(&self, entries: impl IntoIterator<Item = &'a Entry>) {
+        let size: usize = entries.into_iter().map(Entry::held_bytes).sum();
+        self.held.fetch_sub(size, Ordering::Relaxed);
     }
 
     /// Asks the writer to write what is queued and stop.
@@ -120,15 +141,19 @@ async fn writer(context: Arc<Context>) {
 /// Writes `unwritten` in batches; `true` once all are written (then `unwritten` is empty). Beyond
 /// [`QUEUE`] entries the oldest are dropped and counted.
 async fn write(context: &Context, unwritten: &mut Vec<Entry>) -> bool {
+    let recorder = &context.recorder;
     let excess = unwritten.len().saturating_sub(QUEUE);
     if excess > 0 {
-        unwritten.drain(..excess);
+        recorder.release(unwritten.drain(..excess).as_slice());
         context
             .recorder
             .dropped
             .fetch_add(excess as u64, Ordering::Relaxed);
     }
+    let before: usize = unwritten.iter().map(Entry::held_bytes).sum();
     keep_latest(unwritten);
+    let after: usize = unwritten.iter().map(Entry::held_bytes).sum();
+    recorder.held.fetch_sub(before - after, Ordering::Relaxed);
     let dropped = context.recorder.dropped.swap(0, Ordering::Relaxed);
     if dropped > 0 {
         warn!(
@@ -138,10 +163,10 @@ async fn write(context: &Context, unwritten: &mut Vec<Entry>) -> bool {
         );
     }
     while !unwritten.is_empty() {
-        let take = unwritten.len().min(BATCH);
+        let take = call_length(unwritten);
         match context.store.record(&unwritten[..take]).await {
             Ok(()) => {
-                unwritten.drain(..take);
+                recorder.release(unwritten.drain(..take).as_slice());
             }
             Err(failure) => {
                 context.metrics.history_write_failed();
@@ -152,6 +177,21 @@ async fn write(context: &Context, unwritten: &mut Vec<Entry>) -> bool {
         }
     }
     true
+}
+
+/// How many of `entries`, from the first, one call writes: at most [`BATCH`], and at most
+/// [`CALL_BYTES`] unless the first alone is more.
+fn call_length(entries: &[Entry]) -> usize {
+    let mut bytes = 0;
+    let fitting = entries
+        .iter()
+        .take(BATCH)
+        .take_while(|entry| {
+            bytes += entry.held_bytes();
+            bytes <= CALL_BYTES
+        })
+        .count();
+    fitting.max(1).min(entries.len())
 }
 
 /// Drops every entry that a later one in `entries` replaces (same job and [`Entry::id`]: a run's entry
@@ -175,6 +215,7 @@ fn keep_latest(entries: &mut Vec<Entry>) {
 
 /// Logs the entries a stopping worker could not write.
 fn give_up(context: &Context, unwritten: &[Entry]) {
+    context.recorder.release(unwritten);
     context
         .recorder
         .dropped
@@ -211,5 +252,42 @@ mod tests {
             .map(|e| (e.job.clone(), e.id(), e.outcome.clone()))
             .collect();
         assert_eq!(kept, expected);
+    }
+
+    fn with_tails(bytes: usize) -> Entry {
+        let mut entry = Entry::new("a", Tick(1_000), "w0", Kind::Run, chrono::Utc::now());
+        entry.tail_out = Some("x".repeat(bytes));
+        entry
+    }
+
+    #[test]
+    fn a_call_is_bounded_by_bytes_but_carries_at_least_one_entry() {
+        let small: Vec<Entry> = (0..5).map(|_| with_tails(100)).collect();
+        assert_eq!(call_length(&small), 5);
+        let large: Vec<Entry> = (0..20).map(|_| with_tails(128 * 1024)).collect();
+        assert_eq!(
+            call_length(&large),
+            7,
+            "7 × 128.5 KiB fit in 1 MiB, 8 do not"
+        );
+        let huge = vec![with_tails(2 * CALL_BYTES), with_tails(10)];
+        assert_eq!(call_length(&huge), 1);
+        assert_eq!(call_length(&[]), 0);
+        let many: Vec<Entry> = (0..BATCH + 5).map(|_| with_tails(0)).collect();
+        assert_eq!(call_length(&many), BATCH);
+    }
+
+    #[test]
+    fn entries_beyond_the_held_bytes_are_dropped_and_counted() {
+        let recorder = Recorder::new();
+        let entry = with_tails(128 * 1024);
+        let fit = HELD_BYTES / entry.held_bytes();
+        for _ in 0..fit + 3 {
+            recorder.note(entry.clone());
+        }
+        assert_eq!(recorder.dropped.load(Ordering::Relaxed), 3);
+        assert!(recorder.held.load(Ordering::Relaxed) <= HELD_BYTES);
+        recorder.release(std::iter::repeat_n(&entry, fit));
+        assert_eq!(recorder.held.load(Ordering::Relaxed), 0);
     }
 }
