@@ -105,6 +105,8 @@ macro_rules! conformance {
                 records::old_format_entries_are_still_read,
                 records::two_controls_of_one_millisecond_are_both_kept,
                 faults::no_majority_grants_nothing_and_the_store_recovers,
+                records::entries_at_the_largest_output_tails_are_written_and_read_whole,
+                reads::reads_of_a_large_history_never_delay_claims_or_renewals,
                 $($module::$extra,)*
             );
 
@@ -139,19 +141,16 @@ conformance!(etcd, Backend::Etcd, extra: [
 conformance!(embedded, Backend::Embedded, extra: [
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
-    reads::reads_of_a_large_history_never_delay_claims_or_renewals,
 ]);
 conformance!(postgres, Backend::Postgres, extra: [
     auth::a_client_without_credentials_changes_nothing,
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
-    reads::reads_of_a_large_history_never_delay_claims_or_renewals,
 ]);
 conformance!(mariadb, Backend::Mariadb, extra: [
     auth::a_client_without_credentials_changes_nothing,
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,
-    reads::reads_of_a_large_history_never_delay_claims_or_renewals,
 ]);
 conformance!(zookeeper, Backend::Zookeeper, extra: [
     auth::a_client_without_credentials_changes_nothing,

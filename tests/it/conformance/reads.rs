@@ -1,7 +1,8 @@
 //! Reads beside the lock path: a store hammered with reads of a large history (as a worker's dashboard
 //! reads it) must not delay the same store's claims, renewals or releases — on the embedded store the
 //! lock path has its own connection and the reads a few read-only ones, on a SQL store the reads a pool
-//! of their own.
+//! of their own, on Redis and ZooKeeper connections (sessions) of their own, two reads at a time and
+//! bounded pages of entries, and on etcd pages of entries below the client's bound on an answer.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -62,10 +63,12 @@ pub(super) async fn reads_of_a_large_history_never_delay_claims_or_renewals(back
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
     );
+    let refused = Arc::new(std::sync::Mutex::new(None::<String>));
     let readers: Vec<_> = (0..READERS)
         .map(|_| {
             let (store, stop) = (Arc::clone(&store), Arc::clone(&stop));
             let (answered, bytes) = (Arc::clone(&answered), Arc::clone(&bytes));
+            let refused = Arc::clone(&refused);
             tokio::spawn(async move {
                 let query = Query {
                     job: "big".to_string(),
@@ -74,7 +77,12 @@ pub(super) async fn reads_of_a_large_history_never_delay_claims_or_renewals(back
                     limit: 5_000,
                 };
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok(read) = store.history(&query).await {
+                    let read = store.history(&query).await;
+                    if let Err(e) = &read {
+                        let mut first = refused.lock().unwrap_or_else(|p| p.into_inner());
+                        first.get_or_insert_with(|| e.to_string());
+                    }
+                    if let Ok(read) = read {
                         answered.fetch_add(1, Ordering::Relaxed);
                         let size: usize = read
                             .value
@@ -127,11 +135,15 @@ pub(super) async fn reads_of_a_large_history_never_delay_claims_or_renewals(back
         bytes.load(Ordering::Relaxed) / 1_000_000,
         hammered.elapsed()
     );
-    assert!(answered > 0, "no read was answered");
     assert!(
         slow.is_empty(),
         "reads delayed the lock path on {}: {slow:#?}",
         backend.name()
+    );
+    assert!(
+        answered > 0,
+        "no read was answered: {:?}",
+        refused.lock().unwrap_or_else(|p| p.into_inner())
     );
     store.release(&lease).await;
 }
