@@ -171,10 +171,14 @@ fn run_worker(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
         filter: log_filter(args.log_level.as_deref()),
         worker_id: config.worker.id.clone(),
     };
-    if let Err(e) = logging::init(&options) {
-        say_error(&e.to_string());
-        return Ok(ExitCode::from(Exit::Usage));
-    }
+    // Dropped when this returns: the log's last lines are written out before the process exits.
+    let _flush = match logging::init(&options) {
+        Ok(flush) => flush,
+        Err(e) => {
+            say_error(&e.to_string());
+            return Ok(ExitCode::from(Exit::Usage));
+        }
+    };
     for warning in &config.warnings {
         tracing::warn!(event = events::config::WARNING, "{warning}");
     }

@@ -8,9 +8,11 @@
 //! module has a small [`FormatEvent`] of its own; the text format renders the same flat fields.
 
 pub(crate) mod events;
+mod sink;
+
+pub use sink::{dropped_lines, Flush};
 
 use std::fmt::Write as _;
-use std::io;
 
 use serde_json::Value;
 use tracing::field::{Field, Visit};
@@ -54,18 +56,24 @@ pub enum LoggingError {
     AlreadyInstalled(#[from] tracing_subscriber::util::TryInitError),
 }
 
-/// Installs the global subscriber writing to stdout.
+/// Installs the global subscriber writing to stdout, through a bounded queue that never waits
+/// ([`sink`]); the returned [`Flush`] writes out what is queued when dropped (at exit).
 ///
 /// Fails, without installing anything, if the filter does not parse or a subscriber is already set.
-pub fn init(options: &LogOptions) -> Result<(), LoggingError> {
+pub fn init(options: &LogOptions) -> Result<Flush, LoggingError> {
     let filter = EnvFilter::try_new(&options.filter).map_err(|source| LoggingError::Filter {
         filter: options.filter.clone(),
         source,
     })?;
+    let format = FlatFormat {
+        format: options.format,
+        worker: options.worker_id.clone(),
+    };
+    let sink = sink::Sink::stdout(Box::new(move |lines| format.dropped(lines)));
     tracing_subscriber::registry()
-        .with(layer(options.format, &options.worker_id, io::stdout).with_filter(filter))
+        .with(layer(options.format, &options.worker_id, sink).with_filter(filter))
         .try_init()?;
-    Ok(())
+    Ok(sink::Flush::new())
 }
 
 /// A layer writing events in `format` to `writer`, one line per event and one `write` per line.
@@ -131,7 +139,6 @@ where
             Some(other) => other.to_string(),
             None => name.clone(),
         };
-        let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         let level = metadata.level().as_str();
         let rest = fields.0.into_iter().map(|(name, value)| {
             if RESERVED.contains(&name.as_str()) {
@@ -140,39 +147,66 @@ where
                 (name, value)
             }
         });
+        writer.write_str(&self.line(level, &name, &message, rest))
+    }
+}
 
+impl FlatFormat {
+    /// One line of the log, stamped now: `event` at `level`, its `message`, then the other fields.
+    fn line(
+        &self,
+        level: &str,
+        name: &str,
+        message: &str,
+        rest: impl IntoIterator<Item = (String, Value)>,
+    ) -> String {
+        let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let mut line = String::new();
         match self.format {
             LogFormat::Json => {
                 let head = [
-                    ("timestamp", timestamp),
-                    ("level", level.to_owned()),
-                    ("worker", self.worker.clone()),
+                    ("timestamp", timestamp.as_str()),
+                    ("level", level),
+                    ("worker", self.worker.as_str()),
                     ("event", name),
                     ("message", message),
                 ];
                 let mut separator = '{';
                 for (key, value) in head {
-                    write!(writer, "{separator}{}:{}", json(&key), json(&value))?;
+                    let _ = write!(line, "{separator}{}:{}", json(key), json(value));
                     separator = ',';
                 }
                 for (key, value) in rest {
-                    write!(writer, ",{}:{}", json(&key), json(&value))?;
+                    let _ = write!(line, ",{}:{}", json(&key), json(&value));
                 }
-                writeln!(writer, "}}")
+                line.push_str("}\n");
             }
             LogFormat::Text => {
-                write!(
-                    writer,
+                let _ = write!(
+                    line,
                     "{timestamp} {level:>5} {} {name}: {}",
                     visible(&self.worker),
-                    visible(&message)
-                )?;
+                    visible(message)
+                );
                 for (key, value) in rest {
-                    write!(writer, " {key}={}", text(&value))?;
+                    let _ = write!(line, " {key}={}", text(&value));
                 }
-                writeln!(writer)
+                line.push('\n');
             }
         }
+        line
+    }
+
+    /// The line that says `lines` log lines were dropped (`log.dropped`), written by the sink itself.
+    fn dropped(&self, lines: u64) -> Vec<u8> {
+        let fields = [("lines".to_string(), Value::from(lines))];
+        self.line(
+            "WARN",
+            events::log::DROPPED,
+            "Log lines dropped: stdout did not take them in time (a stalled reader of the worker's output); the tick loop did not wait",
+            fields,
+        )
+        .into_bytes()
     }
 }
 
@@ -326,6 +360,7 @@ impl Visit for FieldVisitor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io;
     use std::sync::{Arc, Mutex};
     use tracing::{info, info_span, warn};
 

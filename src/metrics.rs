@@ -225,6 +225,8 @@ impl Metrics {
             help,
             m.history_write_failures.clone(),
         );
+        let help = "Log lines dropped because stdout did not take them in time (a stalled reader)";
+        r.register("redcron_log_lines_dropped", help, LogLinesDropped);
         let help = "Connections to worker.listen closed unanswered: as many as it serves at once were open";
         r.register(
             "redcron_http_connections_refused",
@@ -368,6 +370,27 @@ impl Metrics {
     }
 }
 
+/// The counter of log lines dropped ([`crate::logging::dropped_lines`]): the log's writer keeps the count,
+/// since it runs before any worker and its metrics.
+#[derive(Debug)]
+struct LogLinesDropped;
+
+impl prometheus_client::encoding::EncodeMetric for LogLinesDropped {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+            &crate::logging::dropped_lines(),
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Counter
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,6 +471,11 @@ mod tests {
         assert_eq!(
             value(&scrape, "redcron_history_write_failures_total", &[]),
             1.0
+        );
+        let dropped = crate::logging::dropped_lines() as f64;
+        assert_eq!(
+            value(&scrape, "redcron_log_lines_dropped_total", &[]),
+            dropped
         );
         let reloads = |result| {
             value(

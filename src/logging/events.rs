@@ -162,6 +162,13 @@ events! {
         DROPPED = "history.dropped";
     }
 
+    /// The log itself.
+    log {
+        /// WARN: log lines were dropped because stdout did not take them in time (a stalled reader);
+        /// written by the log's writer once lines flow again.
+        DROPPED = "log.dropped";
+    }
+
     /// The live workers.
     members {
         /// The live workers read back after a heartbeat changed.

@@ -42,6 +42,7 @@ mod schedule;
 mod sql_input;
 mod sql_servers;
 mod sql_store;
+mod stalled_log;
 mod store_garbage;
 mod support;
 mod terminal;
