@@ -221,6 +221,22 @@ pub enum ClaimOutcome {
 }
 
 impl ClaimOutcome {
+    /// The outcome of a request that a store's batch left without one (a bug: every batch answers each
+    /// of its requests), on a store of `configured` nodes: `NoQuorum`, so the claim is retried while the
+    /// tick's window lasts. A retry cannot run the tick twice — it is decided on the store again —
+    /// where a final answer such as `AlreadyClaimed` would skip a tick that nobody may have run.
+    pub fn unanswered(configured: usize) -> ClaimOutcome {
+        ClaimOutcome::NoQuorum(QuorumFailure {
+            configured,
+            needed: quorum::quorum(configured),
+            granted: 0,
+            failures: vec![(
+                "the store".to_string(),
+                "the claim got no outcome (a bug); it is retried".to_string(),
+            )],
+        })
+    }
+
     /// For outcomes that a retry of the same request may still turn into a win: how soon to retry at the
     /// earliest (`None` for the final outcomes, `Won` included).
     pub fn retry_in(&self) -> Option<Duration> {
@@ -416,5 +432,23 @@ impl RenewError {
     /// Whether the lease is lost for good after this error (every variant but `Unconfirmed`).
     pub fn is_lost(&self) -> bool {
         !matches!(self, RenewError::Unconfirmed(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClaimOutcome;
+
+    #[test]
+    fn a_claim_left_without_an_outcome_is_retried_never_skipped() {
+        let outcome = ClaimOutcome::unanswered(5);
+        assert_eq!(outcome.retry_in(), Some(std::time::Duration::ZERO));
+        let ClaimOutcome::NoQuorum(failure) = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert_eq!(
+            (failure.configured, failure.needed, failure.granted),
+            (5, 3, 0)
+        );
     }
 }

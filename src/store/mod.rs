@@ -209,7 +209,7 @@ impl Store {
         let mut outcomes = self.claim_many(std::slice::from_ref(request)).await;
         outcomes
             .pop()
-            .unwrap_or(ClaimOutcome::AlreadyClaimed { by: None })
+            .unwrap_or_else(|| ClaimOutcome::unanswered(1))
     }
 
     /// See [`Leases::renew`].

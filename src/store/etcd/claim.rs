@@ -211,8 +211,7 @@ impl Claims for EtcdStore {
             }
         })
         .await;
-        // Every request gets an outcome (`claim_batch`); a missing one would be a bug, never a grant.
-        let missing = || ClaimOutcome::NoQuorum(self.failure("no outcome".to_string()));
+        let missing = || ClaimOutcome::unanswered(self.endpoints.len());
         outcomes
             .into_iter()
             .map(|outcome| outcome.unwrap_or_else(missing))

@@ -482,7 +482,7 @@ impl Claims for RedisStore {
             .await;
         outcomes
             .into_iter()
-            .map(|outcome| outcome.unwrap_or(ClaimOutcome::AlreadyClaimed { by: None }))
+            .map(|outcome| outcome.unwrap_or_else(|| ClaimOutcome::unanswered(self.nodes.len())))
             .collect()
     }
 

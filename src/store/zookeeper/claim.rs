@@ -332,7 +332,7 @@ impl Claims for ZookeeperStore {
             }
         })
         .await;
-        let missing = || ClaimOutcome::NoQuorum(self.failure("no outcome"));
+        let missing = || ClaimOutcome::unanswered(self.hosts.len());
         outcomes
             .into_iter()
             .map(|outcome| outcome.unwrap_or_else(missing))
