@@ -200,8 +200,14 @@ fn local_cluster_goes_on_when_a_worker_and_a_node_are_killed() {
         )),
         "{stderr}"
     );
+    // The summary lists what exited, in the order the script noticed it.
+    let summary = stderr
+        .lines()
+        .find(|line| line.contains("exited before the stop:"))
+        .unwrap_or_default();
     assert!(
-        stderr.contains("exited before the stop: worker-1"),
+        summary.contains(&format!("worker-1 (pid {worker_pid}): killed by SIGKILL"))
+            && summary.contains(&format!("redis node 1 (pid {node_pid}): killed by SIGKILL")),
         "{stderr}"
     );
     assert!(
