@@ -33,7 +33,8 @@ pub use store::{
     ZookeeperConfig, ZookeeperTls,
 };
 
-pub(crate) use validate::show as show_duration;
+pub(crate) use crate::clock::show_duration;
+pub(crate) use store::redact;
 mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -217,7 +218,7 @@ impl JobConfig {
             field("retry_backoff_max", &millis(Some(self.retry.backoff_max)));
         }
         field("enabled", if self.enabled { "yes" } else { "no" });
-        format!("{:016x}", fnv1a(text.as_bytes()))
+        format!("{:016x}", crate::lock::order::fnv1a(text.as_bytes()))
     }
 }
 
@@ -230,7 +231,7 @@ impl JobConfig {
             return Duration::ZERO;
         }
         let key = format!("{}\n{}", self.name, tick.as_millis());
-        let fraction = (fnv1a(key.as_bytes()) % 1_000_000) as f64 / 1_000_000.0;
+        let fraction = (crate::lock::order::fnv1a(key.as_bytes()) % 1_000_000) as f64 / 1_000_000.0;
         self.jitter.mul_f64(fraction)
     }
 
@@ -268,16 +269,8 @@ impl Config {
             .iter()
             .map(|(name, fingerprint)| format!("{name}={fingerprint};"))
             .collect();
-        format!("{:016x}", fnv1a(text.as_bytes()))
+        format!("{:016x}", crate::lock::order::fnv1a(text.as_bytes()))
     }
-}
-
-/// FNV-1a, 64 bits: stable across platforms and releases, which a hash that workers compare (or derive
-/// agreed timings from) must be.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// Alert hooks: commands run, with the run's fields in their environment, when a job's runs start failing

@@ -226,7 +226,7 @@ impl Seen {
             Some((last, hash)) if self.trusted && last == stamp => Some(hash),
             _ => {
                 let bytes = std::fs::read(path).ok()?;
-                let hash = crate::config::fnv1a(&bytes);
+                let hash = crate::lock::order::fnv1a(&bytes);
                 self.trusted = self.last == Some((stamp, hash));
                 self.last = Some((stamp, hash));
                 Some(hash)

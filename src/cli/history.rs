@@ -13,8 +13,7 @@ use super::read::Reader;
 use super::{find_job, load, parse_instant, render, ConfigArg};
 use crate::inspect::history;
 
-/// The most ticks one `history` prints.
-pub const MAX_LIMIT: usize = 5000;
+use crate::inspect::history::MAX_LIMIT;
 
 /// Arguments of `history`.
 #[derive(Debug, clap::Args)]

@@ -48,9 +48,6 @@ use crate::membership::Capability;
 /// The writer (`worker`) of the `control` entries the command line records.
 const CONTROL_WRITER: &str = "cli";
 
-/// The longest `--for`: a pause meant to last longer is a pause until `resume`.
-const MAX_FOR: Duration = Duration::from_secs(366 * 24 * 3600);
-
 /// Arguments of `pause`.
 #[derive(Debug, clap::Args)]
 pub struct PauseArgs {
@@ -59,7 +56,7 @@ pub struct PauseArgs {
     /// End the pause by itself after this long (90s, 30m, 2h, 1day; at most a year). Default: until
     /// `redcron resume`. A pause in force that lasts longer stays as it is (unless --replace); a pause
     /// that has ended by the time it reaches the store is not written (exit 2).
-    #[arg(long = "for", value_name = "DURATION", value_parser = parse_for)]
+    #[arg(long = "for", value_name = "DURATION", value_parser = Pause::parse_for)]
     pub duration: Option<Duration>,
     /// Replace a pause in force even if it lasts longer than this one (by default a shorter pause
     /// leaves it as it is, and says so).
@@ -366,19 +363,6 @@ fn until(now: DateTime<Utc>, duration: Duration) -> DateTime<Utc> {
     now + chrono::Duration::from_std(duration).unwrap_or_default()
 }
 
-/// `--for`: a duration above zero and at most a year.
-pub(crate) fn parse_for(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text.trim()).map_err(|e| {
-        format!("{text:?} is not a duration ({e}); expected e.g. 90s, 30m, 2h, 1day")
-    })?;
-    if duration.is_zero() || duration > MAX_FOR {
-        return Err(format!(
-            "{text:?}: a pause lasts more than zero and at most a year; leave --for out to pause until `redcron resume`"
-        ));
-    }
-    Ok(duration)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,13 +370,13 @@ mod tests {
 
     #[test]
     fn for_takes_a_positive_duration_of_at_most_a_year() {
-        assert_eq!(parse_for("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_for(" 2h "), Ok(Duration::from_secs(7200)));
-        assert!(parse_for("0s")
+        assert_eq!(Pause::parse_for("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(Pause::parse_for(" 2h "), Ok(Duration::from_secs(7200)));
+        assert!(Pause::parse_for("0s")
             .expect_err("zero")
             .contains("more than zero"));
-        assert!(parse_for("2years").is_err());
-        assert!(parse_for("soon")
+        assert!(Pause::parse_for("2years").is_err());
+        assert!(Pause::parse_for("soon")
             .expect_err("not a duration")
             .contains("is not a duration"));
     }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use crate::clock::cluster::{measure, ClusterClock, Estimate};
+use crate::clock::cluster::{ClusterClock, Estimate};
 use crate::config::{Config, StoreConfig};
 use crate::history::{Entry, Query};
 use crate::inspect::Notes;
@@ -176,7 +176,7 @@ impl Reader {
     pub(super) fn measure_clock(
         &mut self,
     ) -> Result<Option<Result<Estimate, QuorumFailure>>, ReadError> {
-        bounded(&self.runtime, self.deadline, measure(&self.store))
+        bounded(&self.runtime, self.deadline, self.store.measure_offset())
     }
 
     /// Cluster time, as the workers keep it: this host's clock corrected by its offset to the nodes'

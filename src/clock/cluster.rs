@@ -33,9 +33,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::boot::BootInstant;
-use crate::lock::quorum::quorum;
-use crate::lock::QuorumFailure;
-use crate::store::Store;
 
 /// The latest `TIME` a node may answer and be believed: 9999-12-31T23:59:59Z, in seconds.
 const LATEST_SECONDS: i64 = 253_402_300_799;
@@ -107,13 +104,17 @@ pub struct TooFewSamples {
     pub needed: usize,
 }
 
-/// The cluster offset from `samples` (of any number of rounds) against `configured` nodes.
+/// The cluster offset from `samples` (of any number of rounds) against `configured` nodes, of which
+/// `needed` (a majority: the store decides) must have answered.
 ///
 /// Of several samples of one node only the one with the shortest round trip counts (the least
 /// uncertain, as in NTP); samples naming a node that is not configured are ignored. The offset is the
-/// median of the nodes' offsets (the mean of the middle two for an even count); it needs samples from a
-/// majority of the configured nodes.
-pub fn estimate(samples: &[Sample], configured: usize) -> Result<Estimate, TooFewSamples> {
+/// median of the nodes' offsets (the mean of the middle two for an even count).
+pub fn estimate(
+    samples: &[Sample],
+    configured: usize,
+    needed: usize,
+) -> Result<Estimate, TooFewSamples> {
     let mut best: Vec<Option<&Sample>> = vec![None; configured];
     for sample in samples.iter().filter(|sample| sample.node < configured) {
         let slot = &mut best[sample.node];
@@ -122,7 +123,6 @@ pub fn estimate(samples: &[Sample], configured: usize) -> Result<Estimate, TooFe
         }
     }
     let best: Vec<&Sample> = best.into_iter().flatten().collect();
-    let needed = quorum(configured);
     if best.len() < needed {
         return Err(TooFewSamples {
             sampled: best.len(),
@@ -158,36 +158,6 @@ pub fn node_time_us(seconds: &str, micros: &str) -> Result<i64, String> {
         return Err(bad());
     }
     Ok(seconds * 1_000_000 + micros)
-}
-
-/// `TIME` rounds per measurement; each node's fastest exchange counts, so one slow answer (the first
-/// one waits for the connection) does not blur the offset.
-const ROUNDS: usize = 3;
-
-/// Up to [`ROUNDS`] rounds of `TIME` to every node (fewer if a round misses a majority); the offset
-/// from all their answers, or why there is none. `None` for the embedded store and etcd, which have no
-/// clock to read. The worker's clock task and `redcron trigger` measure alike.
-pub async fn measure(store: &Store) -> Option<Result<Estimate, QuorumFailure>> {
-    let mut samples = Vec::new();
-    let (mut configured, mut failures) = (0, Vec::new());
-    for _ in 0..ROUNDS {
-        let readings = store.read_clocks().await?;
-        let enough = readings.samples.len() >= quorum(readings.configured);
-        configured = readings.configured;
-        failures = readings.failures;
-        samples.extend(readings.samples);
-        if !enough {
-            break;
-        }
-    }
-    Some(
-        estimate(&samples, configured).map_err(|too_few| QuorumFailure {
-            configured: too_few.configured,
-            needed: too_few.needed,
-            granted: too_few.sampled,
-            failures,
-        }),
-    )
 }
 
 /// Cluster time: the nodes' time as last measured, carried forward on the boot clock (see the module's
@@ -373,7 +343,7 @@ mod tests {
             (3, 2, 2),
             (4, 90_000, 2),
         ]);
-        let e = estimate(&samples, 5).unwrap();
+        let e = estimate(&samples, 5, 3).unwrap();
         assert_eq!(e.offset_us, 2_000);
         assert_eq!(e.error_us, 1_000);
         assert_eq!((e.sampled, e.configured), (5, 5));
@@ -382,35 +352,35 @@ mod tests {
     #[test]
     fn an_even_count_takes_the_middle_of_the_two_middle_offsets() {
         let samples = samples(&[(0, 10, 0), (1, 20, 0), (2, 40, 0), (3, 900, 0)]);
-        assert_eq!(estimate(&samples, 5).unwrap().offset_us, 30_000);
+        assert_eq!(estimate(&samples, 5, 3).unwrap().offset_us, 30_000);
     }
 
     #[test]
     fn a_majority_of_the_configured_nodes_must_answer() {
         let two = [sample(0, 1, 1), sample(1, 1, 1)];
         assert_eq!(
-            estimate(&two, 5),
+            estimate(&two, 5, 3),
             Err(TooFewSamples {
                 sampled: 2,
                 configured: 5,
                 needed: 3
             })
         );
-        assert!(estimate(&two, 3).is_ok());
+        assert!(estimate(&two, 3, 2).is_ok());
         // Two samples of one node count once.
         let same = [sample(0, 1, 1), sample(0, 1, 2)];
-        assert_eq!(estimate(&same, 3).unwrap_err().sampled, 1);
+        assert_eq!(estimate(&same, 3, 2).unwrap_err().sampled, 1);
         // A node that is not configured does not count.
         let stray = [sample(0, 1, 1), sample(7, 1, 1)];
-        assert_eq!(estimate(&stray, 3).unwrap_err().sampled, 1);
-        assert!(estimate(&[], 0).is_err());
+        assert_eq!(estimate(&stray, 3, 2).unwrap_err().sampled, 1);
+        assert!(estimate(&[], 0, 1).is_err());
     }
 
     #[test]
     fn the_shortest_round_trip_of_each_node_counts() {
         // Node 0's first exchange waited for the connection (300 ms) and is 100 ms off; its second is exact.
         let samples = samples(&[(0, 100, 300), (1, 0, 2), (0, 0, 2), (2, 0, 4)]);
-        let e = estimate(&samples, 3).unwrap();
+        let e = estimate(&samples, 3, 2).unwrap();
         assert_eq!(e.offset_us, 0);
         assert_eq!(e.error_us, 2_000);
     }

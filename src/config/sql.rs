@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::raw::{RawSql, Spanned};
 use super::validate::{config_file, pair};
 use super::{Report, SqlConfig, SqlDialect, SqlTls};
-use crate::store::redis::node::redact;
+use crate::config::redact;
 
 /// `lock.node_timeout` with a SQL store, unless given: a claim is a transaction whose commit is an fsync
 /// on the server, slower than a Redis script; at most `ttl/10`.

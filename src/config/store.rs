@@ -10,8 +10,6 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::store::redis::node::redact;
-
 /// The one store of a config: exactly one store section is given (two are an error naming both), and
 /// none means the embedded store.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,7 +116,7 @@ impl StoreConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisConfig {
     /// `redis://` or `rediss://` URLs, as written (after `${VAR}` substitution); may hold passwords, so
-    /// display them only redacted (`redis::node::redact` in the store). Each parses and names a distinct
+    /// display them only redacted ([`redact`]). Each parses and names a distinct
     /// host and port; there is at least one.
     pub nodes: Vec<String>,
 }
@@ -276,5 +274,25 @@ impl SqlTls {
         ]
         .into_iter()
         .find(|mode| mode.name() == name)
+    }
+}
+
+/// A store address for logs and errors: the URL with any password replaced by `***`.
+///
+/// `redis://user:secret@host:6379/2` becomes `redis://user:***@host:6379/2`; a URL that does not parse is
+/// shown as its scheme and host part only, so nothing after an `@` can leak.
+pub(crate) fn redact(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (scheme, rest),
+        None => return "<invalid URL>".to_string(),
+    };
+    // The authority ends at the first '/' after the last '@' (passwords may contain '/', but not '@').
+    let Some(at) = rest.rfind('@') else {
+        return url.to_string();
+    };
+    let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+        None => format!("{scheme}://{userinfo}@{host}"),
     }
 }

@@ -19,9 +19,10 @@ use super::raw::{
 };
 use super::yaml::Mark;
 use super::{Config, EmbeddedConfig, RedisConfig, Report, SqlDialect, StoreConfig, WorkerConfig};
+use crate::clock::show_duration;
+use crate::config::redact;
 use crate::history::HistorySettings;
 use crate::lock::{default_stop_grace, drift, renewal_slack, LockSettings};
-use crate::store::redis::node::redact;
 
 pub(super) const TOP: Mark = Mark { line: 1, column: 1 };
 
@@ -217,8 +218,8 @@ fn lock(
     if node_timeout * 10 > ttl {
         let why = format!(
             "node_timeout ({}) must be at most a tenth of ttl ({}): a round may wait node_timeout for a node, and that time is subtracted from the lease's validity",
-            show(node_timeout),
-            show(ttl)
+            show_duration(node_timeout),
+            show_duration(ttl)
         );
         match (&raw.node_timeout, &raw.ttl) {
             (Some(value), _) => report.error(value.mark, "lock.node_timeout", why),
@@ -278,8 +279,8 @@ fn renew_every(
     if every >= ttl {
         let why = format!(
             "renew_every ({}) must be below ttl ({}): the lease would expire before it is renewed",
-            show(every),
-            show(ttl)
+            show_duration(every),
+            show_duration(ttl)
         );
         error_at(raw.renew_every.as_ref(), "lock.renew_every", why, report);
         return default;
@@ -295,10 +296,10 @@ fn renew_every(
         let validity = ttl.saturating_sub(drift(ttl, drift_factor));
         let why = format!(
             "renew_every ({}) leaves no time to renew: a renewal sent on schedule may be confirmed node_timeout ({}) later, after the lease's validity (ttl − drift = {}) has run out, so every run longer than that would lose its lease; renew_every must be below {}",
-            show(every),
-            show(node_timeout),
-            show(validity),
-            show(validity.saturating_sub(node_timeout))
+            show_duration(every),
+            show_duration(node_timeout),
+            show_duration(validity),
+            show_duration(validity.saturating_sub(node_timeout))
         );
         match (&raw.renew_every, &raw.ttl) {
             (Some(value), _) => report.error(value.mark, "lock.renew_every", why),
@@ -307,7 +308,7 @@ fn renew_every(
         }
         return default;
     } else if every * 2 > ttl {
-        let why = format!("renew_every ({}) is more than half of ttl ({}): a single failed renewal loses the lease; ttl/3 leaves room for two", show(every), show(ttl));
+        let why = format!("renew_every ({}) is more than half of ttl ({}): a single failed renewal loses the lease; ttl/3 leaves room for two", show_duration(every), show_duration(ttl));
         if let Some(value) = &raw.renew_every {
             report.warn(value.mark, "lock.renew_every", why);
         }
@@ -336,8 +337,8 @@ pub(super) fn stop_grace(
             let slack = slack.unwrap_or_default();
             let why = format!(
                 "stop_grace ({}) must be below the lease's slack ({} = ttl − drift − renew_every − node_timeout): the job is stopped when its lease has stop_grace left without a renewal, and a renewal on schedule may only be confirmed when the slack is left; lower stop_grace or raise lock.ttl",
-                show(grace),
-                show(slack)
+                show_duration(grace),
+                show_duration(slack)
             );
             error_at(value, field, why, report);
             default
@@ -689,10 +690,4 @@ fn error_at(value: Option<&Spanned<String>>, field: &str, message: String, repor
     if let Some(value) = value {
         report.error(value.mark, field, message);
     }
-}
-
-/// A duration as an operator writes it (`3s 333ms`), to the millisecond.
-pub fn show(duration: Duration) -> String {
-    let millis = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
-    humantime::format_duration(Duration::from_millis(millis)).to_string()
 }

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::raw::{RawZookeeper, Spanned};
-use super::validate::{duration, pair, show};
+use super::validate::{duration, pair};
 use super::{Report, ZookeeperConfig, ZookeeperTls};
+use crate::clock::show_duration;
 use crate::lock::LockSettings;
 
 /// `lock.node_timeout` with a ZooKeeper store, unless given: a ZooKeeper write is a quorum commit (an
@@ -135,9 +136,9 @@ fn session_timeout(
     if given < low || given > lock.ttl {
         let why = format!(
             "session_timeout ({}) must be from 2 × lock.renew_every ({}) to lock.ttl ({}): a holder's lease ends with its session, which must outlive one failed renewal, and a crashed holder must not keep its job longer than ttl",
-            show(given),
-            show(low),
-            show(lock.ttl)
+            show_duration(given),
+            show_duration(low),
+            show_duration(lock.ttl)
         );
         report.error(value.mark, "zookeeper.session_timeout", why);
         return default;

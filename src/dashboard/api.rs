@@ -42,7 +42,7 @@ use crate::schedule::Tick;
 use crate::trigger::{TriggerRequest, DEFAULT_TIMEOUT};
 
 /// The most ticks `/api/history` lists, as `redcron history --limit`.
-const MAX_LIMIT: usize = crate::cli::history::MAX_LIMIT;
+const MAX_LIMIT: usize = crate::inspect::history::MAX_LIMIT;
 /// The most bytes of JSON `/api/history` answers with: 5,000 ticks with 64 KiB output tails would be
 /// over 600 MB. The newest ticks that fit are listed, and `cut_short` says how many were left out.
 pub(super) const MAX_HISTORY_BYTES: usize = 16 * 1024 * 1024;
@@ -57,8 +57,8 @@ pub(super) async fn status(
     Extension(access): Extension<Access>,
     headers: HeaderMap,
 ) -> Response {
-    let store = &dashboard.context.store;
-    let now = dashboard.context.clock.now();
+    let store = &dashboard.context.store();
+    let now = dashboard.context.clock().now();
     let jobs: Vec<&JobConfig> = access.config.jobs.iter().collect();
     let read = status::read_status(store, &access.config, &jobs, status::ENTRIES_PER_JOB, now);
     match bounded(dashboard.scans.scan(read)).await {
@@ -99,7 +99,7 @@ pub(super) async fn history(
         },
         None => access.config.jobs.iter().map(|j| j.name.clone()).collect(),
     };
-    let store = &dashboard.context.store;
+    let store = &dashboard.context.store();
     let read = history::read(store, &jobs, None, limit);
     // Every job's history is a whole-fleet read: it waits its turn as `/api/status` does.
     let read = if params.contains_key("job") {
@@ -201,10 +201,10 @@ pub(super) async fn explain(
         Some(Err(why)) => return problem(StatusCode::BAD_REQUEST, &why),
         Some(Ok(at)) => Tick(at.timestamp_millis()),
     };
-    let store = &dashboard.context.store;
+    let store = &dashboard.context.store();
     match bounded(explain::read(store, &job.name, tick)).await {
         Ok(inputs) => {
-            let now = dashboard.context.clock.now();
+            let now = dashboard.context.clock().now();
             let story = explain::explain(job, &access.config.history, tick, inputs, now);
             json(&headers, &story)
         }
@@ -264,7 +264,7 @@ impl ControlBody {
     pub(super) fn until(&self) -> Result<Option<chrono::DateTime<Utc>>, String> {
         match self.duration.as_deref().map(str::trim) {
             None | Some("") => Ok(None),
-            Some(text) => crate::cli::pause::parse_for(text).map(|duration| {
+            Some(text) => crate::lock::Pause::parse_for(text).map(|duration| {
                 Some(Utc::now() + chrono::Duration::from_std(duration).unwrap_or_default())
             }),
         }
@@ -446,8 +446,8 @@ impl<'a> Control<'a> {
             by: self.by.clone(),
             reason: reason.clone(),
         };
-        let store = &self.dashboard.context.store;
-        let stamp = self.dashboard.context.clock.now();
+        let store = &self.dashboard.context.store();
+        let stamp = self.dashboard.context.clock().now();
         let outcome = match bounded(store.pause(&self.job.name, &pause, InForce::KeepLonger)).await
         {
             Ok(outcome) => outcome,
@@ -469,8 +469,8 @@ impl<'a> Control<'a> {
     }
 
     async fn resume(self) -> Response {
-        let store = &self.dashboard.context.store;
-        let stamp = self.dashboard.context.clock.now();
+        let store = &self.dashboard.context.store();
+        let stamp = self.dashboard.context.clock().now();
         let was_paused = match bounded(store.resume(&self.job.name)).await {
             Ok(was) => was,
             Err(failure) => return self.failed("resume", &failure),
@@ -503,9 +503,9 @@ impl<'a> Control<'a> {
         if let Err(response) = self.honoured(Capability::Trigger).await {
             return response;
         }
-        let now = self.dashboard.context.clock.now();
+        let now = self.dashboard.context.clock().now();
         let request = TriggerRequest::new(&self.job.name, now, DEFAULT_TIMEOUT, &self.by);
-        let store = &self.dashboard.context.store;
+        let store = &self.dashboard.context.store();
         if let Err(failure) = bounded(store.request_trigger(&request)).await {
             return self.failed("trigger", &failure);
         }
@@ -582,7 +582,7 @@ pub(super) async fn record_controls(
         .iter()
         .map(|(job, stamp)| Entry::control(job, control, CONTROL_WRITER, *stamp))
         .collect();
-    match bounded(dashboard.context.store.record(&entries)).await {
+    match bounded(dashboard.context.store().record(&entries)).await {
         Ok(()) => true,
         Err(failure) => {
             let names: Vec<&str> = jobs.iter().map(|(job, _)| job.as_str()).collect();
@@ -600,7 +600,7 @@ pub(super) async fn ignored(
     dashboard: &Dashboard,
     capability: Capability,
 ) -> Result<Option<String>, ReadFailure> {
-    let members = bounded(dashboard.context.store.members()).await?.value;
+    let members = bounded(dashboard.context.store().members()).await?.value;
     let ignoring: Vec<String> = membership::ignoring(&members, capability)
         .into_iter()
         .map(|m| format!("{} (host {}, version {:?})", m.id, m.host, m.version))

@@ -221,7 +221,7 @@ impl Change<'_> {
             by: self.by.clone(),
             reason: self.reason.clone(),
         };
-        let store = &self.dashboard.context.store;
+        let store = &self.dashboard.context.store();
         let mut report = self.report("pause");
         let mut took_effect = Vec::new();
         let started = Instant::now();
@@ -229,7 +229,7 @@ impl Change<'_> {
             if self.out_of_time(started, &mut report, &jobs[index..]) {
                 break;
             }
-            let stamp = self.dashboard.context.clock.now();
+            let stamp = self.dashboard.context.clock().now();
             let outcome = match bounded(store.pause(&job.name, &pause, InForce::KeepLonger)).await {
                 Ok(outcome) => outcome,
                 Err(failure) => {
@@ -267,7 +267,7 @@ impl Change<'_> {
 
     /// Resumes each of `jobs`, one after the other.
     async fn resume(&self, jobs: &[&JobConfig]) -> BulkReport {
-        let store = &self.dashboard.context.store;
+        let store = &self.dashboard.context.store();
         let mut report = self.report("resume");
         let mut took_effect = Vec::new();
         let started = Instant::now();
@@ -275,7 +275,7 @@ impl Change<'_> {
             if self.out_of_time(started, &mut report, &jobs[index..]) {
                 break;
             }
-            let stamp = self.dashboard.context.clock.now();
+            let stamp = self.dashboard.context.clock().now();
             let was_paused = match bounded(store.resume(&job.name)).await {
                 Ok(was_paused) => was_paused,
                 Err(failure) => {

@@ -48,17 +48,29 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use self::auth::{Keys, Operator};
+use crate::clock::cluster::ClusterClock;
 use crate::config::{Config, DashboardToken, Serving};
-use crate::worker::Context;
+use crate::store::Store;
 
 /// The Content-Security-Policy of every answer: scripts and styles from this origin's `/assets` only, no
 /// inline script or style, no framing, forms posted here only.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                    connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
+/// What the dashboard reads of the worker that serves it: its store, its cluster time and the config in
+/// force. The worker's state implements it; the dashboard sees no more of it.
+pub(crate) trait Host: Send + Sync + 'static {
+    /// The store the worker claims on.
+    fn store(&self) -> &Store;
+    /// Cluster time, on which the worker schedules.
+    fn clock(&self) -> &ClusterClock;
+    /// The config in force (a reload replaces it).
+    fn config(&self) -> Arc<Config>;
+}
+
 /// What the dashboard's handlers share.
 pub(crate) struct Dashboard {
-    context: Arc<Context>,
+    context: Arc<dyn Host>,
     /// The listener's address: whether it is loopback decides who may read without a token.
     listen: SocketAddr,
     /// The keys of the tokens in force, rebuilt when a reload changes them.
@@ -107,7 +119,7 @@ impl Access {
 
 impl Dashboard {
     /// The dashboard of the worker whose state is `context`, served on `listen`.
-    pub(crate) fn new(context: Arc<Context>, listen: SocketAddr) -> Arc<Dashboard> {
+    pub(crate) fn new(context: Arc<dyn Host>, listen: SocketAddr) -> Arc<Dashboard> {
         let tokens = context.config().dashboard.tokens.clone();
         let keys = Arc::new(Keys::new(&tokens));
         Arc::new(Dashboard {

@@ -40,8 +40,8 @@ pub(super) async fn index(
     headers: HeaderMap,
 ) -> Response {
     let filter = Filter::from_params(&params);
-    let store = &dashboard.context.store;
-    let now = dashboard.context.clock.now();
+    let store = &dashboard.context.store();
+    let now = dashboard.context.clock().now();
     let timing = Timing::start();
     let mut overview =
         match read::overview(store, &dashboard.scans, &access.config, &filter, now).await {
@@ -134,8 +134,8 @@ pub(super) async fn job(
         );
         return with_status(StatusCode::NOT_FOUND, page);
     };
-    let store = &dashboard.context.store;
-    let now = dashboard.context.clock.now();
+    let store = &dashboard.context.store();
+    let now = dashboard.context.clock().now();
     let timing = Timing::start();
     let (status, _) =
         match read::status_of(store, config, &[job], view::ENTRIES_FOR_STRIP, now).await {
@@ -245,8 +245,8 @@ pub(super) async fn workers(
     Extension(access): Extension<Access>,
     headers: HeaderMap,
 ) -> Response {
-    let store = &dashboard.context.store;
-    let now = dashboard.context.clock.now();
+    let store = &dashboard.context.store();
+    let now = dashboard.context.clock().now();
     let config = &access.config;
     let timing = Timing::start();
     let (status, _) = match read::status_of(store, config, &[], 0, now).await {
@@ -505,7 +505,7 @@ fn page(
 ) -> Response {
     let operator = access.operator.as_ref().map(|o| o.name.as_str());
     let text = layout(title, operator, access.csrf(), body).into_string();
-    let etag = format!("\"{:016x}\"", crate::config::fnv1a(text.as_bytes()));
+    let etag = format!("\"{:016x}\"", crate::lock::order::fnv1a(text.as_bytes()));
     if headers
         .get(header::IF_NONE_MATCH)
         .is_some_and(|tag| tag.as_bytes() == etag.as_bytes())

@@ -28,6 +28,9 @@ use crate::lock::QuorumFailure;
 use crate::schedule::Tick;
 use crate::store::{Read, Store};
 
+/// The most ticks one read of the history shows (`history --limit`, `/api/history?limit=`).
+pub const MAX_LIMIT: usize = 5000;
+
 /// Entries read per tick wanted, at first: a tick of earlier versions has one per worker that raced.
 const ENTRIES_PER_TICK: usize = 4;
 

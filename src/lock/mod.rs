@@ -162,7 +162,7 @@ pub const MAX_TICK_AHEAD: Duration = Duration::from_secs(3600);
 pub enum Refusal {
     /// The tick is more than [`MAX_TICK_AHEAD`] ahead of the store's clock, which read `store_ms`.
     #[error("tick {tick} is more than {} ahead of the store's clock ({}): the clock that chose it is wrong",
-            crate::config::show_duration(MAX_TICK_AHEAD), Tick(*store_ms))]
+            crate::clock::show_duration(MAX_TICK_AHEAD), Tick(*store_ms))]
     TickAhead { tick: Tick, store_ms: i64 },
     /// The claim's token would pass [`keys::MAX_TOKEN`]: the highest fence counter read is `fence`, the
     /// tick's floor is that of `tick`.

@@ -61,7 +61,7 @@ pub fn delay(
         Some(members) => spread * u32::try_from(rank(members, me, job, tick)).unwrap_or(u32::MAX),
         None => {
             let key = format!("{me}\n{}", tick.as_millis());
-            let fraction = (crate::config::fnv1a(key.as_bytes()) % 1_000_000) as f64 / 1_000_000.0;
+            let fraction = (fnv1a(key.as_bytes()) % 1_000_000) as f64 / 1_000_000.0;
             spread.mul_f64(fraction)
         }
     }
@@ -71,7 +71,7 @@ pub fn delay(
 /// bytes (the tick) move the high bits too, which decide the order.
 fn score(member: &str, job: &str, tick: Tick) -> u64 {
     let key = format!("{member}\n{job}\n{}", tick.as_millis());
-    let mut h = crate::config::fnv1a(key.as_bytes());
+    let mut h = fnv1a(key.as_bytes());
     // MurmurHash3's fmix64.
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -79,6 +79,14 @@ fn score(member: &str, job: &str, tick: Tick) -> u64 {
     h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     h ^= h >> 33;
     h
+}
+
+/// FNV-1a, 64 bits: stable across platforms and releases, which a hash that workers compare (or derive
+/// agreed timings from) must be.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 #[cfg(test)]

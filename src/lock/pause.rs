@@ -28,7 +28,24 @@ pub struct Pause {
     pub reason: String,
 }
 
+/// The longest pause with an end (`--for`): a pause meant to last longer is a pause until `resume`.
+pub const MAX_FOR: std::time::Duration = std::time::Duration::from_secs(366 * 24 * 3600);
+
 impl Pause {
+    /// How long a pause is to last, as an operator writes it (`pause --for`, the dashboard's pause):
+    /// a duration above zero and at most [`MAX_FOR`].
+    pub fn parse_for(text: &str) -> Result<std::time::Duration, String> {
+        let duration = humantime::parse_duration(text.trim()).map_err(|e| {
+            format!("{text:?} is not a duration ({e}); expected e.g. 90s, 30m, 2h, 1day")
+        })?;
+        if duration.is_zero() || duration > MAX_FOR {
+            return Err(format!(
+                "{text:?}: a pause lasts more than zero and at most a year; leave --for out to pause until `redcron resume`"
+            ));
+        }
+        Ok(duration)
+    }
+
     /// The value stored on the nodes.
     pub fn to_value(&self) -> String {
         let until = self.until.map_or(0, |until| until.timestamp_millis());

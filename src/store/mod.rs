@@ -39,8 +39,10 @@ pub mod zookeeper;
 
 pub use capability::{Backend, Claims, Health, Leases, Pauses, Records, Triggers};
 
+use crate::clock::cluster::{estimate, Estimate};
 use crate::config::{Config, StoreConfig};
 use crate::history::{Entry, HistorySettings, Query};
+use crate::lock::quorum::quorum;
 use crate::lock::{
     ClaimOutcome, ClaimRequest, InForce, Lease, LockSettings, Pause, PauseOutcome, PauseRead,
     QuorumFailure, RenewError,
@@ -153,6 +155,10 @@ macro_rules! each_store {
     };
 }
 
+/// `TIME` rounds per measurement; each node's fastest exchange counts, so one slow answer (the first
+/// one waits for the connection) does not blur the offset.
+const CLOCK_ROUNDS: usize = 3;
+
 impl Store {
     /// The store `config` names ([`crate::config::StoreConfig`]).
     ///
@@ -238,6 +244,32 @@ impl Store {
     /// See [`Health::read_clocks`].
     pub async fn read_clocks(&self) -> Option<crate::clock::cluster::Readings> {
         each_store!(self, store => store.read_clocks().await)
+    }
+
+    /// Up to [`CLOCK_ROUNDS`] rounds of `TIME` to every node (fewer if a round misses a majority); the offset
+    /// from all their answers, or why there is none. `None` for the embedded store and etcd, which have no
+    /// clock to read. The worker's clock task and `redcron trigger` measure alike.
+    pub async fn measure_offset(&self) -> Option<Result<Estimate, QuorumFailure>> {
+        let mut samples = Vec::new();
+        let (mut configured, mut failures) = (0, Vec::new());
+        for _ in 0..CLOCK_ROUNDS {
+            let readings = self.read_clocks().await?;
+            let enough = readings.samples.len() >= quorum(readings.configured);
+            configured = readings.configured;
+            failures = readings.failures;
+            samples.extend(readings.samples);
+            if !enough {
+                break;
+            }
+        }
+        Some(
+            estimate(&samples, configured, quorum(configured)).map_err(|too_few| QuorumFailure {
+                configured: too_few.configured,
+                needed: too_few.needed,
+                granted: too_few.sampled,
+                failures,
+            }),
+        )
     }
 
     /// See [`Health::prepare`].

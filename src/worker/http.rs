@@ -141,10 +141,8 @@ impl Server {
             max_clock_offset: worker.max_clock_offset,
         });
         let dashboard = listener.local_addr().map(|listen| {
-            crate::dashboard::router(crate::dashboard::Dashboard::new(
-                Arc::clone(context),
-                listen,
-            ))
+            let host: Arc<dyn crate::dashboard::Host> = Arc::clone(context) as _;
+            crate::dashboard::router(crate::dashboard::Dashboard::new(host, listen))
         });
         let probes = Router::new()
             .route("/metrics", get(metrics))
@@ -383,8 +381,12 @@ fn verdict(
         Ok(Some(readings)) => readings,
         Err(why) => return Err(why.replace(['\r', '\n'], " ")),
     };
-    let Estimate { offset_us, .. } = estimate(&readings.samples, readings.configured)
-        .map_err(|too_few| no_majority(too_few, &readings))?;
+    let Estimate { offset_us, .. } = estimate(
+        &readings.samples,
+        readings.configured,
+        crate::lock::quorum::quorum(readings.configured),
+    )
+    .map_err(|too_few| no_majority(too_few, &readings))?;
     let offset = Duration::from_micros(offset_us.unsigned_abs());
     if offset > max_clock_offset {
         return Err(format!(
@@ -407,6 +409,19 @@ fn no_majority(too_few: TooFewSamples, readings: &Readings) -> String {
         "no majority of the store's nodes answers: {too_few} ({})",
         failures.join("; ")
     )
+}
+
+/// The dashboard reads the worker's store, cluster time and config in force.
+impl crate::dashboard::Host for Context {
+    fn store(&self) -> &crate::store::Store {
+        &self.store
+    }
+    fn clock(&self) -> &crate::clock::cluster::ClusterClock {
+        &self.clock
+    }
+    fn config(&self) -> Arc<crate::config::Config> {
+        Context::config(self)
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::Context;
-use crate::clock::cluster::{measure, Estimate};
+use crate::clock::cluster::Estimate;
 use crate::config::WorkerConfig;
 use crate::lock::QuorumFailure;
 use crate::logging::events;
@@ -49,7 +49,7 @@ pub(super) async fn start(context: Arc<Context>, worker: &WorkerConfig) -> Optio
     };
     let started = Instant::now();
     loop {
-        let result = measure(&task.context.store).await?;
+        let result = task.context.store.measure_offset().await?;
         task.context.clock.require_measurement();
         if result.is_ok() || started.elapsed() + START_RETRY >= START_BUDGET {
             task.apply(result);
@@ -98,7 +98,7 @@ impl ClockTask {
                 _ = tokio::time::sleep(wait) => {}
                 _ = self.context.shutdown.graceful() => return,
             }
-            if let Some(result) = measure(&self.context.store).await {
+            if let Some(result) = self.context.store.measure_offset().await {
                 self.apply(result);
             }
         }

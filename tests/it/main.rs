@@ -25,6 +25,7 @@ mod herd;
 mod history;
 mod inspect;
 mod job_env;
+mod layers;
 mod lease_stop;
 mod leftovers;
 mod listener;

@@ -17,27 +17,8 @@ use redis::{AsyncConnectionConfig, Pipeline, Value};
 use tokio::time::Instant;
 
 use super::admission::{self, Identity, Registry, Standing, RECHECK};
+pub(crate) use crate::config::redact;
 use crate::store::StoreError;
-
-/// The address of a node for logs and errors: the URL with any password replaced by `***`.
-///
-/// `redis://user:secret@host:6379/2` becomes `redis://user:***@host:6379/2`; a URL that does not parse is
-/// shown as its scheme and host part only, so nothing after an `@` can leak.
-pub fn redact(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (scheme, rest),
-        None => return "<invalid URL>".to_string(),
-    };
-    // The authority ends at the first '/' after the last '@' (passwords may contain '/', but not '@').
-    let Some(at) = rest.rfind('@') else {
-        return url.to_string();
-    };
-    let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
-        None => format!("{scheme}://{userinfo}@{host}"),
-    }
-}
 
 /// A Redis node: a lazily connected, self-reconnecting multiplexed connection whose server was
 /// identified before its first use.

@@ -264,7 +264,7 @@ pub fn scrub(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for word in text.split_inclusive(char::is_whitespace) {
         if word.contains("://") && word.contains('@') {
-            out.push_str(&crate::store::redis::node::redact(word.trim_end()));
+            out.push_str(&crate::config::redact(word.trim_end()));
             out.push_str(&word[word.trim_end().len()..]);
         } else {
             out.push_str(word);
