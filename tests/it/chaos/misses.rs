@@ -413,11 +413,27 @@ fn later_claim_at(e: &Evidence<'_>, tick: i64) -> Option<i64> {
         .runs
         .iter()
         .filter(|other| other.tick > tick)
-        .map(|other| other.won_at);
+        .map(|other| claimed_by(e, other));
     let dead = (1..=10)
         .filter_map(|k| dead_grant(e, tick + k * e.job.period_ms))
         .map(|(_, died)| died);
     won.chain(dead).min()
+}
+
+/// When `run` was claimed at the latest: when its `tick.won` arrived — or, for a line that arrived
+/// as its process was resumed (the harness notes the SIGCONT a few ms late), when that pause began: a line written just before a SIGSTOP is
+/// read only after the SIGCONT (PostgreSQL chaos run of seed 1796193904815138289: a `tick.won` read
+/// 3.3 s after the claim that a loser's `later_tick_claimed` had already reported).
+fn claimed_by(e: &Evidence<'_>, run: &Run) -> i64 {
+    let paused_before = e.facts.lives.get(run.instance).and_then(|life| {
+        life.stops
+            .iter()
+            .find(|&&(start, end)| {
+                start < run.won_at && run.won_at.abs_diff(end) <= LOG_ORDER_SLACK_MS.unsigned_abs()
+            })
+            .map(|&(start, _)| start)
+    });
+    paused_before.map_or(run.won_at, |start| start.min(run.won_at))
 }
 
 /// Why `worker` could not run `tick`, or what it could have done.
