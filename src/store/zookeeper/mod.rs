@@ -69,9 +69,6 @@ pub struct ZookeeperStore {
     hosts: Vec<String>,
     /// The session, connected in the background on first use and after it expired.
     sessions: Sessions,
-    /// A session of its own for history reads, which may carry megabytes: ZooKeeper answers a
-    /// session's requests in order, so on the lock's session they would queue its renewals behind them.
-    readers: Sessions,
     /// How many history reads may be under way at once ([`HISTORY_READS`]); more wait their turn.
     reads: tokio::sync::Semaphore,
     /// Each granted lease not yet released, by lease value (unique per attempt): its session and
@@ -92,13 +89,11 @@ impl ZookeeperStore {
         history: HistorySettings,
     ) -> Result<ZookeeperStore, StoreError> {
         let sessions = Sessions::new(config, &settings.key_prefix, settings.node_timeout)?;
-        let readers = Sessions::new(config, &settings.key_prefix, settings.node_timeout)?;
         Ok(ZookeeperStore {
             settings,
             history,
             hosts: config.hosts.clone(),
             sessions,
-            readers,
             reads: tokio::sync::Semaphore::new(HISTORY_READS),
             leases: Arc::new(Mutex::new(HashMap::new())),
             heartbeats: Arc::new(Mutex::new(HashMap::new())),

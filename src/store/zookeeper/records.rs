@@ -85,7 +85,7 @@ impl ZookeeperStore {
             .await
             .map_err(|_| self.failure("the history reads are closed"))?;
         let session = self
-            .readers
+            .sessions
             .current(EXCHANGE_TIMEOUT)
             .await
             .map_err(|why| self.failure(why))?;
@@ -350,8 +350,9 @@ impl Records for ZookeeperStore {
     /// The entries of `query`, newest first; an entry that does not parse is skipped, and named in
     /// [`Read::skipped`]; see [`crate::store::Store::history`].
     ///
-    /// On the readers' session ([`ZookeeperStore`]'s `readers`), in its turn among at most two reads at
-    /// once, the entries fetched [`HISTORY_CHUNK`] at a time, all within [`EXCHANGE_TIMEOUT`].
+    /// In its turn among at most two reads at once, the entries fetched [`HISTORY_CHUNK`] at a time (so
+    /// that a renewal on the same session waits for one chunk at most: ZooKeeper answers a session's
+    /// requests in order), all within [`EXCHANGE_TIMEOUT`].
     async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
         match tokio::time::timeout(EXCHANGE_TIMEOUT, self.read_history(query)).await {
             Ok(read) => read,

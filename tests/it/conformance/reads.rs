@@ -1,8 +1,9 @@
 //! Reads beside the lock path: a store hammered with reads of a large history (as a worker's dashboard
 //! reads it) must not delay the same store's claims, renewals or releases — on the embedded store the
 //! lock path has its own connection and the reads a few read-only ones, on a SQL store the reads a pool
-//! of their own, on Redis and ZooKeeper connections (sessions) of their own, two reads at a time and
-//! bounded pages of entries, and on etcd pages of entries below the client's bound on an answer.
+//! of their own, on Redis connections of their own, two reads at a time and bounded pages of entries, on
+//! ZooKeeper two reads at a time in chunks of 16 entries, and on etcd pages of entries below the
+//! client's bound on an answer.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
