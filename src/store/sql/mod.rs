@@ -84,21 +84,39 @@ struct Shared {
     dialect: Dialect,
     /// `host:port/database`, to name the server in logs and errors (never a password).
     target: String,
-    /// The lock path's pool: claims, renewals, releases, and the other writes.
-    pool: AnyPool,
-    /// The reads' pool ([`READ_CONNECTIONS`] sessions, their statements bounded by the server).
-    reads: AnyPool,
+    /// The lock path's sessions: claims, renewals, releases, and the other writes.
+    pool: Arc<Sessions>,
+    /// The reads' sessions ([`READ_CONNECTIONS`], their statements bounded by the server).
+    reads: Arc<Sessions>,
     /// The last permission error of a statement, until a check of the rights passes
     /// ([`SqlStore::rights_back`]): `/readyz` is not ready while it is set.
     denied: std::sync::Mutex<Option<String>>,
-    /// The pool's largest size (`pool_size`).
-    pool_size: u32,
-    /// [`OPENING_AT_ONCE`] permits: held by an acquire that may open a connection.
-    opening: tokio::sync::Semaphore,
     /// The session settings every connection starts with ([`Dialect::on_connect`]).
     on_connect: Arc<[String]>,
     /// Set once the schema has been checked (and created or upgraded) on the server.
     prepared: tokio::sync::OnceCell<()>,
+}
+
+/// A pool of sessions with its own opening rule (see `SqlStore::connection`).
+struct Sessions {
+    /// What a session of the pool is called in errors: `connection`, `read connection`.
+    name: &'static str,
+    pool: AnyPool,
+    /// The pool's largest size.
+    size: u32,
+    /// [`OPENING_AT_ONCE`] permits: held by an acquire that may open a connection.
+    opening: tokio::sync::Semaphore,
+}
+
+impl Sessions {
+    fn new(name: &'static str, pool: AnyPool, size: u32) -> Arc<Sessions> {
+        Arc::new(Sessions {
+            name,
+            pool,
+            size,
+            opening: tokio::sync::Semaphore::new(OPENING_AT_ONCE),
+        })
+    }
 }
 
 /// Why a transaction did not answer.
@@ -213,11 +231,9 @@ impl SqlStore {
                 history,
                 dialect,
                 target,
-                pool,
-                reads,
+                pool: Sessions::new("connection", pool, config.pool_size),
+                reads: Sessions::new("read connection", reads, READ_CONNECTIONS),
                 denied: std::sync::Mutex::new(None),
-                pool_size: config.pool_size,
-                opening: tokio::sync::Semaphore::new(OPENING_AT_ONCE),
                 on_connect,
                 prepared: tokio::sync::OnceCell::new(),
             }),
@@ -290,7 +306,7 @@ impl SqlStore {
         T: Send,
         F: for<'c> Fn(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send + Sync,
     {
-        let mut connection = self.connection(budget).await?;
+        let mut connection = self.connection(&self.shared.pool, budget).await?;
         let mut committing = false;
         let result = tokio::time::timeout(budget, async {
             let mut transaction = connection.begin_with(self.shared.dialect.begin()).await?;
@@ -366,18 +382,27 @@ impl SqlStore {
     ///   instead (it was in use a moment ago: no liveness test); the opening goes on (or, still waiting
     ///   for its permit, never starts) and what it opens joins the pool. A call that finished must not
     ///   leave the next one waiting for a login.
-    async fn connection(&self, budget: Duration) -> Result<PoolConnection<Any>, Failed> {
+    ///
+    /// The reads' sessions follow the same rules, so a hung server costs each pool at most
+    /// [`OPENING_AT_ONCE`] waiting connections per [`OPENING_PATIENCE`].
+    async fn connection(
+        &self,
+        sessions: &Arc<Sessions>,
+        budget: Duration,
+    ) -> Result<PoolConnection<Any>, Failed> {
         let (hand_over, handed) = tokio::sync::oneshot::channel();
-        let shared = Arc::clone(&self.shared);
+        let (name, size) = (sessions.name, sessions.size);
+        let sessions = Arc::clone(sessions);
         tokio::spawn(async move {
             let mut hand_over = hand_over;
-            let pool = &shared.pool;
-            let acquired = if pool.num_idle() == 0 && pool.size() < shared.pool_size {
+            let pool = &sessions.pool;
+            let acquired = if pool.num_idle() == 0 && pool.size() < sessions.size {
                 // The opening runs as a task of its own (carried to its end); while it waits for its
                 // permit or logs in, a connection that comes back to the pool is taken instead, and
                 // what the opening opens then joins the pool.
                 let wanted = Arc::new(AtomicBool::new(true));
-                let mut opening = tokio::spawn(open_one(Arc::clone(&shared), Arc::clone(&wanted)));
+                let mut opening =
+                    tokio::spawn(open_one(Arc::clone(&sessions), Arc::clone(&wanted)));
                 loop {
                     tokio::select! {
                         opened = &mut opening => match opened {
@@ -409,14 +434,16 @@ impl SqlStore {
             Ok(Ok(Ok(connection))) => Ok(connection),
             Ok(Ok(Err(e))) => Err(Failed::Before(self.describe_error(&e))),
             Ok(Err(_)) => Err(Failed::Before("the connection task failed".to_string())),
-            Err(_) => Err(Failed::Before(format!("no connection within {budget:?}"))),
+            Err(_) => Err(Failed::Before(format!(
+                "no {name} within {budget:?} ({size} in the pool)"
+            ))),
         }
     }
 
     /// A session outside the pool, started as the pool's are: the driver's own error when the server
     /// cannot be reached (a refused connection at once, which the pool would retry until its timeout).
     async fn direct_session(&self) -> Result<AnyConnection, sqlx::Error> {
-        let options = self.shared.pool.connect_options();
+        let options = self.shared.pool.pool.connect_options();
         let mut connection = AnyConnection::connect_with(&options).await?;
         start_session(&mut connection, &self.shared.on_connect).await?;
         Ok(connection)
@@ -430,7 +457,7 @@ impl SqlStore {
         F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T, sqlx::Error>> + Send,
     {
         self.prepared().await?;
-        let connection = self.connection(budget).await?;
+        let connection = self.connection(&self.shared.pool, budget).await?;
         self.run_on(connection, budget, work).await
     }
 
@@ -445,15 +472,7 @@ impl SqlStore {
     {
         self.prepared().await?;
         let started = Instant::now();
-        let connection = match tokio::time::timeout(budget, self.shared.reads.acquire()).await {
-            Ok(Ok(connection)) => connection,
-            Ok(Err(e)) => return Err(Failed::Before(self.describe_error(&e))),
-            Err(_) => {
-                return Err(Failed::Before(format!(
-                    "no read connection within {budget:?} ({READ_CONNECTIONS} serve the reads)"
-                )))
-            }
-        };
+        let connection = self.connection(&self.shared.reads, budget).await?;
         let left = budget.saturating_sub(started.elapsed());
         // On PostgreSQL the bound is the transaction's own (`SET LOCAL`), so no session state is left for a
         // pooler in transaction mode to hand to another client.
@@ -640,17 +659,17 @@ impl SqlStore {
     }
 }
 
-/// One connection opened for `shared`'s pool (see `SqlStore::connection`), once one of the
+/// One connection opened for `sessions` (see `SqlStore::connection`), once one of its
 /// [`OPENING_AT_ONCE`] permits is free: `None`, without opening, if it is no longer `wanted` by then.
 async fn open_one(
-    shared: Arc<Shared>,
+    sessions: Arc<Sessions>,
     wanted: Arc<AtomicBool>,
 ) -> Option<Result<PoolConnection<Any>, sqlx::Error>> {
-    let _opening = shared.opening.acquire().await.ok()?;
+    let _opening = sessions.opening.acquire().await.ok()?;
     if !wanted.load(Ordering::Relaxed) {
         return None;
     }
-    Some(shared.pool.acquire().await)
+    Some(sessions.pool.acquire().await)
 }
 
 /// How long the pool's acquire goes on opening a connection: twice `node_timeout`, at least
