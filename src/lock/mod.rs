@@ -11,6 +11,7 @@
 //! host (`embedded:`, or no store section). All write the names of [`keys`]. [`order`] says when each
 //! worker starts claiming a `(job, tick)`, so that contention is rare; no guarantee depends on it.
 
+pub(crate) mod decision;
 pub mod keys;
 pub mod order;
 pub mod pause;

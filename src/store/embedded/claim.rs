@@ -1,11 +1,9 @@
 //! Claims, renewals and releases on the embedded store: the Lua scripts' rules
 //! ([`crate::store::redis::scripts`]) as SQL, each call one `BEGIN IMMEDIATE` transaction.
 //!
-//! A claim does `ACQUIRE`'s checks and `CONFIRM`'s writes at once: refused if the job is paused (its row in
-//! `paused`, until it expires), if a trigger's or retry's window has ended (on this host's wall clock), if
-//! its tick is more than [`crate::lock::MAX_TICK_AHEAD`] ahead of this host's wall clock, if another
-//! claimant confirmed this tick or a later one (the claim record of the claim's series), or holds the lease
-//! and it has not expired; else the fence counter goes to `max(fence + 1, token floor)` (exact; refused
+//! A claim reads the job's pause (its row in `paused`, until it expires), the series' claim record and
+//! the lease (unless it expired or was taken in another boot), and decides on them by the one rule,
+//! [`crate::lock::decision::decide`], with this host's wall clock as the store's; then the fence counter goes to `max(fence + 1, token floor)` (exact; refused
 //! past [`crate::lock::keys::MAX_TOKEN`]), the claim record to this tick and attempt, and the lease to this
 //! attempt for a TTL. Since the transaction holds the database's write lock from its first read to its
 //! commit, what it read is still true when it writes, in whichever process it runs — a tick is confirmed
@@ -16,10 +14,9 @@ use rusqlite::{params, OptionalExtension as _, Transaction};
 
 use super::{nanos, now_ms, EmbeddedStore, Failed, Shared};
 use crate::clock::boot::BootInstant;
-use crate::lock::keys::{attempt_value, claim_keys, claimant_of, lease_key, next_token, Holder};
-use crate::lock::{
-    validity, ClaimOutcome, ClaimRequest, Lease, Refusal, RenewError, MAX_TICK_AHEAD,
-};
+use crate::lock::decision::{decide, Anchor, ClaimView, Decision, LeaseSeen, Record};
+use crate::lock::keys::{attempt_value, claim_keys, lease_key, next_token};
+use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, RenewError};
 use crate::schedule::Tick;
 use crate::store::{Claims, Leases};
 
@@ -182,54 +179,37 @@ impl Shared {
             request.overlap,
             &request.series,
         );
-        if let Some(pause) = self.pause_of(transaction, &request.job)? {
-            return Ok(ClaimOutcome::Paused(pause));
-        }
-        let store_ms = now_ms();
-        if request.not_after.is_some_and(|t| store_ms > t.as_millis()) {
-            return Ok(ClaimOutcome::AlreadyClaimed { by: None });
-        }
-        let ahead_ms = i64::try_from(MAX_TICK_AHEAD.as_millis()).unwrap_or(i64::MAX);
-        if tick > store_ms.saturating_add(ahead_ms) {
-            let refusal = Refusal::TickAhead {
-                tick: request.tick,
-                store_ms,
-            };
-            return Ok(ClaimOutcome::Refused(refusal));
-        }
+        let pause = self.pause_of(transaction, &request.job)?;
         let record: Option<(i64, String)> = transaction
             .prepare_cached("SELECT tick, value FROM claims WHERE key = ?1")?
             .query_row([&claim_key], |row| Ok((row.get(0)?, row.get(1)?)))
             .optional()?;
-        if let Some((claimed, value)) = record {
-            if claimed > tick || (claimed == tick && claimant_of(&value) != request.claimant) {
-                let mut by = Holder::from_value(&value);
-                by.tick = Some(Tick(claimed));
-                return Ok(ClaimOutcome::AlreadyClaimed { by: Some(by) });
-            }
-        }
         let lease: Option<(String, String, i64)> = transaction
             .prepare_cached("SELECT value, boot_id, expires_ns FROM leases WHERE key = ?1")?
             .query_row([&lease_key], |row| {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?))
             })
             .optional()?;
-        if let Some((value, boot_id, expires_ns)) = lease {
-            let left = self.left(&boot_id, expires_ns, now);
-            if let Some(left) = left.filter(|_| claimant_of(&value) != request.claimant) {
-                let holder = Holder::from_value(&value);
-                return Ok(if holder.contends_for(request.tick, &request.series) {
-                    ClaimOutcome::Contended {
-                        holder: Some(holder),
-                        retry_in: left.max(self.settings.retry_delay),
-                    }
-                } else {
-                    ClaimOutcome::Busy {
-                        holder: Some(holder),
-                        ttl: Some(left),
-                    }
-                });
-            }
+        let seen = ClaimView {
+            pause,
+            record: record.as_ref().map(|(tick, value)| Record::Claimed {
+                tick: Tick(*tick),
+                value,
+            }),
+            anchor: Anchor::Unchecked,
+            now_ms: now_ms(),
+            check_ahead: true,
+            lease: lease.as_ref().and_then(|(value, boot_id, expires_ns)| {
+                let left = self.left(boot_id, *expires_ns, now)?;
+                Some(LeaseSeen {
+                    value,
+                    left: Some(left),
+                    replaceable: true,
+                })
+            }),
+        };
+        if let Decision::Answer(outcome) = decide(request, &seen, self.settings.retry_delay) {
+            return Ok(outcome);
         }
         let fence: Option<i64> = transaction
             .prepare_cached("SELECT token FROM fences WHERE key = ?1")?

@@ -10,7 +10,8 @@
 
 use etcd_client::{GetResponse, Txn, TxnOp, TxnOpResponse};
 
-use crate::lock::keys::{claim_keys, claimant_of, Holder};
+use crate::lock::decision::{self, Anchor, ClaimView, Decision, LeaseSeen, Record};
+use crate::lock::keys::claim_keys;
 use crate::lock::{ClaimOutcome, ClaimRequest, Pause, Series};
 use crate::schedule::Tick;
 
@@ -139,15 +140,12 @@ pub(super) fn record_value(tick: Tick, value: &str) -> String {
     format!("{} {value}", tick.as_millis())
 }
 
-/// The final or waiting outcome the snapshot gives `request`, or `None` when it may take the tick.
+/// The final or waiting outcome the snapshot gives `request`, or `None` when it may take the tick: the one
+/// rule, [`crate::lock::decision::decide`], on what the snapshot holds, with this host's clock for the
+/// windows (etcd has no clock to read in a transaction).
 ///
-/// The rules of the Lua scripts (`crate::store::redis::scripts`): refused while the job is paused;
-/// refused if another claimant confirmed this tick or a later one in the series (a record that does not
-/// parse counts as claimed: nothing proves the tick free); a trigger whose request key is gone (handled,
-/// or expired) is refused as claimed; busy if another claim instance holds the lease key; contended if
-/// another claimant of this instance holds it (a claim writes record and lease at once, so a claimant of
-/// this instance with the lease also has the record). Our own claimant's record or lease is ours to go on
-/// from: a retry is idempotent. A lease key that holds a lease this process `released` (its run ended;
+/// A record that does not parse counts as claimed; a trigger whose request key is gone (handled, or
+/// expired) is refused as claimed. A lease key that holds a lease this process `released` (its run ended;
 /// the revoke waits for an election) is as free as a deleted one: the compare-and-swap binds the key to
 /// the new etcd lease, so the late revoke deletes nothing.
 pub(super) fn decide(
@@ -156,46 +154,36 @@ pub(super) fn decide(
     retry_delay: std::time::Duration,
     released: &dyn Fn(&str) -> bool,
 ) -> Option<ClaimOutcome> {
-    if let Some(paused) = &snapshot.paused {
-        return Some(ClaimOutcome::Paused(Pause::from_value(&paused.value)));
+    let seen = ClaimView {
+        pause: snapshot
+            .paused
+            .as_ref()
+            .map(|paused| Pause::from_value(&paused.value)),
+        record: snapshot
+            .claim
+            .as_ref()
+            .map(|record| Record::parse(&record.value)),
+        anchor: match (&request.series, &snapshot.anchor) {
+            (Series::Trigger(_), Some(_)) => Anchor::Present,
+            (Series::Trigger(_), None) => Anchor::Gone,
+            (Series::Schedule | Series::Retry(_), _) => Anchor::Unchecked,
+        },
+        now_ms: chrono::Utc::now().timestamp_millis(),
+        check_ahead: false,
+        lease: snapshot
+            .lease
+            .as_ref()
+            .filter(|lease| !released(&lease.value))
+            .map(|lease| LeaseSeen {
+                value: &lease.value,
+                left: None,
+                replaceable: true,
+            }),
+    };
+    match decision::decide(request, &seen, retry_delay) {
+        Decision::Take => None,
+        Decision::Answer(outcome) => Some(outcome),
     }
-    let tick = request.tick.as_millis();
-    if let Some(record) = &snapshot.claim {
-        let parsed = record
-            .value
-            .split_once(' ')
-            .and_then(|(claimed, value)| Some((claimed.parse::<i64>().ok()?, value)));
-        match parsed {
-            Some((claimed, value))
-                if claimed < tick
-                    || (claimed == tick && claimant_of(value) == request.claimant) => {}
-            Some((claimed, value)) => {
-                let mut by = Holder::from_value(value);
-                by.tick = Some(Tick(claimed));
-                return Some(ClaimOutcome::AlreadyClaimed { by: Some(by) });
-            }
-            None => return Some(ClaimOutcome::AlreadyClaimed { by: None }),
-        }
-    }
-    if request.series.trigger().is_some() && snapshot.anchor.is_none() {
-        return Some(ClaimOutcome::AlreadyClaimed { by: None });
-    }
-    let lease = snapshot.lease.as_ref()?;
-    if claimant_of(&lease.value) == request.claimant || released(&lease.value) {
-        return None;
-    }
-    let holder = Holder::from_value(&lease.value);
-    Some(if holder.contends_for(request.tick, &request.series) {
-        ClaimOutcome::Contended {
-            holder: Some(holder),
-            retry_in: retry_delay,
-        }
-    } else {
-        ClaimOutcome::Busy {
-            holder: Some(holder),
-            ttl: None,
-        }
-    })
 }
 
 #[cfg(test)]

@@ -1,11 +1,14 @@
-//! How a snapshot of a claim's keys answers it ([`super::decide`]): the same answers as the Lua scripts
-//! give on a Redis node in the same situation.
+//! How a snapshot of a claim's keys answers it ([`super::decide`]): the one rule's answers
+//! ([`crate::lock::decision`]) on what etcd reads.
 
 use std::time::Duration;
 
 use super::{decide, Seen, Snapshot};
 use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Pause, Series};
 use crate::schedule::Tick;
+
+/// The end of a one-off claim's window that has not come (2100-01-01): windows end on this host's clock.
+const OPEN_WINDOW: Tick = Tick(4_102_444_800_000);
 
 fn request(tick: i64) -> ClaimRequest {
     ClaimRequest::new("w1", "job", Tick(tick), Overlap::Skip, "f")
@@ -106,7 +109,7 @@ fn a_pause_refuses_before_anything_else() {
 
 #[test]
 fn a_trigger_is_claimable_only_while_its_request_stands() {
-    let r = request(2_000).in_series(Series::Trigger("ab".into()), Tick(9_000));
+    let r = request(2_000).in_series(Series::Trigger("ab".into()), OPEN_WINDOW);
     let with = |anchor| Snapshot {
         anchor,
         ..Snapshot::default()
@@ -121,7 +124,7 @@ fn a_trigger_is_claimable_only_while_its_request_stands() {
 
 #[test]
 fn another_series_of_the_same_tick_holding_the_lease_makes_the_job_busy() {
-    let retry = request(2_000).in_series(Series::Retry(1), Tick(9_000));
+    let retry = request(2_000).in_series(Series::Retry(1), OPEN_WINDOW);
     assert!(matches!(
         answer(&retry, None, key("w3/c|4|2000|f")),
         Some(ClaimOutcome::Busy { .. })

@@ -26,6 +26,8 @@
 
 mod admission;
 mod claim;
+#[cfg(test)]
+mod decision_tests;
 mod history;
 mod keeper;
 pub(crate) mod node;

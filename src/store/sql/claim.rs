@@ -4,10 +4,9 @@
 //! A claim first locks its job's fence row (`SELECT … FOR UPDATE`; created at 0 on the job's first claim),
 //! which every other transaction deciding on the job's claims or pause also takes first, then locks the
 //! lease row it may replace, then reads the database's clock, the job's pause and the series' claim
-//! record. It does `ACQUIRE`'s checks and `CONFIRM`'s writes at once, as the embedded store does:
-//! refused if the job is paused, if a trigger's or retry's window has ended, if its tick is more than
-//! [`crate::lock::MAX_TICK_AHEAD`] ahead of the database's clock, if another claimant confirmed this tick
-//! or a later one, or holds the lease and it has not expired; else the fence counter goes to
+//! record. It does `ACQUIRE`'s checks and `CONFIRM`'s writes at once, as the embedded store does: the
+//! one rule, [`crate::lock::decision::decide`], on what it read, with the database's clock as the store's;
+//! then the fence counter goes to
 //! `max(fence + 1, token floor)` (refused past [`crate::lock::keys::MAX_TOKEN`]), the claim record to
 //! this tick and attempt, and the lease to this attempt until the database's clock plus the TTL.
 //!
@@ -32,10 +31,9 @@ use sqlx::AnyConnection;
 
 use super::{Failed, SqlStore};
 use crate::clock::boot::BootInstant;
-use crate::lock::keys::{attempt_value, claim_keys, claimant_of, lease_key, next_token, Holder};
-use crate::lock::{
-    validity, ClaimOutcome, ClaimRequest, Lease, Pause, Refusal, RenewError, MAX_TICK_AHEAD,
-};
+use crate::lock::decision::{decide, Anchor, ClaimView, Decision, LeaseSeen, Record};
+use crate::lock::keys::{attempt_value, claim_keys, lease_key, next_token};
+use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, Pause, RenewError};
 use crate::schedule::Tick;
 use crate::store::{Claims, Leases};
 
@@ -181,45 +179,30 @@ impl SqlStore {
             .bind(&claim_key)
             .fetch_one(&mut *connection)
             .await?;
-        if let Some(pause) = pause {
-            return Ok(ClaimOutcome::Paused(Pause::from_value(&pause)));
-        }
-        let store_ms = now_us.div_euclid(1000);
-        if request.not_after.is_some_and(|t| store_ms > t.as_millis()) {
-            return Ok(ClaimOutcome::AlreadyClaimed { by: None });
-        }
-        let ahead_ms = i64::try_from(MAX_TICK_AHEAD.as_millis()).unwrap_or(i64::MAX);
-        if tick > store_ms.saturating_add(ahead_ms) {
-            let refusal = Refusal::TickAhead {
-                tick: request.tick,
-                store_ms,
-            };
-            return Ok(ClaimOutcome::Refused(refusal));
-        }
-        if let (Some(claimed), Some(value)) = (record_tick, record) {
-            if claimed > tick || (claimed == tick && claimant_of(&value) != request.claimant) {
-                let mut by = Holder::from_value(&value);
-                by.tick = Some(Tick(claimed));
-                return Ok(ClaimOutcome::AlreadyClaimed { by: Some(by) });
-            }
-        }
-        if let Some((value, expires_us)) = lease {
-            let left_us = expires_us.saturating_sub(now_us);
-            if left_us > 0 && claimant_of(&value) != request.claimant {
-                let left = std::time::Duration::from_micros(left_us.unsigned_abs());
-                let holder = Holder::from_value(&value);
-                return Ok(if holder.contends_for(request.tick, &request.series) {
-                    ClaimOutcome::Contended {
-                        holder: Some(holder),
-                        retry_in: left.max(settings.retry_delay),
-                    }
-                } else {
-                    ClaimOutcome::Busy {
-                        holder: Some(holder),
-                        ttl: Some(left),
-                    }
-                });
-            }
+        let seen = ClaimView {
+            pause: pause.as_deref().map(Pause::from_value),
+            // A record's value too long to read (`{short_value}`) proves no tick free.
+            record: record_tick.map(|claimed| match &record {
+                Some(value) => Record::Claimed {
+                    tick: Tick(claimed),
+                    value,
+                },
+                None => Record::Unreadable,
+            }),
+            anchor: Anchor::Unchecked,
+            now_ms: now_us.div_euclid(1000),
+            check_ahead: true,
+            lease: lease.as_ref().and_then(|(value, expires_us)| {
+                let left_us = expires_us.saturating_sub(now_us);
+                (left_us > 0).then(|| LeaseSeen {
+                    value,
+                    left: Some(std::time::Duration::from_micros(left_us.unsigned_abs())),
+                    replaceable: true,
+                })
+            }),
+        };
+        if let Decision::Answer(outcome) = decide(request, &seen, settings.retry_delay) {
+            return Ok(outcome);
         }
         let token = match next_token(u64::try_from(fence).unwrap_or(0), request.tick) {
             Ok(token) => token,

@@ -1,11 +1,11 @@
 //! What a claim on ZooKeeper reads and decides on: the nodes of one claim ([`Paths`]), as read
-//! ([`Snapshot`]), and what they give the claim ([`decide`]) — the rules of the Lua scripts on a Redis
-//! node, as on every store. `claim.rs` reads and writes them.
+//! ([`Snapshot`]), and what they give the claim ([`decide`]) — the one rule of every store. `claim.rs` reads and writes them.
 
 use zookeeper_client::Stat;
 
 use super::{node_name, text};
-use crate::lock::keys::{claim_keys, claimant_of, Holder};
+use crate::lock::decision::{self, Anchor, ClaimView, Decision, LeaseSeen, Record};
+use crate::lock::keys::claim_keys;
 use crate::lock::{ClaimOutcome, ClaimRequest, Overlap, Pause, Series};
 use crate::schedule::Tick;
 
@@ -89,13 +89,14 @@ pub(super) fn pause_in(data: &[u8], now_ms: i64) -> Option<Pause> {
     }
 }
 
-/// The outcome the snapshot gives `request` in session `session`, or what to write (see the module).
+/// The outcome the snapshot gives `request` in session `session`, or what to write (see the module): the
+/// one rule, [`crate::lock::decision::decide`], on what the snapshot holds, with this host's clock for
+/// pauses and windows (ZooKeeper has no clock to read in a transaction).
 ///
-/// The rules of the other stores: refused while paused; refused once a one-off instance's window has
-/// ended; refused if another claimant confirmed this tick or
-/// a later one in the series (a record that does not parse counts as claimed); a trigger whose request is
-/// gone is refused as claimed; busy if another claim instance holds the lease node; contended if another
-/// claimant of this instance holds it, or this claimant's lease of an earlier session still stands.
+/// This claimant's lease of an earlier session is not its to replace (the ensemble deletes it with that
+/// session): contended. Granted, a claim whose record and lease are already this attempt's in this session
+/// is settled with the record's `mzxid` as its token; any other writes the claim, first deleting this
+/// claimant's stale lease node of this session.
 pub(super) fn decide(
     request: &ClaimRequest,
     snapshot: &Snapshot,
@@ -103,75 +104,58 @@ pub(super) fn decide(
     retry_delay: std::time::Duration,
     now_ms: i64,
 ) -> Next {
-    if let Some(pause) = snapshot
-        .fence
+    // The first line: a one-off instance's record has its expiry on a second.
+    let record = snapshot
+        .record
         .as_ref()
-        .and_then(|fence| pause_in(&fence.data, now_ms))
-    {
-        return Next::Outcome(ClaimOutcome::Paused(pause));
-    }
-    if request.not_after.is_some_and(|t| now_ms > t.as_millis()) {
-        // A trigger's or retry's window has ended (on this host's clock, as on the embedded store).
-        return Next::Outcome(ClaimOutcome::AlreadyClaimed { by: None });
-    }
-    let tick = request.tick.as_millis();
-    let mut ours = None;
-    if let Some(record) = &snapshot.record {
-        let parsed = text(&record.data).ok().and_then(|value| {
-            // The first line; a one-off instance's record has its expiry on a second.
-            let (claimed, value) = value.lines().next()?.split_once(' ')?;
-            Some((claimed.parse::<i64>().ok()?, value))
+        .map(|record| match text(&record.data) {
+            Ok(value) => Record::parse(value.lines().next().unwrap_or_default()),
+            Err(_) => Record::Unreadable,
         });
-        match parsed {
-            Some((claimed, value)) if claimed == tick && claimant_of(value) == request.claimant => {
-                ours = Some((value, record.stat.mzxid));
-            }
-            Some((claimed, _)) if claimed < tick => {}
-            Some((claimed, value)) => {
-                let mut by = Holder::from_value(value);
-                by.tick = Some(Tick(claimed));
-                return Next::Outcome(ClaimOutcome::AlreadyClaimed { by: Some(by) });
-            }
-            None => return Next::Outcome(ClaimOutcome::AlreadyClaimed { by: None }),
-        }
+    let lease = snapshot
+        .lease
+        .as_ref()
+        .map(|lease| (text(&lease.data).unwrap_or_default(), lease));
+    let seen = ClaimView {
+        pause: snapshot
+            .fence
+            .as_ref()
+            .and_then(|fence| pause_in(&fence.data, now_ms)),
+        record,
+        anchor: match (&request.series, &snapshot.anchor) {
+            (Series::Trigger(_), Some(_)) => Anchor::Present,
+            (Series::Trigger(_), None) => Anchor::Gone,
+            (Series::Schedule | Series::Retry(_), _) => Anchor::Unchecked,
+        },
+        now_ms,
+        check_ahead: false,
+        lease: lease.map(|(value, lease)| LeaseSeen {
+            value,
+            left: None,
+            replaceable: lease.stat.ephemeral_owner == session,
+        }),
+    };
+    if let Decision::Answer(outcome) = decision::decide(request, &seen, retry_delay) {
+        return Next::Outcome(outcome);
     }
-    if request.series.trigger().is_some() && snapshot.anchor.is_none() {
-        return Next::Outcome(ClaimOutcome::AlreadyClaimed { by: None });
-    }
-    let Some(lease) = &snapshot.lease else {
+    let Some((value, lease)) = lease else {
         return Next::Write { stale_lease: None };
     };
-    let value = text(&lease.data).unwrap_or_default();
-    if claimant_of(value) == request.claimant {
-        if lease.stat.ephemeral_owner != session {
-            // Our lease of a session that ended: the ensemble deletes it with that session.
-            return Next::Outcome(ClaimOutcome::Contended {
-                holder: Some(Holder::from_value(value)),
-                retry_in: retry_delay,
-            });
-        }
-        return match ours {
-            Some((recorded, token)) if recorded == value => Next::Settled {
-                value: value.to_string(),
-                token,
-            },
-            _ => Next::Write {
-                stale_lease: Some(lease.stat.version),
-            },
-        };
+    match (record, &snapshot.record) {
+        (
+            Some(Record::Claimed {
+                tick,
+                value: recorded,
+            }),
+            Some(node),
+        ) if tick == request.tick && recorded == value => Next::Settled {
+            value: value.to_string(),
+            token: node.stat.mzxid,
+        },
+        _ => Next::Write {
+            stale_lease: Some(lease.stat.version),
+        },
     }
-    let holder = Holder::from_value(value);
-    Next::Outcome(if holder.contends_for(request.tick, &request.series) {
-        ClaimOutcome::Contended {
-            holder: Some(holder),
-            retry_in: retry_delay,
-        }
-    } else {
-        ClaimOutcome::Busy {
-            holder: Some(holder),
-            ttl: None,
-        }
-    })
 }
 
 #[cfg(test)]
