@@ -50,6 +50,18 @@ impl HistorySettings {
         self.keep_ticks.saturating_add(self.keep_ticks / 4)
     }
 
+    /// The trim rule, given a job's distinct ticks newest first: the newest tick to drop with every older
+    /// one — the first past the newest `keep_ticks` — once there are more than
+    /// [`HistorySettings::most_ticks`]; `None` while the job is within the bound. The SQL, embedded and
+    /// Redis stores run the same rule in their statements and scripts (`records::the_bound_holds_with_its_slack`
+    /// holds every store to it).
+    pub(crate) fn newest_dropped<T: Copy>(&self, ticks_newest_first: &[T]) -> Option<T> {
+        if ticks_newest_first.len() <= self.most_ticks() {
+            return None;
+        }
+        ticks_newest_first.get(self.keep_ticks).copied()
+    }
+
     /// Whether a write of an entry of `tick` checks its job's size against [`HistorySettings::most_ticks`]
     /// (and cuts it back to `keep_ticks` if it is larger): one tick in `keep_ticks / 50` (every tick below
     /// 100 kept), picked by a hash of the tick, so every node and every writer checks at the same ticks,
@@ -411,6 +423,21 @@ pub struct Query {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The trim rule: nothing while a job holds at most `most_ticks` ticks; past it, every tick after the
+    /// newest `keep_ticks` goes.
+    #[test]
+    fn a_job_past_its_most_ticks_is_cut_back_to_keep_ticks() {
+        let settings = HistorySettings {
+            keep_ticks: 8,
+            ..HistorySettings::default()
+        };
+        assert_eq!(settings.most_ticks(), 10);
+        let ticks: Vec<i64> = (0..11).rev().collect();
+        assert_eq!(settings.newest_dropped(&ticks[..10]), None);
+        assert_eq!(settings.newest_dropped(&ticks), Some(2));
+        assert_eq!(settings.newest_dropped::<i64>(&[]), None);
+    }
 
     fn at(seconds: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(seconds, 0).unwrap_or_default()

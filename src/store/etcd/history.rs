@@ -42,7 +42,7 @@ const FIRST_PAGE: i64 = 256;
 
 impl EtcdStore {
     /// Deletes the job's entries of every tick older than its newest `keep_ticks`, once it has more than
-    /// [`crate::history::HistorySettings::most_ticks`].
+    /// [`crate::history::HistorySettings::most_ticks`] ([`crate::history::HistorySettings::newest_dropped`]).
     async fn trim(&self, job: &str) -> Result<(), String> {
         let base = self.history_base(job);
         let keys = GetOptions::new()
@@ -57,10 +57,7 @@ impl EtcdStore {
             .filter_map(|kv| kv.key().get(base.len()..base.len() + 20))
             .collect();
         ticks.dedup();
-        if ticks.len() <= self.history.most_ticks() {
-            return Ok(());
-        }
-        let Some(newest_dropped) = ticks.get(self.history.keep_ticks) else {
+        let Some(newest_dropped) = self.history.newest_dropped(&ticks) else {
             return Ok(());
         };
         // Every key of a tick up to the newest dropped one: `…/<tick>/…` sorts below `…/<tick>0`.

@@ -244,17 +244,14 @@ impl ZookeeperStore {
     }
 
     /// Deletes the job's entries of every tick older than its newest `keep_ticks`, once it has more than
-    /// `most_ticks`.
+    /// `most_ticks` ([`crate::history::HistorySettings::newest_dropped`]).
     async fn trim(&self, session: &Session, job: &str) -> Result<(), String> {
         let dir = Self::history_dir(job);
         let names = self.children(session, &dir).await?;
         let mut ticks: Vec<&str> = names.iter().filter_map(|name| name.get(..20)).collect();
         ticks.dedup();
         ticks.reverse();
-        if ticks.len() <= self.history.most_ticks() {
-            return Ok(());
-        }
-        let Some(newest_dropped) = ticks.get(self.history.keep_ticks).copied() else {
+        let Some(newest_dropped) = self.history.newest_dropped(&ticks) else {
             return Ok(());
         };
         let doomed = names
