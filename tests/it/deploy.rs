@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use yaml_rust2::{Yaml, YamlLoader};
 
-use redcron::config::{parse_with_env, Config};
+use redcron::config::{parse_with_env, Config, StoreConfig};
 
 use crate::support::{require_program, TestDir};
 
@@ -542,6 +542,94 @@ fn stop_timeouts_exceed_the_shutdown_grace() {
     // control-group (the default) would SIGTERM the jobs too, at once, instead of giving them the grace.
     assert_eq!(unit_value("KillMode"), Some("mixed"));
     assert_eq!(unit_value("Restart"), Some("always"));
+}
+
+/// No recipe gives every host a store of its own: the jobs files of compose and systemd (the one the
+/// unit's install steps copy) name a shared store, and their workers serve `/metrics`, `/healthz` and
+/// `/readyz`; the workers of Kubernetes have a PodDisruptionBudget, the Redis nodes a `maxmemory` below
+/// their container's limit (refusing writes instead of being OOM-killed), and Prometheus's pod discovery
+/// the RBAC it needs in the workers' namespace.
+#[test]
+fn recipes_share_a_store_and_bound_what_they_run_on() {
+    let unit =
+        std::fs::read_to_string(deploy_dir().join("systemd/redcron.service")).expect("the unit");
+    assert!(
+        unit.contains("install -m 0644 deploy/systemd/jobs.example.yaml /etc/redcron/jobs.yaml"),
+        "the unit's install steps do not install systemd/jobs.example.yaml"
+    );
+    for file in ["systemd/jobs.example.yaml", "docker-compose.jobs.yaml"] {
+        let config = jobs(&std::fs::read_to_string(deploy_dir().join(file)).expect(file));
+        assert!(
+            !matches!(config.store, StoreConfig::Embedded(_)),
+            "{file}: every host would run every job"
+        );
+        assert!(config.worker.listen.is_some(), "{file}: no worker.listen");
+    }
+
+    let workers = yaml_documents(&deploy_dir().join("kubernetes/worker-deployment.yaml"));
+    let budget = workers
+        .iter()
+        .find(|doc| doc["kind"].as_str() == Some("PodDisruptionBudget"))
+        .expect("a PodDisruptionBudget for the workers");
+    assert_eq!(budget["spec"]["maxUnavailable"].as_i64(), Some(1));
+    assert_eq!(
+        budget["spec"]["selector"]["matchLabels"], workers[0]["spec"]["selector"]["matchLabels"],
+        "the budget selects the Deployment's pods"
+    );
+
+    let conf = std::fs::read_to_string(deploy_dir().join("redis/redis.conf")).expect("redis.conf");
+    let maxmemory = directives(&conf)
+        .into_iter()
+        .find(|(key, _)| key == "maxmemory")
+        .map(|(_, value)| value)
+        .expect("redis.conf sets maxmemory");
+    let mb: u64 = maxmemory
+        .strip_suffix("mb")
+        .and_then(|n| n.parse().ok())
+        .expect("maxmemory in mb");
+    let redis = yaml_documents(&deploy_dir().join("kubernetes/redis.yaml"));
+    let stateful_set = redis
+        .iter()
+        .find(|doc| doc["kind"].as_str() == Some("StatefulSet"))
+        .expect("the StatefulSet");
+    let limit = stateful_set["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        ["memory"]
+        .as_str()
+        .and_then(|limit| limit.strip_suffix("Mi"))
+        .and_then(|mi| mi.parse::<u64>().ok())
+        .expect("a memory limit in Mi");
+    // Redis's mb is 1024², as Kubernetes's Mi; a quarter spare for the AOF rewrite's buffers and the rest.
+    assert!(
+        mb * 4 <= limit * 3,
+        "maxmemory {mb}mb leaves too little of the {limit}Mi limit"
+    );
+
+    let prometheus = &yaml_documents(&deploy_dir().join("prometheus/prometheus.yml"))[0];
+    let discovered = &prometheus["scrape_configs"][0]["kubernetes_sd_configs"][0];
+    let namespace = &discovered["namespaces"]["names"][0];
+    let rbac = yaml_documents(&deploy_dir().join("prometheus/rbac.yaml"));
+    let role = rbac
+        .iter()
+        .find(|doc| doc["kind"].as_str() == Some("Role"))
+        .expect("a Role for the pod discovery");
+    assert_eq!(&role["metadata"]["namespace"], namespace);
+    let rule = &role["rules"][0];
+    assert_eq!(discovered["role"].as_str(), Some("pod"));
+    assert_eq!(rule["resources"][0].as_str(), Some("pods"));
+    for verb in ["list", "watch"] {
+        assert!(
+            rule["verbs"]
+                .as_vec()
+                .is_some_and(|verbs| verbs.iter().any(|v| v.as_str() == Some(verb))),
+            "the Role cannot {verb} pods"
+        );
+    }
+    let binding = rbac
+        .iter()
+        .find(|doc| doc["kind"].as_str() == Some("RoleBinding"))
+        .expect("a RoleBinding");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(&binding["metadata"]["namespace"], namespace);
 }
 
 /// A jobs file of deploy/ parsed with the variables its recipe sets (dummy values).
