@@ -444,6 +444,13 @@ fn login_page(config: &Config, next: &str, error: Option<&str>, status: StatusCo
             input #token type="password" name="token" autocomplete="current-password" required autofocus;
             button type="submit" { "Log in" }
         }
+        @if !config.dashboard.tokens.is_empty() {
+            p.note {
+                "The tokens are in the workers' config file: " code { "dashboard.token" } ", or one per "
+                "person in " code { "dashboard.tokens" } " (docs/configuration.md). Ask whoever runs "
+                "redcron for yours."
+            }
+        }
     };
     let html = layout("Log in", None, None, body);
     (status, html_headers(), html.into_string()).into_response()

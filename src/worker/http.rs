@@ -127,15 +127,24 @@ impl Server {
             .local_addr()
             .map_or_else(|e| e.to_string(), |a| a.to_string());
         let config = context.config();
-        let dashboard = match config.dashboard.serving(listener.local_addr().ok()) {
+        let serving = config.dashboard.serving(listener.local_addr().ok());
+        let dashboard = match &serving {
             Serving::Off(_) => "off",
             Serving::Open => "read-only, no token",
             Serving::Token if config.dashboard.controls => "token, controls on",
             Serving::Token => "token, read-only",
         };
+        let serves = match serving {
+            Serving::Off(why) => {
+                format!("/metrics, /healthz and /readyz; the dashboard is off: {why}")
+            }
+            Serving::Open | Serving::Token => {
+                "/metrics, /healthz, /readyz and the dashboard".into()
+            }
+        };
         info!(event = events::worker::LISTENING, address = %address,
               max_connections = limits.connections as u64, dashboard,
-              "Serving /metrics, /healthz, /readyz and the dashboard");
+              "Serving {serves}");
         let probe = Arc::new(Probe {
             context: Arc::clone(context),
             max_clock_offset: worker.max_clock_offset,

@@ -251,6 +251,31 @@ fn readyz_follows_a_majority_of_the_etcd_members() {
     drop(worker);
 }
 
+/// The listener's line says what it serves: with the dashboard off it names only the endpoints, and why
+/// the dashboard is not among them; on loopback without a token, the dashboard too.
+#[test]
+fn the_listening_line_says_whether_the_dashboard_is_served() {
+    let dir = TestDir::new();
+    let jobs = "jobs:\n  - name: tick\n    schedule: \"0 0 * * * *\"\n    command: 'true'\n";
+    for (name, dashboard, says) in [
+        (
+            "off",
+            "dashboard:\n  enabled: false\n",
+            "Serving /metrics, /healthz and /readyz; the dashboard is off: dashboard.enabled is false",
+        ),
+        ("on", "", "Serving /metrics, /healthz, /readyz and the dashboard"),
+    ] {
+        let database = dir.path().join(format!("{name}.db"));
+        let (worker, _) = listening_worker(&dir, name, |port| {
+            let path = database.display();
+            format!("embedded:\n  path: {path}\nworker:\n  listen: 127.0.0.1:{port}\n{dashboard}{jobs}")
+        });
+        let listening = worker.events("worker.listening");
+        assert_eq!(listening[0]["message"], says, "{name}: {listening:?}");
+        drop(worker);
+    }
+}
+
 /// On the embedded store, `/readyz` is 200 while its database gives its write lock, 503 with a one-line
 /// reason while another process holds it (an open `BEGIN IMMEDIATE`), and 200 again once that ends.
 #[test]

@@ -70,6 +70,11 @@ fn pages_need_a_token_from_a_header_or_the_login_s_cookie() {
     assert!(wrong.took >= Duration::from_millis(950), "{:?}", wrong.took);
     assert!(wrong.header("set-cookie").is_empty());
     assert!(wrong.body.contains("<form id=\"login\""), "the form again");
+    assert!(
+        wrong.body.contains("<code>dashboard.tokens</code>"),
+        "the login page says where a token comes from: {}",
+        wrong.body
+    );
 
     // The login's cookie.
     let login = client.post("/login", &[], form, &format!("token={OPS}&next=%2Fworkers"));
