@@ -95,8 +95,11 @@ pub async fn read(store: &Store, job: &str, tick: Tick) -> Result<ExplainInputs,
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    /// A worker ran it and the run ended.
+    /// A worker ran it and the run succeeded (exit 0).
     Ran,
+    /// A worker ran it and the run ended without success: a non-zero exit, a signal, a timeout, a lost
+    /// lease, or a job that could not start.
+    Failed,
     /// A worker runs it now.
     Running,
     /// A worker started it, and is no longer alive: the run's end will never be recorded.
@@ -291,7 +294,11 @@ pub fn explain(
     let settled = window_ends + chrono::Duration::from_std(SETTLE).unwrap_or_default();
     let verdict = if let Some(run) = records.iter().find_map(TickRecord::run) {
         if run.ended_at.is_some() {
-            Verdict::Ran
+            if run.outcome.as_deref() == Some("success") {
+                Verdict::Ran
+            } else {
+                Verdict::Failed
+            }
         } else if alive(facts.members, &run.worker) {
             Verdict::Running
         } else {
@@ -326,7 +333,7 @@ pub fn explain(
             story.push("no entry: nobody accounted for this tick".to_string());
             hint = Some(no_entry_hint(facts));
         }
-        Verdict::Ran | Verdict::Running | Verdict::Unfinished => {}
+        Verdict::Ran | Verdict::Failed | Verdict::Running | Verdict::Unfinished => {}
     }
     Explanation {
         job: job.name.clone(),

@@ -269,7 +269,11 @@ fn a_run_naming_the_racers_tells_the_silent_losers() {
     won.raced = Some(vec!["w2".into(), "w1".into(), "w3".into()]);
     won.tail_err = Some("line 1\nboom\n".into());
     let explanation = explain_at(700, vec![won], vec![], true);
-    assert_eq!(explanation.verdict, Verdict::Ran);
+    assert_eq!(
+        explanation.verdict,
+        Verdict::Failed,
+        "a run that failed is no success"
+    );
     assert_eq!(explanation.raced, ["w2", "w1", "w3"]);
     assert_eq!(
         explanation.story[1],

@@ -261,7 +261,10 @@ fn explain_tells_one_ticks_story() {
     );
 
     let json = fixture.json(&["explain", "archive", &show(ticks[1])]);
-    assert_eq!(json["verdict"], "ran");
+    assert_eq!(
+        json["verdict"], "failed",
+        "a run that timed out is no success"
+    );
     assert_eq!(json["on_schedule"], true);
     assert_eq!(json["runs"][0]["outcome"], "timeout");
     assert_eq!(json["entries"].as_array().expect("entries").len(), 2);
@@ -339,7 +342,7 @@ fn explain_takes_a_tick_as_history_and_status_print_it() {
     let by_ms = fixture.json(&["explain", "archive", &ms]);
     let by_rfc3339 = fixture.json(&["explain", "archive", rfc3339]);
     assert_eq!(by_ms["tick_ms"], ticks[0].as_millis());
-    assert_eq!(by_ms["verdict"], "ran");
+    assert_eq!(by_ms["verdict"], "failed");
     assert_eq!(by_ms["story"], by_rfc3339["story"]);
     assert_eq!(by_ms["runs"][0]["tick_rfc3339"], rfc3339);
     let (code, text, stderr) = fixture.run(&["explain", "archive", &ms]);

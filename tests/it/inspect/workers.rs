@@ -61,10 +61,10 @@ fn what_three_workers_did_is_told_by_history_and_explain() {
         |pred: &dyn Fn(&Value) -> bool| workers.iter().flat_map(|w| w.logs()).find(|e| pred(e));
 
     // Each ended run as its worker logged it, then as `explain` tells it once all 3 workers' entries landed.
-    for (job, outcome, told) in [
-        ("ok", "success", ": success, exit code 0"),
-        ("fails", "failure", ": failure, exit code 3"),
-        ("slow", "timeout", ": timeout"),
+    for (job, outcome, told, verdict) in [
+        ("ok", "success", ": success, exit code 0", "ran"),
+        ("fails", "failure", ": failure, exit code 3", "failed"),
+        ("slow", "timeout", ": timeout", "failed"),
     ] {
         // The newest such run as its worker logged it, once `explain` tells its 3 racers: each loser's entry
         // (earlier writers) or the winner's view of them (current ones, whose routine losers write
@@ -89,7 +89,7 @@ fn what_three_workers_did_is_told_by_history_and_explain() {
             },
         );
         let tick = finished["tick"].as_str().expect("tick").to_string();
-        assert_eq!(story["verdict"], "ran", "{story}");
+        assert_eq!(story["verdict"], verdict, "{story}");
         assert_eq!(story["on_schedule"], true);
         let run = &story["runs"][0];
         assert_eq!(run["outcome"], outcome);
