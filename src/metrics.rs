@@ -438,6 +438,7 @@ mod tests {
         };
         metrics.clock_measured(&estimate);
         metrics.clock_unmeasured(&QuorumFailure {
+            unheard: Vec::new(),
             configured: 3,
             needed: 2,
             granted: 1,

@@ -228,6 +228,7 @@ impl ClaimOutcome {
     /// where a final answer such as `AlreadyClaimed` would skip a tick that nobody may have run.
     pub fn unanswered(configured: usize) -> ClaimOutcome {
         ClaimOutcome::NoQuorum(QuorumFailure {
+            unheard: Vec::new(),
             configured,
             needed: quorum::quorum(configured),
             granted: 0,
@@ -294,27 +295,41 @@ impl StoreFault {
 }
 
 /// Why a round did not reach a majority of the configured nodes.
+///
+/// A round is decided as soon as its outcome is known, so it may end before some nodes answered: those are
+/// `unheard`, not failed — a split vote among live contenders ends that way, and blaming a live node for
+/// it would send an operator to look at the wrong thing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("no quorum: {granted} of {configured} nodes agreed, {needed} needed; failed: {}", self.describe_failures())]
+#[error("no quorum: {granted} of {configured} nodes agreed, {needed} needed; {}", self.describe_nodes())]
 pub struct QuorumFailure {
     pub configured: usize,
     pub needed: usize,
     pub granted: usize,
     /// `(node address without password, what went wrong)` for each node that failed.
     pub failures: Vec<(String, String)>,
+    /// The nodes (addresses without password) whose answer had not come when the round was decided.
+    pub unheard: Vec<String>,
 }
 
 impl QuorumFailure {
-    fn describe_failures(&self) -> String {
-        if self.failures.is_empty() {
-            return "none".to_string();
+    fn describe_nodes(&self) -> String {
+        let failed = if self.failures.is_empty() {
+            "failed: none".to_string()
+        } else {
+            let parts: Vec<String> = self
+                .failures
+                .iter()
+                .map(|(node, why)| format!("{node} ({why})"))
+                .collect();
+            format!("failed: {}", parts.join(", "))
+        };
+        if self.unheard.is_empty() {
+            return failed;
         }
-        let parts: Vec<String> = self
-            .failures
-            .iter()
-            .map(|(node, why)| format!("{node} ({why})"))
-            .collect();
-        parts.join(", ")
+        format!(
+            "{failed}; decided before {} answered",
+            self.unheard.join(", ")
+        )
     }
 }
 

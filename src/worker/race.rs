@@ -303,7 +303,7 @@ fn retrying(p: &Pending, outcome: &ClaimOutcome, wait: Duration) {
     match outcome {
         ClaimOutcome::NoQuorum(failure) => {
             warn!(event = events::tick::RETRYING, job = %job, tick = %tick, reason = "no_quorum", error = %failure,
-                  retry_in_ms, "No majority of the store's nodes answered; racing again")
+                  retry_in_ms, "No majority of the store's nodes granted the claim; racing again")
         }
         ClaimOutcome::Fault(fault) => {
             error!(event = events::tick::RETRYING, job = %job, tick = %tick, reason = fault.reason(), error = %fault,

@@ -424,3 +424,39 @@ async fn settled_on(store: &RedisStore, request: &redcron::lock::ClaimRequest) -
         }
     }
 }
+
+/// Issue 54: a round decided before a live node answered names that node as unheard, not failed. Two
+/// of three nodes are down (refused at once), the third is alive behind a proxy that holds the claim a
+/// second: a majority is out of reach as soon as the two refusals are in, so the round ends without the
+/// third's answer — and the failure says so, naming only the two as failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_round_did_not_wait_for_is_unheard_not_failed() {
+    use redcron::store::{Claims as _, Health as _};
+    const JOB: &str = "unheard-marker";
+    let mut cluster = RedisCluster::start(3);
+    let proxy = crate::support::DelayProxy::start(cluster.port(2), JOB, Duration::from_secs(1));
+    let urls = [cluster.url(0), cluster.url(1), proxy.url()];
+    cluster.kill(0);
+    cluster.kill(1);
+    let store = RedisStore::new(&urls, settings(2_000)).expect("urls");
+    store.prepare().await.expect("prepare never fails");
+    proxy.delay_next(usize::MAX);
+    let outcome = store
+        .claim_many(&[request("w", JOB, 1_000)])
+        .await
+        .remove(0);
+    let ClaimOutcome::NoQuorum(failure) = outcome else {
+        panic!("expected no majority, got {outcome:?}");
+    };
+    let said = failure.to_string();
+    let live = proxy.url();
+    assert_eq!(failure.unheard, std::slice::from_ref(&live), "{said}");
+    assert!(
+        failure.failures.iter().all(|(node, _)| node != &live),
+        "the live node is named as failed: {said}"
+    );
+    assert!(
+        said.contains(&format!("decided before {live} answered")),
+        "{said}"
+    );
+}

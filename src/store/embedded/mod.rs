@@ -411,6 +411,7 @@ impl Shared {
     /// `why` as the failure of this store's one node, named by its path.
     fn failure(&self, why: String) -> QuorumFailure {
         QuorumFailure {
+            unheard: Vec::new(),
             configured: 1,
             needed: 1,
             granted: 0,

@@ -183,6 +183,7 @@ impl EtcdStore {
     /// `why` as the failure of the cluster: etcd answers for its majority, so one failure stands for all.
     fn failure(&self, why: String) -> QuorumFailure {
         QuorumFailure {
+            unheard: Vec::new(),
             configured: self.endpoints.len(),
             needed: quorum(self.endpoints.len()),
             granted: 0,

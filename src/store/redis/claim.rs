@@ -426,7 +426,7 @@ impl RedisStore {
     }
 
     /// A [`QuorumFailure`] naming each failed node, and each node that had not answered (`answered` lists
-    /// those that had) when the round was decided.
+    /// those that had) when the round was decided: unheard, not failed.
     pub(super) fn quorum_failure(
         &self,
         failed: impl Iterator<Item = (usize, String)>,
@@ -434,11 +434,8 @@ impl RedisStore {
         answered: impl Iterator<Item = usize>,
     ) -> QuorumFailure {
         let mut failures: Vec<(usize, String)> = failed.collect();
-        let answered: std::collections::HashSet<usize> = answered.collect();
-        for node in (0..self.nodes.len()).filter(|node| !answered.contains(node)) {
-            failures.push((node, "no answer yet when the round was decided".to_string()));
-        }
         failures.sort_by_key(|(node, _)| *node);
+        let answered: std::collections::HashSet<usize> = answered.collect();
         QuorumFailure {
             configured: self.nodes.len(),
             needed: quorum(self.nodes.len()),
@@ -446,6 +443,10 @@ impl RedisStore {
             failures: failures
                 .into_iter()
                 .map(|(node, why)| (self.nodes[node].label.clone(), why))
+                .collect(),
+            unheard: (0..self.nodes.len())
+                .filter(|node| !answered.contains(node))
+                .map(|node| self.nodes[node].label.clone())
                 .collect(),
         }
     }

@@ -352,6 +352,7 @@ impl RedisStore {
             return Ok(());
         }
         Err(QuorumFailure {
+            unheard: Vec::new(),
             configured,
             needed: quorum(configured),
             granted,
@@ -383,6 +384,7 @@ impl RedisStore {
         let configured = self.nodes.len();
         if values.len() < quorum(configured) {
             return Err(QuorumFailure {
+                unheard: Vec::new(),
                 configured,
                 needed: quorum(configured),
                 granted: values.len(),

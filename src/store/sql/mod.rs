@@ -628,6 +628,7 @@ impl SqlStore {
     /// The store's one node as a failed majority: `why` names the server.
     fn failure(&self, why: impl std::fmt::Display) -> QuorumFailure {
         QuorumFailure {
+            unheard: Vec::new(),
             configured: 1,
             needed: 1,
             granted: 0,

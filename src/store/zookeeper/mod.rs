@@ -104,6 +104,7 @@ impl ZookeeperStore {
     /// for all. Names the hosts, never a password.
     pub(super) fn failure(&self, why: impl Into<String>) -> QuorumFailure {
         QuorumFailure {
+            unheard: Vec::new(),
             configured: self.hosts.len(),
             needed: quorum(self.hosts.len()),
             granted: 0,
