@@ -37,6 +37,8 @@ events! {
         HEARTBEAT_FAILED = "worker.heartbeat_failed";
         /// Announcements reach a majority again after `HEARTBEAT_FAILED`.
         HEARTBEAT_RECOVERED = "worker.heartbeat_recovered";
+        /// WARN, once per other process: another live process announces itself under this worker's id.
+        ID_SHARED = "worker.id_shared";
         /// The metrics and health listener (`worker.listen`) is up.
         LISTENING = "worker.listening";
         /// WARN, once per stretch: the listener cannot accept connections (out of descriptors).

@@ -93,6 +93,8 @@ impl Heartbeat {
 
 async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<Notify>) {
     let mut failing = false;
+    let mut sharing = Vec::new();
+    let mut announced = false;
     let born = tokio::time::Instant::now();
     loop {
         let state = if context.shutdown.is_requested() {
@@ -100,6 +102,12 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
         } else {
             "running"
         };
+        let reads_view = state == "running" && context.store.is_shared();
+        // The view is read before each announcement but the first: the record under this worker's id
+        // is then the last one written since its previous announcement — another process's, if one
+        // shares the id ([`warn_shared_id`]), whatever the two heartbeats' phases.
+        let mut changed =
+            reads_view && announced && read_members(&context, &member, &mut sharing).await;
         match context
             .store
             .announce(&now_member(&context, &member, state))
@@ -124,8 +132,10 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
         // seconds of this worker's life, look again after a second instead of a whole heartbeat: workers
         // started together each see only the ones announced before them at first, and would claim as if
         // first for every tick until they looked again.
-        let changed =
-            state == "running" && context.store.is_shared() && read_members(&context).await;
+        if !announced {
+            announced = true;
+            changed = reads_view && read_members(&context, &member, &mut sharing).await;
+        }
         let settling = changed || born.elapsed() < VIEW_SETTLING_AT_START;
         let pause = if settling {
             every.min(VIEW_SETTLING)
@@ -141,12 +151,13 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
 
 /// Reads the live workers back for the claim order ([`crate::lock::order`]): those alive and `running` (a
 /// draining worker takes no new ticks). A failed read keeps the last view. Returns whether the view
-/// changed.
-async fn read_members(context: &Context) -> bool {
+/// changed. Warns about another process under this worker's id ([`warn_shared_id`]).
+async fn read_members(context: &Context, ours: &Member, sharing: &mut Vec<String>) -> bool {
     let Ok(read) = context.store.members().await else {
         return false;
     };
     context.warn_skipped(&read.skipped);
+    warn_shared_id(ours, &read.value, sharing);
     let mut live: Vec<String> = read
         .value
         .into_iter()
@@ -163,6 +174,27 @@ async fn read_members(context: &Context) -> bool {
               "The live workers changed; the claim order now ranks these");
     }
     changed
+}
+
+/// Warns, once per other process (`warned` keeps them), when the store's record of this worker's id is a
+/// live announcement of another process: two workers share `worker.id` — a file every host shares that
+/// sets it — and overwrite each other's record, so `status` shows one of them and the claim order ranks
+/// them as one.
+fn warn_shared_id(ours: &Member, members: &[Member], warned: &mut Vec<String>) {
+    const MOST_WARNED: usize = 64;
+    for member in members {
+        let other = format!("{} pid {}", member.host, member.pid);
+        let same_process = member.host == ours.host && member.pid == ours.pid;
+        if member.id != ours.id || !member.alive || same_process || warned.contains(&other) {
+            continue;
+        }
+        if warned.len() < MOST_WARNED {
+            warned.push(other.clone());
+        }
+        warn!(event = events::worker::ID_SHARED, id = %ours.id, other = %other,
+              "Another live process announces itself under this worker's id: each worker needs its own \
+               worker.id (or none: the default is unique); `redcron status` shows them as one");
+    }
 }
 
 /// `member` as it stands now: its state, clock offset and runs under way.

@@ -163,3 +163,42 @@ fn workers_started_together_see_each_other_within_seconds() {
             });
     }
 }
+
+/// Issue 54: two live workers under one `worker.id` (a shared file that sets it) overwrite each other's
+/// announcement; each notices the other's record under its id and warns once, naming the other process.
+/// A third worker with an id of its own never warns.
+#[test]
+fn workers_that_share_an_id_each_warn_about_the_other() {
+    let cluster = RedisCluster::start(3);
+    let dir = TestDir::new();
+    let jobs = jobs(&dir, 1);
+    let workers = crate::worker::start_workers_with(&dir, 3, |id| {
+        let id = if id.contains("w2") {
+            id
+        } else {
+            "  id: shared\n"
+        };
+        crate::worker::config(&cluster, &format!("{id}  heartbeat_every: 500ms\n"), &jobs)
+    });
+    for worker in &workers[..2] {
+        let warned = worker.wait_for(VIEW_PATIENCE, |event| event["event"] == "worker.id_shared");
+        let warned = warned.unwrap_or_else(|| panic!("no worker.id_shared:\n{}", worker.stderr()));
+        assert_eq!(warned["id"], "shared", "{warned}");
+        assert!(
+            warned["other"]
+                .as_str()
+                .is_some_and(|o| o.contains(" pid ")),
+            "{warned}"
+        );
+    }
+    // Each warns once per other process, however many heartbeats it sees that process's record.
+    std::thread::sleep(Duration::from_secs(2));
+    for worker in &workers[..2] {
+        assert_eq!(
+            worker.events("worker.id_shared").len(),
+            1,
+            "warned more than once"
+        );
+    }
+    assert!(workers[2].events("worker.id_shared").is_empty());
+}
