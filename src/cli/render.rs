@@ -99,9 +99,11 @@ pub(super) fn status(status: &Status) -> String {
             (false, true) => format!("{} DIFFERS", m.config_fingerprint),
             (false, false) => m.config_fingerprint.clone(),
         };
+        // A worker that is gone runs nothing: what its last announcement listed ended with it.
         let running: Vec<String> = m
             .running
             .iter()
+            .filter(|_| m.alive)
             .map(|r| format!("{}@{}#{}", r.job, instant_ms(r.tick), r.token))
             .collect();
         workers.row(vec![

@@ -770,10 +770,13 @@ fn worker_row(worker: &WorkerStatus, max_offset_ms: i64) -> Markup {
             } }
             td { code { (member.config_fingerprint) } @if worker.config_differs { " " strong.bad { "differs" } } }
             td {
-                @for run in member.running.iter().take(RUNS_LISTED) {
+                // A worker that is gone runs nothing: its last announcement's runs ended with it (the job's
+                // page says whether their end was recorded).
+                @if !member.alive && !member.running.is_empty() { "none (gone)" }
+                @for run in member.running.iter().filter(|_| member.alive).take(RUNS_LISTED) {
                     a href={ "/jobs/" (encode_path(&run.job)) } { (run.job) } " (token " (run.token) ") "
                 }
-                @if member.running.len() > RUNS_LISTED {
+                @if member.alive && member.running.len() > RUNS_LISTED {
                     a href="/?state=running" { "and " (member.running.len() - RUNS_LISTED) " more" }
                 }
             }
@@ -995,6 +998,24 @@ mod tests {
             row.contains("<a href=\"/?state=running\">and 15 more</a>"),
             "{row}"
         );
+    }
+
+    /// A worker that is gone runs nothing: its row lists none of its last announcement's runs.
+    #[test]
+    fn a_gone_worker_s_row_lists_no_run() {
+        let member: crate::membership::Member = serde_json::from_value(serde_json::json!({
+            "id": "w3", "started_at": "2026-11-27T00:00:00Z", "alive": false,
+            "running": [{"job": "slow", "tick": 1_000, "token": 7}],
+        }))
+        .expect("a member");
+        let worker = WorkerStatus {
+            member,
+            config_differs: false,
+            runs_this_config: true,
+        };
+        let row = worker_row(&worker, 500).into_string();
+        assert!(!row.contains("/jobs/slow"), "{row}");
+        assert!(row.contains("none (gone)"), "{row}");
     }
 
     #[tokio::test]

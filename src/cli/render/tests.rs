@@ -116,3 +116,41 @@ fn a_runs_output_tail_is_its_last_lines_indented() {
     assert_eq!(lines.last().copied(), Some("    line 25"));
     assert_eq!(lines.len(), 21);
 }
+
+/// A worker that is gone runs nothing: `status` shows no run for it, whatever its last announcement
+/// listed; a live worker's runs are listed.
+#[test]
+fn a_gone_worker_is_shown_running_nothing() {
+    use crate::inspect::status::{ConfigSummary, Status, WorkerStatus};
+    let member = |id: &str, alive: bool| WorkerStatus {
+        member: serde_json::from_value(serde_json::json!({
+            "id": id, "started_at": "2026-11-27T00:00:00Z", "alive": alive,
+            "state": "running",
+            "running": [{"job": "slow", "tick": 1_795_000_000_000_i64, "token": 9}],
+        }))
+        .expect("a member"),
+        config_differs: false,
+        runs_this_config: true,
+    };
+    let status = Status {
+        now: chrono::DateTime::from_timestamp(1_795_000_100, 0).unwrap_or_default(),
+        config: ConfigSummary {
+            path: "jobs.yaml".to_string(),
+            fingerprint: "f".to_string(),
+        },
+        config_majority: None,
+        workers: vec![member("w-live", true), member("w-dead", false)],
+        jobs: vec![],
+        notes: Default::default(),
+    };
+    let text = super::status(&status);
+    let line = |id: &str| {
+        text.lines()
+            .find(|line| line.starts_with(id))
+            .unwrap_or_else(|| panic!("no line for {id}:\n{text}"))
+            .to_string()
+    };
+    assert!(line("w-live").contains("slow@"), "{text}");
+    assert!(line("w-dead").contains(" dead "), "{text}");
+    assert!(!line("w-dead").contains("slow@"), "{text}");
+}
