@@ -270,7 +270,7 @@ pub fn explain(
             raced.join(", ")
         ));
     }
-    story.extend(views.iter().filter_map(|r| race(r)));
+    story.extend(views.iter().filter_map(|r| race(r, facts.members)));
     // The runs, each series' latest attempt first, the one that ended first.
     let runs: Vec<Entry> = records
         .iter()
@@ -361,8 +361,11 @@ fn view(record: &TickRecord) -> Option<&Vec<String>> {
 }
 
 /// The race of a record whose run names the racers: who raced (the winner's view), the winner's place
-/// and token, and the workers that found the tick confirmed and, as routine losers, recorded nothing.
-fn race(record: &TickRecord) -> Option<String> {
+/// and token, and the others, which recorded nothing: routine losers that found the tick confirmed — or,
+/// for a worker whose last announcement (in `members`) came before the tick and which is gone, a worker
+/// that died before it could race (the winner's view of the live workers lags a death by a few
+/// heartbeats).
+fn race(record: &TickRecord, members: &[Member]) -> Option<String> {
     let run = record.run()?;
     let view = run.raced.as_ref()?;
     let mut text = format!("raced by {} (the winner's view)", view.join(", "));
@@ -376,12 +379,30 @@ fn race(record: &TickRecord) -> Option<String> {
     if let Some(token) = run.token {
         text.push_str(&format!(" with token {token}"));
     }
-    let silent = record.silent();
+    let tick = DateTime::from_timestamp_millis(run.tick).unwrap_or_default();
+    let gone_before = |worker: &str| {
+        members
+            .iter()
+            .find(|m| m.id == worker && !m.alive)
+            .and_then(|m| m.seen_at.filter(|seen| *seen < tick))
+    };
+    let (gone, silent): (Vec<&str>, Vec<&str>) = record
+        .silent()
+        .into_iter()
+        .partition(|worker| gone_before(worker).is_some());
     if !silent.is_empty() {
         text.push_str(&format!(
             "; {} found the tick confirmed: already_claimed, routine, not recorded",
             silent.join(", ")
         ));
+    }
+    for worker in gone {
+        if let Some(seen) = gone_before(worker) {
+            text.push_str(&format!(
+                "; {worker} did not race: it was gone (last seen {})",
+                instant(seen)
+            ));
+        }
     }
     Some(text)
 }

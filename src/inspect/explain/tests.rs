@@ -420,3 +420,23 @@ fn a_pause_before_the_tick_is_told_with_whether_one_stands_now_and_a_control_is_
     let explanation = explain(&config.jobs[0], &config.history, TICK, same_ms, at(700));
     assert_eq!(explanation.verdict, Verdict::NoEntry);
 }
+
+/// Issue 54: a worker in the winner's view that was gone before the tick (dead, last seen before it) did
+/// not race: the story says so instead of having it find the tick confirmed; a live one is a routine loser.
+#[test]
+fn a_racer_gone_before_the_tick_did_not_find_it_confirmed() {
+    let mut won = run("w2", 4, Some("success"));
+    won.raced = Some(vec!["w2".into(), "w1".into(), "w3".into()]);
+    let members = vec![member("w1", true), member("w3", false)];
+    let explanation = explain_at(700, vec![won], members, true);
+    let race = &explanation.story[1];
+    assert!(
+        race.contains("; w1 found the tick confirmed: already_claimed, routine, not recorded"),
+        "{race}"
+    );
+    assert!(
+        race.contains("; w3 did not race: it was gone (last seen "),
+        "{race}"
+    );
+    assert!(!race.contains("w3 found"), "{race}");
+}
