@@ -273,6 +273,19 @@ impl Registry {
         let Ok(mut state) = self.state.lock() else {
             return Standing::Refused("the node registry is poisoned (a bug)".to_string());
         };
+        // A check on a connection older than the node's latest (a second connection of the node, still
+        // on the server it restarted from): that connection is on its way out, and must change nothing —
+        // taking its server's run id back would hold the node off as a name taking over a server.
+        if state
+            .nodes
+            .get(&node)
+            .is_some_and(|seen| seen.run_id != identity.run_id)
+        {
+            return Standing::Refused(format!(
+                "node {} answered on a connection to a server it no longer is",
+                self.label(node)
+            ));
+        }
         let owner = match state.owners.get(&identity.run_id) {
             Some(owner) => *owner,
             None => {
@@ -302,16 +315,9 @@ impl Registry {
                 identity.run_id
             ));
         }
-        let Some(seen) = state.nodes.get_mut(&node) else {
+        let Some(seen) = state.nodes.get(&node) else {
             return Standing::Counted;
         };
-        if seen.run_id != identity.run_id {
-            // A check on a connection older than the node's latest: that connection is on its way out.
-            return Standing::Refused(format!(
-                "node {} answered on a connection to a server it no longer is",
-                self.label(node)
-            ));
-        }
         if now < seen.counts_from {
             return Standing::HeldOff(
                 format!("node {} {}", self.label(node), seen.why_held),
@@ -343,7 +349,9 @@ pub(super) fn config_value(value: &Value) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::Identity;
+    use std::time::Duration;
+
+    use super::{Identity, Registry, Standing};
 
     const INFO: &str = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\n# Replication\r\n\
                         role:master\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n# Persistence\r\n\
@@ -376,5 +384,25 @@ mod tests {
         let always = Identity::parse(&aof, Some("always".to_string())).unwrap();
         assert_eq!(always.persistence_gap(), None);
         assert_eq!(Identity::parse("# Server\r\n", None), None);
+    }
+
+    /// A node's second connection still on the server it restarted from (the reads' connection, say)
+    /// changes nothing when it is checked: it is refused, and the node's current connection still counts.
+    /// Before, the stale run id was taken back as a server taken over from another node, which held the
+    /// node off for the lock's TTL — seen in a Redis chaos run (seed 20261205) as 2 s of no majority.
+    #[test]
+    fn a_connection_to_the_server_a_node_restarted_from_changes_nothing() {
+        let registry = Registry::new(vec!["n0".into(), "n1".into()], Duration::from_secs(2));
+        let aof = INFO.replace("aof_enabled:0", "aof_enabled:1");
+        let before = Identity::parse(&aof, Some("always".to_string())).expect("a run id");
+        let after = Identity::parse(&aof.replace("abc123", "def456"), Some("always".to_string()))
+            .expect("a run id");
+        assert!(matches!(registry.admit(0, &before), Standing::Counted));
+        assert!(matches!(registry.admit(0, &after), Standing::Counted));
+        assert!(matches!(
+            registry.standing(0, &before),
+            Standing::Refused(why) if why.contains("no longer is")
+        ));
+        assert!(matches!(registry.standing(0, &after), Standing::Counted));
     }
 }
