@@ -150,8 +150,10 @@ struct State {
     nodes: HashMap<usize, Seen>,
     /// Per run id: the node that votes for that server.
     owners: HashMap<String, usize>,
-    /// The run ids whose voting node stopped reporting them: a node that reports one takes it over.
-    released: std::collections::HashSet<String>,
+    /// The run ids whose voting node stopped reporting them, with that node and when: another node that
+    /// reports one takes it over; the same node reporting it again within [`RECHECK`] is a connection of
+    /// its to the server it restarted from (later, a name that resolves to that server again).
+    released: HashMap<String, (usize, Instant)>,
     /// The run ids whose missing persistence was warned about.
     warned: std::collections::HashSet<String>,
 }
@@ -186,6 +188,17 @@ impl Registry {
         let Ok(mut state) = self.state.lock() else {
             return Standing::Refused("the node registry is poisoned (a bug)".to_string());
         };
+        let stale = state
+            .released
+            .get(&identity.run_id)
+            .is_some_and(|&(by, at)| by == node && now < at + RECHECK);
+        if stale {
+            // A connection that reached the server this node restarted from, admitted after one that
+            // reached the new server: it is on its way out, and must not turn the node back.
+            return Standing::Refused(format!(
+                "node {label} answered on a connection to a server it no longer is"
+            ));
+        }
         let previous = state
             .nodes
             .get(&node)
@@ -196,7 +209,7 @@ impl Registry {
         if let Some((old, was_durable)) = previous.filter(|_| restarted) {
             if state.owners.get(&old) == Some(&node) {
                 state.owners.remove(&old);
-                state.released.insert(old.clone());
+                state.released.insert(old.clone(), (node, now));
             }
             // A server that fsyncs every write before it replies, before and after its restart, forgot
             // nothing this process counted: no hold. Any other may have come back empty.
@@ -290,7 +303,7 @@ impl Registry {
             Some(owner) => *owner,
             None => {
                 state.owners.insert(identity.run_id.clone(), node);
-                if state.released.remove(&identity.run_id) {
+                if state.released.remove(&identity.run_id).is_some() {
                     // Another node voted for this server until it stopped reporting it (a changed
                     // resolution): this one waits until every round that counted the other has ended.
                     let why = format!(
@@ -401,6 +414,12 @@ mod tests {
         assert!(matches!(registry.admit(0, &after), Standing::Counted));
         assert!(matches!(
             registry.standing(0, &before),
+            Standing::Refused(why) if why.contains("no longer is")
+        ));
+        assert!(matches!(registry.standing(0, &after), Standing::Counted));
+        // Nor when such a connection is admitted after the node's current one.
+        assert!(matches!(
+            registry.admit(0, &before),
             Standing::Refused(why) if why.contains("no longer is")
         ));
         assert!(matches!(registry.standing(0, &after), Standing::Counted));
