@@ -970,13 +970,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_busy_worker_s_runs_are_named_up_to_a_bound_and_the_rest_counted() {
-        let running: Vec<serde_json::Value> = (0..25)
-            .map(|i| serde_json::json!({"job": format!("job {i}"), "tick": 1_000, "token": 7}))
-            .collect();
+    /// The Workers page's row of a worker `id`, `alive` or not, announcing `running`.
+    fn row_of(id: &str, alive: bool, running: serde_json::Value) -> String {
         let member: crate::membership::Member = serde_json::from_value(serde_json::json!({
-            "id": "w1", "started_at": "2026-11-27T00:00:00Z", "alive": true, "running": running,
+            "id": id, "started_at": "2026-11-27T00:00:00Z", "alive": alive, "running": running,
         }))
         .expect("a member");
         let worker = WorkerStatus {
@@ -984,7 +981,15 @@ mod tests {
             config_differs: false,
             runs_this_config: true,
         };
-        let row = worker_row(&worker, 500).into_string();
+        worker_row(&worker, 500).into_string()
+    }
+
+    #[test]
+    fn a_busy_worker_s_runs_are_named_up_to_a_bound_and_the_rest_counted() {
+        let running: Vec<serde_json::Value> = (0..25)
+            .map(|i| serde_json::json!({"job": format!("job {i}"), "tick": 1_000, "token": 7}))
+            .collect();
+        let row = row_of("w1", true, serde_json::json!(running));
         assert_eq!(
             row.matches("<a href=\"/jobs/job%20").count(),
             RUNS_LISTED,
@@ -1003,17 +1008,8 @@ mod tests {
     /// A worker that is gone runs nothing: its row lists none of its last announcement's runs.
     #[test]
     fn a_gone_worker_s_row_lists_no_run() {
-        let member: crate::membership::Member = serde_json::from_value(serde_json::json!({
-            "id": "w3", "started_at": "2026-11-27T00:00:00Z", "alive": false,
-            "running": [{"job": "slow", "tick": 1_000, "token": 7}],
-        }))
-        .expect("a member");
-        let worker = WorkerStatus {
-            member,
-            config_differs: false,
-            runs_this_config: true,
-        };
-        let row = worker_row(&worker, 500).into_string();
+        let running = serde_json::json!([{"job": "slow", "tick": 1_000, "token": 7}]);
+        let row = row_of("w3", false, running);
         assert!(!row.contains("/jobs/slow"), "{row}");
         assert!(row.contains("none (gone)"), "{row}");
     }

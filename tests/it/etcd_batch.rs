@@ -76,8 +76,10 @@ async fn two_claims_of_one_job_in_one_batch_get_their_own_transactions() {
     let store = store(&cluster);
     won(crate::etcd::claim_until_final(&store, &request("w", "warm", 1)).await);
     let scheduled = ClaimRequest::new("w", "allow", Tick(60_000), Overlap::Allow, "f");
+    // A one-off claim's window ends on this host's clock: an hour from now.
+    let window = Tick(chrono::Utc::now().timestamp_millis() + 3_600_000);
     let retry = ClaimRequest::new("w", "allow", Tick(60_000), Overlap::Allow, "f")
-        .in_series(Series::Retry(1), Tick(120_000));
+        .in_series(Series::Retry(1), window);
     let requests = [
         request("x", "twice", 60_000),
         request("y", "twice", 60_000),
