@@ -228,10 +228,23 @@ fn marked_runs(dir: &TestDir) -> Vec<Marked> {
 fn reloads_of(worker: &Worker, count: usize) -> (String, Vec<chrono::DateTime<chrono::Utc>>) {
     let deadline = std::time::Instant::now() + WAIT;
     while reloads(worker).len() < count {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "fewer than {count} reloads"
-        );
+        if std::time::Instant::now() >= deadline {
+            // What the worker was doing instead (seen once in a full suite, not alone: kept for the next
+            // one to read).
+            let logs = worker.logs();
+            let last: Vec<String> = logs
+                .iter()
+                .rev()
+                .take(40)
+                .rev()
+                .map(|e| format!("{} {} {}", e["timestamp"], e["event"], e["message"]))
+                .collect();
+            panic!(
+                "fewer than {count} reloads in {WAIT:?}; the worker's last events:\n{}\nstderr:\n{}",
+                last.join("\n"),
+                worker.stderr()
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     let id = worker
