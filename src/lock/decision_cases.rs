@@ -109,6 +109,9 @@ pub(crate) fn table(now_ms: i64) -> Vec<Case> {
         change(&mut case);
         case
     };
+    let trigger = skip
+        .clone()
+        .in_series(Series::Trigger("t1".to_string()), Tick(now_ms + MINUTE));
     let window = |case: &mut Case, end: i64| {
         case.request = skip.clone().in_series(Series::Retry(1), Tick(now_ms + end));
     };
@@ -213,17 +216,13 @@ pub(crate) fn table(now_ms: i64) -> Vec<Case> {
             },
         ),
         case("a trigger whose request is gone is refused", &|c| {
-            c.request = skip
-                .clone()
-                .in_series(Series::Trigger("t1".to_string()), Tick(now_ms + MINUTE));
+            c.request = trigger.clone();
             c.anchor = Anchor::Gone;
             c.on_redis = false;
             c.expect = Expect::Claimed;
         }),
         case("a trigger whose request stands is free", &|c| {
-            c.request = skip
-                .clone()
-                .in_series(Series::Trigger("t1".to_string()), Tick(now_ms + MINUTE));
+            c.request = trigger.clone();
             c.anchor = Anchor::Present;
         }),
     ]
