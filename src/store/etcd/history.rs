@@ -139,20 +139,21 @@ impl EtcdStore {
             .with_range(to)
             .with_sort(SortTarget::Key, SortOrder::Descend)
             .with_limit(page);
-        self.call(EXCHANGE_TIMEOUT, |mut c| {
-            let (key, options) = (from.to_string(), options.clone());
-            async move {
-                match c.get(key, Some(options)).await {
-                    Err(etcd_client::Error::GRpcStatus(status))
-                        if status.code() == tonic::Code::OutOfRange =>
-                    {
-                        Ok(None)
+        self.readers
+            .call(EXCHANGE_TIMEOUT, |mut c| {
+                let (key, options) = (from.to_string(), options.clone());
+                async move {
+                    match c.get(key, Some(options)).await {
+                        Err(etcd_client::Error::GRpcStatus(status))
+                            if status.code() == tonic::Code::OutOfRange =>
+                        {
+                            Ok(None)
+                        }
+                        answer => answer.map(Some),
                     }
-                    answer => answer.map(Some),
                 }
-            }
-        })
-        .await
+            })
+            .await
     }
 
     /// `<prefix>:{<job>}:history/`: the job's history keys start with it.
@@ -229,7 +230,17 @@ impl Records for EtcdStore {
     /// pass the client's 4 MiB bound on a gRPC message once a job's entries carry large output tails, and
     /// then the job's history could not be read at all. A page whose answer passes that bound is asked
     /// again at half the keys, down to one (an entry is far below it: [`MAX_TXN_BYTES`] bounds a write).
+    ///
+    /// Pages go to the readers' clients, in the read's turn among at most [`super::HISTORY_READS`]
+    /// reads at once, waited for at most [`EXCHANGE_TIMEOUT`].
     async fn history(&self, query: &Query) -> Result<Read<Vec<Entry>>, QuorumFailure> {
+        let Ok(Ok(_turn)) = tokio::time::timeout(EXCHANGE_TIMEOUT, self.reads.acquire()).await
+        else {
+            return Err(self.failure(format!(
+                "no turn among the history reads within {} ms",
+                EXCHANGE_TIMEOUT.as_millis()
+            )));
+        };
         let base = self.history_base(&query.job);
         let from = format!(
             "{base}{}",

@@ -63,6 +63,12 @@ pub struct EtcdStore {
     /// One client per member, each connected on first use (a worker starts while etcd is down), and
     /// the failover between them.
     cluster: Arc<Cluster>,
+    /// The same members on clients (HTTP/2 connections) of their own for history reads, which may
+    /// answer megabytes: a claim or a renewal never waits behind a read's frames on a connection.
+    readers: Cluster,
+    /// How many history reads may be under way at once ([`HISTORY_READS`]); more wait their turn
+    /// (within the read's own budget), so a busy dashboard waits for itself, not for the cluster.
+    reads: tokio::sync::Semaphore,
     /// The etcd lease of each granted lease and its write's revision, by lease value (unique per attempt),
     /// for renew, release and its watch.
     leases: Mutex<HashMap<String, Held>>,
@@ -72,6 +78,9 @@ pub struct EtcdStore {
     /// their runs have ended, so this process may take the job's lease key over from them.
     released: Arc<Mutex<HashSet<String>>>,
 }
+
+/// How many history reads one store runs at once (as on Redis and ZooKeeper).
+const HISTORY_READS: usize = 2;
 
 /// A granted lease as the store keeps it: its etcd lease, and the revision of the claim's write (the
 /// watch of its lease key starts after it).
@@ -104,12 +113,15 @@ impl EtcdStore {
         if config.endpoints.iter().any(|e| e.starts_with("https://")) {
             options = options.with_tls(tls(config)?);
         }
-        let cluster = Cluster::new(&config.endpoints, options, settings.node_timeout);
+        let cluster = Cluster::new(&config.endpoints, options.clone(), settings.node_timeout);
+        let readers = Cluster::new(&config.endpoints, options, settings.node_timeout);
         Ok(EtcdStore {
             settings,
             history,
             endpoints: config.endpoints.clone(),
             cluster: Arc::new(cluster),
+            readers,
+            reads: tokio::sync::Semaphore::new(HISTORY_READS),
             leases: Mutex::new(HashMap::new()),
             members: Mutex::new(HashMap::new()),
             released: Arc::new(Mutex::new(HashSet::new())),

@@ -2,8 +2,8 @@
 //! reads it) must not delay the same store's claims, renewals or releases — on the embedded store the
 //! lock path has its own connection and the reads a few read-only ones, on a SQL store the reads a pool
 //! of their own, on Redis connections of their own, two reads at a time and bounded pages of entries, on
-//! ZooKeeper two reads at a time in chunks of 16 entries, and on etcd pages of entries below the
-//! client's bound on an answer.
+//! ZooKeeper two reads at a time in chunks of 16 entries, and on etcd clients of their own, two reads at
+//! a time and pages of entries below the client's bound on an answer.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
