@@ -25,6 +25,7 @@ mod retry;
 mod sql;
 mod store;
 mod validate;
+mod worker_id;
 mod zookeeper;
 
 pub use dashboard::{DashboardConfig, DashboardToken, Serving, DEFAULT_TOKEN_NAME, MIN_TOKEN_LEN};
@@ -35,6 +36,7 @@ pub use store::{
 
 pub(crate) use crate::clock::show_duration;
 pub(crate) use store::redact;
+pub(crate) use worker_id::{claimant_here, ClaimantHere};
 mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -17,6 +17,7 @@ use redis::IntoConnectionInfo as _;
 use super::raw::{
     RawConfig, RawEmbedded, RawHistory, RawLock, RawRedis, RawSql, RawWorker, Spanned,
 };
+use super::worker_id;
 use super::yaml::Mark;
 use super::{Config, EmbeddedConfig, RedisConfig, Report, SqlDialect, StoreConfig, WorkerConfig};
 use crate::clock::show_duration;
@@ -532,8 +533,10 @@ fn history(raw: &RawHistory, report: &mut Report) -> HistorySettings {
 
 fn worker(raw: &RawWorker, report: &mut Report) -> WorkerConfig {
     let id = match &raw.id {
-        None => default_worker_id(),
-        Some(id) if !id.value.is_empty() && id.value.chars().all(is_id_char) => id.value.clone(),
+        None => worker_id::default_id(),
+        Some(id) if !id.value.is_empty() && id.value.chars().all(worker_id::is_id_char) => {
+            id.value.clone()
+        }
         Some(id) => {
             report.error(
                 id.mark,
@@ -543,7 +546,7 @@ fn worker(raw: &RawWorker, report: &mut Report) -> WorkerConfig {
                     id.value
                 ),
             );
-            default_worker_id()
+            worker_id::default_id()
         }
     };
     let shutdown_grace = duration(raw.shutdown_grace.as_ref(), "worker.shutdown_grace", report)
@@ -592,29 +595,6 @@ fn listen(value: Option<&Spanned<String>>, report: &mut Report) -> Option<Socket
     let message = format!("invalid listen address {:?}: {why}", value.value);
     report.error(value.mark, "worker.listen", message);
     None
-}
-
-fn is_id_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || "_.-:@".contains(c)
-}
-
-/// `<hostname>-<pid>-<6 random hex digits>`: unique per process even when a host runs several.
-fn default_worker_id() -> String {
-    let host: String = gethostname::gethostname()
-        .to_string_lossy()
-        .chars()
-        .map(|c| if is_id_char(c) { c } else { '-' })
-        .collect();
-    let host = if host.is_empty() {
-        "worker".to_string()
-    } else {
-        host
-    };
-    format!(
-        "{host}-{}-{:06x}",
-        std::process::id(),
-        rand::random::<u32>() & 0xff_ffff
-    )
 }
 
 /// A duration such as `30s`, `500ms`, `10m`, `1h`, `1m30s`.

@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use tracing::{error, info, info_span, warn, Instrument as _, Span};
 
 use super::{run, BusyGuard, Context};
-use crate::config::JobConfig;
+use crate::config::{ClaimantHere, JobConfig};
 use crate::history::Kind;
 use crate::lock::{ClaimOutcome, ClaimRequest, Lease, Overlap, Refusal, Series};
 use crate::logging::events;
@@ -455,8 +455,16 @@ fn settle(context: &Context, job: &JobConfig, tick: Tick, series: &Series, outco
                     "later_tick_claimed"
                 }
                 _ => {
+                    // A claimant of this host is most often this worker before a restart: not another
+                    // host that took the tick away.
+                    let here = crate::config::claimant_here(claimant, &context.worker_id);
+                    let message = match here {
+                        None => "Lost the tick: another worker claimed it",
+                        Some(ClaimantHere::SameId) => "Lost the tick: a worker with this worker's id claimed it (this worker before a restart, or another process given the same worker.id)",
+                        Some(ClaimantHere::OtherProcess) => "Lost the tick: another process of this host claimed it (this worker before a restart, or a second worker on this host)",
+                    };
                     info!(event = events::tick::LOST, job = %job.name, tick = %tick, reason = "already_claimed",
-                          by = claimant, "Lost the tick: another worker claimed it");
+                          by = claimant, by_this_host = here.is_some(), "{message}");
                     "already_claimed"
                 }
             };

@@ -99,6 +99,37 @@ fn runs_once_with_rising_tokens(dir: &TestDir) -> Vec<(String, DateTime<Utc>, u6
     runs
 }
 
+/// A worker restarted with a default id (`<host>-<pid>-<nonce>`, new with each process) tells the ticks
+/// its earlier process claimed from ticks taken by another host: `tick.lost` names the earlier id, with
+/// `by_this_host`.
+#[test]
+fn a_restart_with_a_default_id_knows_its_earlier_claims_as_this_hosts() {
+    let dir = TestDir::new();
+    let job = ledger_job("again", "* * * * * *", &dir.ledger());
+    let worker_section = "  shutdown_grace: 10s\n";
+    let mut before = Worker::spawn(
+        dir.write("before.yaml", config_with(worker_section, &job)),
+        &[],
+    );
+    wait_for_runs(&before, 2, Duration::from_secs(20));
+    stop(&mut before);
+    let earlier = runs_once_with_rising_tokens(&dir)[0].3.clone();
+
+    let mut after = Worker::builder(dir.write("after.yaml", config_with(worker_section, &job)))
+        .faketime("-10s")
+        .spawn();
+    let lost = after
+        .wait_for(Duration::from_secs(15), |e| {
+            e["event"] == "tick.lost" && e["reason"] == "already_claimed"
+        })
+        .expect("the restarted worker meets the ticks it ran before as claimed");
+    stop(&mut after);
+    assert_eq!(lost["by"], earlier.as_str(), "{lost}");
+    assert_eq!(lost["by_this_host"], true, "{lost}");
+    let message = lost["message"].as_str().unwrap_or_default();
+    assert!(message.contains("another process of this host"), "{lost}");
+}
+
 /// A worker restarted with its wall clock 10 s behind (libfaketime) finds the ticks it already ran
 /// claimed in the database and runs none of them again; once its clock passes them it runs new ticks,
 /// with tokens above every earlier one. The history of both processes' runs outlives them.
@@ -125,6 +156,8 @@ fn a_restart_with_the_clock_stepped_back_runs_no_tick_twice() {
         })
         .expect("the restarted worker meets the ticks it ran before as claimed");
     assert_eq!(lost["by"], "before", "{lost}");
+    // Another configured id is another worker, wherever it runs.
+    assert_eq!(lost["by_this_host"], false, "{lost}");
     // 10 s until its clock is back where it was, with margins for a loaded machine.
     wait_for_runs(&after, 2, Duration::from_secs(40));
     stop(&mut after);
