@@ -90,7 +90,24 @@ pub struct Member {
     /// Whether its heartbeat had not expired when read (set by the store on reading).
     #[serde(default)]
     pub alive: bool,
+    /// Other live processes this worker found announcing themselves under its id (a file every host
+    /// shares that sets `worker.id`): the store keeps one record per id, so this is how `status` shows
+    /// them all. At most [`MOST_SHARERS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_with: Vec<Sharer>,
 }
+
+/// Another process under a worker's id, as that worker last read it from the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sharer {
+    pub host: String,
+    pub pid: u32,
+    /// When the store last heard from it (its record's `seen_at` when read).
+    pub seen_at: DateTime<Utc>,
+}
+
+/// The most other processes one announcement lists in `shared_with`.
+pub const MOST_SHARERS: usize = 8;
 
 impl Member {
     /// How long the store keeps this announcement alive: [`HEARTBEATS_MISSED`] heartbeats, none for a
@@ -156,6 +173,18 @@ impl Member {
                 text.len()
             ));
         }
+        if member.shared_with.len() > MOST_SHARERS {
+            return Err(format!(
+                "`shared_with` lists {} processes, more than {MOST_SHARERS}",
+                member.shared_with.len()
+            ));
+        }
+        if let Some(sharer) = member.shared_with.iter().find(|s| s.host.len() > MAX_TEXT) {
+            return Err(format!(
+                "a `shared_with` host is {} bytes long, more than {MAX_TEXT}",
+                sharer.host.len()
+            ));
+        }
         Ok(member)
     }
 }
@@ -198,6 +227,7 @@ mod tests {
             state: running_state(),
             seen_at: DateTime::from_timestamp(seen, 0),
             alive,
+            shared_with: vec![],
         }
     }
 
@@ -223,6 +253,20 @@ mod tests {
         assert!(Member::read("", &empty).is_err());
         let typed = good.replace("\"h\"", &"1".repeat(1 << 20));
         assert!(Member::read("w1", &typed).expect_err("a number").len() < 300);
+        let sharer = Sharer {
+            host: "h2".into(),
+            pid: 7,
+            seen_at: DateTime::from_timestamp(10, 0).unwrap_or_default(),
+        };
+        let sharing = |count: usize| Member {
+            shared_with: vec![sharer.clone(); count],
+            ..member("w1", 10, true)
+        };
+        let json = |m: &Member| serde_json::to_string(m).unwrap_or_default();
+        let read = Member::read("w1", &json(&sharing(MOST_SHARERS))).expect("within the bound");
+        assert_eq!(read.shared_with.len(), MOST_SHARERS);
+        let why = Member::read("w1", &json(&sharing(MOST_SHARERS + 1))).expect_err("too many");
+        assert!(why.contains("shared_with"), "{why}");
     }
 
     #[test]

@@ -118,11 +118,37 @@ pub(super) fn status(status: &Status) -> String {
             config,
             or_dash(running.join(" ")),
         ]);
+        // Other processes under the same id (the store keeps one record per id; its writer lists them).
+        for sharer in m.shared_with.iter().filter(|_| m.alive) {
+            workers.row(vec![
+                m.id.clone(),
+                "SHARES ID".to_string(),
+                ago(status.now, sharer.seen_at),
+                sharer.host.clone(),
+                sharer.pid.to_string(),
+                "-".to_string(),
+                "-".to_string(),
+                "-".to_string(),
+                "-".to_string(),
+            ]);
+        }
     }
+    let shared: Vec<&str> = status
+        .workers
+        .iter()
+        .filter(|w| w.member.alive && !w.member.shared_with.is_empty())
+        .map(|w| w.member.id.as_str())
+        .collect();
     if status.workers.is_empty() {
         out.push_str("no workers announced in the last 24 hours\n");
     } else {
         out.push_str(&workers.render());
+    }
+    for id in shared {
+        out.push_str(&format!(
+            "WARNING: several live processes announce themselves as worker {}: give each its own worker.id (or none: the default is unique)\n",
+            visible(id)
+        ));
     }
     out.push('\n');
     let mut jobs = Table::new(&[

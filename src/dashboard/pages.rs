@@ -781,6 +781,19 @@ fn worker_row(worker: &WorkerStatus, max_offset_ms: i64) -> Markup {
                 }
             }
         }
+        // Other processes under the same id: the store keeps one record per id, and the worker that
+        // wrote it lists the others it found (`shared_with`).
+        @for sharer in member.shared_with.iter().filter(|_| member.alive) {
+            tr data-worker=(member.id) data-state="shared" {
+                th scope="row" { (member.id) }
+                td { span.state.dead { "shares this id" } }
+                td { (sharer.host) }
+                td.number { (sharer.pid) }
+                td colspan="2" { strong.bad { "another process announces this worker's id" } ": give each worker its own worker.id" }
+                td { (instant(sharer.seen_at)) }
+                td colspan="3" {}
+            }
+        }
     }
 }
 
@@ -972,8 +985,19 @@ mod tests {
 
     /// The Workers page's row of a worker `id`, `alive` or not, announcing `running`.
     fn row_of(id: &str, alive: bool, running: serde_json::Value) -> String {
+        row_sharing(id, alive, running, serde_json::json!([]))
+    }
+
+    /// [`row_of`] for a worker that lists `shared_with`.
+    fn row_sharing(
+        id: &str,
+        alive: bool,
+        running: serde_json::Value,
+        shared_with: serde_json::Value,
+    ) -> String {
         let member: crate::membership::Member = serde_json::from_value(serde_json::json!({
             "id": id, "started_at": "2026-11-27T00:00:00Z", "alive": alive, "running": running,
+            "shared_with": shared_with,
         }))
         .expect("a member");
         let worker = WorkerStatus {
@@ -1003,6 +1027,23 @@ mod tests {
             row.contains("<a href=\"/?state=running\">and 15 more</a>"),
             "{row}"
         );
+    }
+
+    /// Two processes under one id are two rows: the record's, and one per other process it lists.
+    #[test]
+    fn each_process_that_shares_an_id_has_a_row() {
+        let others =
+            serde_json::json!([{"host": "web-2", "pid": 4242, "seen_at": "2026-11-27T00:00:01Z"}]);
+        let row = row_sharing("web-1", true, serde_json::json!([]), others.clone());
+        assert_eq!(row.matches("<tr data-worker=\"web-1\"").count(), 2, "{row}");
+        assert!(row.contains("data-state=\"shared\""), "{row}");
+        assert!(
+            row.contains("<td>web-2</td>") && row.contains(">4242<"),
+            "{row}"
+        );
+        // A record of a worker that is gone says nothing of who is alive now.
+        let gone = row_sharing("web-1", false, serde_json::json!([]), others);
+        assert!(!gone.contains("data-state=\"shared\""), "{gone}");
     }
 
     /// A worker that is gone runs nothing: its row lists none of its last announcement's runs.

@@ -11,7 +11,7 @@ use serde::{Serialize, Serializer};
 
 use crate::history::tick::TickRecord;
 use crate::history::Entry;
-use crate::membership::{Member, Running};
+use crate::membership::{Member, Running, Sharer};
 
 /// An instant as RFC 3339 in UTC, with milliseconds only when it has any: `2026-11-23T10:00:00Z`,
 /// `2026-11-23T10:00:00.012Z` (the form [`parse_tick`] reads back).
@@ -187,6 +187,8 @@ struct StampedMember<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     seen_at: Option<DateTime<Utc>>,
     alive: bool,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    shared_with: &'a [Sharer],
 }
 
 /// Serialises a member as stored, each of its runs under way with `tick_rfc3339`, for
@@ -206,6 +208,7 @@ pub(crate) fn member<S: Serializer>(member: &Member, serializer: S) -> Result<S:
         state,
         seen_at,
         alive,
+        shared_with,
     } = member;
     let running = running
         .iter()
@@ -230,6 +233,7 @@ pub(crate) fn member<S: Serializer>(member: &Member, serializer: S) -> Result<S:
         state,
         seen_at: *seen_at,
         alive: *alive,
+        shared_with,
     }
     .serialize(serializer)
 }

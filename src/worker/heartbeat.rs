@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use super::Context;
 use crate::logging::events;
-use crate::membership::{Capability, Member};
+use crate::membership::{Capability, Member, Sharer, MOST_SHARERS};
 
 /// How soon the live workers are read again after the view changed, or while the worker is young.
 const VIEW_SETTLING: Duration = Duration::from_secs(1);
@@ -61,6 +61,7 @@ impl Heartbeat {
             state: "running".to_string(),
             seen_at: None,
             alive: true,
+            shared_with: Vec::new(),
         };
         let stop = Arc::new(Notify::new());
         let task = super::background::spawn("heartbeat", context.shutdown.clone(), {
@@ -93,7 +94,7 @@ impl Heartbeat {
 
 async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<Notify>) {
     let mut failing = false;
-    let mut sharing = Vec::new();
+    let mut sharers = Sharers::default();
     let mut announced = false;
     let born = tokio::time::Instant::now();
     loop {
@@ -105,14 +106,12 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
         let reads_view = state == "running" && context.store.is_shared();
         // The view is read before each announcement but the first: the record under this worker's id
         // is then the last one written since its previous announcement — another process's, if one
-        // shares the id ([`warn_shared_id`]), whatever the two heartbeats' phases.
+        // shares the id ([`Sharers::note`]), whatever the two heartbeats' phases.
         let mut changed =
-            reads_view && announced && read_members(&context, &member, &mut sharing).await;
-        match context
-            .store
-            .announce(&now_member(&context, &member, state))
-            .await
-        {
+            reads_view && announced && read_members(&context, &member, &mut sharers).await;
+        let mut now = now_member(&context, &member, state);
+        now.shared_with = sharers.listed(&member);
+        match context.store.announce(&now).await {
             Ok(()) if failing => {
                 failing = false;
                 info!(
@@ -134,7 +133,7 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
         // first for every tick until they looked again.
         if !announced {
             announced = true;
-            changed = reads_view && read_members(&context, &member, &mut sharing).await;
+            changed = reads_view && read_members(&context, &member, &mut sharers).await;
         }
         let settling = changed || born.elapsed() < VIEW_SETTLING_AT_START;
         let pause = if settling {
@@ -151,13 +150,13 @@ async fn beat(context: Arc<Context>, member: Member, every: Duration, stop: Arc<
 
 /// Reads the live workers back for the claim order ([`crate::lock::order`]): those alive and `running` (a
 /// draining worker takes no new ticks). A failed read keeps the last view. Returns whether the view
-/// changed. Warns about another process under this worker's id ([`warn_shared_id`]).
-async fn read_members(context: &Context, ours: &Member, sharing: &mut Vec<String>) -> bool {
+/// changed. Notes another process under this worker's id ([`Sharers::note`]).
+async fn read_members(context: &Context, ours: &Member, sharers: &mut Sharers) -> bool {
     let Ok(read) = context.store.members().await else {
         return false;
     };
     context.warn_skipped(&read.skipped);
-    warn_shared_id(ours, &read.value, sharing);
+    sharers.note(ours, &read.value);
     let mut live: Vec<String> = read
         .value
         .into_iter()
@@ -176,24 +175,63 @@ async fn read_members(context: &Context, ours: &Member, sharing: &mut Vec<String
     changed
 }
 
-/// Warns, once per other process (`warned` keeps them), when the store's record of this worker's id is a
-/// live announcement of another process: two workers share `worker.id` — a file every host shares that
-/// sets it — and overwrite each other's record, so `status` shows one of them and the claim order ranks
-/// them as one.
-fn warn_shared_id(ours: &Member, members: &[Member], warned: &mut Vec<String>) {
-    const MOST_WARNED: usize = 64;
-    for member in members {
-        let other = format!("{} pid {}", member.host, member.pid);
-        let same_process = member.host == ours.host && member.pid == ours.pid;
-        if member.id != ours.id || !member.alive || same_process || warned.contains(&other) {
-            continue;
+/// The other live processes found announcing themselves under this worker's id: two workers share
+/// `worker.id` (a file every host shares that sets it) and overwrite each other's record, so the claim
+/// order ranks them as one, and `status` would show only the last to announce — unless each lists the
+/// others in its own announcement (`shared_with`), which this keeps.
+#[derive(Default)]
+struct Sharers {
+    /// Each other process, as last read from the store; at most [`MOST_SHARERS`].
+    seen: Vec<Sharer>,
+    /// The processes already warned about (`host pid N`), each once; at most 64.
+    warned: Vec<String>,
+}
+
+impl Sharers {
+    /// Notes the store's record of this worker's id when it is a live announcement of another process
+    /// (read before this worker announces again, it is the last written since its previous one), and
+    /// warns once per other process.
+    fn note(&mut self, ours: &Member, members: &[Member]) {
+        const MOST_WARNED: usize = 64;
+        for member in members {
+            let same_process = member.host == ours.host && member.pid == ours.pid;
+            if member.id != ours.id || !member.alive || same_process {
+                continue;
+            }
+            let seen_at = member.seen_at.unwrap_or_else(Utc::now);
+            let known = self
+                .seen
+                .iter()
+                .position(|s| s.host == member.host && s.pid == member.pid);
+            match known {
+                Some(i) => self.seen[i].seen_at = self.seen[i].seen_at.max(seen_at),
+                None if self.seen.len() < MOST_SHARERS => self.seen.push(Sharer {
+                    host: member.host.clone(),
+                    pid: member.pid,
+                    seen_at,
+                }),
+                None => {}
+            }
+            let other = format!("{} pid {}", member.host, member.pid);
+            if self.warned.contains(&other) {
+                continue;
+            }
+            if self.warned.len() < MOST_WARNED {
+                self.warned.push(other.clone());
+            }
+            warn!(event = events::worker::ID_SHARED, id = %ours.id, other = %other,
+                  "Another live process announces itself under this worker's id: each worker needs its own \
+                   worker.id (or none: the default is unique); `redcron status` lists them on one id");
         }
-        if warned.len() < MOST_WARNED {
-            warned.push(other.clone());
-        }
-        warn!(event = events::worker::ID_SHARED, id = %ours.id, other = %other,
-              "Another live process announces itself under this worker's id: each worker needs its own \
-               worker.id (or none: the default is unique); `redcron status` shows them as one");
+    }
+
+    /// The other processes heard from within two of this worker's heartbeat TTLs (one that stopped or
+    /// died drops out), for this worker's announcement.
+    fn listed(&mut self, ours: &Member) -> Vec<Sharer> {
+        let horizon = chrono::Duration::from_std(ours.ttl() * 2).unwrap_or(chrono::Duration::MAX);
+        let now = Utc::now();
+        self.seen.retain(|s| now - s.seen_at <= horizon);
+        self.seen.clone()
     }
 }
 

@@ -201,4 +201,33 @@ fn workers_that_share_an_id_each_warn_about_the_other() {
         );
     }
     assert!(workers[2].events("worker.id_shared").is_empty());
+    // `status` shows both processes under the one id: the record's writer lists the other.
+    let pids: Vec<u32> = workers[..2].iter().map(Worker::pid).collect();
+    let config = dir.join("w1.yaml");
+    let deadline = std::time::Instant::now() + VIEW_PATIENCE;
+    loop {
+        let (_, stdout, stderr) = crate::inspect::inspect(&dir, &config, &["status", "--json"]);
+        let status: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_default();
+        let shared = status["workers"]
+            .as_array()
+            .and_then(|w| w.iter().find(|w| w["id"] == "shared"))
+            .cloned()
+            .unwrap_or_default();
+        let mut listed: Vec<u64> = shared["shared_with"]
+            .as_array()
+            .map(|s| s.iter().filter_map(|s| s["pid"].as_u64()).collect())
+            .unwrap_or_default();
+        listed.extend(shared["pid"].as_u64());
+        listed.sort_unstable();
+        let mut expected: Vec<u64> = pids.iter().map(|p| u64::from(*p)).collect();
+        expected.sort_unstable();
+        if listed == expected {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "status lists {listed:?} under the shared id, not both of {expected:?}:\n{stdout}\n{stderr}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

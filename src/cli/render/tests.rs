@@ -154,3 +154,45 @@ fn a_gone_worker_is_shown_running_nothing() {
     assert!(line("w-dead").contains(" dead "), "{text}");
     assert!(!line("w-dead").contains("slow@"), "{text}");
 }
+
+/// Two live processes under one id: `status` lists the other process on a row of its own, and warns.
+#[test]
+fn every_process_that_shares_an_id_is_listed() {
+    use crate::inspect::status::{ConfigSummary, Status, WorkerStatus};
+    let member = serde_json::from_value(serde_json::json!({
+        "id": "web-1", "host": "host-a", "pid": 11, "started_at": "2026-11-27T00:00:00Z",
+        "alive": true, "state": "running",
+        "shared_with": [{"host": "host-b", "pid": 22, "seen_at": "2026-11-27T00:00:00Z"}],
+    }))
+    .expect("a member");
+    let status = Status {
+        now: chrono::DateTime::from_timestamp(1_795_000_100, 0).unwrap_or_default(),
+        config: ConfigSummary {
+            path: "jobs.yaml".to_string(),
+            fingerprint: "f".to_string(),
+        },
+        config_majority: None,
+        workers: vec![WorkerStatus {
+            member,
+            config_differs: false,
+            runs_this_config: true,
+        }],
+        jobs: vec![],
+        notes: Default::default(),
+    };
+    let text = super::status(&status);
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("web-1")).collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(
+        rows[0].contains("host-a") && rows[0].contains(" 11 "),
+        "{text}"
+    );
+    assert!(
+        rows[1].contains("SHARES ID") && rows[1].contains("host-b"),
+        "{text}"
+    );
+    assert!(
+        text.contains("several live processes announce themselves as worker web-1"),
+        "{text}"
+    );
+}

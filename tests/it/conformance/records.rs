@@ -8,7 +8,7 @@ use redcron::history::{
     Control, Entry, HistorySettings, Kind, Query, CONTROL_PAUSED, CONTROL_RESUMED,
 };
 use redcron::lock::LockSettings;
-use redcron::membership::Member;
+use redcron::membership::{Member, Sharer};
 use redcron::schedule::Tick;
 
 use crate::support::Backend;
@@ -248,7 +248,13 @@ pub(super) async fn members_are_alive_until_they_stop_or_expire(backend: Backend
         }))
         .expect("a member")
     };
-    let (stopping, dying) = (member("stopping", 60_000), member("dying", 300));
+    let (mut stopping, dying) = (member("stopping", 60_000), member("dying", 300));
+    // Every field is kept, the processes that share the worker's id too (`status` shows them).
+    stopping.shared_with = vec![Sharer {
+        host: "other-host".to_string(),
+        pid: 4321,
+        seen_at: now,
+    }];
     for member in [&stopping, &dying] {
         store.announce(member).await.expect("announced");
     }
@@ -263,6 +269,12 @@ pub(super) async fn members_are_alive_until_they_stop_or_expire(backend: Backend
         "{members:#?}"
     );
     assert_eq!(alive(&members, "dying"), Some((true, true)), "{members:#?}");
+    let kept = members.iter().find(|m| m.id == "stopping");
+    assert_eq!(
+        kept.map(|m| &m.shared_with),
+        Some(&stopping.shared_with),
+        "{members:#?}"
+    );
     let stopped = Member {
         state: "stopped".to_string(),
         ..stopping

@@ -217,6 +217,7 @@ impl Fixture {
             state: "running".to_string(),
             seen_at: None,
             alive: false,
+            shared_with: Vec::new(),
         };
         self.announce(&member("w1", &ours));
         let mut w2 = member("w2", &ours);
