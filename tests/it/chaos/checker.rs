@@ -22,7 +22,9 @@
 //!    may have been stopped before it wrote), a write whose `run_id` no `run.started` announced, or one
 //!    whose job, tick, token or worker differ from its run's. (A write from a run whose worker was killed
 //!    or paused between `tick.won` and `run.started` — the child was spawned, the line never written —
-//!    is matched to that `tick.won` instead, and the run counts as started.)
+//!    is matched to that `tick.won` instead, and the run counts as started; so is a write from a run
+//!    whose worker was killed before even `tick.won` reached its log, matched to the store's grant of
+//!    the tick to that worker, confirmed on a majority of the nodes.)
 //! 5. **An unexplained miss**: see [`super::misses`] for what explains a miss.
 //! 6. **A stale write from a live holder**: a write the ledger rejected (a newer token had been accepted)
 //!    whose run's worker process was running, neither paused nor killed, during the whole second before
@@ -110,7 +112,8 @@ pub struct Input<'a> {
 pub fn check(input: &Input<'_>) -> Report {
     let mut facts = Facts::gather(input.timeline, input.logs, input.store.nodes());
     let mut report = Report::default();
-    adopt_unlogged_starts(input, &mut facts, &mut report);
+    let confirms = Confirms::new(input.claims, input.store.nodes());
+    adopt_unlogged_starts(input, &mut facts, &confirms, &mut report);
     for log in input.logs {
         for line in &log.bad_lines {
             report.failures.push(format!(
@@ -130,7 +133,6 @@ pub fn check(input: &Input<'_>) -> Report {
         .filter_map(|run| Some((run.run_id.as_deref()?, run)))
         .collect();
     check_ledger_against_logs(input, &facts, &runs_by_id, &mut report);
-    let confirms = Confirms::new(input.claims, input.store.nodes());
     for job in input.jobs {
         let row = check_job(input, &facts, &confirms, job, &runs_by_id, &mut report);
         report.rows.push(row);
@@ -184,14 +186,23 @@ pub fn check(input: &Input<'_>) -> Report {
 
 /// A worker killed (or paused) between spawning a job and logging `run.started` leaves a run that only
 /// the ledger shows: a first write whose run id no `run.started` names, but whose job, tick, token and
-/// worker match a `tick.won` without a run. Such a run counts as started (rule 4's exception).
-fn adopt_unlogged_starts(input: &Input<'_>, facts: &mut Facts, report: &mut Report) {
+/// worker match a `tick.won` without a run. Such a run counts as started (rule 4's exception). A worker
+/// killed so soon after its win that not even `tick.won` reached its log (its last lines die with it,
+/// while the job it spawned goes on) leaves only the store's grant: a first write whose tick the nodes
+/// confirmed on a majority for a claimant of that worker, killed within [`UNLOGGED_WIN_MS`] of the
+/// write, counts as that grant's run.
+fn adopt_unlogged_starts(
+    input: &Input<'_>,
+    facts: &mut Facts,
+    confirms: &Confirms,
+    report: &mut Report,
+) {
     let logged: BTreeSet<&str> = facts
         .runs
         .iter()
         .filter_map(|r| r.run_id.as_deref())
         .collect();
-    let mut adopted = Vec::new();
+    let (mut adopted, mut granted_runs) = (Vec::new(), Vec::new());
     for attempt in input.ledger.iter().filter(|a| a.phase == Phase::Start) {
         if logged.contains(attempt.run_id.as_str()) {
             continue;
@@ -207,7 +218,46 @@ fn adopt_unlogged_starts(input: &Input<'_>, facts: &mut Facts, report: &mut Repo
         });
         if let Some(index) = found {
             adopted.push((index, attempt.run_id.clone(), attempt.at_ms));
+            continue;
         }
+        let Some(tick) = tick else { continue };
+        let worker = attempt
+            .worker
+            .strip_prefix('w')
+            .and_then(|w| w.parse().ok());
+        let granted = confirms
+            .granted(&attempt.job, tick)
+            .into_iter()
+            .any(|claimant| super::claims::worker_of(claimant) == worker);
+        let killed = worker.and_then(|worker| {
+            facts.instances_of(worker).find(|(_, life)| {
+                life.ready <= attempt.at_ms
+                    && life.killed.is_some_and(|k| {
+                        attempt.at_ms - UNLOGGED_WIN_MS <= k && k <= attempt.at_ms + UNLOGGED_WIN_MS
+                    })
+            })
+        });
+        if let (true, Some((instance, life))) = (granted, killed) {
+            let run = Run {
+                instance,
+                worker: life.worker,
+                job: attempt.job.clone(),
+                tick,
+                token: attempt.token,
+                won_at: attempt.at_ms,
+                run_id: None,
+                started_at: None,
+                finished_at: None,
+                outcome: None,
+                duration_ms: None,
+                series: None,
+            };
+            granted_runs.push((run, attempt.run_id.clone(), attempt.at_ms));
+        }
+    }
+    for (run, run_id, at) in granted_runs {
+        facts.runs.push(run);
+        adopted.push((facts.runs.len() - 1, run_id, at));
     }
     for (index, run_id, at) in adopted {
         let run = &mut facts.runs[index];
@@ -222,6 +272,11 @@ fn adopt_unlogged_starts(input: &Input<'_>, facts: &mut Facts, report: &mut Repo
         run.started_at = Some(at);
     }
 }
+
+/// How far from a ledger write the kill of the worker whose grant it is may be, for a run no log line
+/// names (see [`adopt_unlogged_starts`]): the job starts within milliseconds of the grant, and a killed
+/// worker's child writes on after it.
+const UNLOGGED_WIN_MS: i64 = 2_000;
 
 /// Rule 4, and the ledger replay of rule 3.
 fn check_ledger_against_logs(

@@ -285,7 +285,7 @@ fn run_under_faults(store: StoreKind, default_secs: u64, name: &str) {
         drop(cluster);
         panic!(
             "{stderr}\nthe chaos run broke redcron's promises ({store:?}, seed {seed}):\n  * {}\n\
-             the run is saved in {} (replay its check with REDCRON_CHAOS_REPLAY=<dir>);\n\
+             the run is saved in {} (replay its check with REDCRON_CHAOS_REPLAY=<dir> cargo test --test it chaos::replay -- --ignored --nocapture);\n\
              reproduce with: {reproduce}",
             report.failures.join("\n  * "),
             kept.display()

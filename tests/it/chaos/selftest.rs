@@ -576,6 +576,44 @@ fn checker_matches_a_run_whose_worker_died_before_logging_it() {
     assert_eq!(report.rows[0].run, 10, "{report}");
 }
 
+/// A worker killed so soon after its win that no line of it reached the log leaves only the store's
+/// grant and its job's write: that write counts as the tick's run when the nodes confirmed the tick on a
+/// majority for that worker and it was killed then; without the grant, or without the kill, it is a
+/// ghost.
+#[test]
+fn checker_counts_a_run_whose_worker_died_before_logging_its_win() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    let tick = T0 + 4_000;
+    scenario.write(
+        1,
+        "quick",
+        tick,
+        token(tick),
+        "orphaned",
+        Phase::Start,
+        tick + 25,
+    );
+    scenario
+        .timeline
+        .push(tick + 13, Happening::WorkerKilled { instance: 1 });
+    assert!(failed_with(&scenario.check(), "no worker logged"));
+
+    scenario.confirm(tick, "w1/orphaned", &[0, 1]);
+    assert!(
+        failed_with(&scenario.check(), "no worker logged"),
+        "a minority of confirms"
+    );
+    scenario.confirm(tick, "w1/orphaned", &[4]);
+    let report = scenario.check();
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.rows[0].run, 10, "{report}");
+    assert!(
+        report.notes.iter().any(|n| n.contains("run orphaned")),
+        "{report}"
+    );
+}
+
 /// A worker killed in the middle of its claim (no outcome logged) no longer explains a miss by itself;
 /// it does when the nodes' AOF shows that claim confirmed on a majority: it was granted, and died.
 #[test]
