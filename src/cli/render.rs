@@ -303,7 +303,7 @@ fn notes(record: &TickRecord) -> String {
         })
         .collect();
     let mut counts: Vec<(String, usize)> = Vec::new();
-    for note in &record.notes {
+    for note in record.shown_notes() {
         let key = match &note.reason {
             Some(reason) => format!("{}: {reason}", note.kind.as_str()),
             None => note.kind.as_str().to_string(),

@@ -10,7 +10,8 @@
 //! - **other runs** of the same series by other workers are a double run, a broken promise, kept apart so
 //!   that no reader can hide it;
 //! - the **notes** are every other entry: the anomalies (a loss that was not routine, a skip beside a run)
-//!   and the per-loser entries of earlier versions.
+//!   and the per-loser entries of earlier versions; readers show them all but a racer's skip for not
+//!   winning in time beside a run ([`TickRecord::shown_notes`]).
 //!
 //! A `control` entry (a pause or resume, [`Kind::Control`]) is about the job, not a tick: [`group`] leaves
 //! it out, so no reader counts it as a tick; [`controls`] picks them out for the readers that list them.
@@ -57,6 +58,18 @@ impl TickRecord {
     /// Whether more than one worker ran this `(job, series, tick)`.
     pub fn double_run(&self) -> bool {
         !self.other_runs.is_empty()
+    }
+
+    /// The notes a reader shows beside the record: every note but, beside a run, a racer's skip for
+    /// not winning in time (`no_quorum`, `contended`): the run accounts for the tick, and [`Self::raced`]
+    /// still names that worker — shown as a skip, a tick that ran would read as one that was skipped.
+    pub fn shown_notes(&self) -> impl Iterator<Item = &Entry> {
+        let ran = self.run().is_some();
+        self.notes.iter().filter(move |note| {
+            !(ran
+                && note.kind == Kind::Skipped
+                && matches!(note.reason.as_deref(), Some("no_quorum" | "contended")))
+        })
     }
 
     /// Every entry of the record: the record, the other runs, the notes.

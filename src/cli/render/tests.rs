@@ -196,3 +196,16 @@ fn every_process_that_shares_an_id_is_listed() {
         "{text}"
     );
 }
+
+/// A tick that ran reads as a run: a racer's skip for not winning in time beside it is no note, while
+/// a loss that was not routine still is.
+#[test]
+fn a_tick_that_ran_carries_no_skip_note() {
+    let records = crate::history::tick::group(vec![
+        entry(1000, "w1", Kind::Skipped, Some("no_quorum")),
+        run(1000, "w2", 4),
+        entry(1000, "w3", Kind::Lost, Some("later_tick_claimed")),
+    ]);
+    let shown = super::notes(&records[0]);
+    assert_eq!(shown, "1 lost: later_tick_claimed", "{records:?}");
+}

@@ -102,6 +102,9 @@ fn an_anomaly_is_a_note_beside_the_run() {
         [("w1", Kind::Skipped), ("w4", Kind::Lost)]
     );
     assert_eq!(record.raced(), ["w1", "w2", "w4"]);
+    // A racer that could not win in time is not shown as a skip of a tick that ran.
+    let shown: Vec<&str> = record.shown_notes().map(|e| e.worker.as_str()).collect();
+    assert_eq!(shown, ["w4"]);
     assert_eq!(record.winner_place(), Some(1));
     assert!(record.silent().is_empty());
 }
@@ -121,6 +124,11 @@ fn a_skip_or_a_miss_is_the_record_of_a_tick_nobody_ran() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].record.kind, Kind::Missed);
     assert_eq!(workers(&records[0].notes), [("w1", Kind::Skipped)]);
+    assert_eq!(
+        records[0].shown_notes().count(),
+        1,
+        "nothing ran: the skip is shown"
+    );
     assert_eq!(records[0].raced(), ["w1"]);
 }
 
