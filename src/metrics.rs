@@ -439,6 +439,7 @@ mod tests {
         metrics.clock_measured(&estimate);
         metrics.clock_unmeasured(&QuorumFailure {
             unheard: Vec::new(),
+            refused: Vec::new(),
             configured: 3,
             needed: 2,
             granted: 1,

@@ -229,6 +229,7 @@ impl ClaimOutcome {
     pub fn unanswered(configured: usize) -> ClaimOutcome {
         ClaimOutcome::NoQuorum(QuorumFailure {
             unheard: Vec::new(),
+            refused: Vec::new(),
             configured,
             needed: quorum::quorum(configured),
             granted: 0,
@@ -309,6 +310,10 @@ pub struct QuorumFailure {
     pub failures: Vec<(String, String)>,
     /// The nodes (addresses without password) whose answer had not come when the round was decided.
     pub unheard: Vec<String>,
+    /// `(node, what it said)` for each node that answered but refused the claim — the tick already
+    /// claimed there, the job held — with too few of them to decide the outcome: those nodes are up,
+    /// and most often another worker won the tick on them.
+    pub refused: Vec<(String, String)>,
 }
 
 impl QuorumFailure {
@@ -323,13 +328,22 @@ impl QuorumFailure {
                 .collect();
             format!("failed: {}", parts.join(", "))
         };
-        if self.unheard.is_empty() {
-            return failed;
+        let mut text = failed;
+        if !self.refused.is_empty() {
+            let parts: Vec<String> = self
+                .refused
+                .iter()
+                .map(|(node, said)| format!("{node} ({said})"))
+                .collect();
+            text = format!("{text}; refused: {}", parts.join(", "));
         }
-        format!(
-            "{failed}; decided before {} answered",
-            self.unheard.join(", ")
-        )
+        if !self.unheard.is_empty() {
+            text = format!(
+                "{text}; decided before {} answered",
+                self.unheard.join(", ")
+            );
+        }
+        text
     }
 }
 

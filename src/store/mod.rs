@@ -265,6 +265,7 @@ impl Store {
         Some(
             estimate(&samples, configured, quorum(configured)).map_err(|too_few| QuorumFailure {
                 unheard: Vec::new(),
+                refused: Vec::new(),
                 configured: too_few.configured,
                 needed: too_few.needed,
                 granted: too_few.sampled,

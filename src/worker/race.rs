@@ -347,7 +347,7 @@ fn give_up(context: &Context, p: &Pending, outcome: &ClaimOutcome) {
     match outcome {
         ClaimOutcome::NoQuorum(failure) => {
             warn!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = "no_quorum", error = %failure,
-                   "Skipped: no majority of the store's nodes answered {window}")
+                   "Skipped: no majority of the store's nodes granted the claim {window} (`error` says what each node said)")
         }
         ClaimOutcome::Fault(fault) => {
             error!(event = events::tick::SKIPPED, job = %job, tick = %tick, reason = fault.reason(), error = %fault,

@@ -460,3 +460,54 @@ async fn a_node_the_round_did_not_wait_for_is_unheard_not_failed() {
         "{said}"
     );
 }
+
+/// Issue 54: a node that answered and refused the claim is named with what it said, not left out. One of
+/// three nodes is down and another already confirmed the tick for another worker (w9, a store of that
+/// one node): the third's grant, if it is waited for, is no majority, and the failure names the down node as failed and the
+/// refusing one as refused — the tick claimed by w9 — so a WARN never reads as a missing majority alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_refused_says_why_in_a_failure() {
+    use redcron::store::{Claims as _, Health as _};
+    const JOB: &str = "refused-marker";
+    let mut cluster = RedisCluster::start(3);
+    let urls = [cluster.url(0), cluster.url(1), cluster.url(2)];
+    let theirs = RedisStore::new(&urls[..1], settings(2_000)).expect("urls");
+    theirs.prepare().await.expect("prepare never fails");
+    let won = match theirs
+        .claim_many(&[request("w9", JOB, 1_000)])
+        .await
+        .remove(0)
+    {
+        ClaimOutcome::Won(won) => won,
+        other => panic!("w9's claim on its one node: {other:?}"),
+    };
+    cluster.kill(2);
+    let ours = RedisStore::new(&urls, settings(2_000)).expect("urls");
+    ours.prepare().await.expect("prepare never fails");
+    let outcome = ours.claim_many(&[request("w", JOB, 1_000)]).await.remove(0);
+    let ClaimOutcome::NoQuorum(failure) = outcome else {
+        panic!("expected no majority, got {outcome:?}");
+    };
+    let said = failure.to_string();
+    // The round may end before the live granting node answers (a majority is out of reach once the
+    // refusal and the failure are in): then it is unheard, never failed.
+    assert!(failure.granted <= 1, "{said}");
+    assert!(
+        failure.granted == 1 || failure.unheard == [urls[1].clone()],
+        "{said}"
+    );
+    assert_eq!(
+        failure.refused,
+        [(urls[0].clone(), "the tick is claimed by w9".to_string())],
+        "{said}"
+    );
+    assert!(
+        failure.failures.iter().all(|(node, _)| node == &urls[2]),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("refused: {} (the tick is claimed by w9)", urls[0])),
+        "{said}"
+    );
+    theirs.release(&won).await;
+}

@@ -412,6 +412,7 @@ impl Shared {
     fn failure(&self, why: String) -> QuorumFailure {
         QuorumFailure {
             unheard: Vec::new(),
+            refused: Vec::new(),
             configured: 1,
             needed: 1,
             granted: 0,

@@ -196,6 +196,7 @@ impl EtcdStore {
     fn failure(&self, why: String) -> QuorumFailure {
         QuorumFailure {
             unheard: Vec::new(),
+            refused: Vec::new(),
             configured: self.endpoints.len(),
             needed: quorum(self.endpoints.len()),
             granted: 0,

@@ -236,7 +236,12 @@ impl RedisStore {
         let mut contenders: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
         let mut others: Vec<(Holder, i64)> = Vec::new();
         let mut ahead: Vec<i64> = Vec::new();
-        for (_, answer) in answers {
+        // What each node that refused said, for a failure with too few refusals to decide by.
+        let mut refusals: Vec<(usize, String)> = Vec::new();
+        for (node, answer) in answers {
+            if let Some(said) = refusal(answer) {
+                refusals.push((*node, said));
+            }
             match answer {
                 Round1::Claimed(by) => claimed.push(by.as_ref()),
                 Round1::Paused(pause) => paused.push(pause),
@@ -342,6 +347,11 @@ impl RedisStore {
         let slow = granted >= quorum(configured);
         let mut failure =
             self.quorum_failure(failed.into_iter(), granted, answers.iter().map(|(n, _)| *n));
+        refusals.sort_by_key(|(node, _)| *node);
+        failure.refused = refusals
+            .into_iter()
+            .map(|(node, said)| (self.nodes[node].label.clone(), said))
+            .collect();
         if slow {
             // A majority granted, but only after the lease's validity was spent (a stalled node, a paused
             // process): the same claimant tries again.
@@ -448,8 +458,30 @@ impl RedisStore {
                 .filter(|node| !answered.contains(node))
                 .map(|node| self.nodes[node].label.clone())
                 .collect(),
+            refused: Vec::new(),
         }
     }
+}
+
+/// What a node that refused a claim in round 1 said, in a few words (`None` for a grant or a failure).
+fn refusal(answer: &Round1) -> Option<String> {
+    let worker = |holder: Option<&Holder>| {
+        holder
+            .map_or("another worker", |h| h.worker.as_str())
+            .to_string()
+    };
+    Some(match answer {
+        Round1::Claimed(by) => format!("the tick is claimed by {}", worker(by.as_ref())),
+        Round1::Busy { value, .. } => {
+            format!(
+                "the job is held by {}",
+                worker(Some(&Holder::from_value(value)))
+            )
+        }
+        Round1::Paused(_) => "the job is paused".to_string(),
+        Round1::Ahead { .. } => "the tick is far ahead of its clock".to_string(),
+        Round1::Ok { .. } | Round1::Failed(_) => return None,
+    })
 }
 
 /// Whether a node may hold this attempt's lease value after answering `answer` in round 1 (`None`: no

@@ -353,6 +353,7 @@ impl RedisStore {
         }
         Err(QuorumFailure {
             unheard: Vec::new(),
+            refused: Vec::new(),
             configured,
             needed: quorum(configured),
             granted,
@@ -385,6 +386,7 @@ impl RedisStore {
         if values.len() < quorum(configured) {
             return Err(QuorumFailure {
                 unheard: Vec::new(),
+                refused: Vec::new(),
                 configured,
                 needed: quorum(configured),
                 granted: values.len(),

@@ -629,6 +629,7 @@ impl SqlStore {
     fn failure(&self, why: impl std::fmt::Display) -> QuorumFailure {
         QuorumFailure {
             unheard: Vec::new(),
+            refused: Vec::new(),
             configured: 1,
             needed: 1,
             granted: 0,

@@ -105,6 +105,7 @@ impl ZookeeperStore {
     pub(super) fn failure(&self, why: impl Into<String>) -> QuorumFailure {
         QuorumFailure {
             unheard: Vec::new(),
+            refused: Vec::new(),
             configured: self.hosts.len(),
             needed: quorum(self.hosts.len()),
             granted: 0,
