@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A redcron cluster on this machine: 5 redis-server nodes on loopback and 3 workers, with merged logs —
+# A redcron cluster on this machine: 3 redis-server nodes on loopback and 3 workers, with merged logs —
 # a failover demo: kill a worker or a node while it runs, and the rest goes on.
 #
 # For trying redcron out and for the deploy test (tests/it/deploy.rs); not for production (see
@@ -13,7 +13,7 @@ usage() {
 	cat <<'EOF'
 Usage: deploy/local-cluster.sh [OPTIONS]
 
-Starts 5 redis-server nodes on loopback, with the persistence docs/protocol.md requires
+Starts 3 redis-server nodes on loopback, with the persistence docs/protocol.md requires
 (deploy/redis/redis.conf), and 3 redcron workers with a demo jobs file, each serving the dashboard
 on a port of its own; prints their pids, a paste-ready `redcron status` command, and the workers'
 merged logs until Ctrl-C or --seconds; then stops the workers (SIGTERM), then the nodes.
@@ -29,9 +29,9 @@ Options:
   --keep            keep the temporary directory
   --seconds N       stop after N seconds, counted once every worker has started
   --workers N       number of workers (default 3)
-  --base-port P     nodes on ports P..P+4 (default: random free ports)
+  --base-port P     nodes on ports P..P+2, workers' dashboards on P+5.. (default: random free ports)
   --jobs FILE       the jobs file (default deploy/local-cluster.jobs.yaml); it can use ${REDCRON_NODE_1}
-                    .. ${REDCRON_NODE_5}, ${REDCRON_DEMO_DIR} and ${REDCRON_WORKER_NAME}
+                    .. ${REDCRON_NODE_3}, ${REDCRON_DEMO_DIR} and ${REDCRON_WORKER_NAME}
   --format F        pretty: one short line per event (through jq if installed, else each raw line
                     after the worker's name); json: the workers' JSON lines as they are.
                     Default: pretty on a terminal, json otherwise
@@ -378,7 +378,7 @@ how_it_ended() {
 write_helpers() {
 	local i
 	{
-		for i in 1 2 3 4 5; do printf 'REDCRON_NODE_%s=%q\n' "$i" "$(printenv "REDCRON_NODE_$i")"; done
+		for i in 1 2 3; do printf 'REDCRON_NODE_%s=%q\n' "$i" "$(printenv "REDCRON_NODE_$i")"; done
 		printf 'REDCRON_DEMO_DIR=%q\nREDCRON_WORKER_NAME=cli\nREDCRON_WORKER_PORT=9464\nREDCRON_CONFIG=%q\n' "$dir" "$jobs"
 	} >"$dir/env"
 	cat >"$dir/redcron" <<HELPER
@@ -419,7 +419,7 @@ await_workers() {
 }
 
 export REDCRON_DEMO_DIR=$dir
-for i in 1 2 3 4 5; do start_node "$i"; done
+for i in 1 2 3; do start_node "$i"; done
 say "redis nodes up on 127.0.0.1 ports ${node_ports[*]} (appendonly yes, appendfsync always)"
 
 write_helpers
@@ -463,7 +463,7 @@ while :; do
 		how_it_ended "${node_pids[$i]}"
 		gone_nodes[i]=$ended
 		exited+=("redis node $((i + 1)) (pid ${node_pids[$i]}): ${gone_nodes[$i]}")
-		say "redis node $((i + 1)) (pid ${node_pids[$i]}) exited: ${gone_nodes[$i]}; the workers go on with the other nodes (a majority is 3 of 5; its log: $dir/redis-$((i + 1))/redis.log)"
+		say "redis node $((i + 1)) (pid ${node_pids[$i]}) exited: ${gone_nodes[$i]}; the workers go on with the other nodes (a majority is 2 of 3; its log: $dir/redis-$((i + 1))/redis.log)"
 	done
 	if [[ -n $seconds ]] && ((SECONDS >= deadline)); then
 		say "${seconds}s elapsed"

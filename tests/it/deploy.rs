@@ -17,7 +17,7 @@ use redcron::config::{parse_with_env, Config, StoreConfig};
 
 use crate::support::{require_program, TestDir};
 
-/// `deploy/local-cluster.sh` starts 5 nodes and 3 workers; every demo tick runs exactly once, with
+/// `deploy/local-cluster.sh` starts 3 nodes and 3 workers; every demo tick runs exactly once, with
 /// increasing tokens; the workers stop cleanly and nothing the script started outlives it.
 #[test]
 fn local_cluster_runs_every_tick_once_and_leaves_nothing_behind() {
