@@ -113,6 +113,9 @@ const LOG_ORDER_SLACK_MS: i64 = 250;
 /// A claim takes at most about this long (rounds, retries): a worker paused this long after its race may
 /// have been mid-claim, and an attempt's outcome is logged at most this long after it began.
 const CLAIM_MS: i64 = 1_500;
+/// How long after a tick's window ended a worker's last attempt may still be in flight: two rounds of a
+/// claim stretched to 10× a `node_timeout` of 200 ms (the chaos config's) while the nodes answer slowly.
+const IN_FLIGHT_AFTER_WINDOW_MS: i64 = 4_000;
 /// A worker retries a tick it could not claim (with a backoff of up to 2 s) until the tick's window ends —
 /// its misfire grace, or the job's next tick if that comes first (G4 in `docs/protocol.md`): its last
 /// attempt ends at most this long before the window does.
@@ -538,13 +541,25 @@ fn no_majority_in_window(
         )
         .filter(|&lost| later_claim_at(e, tick).is_some_and(|at| at <= lost + LOG_ORDER_SLACK_MS))
         .min();
-    let gave_up = skipped.into_iter().chain(overtaken).min()?;
-    if gave_up < r + e.job.period_ms.min(e.job.grace_ms) - GIVE_UP_SLACK_MS {
+    let window_end = r + e.job.period_ms.min(e.job.grace_ms);
+    // Or its last attempt was still in flight when the window ended, and the process was killed before
+    // that attempt came back (a round stretched by slow nodes waits up to 10× `node_timeout`): the race
+    // ended with the window, and a majority must have been out of reach up to its end.
+    let killed_in_flight = facts.lives[instance].killed.filter(|&k| {
+        !attempts.is_empty() && window_end < k && k <= window_end + IN_FLIGHT_AFTER_WINDOW_MS
+    });
+    let gave_up = skipped
+        .into_iter()
+        .chain(overtaken)
+        .min()
+        .or(killed_in_flight.map(|_| window_end))?;
+    if gave_up < window_end - GIVE_UP_SLACK_MS {
         return None;
     }
     // The attempt that ended the race, if it is the only one (its retries inside the store are not
-    // logged): a majority must have been out of reach during it.
-    if Some(gave_up) == skipped || attempts.is_empty() {
+    // logged), or the one in flight at the window's end: a majority must have been out of reach
+    // during it.
+    if Some(gave_up) == skipped || attempts.is_empty() || killed_in_flight.is_some() {
         attempts.push(gave_up);
     }
     let extra = unavailable(e, worker, tick);

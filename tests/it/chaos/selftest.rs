@@ -364,6 +364,54 @@ fn checker_counts_a_stalled_session_member_out_of_reach_for_its_worker_only() {
     assert!(failed_with(&redis.check(), "UNEXPLAINED MISS"));
 }
 
+/// A worker whose last attempt at a tick was still in flight when the tick's window ended, and that was
+/// killed before the attempt came back, logged no end of its race: no majority within the window still
+/// explains its miss, the in-flight attempt counted up to the window's end — but only once it was
+/// killed (a live worker must end its race), and only while a majority was out of reach.
+#[test]
+fn checker_ends_a_race_in_flight_at_its_window_when_the_worker_was_killed() {
+    let tick = T0 + 4_000;
+    let scenario_with = |kill: Option<i64>, hung_until: i64| {
+        let mut scenario = Scenario::new();
+        scenario.quick_ticks(&[4]);
+        for instance in 0..WORKERS {
+            let retrying = json!({"event": "tick.retrying", "job": "quick", "tick": rfc3339(tick), "reason": "no_quorum"});
+            scenario.log(instance, tick + 300, retrying);
+            if instance != 1 {
+                let skipped = json!({"event": "tick.skipped", "job": "quick", "tick": rfc3339(tick), "reason": "no_quorum"});
+                scenario.log(instance, tick + 900, skipped);
+            }
+        }
+        for node in 0..5 {
+            scenario
+                .timeline
+                .push(tick - 100, Happening::NodeDown { node, hung: true });
+            scenario
+                .timeline
+                .push(hung_until, Happening::NodeUp { node });
+        }
+        if let Some(at) = kill {
+            scenario
+                .timeline
+                .push(at, Happening::WorkerKilled { instance: 1 });
+        }
+        scenario
+    };
+    assert!(
+        failed_with(&scenario_with(None, tick + 950).check(), "UNEXPLAINED MISS"),
+        "a live worker ends its race"
+    );
+    let report = scenario_with(Some(tick + 2_000), tick + 950).check();
+    assert!(report.passed(), "{report}");
+    assert!(
+        failed_with(
+            &scenario_with(Some(tick + 9_000), tick + 950).check(),
+            "UNEXPLAINED MISS"
+        ),
+        "killed long after: no attempt is in flight that long"
+    );
+}
+
 /// Giving up for want of a majority explains a miss only if every failed attempt within the tick's window
 /// met a majority of nodes out of reach: hung or stalled, confirmed for another claimant, or leased to a
 /// contender of the tick that was dead by then. A live contender's lease is no excuse.
