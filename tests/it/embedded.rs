@@ -72,6 +72,20 @@ fn wait_for_runs(worker: &Worker, count: usize, timeout: Duration) {
     }
 }
 
+/// Starts a worker on `config` (written as `after.yaml` in `dir`) with its wall clock 10 s behind, and
+/// waits for its first `tick.lost: already_claimed` — a tick an earlier process ran.
+fn restart_behind(dir: &TestDir, config: String) -> (Worker, Value) {
+    let after = Worker::builder(dir.write("after.yaml", config))
+        .faketime("-10s")
+        .spawn();
+    let lost = after
+        .wait_for(Duration::from_secs(15), |e| {
+            e["event"] == "tick.lost" && e["reason"] == "already_claimed"
+        })
+        .expect("the restarted worker meets the ticks it ran before as claimed");
+    (after, lost)
+}
+
 /// Asserts that every (job, tick) of the ledger ran once and that each job's tokens rise with its ticks;
 /// returns each run as (job, tick, token, worker), in tick order.
 fn runs_once_with_rising_tokens(dir: &TestDir) -> Vec<(String, DateTime<Utc>, u64, String)> {
@@ -115,14 +129,7 @@ fn a_restart_with_a_default_id_knows_its_earlier_claims_as_this_hosts() {
     stop(&mut before);
     let earlier = runs_once_with_rising_tokens(&dir)[0].3.clone();
 
-    let mut after = Worker::builder(dir.write("after.yaml", config_with(worker_section, &job)))
-        .faketime("-10s")
-        .spawn();
-    let lost = after
-        .wait_for(Duration::from_secs(15), |e| {
-            e["event"] == "tick.lost" && e["reason"] == "already_claimed"
-        })
-        .expect("the restarted worker meets the ticks it ran before as claimed");
+    let (mut after, lost) = restart_behind(&dir, config_with(worker_section, &job));
     stop(&mut after);
     assert_eq!(lost["by"], earlier.as_str(), "{lost}");
     assert_eq!(lost["by_this_host"], true, "{lost}");
@@ -147,14 +154,7 @@ fn a_restart_with_the_clock_stepped_back_runs_no_tick_twice() {
         .max()
         .expect("runs before the restart");
 
-    let mut after = Worker::builder(dir.write("after.yaml", config("after", &job)))
-        .faketime("-10s")
-        .spawn();
-    let lost = after
-        .wait_for(Duration::from_secs(15), |e| {
-            e["event"] == "tick.lost" && e["reason"] == "already_claimed"
-        })
-        .expect("the restarted worker meets the ticks it ran before as claimed");
+    let (mut after, lost) = restart_behind(&dir, config("after", &job));
     assert_eq!(lost["by"], "before", "{lost}");
     // Another configured id is another worker, wherever it runs.
     assert_eq!(lost["by_this_host"], false, "{lost}");

@@ -117,11 +117,27 @@ fn a_runs_output_tail_is_its_last_lines_indented() {
     assert_eq!(lines.len(), 21);
 }
 
+/// `status` as printed for `workers` and no job.
+fn status_of(workers: Vec<crate::inspect::status::WorkerStatus>) -> String {
+    use crate::inspect::status::{ConfigSummary, Status};
+    super::status(&Status {
+        now: chrono::DateTime::from_timestamp(1_795_000_100, 0).unwrap_or_default(),
+        config: ConfigSummary {
+            path: "jobs.yaml".to_string(),
+            fingerprint: "f".to_string(),
+        },
+        config_majority: None,
+        workers,
+        jobs: vec![],
+        notes: Default::default(),
+    })
+}
+
 /// A worker that is gone runs nothing: `status` shows no run for it, whatever its last announcement
 /// listed; a live worker's runs are listed.
 #[test]
 fn a_gone_worker_is_shown_running_nothing() {
-    use crate::inspect::status::{ConfigSummary, Status, WorkerStatus};
+    use crate::inspect::status::WorkerStatus;
     let member = |id: &str, alive: bool| WorkerStatus {
         member: serde_json::from_value(serde_json::json!({
             "id": id, "started_at": "2026-11-27T00:00:00Z", "alive": alive,
@@ -132,18 +148,7 @@ fn a_gone_worker_is_shown_running_nothing() {
         config_differs: false,
         runs_this_config: true,
     };
-    let status = Status {
-        now: chrono::DateTime::from_timestamp(1_795_000_100, 0).unwrap_or_default(),
-        config: ConfigSummary {
-            path: "jobs.yaml".to_string(),
-            fingerprint: "f".to_string(),
-        },
-        config_majority: None,
-        workers: vec![member("w-live", true), member("w-dead", false)],
-        jobs: vec![],
-        notes: Default::default(),
-    };
-    let text = super::status(&status);
+    let text = status_of(vec![member("w-live", true), member("w-dead", false)]);
     let line = |id: &str| {
         text.lines()
             .find(|line| line.starts_with(id))
@@ -158,29 +163,18 @@ fn a_gone_worker_is_shown_running_nothing() {
 /// Two live processes under one id: `status` lists the other process on a row of its own, and warns.
 #[test]
 fn every_process_that_shares_an_id_is_listed() {
-    use crate::inspect::status::{ConfigSummary, Status, WorkerStatus};
+    use crate::inspect::status::WorkerStatus;
     let member = serde_json::from_value(serde_json::json!({
         "id": "web-1", "host": "host-a", "pid": 11, "started_at": "2026-11-27T00:00:00Z",
         "alive": true, "state": "running",
         "shared_with": [{"host": "host-b", "pid": 22, "seen_at": "2026-11-27T00:00:00Z"}],
     }))
     .expect("a member");
-    let status = Status {
-        now: chrono::DateTime::from_timestamp(1_795_000_100, 0).unwrap_or_default(),
-        config: ConfigSummary {
-            path: "jobs.yaml".to_string(),
-            fingerprint: "f".to_string(),
-        },
-        config_majority: None,
-        workers: vec![WorkerStatus {
-            member,
-            config_differs: false,
-            runs_this_config: true,
-        }],
-        jobs: vec![],
-        notes: Default::default(),
-    };
-    let text = super::status(&status);
+    let text = status_of(vec![WorkerStatus {
+        member,
+        config_differs: false,
+        runs_this_config: true,
+    }]);
     let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("web-1")).collect();
     assert_eq!(rows.len(), 2, "{text}");
     assert!(
