@@ -7,8 +7,13 @@ pub(super) fn is_id_char(c: char) -> bool {
 }
 
 /// This host's name as a default id starts with it: the host name with every character an id may not
-/// have replaced by `-` (`worker` for a host without a name).
-fn host_part() -> String {
+/// have replaced by `-` (`worker` for a host without a name). Read once: every lost tick asks.
+fn host_part() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(read_host_part)
+}
+
+fn read_host_part() -> String {
     let host: String = gethostname::gethostname()
         .to_string_lossy()
         .chars()
@@ -49,7 +54,7 @@ pub(crate) fn claimant_here(claimant: &str, own: &str) -> Option<ClaimantHere> {
     if claimant == own {
         return Some(ClaimantHere::SameId);
     }
-    is_default_id_of(claimant, &host_part()).then_some(ClaimantHere::OtherProcess)
+    is_default_id_of(claimant, host_part()).then_some(ClaimantHere::OtherProcess)
 }
 
 /// Whether `id` has the shape of [`default_id`] on host `host`: `<host>-<digits>-<6 hex digits>`.

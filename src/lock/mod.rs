@@ -312,7 +312,8 @@ pub struct QuorumFailure {
     pub unheard: Vec<String>,
     /// `(node, what it said)` for each node that answered but refused the claim — the tick already
     /// claimed there, the job held — with too few of them to decide the outcome: those nodes are up,
-    /// and most often another worker won the tick on them.
+    /// and most often another worker won the tick on them. Filled by the Redis store, whose nodes vote
+    /// one by one; the other stores answer as one authority, so a refusal there is the outcome itself.
     pub refused: Vec<(String, String)>,
 }
 
