@@ -272,7 +272,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     // Two names of one server would vote twice; a worker refuses the second (by `run_id`), and this
     // catches what resolves to one address before any worker starts.
     if let crate::config::StoreConfig::Redis(redis) = &config.store {
-        let shared = crate::store::redis::node::shared_addresses(&redis.nodes);
+        let shared = crate::store::redis::node::shared_addresses(&redis.server_urls());
         if !shared.is_empty() {
             for (first, second, address) in shared {
                 say_error(&format!(

@@ -272,7 +272,11 @@ fn secret(value: &Spanned<String>, field: &str, report: &mut Report) -> Option<S
 }
 
 /// `true` or `false`.
-fn flag(value: Option<&Spanned<String>>, field: &str, report: &mut Report) -> Option<bool> {
+pub(super) fn flag(
+    value: Option<&Spanned<String>>,
+    field: &str,
+    report: &mut Report,
+) -> Option<bool> {
     let value = value?;
     match value.value.trim() {
         "true" | "True" | "TRUE" => Some(true),

@@ -42,8 +42,31 @@ pub(crate) struct RawRedis {
     pub mark: Mark,
     /// Where the `redis` key is written.
     pub key: Mark,
-    pub nodes: Option<Spanned<Vec<Spanned<String>>>>,
+    pub nodes: Option<Spanned<Vec<RawRedisNode>>>,
     pub key_prefix: Option<Spanned<String>>,
+}
+
+/// One of `redis.nodes`: a server's URL, or a Sentinel-managed group.
+#[derive(Debug)]
+pub(crate) enum RawRedisNode {
+    Url(Spanned<String>),
+    Sentinel(RawSentinelGroup),
+}
+
+/// `redis.nodes[i]` as a mapping: the Sentinels that name a group's master, and how to reach both.
+#[derive(Debug)]
+pub(crate) struct RawSentinelGroup {
+    /// Where the mapping starts.
+    pub mark: Mark,
+    pub sentinels: Option<Spanned<Vec<Spanned<String>>>>,
+    pub master: Option<Spanned<String>>,
+    pub username: Option<Spanned<String>>,
+    pub password: Option<Spanned<String>>,
+    pub sentinel_username: Option<Spanned<String>>,
+    pub sentinel_password: Option<Spanned<String>>,
+    pub tls: Option<Spanned<String>>,
+    pub db: Option<Spanned<String>>,
+    pub min_replicas_acked: Option<Spanned<String>>,
 }
 
 /// `etcd:`: the cluster's endpoints, TLS and auth, with the names of etcd's own client config file.
@@ -276,7 +299,7 @@ fn read_redis(node: &Node, key: Mark, report: &mut Report) -> Option<RawRedis> {
     let mut fields = Fields::of(node, "redis", report)?;
     let nodes = fields
         .take("nodes")
-        .and_then(|list| scalars(list, "redis.nodes", report));
+        .and_then(|list| redis_nodes(list, report));
     let key_prefix = fields.scalar("key_prefix", report);
     fields.finish(report);
     Some(RawRedis {
@@ -284,6 +307,38 @@ fn read_redis(node: &Node, key: Mark, report: &mut Report) -> Option<RawRedis> {
         key,
         nodes,
         key_prefix,
+    })
+}
+
+/// `redis.nodes`: each a URL, or a mapping that names a Sentinel-managed group.
+fn redis_nodes(list: &Node, report: &mut Report) -> Option<Spanned<Vec<RawRedisNode>>> {
+    let items = seq(list, "redis.nodes", report)?;
+    let nodes = items.iter().enumerate().filter_map(|(i, item)| {
+        let path = format!("redis.nodes[{i}]");
+        if !matches!(item.kind, Kind::Map(_)) {
+            return scalar(item, &path, report).map(RawRedisNode::Url);
+        }
+        let mut fields = Fields::of(item, &path, report)?;
+        let group = RawSentinelGroup {
+            mark: item.mark,
+            sentinels: fields
+                .take("sentinels")
+                .and_then(|list| scalars(list, &format!("{path}.sentinels"), report)),
+            master: fields.scalar("master", report),
+            username: fields.scalar("username", report),
+            password: fields.scalar("password", report),
+            sentinel_username: fields.scalar("sentinel_username", report),
+            sentinel_password: fields.scalar("sentinel_password", report),
+            tls: fields.scalar("tls", report),
+            db: fields.scalar("db", report),
+            min_replicas_acked: fields.scalar("min_replicas_acked", report),
+        };
+        fields.finish(report);
+        Some(RawRedisNode::Sentinel(group))
+    });
+    Some(Spanned {
+        value: nodes.collect(),
+        mark: list.mark,
     })
 }
 

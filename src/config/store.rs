@@ -14,7 +14,7 @@ use std::time::Duration;
 /// none means the embedded store.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoreConfig {
-    /// `redis:`: the Redlock protocol on N independent Redis nodes.
+    /// `redis:`: the Redlock protocol on N independent Redis nodes (servers or Sentinel groups).
     Redis(RedisConfig),
     /// `etcd:`: an etcd cluster.
     Etcd(EtcdConfig),
@@ -60,7 +60,7 @@ impl StoreConfig {
     pub(crate) fn summary(&self) -> String {
         match self {
             StoreConfig::Redis(redis) => {
-                let nodes: Vec<String> = redis.nodes.iter().map(|url| redact(url)).collect();
+                let nodes: Vec<String> = redis.nodes.iter().map(RedisNode::label).collect();
                 format!("{} Redis nodes: {}", nodes.len(), nodes.join(", "))
             }
             StoreConfig::Etcd(etcd) => format!(
@@ -115,10 +115,90 @@ impl StoreConfig {
 /// The Redis nodes of the lock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisConfig {
-    /// `redis://` or `rediss://` URLs, as written (after `${VAR}` substitution); may hold passwords, so
-    /// display them only redacted ([`redact`]). Each parses and names a distinct
-    /// host and port; there is at least one.
-    pub nodes: Vec<String>,
+    /// The nodes of the majority, in the order written; at least one, each a distinct server or group.
+    pub nodes: Vec<RedisNode>,
+}
+
+impl RedisConfig {
+    /// The URLs of the nodes that are single servers (those two names of one server could share).
+    pub(crate) fn server_urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter_map(|node| match node {
+                RedisNode::Server(url) => Some(url.clone()),
+                RedisNode::Sentinel(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// One node of the Redis majority: a server, or the master of a Sentinel-managed group.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RedisNode {
+    /// A `redis://` or `rediss://` URL, as written (after `${VAR}` substitution); may hold a password, so
+    /// shown only redacted ([`redact`]).
+    Server(String),
+    /// Whichever server the group's Sentinels name as its master, followed through failovers.
+    Sentinel(SentinelGroup),
+}
+
+impl RedisNode {
+    /// How logs, errors and `check` name the node: its redacted URL, or the group's
+    /// `sentinel://MASTER@host:port,…` (never a password).
+    pub fn label(&self) -> String {
+        match self {
+            RedisNode::Server(url) => redact(url),
+            RedisNode::Sentinel(group) => group.label(),
+        }
+    }
+}
+
+/// A Sentinel-managed master and its replicas (`redis.nodes[i]: {sentinels, master, …}`): one node of
+/// the majority. Its `Debug` never shows a password.
+#[derive(Clone, PartialEq)]
+pub struct SentinelGroup {
+    /// The name the Sentinels monitor the master under (`sentinel monitor NAME …`).
+    pub master: String,
+    /// `host:port` of the Sentinels, asked in turn for the master's address; at least one, distinct.
+    pub sentinels: Vec<String>,
+    /// The data nodes' user and password (`username`, `password`), if they require one.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// The Sentinels' own user and password (`sentinel_username`, `sentinel_password`), if they differ.
+    pub sentinel_username: Option<String>,
+    pub sentinel_password: Option<String>,
+    /// `tls: true`: both the Sentinels and the data nodes are reached over TLS (`rediss://`).
+    pub tls: bool,
+    /// The database number on the data nodes (`db`, default 0).
+    pub db: i64,
+    /// How many replicas must have each write before the group's answer counts
+    /// (`min_replicas_acked`, default 1, checked with `WAIT`): what lets a promoted replica keep every
+    /// claim this group confirmed. 0 counts the master's answer alone (a failover is then a restart).
+    pub min_replicas_acked: u32,
+}
+
+impl SentinelGroup {
+    /// `sentinel://MASTER@host:port,host:port`: what logs and errors call the group.
+    pub fn label(&self) -> String {
+        format!("sentinel://{}@{}", self.master, self.sentinels.join(","))
+    }
+}
+
+impl std::fmt::Debug for SentinelGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |secret: &Option<String>| secret.as_ref().map(|_| "***");
+        f.debug_struct("SentinelGroup")
+            .field("master", &self.master)
+            .field("sentinels", &self.sentinels)
+            .field("username", &self.username)
+            .field("password", &hidden(&self.password))
+            .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_password", &hidden(&self.sentinel_password))
+            .field("tls", &self.tls)
+            .field("db", &self.db)
+            .field("min_replicas_acked", &self.min_replicas_acked)
+            .finish()
+    }
 }
 
 /// The etcd cluster of the store (`etcd:`), with the settings etcd's own clients take.

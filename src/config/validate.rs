@@ -12,16 +12,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redis::IntoConnectionInfo as _;
 
-use super::raw::{
-    RawConfig, RawEmbedded, RawHistory, RawLock, RawRedis, RawSql, RawWorker, Spanned,
-};
+use super::raw::{RawConfig, RawEmbedded, RawHistory, RawLock, RawSql, RawWorker, Spanned};
 use super::worker_id;
 use super::yaml::Mark;
-use super::{Config, EmbeddedConfig, RedisConfig, Report, SqlDialect, StoreConfig, WorkerConfig};
+use super::{Config, EmbeddedConfig, Report, SqlDialect, StoreConfig, WorkerConfig};
 use crate::clock::show_duration;
-use crate::config::redact;
 use crate::history::HistorySettings;
 use crate::lock::{default_stop_grace, drift, renewal_slack, LockSettings};
 
@@ -62,7 +58,7 @@ pub(crate) fn config(
     // No store section is legal: the worker warns at start that it uses the embedded store. A section
     // that names no store is reported; the embedded store stands in for it in this (invalid) config.
     let store = match (&raw.redis, &raw.etcd, &raw.zookeeper, sql) {
-        (Some(section), ..) => redis(section, report).map(StoreConfig::Redis),
+        (Some(section), ..) => super::redis::redis(section, report).map(StoreConfig::Redis),
         (None, Some(section), ..) => {
             super::etcd::etcd(section, path, report).map(StoreConfig::Etcd)
         }
@@ -345,74 +341,6 @@ pub(super) fn stop_grace(
             default
         }
     }
-}
-
-fn redis(raw: &RawRedis, report: &mut Report) -> Option<RedisConfig> {
-    let Some(nodes) = &raw.nodes else {
-        report.error(raw.mark, "redis.nodes", "missing field `nodes`: list the Redis URLs, or leave out `redis:` for the embedded store");
-        return None;
-    };
-    let mut seen: Vec<(String, usize)> = Vec::new();
-    for (i, url) in nodes.value.iter().enumerate() {
-        let field = format!("redis.nodes[{i}]");
-        match node_address(&url.value) {
-            Err(reason) => report.error(
-                url.mark,
-                &field,
-                format!("invalid Redis node URL {}: {reason}", redact(&url.value)),
-            ),
-            Ok(address) => match seen.iter().find(|(other, _)| *other == address) {
-                Some((_, first)) => {
-                    let why = format!("{address} is already redis.nodes[{first}]: list each node once, or its vote would count twice");
-                    report.error(url.mark, &field, why);
-                }
-                None => seen.push((address, i)),
-            },
-        }
-    }
-    let count = nodes.value.len();
-    if count == 0 {
-        report.error(
-            nodes.mark,
-            "redis.nodes",
-            "no nodes: list at least one Redis URL, or leave out `redis:` for the embedded store",
-        );
-    } else if count % 2 == 0 {
-        let why = format!(
-            "{count} nodes: a quorum needs {} of them, so only {} may fail, no more than with {} node{}; use an odd number",
-            count / 2 + 1,
-            count / 2 - 1,
-            count - 1,
-            if count == 2 { "" } else { "s" }
-        );
-        report.warn(nodes.mark, "redis.nodes", why);
-    }
-    Some(RedisConfig {
-        nodes: nodes.value.iter().map(|url| url.value.clone()).collect(),
-    })
-}
-
-/// `host:port` of a node URL, or why it is not a usable `redis://`/`rediss://` URL (never its password).
-fn node_address(url: &str) -> Result<String, String> {
-    let parsed = redis::parse_redis_url(url)
-        .ok_or("expected redis://[user:password@]host[:port][/db] or rediss://...")?;
-    if !matches!(parsed.scheme(), "redis" | "rediss") {
-        return Err(format!(
-            "scheme {}:// is not supported; use redis:// or rediss://",
-            parsed.scheme()
-        ));
-    }
-    let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
-    let port = parsed.port().unwrap_or(6379);
-    if port == 0 {
-        return Err("port 0 is not a port a server listens on".to_string());
-    }
-    // redis-rs says what is wrong without the URL; drop the error-kind suffix it appends.
-    parsed.into_connection_info().map_err(|e| {
-        let text = e.to_string();
-        text.trim_end_matches(" - InvalidClientConfig").to_string()
-    })?;
-    Ok(format!("{host}:{port}"))
 }
 
 /// A file a store's setting names (a CA, a certificate, a key): relative to the config file's directory,

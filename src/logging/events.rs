@@ -110,6 +110,10 @@ events! {
         NODE_RESTARTED = "store.node_restarted";
         /// WARN, once per server: a Redis node runs without `appendonly yes` and `appendfsync always`.
         NODE_UNSAFE = "store.node_unsafe";
+        /// INFO: a Sentinel group's node follows its master to a promoted replica (a failover).
+        MASTER_SWITCHED = "store.master_switched";
+        /// WARN, once per stretch: no Sentinel of a group named a reachable master.
+        MASTER_UNKNOWN = "store.master_unknown";
     }
 
     /// A job as the cluster sees it.

@@ -169,7 +169,7 @@ impl Store {
         let (lock, history) = (config.lock.clone(), config.history.clone());
         Ok(match &config.store {
             StoreConfig::Redis(redis) => {
-                Store::Redis(redis::RedisStore::new(&redis.nodes, lock)?.with_history(history))
+                Store::Redis(redis::RedisStore::open(&redis.nodes, lock)?.with_history(history))
             }
             StoreConfig::Etcd(etcd) => {
                 Store::Etcd(Box::new(etcd::EtcdStore::new(etcd, lock, history)?))

@@ -15,6 +15,7 @@
 //! - [`browser`]: [`Browser`], headless Chromium and chromedriver, driven over WebDriver by fantoccini.
 //! - [`children`]: spawning with parent-death signals, killing and reaping, finding descendants.
 //! - [`redis`]: [`RedisCluster`], N nodes to crash, hang, restart and flush.
+//! - [`sentinel`]: [`SentinelGroup`], a master, its replicas and Sentinels, to kill and fail over.
 //! - [`etcd`]: [`EtcdCluster`], N etcd members to kill, hang and restart, with their leader and metrics.
 //! - [`sql`]: [`SqlServer`], a PostgreSQL or MariaDB server to crash, hang, restart and flush.
 //! - [`zookeeper`]: [`ZkEnsemble`], N ZooKeeper members to kill, hang and restart, with their leader;
@@ -30,6 +31,7 @@ pub mod delay_proxy;
 pub mod etcd;
 pub mod ports;
 pub mod redis;
+pub mod sentinel;
 pub mod sql;
 pub mod stores;
 pub mod worker;
@@ -42,6 +44,7 @@ pub use self::delay_proxy::DelayProxy;
 pub use self::etcd::{linearizable_read, EtcdCluster};
 pub use self::ports::{free_port, free_ports};
 pub use self::redis::{Persistence, RedisCluster, RedisClusterBuilder};
+pub use self::sentinel::{SentinelGroup, SentinelGroupBuilder};
 pub use self::sql::{SqlKind, SqlServer, SqlServerBuilder};
 pub use self::stores::{store_keeping, store_on, worker_config, Backend, Cluster, EmbeddedFile};
 pub use self::worker::{libfaketime, Worker, WorkerBuilder};

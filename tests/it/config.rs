@@ -9,8 +9,8 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 
 use redcron::config::{
-    parse_with_env, Command, Config, ConfigError, InheritEnv, Problem, SqlConfig, SqlDialect,
-    SqlTls, StoreConfig,
+    parse_with_env, Command, Config, ConfigError, InheritEnv, Problem, RedisNode, SqlConfig,
+    SqlDialect, SqlTls, StoreConfig,
 };
 use redcron::lock::Overlap;
 
@@ -86,7 +86,10 @@ jobs:
         panic!("expected a Redis store, got {:?}", config.store)
     };
     let nodes = &redis.nodes;
-    assert_eq!(nodes[1], "redis://:s3cret@10.0.0.2:6379");
+    assert_eq!(
+        nodes[1],
+        RedisNode::Server("redis://:s3cret@10.0.0.2:6379".into())
+    );
     assert_eq!(nodes.len(), 3);
     let lock = &config.lock;
     assert_eq!(

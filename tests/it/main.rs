@@ -40,6 +40,7 @@ mod recipes;
 mod reload;
 mod retries;
 mod schedule;
+mod sentinel;
 mod sql_input;
 mod sql_servers;
 mod sql_store;

@@ -16,7 +16,10 @@
 //!   any other may have restarted empty. That is Redlock's delayed restart: by the end of the hold every lease granted
 //!   before the restart has either expired or been renewed, and a renewal puts a lost lease key back
 //!   with its fence and claim record (`scripts::RENEW`), so the node answers again as it did before it
-//!   lost them. Also held off: a name that takes over a server from another node (a changed resolution),
+//!   lost them. Not held off either: a Sentinel group's new master that was promoted from the master this
+//!   process knew (its `master_replid2` is that master's `master_replid`), when the group counts writes
+//!   only once `WAIT` says its replicas have them (`min_replicas_acked` ≥ 1, [`super::sentinel`]): the
+//!   promoted replica holds every write that counted. Also held off: a name that takes over a server from another node (a changed resolution),
 //!   so that no round counts the server under both names.
 //! - **counted** otherwise. Persistence off (`aof_enabled:0`, or `appendfsync` not `always`) is warned
 //!   about, once per server, at `WARN`: what it costs is stated in `docs/protocol.md`, and the hold above
@@ -53,6 +56,10 @@ pub(super) struct Identity {
     pub(super) aof: bool,
     /// `appendfsync`, when the server lets us read it.
     pub(super) appendfsync: Option<String>,
+    /// `master_replid`: the replication history the server's data belongs to.
+    pub(super) replid: String,
+    /// `master_replid2`: the history a promoted replica continues (its old master's replid), or zeros.
+    pub(super) replid2: String,
 }
 
 impl Identity {
@@ -72,6 +79,8 @@ impl Identity {
                 "maxmemory_policy" => identity.maxmemory_policy = value.to_string(),
                 "cluster_enabled" => identity.cluster = value == "1",
                 "aof_enabled" => identity.aof = value == "1",
+                "master_replid" => identity.replid = value.to_string(),
+                "master_replid2" => identity.replid2 = value.to_string(),
                 _ => {}
             }
         }
@@ -103,6 +112,12 @@ impl Identity {
             ));
         }
         None
+    }
+
+    /// Whether this server was promoted from a replica of the server that had replication id `replid`:
+    /// it has that server's data up to its promotion.
+    pub(super) fn continues(&self, replid: &str) -> bool {
+        !replid.is_empty() && replid.bytes().any(|b| b != b'0') && self.replid2 == replid
     }
 
     /// Whether this server keeps every write it acknowledged across a crash: `appendonly yes` with
@@ -141,6 +156,9 @@ pub(crate) struct Registry {
     /// How long a restarted node is held off: the lock's TTL plus its drift (every lease of before the
     /// restart has expired or renewed by then, and every round that started before it has ended).
     hold: Duration,
+    /// Per node: whether a promoted replica of its server counts at once — a Sentinel group whose
+    /// answers count only once replicas have its writes.
+    follows_promotions: Vec<bool>,
     state: Mutex<State>,
 }
 
@@ -160,6 +178,8 @@ struct State {
 
 struct Seen {
     run_id: String,
+    /// The server's `master_replid` when it was admitted.
+    replid: String,
     /// Whether the server said it was durable ([`Identity::durable`]).
     durable: bool,
     counts_from: Instant,
@@ -167,11 +187,17 @@ struct Seen {
 }
 
 impl Registry {
-    /// A registry for nodes labelled `labels`, holding restarted nodes off for `hold`.
-    pub(crate) fn new(labels: Vec<String>, hold: Duration) -> Registry {
+    /// A registry for nodes labelled `labels`, holding restarted nodes off for `hold`, except the
+    /// promoted replicas of nodes that `follows_promotions` (by index).
+    pub(crate) fn new(
+        labels: Vec<String>,
+        hold: Duration,
+        follows_promotions: Vec<bool>,
+    ) -> Registry {
         Registry {
             labels,
             hold,
+            follows_promotions,
             state: Mutex::default(),
         }
     }
@@ -202,11 +228,40 @@ impl Registry {
         let previous = state
             .nodes
             .get(&node)
-            .map(|seen| (seen.run_id.clone(), seen.durable));
+            .map(|seen| (seen.run_id.clone(), seen.durable, seen.replid.clone()));
         let restarted = previous
             .as_ref()
-            .is_some_and(|(run, _)| *run != identity.run_id);
-        if let Some((old, was_durable)) = previous.filter(|_| restarted) {
+            .is_some_and(|(run, ..)| *run != identity.run_id);
+        let follows = self.follows_promotions.get(node).copied().unwrap_or(false);
+        if let Some((old, _, old_replid)) = previous
+            .as_ref()
+            .filter(|(_, _, old_replid)| restarted && follows && identity.continues(old_replid))
+        {
+            // A failover: the group's new master is a replica of the old one, promoted, and every write
+            // that counted reached a replica (`WAIT`) before it did. It holds what the old one held.
+            if state.owners.get(old) == Some(&node) {
+                state.owners.remove(old);
+                state.released.insert(old.clone(), (node, now));
+            }
+            tracing::info!(
+                event = events::store::MASTER_SWITCHED,
+                node = %label,
+                old_run_id = %old,
+                run_id = %identity.run_id,
+                replid = %old_replid,
+                "The group's new master was promoted from the old one's replicas; it counts at once"
+            );
+            state.nodes.insert(
+                node,
+                Seen {
+                    run_id: identity.run_id.clone(),
+                    replid: identity.replid.clone(),
+                    durable: identity.durable(),
+                    counts_from: now,
+                    why_held: String::new(),
+                },
+            );
+        } else if let Some((old, was_durable, _)) = previous.filter(|_| restarted) {
             if state.owners.get(&old) == Some(&node) {
                 state.owners.remove(&old);
                 state.released.insert(old.clone(), (node, now));
@@ -232,6 +287,7 @@ impl Registry {
                 node,
                 Seen {
                     run_id: identity.run_id.clone(),
+                    replid: identity.replid.clone(),
                     durable: identity.durable(),
                     counts_from: until,
                     why_held: format!(
@@ -245,6 +301,7 @@ impl Registry {
         } else {
             state.nodes.entry(node).or_insert_with(|| Seen {
                 run_id: identity.run_id.clone(),
+                replid: identity.replid.clone(),
                 durable: identity.durable(),
                 counts_from: now,
                 why_held: String::new(),
@@ -405,7 +462,11 @@ mod tests {
     /// node off for the lock's TTL — seen in a Redis chaos run (seed 20261205) as 2 s of no majority.
     #[test]
     fn a_connection_to_the_server_a_node_restarted_from_changes_nothing() {
-        let registry = Registry::new(vec!["n0".into(), "n1".into()], Duration::from_secs(2));
+        let registry = Registry::new(
+            vec!["n0".into(), "n1".into()],
+            Duration::from_secs(2),
+            vec![false, false],
+        );
         let aof = INFO.replace("aof_enabled:0", "aof_enabled:1");
         let before = Identity::parse(&aof, Some("always".to_string())).expect("a run id");
         let after = Identity::parse(&aof.replace("abc123", "def456"), Some("always".to_string()))
@@ -423,5 +484,39 @@ mod tests {
             Standing::Refused(why) if why.contains("no longer is")
         ));
         assert!(matches!(registry.standing(0, &after), Standing::Counted));
+    }
+
+    /// A Sentinel group's new master counts at once when it was promoted from the master this process
+    /// knew (its `master_replid2` is that master's `master_replid`) and the group's writes count only
+    /// once replicas have them; a new server that continues nothing (the master restarted empty), or any
+    /// new server of a node whose writes a replica need not have, is held off as a restart.
+    #[test]
+    fn a_promoted_replica_of_a_group_counts_at_once_and_nothing_else_does() {
+        let zeros = "0000000000000000000000000000000000000000";
+        let server = |run: &str, replid: &str, replid2: &str| {
+            let info = format!("{INFO}master_replid:{replid}\r\nmaster_replid2:{replid2}\r\n");
+            Identity::parse(&info.replace("abc123", run), None).expect("a run id")
+        };
+        let old = server("run-a", "replid-a", zeros);
+        let promoted = server("run-b", "replid-b", "replid-a");
+        let restarted = server("run-c", "replid-c", zeros);
+        let hold = Duration::from_secs(60);
+
+        let group = Registry::new(vec!["g0".into()], hold, vec![true]);
+        assert!(matches!(group.admit(0, &old), Standing::Counted));
+        assert!(matches!(group.admit(0, &promoted), Standing::Counted));
+        assert!(matches!(
+            group.admit(0, &restarted),
+            Standing::HeldOff(why, _) if why.contains("restarted")
+        ));
+
+        let without_acks = Registry::new(vec!["g0".into()], hold, vec![false]);
+        assert!(matches!(without_acks.admit(0, &old), Standing::Counted));
+        assert!(matches!(
+            without_acks.admit(0, &promoted),
+            Standing::HeldOff(..)
+        ));
+        // A promotion from a history of zeros (no master before) continues nothing.
+        assert!(!old.continues(zeros));
     }
 }

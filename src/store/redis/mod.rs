@@ -35,6 +35,7 @@ mod pause;
 mod reply;
 mod round;
 pub mod scripts;
+mod sentinel;
 mod time;
 mod triggers;
 
@@ -52,6 +53,7 @@ use self::scripts::Calls;
 use super::{Claims, Health, Leases, StoreError};
 use crate::clock::boot::BootInstant;
 use crate::clock::cluster::Readings;
+use crate::config::RedisNode;
 use crate::history::HistorySettings;
 use crate::lock::keys::{attempt_value, claim_keys, lease_key};
 use crate::lock::quorum::{quorum, Vote};
@@ -119,30 +121,55 @@ enum Retry {
 }
 
 impl RedisStore {
-    /// Prepares the store; connections open in the background and re-open by themselves.
+    /// Prepares the store on the servers at `urls`; connections open in the background and re-open by
+    /// themselves.
     ///
     /// Must be called inside a Tokio runtime. Fails only on URLs that cannot name a Redis node.
     pub fn new(urls: &[String], settings: LockSettings) -> Result<RedisStore, StoreError> {
-        if urls.is_empty() {
+        let nodes: Vec<RedisNode> = urls.iter().cloned().map(RedisNode::Server).collect();
+        RedisStore::open(&nodes, settings)
+    }
+
+    /// Prepares the store on `nodes`, servers and Sentinel groups (whose watchers start here); as
+    /// [`RedisStore::new`] otherwise.
+    pub fn open(nodes: &[RedisNode], settings: LockSettings) -> Result<RedisStore, StoreError> {
+        if nodes.is_empty() {
             return Err(StoreError::NoNodes(0));
         }
         // `rediss://` nodes need a TLS crypto provider; rustls no longer picks one by itself. Installing
         // fails only if one is already installed, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let labels = urls.iter().map(|url| node::redact(url)).collect();
+        // One target per node, shared by its lock and read connections (a group's watcher runs once).
+        let targets = nodes
+            .iter()
+            .map(node::Target::of)
+            .collect::<Result<Vec<_>, _>>()?;
+        let labels = targets.iter().map(|(label, _)| label.clone()).collect();
+        let follows_promotions = nodes
+            .iter()
+            .map(|node| matches!(node, RedisNode::Sentinel(group) if group.min_replicas_acked > 0))
+            .collect();
         // Held off after a restart: the TTL and its drift, by when every lease of before it has expired
         // or been renewed (which restores it on the node), and every round under way then has ended.
         let hold = settings.ttl + validity::drift(settings.ttl, settings.drift_factor);
-        let registry = Arc::new(admission::Registry::new(labels, hold));
+        let registry = Arc::new(admission::Registry::new(labels, hold, follows_promotions));
         let open = || {
-            urls.iter()
+            targets
+                .iter()
                 .enumerate()
-                .map(|(index, url)| {
-                    Node::new(url, index, settings.node_timeout, Arc::clone(&registry))
+                .map(|(index, (label, target))| {
+                    let registry = Arc::clone(&registry);
+                    Node::new(
+                        label.clone(),
+                        target.clone(),
+                        index,
+                        settings.node_timeout,
+                        registry,
+                    )
                 })
-                .collect::<Result<Vec<_>, _>>()
+                .collect::<Vec<_>>()
         };
-        let (nodes, readers) = (open()?, open()?);
+        let (nodes, readers) = (open(), open());
         nodes.iter().for_each(Node::warm_up);
         Ok(RedisStore {
             settings,

@@ -1,6 +1,10 @@
 //! One Redis node of the lock: its address (never shown with a password), its connection, and whether
 //! its answers count ([`super::admission`]).
 //!
+//! A node is a server's URL, or a Sentinel-managed group whose master is looked up and followed
+//! through failovers ([`super::sentinel`]); a group's writes count only once `WAIT` says the replicas
+//! it needs have them.
+//!
 //! The connection is opened lazily and opened again after an I/O error, so a node that is down when the
 //! worker starts, or that dies later, is simply a failed vote until it is back. Each new connection is
 //! identified (`INFO`) before anything is sent on it, so no answer of a server that restarted, is a
@@ -17,8 +21,46 @@ use redis::{AsyncConnectionConfig, Pipeline, Value};
 use tokio::time::Instant;
 
 use super::admission::{self, Identity, Registry, Standing, RECHECK};
+use super::sentinel::{self, Group};
 pub(crate) use crate::config::redact;
+use crate::config::RedisNode;
 use crate::store::StoreError;
+
+/// Where a node's server is: one address, or whichever server a Sentinel group names its master.
+#[derive(Clone)]
+pub(super) enum Target {
+    Server(redis::Client),
+    Group(Arc<Group>),
+}
+
+impl Target {
+    /// The target of a configured node, and its label; a group's watcher starts here (inside a Tokio
+    /// runtime). Fails only on a URL that cannot name a Redis server.
+    pub(super) fn of(node: &RedisNode) -> Result<(String, Target), StoreError> {
+        match node {
+            RedisNode::Server(url) => {
+                let label = redact(url);
+                let client =
+                    redis::Client::open(url.as_str()).map_err(|error| StoreError::InvalidNode {
+                        url: label.clone(),
+                        reason: error.to_string().replace(url.as_str(), &label),
+                    })?;
+                Ok((label, Target::Server(client)))
+            }
+            RedisNode::Sentinel(config) => {
+                let group = Group::start(config);
+                Ok((group.label().to_string(), Target::Group(group)))
+            }
+        }
+    }
+
+    fn group(&self) -> Option<&Group> {
+        match self {
+            Target::Server(_) => None,
+            Target::Group(group) => Some(group),
+        }
+    }
+}
 
 /// A Redis node: a lazily connected, self-reconnecting multiplexed connection whose server was
 /// identified before its first use.
@@ -26,10 +68,12 @@ pub(crate) struct Node {
     /// The redacted address, for logs and errors.
     pub(crate) label: String,
     index: usize,
-    client: redis::Client,
+    target: Target,
     config: AsyncConnectionConfig,
     /// How long opening and identifying a connection may take.
     connect_timeout: Duration,
+    /// The lock's per-node timeout: what a round waits for this node's answer.
+    node_timeout: Duration,
     registry: Arc<Registry>,
     /// The connection in use or on its way; `None` before the first and after one failed.
     link: Mutex<Option<Connecting>>,
@@ -41,6 +85,10 @@ type Connecting = Shared<BoxFuture<'static, Result<Arc<Session>, String>>>;
 /// An open, identified connection.
 struct Session {
     connection: MultiplexedConnection,
+    /// The server's `host:port` for a group's master (messages name it); empty for a plain node.
+    address: String,
+    /// The group's epoch when its master was looked up (0 for a plain node): an older one is replaced.
+    epoch: u64,
     identity: Identity,
     /// When the checks were last read on this connection.
     checked: Mutex<Instant>,
@@ -49,19 +97,15 @@ struct Session {
 }
 
 impl Node {
-    /// Prepares node `index` from its URL without connecting (the connection is opened on first use);
+    /// Prepares node `index` of `target` without connecting (the connection is opened on first use);
     /// `registry` is shared by the store's nodes.
-    pub(crate) fn new(
-        url: &str,
+    pub(super) fn new(
+        label: String,
+        target: Target,
         index: usize,
         node_timeout: Duration,
         registry: Arc<Registry>,
-    ) -> Result<Node, StoreError> {
-        let label = redact(url);
-        let client = redis::Client::open(url).map_err(|error| StoreError::InvalidNode {
-            url: label.clone(),
-            reason: error.to_string().replace(url, &label),
-        })?;
+    ) -> Node {
         // Connecting may take longer than one vote (TLS, a remote link); the attempt goes on in the
         // background while votes that cannot wait for it count the node as failed.
         let connect_timeout = Duration::from_secs(2).max(node_timeout * 4);
@@ -69,15 +113,16 @@ impl Node {
             .set_connection_timeout(Some(connect_timeout))
             // No response timeout here: each round bounds its own wait (see `eval`).
             .set_response_timeout(None);
-        Ok(Node {
+        Node {
             label,
             index,
-            client,
+            target,
             config,
             connect_timeout,
+            node_timeout,
             registry,
             link: Mutex::new(None),
-        })
+        }
     }
 
     /// The connection in use, or the one on its way (started now if there is none, or the last failed).
@@ -88,25 +133,50 @@ impl Node {
                 .shared();
         };
         if let Some(current) = link.as_ref() {
-            if !matches!(current.peek(), Some(Err(_))) {
-                return current.clone();
+            let replaced = |session: &Arc<Session>| {
+                self.target
+                    .group()
+                    .is_some_and(|group| session.epoch < group.epoch())
+            };
+            match current.peek() {
+                Some(Err(_)) => {}
+                Some(Ok(session)) if replaced(session) => {}
+                _ => return current.clone(),
             }
         }
-        let (client, config) = (self.client.clone(), self.config.clone());
+        let (target, config) = (self.target.clone(), self.config.clone());
         let (registry, index, bound) =
             (Arc::clone(&self.registry), self.index, self.connect_timeout);
         let opening = async move {
+            let (client, address, epoch) = match &target {
+                Target::Server(client) => (client.clone(), String::new(), 0),
+                Target::Group(group) => {
+                    let master = group.master().await?;
+                    (master.client, master.address, master.epoch)
+                }
+            };
             let mut connection = client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await
-                .map_err(|error| error.to_string())?;
+                .map_err(|error| match address.as_str() {
+                    "" => error.to_string(),
+                    _ => format!("master {address}: {error}"),
+                })?;
             // A server that accepts and then hangs must not hold the connection up for good.
-            let identity = tokio::time::timeout(bound, identify(&mut connection))
+            let checks = async {
+                if target.group().is_some() {
+                    sentinel::check_master(&mut connection, &address).await?;
+                }
+                identify(&mut connection).await
+            };
+            let identity = tokio::time::timeout(bound, checks)
                 .await
                 .map_err(|_| format!("INFO: no answer within {} ms", bound.as_millis()))??;
             registry.admit(index, &identity);
             Ok(Arc::new(Session {
                 connection,
+                address,
+                epoch,
                 identity,
                 checked: Mutex::new(Instant::now()),
                 latest: Mutex::new(None),
@@ -187,8 +257,33 @@ impl Node {
         let identity = session.current();
         let standing = self.registry.standing(self.index, &identity);
         if let Standing::Refused(why) = standing {
+            if self.target.group().is_some() {
+                // A group's server that stopped being a fit master (demoted, say): look it up again.
+                self.drop_session(&session);
+            }
             return Err(why);
         }
+        let group = self.target.group();
+        let acks = group.map_or(0, Group::min_replicas_acked);
+        let waited;
+        let pipeline = if acks > 0 {
+            // Within the round's budget (the node timeout; `timeout` is how long a straggler is
+            // watched), with a quarter left for the answer to come back, so that a shortfall is
+            // reported as one, not as a timeout. `WAIT … 0` would block the connection for good.
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(self.node_timeout);
+            let left = left - left / 4;
+            let mut with_wait = pipeline.clone();
+            with_wait
+                .cmd("WAIT")
+                .arg(acks)
+                .arg(left.as_millis().max(1) as u64);
+            waited = with_wait;
+            &waited
+        } else {
+            pipeline
+        };
         let mut connection = session.connection.clone();
         let exchange = async {
             let first = pipeline.query_async::<Vec<Value>>(&mut connection).await;
@@ -211,16 +306,47 @@ impl Node {
             load.query_async::<()>(&mut connection).await?;
             pipeline.query_async::<Vec<Value>>(&mut connection).await
         };
-        let values = match tokio::time::timeout_at(deadline, exchange).await {
+        let mut values = match tokio::time::timeout_at(deadline, exchange).await {
             Ok(Ok(values)) => values,
             Ok(Err(error)) => {
-                if error.is_unrecoverable_error() || error.is_io_error() {
+                let demoted = group.is_some() && is_readonly(&error.to_string());
+                if error.is_unrecoverable_error() || error.is_io_error() || demoted {
                     self.drop_session(&session);
                 }
-                return Err(error.to_string());
+                return Err(match demoted {
+                    true => format!("master {} became a replica (READONLY)", session.address),
+                    false => error.to_string(),
+                });
             }
             Err(_) => return Err(no_answer()),
         };
+        if group.is_some() {
+            if values.iter().any(
+                |value| matches!(value, Value::ServerError(e) if is_readonly(&format!("{e:?}"))),
+            ) {
+                self.drop_session(&session);
+                return Err(format!(
+                    "master {} became a replica (READONLY): looking the master up again",
+                    session.address
+                ));
+            }
+            if acks > 0 {
+                let acked = match values.pop() {
+                    Some(Value::Int(acked)) => acked,
+                    _ => -1,
+                };
+                if acked < i64::from(acks) {
+                    // Too few replicas have the writes: a lagging group, or a master cut off from its
+                    // replicas (the Sentinels may have promoted one). Look the master up again.
+                    self.drop_session(&session);
+                    return Err(format!(
+                        "master {} has the writes, but WAIT saw {} of the {acks} replicas it needs                          within the round: not counted",
+                        session.address,
+                        acked.max(0)
+                    ));
+                }
+            }
+        }
         // Decided after the answer too: a hold or a refusal that began while the pipeline was on its way
         // (another name of the server was admitted meanwhile) counts.
         match self.registry.standing(self.index, &identity) {
@@ -300,6 +426,11 @@ async fn identify(connection: &mut MultiplexedConnection) -> Result<Identity, St
         .and_then(|value| admission::config_value(&value));
     let text = admission::text(&info).ok_or_else(|| "INFO gave no text".to_string())?;
     Identity::parse(&text, appendfsync).ok_or_else(|| "INFO named no run_id".to_string())
+}
+
+/// Whether an error says that the server is a replica now (it refuses writes).
+fn is_readonly(text: &str) -> bool {
+    text.contains("READONLY")
 }
 
 /// Whether a reply says that a script is not in the node's cache.

@@ -28,7 +28,7 @@ pub use self::stores::{claim_until_final, claim_won, won, SETTLE};
 pub use testkit::{
     children, free_port, libfaketime, linearizable_read, require_program, store_keeping, store_on,
     worker_config, Backend, Cluster, DelayProxy, EmbeddedFile, EtcdCluster, Persistence,
-    RedisCluster, RedisClusterBuilder, Worker, WorkerBuilder,
+    RedisCluster, RedisClusterBuilder, SentinelGroup, Worker, WorkerBuilder,
 };
 
 /// How many [`heavy`] tests may run at once: the test binary runs `RUST_TEST_THREADS` tests side by

@@ -1,0 +1,328 @@
+//! A Sentinel-managed group as one node of the majority: which server is its master now.
+//!
+//! A group's node never writes to a replica. It asks the Sentinels in turn for the master's address
+//! (`SENTINEL GET-MASTER-ADDR-BY-NAME`; the one that answered is asked first next time), connects there,
+//! and checks with `ROLE` that the server is a master before anything is sent; the node's connection
+//! ([`super::node`]) then identifies it as any node's. It resolves the master again whenever that
+//! connection fails, a write is refused `READONLY`, the master stops being one at a periodic re-check, a
+//! write is not acknowledged by the replicas it needs (it may be a master cut off from its group), or a
+//! Sentinel announces `+switch-master` for the group (a watcher subscribed to the Sentinels bumps the
+//! group's [`Group::epoch`], which ends every connection opened before).
+//!
+//! What makes a failover safe is the other half, in [`super::node`] and [`super::admission`]: a group's
+//! answer counts only once `WAIT` says `min_replicas_acked` replicas have its writes, so the replica the
+//! Sentinels promote (the most up to date one) holds every claim the group confirmed; and a new master
+//! counts at once only if it was promoted from the master this process knew (its `master_replid2` is
+//! that master's `master_replid`). Any other new server under the group — the master restarted empty,
+//! or a group with `min_replicas_acked: 0` — is held off as a restarted node is.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use redis::{ConnectionAddr, IntoConnectionInfo as _, RedisConnectionInfo, Value};
+use tracing::{info, warn};
+
+use crate::config::SentinelGroup;
+use crate::logging::events;
+
+/// How long one Sentinel may take to connect and answer before the next is asked.
+const SENTINEL_TIMEOUT: Duration = Duration::from_millis(1_000);
+/// How long the watcher waits before it subscribes again after losing its Sentinel.
+const WATCH_RETRY: Duration = Duration::from_secs(1);
+/// How often the watcher checks that its group is still in use (it ends with the store).
+const WATCH_ALIVE: Duration = Duration::from_secs(5);
+
+/// A group's settings, the Sentinel asked first, and the epoch of its master.
+pub(super) struct Group {
+    config: SentinelGroup,
+    label: String,
+    /// The Sentinel to ask first: the last one that answered.
+    first: AtomicUsize,
+    /// Bumped at each `+switch-master` of this group: connections opened before it are dropped.
+    epoch: AtomicU64,
+}
+
+/// The master a Sentinel named, ready to connect to.
+pub(super) struct Master {
+    pub(super) client: redis::Client,
+    /// `host:port`, for messages.
+    pub(super) address: String,
+    /// The group's epoch when the master was asked for.
+    pub(super) epoch: u64,
+}
+
+impl Group {
+    /// The group, with its watcher of `+switch-master` started (it ends once the group is dropped).
+    /// Must be called inside a Tokio runtime.
+    pub(super) fn start(config: &SentinelGroup) -> Arc<Group> {
+        let group = Arc::new(Group {
+            label: config.label(),
+            config: config.clone(),
+            first: AtomicUsize::new(0),
+            epoch: AtomicU64::new(0),
+        });
+        tokio::spawn(watch(Arc::downgrade(&group)));
+        group
+    }
+
+    /// What logs and errors call the group (`sentinel://MASTER@host:port,…`).
+    pub(super) fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// How many replicas must acknowledge a write before the group's answer counts.
+    pub(super) fn min_replicas_acked(&self) -> u32 {
+        self.config.min_replicas_acked
+    }
+
+    /// The epoch now: a connection opened at an older one is to a master the Sentinels replaced.
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Asks the Sentinels in turn for the master's address; the first answer wins. Errors say what each
+    /// Sentinel said, never a password.
+    pub(super) async fn master(&self) -> Result<Master, String> {
+        let epoch = self.epoch();
+        let count = self.config.sentinels.len();
+        let start = self.first.load(Ordering::Relaxed);
+        let mut said = Vec::new();
+        for offset in 0..count {
+            let index = (start + offset) % count;
+            let sentinel = &self.config.sentinels[index];
+            match tokio::time::timeout(SENTINEL_TIMEOUT, self.ask(sentinel)).await {
+                Ok(Ok((host, port))) => {
+                    self.first.store(index, Ordering::Relaxed);
+                    let client = self.client(&host, port, false)?;
+                    return Ok(Master {
+                        client,
+                        address: format!("{host}:{port}"),
+                        epoch,
+                    });
+                }
+                Ok(Err(why)) => said.push(format!("{sentinel}: {why}")),
+                Err(_) => said.push(format!(
+                    "{sentinel}: no answer within {} ms",
+                    SENTINEL_TIMEOUT.as_millis()
+                )),
+            }
+        }
+        let why = format!(
+            "no Sentinel of {} named the master ({})",
+            self.label,
+            said.join("; ")
+        );
+        warn!(event = events::store::MASTER_UNKNOWN, node = %self.label, error = %why, "No Sentinel named the group's master");
+        Err(why)
+    }
+
+    /// One Sentinel's answer: the master's host and port.
+    async fn ask(&self, sentinel: &str) -> Result<(String, u16), String> {
+        let (host, port) = split_address(sentinel)?;
+        let client = self.client(&host, port, true)?;
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|error| error.to_string())?;
+        let reply: Value = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&self.config.master)
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| error.to_string())?;
+        master_address(&reply).ok_or_else(|| {
+            format!(
+                "monitors no master named {:?} (`sentinel monitor` names it)",
+                self.config.master
+            )
+        })
+    }
+
+    /// A client for `host:port` with the group's TLS setting and the data nodes' credentials (or, for a
+    /// Sentinel, the Sentinels' own).
+    fn client(&self, host: &str, port: u16, sentinel: bool) -> Result<redis::Client, String> {
+        let address = if self.config.tls {
+            ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host.to_string(), port)
+        };
+        let (username, password) = if sentinel {
+            (
+                &self.config.sentinel_username,
+                &self.config.sentinel_password,
+            )
+        } else {
+            (&self.config.username, &self.config.password)
+        };
+        let mut settings = RedisConnectionInfo::default();
+        if !sentinel {
+            settings = settings.set_db(self.config.db);
+        }
+        if let Some(username) = username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = password {
+            settings = settings.set_password(password);
+        }
+        let info = address
+            .into_connection_info()
+            .map_err(|error| error.to_string())?
+            .set_redis_settings(settings);
+        redis::Client::open(info).map_err(|error| format!("{host}:{port}: {error}"))
+    }
+
+    /// Notes that a Sentinel announced a new master for the group.
+    fn switched(&self, announcement: &str) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        info!(event = events::store::MASTER_SWITCHED, node = %self.label, announcement = %announcement,
+              "A Sentinel announced a new master for the group; connections to the old one are closed");
+    }
+}
+
+/// Checks with `ROLE` that the server on `connection` is a master: a Sentinel's answer may be stale.
+pub(super) async fn check_master(
+    connection: &mut redis::aio::MultiplexedConnection,
+    address: &str,
+) -> Result<(), String> {
+    let reply: Value = redis::cmd("ROLE")
+        .query_async(connection)
+        .await
+        .map_err(|error| format!("ROLE on {address} failed: {error}"))?;
+    let role = match &reply {
+        Value::Array(items) => items.first().and_then(text),
+        _ => None,
+    };
+    match role.as_deref() {
+        Some("master") => Ok(()),
+        Some(role) => Err(format!(
+            "the Sentinels named {address} as the master, but it is a {role}: asking again"
+        )),
+        None => Err(format!("ROLE on {address} gave no role")),
+    }
+}
+
+/// Follows the Sentinels' `+switch-master` announcements for as long as the group is in use.
+async fn watch(group: Weak<Group>) {
+    let mut turn = 0usize;
+    loop {
+        let Some(strong) = group.upgrade() else {
+            return;
+        };
+        let sentinels = strong.config.sentinels.clone();
+        let master = strong.config.master.clone();
+        let sentinel = &sentinels[turn % sentinels.len()];
+        turn += 1;
+        let subscribed = async {
+            let (host, port) = split_address(sentinel).ok()?;
+            let client = strong.client(&host, port, true).ok()?;
+            let mut pubsub = tokio::time::timeout(SENTINEL_TIMEOUT, client.get_async_pubsub())
+                .await
+                .ok()?
+                .ok()?;
+            tokio::time::timeout(SENTINEL_TIMEOUT, pubsub.subscribe("+switch-master"))
+                .await
+                .ok()?
+                .ok()?;
+            Some(pubsub)
+        }
+        .await;
+        drop(strong);
+        let Some(pubsub) = subscribed else {
+            tokio::time::sleep(WATCH_RETRY).await;
+            continue;
+        };
+        let mut messages = pubsub.into_on_message();
+        loop {
+            let next = tokio::time::timeout(WATCH_ALIVE, messages.next()).await;
+            let Some(strong) = group.upgrade() else {
+                return;
+            };
+            match next {
+                // Quiet: check that the group is still used, and go on listening.
+                Err(_) => continue,
+                // The Sentinel went away: subscribe to the next one.
+                Ok(None) => break,
+                Ok(Some(message)) => {
+                    let payload: String = message.get_payload().unwrap_or_default();
+                    // "<master name> <old ip> <old port> <new ip> <new port>"
+                    if payload.split(' ').next() == Some(master.as_str()) {
+                        strong.switched(&payload);
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(WATCH_RETRY).await;
+    }
+}
+
+/// The host and port of a validated Sentinel address (`host:port` or `[v6]:port`).
+fn split_address(address: &str) -> Result<(String, u16), String> {
+    let (host, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{address}: expected host:port"))?;
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| format!("{address}: invalid port"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Ok((host.to_string(), port))
+}
+
+/// The `[host, port]` of a `GET-MASTER-ADDR-BY-NAME` reply; `None` for a nil (an unknown master) or
+/// anything else.
+fn master_address(reply: &Value) -> Option<(String, u16)> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let [host, port] = items.as_slice() else {
+        return None;
+    };
+    let host = text(host).filter(|host| !host.is_empty() && host.len() <= 255)?;
+    let port = text(port)?.parse::<u16>().ok().filter(|port| *port > 0)?;
+    Some((host, port))
+}
+
+/// A reply's text, if it is one.
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::{master_address, split_address};
+
+    #[test]
+    fn a_master_address_is_a_host_and_a_port() {
+        let reply = Value::Array(vec![
+            Value::BulkString(b"10.0.0.5".to_vec()),
+            Value::BulkString(b"6380".to_vec()),
+        ]);
+        assert_eq!(master_address(&reply), Some(("10.0.0.5".to_string(), 6380)));
+        assert_eq!(master_address(&Value::Nil), None);
+        let bad_port = Value::Array(vec![
+            Value::BulkString(b"h".to_vec()),
+            Value::BulkString(b"0".to_vec()),
+        ]);
+        assert_eq!(master_address(&bad_port), None);
+        assert_eq!(master_address(&Value::Array(vec![])), None);
+    }
+
+    #[test]
+    fn sentinel_addresses_split_into_host_and_port() {
+        assert_eq!(split_address("h:26379"), Ok(("h".to_string(), 26379)));
+        assert_eq!(split_address("[::1]:5"), Ok(("::1".to_string(), 5)));
+        assert!(split_address("h").is_err());
+    }
+}

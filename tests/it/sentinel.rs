@@ -1,0 +1,146 @@
+//! The Redis store on a Sentinel-managed group: a master, its replicas and three Sentinels, all real
+//! servers. A group is one node of the majority that follows its master through failovers — planned
+//! (`SENTINEL FAILOVER`: the old master lives on as a replica and answers `READONLY`) and forced (the
+//! master SIGKILLed) — and keeps every claim it confirmed: a write counts only once a replica has it
+//! (`WAIT`), and the promoted replica holds it.
+
+use std::time::Duration;
+
+use redcron::config::{RedisNode, SentinelGroup as GroupConfig};
+use redcron::lock::{ClaimOutcome, LockSettings};
+use redcron::store::redis::RedisStore;
+use redcron::store::Store;
+
+use crate::conformance::{request, settings, settled};
+use crate::support::{won, SentinelGroup};
+
+/// The group as a node of `redis.nodes`.
+fn node_of(group: &SentinelGroup, min_replicas_acked: u32) -> RedisNode {
+    RedisNode::Sentinel(GroupConfig {
+        master: group.master_name().to_string(),
+        sentinels: group.sentinel_addresses(),
+        username: None,
+        password: None,
+        sentinel_username: None,
+        sentinel_password: None,
+        tls: false,
+        db: 0,
+        min_replicas_acked,
+    })
+}
+
+/// A store on `nodes` with lock settings that leave a loaded machine room (and a node timeout that
+/// covers a `WAIT` for a replica).
+fn store_on(nodes: &[RedisNode]) -> Store {
+    let settings = LockSettings {
+        node_timeout: Duration::from_millis(300),
+        ..settings(3_000)
+    };
+    Store::Redis(RedisStore::open(nodes, settings).expect("a valid group"))
+}
+
+/// Claims tick `tick` of job `job` for `worker` until the outcome is final (a failover in progress is
+/// `NoQuorum`, retried), and returns the lease's token; the lease is released.
+async fn token_of(store: &Store, worker: &str, job: &str, tick: i64) -> u64 {
+    let lease = won(settled(store, &request(worker, job, tick)).await);
+    let token = lease.token;
+    store.release(&lease).await;
+    token
+}
+
+/// Every tick in `ticks` is refused to a new claimant: the records survived.
+async fn all_still_claimed(store: &Store, job: &str, ticks: std::ops::RangeInclusive<i64>) {
+    for tick in ticks {
+        let outcome = settled(store, &request("latecomer", job, tick)).await;
+        assert!(
+            matches!(outcome, ClaimOutcome::AlreadyClaimed { .. }),
+            "tick {tick} of {job} was claimable again after a failover: {outcome:?}"
+        );
+    }
+}
+
+/// Through a planned failover and then a crash of the new master, every claim the group confirmed is
+/// kept (no tick is granted twice) and tokens keep rising: the node follows the master each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_follows_its_master_through_failovers_and_keeps_every_claim() {
+    let mut group = SentinelGroup::builder().replicas(2).sentinels(3).start();
+    let store = store_on(&[node_of(&group, 1)]);
+    let mut last = 0;
+    for tick in 1..=5 {
+        let token = token_of(&store, "w1", "job", tick * 1_000).await;
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+    }
+
+    // Planned: the old master becomes a replica (it answers READONLY to the connection still open).
+    let first = group.master().expect("a master");
+    let second = group.failover();
+    assert_ne!(first, second);
+    all_still_claimed(&store, "job", 1_000..=5_000).await;
+    let token = token_of(&store, "w1", "job", 6_000).await;
+    assert!(token > last, "token {token} after {last} across a failover");
+    last = token;
+
+    // Forced: the new master dies; the Sentinels promote a replica.
+    group.data.kill(second);
+    let third = group.wait_for_new_master(second);
+    assert_ne!(third, second);
+    all_still_claimed(&store, "job", 1_000..=6_000).await;
+    let token = token_of(&store, "w1", "job", 7_000).await;
+    assert!(token > last, "token {token} after {last} across a crash");
+}
+
+/// A write that no replica acknowledged does not count: with the group's only replica down, a claim is
+/// `NoQuorum`, saying why; once the replica is back, claims are granted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_no_replica_acknowledged_does_not_count() {
+    let mut group = SentinelGroup::builder().replicas(1).sentinels(1).start();
+    let store = store_on(&[node_of(&group, 1)]);
+    token_of(&store, "w1", "acked", 1_000).await;
+
+    group.data.kill(1);
+    let outcome = store.claim(&request("w1", "acked", 2_000)).await;
+    let ClaimOutcome::NoQuorum(failure) = &outcome else {
+        panic!("a claim without a replica counted: {outcome:?}");
+    };
+    let said = format!("{failure:?}");
+    assert!(said.contains("WAIT saw 0 of the 1 replicas"), "{said}");
+    assert!(said.contains("sentinel://"), "the group is named: {said}");
+
+    group.data.restart(1);
+    let master_port = group.data.port(0);
+    let () = group
+        .data
+        .query(1, redis::cmd("REPLICAOF").arg("127.0.0.1").arg(master_port));
+    token_of(&store, "w1", "acked", 2_000).await;
+}
+
+/// The Sentinels' and the data nodes' passwords may differ; each is used where it belongs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinels_and_data_nodes_take_their_own_passwords() {
+    let group = SentinelGroup::builder()
+        .replicas(1)
+        .sentinels(1)
+        .password("data-secret")
+        .sentinel_password("sentinel-secret")
+        .start();
+    let with = |password: Option<&str>, sentinel_password: Option<&str>| {
+        let RedisNode::Sentinel(mut config) = node_of(&group, 1) else {
+            unreachable!("node_of makes a group");
+        };
+        config.password = password.map(str::to_string);
+        config.sentinel_password = sentinel_password.map(str::to_string);
+        RedisNode::Sentinel(config)
+    };
+    let store = store_on(&[with(Some("data-secret"), Some("sentinel-secret"))]);
+    token_of(&store, "w1", "auth", 1_000).await;
+
+    let wrong = store_on(&[with(Some("sentinel-secret"), Some("data-secret"))]);
+    let outcome = wrong.claim(&request("w2", "auth", 2_000)).await;
+    let ClaimOutcome::NoQuorum(failure) = &outcome else {
+        panic!("wrong passwords were accepted: {outcome:?}");
+    };
+    let said = format!("{failure:?}");
+    assert!(!said.contains("secret"), "a password is shown: {said}");
+    assert!(said.contains("no Sentinel of sentinel://"), "{said}");
+}
