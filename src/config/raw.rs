@@ -50,7 +50,8 @@ pub(crate) struct RawRedis {
 #[derive(Debug)]
 pub(crate) enum RawRedisNode {
     Url(Spanned<String>),
-    Sentinel(RawSentinelGroup),
+    /// Boxed: a group's fields are many next to a URL.
+    Sentinel(Box<RawSentinelGroup>),
 }
 
 /// `redis.nodes[i]` as a mapping: the Sentinels that name a group's master, and how to reach both.
@@ -334,7 +335,7 @@ fn redis_nodes(list: &Node, report: &mut Report) -> Option<Spanned<Vec<RawRedisN
             min_replicas_acked: fields.scalar("min_replicas_acked", report),
         };
         fields.finish(report);
-        Some(RawRedisNode::Sentinel(group))
+        Some(RawRedisNode::Sentinel(Box::new(group)))
     });
     Some(Spanned {
         value: nodes.collect(),

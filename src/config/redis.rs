@@ -107,7 +107,8 @@ fn sentinel_group(
                 let path = format!("{field}.sentinels[{j}]");
                 match sentinel_address(&address.value) {
                     Err(why) => {
-                        let why = format!("invalid Sentinel address {:?}: {why}", address.value);
+                        let shown = without_password(&address.value);
+                        let why = format!("invalid Sentinel address {shown:?}: {why}");
                         report.error(address.mark, &path, why);
                         ok = false;
                     }
@@ -178,7 +179,7 @@ fn sentinel_group(
         }
     }
     let master = master?;
-    ok.then(|| SentinelGroup {
+    ok.then_some(SentinelGroup {
         master,
         sentinels,
         username,
@@ -204,6 +205,13 @@ fn valid_master_name(name: &str) -> bool {
 /// or why it is not one.
 pub(crate) fn sentinel_address(address: &str) -> Result<String, String> {
     let address = address.trim();
+    if address.contains("://") || address.contains('@') {
+        return Err(
+            "expected host:port, as in 10.0.0.1:26379 (no scheme; the Sentinels' password \
+                    goes in sentinel_password)"
+                .to_string(),
+        );
+    }
     let (host, port) = match address.strip_prefix('[') {
         Some(bracketed) => {
             let (host, after) = bracketed
@@ -228,14 +236,13 @@ pub(crate) fn sentinel_address(address: &str) -> Result<String, String> {
     if host.is_empty() {
         return Err("missing host: expected host:port, as in 10.0.0.1:26379".to_string());
     }
-    if address.contains("://")
-        || !host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-._[]:".contains(c))
+    if !host
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-._[]:".contains(c))
     {
-        return Err(
-            "expected host:port, as in 10.0.0.1:26379 (no scheme, no password)".to_string(),
-        );
+        return Err(format!(
+            "invalid host {host:?}: expected host:port, as in 10.0.0.1:26379"
+        ));
     }
     let port = match port {
         None => SENTINEL_PORT,
@@ -245,6 +252,14 @@ pub(crate) fn sentinel_address(address: &str) -> Result<String, String> {
         },
     };
     Ok(format!("{}:{port}", host.to_ascii_lowercase()))
+}
+
+/// A Sentinel address as an error may show it: whatever precedes an `@` (a password) is hidden.
+fn without_password(address: &str) -> String {
+    match address.rsplit_once('@') {
+        Some((_, host)) => format!("***@{host}"),
+        None => address.to_string(),
+    }
 }
 
 /// `host:port` of a node URL, or why it is not a usable `redis://`/`rediss://` URL (never its password).

@@ -1156,3 +1156,105 @@ fn a_job_name_too_long_for_a_sql_store_is_refused_at_the_name() {
     );
     ok(&format!("redis:\n  nodes: [\"redis://h:6379\"]\n{job}"));
 }
+
+/// A node of `redis.nodes` may be a Sentinel group: its fields read back (passwords from `${VAR}`),
+/// servers and groups mix, and a group's `Debug` and label show no password.
+#[test]
+fn sentinel_groups_read_back_and_mix_with_servers() {
+    let config = ok(&format!(
+        "redis:\n  nodes:\n    - sentinels: [10.0.0.1:26379, \"10.0.0.2\", \"[::1]:5000\"]\n      master: mymaster\n      password: ${{REDIS_PASSWORD}}\n      sentinel_password: ${{SQL_PASSWORD}}\n      username: app\n      db: 2\n      min_replicas_acked: 2\n    - redis://h2:6379\n    - {{sentinels: [s3:1], master: other, tls: true}}\n{JOB}"
+    ));
+    let StoreConfig::Redis(redis) = &config.store else {
+        panic!("expected a Redis store, got {:?}", config.store)
+    };
+    assert_eq!(redis.nodes.len(), 3);
+    let RedisNode::Sentinel(group) = &redis.nodes[0] else {
+        panic!("expected a group, got {:?}", redis.nodes[0])
+    };
+    assert_eq!(group.master, "mymaster");
+    assert_eq!(
+        group.sentinels,
+        ["10.0.0.1:26379", "10.0.0.2:26379", "[::1]:5000"]
+    );
+    assert_eq!(group.password.as_deref(), Some("s3cret"));
+    assert_eq!(group.sentinel_password.as_deref(), Some("pg-s3cret"));
+    assert_eq!(group.username.as_deref(), Some("app"));
+    assert_eq!(
+        (group.db, group.min_replicas_acked, group.tls),
+        (2, 2, false)
+    );
+    let shown = format!("{group:?} {}", redis.nodes[0].label());
+    assert!(!shown.contains("s3cret"), "{shown}");
+    assert_eq!(
+        redis.nodes[0].label(),
+        "sentinel://mymaster@10.0.0.1:26379,10.0.0.2:26379,[::1]:5000"
+    );
+    let RedisNode::Sentinel(other) = &redis.nodes[2] else {
+        panic!("expected a group, got {:?}", redis.nodes[2])
+    };
+    assert_eq!(
+        (other.tls, other.min_replicas_acked, other.db),
+        (true, 1, 0)
+    );
+    assert_eq!(redis.nodes[1], RedisNode::Server("redis://h2:6379".into()));
+}
+
+/// A group's mistakes name the file, line and field; a group listed twice is refused; 0 replicas acked
+/// is a warning that says what it costs.
+#[test]
+fn bad_sentinel_groups() {
+    let got = only_problem(&format!(
+        "redis:\n  nodes:\n    - {{sentinels: [h1:26379]}}\n{JOB}"
+    ));
+    assert!(
+        got.starts_with("jobs.yaml:3:7: redis.nodes[0].master: missing field `master`"),
+        "{got}"
+    );
+    let got = only_problem(&format!("redis:\n  nodes:\n    - {{master: m}}\n{JOB}"));
+    assert!(
+        got.contains("redis.nodes[0].sentinels: missing field `sentinels`"),
+        "{got}"
+    );
+    let got = only_problem(&format!(
+        "redis:\n  nodes:\n    - {{sentinels: [\"redis://:pw@h1:1\"], master: m}}\n{JOB}"
+    ));
+    assert!(
+        got.starts_with("jobs.yaml:3:20: redis.nodes[0].sentinels[0]: invalid Sentinel address \"***@h1:1\": expected host:port"),
+        "{got}"
+    );
+    assert!(!got.contains("pw"), "{got}");
+    let got = only_problem(&format!(
+        "redis:\n  nodes:\n    - {{sentinels: [h1], master: \"a b\"}}\n{JOB}"
+    ));
+    assert!(
+        got.contains("redis.nodes[0].master: invalid master name"),
+        "{got}"
+    );
+    let got = only_problem(&format!(
+        "redis:\n  nodes:\n    - {{sentinels: [h1], master: m, colour: red}}\n{JOB}"
+    ));
+    assert!(got.contains("unknown field `colour`"), "{got}");
+    let got = only_problem(&format!(
+        "redis:\n  nodes:\n    - {{sentinels: [h1], master: m, min_replicas_acked: many}}\n{JOB}"
+    ));
+    assert!(
+        got.contains("redis.nodes[0].min_replicas_acked: invalid min_replicas_acked \"many\""),
+        "{got}"
+    );
+    let got = only_problem(&format!(
+        "redis:\n  nodes:\n    - {{sentinels: [h1, h2], master: m}}\n    - {{sentinels: [h2], master: m}}\n    - redis://h3\n{JOB}"
+    ));
+    assert!(
+        got.starts_with("jobs.yaml:4:7: redis.nodes[1]: master m of the Sentinel at h2:26379 is already redis.nodes[0]"),
+        "{got}"
+    );
+    let config = ok(&format!(
+        "redis:\n  nodes:\n    - {{sentinels: [h1], master: m, min_replicas_acked: 0}}\n{JOB}"
+    ));
+    assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+    assert!(
+        config.warnings[0].contains("min_replicas_acked: 0: the master's answer counts alone"),
+        "{:?}",
+        config.warnings
+    );
+}

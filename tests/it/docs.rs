@@ -36,6 +36,7 @@ const MODULES: &[&str] = &[
     "reload",
     "retries",
     "schedule",
+    "sentinel",
     "sql_input",
     "sql_servers",
     "sql_store",
@@ -59,6 +60,7 @@ const DOCUMENTS: &[&str] = &[
     "docs/development.md",
     "docs/store-embedded.md",
     "docs/store-etcd.md",
+    "docs/store-redis.md",
     "docs/store-sql.md",
     "docs/store-zookeeper.md",
 ];

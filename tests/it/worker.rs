@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use crate::support::{
-    worker_config, Backend, EtcdCluster, Persistence, RedisCluster, TestDir, Worker,
+    worker_config, Backend, EtcdCluster, Persistence, RedisCluster, SentinelGroup, TestDir, Worker,
 };
 
 /// A config with the cluster's nodes, short leases and `jobs` (YAML list items, already indented).
@@ -107,6 +107,27 @@ fn three_workers_on_etcd_run_each_tick_exactly_once() {
         cluster.kill(leader);
     };
     three_workers_each_tick_once(config, kill_the_leader, 2);
+}
+
+/// The same on one Sentinel group (a master, two replicas, three Sentinels: `redis.nodes: [group]`), whose
+/// master is SIGKILLed halfway: each tick at most once, tokens rising per job, and every tick run but
+/// those raced while the Sentinels agree the master is down and promote a replica (its 1 s
+/// `down-after-milliseconds`, an election, the workers' reconnection: a few seconds).
+#[test]
+fn three_workers_on_a_sentinel_group_run_each_tick_exactly_once() {
+    let mut group = SentinelGroup::builder().start();
+    let node = group.node_yaml();
+    let config = |worker: &str, jobs: &str| {
+        format!(
+            "redis:\n  nodes:\n    - {node}\nlock:\n  ttl: 3s\n  renew_every: 1s\n  node_timeout: 300ms\n  retry_delay: 50ms\nworker:\n{worker}jobs:\n{jobs}"
+        )
+    };
+    let kill_the_master = || {
+        let master = group.master().expect("the group has a master");
+        group.data.kill(master);
+        group.wait_for_new_master(master);
+    };
+    three_workers_each_tick_once(config, kill_the_master, 5);
 }
 
 /// 3 workers with the config `config(worker section, jobs)` makes, two jobs every second for ~15 s, with

@@ -92,7 +92,8 @@ impl Identity {
         if self.role != "master" {
             return Some(format!(
                 "is a replica (role:{}), which takes no write and forgets records when promoted: not \
-                 counted; list primaries only (`REPLICAOF NO ONE` makes it one)",
+                 counted; list primaries only (`REPLICAOF NO ONE` makes it one), or the Sentinels of its group \
+                 as a node (`{{sentinels: […], master: NAME}}`)",
                 self.role
             ));
         }

@@ -29,7 +29,8 @@ use crate::store::StoreError;
 /// Where a node's server is: one address, or whichever server a Sentinel group names its master.
 #[derive(Clone)]
 pub(super) enum Target {
-    Server(redis::Client),
+    /// Boxed: a client is large next to a group's handle.
+    Server(Box<redis::Client>),
     Group(Arc<Group>),
 }
 
@@ -45,7 +46,7 @@ impl Target {
                         url: label.clone(),
                         reason: error.to_string().replace(url.as_str(), &label),
                     })?;
-                Ok((label, Target::Server(client)))
+                Ok((label, Target::Server(Box::new(client))))
             }
             RedisNode::Sentinel(config) => {
                 let group = Group::start(config);
@@ -149,7 +150,7 @@ impl Node {
             (Arc::clone(&self.registry), self.index, self.connect_timeout);
         let opening = async move {
             let (client, address, epoch) = match &target {
-                Target::Server(client) => (client.clone(), String::new(), 0),
+                Target::Server(client) => ((**client).clone(), String::new(), 0),
                 Target::Group(group) => {
                     let master = group.master().await?;
                     (master.client, master.address, master.epoch)
