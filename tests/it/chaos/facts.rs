@@ -178,11 +178,24 @@ pub struct Facts {
     /// (the client's own log line), in time order. Every request of the session goes to that member
     /// until the next.
     pub sessions: HashMap<usize, Vec<(i64, usize)>>,
+    /// Per instance: `(from, to, node)` for each failed try of its ZooKeeper client to establish its
+    /// disconnected session on a member (`fails to establish session to tcp://…`, logged at `to`), from
+    /// the client's line before it (the `enter state Disconnected …` that began the move, or the
+    /// previous try's end). During a try the session rides no member: every request waits for that
+    /// one member to answer the connect.
+    pub session_tries: HashMap<usize, Vec<(i64, i64, usize)>>,
 }
 
 /// What the ZooKeeper client logs (target `zookeeper_client::session`) when its session is established
 /// on a member, or moved to another: `… to tcp://127.0.0.1:2181` (`tcp+tls://` with TLS).
 const SESSION_ESTABLISHED: &str = "succeeds to establish session to ";
+
+/// What the ZooKeeper client logs when a try to establish its session on a member failed:
+/// `… to tcp://127.0.0.1:2181 due to <why>`.
+const SESSION_NOT_ESTABLISHED: &str = "fails to establish session to ";
+
+/// The target of the ZooKeeper client's session lines (`event` in the worker's JSON log).
+const SESSION_TARGET: &str = "zookeeper_client::session";
 
 /// A holder named by `tick.lost: busy`, and the tick it held the lease for.
 pub type BusyAnswer = (String, Option<i64>);
@@ -338,8 +351,37 @@ impl Facts {
         let mut open: HashMap<(String, i64), usize> = HashMap::new();
         let mut by_run_id: HashMap<String, usize> = HashMap::new();
         let mut last_measured: Option<i64> = None;
+        // When the ZooKeeper client last logged a session line: a failed try began there.
+        let mut last_session_line: Option<i64> = None;
         for (at, event) in &log.events {
             let name = event["event"].as_str().unwrap_or_default();
+            if name == SESSION_TARGET {
+                let since = last_session_line.replace(*at);
+                if let Some(tried) = event["message"]
+                    .as_str()
+                    .and_then(|message| message.strip_prefix(SESSION_NOT_ESTABLISHED))
+                {
+                    if self.ports.is_empty() {
+                        continue;
+                    }
+                    let endpoint = tried.split(' ').next().unwrap_or_default();
+                    let port = endpoint.rsplit(':').next().and_then(|p| p.parse().ok());
+                    match port.and_then(|port: u16| self.ports.get(&port)) {
+                        Some(&node) => {
+                            if let Some(from) = since {
+                                self.session_tries
+                                    .entry(instance)
+                                    .or_default()
+                                    .push((from, *at, node));
+                            }
+                        }
+                        None => self.malformed.push(format!(
+                            "instance {instance}: a session tried on an unknown member: {event}"
+                        )),
+                    }
+                    continue;
+                }
+            }
             if name == "worker.started" && instance < self.lives.len() {
                 self.lives[instance].ready = self.lives[instance].ready.min(*at);
                 self.measured[log.worker].push((*at, None));
@@ -619,12 +661,22 @@ impl Facts {
     /// ZooKeeper session rode a member that was killed, hung or stalled, and its client had not yet
     /// moved the session to another (it does so only after its connection timeout without an answer,
     /// or when the connection breaks). The other members answering is no help then: a session talks
-    /// to one member at a time. Empty on the other stores, whose clients log no session.
+    /// to one member at a time. So also while its client, the session disconnected, was trying to
+    /// establish it on a member out of reach (a hung member takes the connection and answers nothing
+    /// until the connection timeout): the session rode no member then. Empty on the other stores,
+    /// whose clients log no session.
     pub fn session_cut_off(&self, instance: usize) -> Vec<(i64, i64)> {
-        let Some(sessions) = self.sessions.get(&instance) else {
-            return Vec::new();
-        };
         let mut cut_off = Vec::new();
+        for &(from, to, node) in self.session_tries.get(&instance).into_iter().flatten() {
+            let out = self.unusable[node].iter().chain(&self.stalled[node]);
+            cut_off.extend(
+                out.map(|&(s, e)| (s.max(from), e.min(to)))
+                    .filter(|(s, e)| s < e),
+            );
+        }
+        let Some(sessions) = self.sessions.get(&instance) else {
+            return cut_off;
+        };
         for (k, &(from, node)) in sessions.iter().enumerate() {
             let to = sessions.get(k + 1).map_or(NEVER, |&(next, _)| next);
             let out = self.unusable[node].iter().chain(&self.stalled[node]);

@@ -76,9 +76,14 @@
 //! that worker goes unanswered, whatever the other two do, until its client moves the session (when
 //! the connection breaks, or after its connection timeout without an answer); the client logs each
 //! member it establishes the session on (`succeeds to establish session to tcp://…`), and the timeline
-//! names each member's port (`Happening::NodePort`). An attempt within such an interval counts as made
-//! with no majority in reach (*session's member out of reach*). A live member that a worker's session
-//! did not ride is no excuse.
+//! names each member's port (`Happening::NodePort`). Once the client has given a member up (`enter
+//! state Disconnected …`, after its connection timeout or a broken connection — or on a worker's
+//! resume from a pause longer than that timeout, though its member answered), the session rides no
+//! member until the client establishes it on one: it tries the members one at a time, and a try on a
+//! hung member holds it for up to a connection timeout (logged at its end: `fails to establish session
+//! to tcp://…`). An attempt within such an interval — riding, or trying, a member killed, hung or
+//! stalled — counts as made with no majority in reach (*session's member out of reach*). A live
+//! member that a worker's session did not ride or try is no excuse.
 //!
 //! **On a SQL server** the same rules apply with one node, the server: a *majority* is that server, so it
 //! is out of reach while killed (until it is restarted and for 2 s after: the workers' pools reconnect)
@@ -281,7 +286,7 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         ),
         (
             "session's member out of reach",
-            "no member within the tick's window for a worker whose ZooKeeper session rode a member killed, hung or stalled, until its client moved the session",
+            "no member within the tick's window for a worker whose ZooKeeper session rode a member killed, hung or stalled (or, disconnected, was being established on one), until its client moved the session",
         ),
         (
             "later tick claimed first",

@@ -364,6 +364,69 @@ fn checker_counts_a_stalled_session_member_out_of_reach_for_its_worker_only() {
     assert!(failed_with(&redis.check(), "UNEXPLAINED MISS"));
 }
 
+/// On ZooKeeper a disconnected session rides no member until its client establishes it on one: a worker
+/// whose client gave its (live) member up — as on its resume from a pause longer than the connection
+/// timeout — and then tried a hung member had no member in reach for that try, though two answered
+/// (chaos run of seed 20261271: w1 resumed, its client tried a hung member for 1.5 s, the whole window
+/// of a tick). A try on a live member, or one over before the tick's attempts, is no excuse.
+#[test]
+fn checker_counts_a_session_being_established_on_a_hung_member_out_of_reach() {
+    let tick = T0 + 4_000;
+    // Every worker's session rides member 0, which answers throughout; member 1 is hung around the
+    // tick. Each client gives member 0 up at `gave_up` and fails to establish the session on the
+    // member of port `tried` at `failed`, then establishes it on member 2 right after.
+    let scenario = |gave_up: i64, tried: u16, failed: i64| {
+        let mut scenario = Scenario::new();
+        scenario.quick_ticks(&[4]);
+        for node in 0..3 {
+            let port = 2181 + node as u16;
+            scenario
+                .timeline
+                .push(T0 - 10_000, Happening::NodePort { node, port });
+        }
+        scenario.timeline.push(
+            tick - 3_500,
+            Happening::NodeDown {
+                node: 1,
+                hung: true,
+            },
+        );
+        scenario
+            .timeline
+            .push(tick + 1_500, Happening::NodeUp { node: 1 });
+        let line =
+            |message: String| json!({"event": "zookeeper_client::session", "message": message});
+        for instance in 0..WORKERS {
+            let established = |port: u16| {
+                line(format!(
+                    "succeeds to establish session to tcp://127.0.0.1:{port}"
+                ))
+            };
+            scenario.log(instance, T0 - 9_800, established(2181));
+            let disconnected =
+                "enter state Disconnected due to no response from connection in 1600ms";
+            scenario.log(instance, gave_up, line(disconnected.into()));
+            let why = "connection to server has lost";
+            let message =
+                format!("fails to establish session to tcp://127.0.0.1:{tried} due to {why}");
+            scenario.log(instance, failed, line(message));
+            scenario.log(instance, failed + 5, established(2183));
+        }
+        scenario.no_quorum(tick, &[400, 900]);
+        scenario.check_on(StoreKind::Zookeeper)
+    };
+    passed_explaining(
+        &scenario(tick - 500, 2182, tick + 1_000),
+        "session rode a member",
+    );
+    // The try was on member 2, which answered: no excuse.
+    let report = scenario(tick - 500, 2183, tick + 1_000);
+    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+    // The try on the hung member was over before the tick's attempts (member 2 took the session).
+    let report = scenario(tick - 3_000, 2182, tick - 1_400);
+    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+}
+
 /// A worker whose last attempt at a tick was still in flight when the tick's window ended, and that was
 /// killed before the attempt came back, logged no end of its race: no majority within the window still
 /// explains its miss, the in-flight attempt counted up to the window's end — but only once it was
