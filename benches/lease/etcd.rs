@@ -83,7 +83,7 @@ pub struct Versus {
 /// write is a Raft commit, fsynced on a majority) on etcd.
 fn settings_for(store: Backend) -> LockSettings {
     match store {
-        Backend::Redis | Backend::Embedded => settings(),
+        Backend::Redis | Backend::RedisSentinel | Backend::Embedded => settings(),
         Backend::Etcd | Backend::Postgres | Backend::Mariadb | Backend::Zookeeper => LockSettings {
             node_timeout: Duration::from_millis(500),
             ..settings()
@@ -95,6 +95,7 @@ fn settings_for(store: Backend) -> LockSettings {
 fn short(store: Backend) -> &'static str {
     match store {
         Backend::Redis => "redis",
+        Backend::RedisSentinel => "redis-sentinel",
         Backend::Etcd => "etcd",
         Backend::Postgres => "postgres",
         Backend::Mariadb => "mariadb",

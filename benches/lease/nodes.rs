@@ -48,24 +48,8 @@ impl Counters for Cluster {
     /// member does not answer. ZooKeeper: `srvr`'s zxid and the member's JVM's CPU from `/proc`.
     fn usage(&self, i: usize) -> Usage {
         match self {
-            Cluster::Redis(cluster) => {
-                let info =
-                    |section: &str| -> String { cluster.query(i, redis::cmd("INFO").arg(section)) };
-                let commands = info("commandstats")
-                    .lines()
-                    // The benchmark's own INFO calls are not the load it measures.
-                    .filter(|line| !line.starts_with("cmdstat_info:"))
-                    .filter_map(|line| line.split_once("calls=")?.1.split(',').next())
-                    .filter_map(|calls| calls.parse::<u64>().ok())
-                    .sum();
-                let cpu = info("cpu")
-                    .lines()
-                    .filter_map(|line| line.split_once(':'))
-                    .filter(|(k, _)| *k == "used_cpu_sys" || *k == "used_cpu_user")
-                    .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
-                    .sum();
-                Usage { commands, cpu }
-            }
+            Cluster::Sentinel(group) => redis_usage(&group.data, group.master().unwrap_or(0)),
+            Cluster::Redis(cluster) => redis_usage(cluster, i),
             Cluster::Etcd(cluster) => {
                 let text = cluster.metrics(i).unwrap_or_default();
                 let metric = |name: &str| -> f64 {
@@ -92,7 +76,7 @@ impl Counters for Cluster {
         let usages = (0..self.len()).map(|i| self.usage(i));
         let cpu = usages.clone().map(|u| u.cpu).sum();
         let commands = match self {
-            Cluster::Redis(_) => usages.map(|u| u.commands).sum(),
+            Cluster::Redis(_) | Cluster::Sentinel(_) => usages.map(|u| u.commands).sum(),
             Cluster::Etcd(_) | Cluster::Zookeeper(_) | Cluster::SharedZookeeper(_) => {
                 usages.map(|u| u.commands).max().unwrap_or(0)
             }
@@ -181,4 +165,23 @@ fn process_cpu(pid: u32) -> f64 {
             .unwrap_or(0.0)
     };
     (field(11) + field(12)) / ticks_per_second
+}
+
+/// A Redis server's own counters: `INFO commandstats` (all calls) and `INFO cpu` (user + sys).
+fn redis_usage(cluster: &testkit::RedisCluster, i: usize) -> Usage {
+    let info = |section: &str| -> String { cluster.query(i, redis::cmd("INFO").arg(section)) };
+    let commands = info("commandstats")
+        .lines()
+        // The benchmark's own INFO calls are not the load it measures.
+        .filter(|line| !line.starts_with("cmdstat_info:"))
+        .filter_map(|line| line.split_once("calls=")?.1.split(',').next())
+        .filter_map(|calls| calls.parse::<u64>().ok())
+        .sum();
+    let cpu = info("cpu")
+        .lines()
+        .filter_map(|line| line.split_once(':'))
+        .filter(|(k, _)| *k == "used_cpu_sys" || *k == "used_cpu_user")
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum();
+    Usage { commands, cpu }
 }

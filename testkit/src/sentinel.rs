@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use crate::{children, RedisCluster};
 
+/// The name the Sentinels monitor the master under.
+pub const MASTER_NAME: &str = "redcron-test";
+
 /// How long a group may take to start (replication up, every replica known to every Sentinel).
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a failover may take, from the old master's death to a new one every Sentinel names.
@@ -72,16 +75,26 @@ impl SentinelGroupBuilder {
         let mut group = SentinelGroup {
             data,
             sentinels: Vec::new(),
-            master: "redcron-test".to_string(),
+            master: MASTER_NAME.to_string(),
             password: self.password.clone(),
             sentinel_password: self.sentinel_password.clone(),
             down_after: self.down_after,
             quorum: self.sentinels / 2 + 1,
             _dir: dir,
         };
+        // A replica is in sync only after its first transfer, which a master delays 5 s by default to
+        // serve several at once: at once here, and waited for, so that a write can be acknowledged.
+        let () = group.data.query(
+            0,
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("repl-diskless-sync-delay")
+                .arg(0),
+        );
         for i in 1..=self.replicas {
             group.make_replica(i);
         }
+        group.wait_for_replicas(self.replicas);
         for i in 0..self.sentinels {
             let dir = group._dir.path().join(format!("sentinel{i}"));
             std::fs::create_dir(&dir).expect("cannot create a Sentinel directory");
@@ -240,6 +253,36 @@ impl SentinelGroup {
                 format!("--- sentinel {i} (port {}):\n{log}", sentinel.port)
             })
             .collect()
+    }
+
+    /// Waits until node 0's writes reach `replicas` replicas: a write and `WAIT` on one connection
+    /// until every replica acknowledges it. (`state=online` is not enough: after a diskless transfer the
+    /// master streams to a replica only once it has sent its first acknowledgement, up to a second
+    /// later.)
+    fn wait_for_replicas(&self, replicas: usize) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut connection = self.data.connection(0);
+        loop {
+            let acked: redis::RedisResult<(String, usize)> = redis::pipe()
+                .cmd("SET")
+                .arg("redcron-testkit:replicated")
+                .arg(1)
+                .cmd("WAIT")
+                .arg(replicas)
+                .arg(100)
+                .query(&mut connection);
+            if matches!(acked, Ok((_, acked)) if acked >= replicas) {
+                let () = self
+                    .data
+                    .query(0, redis::cmd("DEL").arg("redcron-testkit:replicated"));
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replicas did not acknowledge a write within {READY_TIMEOUT:?}: {acked:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Makes data node `i` a replica of node 0 (the first master).

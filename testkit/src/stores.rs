@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use redcron::config::{EtcdConfig, SqlConfig, SqlTls, ZookeeperConfig};
+use redcron::config::{
+    EtcdConfig, RedisNode, SentinelGroup as SentinelGroupConfig, SqlConfig, SqlTls, ZookeeperConfig,
+};
 use redcron::history::{Entry, HistorySettings, Query};
 use redcron::lock::LockSettings;
 use redcron::store::embedded::EmbeddedStore;
@@ -23,12 +25,15 @@ use redcron::store::sql::SqlStore;
 use redcron::store::zookeeper::ZookeeperStore;
 use redcron::store::{Store, StoreError};
 
-use crate::{EtcdCluster, RedisCluster, SharedZk, SqlKind, SqlServer, ZkEnsemble};
+use crate::sentinel::MASTER_NAME as SENTINEL_MASTER;
+use crate::{EtcdCluster, RedisCluster, SentinelGroup, SharedZk, SqlKind, SqlServer, ZkEnsemble};
 
 /// Which store a test or a benchmark item runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Redis,
+    /// One Sentinel-managed group (a master, a replica, a Sentinel) as the Redis store's one node.
+    RedisSentinel,
     Etcd,
     Embedded,
     /// A PostgreSQL server (the SQL store's `postgres` dialect).
@@ -44,6 +49,7 @@ impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Redis => "Redis",
+            Backend::RedisSentinel => "Redis (a Sentinel group)",
             Backend::Etcd => "etcd",
             Backend::Embedded => "embedded",
             Backend::Postgres => "PostgreSQL",
@@ -57,7 +63,11 @@ impl Backend {
         match self {
             Backend::Postgres => Some(SqlKind::Postgres),
             Backend::Mariadb => Some(SqlKind::Mariadb),
-            Backend::Redis | Backend::Etcd | Backend::Embedded | Backend::Zookeeper => None,
+            Backend::Redis
+            | Backend::RedisSentinel
+            | Backend::Etcd
+            | Backend::Embedded
+            | Backend::Zookeeper => None,
         }
     }
 
@@ -66,6 +76,9 @@ impl Backend {
     pub fn start(self) -> Cluster {
         match self {
             Backend::Redis => self.start_nodes(5),
+            Backend::RedisSentinel => {
+                Cluster::Sentinel(SentinelGroup::builder().replicas(1).sentinels(1).start())
+            }
             Backend::Etcd | Backend::Zookeeper => self.start_nodes(3),
             Backend::Embedded | Backend::Postgres | Backend::Mariadb => self.start_nodes(1),
         }
@@ -87,6 +100,10 @@ impl Backend {
     pub fn start_nodes(self, n: usize) -> Cluster {
         match self {
             Backend::Redis => Cluster::Redis(RedisCluster::start(n)),
+            Backend::RedisSentinel => {
+                assert_eq!(n, 1, "a Sentinel group is one node");
+                Backend::RedisSentinel.start()
+            }
             Backend::Etcd => Cluster::Etcd(EtcdCluster::with_members(n)),
             Backend::Zookeeper => Cluster::Zookeeper(ZkEnsemble::start(n)),
             Backend::Embedded => {
@@ -111,6 +128,15 @@ impl Backend {
     pub fn adapt(self, settings: LockSettings) -> LockSettings {
         match self {
             Backend::Redis => settings,
+            // Each answer waits for the replica's acknowledgement (`WAIT`): room for it.
+            Backend::RedisSentinel => LockSettings {
+                node_timeout: settings.node_timeout.max(Duration::from_millis(500)),
+                ttl: settings.ttl.max(Duration::from_secs(1)),
+                renew_every: settings
+                    .renew_every
+                    .max(settings.ttl.max(Duration::from_secs(1)) / 3),
+                ..settings
+            },
             Backend::Etcd | Backend::Postgres | Backend::Mariadb | Backend::Zookeeper => {
                 let ttl = settings.ttl.max(Duration::from_secs(2));
                 LockSettings {
@@ -140,9 +166,11 @@ impl Backend {
         match self {
             // The SQL server expires a lease on its own clock, read by the next claim: a TTL after the
             // claim or renewal that wrote it.
-            Backend::Redis | Backend::Embedded | Backend::Postgres | Backend::Mariadb => {
-                ttl + Duration::from_millis(100)
-            }
+            Backend::Redis
+            | Backend::RedisSentinel
+            | Backend::Embedded
+            | Backend::Postgres
+            | Backend::Mariadb => ttl + Duration::from_millis(100),
             Backend::Etcd => {
                 Duration::from_secs(ttl.as_millis().div_ceil(1000) as u64)
                     + Duration::from_millis(1_500)
@@ -162,6 +190,10 @@ impl Backend {
             .collect();
         match self {
             Backend::Redis => format!("redis:\n  nodes: [{}]\n", quoted.join(", ")),
+            Backend::RedisSentinel => format!(
+                "redis:\n  nodes:\n    - {{sentinels: [{}], master: {SENTINEL_MASTER}}}\n",
+                quoted.join(", ")
+            ),
             Backend::Etcd => format!("etcd:\n  endpoints: [{}]\n", quoted.join(", ")),
             Backend::Embedded => format!("embedded:\n  path: {}\n", quoted.join(", ")),
             Backend::Postgres => {
@@ -176,6 +208,8 @@ impl Backend {
 /// A running cluster of one backend, stopped (or its file removed) on drop.
 pub enum Cluster {
     Redis(RedisCluster),
+    /// A Sentinel group: its Sentinels' addresses are the cluster's, and it is one node.
+    Sentinel(SentinelGroup),
     Etcd(EtcdCluster),
     Embedded(EmbeddedFile),
     /// One PostgreSQL or MariaDB server of its own.
@@ -190,6 +224,7 @@ impl Cluster {
     pub fn backend(&self) -> Backend {
         match self {
             Cluster::Redis(_) => Backend::Redis,
+            Cluster::Sentinel(_) => Backend::RedisSentinel,
             Cluster::Etcd(_) => Backend::Etcd,
             Cluster::Zookeeper(_) | Cluster::SharedZookeeper(_) => Backend::Zookeeper,
             Cluster::Embedded(_) => Backend::Embedded,
@@ -235,6 +270,7 @@ impl Cluster {
     pub fn spec(&self) -> String {
         let kind = match self.backend() {
             Backend::Redis => "redis",
+            Backend::RedisSentinel => "redis-sentinel",
             Backend::Etcd => "etcd",
             Backend::Embedded => "embedded",
             Backend::Postgres => "postgres",
@@ -254,6 +290,7 @@ impl Cluster {
     pub fn urls(&self) -> Vec<String> {
         match self {
             Cluster::Redis(cluster) => cluster.urls(),
+            Cluster::Sentinel(group) => group.sentinel_addresses(),
             Cluster::Etcd(cluster) => cluster.endpoints(),
             Cluster::Zookeeper(ensemble) => ensemble.addresses(),
             Cluster::SharedZookeeper(shared) => shared.ensemble().addresses(),
@@ -273,6 +310,7 @@ impl Cluster {
     pub fn len(&self) -> usize {
         match self {
             Cluster::Redis(cluster) => cluster.len(),
+            Cluster::Sentinel(_) => 1,
             Cluster::Etcd(cluster) => cluster.len(),
             Cluster::Zookeeper(ensemble) => ensemble.len(),
             Cluster::SharedZookeeper(shared) => shared.ensemble().len(),
@@ -288,6 +326,7 @@ impl Cluster {
     pub fn port(&self, i: usize) -> u16 {
         match self {
             Cluster::Redis(cluster) => cluster.port(i),
+            Cluster::Sentinel(group) => group.data.port(group.master().unwrap_or(0)),
             Cluster::Etcd(cluster) => cluster.client_port(i),
             Cluster::Zookeeper(ensemble) => ensemble.client_port(i),
             Cluster::SharedZookeeper(shared) => shared.ensemble().client_port(i),
@@ -300,6 +339,7 @@ impl Cluster {
     pub fn pid(&self, i: usize) -> Option<u32> {
         match self {
             Cluster::Redis(cluster) => cluster.pid(i),
+            Cluster::Sentinel(group) => group.data.pid(group.master().unwrap_or(0)),
             Cluster::Etcd(cluster) => cluster.pid(i),
             Cluster::Zookeeper(ensemble) => ensemble.pid(i),
             Cluster::SharedZookeeper(shared) => shared.ensemble().pid(i),
@@ -337,6 +377,8 @@ impl Cluster {
     pub fn stop(&mut self, i: usize) {
         match self {
             Cluster::Redis(cluster) => cluster.stop(i),
+            // The group is one node: every data node hangs (so no replica can be promoted either).
+            Cluster::Sentinel(group) => (0..group.data.len()).for_each(|i| group.data.stop(i)),
             Cluster::Etcd(cluster) => cluster.stop(i),
             Cluster::Zookeeper(ensemble) => ensemble.stop(i),
             Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
@@ -349,6 +391,7 @@ impl Cluster {
     pub fn cont(&mut self, i: usize) {
         match self {
             Cluster::Redis(cluster) => cluster.cont(i),
+            Cluster::Sentinel(group) => (0..group.data.len()).for_each(|i| group.data.cont(i)),
             Cluster::Etcd(cluster) => cluster.cont(i),
             Cluster::Zookeeper(ensemble) => ensemble.cont(i),
             Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
@@ -374,7 +417,7 @@ impl Cluster {
             // check noticed then — see `ports`.)
             Cluster::Zookeeper(ensemble) => (0..ensemble.len()).collect(),
             Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
-            Cluster::Embedded(_) | Cluster::Sql(_) => vec![0],
+            Cluster::Embedded(_) | Cluster::Sql(_) | Cluster::Sentinel(_) => vec![0],
         };
         for &i in &stopped {
             self.stop(i);
@@ -393,6 +436,7 @@ impl Cluster {
     pub fn flush(&self) {
         match self {
             Cluster::Redis(cluster) => (0..cluster.len()).for_each(|i| cluster.flushall(i)),
+            Cluster::Sentinel(group) => group.data.flushall(group.master().unwrap_or(0)),
             Cluster::Etcd(cluster) => cluster.delete_all(),
             Cluster::Zookeeper(ensemble) => ensemble.delete_all(),
             Cluster::SharedZookeeper(shared) => shared.delete_all(),
@@ -418,6 +462,7 @@ pub fn worker_config(
 ) -> String {
     let lock = match backend {
         Backend::Redis | Backend::Embedded => SHORT_LEASES,
+        Backend::RedisSentinel => SQL_LEASES,
         Backend::Etcd => ETCD_LEASES,
         Backend::Postgres | Backend::Mariadb => SQL_LEASES,
         Backend::Zookeeper => ZK_LEASES,
@@ -564,6 +609,7 @@ pub fn store_keeping(spec: &str, settings: LockSettings, history: HistorySetting
     let addresses: Vec<String> = list.split(',').map(str::to_string).collect();
     let backend = match kind {
         "redis" => Backend::Redis,
+        "redis-sentinel" => Backend::RedisSentinel,
         "etcd" => Backend::Etcd,
         "embedded" => Backend::Embedded,
         "postgres" => Backend::Postgres,
@@ -584,6 +630,21 @@ fn open(
 ) -> Result<Store, StoreError> {
     Ok(match backend {
         Backend::Redis => Store::Redis(RedisStore::new(addresses, settings)?.with_history(history)),
+        Backend::RedisSentinel => {
+            let group = SentinelGroupConfig {
+                master: SENTINEL_MASTER.to_string(),
+                sentinels: addresses.to_vec(),
+                username: None,
+                password: None,
+                sentinel_username: None,
+                sentinel_password: None,
+                tls: false,
+                db: 0,
+                min_replicas_acked: 1,
+            };
+            let nodes = [RedisNode::Sentinel(group)];
+            Store::Redis(RedisStore::open(&nodes, settings)?.with_history(history))
+        }
         Backend::Etcd => {
             let config = EtcdConfig {
                 endpoints: addresses.to_vec(),

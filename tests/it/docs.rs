@@ -74,6 +74,7 @@ const STORES: &[&str] = &[
     "postgres",
     "mariadb",
     "zookeeper",
+    "redis_sentinel",
 ];
 
 /// Every `module::name` (or `module::<store>::name`, one store's run of a test) in backticks in `text`

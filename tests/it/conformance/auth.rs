@@ -56,6 +56,24 @@ impl Guarded {
                     _running: Box::new(cluster),
                 }
             }
+            Backend::RedisSentinel => {
+                let group = crate::support::SentinelGroup::builder()
+                    .replicas(1)
+                    .sentinels(1)
+                    .password(PASSWORD)
+                    .sentinel_password(PASSWORD)
+                    .start();
+                let bare = format!(
+                    "{{sentinels: [{}], master: {}}}",
+                    group.sentinel_addresses().join(", "),
+                    group.master_name()
+                );
+                Guarded {
+                    with: format!("redis:\n  nodes:\n    - {}\n", group.node_yaml()),
+                    without: format!("redis:\n  nodes:\n    - {bare}\n"),
+                    _running: Box::new(group),
+                }
+            }
             Backend::Etcd => {
                 let cluster = crate::support::EtcdCluster::start();
                 let mut admin = etcd_client::Client::connect(cluster.endpoints(), None)

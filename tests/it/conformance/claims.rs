@@ -25,9 +25,11 @@ pub(super) async fn acquire_renew_release(backend: Backend) {
     let ttl = store.settings().ttl;
     assert!(lease.remaining() > Duration::ZERO && lease.remaining() < ttl);
     let floor = match backend {
-        Backend::Redis | Backend::Embedded | Backend::Postgres | Backend::Mariadb => {
-            token_floor(Tick(1_000))
-        }
+        Backend::Redis
+        | Backend::RedisSentinel
+        | Backend::Embedded
+        | Backend::Postgres
+        | Backend::Mariadb => token_floor(Tick(1_000)),
         Backend::Etcd | Backend::Zookeeper => 1,
     };
     assert!(lease.token >= floor, "token {} below {floor}", lease.token);
@@ -426,6 +428,10 @@ fn fence(cluster: &Cluster, job: &str) -> Option<u64> {
         Cluster::Redis(redis) => (0..redis.len())
             .map(|node| redis.get(node, &key).and_then(|v| v.parse().ok()))
             .collect(),
+        Cluster::Sentinel(group) => {
+            let master = group.master().expect("the group has a master");
+            vec![group.data.get(master, &key).and_then(|v| v.parse().ok())]
+        }
         Cluster::Embedded(file) => {
             let connection = rusqlite::Connection::open(file.path()).expect("open the database");
             let fence: Option<i64> = connection
@@ -463,6 +469,12 @@ fn plant_fence(cluster: &Cluster, job: &str, fence: u64) {
             for node in 0..redis.len() {
                 let () = redis.query(node, ::redis::cmd("SET").arg(&key).arg(fence));
             }
+        }
+        Cluster::Sentinel(group) => {
+            let master = group.master().expect("the group has a master");
+            let () = group
+                .data
+                .query(master, ::redis::cmd("SET").arg(&key).arg(fence));
         }
         Cluster::Embedded(file) => {
             let connection = rusqlite::Connection::open(file.path()).expect("open the database");

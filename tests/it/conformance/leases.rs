@@ -58,6 +58,7 @@ pub(super) async fn renewal_after_the_deadline_never_revives(backend: Backend) {
     let ttl = match backend {
         Backend::Embedded => 4_000,
         Backend::Redis
+        | Backend::RedisSentinel
         | Backend::Etcd
         | Backend::Postgres
         | Backend::Mariadb

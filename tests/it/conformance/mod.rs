@@ -1,6 +1,7 @@
 //! The conformance suite: the guarantees every store keeps, proved through [`redcron::store::Store`] alone
 //! on each store — 5 Redis nodes, a 3-member etcd cluster, the embedded store's SQLite file, a PostgreSQL
-//! server, a MariaDB server and a 3-member ZooKeeper ensemble.
+//! server, a MariaDB server, a 3-member ZooKeeper ensemble, and the Redis store on one Sentinel group (a
+//! master, a replica and a Sentinel: every answer waits for the replica's `WAIT`).
 //!
 //! [`conformance!`] instantiates the whole suite once per store, as `conformance::<store>::<test>`, so that
 //! one store's run is one filter (`cargo test --test it conformance::embedded`); a store's own faults (a
@@ -154,4 +155,9 @@ conformance!(mariadb, Backend::Mariadb, extra: [
 ]);
 conformance!(zookeeper, Backend::Zookeeper, extra: [
     auth::a_client_without_credentials_changes_nothing,
+]);
+conformance!(redis_sentinel, Backend::RedisSentinel, extra: [
+    auth::a_client_without_credentials_changes_nothing,
+    claims::a_tick_far_ahead_of_the_clock_is_refused,
+    claims::tokens_are_exact_to_their_bound_and_refused_past_it,
 ]);

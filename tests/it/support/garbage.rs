@@ -47,6 +47,10 @@ impl<'a> Target<'a> {
                 nodes,
                 on: (0..nodes.len()).collect(),
             },
+            Cluster::Sentinel(group) => Target::Redis {
+                nodes: &group.data,
+                on: vec![group.master().expect("the group has a master")],
+            },
             Cluster::Etcd(members) => Target::Etcd(members),
             Cluster::Embedded(_) => {
                 panic!("the embedded store's garbage is planted in its file (store_garbage.rs)")
