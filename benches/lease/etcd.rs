@@ -1,5 +1,6 @@
 //! Item 7, every shared store beside Redis in the same run: one uncontended claim, the lock-alone race,
-//! the herd and a steady load, on 5 Redis nodes, 3 etcd members, one PostgreSQL and one MariaDB server
+//! the herd and a steady load, on 5 Redis nodes, one Sentinel group (a master, a replica, a Sentinel:
+//! each answer waits for the replica's `WAIT`), 3 etcd members, one PostgreSQL and one MariaDB server
 //! and 3 ZooKeeper members, with each one's ratio to Redis.
 //!
 //! One item rather than a `--store` option across the others: the ratios must come from one run on one
@@ -83,8 +84,12 @@ pub struct Versus {
 /// write is a Raft commit, fsynced on a majority) on etcd.
 fn settings_for(store: Backend) -> LockSettings {
     match store {
-        Backend::Redis | Backend::RedisSentinel | Backend::Embedded => settings(),
-        Backend::Etcd | Backend::Postgres | Backend::Mariadb | Backend::Zookeeper => LockSettings {
+        Backend::Redis | Backend::Embedded => settings(),
+        Backend::RedisSentinel
+        | Backend::Etcd
+        | Backend::Postgres
+        | Backend::Mariadb
+        | Backend::Zookeeper => LockSettings {
             node_timeout: Duration::from_millis(500),
             ..settings()
         },
@@ -119,6 +124,7 @@ pub fn run(
     let mut sides = Vec::new();
     let stores = [
         (Backend::Redis, 5),
+        (Backend::RedisSentinel, 1),
         (Backend::Etcd, 3),
         (Backend::Postgres, 1),
         (Backend::Mariadb, 1),
@@ -301,6 +307,7 @@ fn table(versus: &Versus) -> String {
     header.extend(versus.sides.iter().map(|side| {
         let unit = match side.store {
             Backend::Redis => "nodes",
+            Backend::RedisSentinel => "group",
             Backend::Etcd | Backend::Zookeeper => "members",
             _ => "server",
         };

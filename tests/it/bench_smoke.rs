@@ -114,7 +114,14 @@ fn benchmark_runs_in_smoke_mode() {
     let stores: Vec<&str> = versus.sides.iter().map(|s| s.store.name()).collect();
     assert_eq!(
         stores,
-        ["Redis", "etcd", "PostgreSQL", "MariaDB", "ZooKeeper"]
+        [
+            "Redis",
+            "Redis (a Sentinel group)",
+            "etcd",
+            "PostgreSQL",
+            "MariaDB",
+            "ZooKeeper"
+        ]
     );
     for side in &versus.sides {
         assert!(!side.claim.is_empty(), "no claim timed: {side:?}");
