@@ -49,7 +49,7 @@ async fn token_of(store: &Store, worker: &str, job: &str, tick: i64) -> u64 {
 }
 
 /// Every tick in `ticks` is refused to a new claimant: the records survived.
-async fn all_still_claimed(store: &Store, job: &str, ticks: std::ops::RangeInclusive<i64>) {
+async fn all_still_claimed(store: &Store, job: &str, ticks: impl IntoIterator<Item = i64>) {
     for tick in ticks {
         let outcome = settled(store, &request("latecomer", job, tick)).await;
         assert!(
@@ -76,7 +76,7 @@ async fn a_group_follows_its_master_through_failovers_and_keeps_every_claim() {
     let first = group.master().expect("a master");
     let second = group.failover();
     assert_ne!(first, second);
-    all_still_claimed(&store, "job", 1_000..=5_000).await;
+    all_still_claimed(&store, "job", (1..=5).map(|s| s * 1_000)).await;
     let token = token_of(&store, "w1", "job", 6_000).await;
     assert!(token > last, "token {token} after {last} across a failover");
     last = token;
@@ -85,7 +85,7 @@ async fn a_group_follows_its_master_through_failovers_and_keeps_every_claim() {
     group.data.kill(second);
     let third = group.wait_for_new_master(second);
     assert_ne!(third, second);
-    all_still_claimed(&store, "job", 1_000..=6_000).await;
+    all_still_claimed(&store, "job", (1..=6).map(|s| s * 1_000)).await;
     let token = token_of(&store, "w1", "job", 7_000).await;
     assert!(token > last, "token {token} after {last} across a crash");
 }
@@ -143,4 +143,77 @@ async fn sentinels_and_data_nodes_take_their_own_passwords() {
     let said = format!("{failure:?}");
     assert!(!said.contains("secret"), "a password is shown: {said}");
     assert!(said.contains("no Sentinel of sentinel://"), "{said}");
+}
+
+/// A run's lease outlives its master: SIGKILLed while the lease is held, the master is replaced and the
+/// next renewal lands on the new one (the lease key replicated before the grant counted), so the run
+/// goes on; meanwhile no contender gets the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_renews_on_the_new_master_after_the_old_one_dies() {
+    let mut group = SentinelGroup::builder().replicas(2).sentinels(3).start();
+    let settings = LockSettings {
+        ttl: Duration::from_secs(8),
+        renew_every: Duration::from_secs(2),
+        node_timeout: Duration::from_millis(300),
+        ..settings(8_000)
+    };
+    let store = Store::Redis(RedisStore::open(&[node_of(&group, 1)], settings).expect("a group"));
+    let mut lease = won(settled(&store, &request("holder", "long", 1_000)).await);
+
+    let old = group.master().expect("a master");
+    group.data.kill(old);
+    group.wait_for_new_master(old);
+    // Renewals fail while the Sentinels elect; the lease is good for 8 s, so one lands in time.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    loop {
+        match store.renew(&mut lease).await {
+            Ok(()) => break,
+            Err(error) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no renewal on the new master: {error:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(lease.is_valid());
+    let contender = settled(&store, &request("contender", "long", 2_000)).await;
+    assert!(
+        !matches!(contender, ClaimOutcome::Won(_)),
+        "a contender got the job while its run held the lease: {contender:?}"
+    );
+    store.release(&lease).await;
+}
+
+/// A hung master (SIGSTOP) is replaced; resumed, it comes back as a replica. Nothing written to it while
+/// it was cut off counts (its replicas follow the new master, so `WAIT` fails there), and every claim
+/// made before, during and after stays claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_master_is_replaced_and_returns_as_a_replica_without_a_second_grant() {
+    let mut group = SentinelGroup::builder().replicas(2).sentinels(3).start();
+    let store = store_on(&[node_of(&group, 1)]);
+    let mut last = token_of(&store, "w1", "hung", 1_000).await;
+
+    let old = group.master().expect("a master");
+    group.data.stop(old);
+    group.wait_for_new_master(old);
+    let token = token_of(&store, "w1", "hung", 2_000).await;
+    assert!(token > last, "token {token} after {last}");
+    last = token;
+
+    group.data.cont(old);
+    // The Sentinels turn the old master into a replica of the new one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while group.role(old).as_deref() != Some("slave") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old master did not become a replica:\n{}",
+            group.sentinel_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let token = token_of(&store, "w1", "hung", 3_000).await;
+    assert!(token > last, "token {token} after {last}");
+    all_still_claimed(&store, "hung", [1_000, 2_000, 3_000]).await;
 }

@@ -338,10 +338,17 @@ impl Node {
                 };
                 if acked < i64::from(acks) {
                     // Too few replicas have the writes: a lagging group, or a master cut off from its
-                    // replicas (the Sentinels may have promoted one). Look the master up again.
-                    self.drop_session(&session);
+                    // replicas (the Sentinels may have promoted one). The connection stays: dropping it
+                    // would let the pipelines queued behind this `WAIT` run on the server after newer
+                    // ones sent on a new connection. The Sentinels are asked in the background whether
+                    // the master moved; if so, the group's epoch ends this connection.
+                    if let Target::Group(group) = &self.target {
+                        let (group, address) = (Arc::clone(group), session.address.clone());
+                        tokio::spawn(async move { group.verify(&address).await });
+                    }
                     return Err(format!(
-                        "master {} has the writes, but WAIT saw {} of the {acks} replicas it needs                          within the round: not counted",
+                        "master {} has the writes, but WAIT saw {} of the {acks} replicas it needs \
+                         within the round: not counted",
                         session.address,
                         acked.max(0)
                     ));

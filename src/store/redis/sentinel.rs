@@ -4,10 +4,10 @@
 //! (`SENTINEL GET-MASTER-ADDR-BY-NAME`; the one that answered is asked first next time), connects there,
 //! and checks with `ROLE` that the server is a master before anything is sent; the node's connection
 //! ([`super::node`]) then identifies it as any node's. It resolves the master again whenever that
-//! connection fails, a write is refused `READONLY`, the master stops being one at a periodic re-check, a
-//! write is not acknowledged by the replicas it needs (it may be a master cut off from its group), or a
-//! Sentinel announces `+switch-master` for the group (a watcher subscribed to the Sentinels bumps the
-//! group's [`Group::epoch`], which ends every connection opened before).
+//! connection fails, a write is refused `READONLY`, the master stops being one at a periodic re-check, or
+//! a Sentinel announces `+switch-master` for the group (a watcher subscribed to the Sentinels bumps the
+//! group's [`Group::epoch`], which ends every connection opened before); a write its replicas did not
+//! acknowledge makes it ask the Sentinels whether the master moved ([`Group::verify`]).
 //!
 //! What makes a failover safe is the other half, in [`super::node`] and [`super::admission`]: a group's
 //! answer counts only once `WAIT` says `min_replicas_acked` replicas have its writes, so the replica the
@@ -176,6 +176,19 @@ impl Group {
             .map_err(|error| error.to_string())?
             .set_redis_settings(settings);
         redis::Client::open(info).map_err(|error| format!("{host}:{port}: {error}"))
+    }
+
+    /// Asks the Sentinels whether the master is still at `address` (a write there was not acknowledged by
+    /// its replicas); if they name another, ends the connections to the old one as an announcement does.
+    pub(super) async fn verify(&self, address: &str) {
+        if let Ok(master) = self.master().await {
+            if master.address != address && master.epoch == self.epoch() {
+                self.switched(&format!(
+                    "the Sentinels name {} instead of {address}",
+                    master.address
+                ));
+            }
+        }
     }
 
     /// Notes that a Sentinel announced a new master for the group.
