@@ -76,9 +76,9 @@ impl Backend {
     pub fn start(self) -> Cluster {
         match self {
             Backend::Redis => self.start_nodes(5),
-            Backend::RedisSentinel => {
-                Cluster::Sentinel(SentinelGroup::builder().replicas(1).sentinels(1).start())
-            }
+            Backend::RedisSentinel => Cluster::Sentinel(Box::new(
+                SentinelGroup::builder().replicas(1).sentinels(1).start(),
+            )),
             Backend::Etcd | Backend::Zookeeper => self.start_nodes(3),
             Backend::Embedded | Backend::Postgres | Backend::Mariadb => self.start_nodes(1),
         }
@@ -208,8 +208,9 @@ impl Backend {
 /// A running cluster of one backend, stopped (or its file removed) on drop.
 pub enum Cluster {
     Redis(RedisCluster),
-    /// A Sentinel group: its Sentinels' addresses are the cluster's, and it is one node.
-    Sentinel(SentinelGroup),
+    /// A Sentinel group: its Sentinels' addresses are the cluster's, and it is one node. Boxed: it is
+    /// large next to the other variants.
+    Sentinel(Box<SentinelGroup>),
     Etcd(EtcdCluster),
     Embedded(EmbeddedFile),
     /// One PostgreSQL or MariaDB server of its own.
