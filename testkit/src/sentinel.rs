@@ -155,6 +155,15 @@ impl SentinelGroup {
             .collect()
     }
 
+    /// The group as a node of the Redis store, with its passwords.
+    pub fn config(&self, min_replicas_acked: u32) -> redcron::config::SentinelGroup {
+        redcron::config::SentinelGroup {
+            password: self.password.clone(),
+            sentinel_password: self.sentinel_password.clone(),
+            ..group_config(self.sentinel_addresses(), min_replicas_acked)
+        }
+    }
+
     /// The group as one entry of `redis.nodes` in YAML flow style, with its passwords.
     pub fn node_yaml(&self) -> String {
         let mut yaml = format!(
@@ -448,6 +457,24 @@ impl SentinelGroup {
     /// How long the master may be silent before a Sentinel thinks it down.
     pub fn down_after(&self) -> Duration {
         self.down_after
+    }
+}
+
+/// The group at `sentinels` (as [`MASTER_NAME`]), without passwords, as a node of the Redis store.
+pub fn group_config(
+    sentinels: Vec<String>,
+    min_replicas_acked: u32,
+) -> redcron::config::SentinelGroup {
+    redcron::config::SentinelGroup {
+        master: MASTER_NAME.to_string(),
+        sentinels,
+        username: None,
+        password: None,
+        sentinel_username: None,
+        sentinel_password: None,
+        tls: false,
+        db: 0,
+        min_replicas_acked,
     }
 }
 

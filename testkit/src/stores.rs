@@ -13,9 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use redcron::config::{
-    EtcdConfig, RedisNode, SentinelGroup as SentinelGroupConfig, SqlConfig, SqlTls, ZookeeperConfig,
-};
+use redcron::config::{EtcdConfig, RedisNode, SqlConfig, SqlTls, ZookeeperConfig};
 use redcron::history::{Entry, HistorySettings, Query};
 use redcron::lock::LockSettings;
 use redcron::store::embedded::EmbeddedStore;
@@ -632,17 +630,7 @@ fn open(
     Ok(match backend {
         Backend::Redis => Store::Redis(RedisStore::new(addresses, settings)?.with_history(history)),
         Backend::RedisSentinel => {
-            let group = SentinelGroupConfig {
-                master: SENTINEL_MASTER.to_string(),
-                sentinels: addresses.to_vec(),
-                username: None,
-                password: None,
-                sentinel_username: None,
-                sentinel_password: None,
-                tls: false,
-                db: 0,
-                min_replicas_acked: 1,
-            };
+            let group = crate::sentinel::group_config(addresses.to_vec(), 1);
             let nodes = [RedisNode::Sentinel(group)];
             Store::Redis(RedisStore::open(&nodes, settings)?.with_history(history))
         }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use redcron::config::{RedisNode, SentinelGroup as GroupConfig};
+use redcron::config::RedisNode;
 use redcron::lock::{ClaimOutcome, LockSettings};
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
@@ -16,17 +16,7 @@ use crate::support::{won, SentinelGroup};
 
 /// The group as a node of `redis.nodes`.
 fn node_of(group: &SentinelGroup, min_replicas_acked: u32) -> RedisNode {
-    RedisNode::Sentinel(GroupConfig {
-        master: group.master_name().to_string(),
-        sentinels: group.sentinel_addresses(),
-        username: None,
-        password: None,
-        sentinel_username: None,
-        sentinel_password: None,
-        tls: false,
-        db: 0,
-        min_replicas_acked,
-    })
+    RedisNode::Sentinel(group.config(min_replicas_acked))
 }
 
 /// A store on `nodes` with lock settings that leave a loaded machine room (and a node timeout that

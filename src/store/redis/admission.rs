@@ -177,6 +177,35 @@ struct State {
     warned: std::collections::HashSet<String>,
 }
 
+impl State {
+    /// Notes that node `node` is now the server `identity`, no longer run id `old`: the old server's
+    /// vote is released (another node may take it over), and the node counts from `counts_from`.
+    fn replace(
+        &mut self,
+        node: usize,
+        old: &str,
+        identity: &Identity,
+        counts_from: Instant,
+        why_held: String,
+    ) {
+        let now = Instant::now();
+        if self.owners.get(old) == Some(&node) {
+            self.owners.remove(old);
+            self.released.insert(old.to_string(), (node, now));
+        }
+        self.nodes.insert(
+            node,
+            Seen {
+                run_id: identity.run_id.clone(),
+                replid: identity.replid.clone(),
+                durable: identity.durable(),
+                counts_from,
+                why_held,
+            },
+        );
+    }
+}
+
 struct Seen {
     run_id: String,
     /// The server's `master_replid` when it was admitted.
@@ -240,10 +269,6 @@ impl Registry {
         {
             // A failover: the group's new master is a replica of the old one, promoted, and every write
             // that counted reached a replica (`WAIT`) before it did. It holds what the old one held.
-            if state.owners.get(old) == Some(&node) {
-                state.owners.remove(old);
-                state.released.insert(old.clone(), (node, now));
-            }
             tracing::info!(
                 event = events::store::MASTER_SWITCHED,
                 node = %label,
@@ -252,21 +277,9 @@ impl Registry {
                 replid = %old_replid,
                 "The group's new master was promoted from the old one's replicas; it counts at once"
             );
-            state.nodes.insert(
-                node,
-                Seen {
-                    run_id: identity.run_id.clone(),
-                    replid: identity.replid.clone(),
-                    durable: identity.durable(),
-                    counts_from: now,
-                    why_held: String::new(),
-                },
-            );
+            let old = old.clone();
+            state.replace(node, &old, identity, now, String::new());
         } else if let Some((old, was_durable, _)) = previous.filter(|_| restarted) {
-            if state.owners.get(&old) == Some(&node) {
-                state.owners.remove(&old);
-                state.released.insert(old.clone(), (node, now));
-            }
             // A server that fsyncs every write before it replies, before and after its restart, forgot
             // nothing this process counted: no hold. Any other may have come back empty.
             let hold = if was_durable && identity.durable() {
@@ -284,21 +297,13 @@ impl Registry {
                 "Node restarted; without `appendfsync always` its answers do not count until every \
                  lease of before the restart has ended or been restored (Redlock's delayed restart)"
             );
-            state.nodes.insert(
-                node,
-                Seen {
-                    run_id: identity.run_id.clone(),
-                    replid: identity.replid.clone(),
-                    durable: identity.durable(),
-                    counts_from: until,
-                    why_held: format!(
-                        "restarted (run_id {old} is now {}) without `appendfsync always`: not counted \
-                         until {} ms after the restart",
-                        identity.run_id,
-                        hold.as_millis()
-                    ),
-                },
+            let why_held = format!(
+                "restarted (run_id {old} is now {}) without `appendfsync always`: not counted until {} \
+                 ms after the restart",
+                identity.run_id,
+                hold.as_millis()
             );
+            state.replace(node, &old, identity, until, why_held);
         } else {
             state.nodes.entry(node).or_insert_with(|| Seen {
                 run_id: identity.run_id.clone(),
