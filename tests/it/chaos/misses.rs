@@ -44,7 +44,9 @@
 //!   later_tick_claimed` after a later tick was claimed (as above: the nodes refuse a tick once a later
 //!   one is confirmed); and at each of its attempts that failed (`tick.retrying`/`tick.skipped` with
 //!   those reasons; the `tick.lost` that ended the race counts when no other was logged, since retries
-//!   inside the store are not) a majority of the 5 nodes was out of its reach: killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and for 1 s
+//!   inside the store are not; a give-up logged as its process was resumed from a pause that the
+//!   window did not outlast counts as made when the pause began — the race was decided only at the
+//!   resume) a majority of the 5 nodes was out of its reach: killed or hung (and for 2 s after), the proxied node while the proxy is degraded (and for 1 s
 //!   after), any node during a stall the probe measured, any node that confirmed this tick for another
 //!   claimant (a node confirms one claimant per tick, for ever: the nodes' AOF), any node on which a
 //!   ghost confirmed this tick or a later one (from its write on, for ever: a node's claim record only
@@ -531,10 +533,17 @@ fn no_majority_in_window(
             .collect()
     };
     let mut attempts = logged("tick.retrying");
+    let window_end = r + e.job.period_ms.min(e.job.grace_ms);
     // It gave up at the end of the window, or a later tick was claimed meanwhile (the window being over:
     // the next tick was due) — which the nodes themselves answered (`later_tick_claimed`), or which came
     // after it had tried and failed at least once (`already_claimed` from a worker of an older version).
-    let skipped = logged("tick.skipped").into_iter().min();
+    // A give-up that came as its process was resumed from a pause, its window having ended by then,
+    // was decided at the resume; the race's last attempt was in flight (or waiting for its batch) when
+    // the pause began, the last moment the process could act: it counts as ending there.
+    let skipped = logged("tick.skipped")
+        .into_iter()
+        .min()
+        .map(|at| given_up_before_pause(facts, instance, at, window_end).unwrap_or(at));
     let overtaken = facts
         .logged_at(instance, job, tick, "tick.lost:later_tick_claimed")
         .into_iter()
@@ -546,7 +555,6 @@ fn no_majority_in_window(
         )
         .filter(|&lost| later_claim_at(e, tick).is_some_and(|at| at <= lost + LOG_ORDER_SLACK_MS))
         .min();
-    let window_end = r + e.job.period_ms.min(e.job.grace_ms);
     // Or its last attempt was still in flight when the window ended, and the process was killed before
     // that attempt came back (a round stretched by slow nodes waits up to 10× `node_timeout`): the race
     // ended with the window, and a majority must have been out of reach up to its end.
@@ -590,6 +598,22 @@ fn no_majority_in_window(
         "session's member out of reach"
     };
     Some(cause)
+}
+
+/// For a give-up logged at `at`, just as `instance` was resumed from a pause (the harness notes the
+/// SIGCONT a few ms late, or the line comes a few ms after it) that the window, ending at `window_end`,
+/// did not outlast: when that pause began. The race loop gives a tick up only once its batch is decided,
+/// and a process stopped meanwhile decides it at its resume (Redis chaos run of seed 20261291: w2, its
+/// race of 21:01:00 held by a split vote's retry inside the store, was paused at 21:01:01.958 and logged
+/// the three skips at its resume, 5.7 s later, with every node back). `None` if no such pause.
+fn given_up_before_pause(facts: &Facts, instance: usize, at: i64, window_end: i64) -> Option<i64> {
+    facts.lives[instance]
+        .stops
+        .iter()
+        .find(|&&(start, end)| {
+            start < at && window_end <= end && at.abs_diff(end) <= LOG_ORDER_SLACK_MS.unsigned_abs()
+        })
+        .map(|&(start, _)| start)
 }
 
 /// The nodes that `worker` could not have for `tick` besides faults, as `(node, from, to)`: those that

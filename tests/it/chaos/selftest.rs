@@ -475,6 +475,53 @@ fn checker_ends_a_race_in_flight_at_its_window_when_the_worker_was_killed() {
     );
 }
 
+/// A worker paused after its tick's window ended, its race still undecided (held by a retry inside the
+/// store), gives the tick up at its resume: that give-up counts as made when the pause began, the last
+/// moment it could act — not when it was logged, with the nodes back by then (Redis chaos run of seed
+/// 20261291: w2 paused 1 s after the window of 21:01:00 ended, its three skips logged at its resume 5.7 s
+/// later). But only a give-up logged at the resume, and only with a majority out of reach before the
+/// pause began: a worker that had a majority back while it ran had to use it.
+#[test]
+fn checker_counts_a_give_up_logged_at_a_resume_as_made_when_the_pause_began() {
+    let tick = T0 + 4_000;
+    // Nodes 0..3 hung over the tick's window until `back`; every worker fails at tick + 200; w0, w1 and w3
+    // give up at tick + 900; w2 is paused at `paused` until tick + 6 s and logs its give-up at `skipped`.
+    let scenario = |back: i64, paused: i64, skipped: i64| {
+        let mut scenario = Scenario::new();
+        scenario.quick_ticks(&[4]);
+        for node in 0..3 {
+            scenario
+                .timeline
+                .push(tick - 100, Happening::NodeDown { node, hung: true });
+            scenario.timeline.push(back, Happening::NodeUp { node });
+        }
+        let logged = |event: &str| json!({"event": event, "job": "quick", "tick": rfc3339(tick), "reason": "no_quorum"});
+        for instance in 0..WORKERS {
+            scenario.log(instance, tick + 200, logged("tick.retrying"));
+            let gave_up = if instance == 2 { skipped } else { tick + 900 };
+            scenario.log(instance, gave_up, logged("tick.skipped"));
+        }
+        scenario
+            .timeline
+            .push(paused, Happening::WorkerStopped { instance: 2 });
+        scenario
+            .timeline
+            .push(tick + 6_000, Happening::WorkerContinued { instance: 2 });
+        scenario.check()
+    };
+    // Hung until after the pause began: every attempt up to it met no majority.
+    passed_explaining(
+        &scenario(tick + 1_800, tick + 1_700, tick + 6_005),
+        "no quorum",
+    );
+    // The nodes were back (and recovered) well before the pause began: no excuse.
+    let report = scenario(tick + 300, tick + 4_000, tick + 6_005);
+    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+    // A give-up logged long after the resume is not the resume's.
+    let report = scenario(tick + 1_800, tick + 1_700, tick + 8_000);
+    assert!(failed_with(&report, "UNEXPLAINED MISS"), "{report}");
+}
+
 /// Giving up for want of a majority explains a miss only if every failed attempt within the tick's window
 /// met a majority of nodes out of reach: hung or stalled, confirmed for another claimant, or leased to a
 /// contender of the tick that was dead by then. A live contender's lease is no excuse.
