@@ -65,15 +65,44 @@ fn die_with_parent(command: &mut Command) {
 #[cfg(not(target_os = "linux"))]
 fn die_with_parent(_command: &mut Command) {}
 
-/// Sends `signal` to `pid`; a process that is already gone is not an error.
+/// Sends `signal` to `pid`; a process that is already gone is not an error. For `SIGSTOP`, returns once
+/// every thread of the process is stopped (up to 2 s): `kill` only marks the signal pending, and a
+/// thread busy on another core (a JVM's network thread) could otherwise still answer a request sent
+/// right after — a "hung" member that answers.
 pub fn signal(pid: u32, signal: i32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+    let Ok(raw) = libc::pid_t::try_from(pid) else {
         return;
     };
     // SAFETY: kill has no memory effects; the pid is our own unreaped child, so it cannot be reused.
     unsafe {
-        libc::kill(pid, signal);
+        libc::kill(raw, signal);
     }
+    if signal == libc::SIGSTOP {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !all_threads_stopped(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Whether every thread of `pid` is stopped (`T` in `/proc/<pid>/task/*/stat`); true for a process
+/// that is gone or cannot be read (nothing to wait for).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.filter_map(Result::ok).all(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                let (_, rest) = stat.rsplit_once(')')?;
+                Some(matches!(
+                    rest.trim_start().chars().next(),
+                    Some('T' | 't' | 'Z' | 'X')
+                ))
+            })
+            .unwrap_or(true)
+    })
 }
 
 /// Waits up to `timeout` for `child` to exit, polling (std has no wait with a timeout).
