@@ -16,7 +16,7 @@
 //! that master's `master_replid`). Any other new server under the group — the master restarted empty,
 //! or a group with `min_replicas_acked: 0` — is held off as a restarted node is.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -42,6 +42,9 @@ pub(super) struct Group {
     first: AtomicUsize,
     /// Bumped at each `+switch-master` of this group: connections opened before it are dropped.
     epoch: AtomicU64,
+    /// Whether a [`Group::verify`] is under way: a lagging replica fails every round, and one question
+    /// to the Sentinels at a time is enough.
+    verifying: AtomicBool,
 }
 
 /// The master a Sentinel named, ready to connect to.
@@ -62,6 +65,7 @@ impl Group {
             config: config.clone(),
             first: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
+            verifying: AtomicBool::new(false),
         });
         tokio::spawn(watch(Arc::downgrade(&group)));
         group
@@ -181,7 +185,12 @@ impl Group {
     /// Asks the Sentinels whether the master is still at `address` (a write there was not acknowledged by
     /// its replicas); if they name another, ends the connections to the old one as an announcement does.
     pub(super) async fn verify(&self, address: &str) {
-        if let Ok(master) = self.master().await {
+        if self.verifying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let named = self.master().await;
+        self.verifying.store(false, Ordering::Release);
+        if let Ok(master) = named {
             if master.address != address && master.epoch == self.epoch() {
                 self.switched(&format!(
                     "the Sentinels name {} instead of {address}",
