@@ -83,14 +83,19 @@ impl SentinelGroupBuilder {
             _dir: dir,
         };
         // A replica is in sync only after its first transfer, which a master delays 5 s by default to
-        // serve several at once: at once here, and waited for, so that a write can be acknowledged.
-        let () = group.data.query(
-            0,
-            redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("repl-diskless-sync-delay")
-                .arg(0),
-        );
+        // serve several at once: at once here, and waited for, so that a write can be acknowledged. On
+        // every node, not just the first master: after a failover the replica that is left may need a
+        // full transfer from the promoted one (it was ahead of it), and 5 s without a replica's
+        // acknowledgement is 5 s of ticks no group answer counts for.
+        for i in 0..=self.replicas {
+            let () = group.data.query(
+                i,
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("repl-diskless-sync-delay")
+                    .arg(0),
+            );
+        }
         for i in 1..=self.replicas {
             group.make_replica(i);
         }
