@@ -231,6 +231,10 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     }
     let mut out = String::new();
     out.push_str(&format!("store: {}\n", config.store.summary()));
+    for line in config.store.topology() {
+        out.push_str(&line);
+        out.push('\n');
+    }
     if let Some(schema) = &schema {
         out.push_str(&format!(
             "tables: {} (schema {}), created by the first worker if missing; `redcron check --sql` prints their SQL\n",

@@ -29,6 +29,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::clock::cluster::Estimate;
 use crate::lock::QuorumFailure;
 use crate::schedule::Tick;
+use crate::store::GroupState;
 
 /// The outcomes of a run (`run.finished`), each counted from zero for every job.
 const OUTCOMES: [&str; 5] = ["success", "failure", "timeout", "lease_lost", "shutdown"];
@@ -67,6 +68,17 @@ struct SkipLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabel {
+    group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupMasterLabels {
+    group: String,
+    master: String,
 }
 
 type Histograms = Family<JobLabel, Histogram, fn() -> Histogram>;
@@ -122,6 +134,10 @@ pub struct Metrics {
     config_reloads: Family<ResultLabel, Counter>,
     history_write_failures: Counter,
     connections_refused: Counter,
+    group_masters: Family<GroupMasterLabels, Gauge>,
+    group_failovers: Family<GroupLabel, Counter>,
+    /// The master each group's series names now, so that a move removes the old series.
+    group_masters_shown: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Metrics {
@@ -151,6 +167,9 @@ impl Metrics {
             config_reloads: Family::default(),
             history_write_failures: Counter::default(),
             connections_refused: Counter::default(),
+            group_masters: Family::default(),
+            group_failovers: Family::default(),
+            group_masters_shown: Default::default(),
         };
         let (m, seconds) = (&mut metrics, Unit::Seconds);
         let r = &mut m.registry;
@@ -232,6 +251,14 @@ impl Metrics {
             "redcron_http_connections_refused",
             help,
             m.connections_refused.clone(),
+        );
+        let help = "1 for the master a Redis Sentinel group of the store has, as this worker last connected to it";
+        r.register("redcron_store_group_master", help, m.group_masters.clone());
+        let help = "Times this worker found a Redis Sentinel group's master at a new address (failovers seen)";
+        r.register(
+            "redcron_store_group_failovers",
+            help,
+            m.group_failovers.clone(),
         );
         for result in ["success", "failure"] {
             let _ = metrics.config_reloads.get_or_create(&ResultLabel {
@@ -346,6 +373,37 @@ impl Metrics {
     /// A connection to the listener was closed unanswered: as many as it serves were open.
     pub fn connection_refused(&self) {
         self.connections_refused.inc();
+    }
+
+    /// The store's Sentinel groups as the store sees them now ([`crate::store::Health::groups`]): each
+    /// group's master series (the one it replaced removed) and its failovers seen. Called before each
+    /// scrape; a group's counter only grows, as the store's count does.
+    pub fn store_groups(&self, groups: &[GroupState]) {
+        let mut shown = self
+            .group_masters_shown
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for group in groups {
+            let failovers = self.group_failovers.get_or_create(&GroupLabel {
+                group: group.group.clone(),
+            });
+            failovers.inc_by(group.failovers.saturating_sub(failovers.get()));
+            let Some(master) = &group.master else {
+                continue;
+            };
+            let before = shown.insert(group.group.clone(), master.clone());
+            if let Some(before) = before.filter(|before| before != master) {
+                self.group_masters.remove(&GroupMasterLabels {
+                    group: group.group.clone(),
+                    master: before,
+                });
+            }
+            let labels = GroupMasterLabels {
+                group: group.group.clone(),
+                master: master.clone(),
+            };
+            self.group_masters.get_or_create(&labels).set(1);
+        }
     }
 
     fn label(&self, job: &str) -> JobLabel {

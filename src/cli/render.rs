@@ -25,6 +25,7 @@ use crate::inspect::story::pause_note;
 use crate::inspect::time::{duration_ms, instant, instant_ms};
 use crate::inspect::Notes;
 use crate::logging::{visible, visible_lines};
+use crate::store::GroupState;
 
 /// Prints the warnings of `notes` to stderr, then `report` to stdout: as JSON with `json`, else as
 /// `human` renders it.
@@ -66,14 +67,26 @@ fn warnings(notes: &Notes) -> Vec<String> {
     lines
 }
 
+/// A Sentinel group's line under `store:`: its master as the reads found it.
+fn group_line(group: &GroupState) -> String {
+    let master = match &group.master {
+        Some(master) => format!("master {}", visible(master)),
+        None => "no master reached".to_string(),
+    };
+    format!("  group {}: {master}", visible(&group.group))
+}
+
 /// `status` as two tables, workers then jobs.
 pub(super) fn status(status: &Status) -> String {
-    let mut out = format!(
-        "store: {}\nconfig: {}, fingerprint {}\n\n",
-        visible(&status.notes.store),
+    let mut out = format!("store: {}\n", visible(&status.notes.store));
+    for group in &status.notes.groups {
+        out.push_str(&format!("{}\n", group_line(group)));
+    }
+    out.push_str(&format!(
+        "config: {}, fingerprint {}\n\n",
         visible(&status.config.path),
         status.config.fingerprint
-    );
+    ));
     let mut workers = Table::new(&[
         "WORKER",
         "STATE",

@@ -100,6 +100,44 @@ impl StoreConfig {
         }
     }
 
+    /// `check`'s lines under the store's summary: each Redis node of the majority, what it is (a
+    /// server, or a Sentinel group with its Sentinels and the replicas a write needs), and how many
+    /// answers a claim needs. Nothing for the other stores, whose one line says it all.
+    pub(crate) fn topology(&self) -> Vec<String> {
+        let StoreConfig::Redis(redis) = self else {
+            return Vec::new();
+        };
+        let count = redis.nodes.len();
+        let mut lines: Vec<String> = redis
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let what = match node {
+                    RedisNode::Server(url) => format!("{}, one server", redact(url)),
+                    RedisNode::Sentinel(group) => group.topology(),
+                };
+                format!("  node {} of {count}: {what}", i + 1)
+            })
+            .collect();
+        // A majority, as `crate::lock::quorum` counts it (config sits below the lock).
+        let needed = count / 2 + 1;
+        lines.push(format!(
+            "  a claim needs {needed} of the {count} node{} to agree{}",
+            if count == 1 { "" } else { "s" },
+            if redis
+                .nodes
+                .iter()
+                .any(|node| matches!(node, RedisNode::Sentinel(_)))
+            {
+                "; `redcron status` names each group's master now"
+            } else {
+                ""
+            }
+        ));
+        lines
+    }
+
     /// How many nodes the store has as configured: Redis nodes, etcd members (an etcd pause is in the
     /// cluster's committed state, which every member applies), or the one database file.
     pub(crate) fn nodes(&self) -> usize {
@@ -181,6 +219,28 @@ impl SentinelGroup {
     /// `sentinel://MASTER@host:port,host:port`: what logs and errors call the group.
     pub fn label(&self) -> String {
         format!("sentinel://{}@{}", self.master, self.sentinels.join(","))
+    }
+
+    /// What `check` says of the group: its Sentinels, and when its answer counts.
+    fn topology(&self) -> String {
+        let count = self.sentinels.len();
+        let acked = match self.min_replicas_acked {
+            0 => "its master's answer counts alone (min_replicas_acked: 0)".to_string(),
+            1 => "its master's answer counts once 1 replica has the writes (WAIT)".to_string(),
+            n => format!("its master's answer counts once {n} replicas have the writes (WAIT)"),
+        };
+        format!(
+            "Sentinel group {:?}, its master looked up from {count} Sentinel{} ({}); {acked}{}{}",
+            self.master,
+            if count == 1 { "" } else { "s" },
+            self.sentinels.join(", "),
+            if self.tls { "; TLS" } else { "" },
+            if self.db != 0 {
+                format!("; database {}", self.db)
+            } else {
+                String::new()
+            },
+        )
     }
 }
 

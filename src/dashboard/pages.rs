@@ -261,7 +261,8 @@ pub(super) async fn workers(
         .iter()
         .map(|m| m.node.as_str())
         .collect();
-    let nodes = nodes(&status.notes.store);
+    let nodes = store.nodes();
+    let groups = store.groups();
     let body = html! {
         h1 { "Workers" }
         @if let Some(majority) = &status.config_majority {
@@ -280,13 +281,18 @@ pub(super) async fn workers(
         }
         h2 { "Store" }
         table #nodes {
-            thead { tr { th scope="col" { "Node" } th scope="col" { "Answering" } } }
+            thead { tr {
+                th scope="col" { "Node" } th scope="col" { "Answering" }
+                @if !groups.is_empty() { th scope="col" { "Master" } th scope="col" { "Failovers seen" } }
+            } }
             tbody {
                 @for node in &nodes {
                     @let down = missing.iter().find(|m| **m == node.as_str() || node.ends_with(*m) || m.ends_with(node.as_str()));
+                    @let group = groups.iter().find(|group| group.group == *node);
                     tr data-node=(node) data-up=(down.is_none()) {
                         th scope="row" { (node) }
                         td { @match down { Some(_) => span.bad { "no" }, None => span.good { "yes" } } }
+                        @if !groups.is_empty() { (group_cells(group)) }
                     }
                 }
             }
@@ -927,17 +933,20 @@ fn command(job: &JobConfig) -> String {
     }
 }
 
-/// The nodes named by a store's description (`a,b`, `etcd:a,b`, `zookeeper:a,b`, `embedded:path`, …).
-fn nodes(described: &str) -> Vec<String> {
-    let list = described
-        .strip_prefix("etcd:")
-        .or_else(|| described.strip_prefix("zookeeper:"))
-        .unwrap_or(described);
-    list.split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(str::to_string)
-        .collect()
+/// A store node's Sentinel cells: the group's master as this worker uses it and the failovers it saw
+/// (the last one's time on hover); empty cells for a plain server beside groups.
+fn group_cells(group: Option<&crate::store::GroupState>) -> Markup {
+    html! {
+        @match group {
+            Some(group) => {
+                td data-master=[group.master.as_deref()] {
+                    @match &group.master { Some(master) => code { (master) }, None => span.empty { "not reached yet" } }
+                }
+                td title=[group.last_failover.map(|at| format!("the last at {}", instant(at)))] { (group.failovers) }
+            }
+            None => { td { span.empty { "-" } } td { span.empty { "-" } } }
+        }
+    }
 }
 
 fn when(at: Option<DateTime<Utc>>) -> Markup {

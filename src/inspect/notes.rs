@@ -1,9 +1,10 @@
 //! What a view's reads could not see: the nodes that did not answer and the stored items that could not be
-//! parsed. Part of every report's JSON (`store`, `missing_nodes`, `skipped`), and the warnings on stderr.
+//! parsed. Part of every report's JSON (`store`, `missing_nodes`, `skipped`, and `groups` on a store with
+//! Sentinel groups), and the warnings on stderr.
 
 use serde::Serialize;
 
-use crate::store::{Read, Store};
+use crate::store::{GroupState, Read, Store};
 
 /// A node that did not answer a read, and why; the address never shows a password.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -22,6 +23,10 @@ pub struct Notes {
     pub missing_nodes: Vec<MissingNode>,
     /// Stored items that could not be read (garbage on a node), each once, naming its node.
     pub skipped: Vec<String>,
+    /// Each Sentinel group of the store, with the master the reads found (status reports only; absent
+    /// from the JSON on other stores).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupState>,
 }
 
 impl Notes {

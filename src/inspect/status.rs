@@ -100,6 +100,7 @@ pub async fn read_status(
             job, &entries, pause, &triggers, &members, now,
         ));
     }
+    notes.groups = store.groups();
     Ok(assemble(config, members, statuses, notes, now))
 }
 
@@ -123,6 +124,7 @@ pub async fn read_jobs(
     let names: Vec<String> = jobs.iter().map(|job| job.name.clone()).collect();
     let pauses = notes.keep(store.pauses(&names).await?);
     let triggers = notes.keep(store.triggers().await?);
+    notes.groups = store.groups();
     Ok(StatusInputs {
         members,
         histories,

@@ -140,6 +140,16 @@ pub trait Health {
     /// `embedded:<path>`.
     fn describe(&self) -> String;
 
+    /// The nodes [`Health::describe`] names, one label each (a Sentinel group's label holds commas):
+    /// what the dashboard lists, and what a [`super::Read`]'s `missing` names.
+    fn nodes(&self) -> Vec<String>;
+
+    /// Each part of the store that moves on its own — a Redis Sentinel group — with its master as this
+    /// process last found it and the failovers it has seen. Empty for every other store, the default.
+    fn groups(&self) -> Vec<super::GroupState> {
+        Vec::new()
+    }
+
     /// Whether other processes share this store: workers on other hosts may race for the same ticks.
     fn is_shared(&self) -> bool;
 

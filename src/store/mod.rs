@@ -4,8 +4,8 @@
 //! ([`crate::history`]), membership ([`crate::membership`]), pauses and trigger requests — obtained from
 //! [`Store::open`], and never ask which backend they hold. What a store must do is the contract of
 //! [`capability`]: one trait per capability ([`Claims`], [`Leases`], [`Records`], [`Pauses`],
-//! [`Triggers`], [`Health`]), each method with its guarantee, and none with a default. Each backend is one
-//! module that implements them all:
+//! [`Triggers`], [`Health`]), each method with its guarantee; only [`Health::groups`], which one store
+//! has, has a default. Each backend is one module that implements them all:
 //! - [`redis`]: the Redlock protocol on N independent Redis nodes; every write goes to all nodes, every
 //!   answer needs a majority.
 //! - [`etcd`]: an etcd cluster; every claim is one transaction, totally ordered by etcd's Raft log, and
@@ -75,6 +75,21 @@ pub enum StoreError {
         path: std::path::PathBuf,
         reason: String,
     },
+}
+
+/// A Sentinel-managed group of a Redis store as this process sees it ([`Health::groups`]): `status`,
+/// `/readyz`, `/metrics` and the dashboard show it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GroupState {
+    /// The group's label, `sentinel://MASTER@host:port,…` (never a password).
+    pub group: String,
+    /// `host:port` of the master this process last connected to (`ROLE` confirmed it); `None` before
+    /// the first connection.
+    pub master: Option<String>,
+    /// How often a new connection found the master at another address than before.
+    pub failovers: u64,
+    /// When the last of those moves was found.
+    pub last_failover: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// What a read from the store found, and from how many nodes.
@@ -194,6 +209,16 @@ impl Store {
     /// See [`Health::describe`].
     pub fn describe(&self) -> String {
         each_store!(self, store => store.describe())
+    }
+
+    /// See [`Health::nodes`].
+    pub fn nodes(&self) -> Vec<String> {
+        each_store!(self, store => store.nodes())
+    }
+
+    /// See [`Health::groups`].
+    pub fn groups(&self) -> Vec<GroupState> {
+        each_store!(self, store => store.groups())
     }
 
     /// See [`Claims::claim_many`].

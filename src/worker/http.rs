@@ -346,7 +346,9 @@ async fn busy() -> Response {
 }
 
 async fn metrics(State(probe): State<Arc<Probe>>) -> impl IntoResponse {
-    let text = probe.context.metrics.encode();
+    let metrics = &probe.context.metrics;
+    metrics.store_groups(&probe.context.store.groups());
+    let text = metrics.encode();
     ([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], text)
 }
 
@@ -367,10 +369,34 @@ async fn readyz(State(probe): State<Arc<Probe>>) -> (StatusCode, String) {
             })
     };
     let shutting_down = context.shutdown.is_requested();
+    let groups = group_lines(&context.store.groups());
     match verdict(shutting_down, answer, probe.max_clock_offset) {
-        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+        Ok(()) => (StatusCode::OK, format!("ready\n{groups}")),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{reason}\n{groups}"),
+        ),
     }
+}
+
+/// One line per Sentinel group of the store, under `/readyz`'s verdict: the master this worker uses and
+/// the failovers it has seen (nothing on other stores).
+fn group_lines(groups: &[crate::store::GroupState]) -> String {
+    groups
+        .iter()
+        .map(|group| {
+            let master = group.master.as_deref().unwrap_or("not reached yet");
+            let last = group.last_failover.map_or(String::new(), |at| {
+                format!(", the last at {}", crate::inspect::time::instant(at))
+            });
+            format!(
+                "group {}: master {master}, {} failover{} seen{last}\n",
+                group.group,
+                group.failovers,
+                if group.failovers == 1 { "" } else { "s" }
+            )
+        })
+        .collect()
 }
 
 /// Whether the worker is ready, or why not (one line), from the store's answer to its readiness check

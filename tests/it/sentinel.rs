@@ -207,3 +207,101 @@ async fn a_hung_master_is_replaced_and_returns_as_a_replica_without_a_second_gra
     assert!(token > last, "token {token} after {last}");
     all_still_claimed(&store, "hung", [1_000, 2_000, 3_000]).await;
 }
+
+/// What an operator is shown of a group: `check` names its Sentinels and when its answer counts;
+/// `status`, `/readyz`, `/metrics` and the dashboard's workers page name the master in use — and,
+/// after a failover, the new master and the failover seen (the old master's series gone).
+#[test]
+fn check_status_readyz_metrics_and_the_dashboard_name_the_groups_master() {
+    use crate::inspect::{inspect, parse};
+    use crate::metrics::{get, listening_worker, wait_for};
+    use crate::support::TestDir;
+
+    let group = SentinelGroup::builder().start();
+    let dir = TestDir::new();
+    let node = group.node_yaml();
+    let yaml = |port: u16| {
+        format!(
+            "redis:\n  nodes:\n    - {node}\nlock:\n  ttl: 3s\n  renew_every: 1s\n  node_timeout: 300ms\n\
+             worker:\n  id: w\n  listen: 127.0.0.1:{port}\njobs:\n  - name: tick\n    \
+             schedule: \"* * * * * *\"\n    command: 'true'\n"
+        )
+    };
+    let (worker, port) = listening_worker(&dir, "w", yaml);
+    let config = dir.write("cli.yaml", yaml(port));
+    let label = format!(
+        "sentinel://{}@{}",
+        group.master_name(),
+        group.sentinel_addresses().join(",")
+    );
+    let first = group.master().expect("the group has a master");
+    let address = |i: usize| format!("127.0.0.1:{}", group.data.port(i));
+    let patience = Duration::from_secs(30);
+
+    let (code, checked, stderr) = inspect(&dir, &config, &["check"]);
+    assert_eq!(code, 0, "{stderr}");
+    let sentinels = group.sentinel_addresses().join(", ");
+    for line in [
+        format!(
+            "  node 1 of 1: Sentinel group \"{}\", its master looked up from 3 Sentinels ({sentinels}); \
+             its master's answer counts once 1 replica has the writes (WAIT)",
+            group.master_name()
+        ),
+        "  a claim needs 1 of the 1 node to agree; `redcron status` names each group's master now"
+            .to_string(),
+    ] {
+        assert!(checked.lines().any(|l| l == line), "{line:?} not in:\n{checked}");
+    }
+
+    // Everything names the first master, as the worker found it.
+    let shows = |master: &str, failovers: u64| {
+        let readyz = format!("group {label}: master {master}, {failovers} failover");
+        let gauge =
+            format!("redcron_store_group_master{{group=\"{label}\",master=\"{master}\"}} 1");
+        let counter =
+            format!("redcron_store_group_failovers_total{{group=\"{label}\"}} {failovers}");
+        let found = wait_for(patience, || {
+            let ready = get(port, "/readyz").ok()?;
+            let metrics = get(port, "/metrics").ok()?;
+            (ready.0 == 200
+                && ready.2.contains(&readyz)
+                && metrics.2.contains(&gauge)
+                && metrics.2.contains(&counter))
+            .then_some((ready.2, metrics.2))
+        });
+        let (_, metrics) = found.unwrap_or_else(|| {
+            panic!(
+                "/readyz and /metrics do not name master {master} and {failovers} failovers: {:?}\n{:?}",
+                get(port, "/readyz").map(|r| r.2),
+                get(port, "/metrics").map(|r| r.2)
+            )
+        });
+        let masters = metrics
+            .lines()
+            .filter(|l| l.starts_with("redcron_store_group_master{"))
+            .count();
+        assert_eq!(masters, 1, "one master series per group:\n{metrics}");
+        let page = get(port, "/workers").expect("the workers page").2;
+        assert!(
+            page.contains(&format!("data-master=\"{master}\"")),
+            "{page}"
+        );
+        let (code, status, stderr) = inspect(&dir, &config, &["status"]);
+        assert_eq!(code, 0, "{stderr}");
+        let line = format!("  group {label}: master {master}");
+        assert!(
+            status.lines().any(|l| l == line),
+            "{line:?} not in:\n{status}"
+        );
+        let (_, json, _) = inspect(&dir, &config, &["status", "--json"]);
+        let json = parse(&json);
+        assert_eq!(json["groups"][0]["group"], label.as_str(), "{json}");
+        assert_eq!(json["groups"][0]["master"], master, "{json}");
+    };
+    shows(&address(first), 0);
+
+    let second = group.failover();
+    assert_ne!(second, first);
+    shows(&address(second), 1);
+    drop(worker);
+}

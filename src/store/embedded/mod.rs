@@ -368,6 +368,10 @@ impl Health for EmbeddedStore {
         format!("embedded:{}", self.path().display())
     }
 
+    fn nodes(&self) -> Vec<String> {
+        vec![self.describe()]
+    }
+
     /// Not shared beyond this host: only its worker processes open the file.
     fn is_shared(&self) -> bool {
         false

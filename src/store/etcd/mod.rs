@@ -248,6 +248,10 @@ impl Health for EtcdStore {
         format!("etcd:{}", self.endpoints.join(","))
     }
 
+    fn nodes(&self) -> Vec<String> {
+        self.endpoints.clone()
+    }
+
     fn is_shared(&self) -> bool {
         true
     }

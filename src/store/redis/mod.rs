@@ -50,7 +50,7 @@ use self::node::Node;
 use self::reply::{parse_integer, parse_set};
 use self::round::Shape;
 use self::scripts::Calls;
-use super::{Claims, Health, Leases, StoreError};
+use super::{Claims, GroupState, Health, Leases, StoreError};
 use crate::clock::boot::BootInstant;
 use crate::clock::cluster::Readings;
 use crate::config::RedisNode;
@@ -457,6 +457,15 @@ impl Health for RedisStore {
     /// The nodes' addresses, without passwords, separated by commas.
     fn describe(&self) -> String {
         self.node_labels().join(",")
+    }
+
+    fn nodes(&self) -> Vec<String> {
+        self.node_labels()
+    }
+
+    /// Each Sentinel group among the nodes, in their order.
+    fn groups(&self) -> Vec<GroupState> {
+        self.nodes.iter().filter_map(Node::group_state).collect()
     }
 
     fn is_shared(&self) -> bool {

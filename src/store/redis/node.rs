@@ -55,7 +55,7 @@ impl Target {
         }
     }
 
-    fn group(&self) -> Option<&Group> {
+    pub(super) fn group(&self) -> Option<&Group> {
         match self {
             Target::Server(_) => None,
             Target::Group(group) => Some(group),
@@ -165,8 +165,9 @@ impl Node {
                 })?;
             // A server that accepts and then hangs must not hold the connection up for good.
             let checks = async {
-                if target.group().is_some() {
+                if let Some(group) = target.group() {
                     sentinel::check_master(&mut connection, &address).await?;
+                    group.connected(&address);
                 }
                 identify(&mut connection).await
             };
@@ -371,6 +372,11 @@ impl Node {
             Ok(Err(error)) => Err(error),
             Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
         }
+    }
+
+    /// The group's master and failovers as this process has seen them; `None` for a plain server.
+    pub(crate) fn group_state(&self) -> Option<crate::store::GroupState> {
+        self.target.group().map(Group::state)
     }
 
     /// Starts connecting in the background, so that the first round does not pay for the connection.

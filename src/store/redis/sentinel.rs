@@ -17,8 +17,10 @@
 //! or a group with `min_replicas_acked: 0` — is held off as a restarted node is.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use futures_util::StreamExt as _;
 use redis::{ConnectionAddr, IntoConnectionInfo as _, RedisConnectionInfo, Value};
@@ -26,6 +28,7 @@ use tracing::{info, warn};
 
 use crate::config::SentinelGroup;
 use crate::logging::events;
+use crate::store::GroupState;
 
 /// How long one Sentinel may take to connect and answer before the next is asked.
 const SENTINEL_TIMEOUT: Duration = Duration::from_millis(1_000);
@@ -45,6 +48,19 @@ pub(super) struct Group {
     /// Whether a [`Group::verify`] is under way: a lagging replica fails every round, and one question
     /// to the Sentinels at a time is enough.
     verifying: AtomicBool,
+    /// The master this process last connected to, and the moves it has seen ([`Group::state`]).
+    seen: Mutex<Seen>,
+}
+
+/// What a process has seen of a group's master.
+#[derive(Default)]
+struct Seen {
+    /// `host:port` of the master a connection was last opened to (and `ROLE` confirmed).
+    master: Option<String>,
+    /// How often a new connection found the master at another address than the one before.
+    failovers: u64,
+    /// When the last of those was found.
+    last_failover: Option<DateTime<Utc>>,
 }
 
 /// The master a Sentinel named, ready to connect to.
@@ -66,6 +82,7 @@ impl Group {
             first: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             verifying: AtomicBool::new(false),
+            seen: Mutex::new(Seen::default()),
         });
         tokio::spawn(watch(Arc::downgrade(&group)));
         group
@@ -84,6 +101,36 @@ impl Group {
     /// The epoch now: a connection opened at an older one is to a master the Sentinels replaced.
     pub(super) fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Notes that a connection was opened to the master at `address` and `ROLE` confirmed it: a move
+    /// from another address is a failover seen.
+    pub(super) fn connected(&self, address: &str) {
+        let Ok(mut seen) = self.seen.lock() else {
+            return;
+        };
+        if seen.master.as_deref() == Some(address) {
+            return;
+        }
+        if seen.master.is_some() {
+            seen.failovers += 1;
+            seen.last_failover = Some(Utc::now());
+        }
+        seen.master = Some(address.to_string());
+    }
+
+    /// The group's master as this process last found it, and the failovers it has seen.
+    pub(super) fn state(&self) -> GroupState {
+        let (master, failovers, last_failover) = match self.seen.lock() {
+            Ok(seen) => (seen.master.clone(), seen.failovers, seen.last_failover),
+            Err(_) => (None, 0, None),
+        };
+        GroupState {
+            group: self.label.clone(),
+            master,
+            failovers,
+            last_failover,
+        }
     }
 
     /// Asks the Sentinels in turn for the master's address; the first answer wins. Errors say what each

@@ -714,6 +714,10 @@ impl Health for SqlStore {
         format!("{}:{}", self.shared.dialect.section(), self.shared.target)
     }
 
+    fn nodes(&self) -> Vec<String> {
+        vec![self.describe()]
+    }
+
     /// Shared: every worker that names the database races in it.
     fn is_shared(&self) -> bool {
         true

@@ -138,6 +138,10 @@ impl Health for ZookeeperStore {
         format!("zookeeper:{}", self.hosts.join(","))
     }
 
+    fn nodes(&self) -> Vec<String> {
+        self.hosts.clone()
+    }
+
     fn is_shared(&self) -> bool {
         true
     }
