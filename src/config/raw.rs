@@ -44,6 +44,9 @@ pub(crate) struct RawRedis {
     pub key: Mark,
     pub nodes: Option<Spanned<Vec<RawRedisNode>>>,
     pub key_prefix: Option<Spanned<String>>,
+    pub ca_file: Option<Spanned<String>>,
+    pub cert_file: Option<Spanned<String>>,
+    pub key_file: Option<Spanned<String>>,
 }
 
 /// One of `redis.nodes`: a server's URL, or a Sentinel-managed group.
@@ -302,12 +305,18 @@ fn read_redis(node: &Node, key: Mark, report: &mut Report) -> Option<RawRedis> {
         .take("nodes")
         .and_then(|list| redis_nodes(list, report));
     let key_prefix = fields.scalar("key_prefix", report);
+    let ca_file = fields.scalar("ca_file", report);
+    let cert_file = fields.scalar("cert_file", report);
+    let key_file = fields.scalar("key_file", report);
     fields.finish(report);
     Some(RawRedis {
         mark: node.mark,
         key,
         nodes,
         key_prefix,
+        ca_file,
+        cert_file,
+        key_file,
     })
 }
 

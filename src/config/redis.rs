@@ -3,18 +3,25 @@
 
 use ::redis::IntoConnectionInfo as _;
 
+use std::path::Path;
+
 use super::dashboard::flag;
 use super::raw::{RawRedis, RawRedisNode, RawSentinelGroup, Spanned};
-use super::validate::whole_number;
-use super::{redact, RedisConfig, RedisNode, Report, SentinelGroup};
+use super::validate::{config_file, pair, whole_number};
+use super::{redact, RedisConfig, RedisNode, RedisTls, Report, SentinelGroup};
 
 /// The port a Sentinel listens on when an address names none.
 const SENTINEL_PORT: u16 = 26379;
 /// The most replicas `min_replicas_acked` may ask for (more than any group runs).
 const MOST_REPLICAS_ACKED: usize = 16;
 
-/// Validates `redis:`; `None` when its nodes are missing.
-pub(super) fn redis(raw: &RawRedis, report: &mut Report) -> Option<RedisConfig> {
+/// Validates `redis:` (`config_path` is what its file names are relative to); `None` when its nodes
+/// are missing.
+pub(super) fn redis(
+    raw: &RawRedis,
+    config_path: &Path,
+    report: &mut Report,
+) -> Option<RedisConfig> {
     let Some(nodes) = &raw.nodes else {
         report.error(raw.mark, "redis.nodes", "missing field `nodes`: list the Redis URLs or Sentinel groups, or leave out `redis:` for the embedded store");
         return None;
@@ -79,7 +86,40 @@ pub(super) fn redis(raw: &RawRedis, report: &mut Report) -> Option<RedisConfig> 
         );
         report.warn(nodes.mark, "redis.nodes", why);
     }
-    Some(RedisConfig { nodes: valid })
+    let tls = tls(raw, &valid, config_path, report);
+    Some(RedisConfig { nodes: valid, tls })
+}
+
+/// `redis.ca_file`, `cert_file` and `key_file`: each relative to the config file, and only where a node
+/// uses TLS (a certificate no connection presents would be a setting that does nothing).
+fn tls(raw: &RawRedis, nodes: &[RedisNode], config_path: &Path, report: &mut Report) -> RedisTls {
+    let uses_tls = nodes.iter().any(|node| match node {
+        RedisNode::Server(url) => url.starts_with("rediss://"),
+        RedisNode::Sentinel(group) => group.tls,
+    });
+    let file = |value: &Option<Spanned<String>>, name: &str, report: &mut Report| {
+        let value = value.as_ref()?;
+        let field = format!("redis.{name}");
+        if !uses_tls && !nodes.is_empty() {
+            let why = format!("{name} needs a TLS node: no node is a rediss:// URL or a group with `tls: true`, so no connection would use it");
+            report.error(value.mark, &field, why);
+        }
+        config_file(value, &field, config_path, report)
+    };
+    let ca_file = file(&raw.ca_file, "ca_file", report);
+    let cert_file = file(&raw.cert_file, "cert_file", report);
+    let key_file = file(&raw.key_file, "key_file", report);
+    let client_identity = pair(
+        (cert_file, &raw.cert_file, "cert_file"),
+        (key_file, &raw.key_file, "key_file"),
+        "a client certificate needs its key",
+        ("redis", raw.mark),
+        report,
+    );
+    RedisTls {
+        ca_file,
+        client_identity,
+    }
 }
 
 /// A group entry (`{sentinels, master, …}`), or `None` after reporting what is wrong with it.

@@ -100,18 +100,25 @@ impl StoreConfig {
         }
     }
 
-    /// `check`'s lines under the store's summary: each Redis node of the majority, what it is (a
-    /// server, or a Sentinel group with its Sentinels and the replicas a write needs), and how many
-    /// answers a claim needs. Nothing for the other stores, whose one line says it all.
+    /// `check`'s lines under the store's summary: with a Sentinel group among the Redis nodes, each node
+    /// of the majority and what it is (a server, or a group with its Sentinels and the replicas a write
+    /// needs); the TLS files; and how many answers a claim needs. Nothing for the other stores, whose
+    /// one line says it all.
     pub(crate) fn topology(&self) -> Vec<String> {
         let StoreConfig::Redis(redis) = self else {
             return Vec::new();
         };
         let count = redis.nodes.len();
+        let groups = redis
+            .nodes
+            .iter()
+            .any(|node| matches!(node, RedisNode::Sentinel(_)));
+        // Servers are all named by the summary; with a group, each node's line says what it is.
         let mut lines: Vec<String> = redis
             .nodes
             .iter()
             .enumerate()
+            .filter(|_| groups)
             .map(|(i, node)| {
                 let what = match node {
                     RedisNode::Server(url) => format!("{}, one server", redact(url)),
@@ -120,16 +127,21 @@ impl StoreConfig {
                 format!("  node {} of {count}: {what}", i + 1)
             })
             .collect();
+        if let Some(ca) = &redis.tls.ca_file {
+            lines.push(format!(
+                "  TLS certificates verified against {} (not the Mozilla roots)",
+                ca.display()
+            ));
+        }
+        if let Some((cert, _)) = &redis.tls.client_identity {
+            lines.push(format!("  TLS client certificate {}", cert.display()));
+        }
         // A majority, as `crate::lock::quorum` counts it (config sits below the lock).
         let needed = count / 2 + 1;
         lines.push(format!(
             "  a claim needs {needed} of the {count} node{} to agree{}",
             if count == 1 { "" } else { "s" },
-            if redis
-                .nodes
-                .iter()
-                .any(|node| matches!(node, RedisNode::Sentinel(_)))
-            {
+            if groups {
                 "; `redcron status` names each group's master now"
             } else {
                 ""
@@ -155,9 +167,39 @@ impl StoreConfig {
 pub struct RedisConfig {
     /// The nodes of the majority, in the order written; at least one, each a distinct server or group.
     pub nodes: Vec<RedisNode>,
+    /// The certificates of the nodes' TLS connections.
+    pub tls: RedisTls,
+}
+
+/// The certificates of a Redis store's TLS connections (`redis.ca_file`, `cert_file`, `key_file`): for
+/// every `rediss://` node and every group with `tls: true`, its Sentinels included. The files are read
+/// when the store opens.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RedisTls {
+    /// The CA that signed the servers' certificates (absolute), trusted instead of the Mozilla roots.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate and its key (absolute), for servers that ask for one
+    /// (`tls-auth-clients yes`, Redis's default with TLS).
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl RedisTls {
+    /// Whether any certificate file is configured.
+    pub fn is_set(&self) -> bool {
+        self.ca_file.is_some() || self.client_identity.is_some()
+    }
 }
 
 impl RedisConfig {
+    /// A store on `nodes` whose TLS connections, if any, trust the Mozilla roots and present no
+    /// certificate.
+    pub fn on(nodes: Vec<RedisNode>) -> RedisConfig {
+        RedisConfig {
+            nodes,
+            tls: RedisTls::default(),
+        }
+    }
+
     /// The URLs of the nodes that are single servers (those two names of one server could share).
     pub(crate) fn server_urls(&self) -> Vec<String> {
         self.nodes

@@ -58,7 +58,7 @@ pub(crate) fn config(
     // No store section is legal: the worker warns at start that it uses the embedded store. A section
     // that names no store is reported; the embedded store stands in for it in this (invalid) config.
     let store = match (&raw.redis, &raw.etcd, &raw.zookeeper, sql) {
-        (Some(section), ..) => super::redis::redis(section, report).map(StoreConfig::Redis),
+        (Some(section), ..) => super::redis::redis(section, path, report).map(StoreConfig::Redis),
         (None, Some(section), ..) => {
             super::etcd::etcd(section, path, report).map(StoreConfig::Etcd)
         }

@@ -57,6 +57,13 @@ pub enum StoreError {
     InvalidNode { url: String, reason: String },
     #[error("{0} Redis nodes configured; at least one is needed")]
     NoNodes(usize),
+    /// A certificate file of `redis:` that cannot be read or parsed (`field` is `redis.ca_file`, …).
+    #[error("{field} {}: {reason}", path.display())]
+    RedisTls {
+        field: &'static str,
+        path: std::path::PathBuf,
+        reason: String,
+    },
     #[error("etcd store: {reason}")]
     Etcd { reason: String },
     /// A SQL store that cannot be used: `target` is `host:port/database` (never a password).
@@ -184,7 +191,7 @@ impl Store {
         let (lock, history) = (config.lock.clone(), config.history.clone());
         Ok(match &config.store {
             StoreConfig::Redis(redis) => {
-                Store::Redis(redis::RedisStore::open(&redis.nodes, lock)?.with_history(history))
+                Store::Redis(redis::RedisStore::open(redis, lock)?.with_history(history))
             }
             StoreConfig::Etcd(etcd) => {
                 Store::Etcd(Box::new(etcd::EtcdStore::new(etcd, lock, history)?))

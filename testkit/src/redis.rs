@@ -33,6 +33,7 @@ pub struct RedisClusterBuilder {
     nodes: usize,
     persistence: Persistence,
     tls: bool,
+    client_certificates: bool,
     password: Option<String>,
 }
 
@@ -47,10 +48,18 @@ impl RedisClusterBuilder {
         self
     }
 
-    /// Serve TLS only (a self-signed certificate made with `openssl`); URLs become
-    /// `rediss://127.0.0.1:<port>/#insecure`.
+    /// Serve TLS only, with a certificate for 127.0.0.1 signed by a CA of the cluster's own (made with
+    /// `openssl`: [`RedisCluster::ca_file`]); URLs become `rediss://127.0.0.1:<port>/#insecure`
+    /// ([`RedisCluster::verified_url`] checks the certificate instead).
     pub fn tls(mut self, tls: bool) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// With [`Self::tls`]: the servers require a client certificate signed by the cluster's CA
+    /// (`tls-auth-clients yes`): [`RedisCluster::client_identity`].
+    pub fn client_certificates(mut self, required: bool) -> Self {
+        self.client_certificates = required;
         self
     }
 
@@ -69,7 +78,7 @@ impl RedisClusterBuilder {
             .expect("cannot create a temporary directory");
         if self.tls {
             crate::require_program("openssl", "openssl");
-            make_certificate(dir.path());
+            crate::etcd::make_certificates(dir.path());
             // The sync client used by `ping` needs a crypto provider too.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
@@ -77,6 +86,7 @@ impl RedisClusterBuilder {
             nodes: Vec::new(),
             persistence: self.persistence,
             tls: self.tls,
+            client_certificates: self.tls && self.client_certificates,
             password: self.password,
             _dir: dir,
         };
@@ -101,6 +111,7 @@ pub struct RedisCluster {
     nodes: Vec<Node>,
     persistence: Persistence,
     tls: bool,
+    client_certificates: bool,
     password: Option<String>,
     _dir: tempfile::TempDir,
 }
@@ -124,6 +135,7 @@ impl RedisCluster {
             nodes: 3,
             persistence: Persistence::None,
             tls: false,
+            client_certificates: false,
             password: None,
         }
     }
@@ -227,12 +239,44 @@ impl RedisCluster {
 
     /// Whether node `i` answers PING within half a second.
     pub fn ping(&self, i: usize) -> bool {
-        ping(&self.url(i), Duration::from_millis(500))
+        ping(&self.client(i), Duration::from_millis(500))
     }
 
-    /// A client for node `i`, for assertions.
+    /// A client for node `i`, for assertions (presenting the client certificate where the servers
+    /// require one).
     pub fn client(&self, i: usize) -> redis::Client {
-        redis::Client::open(self.url(i)).expect("a redis:// URL on loopback is valid")
+        let url = self.url(i);
+        if !self.client_certificates {
+            return redis::Client::open(url).expect("a redis:// URL on loopback is valid");
+        }
+        let (cert, key) = self.client_identity();
+        let read = |path: &std::path::Path| std::fs::read(path).expect("the test certificates");
+        let certificates = redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read(&cert),
+                client_key: read(&key),
+            }),
+            root_cert: None,
+        };
+        redis::Client::build_with_tls(url, certificates).expect("the test certificates parse")
+    }
+
+    /// The CA that signed the TLS servers' certificates (PEM), for `redis.ca_file`.
+    pub fn ca_file(&self) -> PathBuf {
+        self._dir.path().join("ca.pem")
+    }
+
+    /// A client certificate and its key signed by [`Self::ca_file`]'s CA, for `redis.cert_file` and
+    /// `redis.key_file` (the servers' own, which is good for clients too).
+    pub fn client_identity(&self) -> (PathBuf, PathBuf) {
+        let dir = self._dir.path();
+        (dir.join("cert.pem"), dir.join("key.pem"))
+    }
+
+    /// Node `i`'s TLS URL without `#insecure`: a client must verify the certificate against
+    /// [`Self::ca_file`] (no public root signed it).
+    pub fn verified_url(&self, i: usize) -> String {
+        self.url(i).replace("/#insecure", "")
     }
 
     /// A connection to node `i` (2 s timeouts); panics if the node does not answer.
@@ -307,8 +351,15 @@ impl RedisCluster {
                 .arg("--tls-key-file")
                 .arg(certs.join("key.pem"))
                 .arg("--tls-ca-cert-file")
-                .arg(certs.join("cert.pem"))
-                .args(["--tls-auth-clients", "no"]);
+                .arg(certs.join("ca.pem"))
+                .args([
+                    "--tls-auth-clients",
+                    if self.client_certificates {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                ]);
         } else {
             command.args(["--port", &node.port.to_string()]);
         }
@@ -333,14 +384,14 @@ impl RedisCluster {
         };
         let mut child =
             children::spawn(command).unwrap_or_else(|e| panic!("cannot run redis-server: {e}"));
-        let url = self.url(i);
+        let client = self.client(i);
         let deadline = Instant::now() + READY_TIMEOUT;
         let outcome = loop {
             if let Ok(Some(status)) = child.try_wait() {
                 break Err(format!("redis-server exited ({status})"));
             }
             // Answering is not enough: another process may hold the port ([`crate::ports`]).
-            if ping(&url, Duration::from_millis(200))
+            if ping(&client, Duration::from_millis(200))
                 && crate::ports::listened_on_by(child.id(), node.port)
             {
                 break Ok(());
@@ -382,37 +433,8 @@ impl Drop for RedisCluster {
     }
 }
 
-/// A self-signed certificate for 127.0.0.1 in `dir` (`cert.pem`, `key.pem`).
-fn make_certificate(dir: &std::path::Path) {
-    let status = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        ])
-        .args([
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ])
-        .arg("-keyout")
-        .arg(dir.join("key.pem"))
-        .arg("-out")
-        .arg(dir.join("cert.pem"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("cannot run openssl");
-    assert!(
-        status.success(),
-        "openssl could not make a test certificate"
-    );
-}
-
-/// Whether the server at `url` answers PING (not LOADING, not silence) within `timeout`.
-fn ping(url: &str, timeout: Duration) -> bool {
-    let Ok(client) = redis::Client::open(url) else {
-        return false;
-    };
+/// Whether the server of `client` answers PING (not LOADING, not silence) within `timeout`.
+fn ping(client: &redis::Client, timeout: Duration) -> bool {
     let Ok(mut connection) = client.get_connection_with_timeout(timeout) else {
         return false;
     };

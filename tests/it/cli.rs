@@ -245,6 +245,7 @@ fn check_output() {
     assert_eq!(code, 0, "{stderr}");
     let expected = "\
 store: 2 Redis nodes: redis://:***@127.0.0.1:1, redis://127.0.0.1:2
+  a claim needs 2 of the 2 nodes to agree
 lock: ttl 30s, renew every 10s, node timeout 50ms, drift factor 0.01, 3 retries after 200ms, key prefix redcron
 job nightly-report: \"30 2 * * *\" in Europe/Berlin
   next: 2026-10-25T02:30:00+02:00

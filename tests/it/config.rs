@@ -1258,3 +1258,50 @@ fn bad_sentinel_groups() {
         config.warnings
     );
 }
+
+/// `redis.ca_file`, `cert_file` and `key_file` read back relative to the config file's directory; they
+/// need a TLS node, and a certificate needs its key — each mistake named at its line and field.
+#[test]
+fn redis_tls_files_resolve_beside_the_config_and_need_a_tls_node() {
+    let config = parse_with_env(
+        &format!(
+            "redis:\n  nodes: [rediss://h1:6380, {{sentinels: [s1], master: m, tls: true}}, redis://h3]\n  ca_file: certs/ca.pem\n  cert_file: /etc/redcron/client.pem\n  key_file: client-key.pem\n{JOB}"
+        ),
+        Path::new("/srv/redcron/jobs.yaml"),
+        &env,
+    )
+    .unwrap_or_else(|e| panic!("expected a valid config, got:\n{e}"));
+    let StoreConfig::Redis(redis) = &config.store else {
+        panic!("expected a Redis store, got {:?}", config.store)
+    };
+    assert_eq!(
+        redis.tls.ca_file.as_deref(),
+        Some(Path::new("/srv/redcron/certs/ca.pem"))
+    );
+    assert_eq!(
+        redis.tls.client_identity,
+        Some((
+            "/etc/redcron/client.pem".into(),
+            "/srv/redcron/client-key.pem".into()
+        ))
+    );
+
+    let got = only_problem(&format!(
+        "redis:\n  nodes: [redis://h1, redis://h2, redis://h3]\n  ca_file: ca.pem\n{JOB}"
+    ));
+    assert!(
+        got.starts_with("jobs.yaml:3:12: redis.ca_file: ca_file needs a TLS node: no node is a rediss:// URL or a group with `tls: true`"),
+        "{got}"
+    );
+    let got = only_problem(&format!(
+        "redis:\n  nodes: [rediss://h1]\n  cert_file: client.pem\n{JOB}"
+    ));
+    assert!(
+        got.starts_with("jobs.yaml:3:14: redis.cert_file: missing `key_file`: a client certificate needs its key"),
+        "{got}"
+    );
+    let got = only_problem(&format!(
+        "redis:\n  nodes: [rediss://h1]\n  ca_file: \"\"\n{JOB}"
+    ));
+    assert!(got.contains("redis.ca_file: an empty file name"), "{got}");
+}

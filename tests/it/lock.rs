@@ -10,9 +10,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use redcron::config::{RedisConfig, RedisNode, RedisTls};
 use redcron::lock::{ClaimOutcome, RenewError};
 use redcron::store::redis::RedisStore;
-use redcron::store::Leases as _;
+use redcron::store::{Leases as _, Store};
 
 use crate::conformance::{race_settings, request, settings, settled, warm};
 use crate::support::{claim_won, won, Persistence, RedisCluster};
@@ -199,6 +200,142 @@ async fn claims_work_over_tls() {
         store.claim(&request("w", "tls", 1_000)).await,
         ClaimOutcome::AlreadyClaimed { .. }
     ));
+}
+
+/// `redis.ca_file` and a client certificate: nodes whose certificates a private CA signed, and that
+/// require a client certificate (`tls-auth-clients yes`), grant claims to a store that trusts that CA
+/// and presents one — and to no store that lacks either. A file that is not PEM stops the store at
+/// open, naming its field and path.
+#[tokio::test]
+async fn tls_nodes_are_verified_against_the_ca_file_and_shown_the_client_certificate() {
+    let cluster = RedisCluster::builder()
+        .nodes(3)
+        .tls(true)
+        .client_certificates(true)
+        .start();
+    let nodes: Vec<RedisNode> = (0..3)
+        .map(|i| RedisNode::Server(cluster.verified_url(i)))
+        .collect();
+    let store_with = |tls: RedisTls| {
+        let config = RedisConfig {
+            nodes: nodes.clone(),
+            tls,
+        };
+        Store::Redis(RedisStore::open(&config, settings(2_000)).expect("valid certificates"))
+    };
+    let full = RedisTls {
+        ca_file: Some(cluster.ca_file()),
+        client_identity: Some(cluster.client_identity()),
+    };
+    let store = store_with(full.clone());
+    warm(&store).await;
+    let mut lease = claim_won(&store, &request("w", "private-ca", 1_000)).await;
+    store.renew(&mut lease).await.expect("renew over TLS");
+    store.release(&lease).await;
+
+    for (missing, tls) in [
+        (
+            "the CA (the Mozilla roots do not know it)",
+            RedisTls {
+                ca_file: None,
+                ..full.clone()
+            },
+        ),
+        (
+            "the client certificate",
+            RedisTls {
+                client_identity: None,
+                ..full.clone()
+            },
+        ),
+    ] {
+        let store = store_with(tls);
+        let outcome = store.claim(&request("w", "private-ca", 2_000)).await;
+        assert!(
+            matches!(outcome, ClaimOutcome::NoQuorum { .. }),
+            "a store without {missing} got {outcome:?}"
+        );
+    }
+
+    let not_pem = cluster.ca_file().with_file_name("not-a-ca.pem");
+    std::fs::write(&not_pem, "not a certificate").expect("a test file");
+    let config = RedisConfig {
+        nodes: nodes.clone(),
+        tls: RedisTls {
+            ca_file: Some(not_pem.clone()),
+            client_identity: None,
+        },
+    };
+    let error = RedisStore::open(&config, settings(2_000))
+        .err()
+        .expect("a CA file without a certificate is refused")
+        .to_string();
+    assert_eq!(
+        error,
+        format!(
+            "redis.ca_file {}: holds no PEM certificate",
+            not_pem.display()
+        )
+    );
+    let missing = cluster.ca_file().with_file_name("absent.pem");
+    let config = RedisConfig {
+        nodes,
+        tls: RedisTls {
+            ca_file: Some(missing.clone()),
+            client_identity: None,
+        },
+    };
+    let error = RedisStore::open(&config, settings(2_000))
+        .err()
+        .expect("a missing CA file is refused")
+        .to_string();
+    assert!(
+        error.starts_with(&format!(
+            "redis.ca_file {}: cannot read it",
+            missing.display()
+        )),
+        "{error}"
+    );
+}
+
+/// The same files named in a config, relative to its directory: `redcron status` reads the TLS nodes
+/// through them, and fails naming no majority once the config no longer names the CA.
+#[test]
+fn a_config_names_its_redis_certificates_beside_it() {
+    use crate::inspect::inspect;
+    use crate::support::TestDir;
+
+    let cluster = RedisCluster::builder()
+        .nodes(3)
+        .tls(true)
+        .client_certificates(true)
+        .start();
+    let dir = TestDir::new();
+    std::fs::create_dir(dir.path().join("certs")).expect("a certificate directory");
+    let (cert, key) = cluster.client_identity();
+    for (from, to) in [
+        (cluster.ca_file(), "certs/ca.pem"),
+        (cert, "certs/client.pem"),
+        (key, "certs/client-key.pem"),
+    ] {
+        std::fs::copy(from, dir.path().join(to)).expect("a copied certificate");
+    }
+    let nodes: Vec<String> = (0..3)
+        .map(|i| format!("\"{}\"", cluster.verified_url(i)))
+        .collect();
+    let job = "jobs:\n  - name: a\n    schedule: \"0 0 * * * *\"\n    command: 'true'\n";
+    let section = format!("redis:\n  nodes: [{}]\n", nodes.join(", "));
+    let files = "  cert_file: certs/client.pem\n  key_file: certs/client-key.pem\n";
+    let config = dir.write(
+        "jobs.yaml",
+        format!("{section}  ca_file: certs/ca.pem\n{files}{job}"),
+    );
+    let (code, out, err) = inspect(&dir, &config, &["status"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let without_ca = dir.write("no-ca.yaml", format!("{section}{files}{job}"));
+    let (code, _, err) = inspect(&dir, &without_ca, &["status"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("majority"), "{err}");
 }
 
 /// Renewals and releases asked for at once travel together (the lease keeper sends them in one pipeline

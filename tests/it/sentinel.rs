@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use redcron::config::RedisNode;
+use redcron::config::{RedisConfig, RedisNode};
 use redcron::lock::{ClaimOutcome, LockSettings};
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
@@ -26,7 +26,8 @@ fn store_on(nodes: &[RedisNode]) -> Store {
         node_timeout: Duration::from_millis(300),
         ..settings(3_000)
     };
-    Store::Redis(RedisStore::open(nodes, settings).expect("a valid group"))
+    let config = RedisConfig::on(nodes.to_vec());
+    Store::Redis(RedisStore::open(&config, settings).expect("a valid group"))
 }
 
 /// Claims tick `tick` of job `job` for `worker` until the outcome is final (a failover in progress is
@@ -147,7 +148,9 @@ async fn a_lease_renews_on_the_new_master_after_the_old_one_dies() {
         node_timeout: Duration::from_millis(300),
         ..settings(8_000)
     };
-    let store = Store::Redis(RedisStore::open(&[node_of(&group, 1)], settings).expect("a group"));
+    let store = Store::Redis(
+        RedisStore::open(&RedisConfig::on(vec![node_of(&group, 1)]), settings).expect("a group"),
+    );
     let mut lease = won(settled(&store, &request("holder", "long", 1_000)).await);
 
     let old = group.master().expect("a master");

@@ -53,7 +53,7 @@ use self::scripts::Calls;
 use super::{Claims, GroupState, Health, Leases, StoreError};
 use crate::clock::boot::BootInstant;
 use crate::clock::cluster::Readings;
-use crate::config::RedisNode;
+use crate::config::{RedisConfig, RedisNode};
 use crate::history::HistorySettings;
 use crate::lock::keys::{attempt_value, claim_keys, lease_key};
 use crate::lock::quorum::{quorum, Vote};
@@ -126,23 +126,25 @@ impl RedisStore {
     ///
     /// Must be called inside a Tokio runtime. Fails only on URLs that cannot name a Redis node.
     pub fn new(urls: &[String], settings: LockSettings) -> Result<RedisStore, StoreError> {
-        let nodes: Vec<RedisNode> = urls.iter().cloned().map(RedisNode::Server).collect();
-        RedisStore::open(&nodes, settings)
+        let config = RedisConfig::on(urls.iter().cloned().map(RedisNode::Server).collect());
+        RedisStore::open(&config, settings)
     }
 
-    /// Prepares the store on `nodes`, servers and Sentinel groups (whose watchers start here); as
-    /// [`RedisStore::new`] otherwise.
-    pub fn open(nodes: &[RedisNode], settings: LockSettings) -> Result<RedisStore, StoreError> {
+    /// Prepares the store on `config`'s nodes, servers and Sentinel groups (whose watchers start here),
+    /// with its TLS certificates (read now); as [`RedisStore::new`] otherwise.
+    pub fn open(config: &RedisConfig, settings: LockSettings) -> Result<RedisStore, StoreError> {
+        let nodes = &config.nodes;
         if nodes.is_empty() {
             return Err(StoreError::NoNodes(0));
         }
         // `rediss://` nodes need a TLS crypto provider; rustls no longer picks one by itself. Installing
         // fails only if one is already installed, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let certificates = node::certificates(&config.tls)?;
         // One target per node, shared by its lock and read connections (a group's watcher runs once).
         let targets = nodes
             .iter()
-            .map(node::Target::of)
+            .map(|node| node::Target::of(node, certificates.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         let labels = targets.iter().map(|(label, _)| label.clone()).collect();
         let follows_promotions = nodes

@@ -17,13 +17,15 @@ use std::time::Duration;
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Pipeline, Value};
+use redis::{AsyncConnectionConfig, ClientTlsConfig, Pipeline, TlsCertificates, Value};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::time::Instant;
 
 use super::admission::{self, Identity, Registry, Standing, RECHECK};
 use super::sentinel::{self, Group};
 pub(crate) use crate::config::redact;
-use crate::config::RedisNode;
+use crate::config::{RedisNode, RedisTls};
 use crate::store::StoreError;
 
 /// Where a node's server is: one address, or whichever server a Sentinel group names its master.
@@ -37,19 +39,27 @@ pub(super) enum Target {
 impl Target {
     /// The target of a configured node, and its label; a group's watcher starts here (inside a Tokio
     /// runtime). Fails only on a URL that cannot name a Redis server.
-    pub(super) fn of(node: &RedisNode) -> Result<(String, Target), StoreError> {
+    pub(super) fn of(
+        node: &RedisNode,
+        certificates: Option<&TlsCertificates>,
+    ) -> Result<(String, Target), StoreError> {
         match node {
             RedisNode::Server(url) => {
                 let label = redact(url);
-                let client =
-                    redis::Client::open(url.as_str()).map_err(|error| StoreError::InvalidNode {
-                        url: label.clone(),
-                        reason: error.to_string().replace(url.as_str(), &label),
-                    })?;
+                let client = match certificates {
+                    Some(certificates) if url.starts_with("rediss://") => {
+                        redis::Client::build_with_tls(url.as_str(), certificates.clone())
+                    }
+                    _ => redis::Client::open(url.as_str()),
+                };
+                let client = client.map_err(|error| StoreError::InvalidNode {
+                    url: label.clone(),
+                    reason: error.to_string().replace(url.as_str(), &label),
+                })?;
                 Ok((label, Target::Server(Box::new(client))))
             }
             RedisNode::Sentinel(config) => {
-                let group = Group::start(config);
+                let group = Group::start(config, certificates.cloned());
                 Ok((group.label().to_string(), Target::Group(group)))
             }
         }
@@ -61,6 +71,64 @@ impl Target {
             Target::Group(group) => Some(group),
         }
     }
+}
+
+/// The certificates of `tls`, read from their files and checked now, so that a file that is missing or
+/// holds no PEM certificate (or key) stops the store at start with the field and the path; `None` when none is configured
+/// (TLS connections then trust the Mozilla roots and present no certificate).
+pub(super) fn certificates(tls: &RedisTls) -> Result<Option<TlsCertificates>, StoreError> {
+    if !tls.is_set() {
+        return Ok(None);
+    }
+    let read = |field: &'static str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|error| StoreError::RedisTls {
+            field,
+            path: path.to_path_buf(),
+            reason: format!("cannot read it: {error}"),
+        })
+    };
+    // Parsed as a connection parses them (rustls' PEM reader), which skips what is not PEM: a file
+    // without a certificate would trust nothing, or present nothing, without a word.
+    let certificates_in = |field: &'static str, path: &std::path::Path| {
+        let pem = read(field, path)?;
+        let parsed: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&pem).collect();
+        match parsed {
+            Ok(found) if !found.is_empty() => Ok(pem),
+            Ok(_) => Err("holds no PEM certificate".to_string()),
+            Err(error) => Err(format!("not a PEM certificate: {error}")),
+        }
+        .map_err(|reason| StoreError::RedisTls {
+            field,
+            path: path.to_path_buf(),
+            reason,
+        })
+    };
+    let root_cert = match &tls.ca_file {
+        Some(path) => Some(certificates_in("redis.ca_file", path)?),
+        None => None,
+    };
+    let client_tls = match &tls.client_identity {
+        Some((cert, key)) => {
+            let client_key = read("redis.key_file", key)?;
+            if let Err(error) = PrivateKeyDer::from_pem_slice(&client_key) {
+                return Err(StoreError::RedisTls {
+                    field: "redis.key_file",
+                    path: key.clone(),
+                    reason: format!("holds no PEM private key: {error}"),
+                });
+            }
+            Some(ClientTlsConfig {
+                client_cert: certificates_in("redis.cert_file", cert)?,
+                client_key,
+            })
+        }
+        None => None,
+    };
+    let certificates = TlsCertificates {
+        client_tls,
+        root_cert,
+    };
+    Ok(Some(certificates))
 }
 
 /// A Redis node: a lazily connected, self-reconnecting multiplexed connection whose server was

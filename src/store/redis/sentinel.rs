@@ -23,7 +23,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use futures_util::StreamExt as _;
-use redis::{ConnectionAddr, IntoConnectionInfo as _, RedisConnectionInfo, Value};
+use redis::{ConnectionAddr, IntoConnectionInfo as _, RedisConnectionInfo, TlsCertificates, Value};
 use tracing::{info, warn};
 
 use crate::config::SentinelGroup;
@@ -40,6 +40,9 @@ const WATCH_ALIVE: Duration = Duration::from_secs(5);
 /// A group's settings, the Sentinel asked first, and the epoch of its master.
 pub(super) struct Group {
     config: SentinelGroup,
+    /// The store's CA and client certificate for a TLS group (`redis.ca_file`, …); `None`: the Mozilla
+    /// roots, no client certificate.
+    certificates: Option<TlsCertificates>,
     label: String,
     /// The Sentinel to ask first: the last one that answered.
     first: AtomicUsize,
@@ -75,10 +78,14 @@ pub(super) struct Master {
 impl Group {
     /// The group, with its watcher of `+switch-master` started (it ends once the group is dropped).
     /// Must be called inside a Tokio runtime.
-    pub(super) fn start(config: &SentinelGroup) -> Arc<Group> {
+    pub(super) fn start(
+        config: &SentinelGroup,
+        certificates: Option<TlsCertificates>,
+    ) -> Arc<Group> {
         let group = Arc::new(Group {
             label: config.label(),
             config: config.clone(),
+            certificates,
             first: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             verifying: AtomicBool::new(false),
@@ -226,7 +233,13 @@ impl Group {
             .into_connection_info()
             .map_err(|error| error.to_string())?
             .set_redis_settings(settings);
-        redis::Client::open(info).map_err(|error| format!("{host}:{port}: {error}"))
+        let client = match &self.certificates {
+            Some(certificates) if self.config.tls => {
+                redis::Client::build_with_tls(info, certificates.clone())
+            }
+            _ => redis::Client::open(info),
+        };
+        client.map_err(|error| format!("{host}:{port}: {error}"))
     }
 
     /// Asks the Sentinels whether the master is still at `address` (a write there was not acknowledged by
