@@ -121,10 +121,30 @@ pub(crate) struct Context {
 /// lease; reloads the config file when `control` asks.
 ///
 /// A store's nodes (Redis nodes, etcd members) that are down at start or later do not stop the worker: it
-/// logs them and races again at the next tick.
-pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError> {
-    let shutdown = control.shutdown().clone();
-    // Before any job runs: jobs must neither read the worker's memory nor leave processes behind.
+/// logs them and races again at the next tick. What stops it at start: a store that can never be used,
+/// and a `worker.listen` address it cannot bind.
+pub async fn run(config: Config, control: Control) -> Result<(), WorkerError> {
+    apply_process_settings();
+    // One copy of the config, shared with the context (the dashboard, `/readyz`): a copy each held its
+    // jobs' definitions a second time.
+    let config = Arc::new(config);
+    let store = open_store(&config).await?;
+    if let Err(error) = crate::clock::boot::start_alarm() {
+        warn!(
+            event = events::clock::ALARM_UNAVAILABLE,
+            error = %error,
+            "Cannot make the boot-clock timer (a timerfd and its thread): lease deadlines are checked once a \
+             second instead, so a job may outlive its lease by up to a second after a suspend"
+        );
+    }
+    let listener = http::bind(config.worker.listen).await?;
+    serve(config, store, listener, control).await;
+    Ok(())
+}
+
+/// Before any job runs: jobs must neither read the worker's memory nor leave processes behind. A setting
+/// the host refuses is logged (docs/logs.md says what is lost) and the worker goes on.
+fn apply_process_settings() {
     let settings = [
         ("not_dumpable", env::hide_from_jobs()),
         (
@@ -138,12 +158,13 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                   "Cannot apply a process setting of the worker (docs/logs.md says what is lost)");
         }
     }
-    // One copy of the config, shared with the context (the dashboard, `/readyz`): a copy each held its
-    // jobs' definitions a second time.
-    let mut config = Arc::new(config);
-    let store = Store::open(&config)?;
-    // A store that can never be used (the SQL server refused the login, …) stops the worker here; one that
-    // does not answer yet is retried by every call, as nodes down at start are.
+}
+
+/// The store `config` names, prepared: a store that can never be used (the SQL server refused the
+/// login, …) is an error; one that does not answer yet is retried by every call, as nodes down at start
+/// are. The embedded store is used with a warning that it is no shared store.
+async fn open_store(config: &Config) -> Result<Store, WorkerError> {
+    let store = Store::open(config)?;
     store.prepare().await?;
     if let StoreConfig::Embedded(embedded) = &config.store {
         warn!(
@@ -154,26 +175,74 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
              an etcd cluster, a ZooKeeper ensemble or a SQL server to run each job once across several hosts."
         );
     }
-    if let Err(error) = crate::clock::boot::start_alarm() {
-        warn!(
-            event = events::clock::ALARM_UNAVAILABLE,
-            error = %error,
-            "Cannot make the boot-clock timer (a timerfd and its thread): lease deadlines are checked once a \
-             second instead, so a job may outlive its lease by up to a second after a suspend"
-        );
+    Ok(store)
+}
+
+/// Runs the worker on `store`, answering on `listener` (if `worker.listen` is set), until `control`
+/// drains it: starts the background tasks, schedules and races the ticks, then stops everything in the
+/// order that lets running jobs finish and their history reach the store.
+async fn serve(
+    config: Arc<Config>,
+    store: Store,
+    listener: Option<tokio::net::TcpListener>,
+    mut control: Control,
+) {
+    let (context, limits) = start_context(&config, store, control.shutdown(), listener.is_some());
+    let server = http::Server::start(listener, &context, &config.worker, limits);
+    let recorder_task = recorder::start(Arc::clone(&context));
+    let heartbeat = heartbeat::Heartbeat::start(
+        Arc::clone(&context),
+        heartbeat::Identity {
+            every: config.worker.heartbeat_every,
+            started_at: context.clock.now(),
+        },
+    );
+    // The first ticks are scheduled on the measured cluster time (the start waits about a second for the
+    // first measurement; if the store's clocks cannot be measured by then, see `schedule`).
+    let clock_task = offset::start(Arc::clone(&context), &config.worker).await;
+    let (sentinel, sentinel_task) = missed::Sentinel::start(
+        Arc::clone(&context),
+        enabled_jobs(&context.jobs()),
+        config.worker.max_clock_offset,
+    );
+    let _ = context.sentinel.set(sentinel);
+    let triggers_task = triggers::start(Arc::clone(&context));
+
+    schedule(&context, config, &mut control).await;
+
+    if let Some(task) = clock_task {
+        let _ = task.await;
     }
-    let listener = http::bind(config.worker.listen).await?;
-    let nodes = store.describe();
-    let all_jobs = shared_jobs(&config);
+    let _ = sentinel_task.await;
+    let _ = triggers_task.await;
+    // Every run has ended its own processes; what none of them could tell was its own goes now.
+    crate::process::reaper::sweep(Duration::from_secs(2)).await;
+    heartbeat.stop().await;
+    context.recorder.close();
+    let _ = recorder_task.await;
+    server.stop().await;
+    info!(event = events::worker::STOPPED, "Worker stopped");
+}
+
+/// The worker's shared state on `store` for `config`, and the listener's limits: the children's slots
+/// are what the open-file limit (raised as far as allowed) leaves beside the listener's connections
+/// (none set aside when the worker does not listen). Logs `worker.started`.
+fn start_context(
+    config: &Arc<Config>,
+    store: Store,
+    shutdown: &Shutdown,
+    listening: bool,
+) -> (Arc<Context>, http::Limits) {
+    let all_jobs = shared_jobs(config);
     let jobs = enabled_jobs(&all_jobs);
     let fd_limit = slots::raise_fd_limit();
     let fds = fd_limit.map_or(1_024, |l| l.after);
-    // The listener's connections are counted beside the reserve, so that they never take a child's
-    // descriptors (and none are set aside when it does not listen).
-    let connections = listener
-        .as_ref()
-        .map_or(0, |_| slots::listener_connections(fds));
-    let listener_fds = if listener.is_some() {
+    let connections = if listening {
+        slots::listener_connections(fds)
+    } else {
+        0
+    };
+    let listener_fds = if listening {
         slots::listener_fds(connections)
     } else {
         0
@@ -182,7 +251,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     info!(
         event = events::worker::STARTED,
         config = %config.path.display(),
-        nodes = %nodes,
+        nodes = %store.describe(),
         jobs = %jobs.iter().map(|job| job.name.as_str()).collect::<Vec<_>>().join(","),
         ttl_ms = config.lock.ttl.as_millis() as u64,
         renew_every_ms = config.lock.renew_every.as_millis() as u64,
@@ -211,7 +280,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         metrics: crate::metrics::Metrics::new(jobs.iter().map(|job| job.name.as_str())),
         child_slots,
         live_members: Mutex::new(None),
-        config: Mutex::new(Arc::clone(&config)),
+        config: Mutex::new(Arc::clone(config)),
         requesters: Mutex::new(HashMap::new()),
     });
     let limits = http::Limits {
@@ -219,30 +288,17 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
         header_timeout: http::HEADER_TIMEOUT,
         request_timeout: http::REQUEST_TIMEOUT,
     };
-    let server = http::Server::start(listener, &context, &config.worker, limits);
-    let recorder_task = recorder::start(Arc::clone(&context));
-    let heartbeat = heartbeat::Heartbeat::start(
-        Arc::clone(&context),
-        heartbeat::Identity {
-            every: config.worker.heartbeat_every,
-            started_at: context.clock.now(),
-        },
-    );
-    // One task per batch of due ticks: it claims them and runs the ones won. The loop itself never waits
-    // for Redis, so a slow race (retries, a hung node) cannot delay the next tick of another job.
-    let mut races: JoinSet<()> = JoinSet::new();
-    // The first ticks are scheduled on the measured cluster time (the start waits about a second for the
-    // first measurement; if the store's clocks cannot be measured by then, see `scheduling` below).
-    let clock_task = offset::start(Arc::clone(&context), &config.worker).await;
+    (context, limits)
+}
+
+/// Sleeps until each next tick and races the ticks due, reloading the config when `control` asks, until
+/// it asks to drain; then waits for every race (and the runs they started) to end.
+async fn schedule(context: &Arc<Context>, mut config: Arc<Config>, control: &mut Control) {
     let clock = &context.clock;
-    let (sentinel, sentinel_task) = missed::Sentinel::start(
-        Arc::clone(&context),
-        jobs.clone(),
-        config.worker.max_clock_offset,
-    );
-    let _ = context.sentinel.set(sentinel);
-    let triggers_task = triggers::start(Arc::clone(&context));
-    let mut agenda = Agenda::new(jobs, clock.now());
+    // One task per batch of due ticks: it claims them and runs the ones won. The loop itself never waits
+    // for the store, so a slow race (retries, a hung node) cannot delay the next tick of another job.
+    let mut races: JoinSet<()> = JoinSet::new();
+    let mut agenda = Agenda::new(enabled_jobs(&context.jobs()), clock.now());
     say_ticks_from_before_start(&agenda, clock.now());
     // A store with clocks that could not be measured at start: no tick is scheduled until they are, since
     // this host's clock may be seconds ahead of them, and a tick raced on it would be claimed that early
@@ -271,9 +327,9 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
                     // The ticks due by now belong to the config they came due under: raced (or passed
                     // over, with a word) before a changed job starts again from its next tick.
                     if scheduling {
-                        start_due(&context, &mut agenda, &mut races);
+                        start_due(context, &mut agenda, &mut races);
                     }
-                    if let Some(new) = reload::reload(&context, &config, why) {
+                    if let Some(new) = reload::reload(context, &config, why) {
                         let all_jobs = shared_jobs(&new);
                         agenda = agenda.reload(enabled_jobs(&all_jobs), clock.now());
                         context.set_jobs(all_jobs);
@@ -291,7 +347,7 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
             }
         }
         if scheduling {
-            start_due(&context, &mut agenda, &mut races);
+            start_due(context, &mut agenda, &mut races);
         }
     }
 
@@ -304,19 +360,6 @@ pub async fn run(config: Config, mut control: Control) -> Result<(), WorkerError
     while let Some(ended) = races.join_next().await {
         background::log_panic("race", ended);
     }
-    if let Some(task) = clock_task {
-        let _ = task.await;
-    }
-    let _ = sentinel_task.await;
-    let _ = triggers_task.await;
-    // Every run has ended its own processes; what none of them could tell was its own goes now.
-    crate::process::reaper::sweep(Duration::from_secs(2)).await;
-    heartbeat.stop().await;
-    context.recorder.close();
-    let _ = recorder_task.await;
-    server.stop().await;
-    info!(event = events::worker::STOPPED, "Worker stopped");
-    Ok(())
 }
 
 /// Takes the ticks of `agenda` due by now (cluster time): logs and records those passed over, skips those
@@ -502,6 +545,11 @@ impl Context {
     /// Replaces the config in force after a reload (shared with the worker's loop, not copied).
     fn set_config(&self, config: Arc<Config>) {
         *self.config.lock().unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
+    /// The jobs of the config in force, the disabled ones too.
+    fn jobs(&self) -> Vec<Arc<JobConfig>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Replaces the jobs after a reload.
