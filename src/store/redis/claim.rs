@@ -9,82 +9,118 @@ use super::{Attempt, RedisStore, Retry, Try};
 use crate::clock::boot::BootInstant;
 use crate::lock::keys::{attempt_value, claim_keys, next_token, Holder};
 use crate::lock::quorum::{quorum, Vote};
-use crate::lock::{validity, ClaimOutcome, ClaimRequest, Lease, Pause, QuorumFailure, Refusal};
+use crate::lock::{
+    validity, ClaimOutcome, ClaimRequest, FencingToken, Lease, Pause, QuorumFailure, Refusal,
+};
+
+/// One try as the scripts take it: its request, the lease value of this attempt (a fresh one, or the
+/// value a split vote's leader keeps), its four keys, and its tick and window as the scripts' arguments.
+struct Prepared<'a> {
+    request: &'a ClaimRequest,
+    value: String,
+    keys: [String; 4],
+    /// The tick in milliseconds.
+    tick: String,
+    /// The window's end of a one-off claim (`0`: none).
+    not_after: String,
+    /// When a one-off claim's record expires (`0`: never).
+    expires: String,
+}
+
+impl<'a> Prepared<'a> {
+    fn of(t: &Try<'a>, prefix: &str) -> Prepared<'a> {
+        let r = t.request;
+        Prepared {
+            request: r,
+            value: t
+                .value
+                .clone()
+                .unwrap_or_else(|| attempt_value(&r.claimant, r.tick, &r.fingerprint, &r.series)),
+            keys: claim_keys(prefix, &r.job, r.tick, r.overlap, &r.series),
+            tick: r.tick.as_millis().to_string(),
+            not_after: r.not_after.map_or(0, |t| t.as_millis()).to_string(),
+            expires: r.record_expires_at().unwrap_or(0).to_string(),
+        }
+    }
+}
 
 impl RedisStore {
     /// One attempt at every request of the batch: round 1, then round 2 for those that reached a majority.
     pub(super) async fn attempt(&self, tries: &[Try<'_>]) -> Vec<Attempt> {
-        let settings = &self.settings;
-        let ttl_ms = settings.ttl.as_millis().to_string();
-        let requests: Vec<&ClaimRequest> = tries.iter().map(|t| t.request).collect();
-        let values: Vec<String> = tries
-            .iter()
-            .map(|t| {
-                t.value.clone().unwrap_or_else(|| {
-                    let r = t.request;
-                    attempt_value(&r.claimant, r.tick, &r.fingerprint, &r.series)
-                })
-            })
-            .collect();
-        let keys: Vec<[String; 4]> = requests
-            .iter()
-            .map(|r| claim_keys(&settings.key_prefix, &r.job, r.tick, r.overlap, &r.series))
-            .collect();
-        let ticks: Vec<String> = requests
-            .iter()
-            .map(|r| r.tick.as_millis().to_string())
-            .collect();
-        // The window of a one-off claim, and when its record expires (`0`: none), as the scripts take them.
-        let windows: Vec<(String, String)> = requests
-            .iter()
-            .map(|r| {
-                let not_after = r.not_after.map_or(0, |t| t.as_millis());
-                (
-                    not_after.to_string(),
-                    r.record_expires_at().unwrap_or(0).to_string(),
-                )
-            })
-            .collect();
-
+        let prefix = &self.settings.key_prefix;
+        let prepared: Vec<Prepared> = tries.iter().map(|t| Prepared::of(t, prefix)).collect();
         // The stopwatch starts before the first SET can reach any node, so the validity computed from it
         // never outlives the keys.
         let start = BootInstant::now();
+        let answers = self.acquire_round(&prepared).await;
+        let mut results: Vec<Option<Attempt>> = tries.iter().map(|_| None).collect();
+        let confirming = self.after_round1(tries, &prepared, &answers, start, &mut results);
+        if !confirming.is_empty() {
+            let drift = validity::drift(self.settings.ttl, self.settings.drift_factor);
+            let deadline = start + self.settings.ttl.saturating_sub(drift);
+            self.confirm_round(&prepared, confirming, deadline, &mut results)
+                .await;
+        }
+        self.undo_not_granted(tries, &prepared, &answers, &results);
+        // Every request was decided above; were one not, it would be unanswered (retried), never taken
+        // for claimed.
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Attempt::Lost {
+                    outcome: ClaimOutcome::unanswered(self.nodes.len()),
+                    retry: Retry::No,
+                })
+            })
+            .collect()
+    }
+
+    /// Round 1 (`ACQUIRE`) of every prepared request on every node.
+    async fn acquire_round(&self, prepared: &[Prepared<'_>]) -> Vec<Vec<(usize, Round1)>> {
+        let ttl_ms = self.settings.ttl.as_millis().to_string();
         let round1 = Calls::new(
             &scripts::ACQUIRE,
-            requests.iter().enumerate().map(|(index, request)| {
+            prepared.iter().map(|p| {
                 let args = [
-                    values[index].as_str(),
+                    p.value.as_str(),
                     &ttl_ms,
-                    &ticks[index],
-                    &request.claimant,
-                    &windows[index].0,
+                    &p.tick,
+                    &p.request.claimant,
+                    &p.not_after,
                 ];
-                (&keys[index], args)
+                (&p.keys, args)
             }),
         );
-        let answers = self
-            .round(
-                round1.for_round(),
-                batch_budget(settings.node_timeout, tries.len()),
-                // Room for the confirming round and the run's start within the validity.
-                settings.ttl / 4,
-                parse_round1,
-                Round1::Failed,
-                |answer| match answer {
-                    Round1::Ok { .. } => Vote::Granted,
-                    Round1::Failed(why) => Vote::Failed(why.clone()),
-                    Round1::Claimed(_)
-                    | Round1::Busy { .. }
-                    | Round1::Paused(_)
-                    | Round1::Ahead { .. } => Vote::Refused,
-                },
-            )
-            .await;
+        self.round(
+            round1.for_round(),
+            batch_budget(self.settings.node_timeout, prepared.len()),
+            // Room for the confirming round and the run's start within the validity.
+            self.settings.ttl / 4,
+            parse_round1,
+            Round1::Failed,
+            |answer| match answer {
+                Round1::Ok { .. } => Vote::Granted,
+                Round1::Failed(why) => Vote::Failed(why.clone()),
+                Round1::Claimed(_)
+                | Round1::Busy { .. }
+                | Round1::Paused(_)
+                | Round1::Ahead { .. } => Vote::Refused,
+            },
+        )
+        .await
+    }
 
-        // Round 2 for the requests that reached a majority, while their validity lasts.
-        let drift = validity::drift(settings.ttl, settings.drift_factor);
-        let deadline = start + settings.ttl.saturating_sub(drift);
-        let mut results: Vec<Option<Attempt>> = requests.iter().map(|_| None).collect();
+    /// What round 1 (begun at `start`) decided: the requests that reached a majority in time go on to
+    /// round 2 with their token (returned, by index); the others' results are set here.
+    fn after_round1(
+        &self,
+        tries: &[Try<'_>],
+        prepared: &[Prepared<'_>],
+        answers: &[Vec<(usize, Round1)>],
+        start: BootInstant,
+        results: &mut [Option<Attempt>],
+    ) -> Vec<(usize, FencingToken)> {
+        let settings = &self.settings;
         let mut confirming = Vec::new();
         for (index, node_answers) in answers.iter().enumerate() {
             let fences = node_answers.iter().filter_map(|(_, a)| match a {
@@ -97,7 +133,7 @@ impl RedisStore {
             if granted >= quorum(self.nodes.len()) && in_time {
                 // Exact, and refused past the bound rather than saturated: a token that stood still
                 // would be handed out twice.
-                match next_token(fences.max().unwrap_or(0), requests[index].tick) {
+                match next_token(fences.max().unwrap_or(0), prepared[index].request.tick) {
                     Ok(token) => confirming.push((index, token)),
                     Err(refusal) => {
                         results[index] = Some(Attempt::Lost {
@@ -110,66 +146,81 @@ impl RedisStore {
                 results[index] = Some(self.lost_in_round1(
                     node_answers,
                     &tries[index],
-                    &values[index],
+                    &prepared[index].value,
                     tries.len(),
                 ));
             }
         }
-        if !confirming.is_empty() {
-            let tokens: Vec<String> = confirming.iter().map(|(_, t)| t.to_string()).collect();
-            let round2 = Calls::new(
-                &scripts::CONFIRM,
-                confirming.iter().zip(&tokens).map(|(&(index, _), token)| {
-                    let args = [
-                        values[index].as_str(),
-                        token,
-                        &ticks[index],
-                        &requests[index].claimant,
-                        &windows[index].0,
-                        &windows[index].1,
-                    ];
-                    (&keys[index], args)
-                }),
-            );
-            let confirmed = self
-                .round(
-                    round2.for_round(),
-                    batch_budget(settings.node_timeout, confirming.len()),
-                    deadline.remaining(),
-                    parse_round2,
-                    Round2::Failed,
-                    |answer| match answer {
-                        Round2::Ok => Vote::Granted,
-                        Round2::Lost | Round2::Claimed(_) | Round2::Paused(_) => Vote::Refused,
-                        Round2::Failed(why) => Vote::Failed(why.clone()),
-                    },
-                )
-                .await;
-            for ((index, token), node_answers) in confirming.into_iter().zip(confirmed) {
-                let granted = node_answers
-                    .iter()
-                    .filter(|(_, a)| matches!(a, Round2::Ok))
-                    .count();
-                results[index] = Some(
-                    if granted >= quorum(self.nodes.len()) && BootInstant::now() < deadline {
-                        Attempt::Won(Lease::new(
-                            requests[index],
-                            token,
-                            values[index].clone(),
-                            deadline,
-                        ))
-                    } else {
-                        self.lost_in_round2(&node_answers, granted)
-                    },
-                );
-            }
-        }
+        confirming
+    }
 
-        // Undo every attempt that was not granted, on every node that may hold its SET: compare-and-delete
-        // touches only this attempt's value, so it can never delete a later attempt of the same claimant. A
-        // claim record this attempt confirmed stays: it is ours, and a retry of the same request goes on
-        // from it. See [`may_hold_our_set`] for the nodes that are spared.
-        // One batch of releases per node, the attempts it may hold.
+    /// Round 2 (`CONFIRM`) of the requests in `confirming` with their tokens: each is won if a majority
+    /// confirmed it before `deadline`, and lost as round 2 says otherwise.
+    async fn confirm_round(
+        &self,
+        prepared: &[Prepared<'_>],
+        confirming: Vec<(usize, FencingToken)>,
+        deadline: BootInstant,
+        results: &mut [Option<Attempt>],
+    ) {
+        let tokens: Vec<String> = confirming.iter().map(|(_, t)| t.to_string()).collect();
+        let round2 = Calls::new(
+            &scripts::CONFIRM,
+            confirming.iter().zip(&tokens).map(|(&(index, _), token)| {
+                let p = &prepared[index];
+                let args = [
+                    p.value.as_str(),
+                    token,
+                    &p.tick,
+                    &p.request.claimant,
+                    &p.not_after,
+                    &p.expires,
+                ];
+                (&p.keys, args)
+            }),
+        );
+        let confirmed = self
+            .round(
+                round2.for_round(),
+                batch_budget(self.settings.node_timeout, confirming.len()),
+                deadline.remaining(),
+                parse_round2,
+                Round2::Failed,
+                |answer| match answer {
+                    Round2::Ok => Vote::Granted,
+                    Round2::Lost | Round2::Claimed(_) | Round2::Paused(_) => Vote::Refused,
+                    Round2::Failed(why) => Vote::Failed(why.clone()),
+                },
+            )
+            .await;
+        for ((index, token), node_answers) in confirming.into_iter().zip(confirmed) {
+            let granted = node_answers
+                .iter()
+                .filter(|(_, a)| matches!(a, Round2::Ok))
+                .count();
+            let p = &prepared[index];
+            results[index] = Some(
+                if granted >= quorum(self.nodes.len()) && BootInstant::now() < deadline {
+                    Attempt::Won(Lease::new(p.request, token, p.value.clone(), deadline))
+                } else {
+                    self.lost_in_round2(&node_answers, granted)
+                },
+            );
+        }
+    }
+
+    /// Undoes every attempt that was not granted, in the background, on every node that may hold its
+    /// SET: compare-and-delete touches only this attempt's value, so it can never delete a later attempt
+    /// of the same claimant. A claim record this attempt confirmed stays: it is ours, and a retry of the
+    /// same request goes on from it. See [`may_hold_our_set`] for the nodes that are spared. One batch of
+    /// releases per node, the attempts it may hold.
+    fn undo_not_granted(
+        &self,
+        tries: &[Try<'_>],
+        prepared: &[Prepared<'_>],
+        answers: &[Vec<(usize, Round1)>],
+        results: &[Option<Attempt>],
+    ) {
         let mut undo: Vec<Vec<usize>> = self.nodes.iter().map(|_| Vec::new()).collect();
         for (index, result) in results.iter().enumerate() {
             if matches!(
@@ -193,22 +244,14 @@ impl RedisStore {
         let undo = undo
             .into_iter()
             .map(|undone| {
-                let leases = undone
-                    .into_iter()
-                    .map(|index| (&keys[index][..1], [values[index].as_str()]));
+                let leases = undone.into_iter().map(|index| {
+                    let p = &prepared[index];
+                    (&p.keys[..1], [p.value.as_str()])
+                });
                 Calls::new(&scripts::RELEASE, leases).pipeline
             })
             .collect();
         self.spawn_on_each(undo);
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or(Attempt::Lost {
-                    outcome: ClaimOutcome::AlreadyClaimed { by: None },
-                    retry: Retry::No,
-                })
-            })
-            .collect()
     }
 
     /// Classifies a request that could not go on to round 2.
