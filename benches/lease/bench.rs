@@ -10,6 +10,7 @@
 //! - [`herd`]: item 6, N jobs due at one instant on 3 workers, against the spawn limit and the peer.
 //! - [`etcd`]: item 7, the etcd store beside Redis: a claim, the lock alone, a herd.
 //! - [`dashboard`]: item 8, the dashboard's page of 1,000 jobs: its weight, render and store times.
+//! - [`failover`]: item 9, a Sentinel group's failover: from the master's end to the next claim won.
 //! - [`job`]: the workers' job, `probe.rs`, compiled for the run.
 //! - [`ops`]: item 4c, the commands and Redis CPU of each store operation (the cost model).
 //! - [`peer`]: the peer of items 4b and 6, one `SET NX PX` per (job, tick) on one node.
@@ -30,6 +31,8 @@ pub mod cycle;
 pub mod dashboard;
 #[path = "etcd.rs"]
 pub mod etcd;
+#[path = "failover.rs"]
+pub mod failover;
 #[path = "herd.rs"]
 pub mod herd;
 #[path = "job.rs"]
@@ -68,7 +71,7 @@ pub const SLOW_DELAY: Duration = Duration::from_millis(100);
 pub struct Options {
     /// ~1 s per section instead of minutes: for the smoke test, not for figures.
     pub smoke: bool,
-    /// Which items of the issue to run (1–8).
+    /// Which items of the issue to run (1–9).
     pub sections: Vec<u8>,
     /// Measured cycles per contender on the healthy cluster (item 1).
     pub cycles: usize,
@@ -142,6 +145,8 @@ pub struct Report {
     pub versus: Option<etcd::Versus>,
     /// Item 8: the dashboard's page of 1,000 jobs.
     pub dashboard: Option<dashboard::Page>,
+    /// Item 9: a Sentinel group's failovers.
+    pub failovers: Option<failover::Failovers>,
 }
 
 /// Runs the selected sections; `print` receives each section's Markdown as soon as it is done.
@@ -287,6 +292,16 @@ pub fn run(options: &Options, print: &mut dyn FnMut(&str)) -> Result<Report, Str
         })?;
         report.verdicts.extend(dashboard::verdicts(&page));
         report.dashboard = Some(page);
+    }
+    if options.sections.contains(&9) {
+        let size = if options.smoke {
+            failover::Size::smoke()
+        } else {
+            failover::Size::full()
+        };
+        let failovers = failover::run(size, &mut |text: &str| emit(&mut report, text.to_string()))?;
+        report.verdicts.extend(failover::verdicts(&failovers));
+        report.failovers = Some(failovers);
     }
     let text = format!("\n## Targets\n\n{}", stats::verdicts(&report.verdicts));
     emit(&mut report, text);

@@ -184,6 +184,39 @@ fn dashboard_item_runs_in_smoke_mode() {
     );
 }
 
+/// Item 9 (a Sentinel group's failovers) runs end to end in smoke mode: one crash and one planned
+/// failover, each followed by a claim won, with tokens in order.
+#[test]
+fn failover_item_runs_in_smoke_mode() {
+    super::support::require_program("redis-server", "redis-server");
+    let options = bench::Options {
+        smoke: true,
+        sections: vec![9],
+        cycles: 20,
+        contenders: Vec::new(),
+        current_thread: false,
+        worker: None,
+        probe: Vec::new(),
+        etcd_herd: 20,
+        stores: Vec::new(),
+    };
+    let report =
+        bench::run(&options, &mut |_| {}).unwrap_or_else(|why| panic!("benchmark failed: {why}"));
+    let failovers = report.failovers.expect("item 9 ran");
+    assert_eq!(
+        (failovers.crashes.len(), failovers.planned.len()),
+        (1, 1),
+        "{}",
+        report.text
+    );
+    assert_eq!(failovers.token_out_of_order, None, "{}", report.text);
+    assert!(
+        report.text.contains("## 9. A Sentinel group's failover"),
+        "{}",
+        report.text
+    );
+}
+
 /// The counting proxy frames RESP values split across reads, and tells redcron's scripts apart.
 #[test]
 fn counting_proxy_frames_resp_and_classifies_scripts() {
