@@ -337,19 +337,7 @@ impl Node {
         let acks = group.map_or(0, Group::min_replicas_acked);
         let waited;
         let pipeline = if acks > 0 {
-            // Within the round's budget (the node timeout; `timeout` is how long a straggler is
-            // watched), with a quarter left for the answer to come back, so that a shortfall is
-            // reported as one, not as a timeout. `WAIT … 0` would block the connection for good.
-            let left = deadline
-                .saturating_duration_since(Instant::now())
-                .min(self.node_timeout);
-            let left = left - left / 4;
-            let mut with_wait = pipeline.clone();
-            with_wait
-                .cmd("WAIT")
-                .arg(acks)
-                .arg(left.as_millis().max(1) as u64);
-            waited = with_wait;
+            waited = self.with_wait(pipeline, acks, deadline);
             &waited
         } else {
             pipeline
@@ -391,38 +379,7 @@ impl Node {
             Err(_) => return Err(no_answer()),
         };
         if group.is_some() {
-            if values.iter().any(
-                |value| matches!(value, Value::ServerError(e) if is_readonly(&format!("{e:?}"))),
-            ) {
-                self.drop_session(&session);
-                return Err(format!(
-                    "master {} became a replica (READONLY): looking the master up again",
-                    session.address
-                ));
-            }
-            if acks > 0 {
-                let acked = match values.pop() {
-                    Some(Value::Int(acked)) => acked,
-                    _ => -1,
-                };
-                if acked < i64::from(acks) {
-                    // Too few replicas have the writes: a lagging group, or a master cut off from its
-                    // replicas (the Sentinels may have promoted one). The connection stays: dropping it
-                    // would let the pipelines queued behind this `WAIT` run on the server after newer
-                    // ones sent on a new connection. The Sentinels are asked in the background whether
-                    // the master moved; if so, the group's epoch ends this connection.
-                    if let Target::Group(group) = &self.target {
-                        let (group, address) = (Arc::clone(group), session.address.clone());
-                        tokio::spawn(async move { group.verify(&address).await });
-                    }
-                    return Err(format!(
-                        "master {} has the writes, but WAIT saw {} of the {acks} replicas it needs \
-                         within the round: not counted",
-                        session.address,
-                        acked.max(0)
-                    ));
-                }
-            }
+            values = self.group_answer(&session, values, acks)?;
         }
         // Decided after the answer too: a hold or a refusal that began while the pipeline was on its way
         // (another name of the server was admitted meanwhile) counts.
@@ -430,6 +387,69 @@ impl Node {
             Standing::Counted => Ok(values),
             Standing::HeldOff(why, _) | Standing::Refused(why) => Err(why),
         }
+    }
+
+    /// `pipeline` with `WAIT acks` appended, within the round's budget (the node timeout; the round's
+    /// own `deadline` is how long a straggler is watched), with a quarter left for the answer to come
+    /// back, so that a shortfall is reported as one, not as a timeout. `WAIT … 0` would block the
+    /// connection for good, so the wait is at least a millisecond.
+    fn with_wait(&self, pipeline: &Pipeline, acks: u32, deadline: Instant) -> Pipeline {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .min(self.node_timeout);
+        let left = left - left / 4;
+        let mut with_wait = pipeline.clone();
+        with_wait
+            .cmd("WAIT")
+            .arg(acks)
+            .arg(left.as_millis().max(1) as u64);
+        with_wait
+    }
+
+    /// A group's answer on `session`, or why it does not count: a `READONLY` reply (the master was
+    /// demoted: the session is dropped and the master looked up again), or, with `acks` > 0, fewer
+    /// replicas than that acknowledging the writes (`WAIT`'s reply, the last value, is taken off).
+    fn group_answer(
+        &self,
+        session: &Arc<Session>,
+        mut values: Vec<Value>,
+        acks: u32,
+    ) -> Result<Vec<Value>, String> {
+        if values
+            .iter()
+            .any(|value| matches!(value, Value::ServerError(e) if is_readonly(&format!("{e:?}"))))
+        {
+            self.drop_session(session);
+            return Err(format!(
+                "master {} became a replica (READONLY): looking the master up again",
+                session.address
+            ));
+        }
+        if acks == 0 {
+            return Ok(values);
+        }
+        let acked = match values.pop() {
+            Some(Value::Int(acked)) => acked,
+            _ => -1,
+        };
+        if acked >= i64::from(acks) {
+            return Ok(values);
+        }
+        // Too few replicas have the writes: a lagging group, or a master cut off from its replicas
+        // (the Sentinels may have promoted one). The connection stays: dropping it would let the
+        // pipelines queued behind this `WAIT` run on the server after newer ones sent on a new
+        // connection. The Sentinels are asked in the background whether the master moved; if so, the
+        // group's epoch ends this connection.
+        if let Target::Group(group) = &self.target {
+            let (group, address) = (Arc::clone(group), session.address.clone());
+            tokio::spawn(async move { group.verify(&address).await });
+        }
+        Err(format!(
+            "master {} has the writes, but WAIT saw {} of the {acks} replicas it needs within the \
+             round: not counted",
+            session.address,
+            acked.max(0)
+        ))
     }
 
     /// Opens and identifies the connection now (if it is not open yet), within `timeout`: what this node
