@@ -14,7 +14,7 @@
 //! operator's `date -s`, NTP stepping a clock it found far off, a VM resumed with a stale clock) would
 //! otherwise move cluster time by the step until the next measurement, and a worker stepped 3 s ahead
 //! raced the next ticks 3 s early (claiming a later tick first makes the earlier ones unclaimable for
-//! every worker) and passed over the ticks in between (the Redis chaos run of seed 4242). The boot clock
+//! every worker) and passed over the ticks in between. The boot clock
 //! never steps; it is slewed at the same rate as the wall clock, so over a measurement interval the two
 //! part by parts per million. The next measurement takes the stepped wall clock into account: it
 //! measures the offset anew, and cluster time goes on where the nodes' clocks say.

@@ -13,11 +13,7 @@
 //! - every [`TRIM_EVERY`], `malloc_trim(0)` in a thread of its own, which returns the free pages of every
 //!   arena, not only their tops (as jemalloc's decay purges, and for the same reason).
 //!
-//! Measured with the benchmark's item 5 (3 workers, 5 Redis nodes, 1,000 jobs every second, every tick
-//! run; the same `release` build with and without this, alternated, 3 runs × 3 workers each, on a quiet
-//! 2-core machine; docs/scaling.md): peak RSS per worker 30.9–36.6 MB (median 31.8) → 27.0–32.9 MB
-//! (median 30.4), and RSS at the end of the window 28.5–36.5 → 25.7–29.9 MB.
-//! Other C libraries (musl) have none of these knobs and are left as they are.
+//! What it saves is measured with the benchmark's item 5 (docs/scaling.md). Other C libraries (musl) have none of these knobs and are left as they are.
 
 /// The most malloc arenas (glibc's default is eight per core).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -303,8 +303,8 @@ async fn schedule(context: &Arc<Context>, mut config: Arc<Config>, control: &mut
     // A store with clocks that could not be measured at start: no tick is scheduled until they are, since
     // this host's clock may be seconds ahead of them, and a tick raced on it would be claimed that early
     // (and make the job's earlier ticks unclaimable for every worker, G1′). The ticks of that stretch are
-    // the other workers' to run, and the missed-tick checker's to look back at (the MariaDB chaos run of
-    // seed 1795768255916112088: a worker restarted 3 s ahead while the server was down).
+    // the other workers' to run, and the missed-tick checker's to look back at (a worker restarted 3 s
+    // ahead while its store was down would otherwise race on its own clock).
     let mut scheduling = clock.is_known();
 
     loop {

@@ -16,7 +16,7 @@
 //! leader, whose own timer for the lease never restarted (seen on Debian's etcd 3.4.23: an answer
 //! "TTL 3" from the resumed old leader, and the lease expired on the new one 2 s later; later etcd
 //! releases check their leadership before renewing, see etcd issue 15247). Believing that answer let a job outlive its
-//! lease by up to the time the old leader was hung (the etcd chaos run of seed 5151). So a renewal is
+//! lease by up to the time the old leader was hung. So a renewal is
 //! three requests to one member ([`EtcdStore::keep_alive_on_leader`]): a read of the lease key, the
 //! keep-alive, and a linearizable read of the lease key; it counts only if both reads report the same
 //! raft term. Terms in answers only grow on a member, so the member was in that term when the keep-alive
@@ -208,8 +208,8 @@ impl Leases for EtcdStore {
     /// A watch of the lease key from the claim's revision on, opened again (from the last event seen) on
     /// another member when its stream ends. It tells the watchdog the moment etcd took the lease away,
     /// which a renewal would learn only at its next turn: an etcd 3.4 leader that stalled past a lease's
-    /// TTL may, when it resumes, revoke the leases that its successor kept alive (etcd issue 15247, seen
-    /// in the etcd chaos run of seed 9599283955248796073 and by hand: one stall in four) — the job must
+    /// TTL may, when it resumes, revoke the leases that its successor kept alive (etcd issue 15247; by
+    /// hand, one stall in four) — the job must
     /// then stop at once, before its next write, since the next tick may be granted to another worker.
     fn lease_gone<'a>(&'a self, lease: &Lease) -> impl Future<Output = ()> + Send + use<'a> {
         let id = self.etcd_lease(&lease.value);

@@ -463,9 +463,9 @@ mod tests {
     }
 
     /// A node's second connection still on the server it restarted from (the reads' connection, say)
-    /// changes nothing when it is checked: it is refused, and the node's current connection still counts.
-    /// Before, the stale run id was taken back as a server taken over from another node, which held the
-    /// node off for the lock's TTL — seen in a Redis chaos run (seed 20261205) as 2 s of no majority.
+    /// changes nothing when it is checked: it is refused, and the node's current connection still counts
+    /// (taking the stale run id back as a server taken over from another node would hold the node off
+    /// for the lock's TTL: seconds of no majority).
     #[test]
     fn a_connection_to_the_server_a_node_restarted_from_changes_nothing() {
         let registry = Registry::new(
