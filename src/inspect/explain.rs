@@ -192,18 +192,58 @@ pub fn explain(
     let on_schedule = schedule.last_at_or_before(tick.to_utc()) == Some(tick);
     let previous_tick = schedule.last_at_or_before(Tick(tick.0 - 1).to_utc());
     let next_tick = schedule.next_after(tick.to_utc());
-    let mut story = vec![format!("{} at {}", job.name, instant(tick.to_utc()))];
+    // A trigger's run has the request's time as its tick: an instant off the schedule, by design.
+    let triggers = first_of_each(entries.iter().filter_map(|e| e.trigger.clone()));
+    let mut story = instant_lines(job, tick, &triggers, on_schedule, previous_tick, next_tick);
+    story.extend(pause_lines(control_before.as_ref(), paused_now.as_ref()));
+    let records = tick::group(entries.iter().cloned());
+    let (raced, race_lines) = race_lines(&records, &entries, facts.members);
+    story.extend(race_lines);
+    let runs = runs_of(&records, &mut story);
+    story.extend(runs.iter().map(describe));
+    story.extend(entries.iter().filter(|e| e.kind != Kind::Run).map(describe));
+    let (verdict, hint) = verdict_of(facts, tick, on_schedule, &records, &mut story);
+    Explanation {
+        job: job.name.clone(),
+        tick: tick.to_utc(),
+        tick_ms: tick.0,
+        on_schedule,
+        triggers,
+        previous_tick: previous_tick.map(Tick::to_utc),
+        next_tick: next_tick.map(Tick::to_utc),
+        verdict,
+        raced,
+        runs,
+        entries,
+        records,
+        paused_now,
+        story,
+        hint,
+        notes,
+    }
+}
+
+/// The story's first lines: the job and the instant (in the job's zone too), and why it is asked about
+/// when it is no tick of the schedule — a trigger's extra run, or an instant between two ticks.
+fn instant_lines(
+    job: &JobConfig,
+    tick: Tick,
+    triggers: &[String],
+    on_schedule: bool,
+    previous_tick: Option<Tick>,
+    next_tick: Option<Tick>,
+) -> Vec<String> {
+    let schedule = &job.schedule;
+    let mut lines = vec![format!("{} at {}", job.name, instant(tick.to_utc()))];
     if schedule.timezone() != chrono_tz::UTC {
-        story[0].push_str(&format!(
+        lines[0].push_str(&format!(
             " ({} in {})",
             schedule.format_tick(tick),
             schedule.timezone().name()
         ));
     }
-    // A trigger's run has the request's time as its tick: an instant off the schedule, by design.
-    let triggers = first_of_each(entries.iter().filter_map(|e| e.trigger.clone()));
     if !triggers.is_empty() {
-        story.push(format!(
+        lines.push(format!(
             "{} asked for by `redcron trigger` (request{} {}){}",
             if triggers.len() == 1 {
                 "an extra run"
@@ -220,7 +260,7 @@ pub fn explain(
         ));
     } else if !on_schedule {
         let show = |t: Option<Tick>| t.map_or("none".to_string(), |t| instant(t.to_utc()));
-        story.push(format!(
+        lines.push(format!(
             "{} is not a tick of {} ({schedule}); the nearest are {} before and {} after",
             instant(tick.to_utc()),
             job.name,
@@ -228,26 +268,40 @@ pub fn explain(
             show(next_tick)
         ));
     }
-    // A pause in force at the tick, as far as the latest control before it says (it may have ended by
-    // its `until`, which the sentence gives), and whether a pause stands now: a resume after the tick
-    // is not among the entries read.
-    if let Some(pause) = control_before.filter(|c| c.action.as_deref() == Some(CONTROL_PAUSED)) {
-        story.push(format!(
+    lines
+}
+
+/// A pause in force at the tick, as far as the latest control before it says (it may have ended by
+/// its `until`, which the sentence gives), and whether a pause stands now: a resume after the tick is
+/// not among the entries read.
+fn pause_lines(control_before: Option<&Entry>, paused_now: Option<&PauseRead>) -> Vec<String> {
+    let Some(pause) = control_before.filter(|c| c.action.as_deref() == Some(CONTROL_PAUSED)) else {
+        return Vec::new();
+    };
+    vec![
+        format!(
             "the latest pause or resume before it: {}, at {}",
-            describe(&pause),
+            describe(pause),
             instant_ms(pause.tick)
-        ));
-        story.push(match &paused_now {
+        ),
+        match paused_now {
             Some(read) => format!("the job is paused now: {}", pause_note(read)),
             None => {
                 "the job is not paused now: the pause was lifted (`redcron resume`) or ended since"
                     .to_string()
             }
-        });
-    }
-    let records = tick::group(entries.iter().cloned());
-    // The winners' views name the racers, routine losers included; the entries name the rest (and all
-    // of them, on the entries of earlier versions, where each loser wrote one).
+        },
+    ]
+}
+
+/// Who raced the tick, and the lines that say so: the winners' views name the racers, routine losers
+/// included; the entries name the rest (and all of them, on the entries of earlier versions, where
+/// each loser wrote one).
+fn race_lines(
+    records: &[TickRecord],
+    entries: &[Entry],
+    members: &[Member],
+) -> (Vec<String>, Vec<String>) {
     let views: Vec<&TickRecord> = records.iter().filter(|r| view(r).is_some()).collect();
     let raced = first_of_each(
         views
@@ -262,23 +316,28 @@ pub fn explain(
                     .map(|e| e.worker.clone()),
             ),
     );
+    let mut lines = Vec::new();
     if views.is_empty() && !raced.is_empty() {
-        story.push(format!(
+        lines.push(format!(
             "raced by {} worker{}: {}",
             raced.len(),
             if raced.len() == 1 { "" } else { "s" },
             raced.join(", ")
         ));
     }
-    story.extend(views.iter().filter_map(|r| race(r, facts.members)));
-    // The runs, each series' latest attempt first, the one that ended first.
+    lines.extend(views.iter().filter_map(|r| race(r, members)));
+    (raced, lines)
+}
+
+/// The runs, each series' latest attempt first, the one that ended first. Each series (the schedule,
+/// each trigger request, each retry attempt) runs once; several runs of one series are a broken
+/// promise, which `story` is told in capitals.
+fn runs_of(records: &[TickRecord], story: &mut Vec<String>) -> Vec<Entry> {
     let runs: Vec<Entry> = records
         .iter()
         .flat_map(|r| r.run().into_iter().chain(&r.other_runs))
         .cloned()
         .collect();
-    // Each series (the schedule, each trigger request, each retry attempt) runs once; several runs of one
-    // series would be a broken promise.
     let distinct = first_of_each(runs.iter().map(Entry::series)).len();
     if distinct < runs.len() {
         story.push(format!(
@@ -288,9 +347,19 @@ pub fn explain(
             if distinct == 1 { "" } else { "s" }
         ));
     }
-    story.extend(runs.iter().map(describe));
-    story.extend(entries.iter().filter(|e| e.kind != Kind::Run).map(describe));
-    let window_ends = job.window_end(tick);
+    runs
+}
+
+/// What became of the tick, with its closing lines told to `story`, and a hint where nothing was
+/// recorded of a tick whose window has closed.
+fn verdict_of(
+    facts: &Facts<'_>,
+    tick: Tick,
+    on_schedule: bool,
+    records: &[TickRecord],
+    story: &mut Vec<String>,
+) -> (Verdict, Option<String>) {
+    let window_ends = facts.job.window_end(tick);
     let settled = window_ends + chrono::Duration::from_std(SETTLE).unwrap_or_default();
     let verdict = if let Some(run) = records.iter().find_map(TickRecord::run) {
         if run.ended_at.is_some() {
@@ -335,24 +404,7 @@ pub fn explain(
         }
         Verdict::Ran | Verdict::Failed | Verdict::Running | Verdict::Unfinished => {}
     }
-    Explanation {
-        job: job.name.clone(),
-        tick: tick.to_utc(),
-        tick_ms: tick.0,
-        on_schedule,
-        triggers,
-        previous_tick: previous_tick.map(Tick::to_utc),
-        next_tick: next_tick.map(Tick::to_utc),
-        verdict,
-        raced,
-        runs,
-        entries,
-        records,
-        paused_now,
-        story,
-        hint,
-        notes,
-    }
+    (verdict, hint)
 }
 
 /// The winner's view of the racers, if its run names them.
