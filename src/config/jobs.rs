@@ -89,36 +89,99 @@ pub(super) fn jobs(
     jobs
 }
 
+/// `jobs[i].name`: letters, digits and `_ . -`, within what the store can key (a SQL store's columns);
+/// `None` after reporting what is wrong.
+fn job_name(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Option<String> {
+    let field = format!("{path}.name");
+    let name = required(&raw.name, &field, raw.mark, report)?;
+    let valid = !name.value.is_empty()
+        && name
+            .value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    if !valid {
+        report.error(
+            name.mark,
+            &field,
+            format!(
+                "invalid job name {:?}: use letters, digits and `_ . -`",
+                name.value
+            ),
+        );
+    }
+    let too_long = shared.max_name.filter(|most| name.value.len() > *most);
+    if let Some(most) = too_long {
+        let why = format!(
+            "a job name of {} characters: a SQL store takes at most {most} (its keys are indexed columns)",
+            name.value.len()
+        );
+        report.error(name.mark, &field, why);
+    }
+    (valid && too_long.is_none()).then(|| name.value.clone())
+}
+
+/// `jobs[i].schedule` in the job's zone (UTC while the zone is invalid), which must fire after `now`;
+/// a burst the expression asks for is a warning.
+fn schedule(
+    raw: &RawJob,
+    timezone: Option<Tz>,
+    path: &str,
+    report: &mut Report,
+    now: DateTime<Utc>,
+) -> Option<Schedule> {
+    let field = format!("{path}.schedule");
+    let expr = required(&raw.schedule, &field, raw.mark, report)?;
+    match Schedule::parse(&expr.value, timezone.unwrap_or(Tz::UTC)) {
+        Err(e) => report.error(expr.mark, &field, e.to_string()),
+        Ok(schedule) if schedule.next_after(now).is_none() => {
+            report.error(
+                expr.mark,
+                &field,
+                format!("cron expression {:?} never fires", expr.value),
+            );
+        }
+        Ok(schedule) => {
+            if let Some(why) = schedule.burst_warning() {
+                report.warn(expr.mark, &field, why);
+            }
+            return Some(schedule);
+        }
+    }
+    None
+}
+
+/// `jobs[i].env`: names non-empty without `=`, and no NUL in names or values.
+fn env(raw: &RawJob, path: &str, report: &mut Report) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for (key, value) in &raw.env {
+        if key.value.is_empty() || key.value.contains(['=', '\0']) || value.value.contains('\0') {
+            report.error(key.mark, &format!("{path}.env.{}", key.value), "invalid environment variable: the name must be non-empty without `=`, and neither may contain NUL");
+        }
+        env.insert(key.value.clone(), value.value.clone());
+    }
+    env
+}
+
+/// `jobs[i].overlap`: `skip` (the default) or `allow`.
+fn overlap(raw: &RawJob, path: &str, report: &mut Report) -> Overlap {
+    match raw.overlap.as_ref().map(|o| (o.value.trim(), o.mark)) {
+        None | Some(("skip", _)) => Overlap::Skip,
+        Some(("allow", _)) => Overlap::Allow,
+        Some((other, mark)) => {
+            report.error(
+                mark,
+                &format!("{path}.overlap"),
+                format!("invalid overlap {other:?}: expected `skip` (the default) or `allow`"),
+            );
+            Overlap::Skip
+        }
+    }
+}
+
 fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Option<JobConfig> {
     let now = shared.now;
     let field = |name: &str| format!("{path}.{name}");
-    let name = required(&raw.name, &field("name"), raw.mark, report).and_then(|name| {
-        let valid = !name.value.is_empty()
-            && name
-                .value
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-        if !valid {
-            report.error(
-                name.mark,
-                &field("name"),
-                format!(
-                    "invalid job name {:?}: use letters, digits and `_ . -`",
-                    name.value
-                ),
-            );
-        }
-        let too_long = shared.max_name.filter(|most| name.value.len() > *most);
-        if let Some(most) = too_long {
-            let why = format!(
-                "a job name of {} characters: a SQL store takes at most {most} (its keys are indexed columns)",
-                name.value.len()
-            );
-            report.error(name.mark, &field("name"), why);
-        }
-        let valid = valid && too_long.is_none();
-        valid.then(|| name.value.clone())
-    });
+    let name = job_name(raw, path, report, shared);
     let timezone = match &raw.timezone {
         None => Some(Tz::UTC),
         Some(tz) => tz.value.trim().parse::<Tz>().map_err(|_| {
@@ -126,38 +189,14 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
             report.error(tz.mark, &field("timezone"), why);
         }).ok(),
     };
-    let schedule = required(&raw.schedule, &field("schedule"), raw.mark, report).and_then(|expr| {
-        match Schedule::parse(&expr.value, timezone.unwrap_or(Tz::UTC)) {
-            Err(e) => report.error(expr.mark, &field("schedule"), e.to_string()),
-            Ok(schedule) if schedule.next_after(now).is_none() => {
-                report.error(
-                    expr.mark,
-                    &field("schedule"),
-                    format!("cron expression {:?} never fires", expr.value),
-                );
-            }
-            Ok(schedule) => {
-                if let Some(why) = schedule.burst_warning() {
-                    report.warn(expr.mark, &field("schedule"), why);
-                }
-                return Some(schedule);
-            }
-        }
-        None
-    });
+    let schedule = schedule(raw, timezone, path, report, now);
     let command = required(&raw.command, &field("command"), raw.mark, report)
         .and_then(|command| self::command(command, &field("command"), report));
     let command_as_written = raw
         .command
         .as_ref()
         .and_then(|command| as_written(command, shared.written));
-    let mut env = BTreeMap::new();
-    for (key, value) in &raw.env {
-        if key.value.is_empty() || key.value.contains(['=', '\0']) || value.value.contains('\0') {
-            report.error(key.mark, &field(&format!("env.{}", key.value)), "invalid environment variable: the name must be non-empty without `=`, and neither may contain NUL");
-        }
-        env.insert(key.value.clone(), value.value.clone());
-    }
+    let env = env(raw, path, report);
     let inherit_env = raw.inherit_env.as_ref().map_or(InheritEnv::All, |inherit| {
         inherit_env(
             inherit,
@@ -174,18 +213,7 @@ fn job(raw: &RawJob, path: &str, report: &mut Report, shared: &Shared<'_>) -> Op
         shared.lock,
         report,
     );
-    let overlap = match raw.overlap.as_ref().map(|o| (o.value.trim(), o.mark)) {
-        None | Some(("skip", _)) => Overlap::Skip,
-        Some(("allow", _)) => Overlap::Allow,
-        Some((other, mark)) => {
-            report.error(
-                mark,
-                &field("overlap"),
-                format!("invalid overlap {other:?}: expected `skip` (the default) or `allow`"),
-            );
-            Overlap::Skip
-        }
-    };
+    let overlap = overlap(raw, path, report);
     let misfire_grace = duration(raw.misfire_grace.as_ref(), &field("misfire_grace"), report)
         .unwrap_or(Duration::from_secs(30));
     let jitter = duration(raw.jitter.as_ref(), &field("jitter"), report).unwrap_or_default();
