@@ -28,6 +28,7 @@ pub struct SentinelGroupBuilder {
     password: Option<String>,
     sentinel_password: Option<String>,
     down_after: Duration,
+    tls: bool,
 }
 
 impl SentinelGroupBuilder {
@@ -59,11 +60,20 @@ impl SentinelGroupBuilder {
         self
     }
 
+    /// Everything over TLS only: the data nodes (replication too) and the Sentinels, with certificates
+    /// signed by the data nodes' CA ([`SentinelGroup::ca_file`]); no client certificate is asked for.
+    pub fn tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Starts the data nodes, makes nodes 1.. replicas of node 0, starts the Sentinels, and waits until
     /// every Sentinel knows every replica; panics with the logs otherwise.
     pub fn start(self) -> SentinelGroup {
         crate::require_program("redis-server", "redis-server");
-        let mut nodes = RedisCluster::builder().nodes(1 + self.replicas);
+        let mut nodes = RedisCluster::builder()
+            .nodes(1 + self.replicas)
+            .tls(self.tls);
         if let Some(password) = &self.password {
             nodes = nodes.password(password);
         }
@@ -79,6 +89,7 @@ impl SentinelGroupBuilder {
             password: self.password.clone(),
             sentinel_password: self.sentinel_password.clone(),
             down_after: self.down_after,
+            tls: self.tls,
             quorum: self.sentinels / 2 + 1,
             _dir: dir,
         };
@@ -95,6 +106,16 @@ impl SentinelGroupBuilder {
                     .arg("repl-diskless-sync-delay")
                     .arg(0),
             );
+            // Any node may be a replica after a failover: replication over TLS on every one.
+            if self.tls {
+                let () = group.data.query(
+                    i,
+                    redis::cmd("CONFIG")
+                        .arg("SET")
+                        .arg("tls-replication")
+                        .arg("yes"),
+                );
+            }
         }
         for i in 1..=self.replicas {
             group.make_replica(i);
@@ -124,6 +145,7 @@ pub struct SentinelGroup {
     password: Option<String>,
     sentinel_password: Option<String>,
     down_after: Duration,
+    tls: bool,
     /// How many Sentinels must agree that the master is down.
     quorum: usize,
     _dir: tempfile::TempDir,
@@ -144,6 +166,7 @@ impl SentinelGroup {
             password: None,
             sentinel_password: None,
             down_after: Duration::from_secs(1),
+            tls: false,
         }
     }
 
@@ -165,8 +188,14 @@ impl SentinelGroup {
         redcron::config::SentinelGroup {
             password: self.password.clone(),
             sentinel_password: self.sentinel_password.clone(),
+            tls: self.tls,
             ..group_config(self.sentinel_addresses(), min_replicas_acked)
         }
+    }
+
+    /// The CA that signed a TLS group's certificates (data nodes and Sentinels), for `redis.ca_file`.
+    pub fn ca_file(&self) -> PathBuf {
+        self.data.ca_file()
     }
 
     /// The group as one entry of `redis.nodes` in YAML flow style, with its passwords.
@@ -181,6 +210,9 @@ impl SentinelGroup {
         }
         if let Some(password) = &self.sentinel_password {
             yaml.push_str(&format!(", sentinel_password: \"{password}\""));
+        }
+        if self.tls {
+            yaml.push_str(", tls: true");
         }
         yaml.push('}');
         yaml
@@ -324,7 +356,14 @@ impl SentinelGroup {
             .sentinel_password
             .as_ref()
             .map_or(String::new(), |password| format!(":{password}@"));
-        let url = format!("redis://{auth}127.0.0.1:{}", self.sentinels[i].port);
+        let url = match self.tls {
+            // Signed by the group's own CA: not verified here (test only).
+            true => format!(
+                "rediss://{auth}127.0.0.1:{}/#insecure",
+                self.sentinels[i].port
+            ),
+            false => format!("redis://{auth}127.0.0.1:{}", self.sentinels[i].port),
+        };
         let client = redis::Client::open(url).ok()?;
         let mut connection = client
             .get_connection_with_timeout(Duration::from_millis(500))
@@ -370,6 +409,25 @@ impl SentinelGroup {
             conf.push_str(&format!(
                 "requirepass {password}\nsentinel sentinel-pass {password}\n"
             ));
+        }
+        if self.tls {
+            // Clients, the data nodes and the other Sentinels over TLS only, on the data nodes' CA.
+            let certs = self.data.ca_file();
+            let dir = certs
+                .parent()
+                .expect("the CA file is in the cluster's directory");
+            conf = conf.replacen(
+                &format!("port {}\n", sentinel.port),
+                &format!(
+                    "port 0\ntls-port {}\ntls-cert-file {cert}\ntls-key-file {key}\n\
+                     tls-ca-cert-file {ca}\ntls-replication yes\ntls-auth-clients no\n",
+                    sentinel.port,
+                    cert = dir.join("cert.pem").display(),
+                    key = dir.join("key.pem").display(),
+                    ca = certs.display(),
+                ),
+                1,
+            );
         }
         let path = sentinel.dir.join("sentinel.conf");
         std::fs::write(&path, conf).expect("cannot write a Sentinel config");

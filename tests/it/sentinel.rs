@@ -308,3 +308,44 @@ fn check_status_readyz_metrics_and_the_dashboard_name_the_groups_master() {
     shows(&address(second), 1);
     drop(worker);
 }
+
+/// A group over TLS only (data nodes, replication and Sentinels, on a private CA): with `redis.ca_file`
+/// the Sentinels and the masters are verified and claims go on through a failover; without it (the
+/// Mozilla roots) nothing is trusted and nothing is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tls_group_is_verified_against_the_ca_file_through_a_failover() {
+    use redcron::config::RedisTls;
+
+    let group = SentinelGroup::builder().tls(true).start();
+    let settings = LockSettings {
+        node_timeout: Duration::from_millis(500),
+        ..settings(3_000)
+    };
+    let store_with = |ca_file: Option<std::path::PathBuf>| {
+        let config = RedisConfig {
+            nodes: vec![node_of(&group, 1)],
+            tls: RedisTls {
+                ca_file,
+                client_identity: None,
+            },
+        };
+        Store::Redis(RedisStore::open(&config, settings.clone()).expect("a TLS group"))
+    };
+    let store = store_with(Some(group.ca_file()));
+    let first = token_of(&store, "w1", "tls", 1_000).await;
+    let untrusted = store_with(None);
+    let outcome = untrusted.claim(&request("w2", "tls", 2_000)).await;
+    assert!(
+        matches!(outcome, ClaimOutcome::NoQuorum(_)),
+        "a group whose CA is not trusted granted {outcome:?}"
+    );
+    group.failover();
+    let second = token_of(&store, "w1", "tls", 3_000).await;
+    assert!(second > first, "token {second} after {first}");
+    assert_eq!(
+        store.groups()[0].failovers,
+        1,
+        "the store followed the master over TLS: {:?}",
+        store.groups()
+    );
+}
