@@ -3,7 +3,7 @@
 //!
 //! One claimant claims a new tick of one job every [`PACE`] (and releases it), on a store of one group (a
 //! master, two replicas, three Sentinels with `down-after-milliseconds` 1 s: [`testkit::SentinelGroup`]),
-//! `min_replicas_acked: 1`. At a fault, the time is taken; the figure is from then to the end of the
+//! `min_replicas_acked: all`. At a fault, the time is taken; the figure is from then to the end of the
 //! first claim won that was sent after it. A crash costs the Sentinels' `down-after-milliseconds` (a
 //! production group's is usually 5–30 s, which adds one for one), their election and the promotion, and
 //! the claimant's reconnection; a planned failover costs the promotion and the reconnection only. Each
@@ -13,7 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redcron::config::{RedisConfig, RedisNode};
+use redcron::config::{RedisConfig, RedisNode, ReplicaAcks};
 use redcron::lock::{ClaimOutcome, ClaimRequest, LockSettings, Overlap};
 use redcron::schedule::Tick;
 use redcron::store::redis::RedisStore;
@@ -91,7 +91,7 @@ pub fn run(size: Size, print: &mut dyn FnMut(&str)) -> Result<Failovers, String>
         let mut group = SentinelGroup::builder().start();
         failovers.down_after = group.down_after();
         let (times, refused, out_of_order) =
-            runtime.block_on(trials(group.config(1), 1, |_| {
+            runtime.block_on(trials(group.config(ReplicaAcks::All), 1, |_| {
                 let master = group.master().ok_or("the group has no master")?;
                 group.data.kill(master);
                 group.wait_for_new_master(master);
@@ -107,7 +107,7 @@ pub fn run(size: Size, print: &mut dyn FnMut(&str)) -> Result<Failovers, String>
         let group = SentinelGroup::builder().start();
         failovers.down_after = group.down_after();
         let (times, refused, out_of_order) =
-            runtime.block_on(trials(group.config(1), size.planned, |_| {
+            runtime.block_on(trials(group.config(ReplicaAcks::All), size.planned, |_| {
                 group.failover();
                 Ok(())
             }))?;
@@ -236,7 +236,7 @@ fn table(failovers: &Failovers) -> String {
     format!(
         "\n## 9. A Sentinel group's failover, as a claimant sees it\n\n\
          One claimant claims a new tick every {} ms on a group of a master, two replicas and three \
-         Sentinels (`down-after-milliseconds` {} ms, `min_replicas_acked: 1`); the time from the fault to \
+         Sentinels (`down-after-milliseconds` {} ms, `min_replicas_acked: all`); the time from the fault to \
          the end of the first claim won after it. Claims refused meanwhile: {}. Tokens out of order: {}.\n\n{}",
         PACE.as_millis(),
         failovers.down_after.as_millis(),

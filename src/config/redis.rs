@@ -8,7 +8,7 @@ use std::path::Path;
 use super::dashboard::flag;
 use super::raw::{RawRedis, RawRedisNode, RawSentinelGroup, Spanned};
 use super::validate::{config_file, pair, whole_number};
-use super::{redact, RedisConfig, RedisNode, RedisTls, Report, SentinelGroup};
+use super::{redact, RedisConfig, RedisNode, RedisTls, ReplicaAcks, Report, SentinelGroup};
 
 /// The port a Sentinel listens on when an address names none.
 const SENTINEL_PORT: u16 = 26379;
@@ -201,23 +201,7 @@ fn sentinel_group(
         report,
     )
     .unwrap_or(0);
-    let min_replicas_acked = whole_number(
-        raw.min_replicas_acked.as_ref(),
-        &format!("{field}.min_replicas_acked"),
-        MOST_REPLICAS_ACKED,
-        &format!("a number of replicas from 0 to {MOST_REPLICAS_ACKED}"),
-        report,
-    )
-    .unwrap_or(1);
-    if min_replicas_acked == 0 {
-        if let Some(value) = &raw.min_replicas_acked {
-            let why = "0: the master's answer counts alone, so a failover can promote a replica \
-                       without the claims it confirmed; such a failover is treated as a restart \
-                       (not counted for the lock's TTL), and a tick may still run twice; see \
-                       docs/store-redis.md";
-            report.warn(value.mark, &format!("{field}.min_replicas_acked"), why);
-        }
-    }
+    let min_replicas_acked = replica_acks(raw.min_replicas_acked.as_ref(), field, report);
     let master = master?;
     ok.then_some(SentinelGroup {
         master,
@@ -228,8 +212,40 @@ fn sentinel_group(
         sentinel_password,
         tls,
         db: db as i64,
-        min_replicas_acked: min_replicas_acked as u32,
+        min_replicas_acked,
     })
+}
+
+/// `min_replicas_acked`: `all` (the default) or a number of replicas; a number warns of what it can
+/// lose (0: everything a failover drops; fewer than the replicas: a claim across a planned failover).
+fn replica_acks(value: Option<&Spanned<String>>, field: &str, report: &mut Report) -> ReplicaAcks {
+    let field = format!("{field}.min_replicas_acked");
+    let Some(value) = value else {
+        return ReplicaAcks::All;
+    };
+    if value.value.trim() == "all" {
+        return ReplicaAcks::All;
+    }
+    let what =
+        format!("`all` (the default) or a number of replicas from 0 to {MOST_REPLICAS_ACKED}");
+    let Some(n) = whole_number(Some(value), &field, MOST_REPLICAS_ACKED, &what, report) else {
+        return ReplicaAcks::All;
+    };
+    let why = match n {
+        0 => "0: the master's answer counts alone, so a failover can promote a replica \
+              without the claims it confirmed; such a failover is treated as a restart \
+              (not counted for the lock's TTL), and a tick may still run twice; see \
+              docs/store-redis.md"
+            .to_string(),
+        n => format!(
+            "{n}: with more replicas than {n}, a write counts that the replica promoted next may \
+             lack (a planned failover, a master resuming during its failover), and a tick may run \
+             twice; `all` (the default) waits for every replica the Sentinels know as up; see \
+             docs/store-redis.md"
+        ),
+    };
+    report.warn(value.mark, &field, why);
+    ReplicaAcks::Exactly(n as u32)
 }
 
 /// Whether `name` can be a Sentinel's master name: what `sentinel monitor` takes, without spaces.

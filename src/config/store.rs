@@ -251,10 +251,38 @@ pub struct SentinelGroup {
     pub tls: bool,
     /// The database number on the data nodes (`db`, default 0).
     pub db: i64,
-    /// How many replicas must have each write before the group's answer counts
-    /// (`min_replicas_acked`, default 1, checked with `WAIT`): what lets a promoted replica keep every
-    /// claim this group confirmed. 0 counts the master's answer alone (a failover is then a restart).
-    pub min_replicas_acked: u32,
+    /// How many replicas must have each write before the group's answer counts (`min_replicas_acked`,
+    /// checked with `WAIT`): what lets a promoted replica keep every claim this group confirmed.
+    pub min_replicas_acked: ReplicaAcks,
+}
+
+/// How many of a group's replicas must acknowledge a write (`WAIT`) before the group's answer counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaAcks {
+    /// `all` (the default): every replica the Sentinels know and do not think down, at least one. A
+    /// replica the Sentinels promote while the old master still takes writes (a planned failover, a
+    /// master that resumes during its own failover) no longer acknowledges them, so no write counts
+    /// that the promoted replica lacks.
+    All,
+    /// A number: that many replicas, whichever. With more replicas than this, a write can count that
+    /// the replica promoted next lacks, and a failover can lose a claim (docs/store-redis.md).
+    Exactly(u32),
+}
+
+impl ReplicaAcks {
+    /// Whether any replica must acknowledge: with none, a failover is a restart of the node.
+    pub fn any(self) -> bool {
+        self != ReplicaAcks::Exactly(0)
+    }
+}
+
+impl std::fmt::Display for ReplicaAcks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplicaAcks::All => f.write_str("all"),
+            ReplicaAcks::Exactly(n) => write!(f, "{n}"),
+        }
+    }
 }
 
 impl SentinelGroup {
@@ -267,9 +295,20 @@ impl SentinelGroup {
     fn topology(&self) -> String {
         let count = self.sentinels.len();
         let acked = match self.min_replicas_acked {
-            0 => "its master's answer counts alone (min_replicas_acked: 0)".to_string(),
-            1 => "its master's answer counts once 1 replica has the writes (WAIT)".to_string(),
-            n => format!("its master's answer counts once {n} replicas have the writes (WAIT)"),
+            ReplicaAcks::All => {
+                "its master's answer counts once every replica the Sentinels know as up has the \
+                 writes (WAIT)"
+                    .to_string()
+            }
+            ReplicaAcks::Exactly(0) => {
+                "its master's answer counts alone (min_replicas_acked: 0)".to_string()
+            }
+            ReplicaAcks::Exactly(1) => {
+                "its master's answer counts once 1 replica has the writes (WAIT)".to_string()
+            }
+            ReplicaAcks::Exactly(n) => {
+                format!("its master's answer counts once {n} replicas have the writes (WAIT)")
+            }
         };
         format!(
             "Sentinel group {:?}, its master looked up from {count} Sentinel{} ({}); {acked}{}{}",

@@ -184,7 +184,10 @@ impl SentinelGroup {
     }
 
     /// The group as a node of the Redis store, with its passwords.
-    pub fn config(&self, min_replicas_acked: u32) -> redcron::config::SentinelGroup {
+    pub fn config(
+        &self,
+        min_replicas_acked: redcron::config::ReplicaAcks,
+    ) -> redcron::config::SentinelGroup {
         redcron::config::SentinelGroup {
             password: self.password.clone(),
             sentinel_password: self.sentinel_password.clone(),
@@ -258,7 +261,9 @@ impl SentinelGroup {
     }
 
     /// Asks Sentinel 0 to fail the master over now (`SENTINEL FAILOVER`: the old master becomes a
-    /// replica, alive), and waits for the new master; that node.
+    /// replica, alive), and waits for the new master and for the old one to follow it in sync (the
+    /// Sentinels convert it seconds after the switch; until then `min_replicas_acked: all` waits for
+    /// it); the new master.
     pub fn failover(&self) -> usize {
         let old = self
             .master()
@@ -266,7 +271,42 @@ impl SentinelGroup {
         let () = self
             .sentinel_query(0, redis::cmd("SENTINEL").arg("FAILOVER").arg(&self.master))
             .unwrap_or_else(|| panic!("SENTINEL FAILOVER refused:\n{}", self.sentinel_logs()));
-        self.wait_for_new_master(old)
+        let new = self.wait_for_new_master(old);
+        self.wait_until_following(old, new);
+        new
+    }
+
+    /// Waits until data node `i` is a replica of node `master` with its link up; panics with the
+    /// Sentinels' logs after [`FAILOVER_TIMEOUT`].
+    pub fn wait_until_following(&self, i: usize, master: usize) {
+        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        let port = format!("master_port:{}", self.data.port(master));
+        loop {
+            let info = self
+                .data
+                .client(i)
+                .get_connection_with_timeout(Duration::from_millis(500))
+                .ok()
+                .and_then(|mut connection| {
+                    redis::cmd("INFO")
+                        .arg("replication")
+                        .query::<String>(&mut connection)
+                        .ok()
+                })
+                .unwrap_or_default();
+            let following = info.lines().any(|l| l.trim() == "role:slave")
+                && info.lines().any(|l| l.trim() == port)
+                && info.lines().any(|l| l.trim() == "master_link_status:up");
+            if following {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {i} does not follow node {master} within {FAILOVER_TIMEOUT:?}:\n{info}\n{}",
+                self.sentinel_logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// `ROLE`'s first field on data node `i` (`master`, `slave`), if it answers.
@@ -526,7 +566,7 @@ impl SentinelGroup {
 /// The group at `sentinels` (as [`MASTER_NAME`]), without passwords, as a node of the Redis store.
 pub fn group_config(
     sentinels: Vec<String>,
-    min_replicas_acked: u32,
+    min_replicas_acked: redcron::config::ReplicaAcks,
 ) -> redcron::config::SentinelGroup {
     redcron::config::SentinelGroup {
         master: MASTER_NAME.to_string(),

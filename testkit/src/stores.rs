@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use redcron::config::{EtcdConfig, RedisConfig, RedisNode, SqlConfig, SqlTls, ZookeeperConfig};
+use redcron::config::{
+    EtcdConfig, RedisConfig, RedisNode, ReplicaAcks, SqlConfig, SqlTls, ZookeeperConfig,
+};
 use redcron::history::{Entry, HistorySettings, Query};
 use redcron::lock::LockSettings;
 use redcron::store::embedded::EmbeddedStore;
@@ -630,7 +632,7 @@ fn open(
     Ok(match backend {
         Backend::Redis => Store::Redis(RedisStore::new(addresses, settings)?.with_history(history)),
         Backend::RedisSentinel => {
-            let group = crate::sentinel::group_config(addresses.to_vec(), 1);
+            let group = crate::sentinel::group_config(addresses.to_vec(), ReplicaAcks::All);
             let config = RedisConfig::on(vec![RedisNode::Sentinel(group)]);
             Store::Redis(RedisStore::open(&config, settings)?.with_history(history))
         }

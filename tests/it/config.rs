@@ -9,8 +9,8 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 
 use redcron::config::{
-    parse_with_env, Command, Config, ConfigError, InheritEnv, Problem, RedisNode, SqlConfig,
-    SqlDialect, SqlTls, StoreConfig,
+    parse_with_env, Command, Config, ConfigError, InheritEnv, Problem, RedisNode, ReplicaAcks,
+    SqlConfig, SqlDialect, SqlTls, StoreConfig,
 };
 use redcron::lock::Overlap;
 
@@ -1181,7 +1181,7 @@ fn sentinel_groups_read_back_and_mix_with_servers() {
     assert_eq!(group.username.as_deref(), Some("app"));
     assert_eq!(
         (group.db, group.min_replicas_acked, group.tls),
-        (2, 2, false)
+        (2, ReplicaAcks::Exactly(2), false)
     );
     let shown = format!("{group:?} {}", redis.nodes[0].label());
     assert!(!shown.contains("s3cret"), "{shown}");
@@ -1194,7 +1194,7 @@ fn sentinel_groups_read_back_and_mix_with_servers() {
     };
     assert_eq!(
         (other.tls, other.min_replicas_acked, other.db),
-        (true, 1, 0)
+        (true, ReplicaAcks::All, 0)
     );
     assert_eq!(redis.nodes[1], RedisNode::Server("redis://h2:6379".into()));
 }

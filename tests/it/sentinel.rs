@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use redcron::config::{RedisConfig, RedisNode};
+use redcron::config::{RedisConfig, RedisNode, ReplicaAcks};
 use redcron::lock::{ClaimOutcome, LockSettings};
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
@@ -15,7 +15,7 @@ use crate::conformance::{request, settings, settled};
 use crate::support::{won, SentinelGroup};
 
 /// The group as a node of `redis.nodes`.
-fn node_of(group: &SentinelGroup, min_replicas_acked: u32) -> RedisNode {
+fn node_of(group: &SentinelGroup, min_replicas_acked: ReplicaAcks) -> RedisNode {
     RedisNode::Sentinel(group.config(min_replicas_acked))
 }
 
@@ -55,7 +55,7 @@ async fn all_still_claimed(store: &Store, job: &str, ticks: impl IntoIterator<It
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_group_follows_its_master_through_failovers_and_keeps_every_claim() {
     let mut group = SentinelGroup::builder().replicas(2).sentinels(3).start();
-    let store = store_on(&[node_of(&group, 1)]);
+    let store = store_on(&[node_of(&group, ReplicaAcks::All)]);
     let mut last = 0;
     for tick in 1..=5 {
         let token = token_of(&store, "w1", "job", tick * 1_000).await;
@@ -86,7 +86,7 @@ async fn a_group_follows_its_master_through_failovers_and_keeps_every_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_no_replica_acknowledged_does_not_count() {
     let mut group = SentinelGroup::builder().replicas(1).sentinels(1).start();
-    let store = store_on(&[node_of(&group, 1)]);
+    let store = store_on(&[node_of(&group, ReplicaAcks::All)]);
     token_of(&store, "w1", "acked", 1_000).await;
 
     group.data.kill(1);
@@ -116,7 +116,7 @@ async fn sentinels_and_data_nodes_take_their_own_passwords() {
         .sentinel_password("sentinel-secret")
         .start();
     let with = |password: Option<&str>, sentinel_password: Option<&str>| {
-        let RedisNode::Sentinel(mut config) = node_of(&group, 1) else {
+        let RedisNode::Sentinel(mut config) = node_of(&group, ReplicaAcks::All) else {
             unreachable!("node_of makes a group");
         };
         config.password = password.map(str::to_string);
@@ -149,7 +149,11 @@ async fn a_lease_renews_on_the_new_master_after_the_old_one_dies() {
         ..settings(8_000)
     };
     let store = Store::Redis(
-        RedisStore::open(&RedisConfig::on(vec![node_of(&group, 1)]), settings).expect("a group"),
+        RedisStore::open(
+            &RedisConfig::on(vec![node_of(&group, ReplicaAcks::All)]),
+            settings,
+        )
+        .expect("a group"),
     );
     let mut lease = won(settled(&store, &request("holder", "long", 1_000)).await);
 
@@ -185,7 +189,7 @@ async fn a_lease_renews_on_the_new_master_after_the_old_one_dies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hung_master_is_replaced_and_returns_as_a_replica_without_a_second_grant() {
     let mut group = SentinelGroup::builder().replicas(2).sentinels(3).start();
-    let store = store_on(&[node_of(&group, 1)]);
+    let store = store_on(&[node_of(&group, ReplicaAcks::All)]);
     let mut last = token_of(&store, "w1", "hung", 1_000).await;
 
     let old = group.master().expect("a master");
@@ -247,7 +251,7 @@ fn check_status_readyz_metrics_and_the_dashboard_name_the_groups_master() {
     for line in [
         format!(
             "  node 1 of 1: Sentinel group \"{}\", its master looked up from 3 Sentinels ({sentinels}); \
-             its master's answer counts once 1 replica has the writes (WAIT)",
+             its master's answer counts once every replica the Sentinels know as up has the writes (WAIT)",
             group.master_name()
         ),
         "  a claim needs 1 of the 1 node to agree; `redcron status` names each group's master now"
@@ -323,7 +327,7 @@ async fn a_tls_group_is_verified_against_the_ca_file_through_a_failover() {
     };
     let store_with = |ca_file: Option<std::path::PathBuf>| {
         let config = RedisConfig {
-            nodes: vec![node_of(&group, 1)],
+            nodes: vec![node_of(&group, ReplicaAcks::All)],
             tls: RedisTls {
                 ca_file,
                 client_identity: None,
@@ -348,4 +352,45 @@ async fn a_tls_group_is_verified_against_the_ca_file_through_a_failover() {
         "the store followed the master over TLS: {:?}",
         store.groups()
     );
+}
+
+/// The first step of every promotion — a replica told `REPLICAOF NO ONE` while the old master still
+/// takes writes — done by hand: with `min_replicas_acked: all` a write the promoted replica lacks does
+/// not count (`WAIT` sees 1 of the 2 replicas the Sentinels know), though the other replica has it;
+/// `min_replicas_acked: 1` counts it, which a failover would lose (the tick could run twice). Once the
+/// replica follows the master again, claims count again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_the_replica_promoted_next_lacks_does_not_count() {
+    let group = SentinelGroup::builder().replicas(2).sentinels(3).start();
+    let all = store_on(&[node_of(&group, ReplicaAcks::All)]);
+    let one = store_on(&[node_of(&group, ReplicaAcks::Exactly(1))]);
+    token_of(&all, "w1", "promoted", 1_000).await;
+    token_of(&one, "w1", "promoted-one", 2_000).await;
+
+    let promoted = (0..3)
+        .find(|&i| Some(i) != group.master())
+        .expect("a replica");
+    let () = group
+        .data
+        .query(promoted, redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
+    let outcome = all.claim(&request("w1", "promoted", 3_000)).await;
+    let ClaimOutcome::NoQuorum(failure) = &outcome else {
+        panic!("a write the promoted replica lacks counted: {outcome:?}");
+    };
+    let said = format!("{failure:?}");
+    assert!(said.contains("WAIT saw 1 of the 2 replicas"), "{said}");
+    let counted = one.claim(&request("w1", "promoted-one", 4_000)).await;
+    let ClaimOutcome::Won(lease) = counted else {
+        panic!("with min_replicas_acked: 1, one replica's acknowledgement counts: {counted:?}");
+    };
+    one.release(&lease).await;
+
+    let master = group.master().expect("the group has a master");
+    let () = group.data.query(
+        promoted,
+        redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(group.data.port(master)),
+    );
+    token_of(&all, "w1", "promoted", 5_000).await;
 }

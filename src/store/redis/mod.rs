@@ -149,7 +149,9 @@ impl RedisStore {
         let labels = targets.iter().map(|(label, _)| label.clone()).collect();
         let follows_promotions = nodes
             .iter()
-            .map(|node| matches!(node, RedisNode::Sentinel(group) if group.min_replicas_acked > 0))
+            .map(
+                |node| matches!(node, RedisNode::Sentinel(group) if group.min_replicas_acked.any()),
+            )
             .collect();
         // Held off after a restart: the TTL and its drift, by when every lease of before it has expired
         // or been renewed (which restores it on the node), and every round under way then has ended.

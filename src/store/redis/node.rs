@@ -334,7 +334,7 @@ impl Node {
             return Err(why);
         }
         let group = self.target.group();
-        let acks = group.map_or(0, Group::min_replicas_acked);
+        let acks = group.map_or(0, Group::acks_needed);
         let waited;
         let pipeline = if acks > 0 {
             waited = self.with_wait(pipeline, acks, deadline);

@@ -16,7 +16,7 @@
 //! that master's `master_replid`). Any other new server under the group — the master restarted empty,
 //! or a group with `min_replicas_acked: 0` — is held off as a restarted node is.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ use futures_util::StreamExt as _;
 use redis::{ConnectionAddr, IntoConnectionInfo as _, RedisConnectionInfo, TlsCertificates, Value};
 use tracing::{info, warn};
 
-use crate::config::SentinelGroup;
+use crate::config::{ReplicaAcks, SentinelGroup};
 use crate::logging::events;
 use crate::store::GroupState;
 
@@ -53,6 +53,9 @@ pub(super) struct Group {
     verifying: AtomicBool,
     /// The master this process last connected to, and the moves it has seen ([`Group::state`]).
     seen: Mutex<Seen>,
+    /// How many replicas the Sentinels last said they know and do not think down: what
+    /// `min_replicas_acked: all` waits for ([`Group::acks_needed`]).
+    replicas_up: AtomicU32,
 }
 
 /// What a process has seen of a group's master.
@@ -90,6 +93,7 @@ impl Group {
             epoch: AtomicU64::new(0),
             verifying: AtomicBool::new(false),
             seen: Mutex::new(Seen::default()),
+            replicas_up: AtomicU32::new(1),
         });
         tokio::spawn(watch(Arc::downgrade(&group)));
         group
@@ -100,9 +104,48 @@ impl Group {
         &self.label
     }
 
-    /// How many replicas must acknowledge a write before the group's answer counts.
-    pub(super) fn min_replicas_acked(&self) -> u32 {
-        self.config.min_replicas_acked
+    /// How many replicas must acknowledge a write before the group's answer counts: every replica the
+    /// Sentinels know and do not think down (at least one) with `all`, else the number configured.
+    ///
+    /// Why every one: the Sentinels promote one replica and only then turn the old master into a
+    /// replica. In between — a planned failover, a master that resumes during its own failover — the
+    /// old master still takes writes and the other replicas still acknowledge them, but the promoted
+    /// one no longer does; they are dropped when the others follow the new master. A write counts only
+    /// if the replica promoted next has it; waiting for all of them is the one way to know, since
+    /// which one is promoted is the Sentinels' choice. The count is the Sentinels' view (a promoted
+    /// replica stays in it until the switch), read with the master and again whenever a Sentinel
+    /// announces a replica down, up or new, and every few seconds; a replica that comes back raises it
+    /// at its announcement.
+    pub(super) fn acks_needed(&self) -> u32 {
+        match self.config.min_replicas_acked {
+            ReplicaAcks::All => self.replicas_up.load(Ordering::Acquire).max(1),
+            ReplicaAcks::Exactly(n) => n,
+        }
+    }
+
+    /// Asks the Sentinels in turn how many replicas they know as up; keeps the first answer.
+    async fn refresh_replicas(&self) {
+        let count = self.config.sentinels.len();
+        let start = self.first.load(Ordering::Relaxed);
+        for offset in 0..count {
+            let sentinel = &self.config.sentinels[(start + offset) % count];
+            let asked = async {
+                let (host, port) = split_address(sentinel).ok()?;
+                let client = self.client(&host, port, true).ok()?;
+                let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+                let reply: Value = redis::cmd("SENTINEL")
+                    .arg("REPLICAS")
+                    .arg(&self.config.master)
+                    .query_async(&mut connection)
+                    .await
+                    .ok()?;
+                replicas_up(&reply)
+            };
+            if let Ok(Some(up)) = tokio::time::timeout(SENTINEL_TIMEOUT, asked).await {
+                self.replicas_up.store(up, Ordering::Release);
+                return;
+            }
+        }
     }
 
     /// The epoch now: a connection opened at an older one is to a master the Sentinels replaced.
@@ -153,6 +196,9 @@ impl Group {
             match tokio::time::timeout(SENTINEL_TIMEOUT, self.ask(sentinel)).await {
                 Ok(Ok((host, port))) => {
                     self.first.store(index, Ordering::Relaxed);
+                    if self.config.min_replicas_acked == ReplicaAcks::All {
+                        self.refresh_replicas().await;
+                    }
                     let client = self.client(&host, port, false)?;
                     return Ok(Master {
                         client,
@@ -308,7 +354,8 @@ async fn watch(group: Weak<Group>) {
                 .await
                 .ok()?
                 .ok()?;
-            tokio::time::timeout(SENTINEL_TIMEOUT, pubsub.subscribe("+switch-master"))
+            let channels = ["+switch-master", "+sdown", "-sdown", "+slave"];
+            tokio::time::timeout(SENTINEL_TIMEOUT, pubsub.subscribe(&channels))
                 .await
                 .ok()?
                 .ok()?;
@@ -326,22 +373,70 @@ async fn watch(group: Weak<Group>) {
             let Some(strong) = group.upgrade() else {
                 return;
             };
+            let counts_replicas = strong.config.min_replicas_acked == ReplicaAcks::All;
             match next {
-                // Quiet: check that the group is still used, and go on listening.
-                Err(_) => continue,
+                // Quiet: read the replicas again, and go on listening while the group is used.
+                Err(_) => {
+                    if counts_replicas {
+                        strong.refresh_replicas().await;
+                    }
+                    continue;
+                }
                 // The Sentinel went away: subscribe to the next one.
                 Ok(None) => break,
                 Ok(Some(message)) => {
+                    let channel = message.get_channel_name().to_string();
                     let payload: String = message.get_payload().unwrap_or_default();
-                    // "<master name> <old ip> <old port> <new ip> <new port>"
-                    if payload.split(' ').next() == Some(master.as_str()) {
-                        strong.switched(&payload);
+                    if channel == "+switch-master" {
+                        // "<master name> <old ip> <old port> <new ip> <new port>"
+                        if payload.split(' ').next() == Some(master.as_str()) {
+                            strong.switched(&payload);
+                        }
+                    } else if counts_replicas && about_a_replica_of(&payload, &master) {
+                        strong.refresh_replicas().await;
                     }
                 }
             }
         }
         tokio::time::sleep(WATCH_RETRY).await;
     }
+}
+
+/// Whether a Sentinel event's payload is about a replica of `master`: "slave <name> <ip> <port> @
+/// <master name> <master ip> <master port>".
+fn about_a_replica_of(payload: &str, master: &str) -> bool {
+    let mut words = payload.split(' ');
+    words.next() == Some("slave") && words.skip_while(|w| *w != "@").nth(1) == Some(master)
+}
+
+/// How many replicas a `SENTINEL REPLICAS` reply lists that the Sentinel does not think down (no
+/// `s_down`, `o_down` or `disconnected` among their flags); `None` for anything but a list.
+fn replicas_up(reply: &Value) -> Option<u32> {
+    let Value::Array(replicas) = reply else {
+        return None;
+    };
+    let up = replicas
+        .iter()
+        .filter(|replica| {
+            let flags = match replica {
+                Value::Array(fields) => fields
+                    .chunks(2)
+                    .find(|pair| text(&pair[0]).as_deref() == Some("flags"))
+                    .and_then(|pair| pair.get(1).and_then(text)),
+                Value::Map(fields) => fields
+                    .iter()
+                    .find(|(key, _)| text(key).as_deref() == Some("flags"))
+                    .and_then(|(_, value)| text(value)),
+                _ => None,
+            };
+            flags.is_some_and(|flags| {
+                !flags
+                    .split(',')
+                    .any(|flag| matches!(flag, "s_down" | "o_down" | "disconnected"))
+            })
+        })
+        .count();
+    u32::try_from(up).ok()
 }
 
 /// The host and port of a validated Sentinel address (`host:port` or `[v6]:port`).
@@ -383,7 +478,7 @@ fn text(value: &Value) -> Option<String> {
 mod tests {
     use redis::Value;
 
-    use super::{master_address, split_address};
+    use super::{about_a_replica_of, master_address, replicas_up, split_address};
 
     #[test]
     fn a_master_address_is_a_host_and_a_port() {
@@ -399,6 +494,40 @@ mod tests {
         ]);
         assert_eq!(master_address(&bad_port), None);
         assert_eq!(master_address(&Value::Array(vec![])), None);
+    }
+
+    /// A replica counts unless the Sentinel thinks it down or lost its link; anything else is no list.
+    #[test]
+    fn replicas_up_are_those_not_down() {
+        let replica = |flags: &str| {
+            Value::Array(vec![
+                Value::BulkString(b"name".to_vec()),
+                Value::BulkString(b"127.0.0.1:6380".to_vec()),
+                Value::BulkString(b"flags".to_vec()),
+                Value::BulkString(flags.as_bytes().to_vec()),
+            ])
+        };
+        let reply = Value::Array(vec![
+            replica("slave"),
+            replica("s_down,slave"),
+            replica("slave,disconnected"),
+            replica("slave,promoted"),
+        ]);
+        assert_eq!(replicas_up(&reply), Some(2));
+        assert_eq!(replicas_up(&Value::Array(vec![])), Some(0));
+        assert_eq!(replicas_up(&Value::Nil), None);
+    }
+
+    /// Replica events name their master after `@`; a master's own events are not a replica's.
+    #[test]
+    fn replica_events_are_told_by_their_master() {
+        let event = "slave 127.0.0.1:6380 127.0.0.1 6380 @ mymaster 127.0.0.1 6379";
+        assert!(about_a_replica_of(event, "mymaster"));
+        assert!(!about_a_replica_of(event, "other"));
+        assert!(!about_a_replica_of(
+            "master mymaster 127.0.0.1 6379",
+            "mymaster"
+        ));
     }
 
     #[test]
