@@ -35,6 +35,7 @@ pub struct RedisClusterBuilder {
     tls: bool,
     client_certificates: bool,
     password: Option<String>,
+    settings: Vec<(String, String)>,
 }
 
 impl RedisClusterBuilder {
@@ -69,6 +70,15 @@ impl RedisClusterBuilder {
         self
     }
 
+    /// Starts every node from a config file of its own (`redis.conf` in its directory) that sets `name`
+    /// to `value`, besides what the other options set. A node with a config file keeps what `CONFIG
+    /// REWRITE` writes there — what Sentinel sends a node it reconfigures — across
+    /// [`RedisCluster::restart`], as a server restarted by its operator does.
+    pub fn config(mut self, name: &str, value: &str) -> Self {
+        self.settings.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
     /// Starts every node and waits until each answers PING; panics (with the node's log) otherwise.
     pub fn start(self) -> RedisCluster {
         crate::require_program("redis-server", "redis-server");
@@ -88,11 +98,20 @@ impl RedisClusterBuilder {
             tls: self.tls,
             client_certificates: self.tls && self.client_certificates,
             password: self.password,
+            config_file: !self.settings.is_empty(),
             _dir: dir,
         };
         for i in 0..self.nodes {
             let dir = cluster._dir.path().join(format!("node{i}"));
             std::fs::create_dir(&dir).expect("cannot create a node directory");
+            if cluster.config_file {
+                let lines: String = self
+                    .settings
+                    .iter()
+                    .map(|(name, value)| format!("{name} {value}\n"))
+                    .collect();
+                std::fs::write(dir.join(CONFIG_FILE), lines).expect("cannot write a node config");
+            }
             // Pushed before starting so that Drop cleans up even if a later node fails.
             cluster.nodes.push(Node {
                 port: 0,
@@ -113,8 +132,13 @@ pub struct RedisCluster {
     tls: bool,
     client_certificates: bool,
     password: Option<String>,
+    /// Whether each node starts from its [`CONFIG_FILE`] (see [`RedisClusterBuilder::config`]).
+    config_file: bool,
     _dir: tempfile::TempDir,
 }
+
+/// The config file of a node started with [`RedisClusterBuilder::config`], in its directory.
+const CONFIG_FILE: &str = "redis.conf";
 
 struct Node {
     port: u16,
@@ -137,6 +161,7 @@ impl RedisCluster {
             tls: false,
             client_certificates: false,
             password: None,
+            settings: Vec::new(),
         }
     }
 
@@ -218,7 +243,8 @@ impl RedisCluster {
     }
 
     /// Kills node `i` if it runs, then starts it again on the same port and directory: with
-    /// [`Persistence::AppendOnlyAlways`] it reloads its data, without persistence it comes back empty.
+    /// [`Persistence::AppendOnlyAlways`] it reloads its data, without persistence it comes back empty; a
+    /// node with a config file ([`RedisClusterBuilder::config`]) comes back with what the file says now.
     pub fn restart(&mut self, i: usize) {
         self.kill(i);
         // The port was ours a moment ago; retry briefly in case the kernel has not let go of it yet.
@@ -342,6 +368,11 @@ impl RedisCluster {
         let console =
             std::fs::File::create(node.dir.join("console.log")).expect("cannot create a log file");
         let mut command = Command::new("redis-server");
+        if self.config_file {
+            // First: the options after it override what the file says, and `CONFIG REWRITE` writes
+            // them all back into it.
+            command.arg(node.dir.join(CONFIG_FILE));
+        }
         if self.tls {
             let certs = self._dir.path();
             command

@@ -1,7 +1,9 @@
 //! [`SentinelGroup`]: a Redis master with replicas and the Sentinels that fail it over, on free loopback
 //! ports, to kill, fail over and watch follow.
 //!
-//! The data nodes are a [`RedisCluster`] (node 0 starts as the master, the others replicate it); the
+//! The data nodes are a [`RedisCluster`] (node 0 starts as the master, the others replicate it), each
+//! running from a config file of its own that the Sentinels rewrite as they reconfigure it, so a data
+//! node restarted ([`SentinelGroup::restart`]) comes back with the role they last gave it; the
 //! Sentinels are `redis-server --sentinel` processes, each with a config file of its own (Sentinel
 //! rewrites it). The group counts as started once every Sentinel names the master and knows every
 //! replica — before that, a failover could not happen. Everything is killed on drop.
@@ -10,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{children, RedisCluster};
+use crate::{children, Persistence, RedisCluster};
 
 /// The name the Sentinels monitor the master under.
 pub const MASTER_NAME: &str = "redcron-test";
@@ -29,6 +31,8 @@ pub struct SentinelGroupBuilder {
     sentinel_password: Option<String>,
     down_after: Duration,
     tls: bool,
+    persistence: Persistence,
+    data_settings: Vec<(String, String)>,
 }
 
 impl SentinelGroupBuilder {
@@ -67,13 +71,39 @@ impl SentinelGroupBuilder {
         self
     }
 
+    /// Whether the data nodes keep their data across a restart (default: they do not).
+    pub fn persistence(mut self, persistence: Persistence) -> Self {
+        self.persistence = persistence;
+        self
+    }
+
+    /// Sets `name` to `value` in every data node's config file.
+    pub fn data_config(mut self, name: &str, value: &str) -> Self {
+        self.data_settings.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
     /// Starts the data nodes, makes nodes 1.. replicas of node 0, starts the Sentinels, and waits until
     /// every Sentinel knows every replica; panics with the logs otherwise.
     pub fn start(self) -> SentinelGroup {
         crate::require_program("redis-server", "redis-server");
+        // A replica is in sync only after its first transfer, which a master delays 5 s by default to
+        // serve several at once: at once here, so that a write can be acknowledged. On every node, not
+        // just the first master, and in its config file, so also after a restart: after a failover the
+        // replica that is left may need a full transfer from the promoted one (it was ahead of it), and
+        // 5 s without a replica's acknowledgement is 5 s of ticks no group answer counts for.
         let mut nodes = RedisCluster::builder()
             .nodes(1 + self.replicas)
+            .persistence(self.persistence)
+            .config("repl-diskless-sync-delay", "0")
             .tls(self.tls);
+        // Any node may be a replica after a failover: replication over TLS on every one.
+        if self.tls {
+            nodes = nodes.config("tls-replication", "yes");
+        }
+        for (name, value) in &self.data_settings {
+            nodes = nodes.config(name, value);
+        }
         if let Some(password) = &self.password {
             nodes = nodes.password(password);
         }
@@ -93,32 +123,12 @@ impl SentinelGroupBuilder {
             quorum: self.sentinels / 2 + 1,
             _dir: dir,
         };
-        // A replica is in sync only after its first transfer, which a master delays 5 s by default to
-        // serve several at once: at once here, and waited for, so that a write can be acknowledged. On
-        // every node, not just the first master: after a failover the replica that is left may need a
-        // full transfer from the promoted one (it was ahead of it), and 5 s without a replica's
-        // acknowledgement is 5 s of ticks no group answer counts for.
-        for i in 0..=self.replicas {
-            let () = group.data.query(
-                i,
-                redis::cmd("CONFIG")
-                    .arg("SET")
-                    .arg("repl-diskless-sync-delay")
-                    .arg(0),
-            );
-            // Any node may be a replica after a failover: replication over TLS on every one.
-            if self.tls {
-                let () = group.data.query(
-                    i,
-                    redis::cmd("CONFIG")
-                        .arg("SET")
-                        .arg("tls-replication")
-                        .arg("yes"),
-                );
-            }
-        }
         for i in 1..=self.replicas {
             group.make_replica(i);
+        }
+        // Each node's file says what it is now, as the Sentinels' own reconfigurations will.
+        for i in 0..=self.replicas {
+            let () = group.data.query(i, redis::cmd("CONFIG").arg("REWRITE"));
         }
         group.wait_for_replicas(self.replicas);
         for i in 0..self.sentinels {
@@ -167,6 +177,8 @@ impl SentinelGroup {
             sentinel_password: None,
             down_after: Duration::from_secs(1),
             tls: false,
+            persistence: Persistence::None,
+            data_settings: Vec::new(),
         }
     }
 
@@ -199,6 +211,13 @@ impl SentinelGroup {
     /// The CA that signed a TLS group's certificates (data nodes and Sentinels), for `redis.ca_file`.
     pub fn ca_file(&self) -> PathBuf {
         self.data.ca_file()
+    }
+
+    /// [`Self::node_yaml`] with `min_replicas_acked` set.
+    pub fn node_yaml_acked(&self, min_replicas_acked: u32) -> String {
+        let yaml = self.node_yaml();
+        let open = yaml.strip_suffix('}').unwrap_or(&yaml);
+        format!("{open}, min_replicas_acked: {min_replicas_acked}}}")
     }
 
     /// The group as one entry of `redis.nodes` in YAML flow style, with its passwords.
@@ -268,9 +287,8 @@ impl SentinelGroup {
         let old = self
             .master()
             .expect("the group has a master before a failover");
-        let () = self
-            .sentinel_query(0, redis::cmd("SENTINEL").arg("FAILOVER").arg(&self.master))
-            .unwrap_or_else(|| panic!("SENTINEL FAILOVER refused:\n{}", self.sentinel_logs()));
+        self.start_failover()
+            .unwrap_or_else(|why| panic!("{why}:\n{}", self.sentinel_logs()));
         let new = self.wait_for_new_master(old);
         self.wait_until_following(old, new);
         new
@@ -307,6 +325,64 @@ impl SentinelGroup {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Asks Sentinel 0 to fail the master over (`SENTINEL FAILOVER`) and returns as soon as it agreed;
+    /// the failover goes on in the background. `Err` says why it refused (one is under way already, no
+    /// replica is fit).
+    pub fn start_failover(&self) -> Result<(), String> {
+        self.sentinel_query::<redis::Value>(
+            0,
+            redis::cmd("SENTINEL").arg("FAILOVER").arg(&self.master),
+        )
+        .and_then(|reply| match reply {
+            redis::Value::Okay => Some(()),
+            redis::Value::SimpleString(ok) if ok == "OK" => Some(()),
+            _ => None,
+        })
+        .ok_or_else(|| "SENTINEL FAILOVER refused".to_string())
+    }
+
+    /// Restarts data node `i` as its operator would: on its data and its config file, which says the
+    /// role the Sentinels last gave it (they rewrite it with each reconfiguration) — a replica comes back
+    /// a replica of the master it followed, a master comes back a master, and the Sentinels convert it
+    /// if they promoted another meanwhile.
+    pub fn restart(&mut self, i: usize) {
+        self.data.restart(i);
+    }
+
+    /// The data nodes that data node `master` streams its writes to (`INFO replication`:
+    /// `state=online`), if it answers within half a second.
+    pub fn online_replicas(&self, master: usize) -> Option<Vec<usize>> {
+        let client = self.data.client(master);
+        let mut connection = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        connection
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .ok()?;
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut connection)
+            .ok()?;
+        Some(
+            info.lines()
+                .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+                .filter_map(|line| {
+                    let port = line.split(',').find_map(|f| f.strip_prefix("port="))?;
+                    let port: u16 = port.parse().ok()?;
+                    (0..self.data.len()).find(|&node| self.data.port(node) == port)
+                })
+                .collect(),
+        )
+    }
+
+    /// The master, if the group serves writes that count: every live Sentinel names it, it says it is
+    /// a master, and it streams to at least `min_replicas_acked` replicas.
+    pub fn serving(&self, min_replicas_acked: usize) -> Option<usize> {
+        let master = self.master()?;
+        let replicas = self.online_replicas(master)?;
+        (replicas.len() >= min_replicas_acked).then_some(master)
     }
 
     /// `ROLE`'s first field on data node `i` (`master`, `slave`), if it answers.
