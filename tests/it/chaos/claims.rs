@@ -14,6 +14,16 @@
 //!
 //! A claim in the older format (a plain tick) names no claimant; it is kept, but proves nothing about
 //! who. Writes before an AOF rewrite would be lost (a rewrite needs 64 MB; a run writes a few).
+//!
+//! A Sentinel group is one node of the majority, node 0, whatever server is its master ([`read_group`]).
+//! Its claim counted only once `WAIT` said a replica had it (`min_replicas_acked: 1`), and a replica
+//! with `appendonly yes` writes what it applies to its own AOF (fsync always, before it acknowledges):
+//! so a write that counted is in the AOF of at least two data nodes, its master's and a replica's. A
+//! write in one data node's AOF only reached no replica — a master cut off from them (hung, then
+//! continued after the Sentinels promoted another) answering pipelines queued before its hang — and
+//! did not count, though it stays in that AOF. A replica's full resynchronisation rewrites its AOF;
+//! the group's data nodes keep the history of theirs (`aof-disable-auto-gc yes`), and the files of
+//! that history are read too. Each write is counted once, whichever data nodes hold it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -82,11 +92,49 @@ pub fn worker_of(claimant: &str) -> Option<usize> {
 /// Every claim and lease write in node `node`'s AOF directory (the incremental files, in the manifest's
 /// order). A tail cut short by a SIGKILL ends the reading.
 pub fn read_aof(node: usize, dir: &Path) -> Vec<ClaimWrite> {
+    read_files(node, dir, false)
+}
+
+/// What a Sentinel group confirmed, from the AOF directories `dirs` of its data nodes (their current
+/// files and their history, see the module): every lease write, and every claim write that `copies`
+/// data nodes hold (`min_replicas_acked + 1`: its master's and the replicas' that acknowledged it), each
+/// once, as node 0's.
+pub fn read_group(dirs: &[std::path::PathBuf], copies: usize) -> Vec<ClaimWrite> {
+    let mut writes: Vec<ClaimWrite> = Vec::new();
+    let mut holders: HashMap<String, (usize, BTreeSet<usize>)> = HashMap::new();
+    for (data, dir) in dirs.iter().enumerate() {
+        for write in read_files(0, dir, true) {
+            let line = write.line();
+            let (_, on) = holders.entry(line).or_insert_with(|| {
+                writes.push(write);
+                (writes.len() - 1, BTreeSet::new())
+            });
+            on.insert(data);
+        }
+    }
+    let counted: BTreeSet<usize> = holders
+        .values()
+        .filter(|(index, on)| writes[*index].lease_expires.is_some() || on.len() >= copies)
+        .map(|(index, _)| *index)
+        .collect();
+    writes
+        .into_iter()
+        .enumerate()
+        .filter(|(index, _)| counted.contains(index))
+        .map(|(_, write)| write)
+        .collect()
+}
+
+/// The claim and lease writes of the incremental files of an AOF directory, in the manifest's order;
+/// with `history`, also those of the incremental files it lists as history (kept by
+/// `aof-disable-auto-gc`).
+fn read_files(node: usize, dir: &Path, history: bool) -> Vec<ClaimWrite> {
     let manifest = std::fs::read_to_string(dir.join("appendonly.aof.manifest")).unwrap_or_default();
     let files: Vec<&str> = manifest
         .lines()
-        .filter(|line| line.ends_with("type i"))
+        .filter(|line| line.ends_with("type i") || history && line.ends_with("type h"))
         .filter_map(|line| line.split(' ').nth(1))
+        .filter(|file| file.ends_with(".incr.aof"))
         .collect();
     let mut writes = Vec::new();
     for file in files {
@@ -367,5 +415,64 @@ mod tests {
         }
         assert_eq!(worker_of("w1/a"), Some(1));
         assert_eq!(worker_of("ghost-3/b"), None);
+    }
+
+    /// A Sentinel group's claim counts once a replica's AOF holds it too — the master's copy and the
+    /// replica's are one write — and a claim only one data node holds (a master cut off from its
+    /// replicas) does not; a replica's history (an AOF rewritten by a full resynchronisation) is read,
+    /// and every lease write is kept, once.
+    #[test]
+    fn a_group_counts_a_claim_a_replica_holds_too_and_once() {
+        let dir = crate::support::TestDir::new();
+        let resp = |parts: &[&str]| {
+            let mut out = format!("*{}\r\n", parts.len());
+            for p in parts {
+                out += &format!("${}\r\n{p}\r\n", p.len());
+            }
+            out
+        };
+        let lease = resp(&[
+            "SET",
+            "redcron:{quick}:lease",
+            "w1/a|1|5000|ff",
+            "PXAT",
+            "7000",
+        ]);
+        let counted = resp(&["SET", "redcron:{quick}:claim", "5000 w1/a|1|5000|ff"]);
+        let alone = resp(&["SET", "redcron:{quick}:claim", "6000 w2/b|1|6000|ee"]);
+        let aof = |name: &str, manifest: &str, files: &[(&str, String)]| {
+            let at = dir.path().join(name);
+            std::fs::create_dir(&at).expect("writable");
+            std::fs::write(at.join("appendonly.aof.manifest"), manifest).expect("writable");
+            for (file, text) in files {
+                std::fs::write(at.join(file), text).expect("writable");
+            }
+            at
+        };
+        // The master: both claims; a replica that was resynchronised since: the counted one, in its
+        // history; a replica that holds nothing.
+        let master = aof(
+            "master",
+            "file appendonly.aof.1.base.rdb seq 1 type b\nfile appendonly.aof.1.incr.aof seq 1 type i\n",
+            &[("appendonly.aof.1.incr.aof", lease.clone() + &counted + &alone)],
+        );
+        let resynced = aof(
+            "resynced",
+            "file appendonly.aof.1.incr.aof seq 1 type h\nfile appendonly.aof.2.base.rdb seq 2 type b\n\
+             file appendonly.aof.2.incr.aof seq 2 type i\n",
+            &[
+                ("appendonly.aof.1.incr.aof", lease + &counted),
+                ("appendonly.aof.2.incr.aof", String::new()),
+            ],
+        );
+        let empty = aof("empty", "", &[]);
+        let writes = read_group(&[master, resynced, empty], 2);
+        assert_eq!(writes.len(), 2, "{writes:?}");
+        assert_eq!(writes[0].lease_expires, Some(7000));
+        assert_eq!((writes[1].tick, writes[1].claimant()), (5000, Some("w1/a")));
+        assert!(writes.iter().all(|w| w.node == 0));
+        let confirms = Confirms::new(&writes, 1);
+        assert_eq!(confirms.granted("quick", 5000), ["w1/a"]);
+        assert!(confirms.granted("quick", 6000).is_empty());
     }
 }

@@ -178,6 +178,10 @@ pub struct Facts {
     /// (the client's own log line), in time order. Every request of the session goes to that member
     /// until the next.
     pub sessions: HashMap<usize, Vec<(i64, usize)>>,
+    /// Per instance: `(from, until)` of each hold-off it logged (`store.node_restarted` with a
+    /// `held_ms` over 0): its answers from the node under that label (on a Sentinel group, node 0)
+    /// did not count until then.
+    pub held_off: HashMap<usize, Vec<(i64, i64)>>,
     /// Per instance: `(from, to, node)` for each failed try of its ZooKeeper client to establish its
     /// disconnected session on a member (`fails to establish session to tcp://…`, logged at `to`), from
     /// the client's line before it (the `enter state Disconnected …` that began the move, or the
@@ -318,9 +322,15 @@ impl Facts {
                     history: history.clone(),
                     failed: failed.clone(),
                 }),
+                // A group's data nodes are not nodes of the majority: what a fault of its master does
+                // to the group, node 0, comes as `NodeDown` and `NodeUp` of node 0.
                 Happening::CaseBegan { .. }
                 | Happening::Skipped { .. }
-                | Happening::Rollout { .. } => {}
+                | Happening::Rollout { .. }
+                | Happening::DataNodeDown { .. }
+                | Happening::DataNodeUp { .. }
+                | Happening::FailoverAsked { .. }
+                | Happening::GroupServes { .. } => {}
             }
         }
         for (node, since) in down_since.iter().enumerate() {
@@ -417,6 +427,16 @@ impl Facts {
                     self.corrections[log.worker].push((*at, change));
                 }
                 last_measured = Some(offset);
+            }
+            if name == "store.node_restarted" {
+                let held = event["held_ms"].as_i64().unwrap_or(0);
+                if held > 0 {
+                    self.held_off
+                        .entry(instance)
+                        .or_default()
+                        .push((*at, *at + held));
+                }
+                continue;
             }
             if name == "store.entry_skipped" {
                 let error = event["error"].as_str().unwrap_or_default().to_string();

@@ -121,6 +121,17 @@ pub enum Fault {
     /// SIGSTOP whichever etcd member leads when the fault comes due (the others elect a new leader; it
     /// rejoins as a follower); SIGCONT after `ms`.
     HangLeader { ms: u64 },
+    /// On a Sentinel group, `KillLeader` and `HangLeader` hit its master (found when the fault comes
+    /// due): killed, it is restarted after `down_ms` on its data and config file, a master until the
+    /// Sentinels convert it; hung longer than their `down-after-milliseconds`, it is replaced, and
+    /// demoted once continued. This one asks the Sentinels for a planned failover (`SENTINEL
+    /// FAILOVER`): a replica is promoted while the old master still runs, and it is demoted later.
+    Failover,
+    /// SIGKILL one of the Sentinel group's replicas (found when the fault comes due); restart it after
+    /// `down_ms` on its data and config file (a replica of the master it followed).
+    KillReplica { down_ms: u64 },
+    /// SIGSTOP one of the Sentinel group's replicas; SIGCONT after `ms`.
+    HangReplica { ms: u64 },
     /// SIGSTOP every running lock node at once, SIGCONT them after `ms` (less than the TTL): what one
     /// slow fsync does to nodes with `appendfsync always` on a shared disk.
     StallAll { ms: u64 },
@@ -144,17 +155,21 @@ pub enum Fault {
 }
 
 impl Fault {
-    /// How long the fault lasts (0 for a clock jump and a ghost; the estimate for a rollout).
+    /// How long the fault lasts (0 for a clock jump and a ghost; the estimate for a rollout; for a
+    /// planned failover, [`FAILOVER_MS`]).
     pub fn duration_ms(&self) -> u64 {
         match *self {
             Fault::Pause { ms, .. }
             | Fault::HangNode { ms, .. }
             | Fault::HangLeader { ms }
+            | Fault::HangReplica { ms }
             | Fault::StallAll { ms }
             | Fault::Proxy { ms, .. } => ms,
             Fault::Crash { down_ms, .. }
             | Fault::KillNode { down_ms, .. }
-            | Fault::KillLeader { down_ms } => down_ms,
+            | Fault::KillLeader { down_ms }
+            | Fault::KillReplica { down_ms } => down_ms,
+            Fault::Failover => FAILOVER_MS,
             Fault::Rollout { estimate_ms, .. } => estimate_ms,
             Fault::Jump { .. } | Fault::Ghost(_) | Fault::Garbage(_) => 0,
         }
@@ -168,9 +183,18 @@ impl Fault {
         )
     }
 
-    /// A fault that takes one node (or member) down: a given one, or the leader.
+    /// A fault that takes one node (or member) down: a given one, or the leader; on a Sentinel group,
+    /// one of its data nodes (the master, planned failovers included, or a replica).
     pub fn is_node_fault(&self) -> bool {
-        self.node().is_some() || matches!(self, Fault::KillLeader { .. } | Fault::HangLeader { .. })
+        self.node().is_some()
+            || matches!(
+                self,
+                Fault::KillLeader { .. }
+                    | Fault::HangLeader { .. }
+                    | Fault::Failover
+                    | Fault::KillReplica { .. }
+                    | Fault::HangReplica { .. }
+            )
     }
 
     /// The node a node fault hits, if the plan names it (not for the leader's).
@@ -201,9 +225,19 @@ impl fmt::Display for Fault {
             }
             Fault::HangNode { node, ms } => write!(f, "hang node {node} for {ms} ms"),
             Fault::KillLeader { down_ms } => {
-                write!(f, "kill the leader, restart it after {down_ms} ms")
+                write!(
+                    f,
+                    "kill the leader (a group's master), restart it after {down_ms} ms"
+                )
             }
-            Fault::HangLeader { ms } => write!(f, "hang the leader for {ms} ms"),
+            Fault::HangLeader { ms } => {
+                write!(f, "hang the leader (a group's master) for {ms} ms")
+            }
+            Fault::Failover => write!(f, "fail the group's master over (SENTINEL FAILOVER)"),
+            Fault::KillReplica { down_ms } => {
+                write!(f, "kill a replica, restart it after {down_ms} ms")
+            }
+            Fault::HangReplica { ms } => write!(f, "hang a replica for {ms} ms"),
             Fault::StallAll { ms } => write!(f, "stall every node for {ms} ms"),
             Fault::Proxy { mode, ms } => write!(f, "proxy {mode} for {ms} ms"),
             Fault::Jump { worker, offset_ms } => {
@@ -248,6 +282,10 @@ impl fmt::Display for Fault {
         }
     }
 }
+
+/// What a plan reserves for a planned failover of a Sentinel group: the Sentinels' promotion, the other
+/// replica's reconfiguration and the workers' reconnection take a few seconds.
+pub const FAILOVER_MS: u64 = 3_000;
 
 /// The deterministic cases that every run contains (when it is long enough), in a calm stretch of the
 /// plan so that nothing else decides their outcome.

@@ -97,6 +97,20 @@
 //! kill is such a grant if it committed, and no grant (nothing in the record) if it did not. There are
 //! no ghosts, no proxy and no stall of every node on SQL.
 //!
+//! **On a Sentinel group** the SQL reading applies: the group is one node, node 0, and a majority is
+//! that node. A fault of its master takes it out of reach from the fault until the group serves again —
+//! every Sentinel names one master, which says it is one and streams to a replica (`min_replicas_acked`
+//! of them), as the harness sees it ([`super::timeline::Happening::GroupServes`]) — and for 2 s after (the
+//! workers reconnect): the master killed until its restart or a promotion, hung until it is continued
+//! or replaced, failed over (`SENTINEL FAILOVER`) until the new master serves. Also out of a worker's
+//! reach while its process held the new master off (`store.node_restarted` with `held_ms`: a master
+//! that continues no history the process knew), and during a stall the probe measured (a write with
+//! `WAIT 1` slower than 100 ms or unacknowledged: a failover's tail, a replica's resynchronisation, a
+//! slow fsync). A replica's kill or hang leaves the other replica to acknowledge, so it is no excuse by
+//! itself. *Granted to a claimant that died mid-claim* reads the group's claim writes that a replica
+//! acknowledged ([`super::claims::read_group`]), and its leases' expiries, as on Redis. There are no
+//! ghosts, no proxy and no stall of every node.
+//!
 //! The table names one cause per explained miss: the first of *won, never started*, *granted to a
 //! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
 //! *held by a contender of another tick*, *a dead contender of the tick*, *no quorum*
@@ -319,6 +333,12 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         (StoreKind::Postgres | StoreKind::Mariadb, c) if c.contains("nodes stalled") => {
             "the SQL server's commits stalled at every attempt within the tick's window (measured by the probe, not planned)"
         }
+        (StoreKind::RedisSentinel, c) if c.starts_with("no quorum of Redis") => {
+            "the Sentinel group was out of reach at every attempt within the tick's window (its master killed, hung or failed over, until a new one served, or held off)"
+        }
+        (StoreKind::RedisSentinel, c) if c.contains("nodes stalled") => {
+            "the Sentinel group's acknowledged writes stalled at every attempt within the tick's window (measured by the probe, not planned)"
+        }
         (_, c) => c,
     }
     .to_string())
@@ -382,7 +402,7 @@ fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
             // When it raced: its first lease's write (expiry less the TTL) in the AOF; etcd shows no
             // lease expiry, so there the worker's race time.
             let raced = match e.store {
-                StoreKind::Redis => leases
+                StoreKind::Redis | StoreKind::RedisSentinel => leases
                     .iter()
                     .filter(|(c, _, _)| c == claimant)
                     .map(|(_, _, expires)| expires - e.ttl_ms)
@@ -618,9 +638,9 @@ fn given_up_before_pause(facts: &Facts, instance: usize, at: i64, window_end: i6
 
 /// The nodes that `worker` could not have for `tick` besides faults, as `(node, from, to)`: those that
 /// confirmed the tick for another claimant (for ever), those on which a ghost confirmed the tick or a
-/// later one (from the ghost's write, for ever), and those whose lease of the tick a dead contender held
+/// later one (from the ghost's write, for ever), those whose lease of the tick a dead contender held
 /// — a ghost, or a claimant whose process was killed, paused or told to shut down after it took the
-/// lease.
+/// lease — and, on a Sentinel group, the group while `worker`'s process held its master off.
 fn unavailable(e: &Evidence<'_>, worker: usize, tick: i64) -> Vec<(usize, i64, i64)> {
     let facts = e.facts;
     let mut extra: Vec<(usize, i64, i64)> = e
@@ -656,6 +676,13 @@ fn unavailable(e: &Evidence<'_>, worker: usize, tick: i64) -> Vec<(usize, i64, i
             for &(stopped, resumed) in life.stops.iter().filter(|(s, _)| after(*s)) {
                 extra.push((*node, stopped, resumed.min(*expires)));
             }
+        }
+    }
+    // A Sentinel group's new master that `worker`'s process held off counted for none of its claims.
+    if e.store.is_group() {
+        for (instance, _) in facts.instances_of(worker) {
+            let holds = facts.held_off.get(&instance).into_iter().flatten();
+            extra.extend(holds.map(|&(from, until)| (0, from, until)));
         }
     }
     extra

@@ -43,9 +43,21 @@
 //! same checker, garbage planted through a client of the harness's own; each member's transaction log ([`zk_claims`]) stands in for the
 //! nodes' AOF: a claim record logged by a majority of members was granted.
 //!
+//! `sentinel_exactly_once_under_faults` runs it on one Sentinel group as the Redis store's one node: a
+//! master and 2 replicas (`appendonly yes`, `appendfsync always`, `repl-diskless-sync-delay 0`, each
+//! from a config file the Sentinels rewrite), 3 Sentinels, `min_replicas_acked: 1`. Its node faults,
+//! one at a time and 10 s apart: the master SIGKILLed (restarted later on its data and config file, as
+//! its operator would: a master, which the Sentinels convert if they promoted another), the master
+//! hung longer than the Sentinels' `down-after-milliseconds` (replaced, then continued and demoted), a
+//! planned failover (`SENTINEL FAILOVER`), and a replica killed or hung (the other one acknowledges).
+//! The same worker faults, rollouts, clock steps and garbage (planted on the master), the same checker:
+//! the group is one node, so a fault of its master takes the store out of reach until the group serves
+//! again, as a SQL server's kill does ([`misses`]); every data node's AOF, read with its history, stands
+//! in for the nodes' AOF — a claim write that a replica's AOF holds too counted ([`claims`]).
+//!
 //! Environment:
 //! - `REDCRON_CHAOS_SECS`: length of the fault plan (default 75 s on Redis, the whole test 80–90 s;
-//!   45 s on etcd, on PostgreSQL and on MariaDB; 40 s on ZooKeeper).
+//!   45 s on etcd, on PostgreSQL, on MariaDB and on a Sentinel group; 40 s on ZooKeeper).
 //! - `REDCRON_CHAOS_SEED`: the plan's seed (default: drawn from the clock; always printed).
 //! - `REDCRON_CHAOS_BREAK`: `split-quorum` or `escape-stop` break the cluster on purpose (see
 //!   [`harness::Breakage`]); the test must then fail.
@@ -139,6 +151,20 @@ fn zookeeper_exactly_once_under_faults() {
         StoreKind::Zookeeper,
         40,
         "chaos::zookeeper_exactly_once_under_faults",
+    );
+}
+
+/// The same on one Sentinel group (a master, 2 replicas, 3 Sentinels, `min_replicas_acked: 1`) as the
+/// store's one node: the master killed, hung past `down-after-milliseconds` and failed over, a replica
+/// killed and hung, one at a time, instead of the Redis nodes' faults; the same worker faults and
+/// checker; 45 s by default (about 60 s in all, to run in CI): the stale-write case, and a rollout for
+/// some seeds.
+#[test]
+fn sentinel_exactly_once_under_faults() {
+    run_under_faults(
+        StoreKind::RedisSentinel,
+        45,
+        "chaos::sentinel_exactly_once_under_faults",
     );
 }
 
@@ -249,7 +275,8 @@ fn run_under_faults(store: StoreKind, default_secs: u64, name: &str) {
         .unwrap_or(0);
     let _ = writeln!(
         out,
-        "probe: {} node stalls (slower than 50 ms on Redis, 100 ms on etcd, a write over 100 ms on ZooKeeper, a commit over 150 ms on SQL; longest {worst} ms); the nodes' own latency monitor \
+        "probe: {} node stalls (slower than 50 ms on Redis, 100 ms on etcd, a write over 100 ms on ZooKeeper, a commit over 150 ms on SQL, \
+         a write with WAIT 1 over 100 ms or unacknowledged on a Sentinel group; longest {worst} ms); the nodes' own latency monitor \
          (latest/max): {}",
         cluster.stalls.len(),
         cluster.node_stalls().join("; ")

@@ -38,6 +38,11 @@ const GARBAGE_READ_MS: u64 = 15_000;
 /// No node fault begins or ends this close to a stall of every node (the stall stops and resumes the
 /// nodes that run when it begins).
 const STALL_MARGIN_MS: u64 = 200;
+/// On a Sentinel group, a node fault begins no earlier than this after the last one ended: the
+/// Sentinels convert a demoted or restarted master about 8 s after it is back (and it resynchronises),
+/// so the group has its master and both replicas again before the next fault, and one fault at a time
+/// means one.
+const GROUP_SETTLE_MS: u64 = 10_000;
 
 /// SplitMix64 (Steele, Lea and Flood, 2014): tiny, and the same sequence for a seed on every platform and
 /// with every version of every crate, which is what a printed seed must promise.
@@ -134,7 +139,9 @@ impl Plan {
     /// cases, and nothing at the start and end of the run. On etcd the node faults are member kills and
     /// hangs, of a given member or of whichever leads at the time (an election), one at a time; there is
     /// no proxy, no stall of every member and no ghost (its keys are Redis scripts'), and a Redis plan is
-    /// drawn exactly as before etcd existed, so its seeds replay. Garbage plants ([`Garbage`]) are drawn
+    /// drawn exactly as before etcd existed, so its seeds replay. On a Sentinel group the node faults are
+    /// the master's kill, hang and planned failover and a replica's kill and hang, one at a time and
+    /// [`GROUP_SETTLE_MS`] apart. Garbage plants ([`Garbage`]) are drawn
     /// last, from a generator of their own, so a seed's other faults are what they were before them.
     pub fn generate(seed: u64, secs: u64, timing: Timing, store: StoreKind) -> Plan {
         Plan::draw(seed, secs, timing, store, true)
@@ -170,6 +177,7 @@ impl Plan {
             // On a SQL store a server fault takes the whole store away, takeover included.
             // On ZooKeeper a member fault may move sessions, and a session that cannot move in time
             // ends its leases: the paused holder's takeover would then be a different story.
+            // On a Sentinel group a fault of the master takes the whole store away, as on SQL.
             let disturbs_case = store != StoreKind::Redis || !episode.fault.is_node_fault();
             if episode.end_ms() + CALM_END_MS > total_ms
                 || (disturbs_case && calm.iter().any(|&(from, to)| episode.overlaps(from, to)))
@@ -214,6 +222,25 @@ impl Plan {
                 count(&|f| matches!(f, Fault::KillNode { .. })),
                 count(&|f| matches!(f, Fault::HangNode { .. })),
                 count(&|f| matches!(f, Fault::HangNode { ms, .. } if *ms < self.store.node_timeout_ms())),
+                count(&|f| matches!(f, Fault::Jump { .. })),
+                count(&|f| matches!(f, Fault::Garbage(_))),
+            );
+        }
+        if self.store.is_group() {
+            return format!(
+                "{} worker pauses ({} of the long job's holder), {} worker crashes ({} aimed at a race), \
+                 {} rollouts, {} master kills, {} master hangs, {} planned failovers, {} replica kills, \
+                 {} replica hangs, {} clock steps, {} garbage plants",
+                count(&|f| matches!(f, Fault::Pause { .. })),
+                count(&|f| matches!(f, Fault::Pause { target: Target::LongHolder, .. })),
+                count(&|f| matches!(f, Fault::Crash { .. })),
+                count(&|f| matches!(f, Fault::Crash { target: Target::FirstRacer { .. }, .. })),
+                count(&|f| matches!(f, Fault::Rollout { .. })),
+                count(&|f| matches!(f, Fault::KillLeader { .. })),
+                count(&|f| matches!(f, Fault::HangLeader { .. })),
+                count(&|f| matches!(f, Fault::Failover)),
+                count(&|f| matches!(f, Fault::KillReplica { .. })),
+                count(&|f| matches!(f, Fault::HangReplica { .. })),
                 count(&|f| matches!(f, Fault::Jump { .. })),
                 count(&|f| matches!(f, Fault::Garbage(_))),
             );
@@ -394,7 +421,11 @@ fn garbage(rng: &mut SplitMix64, episodes: &mut Vec<Episode>, total_ms: u64, sto
                 let order: [usize; NODES] = rng.permutation();
                 order[..count].iter().fold(0u8, |mask, n| mask | 1 << n)
             }
-            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb | StoreKind::Zookeeper => 0,
+            StoreKind::Etcd
+            | StoreKind::Postgres
+            | StoreKind::Mariadb
+            | StoreKind::Zookeeper
+            | StoreKind::RedisSentinel => 0,
         };
         let jobs = super::jobs().len() as u64;
         episodes.push(Episode {
@@ -422,6 +453,11 @@ fn random_fault(rng: &mut SplitMix64, timing: Timing, store: StoreKind) -> Fault
     }
     if store.has_leader() {
         if let Some(fault) = member_fault(rng, roll, store) {
+            return fault;
+        }
+    }
+    if store.is_group() {
+        if let Some(fault) = group_fault(rng, roll) {
             return fault;
         }
     }
@@ -501,6 +537,31 @@ fn member_fault(rng: &mut SplitMix64, roll: u64, store: StoreKind) -> Option<Fau
     })
 }
 
+/// On a Sentinel group, the data-node fault that takes the place of a Redis node fault, proxy phase,
+/// stall of every node or ghost drawn as `roll` by [`random_fault`]: the master killed (restarted after
+/// 0.5-6 s, as its operator would: it comes back a master, and the Sentinels convert it if they promoted
+/// another meanwhile) or hung for 1.5-5 s (longer than the Sentinels' 1 s `down-after-milliseconds`:
+/// they replace it, or are replacing it as it resumes), a planned failover, or a replica killed or
+/// hung; `None` for the worker faults.
+fn group_fault(rng: &mut SplitMix64, roll: u64) -> Option<Fault> {
+    Some(match roll {
+        0..=19 => Fault::KillLeader {
+            down_ms: rng.between(500, 6_000),
+        },
+        20..=39 => Fault::HangLeader {
+            ms: rng.between(1_500, 5_000),
+        },
+        40..=54 => Fault::Failover,
+        90..=99 => Fault::KillReplica {
+            down_ms: rng.between(500, 6_000),
+        },
+        100..=109 => Fault::HangReplica {
+            ms: rng.between(300, 5_000),
+        },
+        _ => return None,
+    })
+}
+
 /// On a SQL store, the server fault that takes the place of a Redis node fault, proxy phase, stall of
 /// every node or ghost drawn as `roll` by [`random_fault`]: a kill (restarted after 0.5-6 s: it recovers
 /// from its log) or a hang (SIGSTOP) shorter than `node_timeout` (a commit waits, no call fails) or
@@ -557,6 +618,13 @@ fn fits(episodes: &[Episode], new: &Episode, store: StoreKind) -> bool {
             && e.at_ms <= at + STALL_MARGIN_MS
             && at <= e.end_ms() + STALL_MARGIN_MS
     };
+    if store.is_group() && new.fault.is_node_fault() {
+        return !episodes.iter().any(|e| {
+            e.fault.is_node_fault()
+                && e.at_ms < to + GROUP_SETTLE_MS
+                && from < e.end_ms() + GROUP_SETTLE_MS
+        });
+    }
     match new.fault {
         Fault::KillLeader { .. } | Fault::HangLeader { .. } => {
             overlapping
@@ -598,6 +666,8 @@ fn fits(episodes: &[Episode], new: &Episode, store: StoreKind) -> bool {
             .iter()
             .any(|e| matches!(e.fault, Fault::Proxy { .. })),
         Fault::Jump { .. } | Fault::Ghost(_) | Fault::Garbage(_) | Fault::Rollout { .. } => true,
+        // A group's faults are weighed above.
+        Fault::Failover | Fault::KillReplica { .. } | Fault::HangReplica { .. } => false,
     }
 }
 
@@ -874,6 +944,69 @@ mod tests {
         assert!(any(&|f| matches!(f, Fault::Jump { .. })));
     }
 
+    /// A Sentinel group's plan as long as the CI run's (45 s): over many seeds, node faults one at a time
+    /// and [`GROUP_SETTLE_MS`] apart, none of them Redis's own (no given node, proxy, stall or ghost), the
+    /// stale-write case in every plan; over 20 seeds, the master killed, hung past the Sentinels' 1 s
+    /// `down-after-milliseconds` and failed over, a replica killed and hung, and the worker faults.
+    #[test]
+    fn sentinel_plans_fault_one_data_node_at_a_time() {
+        let store = StoreKind::RedisSentinel;
+        let timing = Timing {
+            ttl_ms: store.ttl_ms(),
+            long_ms: 5_500,
+        };
+        let plans: Vec<Plan> = (0..200)
+            .map(|seed| Plan::generate(seed, 45, timing, store))
+            .collect();
+        for plan in &plans {
+            let seed = plan.seed;
+            let cases: Vec<Case> = plan.episodes.iter().filter_map(|e| e.case).collect();
+            assert_eq!(cases, [Case::StaleWriteRejected], "seed {seed}");
+            let faults: Vec<&Episode> = plan
+                .episodes
+                .iter()
+                .filter(|e| e.fault.is_node_fault())
+                .collect();
+            for pair in faults.windows(2) {
+                assert!(
+                    pair[0].end_ms() + GROUP_SETTLE_MS <= pair[1].at_ms,
+                    "seed {seed}: {} and {} too close",
+                    pair[0].fault,
+                    pair[1].fault
+                );
+            }
+            for e in &plan.episodes {
+                assert!(
+                    !matches!(
+                        e.fault,
+                        Fault::Proxy { .. }
+                            | Fault::StallAll { .. }
+                            | Fault::Ghost(_)
+                            | Fault::KillNode { .. }
+                            | Fault::HangNode { .. }
+                    ),
+                    "seed {seed}: {}",
+                    e.fault
+                );
+                if let Fault::HangLeader { ms } = e.fault {
+                    assert!(
+                        ms > 1_000,
+                        "seed {seed}: a hang the Sentinels may not notice"
+                    );
+                }
+            }
+        }
+        let any = |pred: &dyn Fn(&Fault) -> bool| any_fault(&plans[..20], pred);
+        assert!(any(&|f| matches!(f, Fault::KillLeader { .. })));
+        assert!(any(&|f| matches!(f, Fault::HangLeader { .. })));
+        assert!(any(&|f| matches!(f, Fault::Failover)));
+        assert!(any(&|f| matches!(f, Fault::KillReplica { .. })));
+        assert!(any(&|f| matches!(f, Fault::HangReplica { .. })));
+        assert!(any(&|f| matches!(f, Fault::Pause { .. })));
+        assert!(any(&|f| matches!(f, Fault::Crash { .. })));
+        assert!(any(&|f| matches!(f, Fault::Jump { .. })));
+    }
+
     /// Garbage is planted three or four times in a 75 s plan (one or two in etcd's 45 s), on a minority of
     /// the Redis nodes in some plans and a majority in others, each plant with a tag of its own; and the
     /// plants come from a generator of their own: without them a seed's plan is the same fault for fault.
@@ -886,6 +1019,7 @@ mod tests {
                 (StoreKind::Etcd, 45, 1..=3),
                 (StoreKind::Postgres, 45, 1..=3),
                 (StoreKind::Zookeeper, 40, 1..=3),
+                (StoreKind::RedisSentinel, 45, 1..=3),
             ] {
                 let plan = Plan::generate(seed, secs, TIMING, store);
                 let plants: Vec<Garbage> = plan
@@ -919,7 +1053,8 @@ mod tests {
                         StoreKind::Etcd
                         | StoreKind::Postgres
                         | StoreKind::Mariadb
-                        | StoreKind::Zookeeper => {
+                        | StoreKind::Zookeeper
+                        | StoreKind::RedisSentinel => {
                             assert_eq!(nodes, 0)
                         }
                     }

@@ -18,6 +18,12 @@
 //! fsync as every claim does. A commit slower than 150 ms, or one without an answer, is a stall; a
 //! refused connection (the server killed) is the plan's business.
 //!
+//! On a Sentinel group the probe writes as a claim does: a `SET` of a key of its own and `WAIT 1` on the
+//! master the Sentinels name, so it stalls while the master hangs, while the group fails over (no
+//! master answers, or one without a replica: a `WAIT` that sees none), and while a replica's full
+//! resynchronisation or an fsync holds the writes up. A write slower than [`GROUP_STALL`] or not
+//! acknowledged is a stall of the group, node 0.
+//!
 //! On ZooKeeper the probe writes, as a claim does: a `setData` through each member, answered once the
 //! leader has a quorum's acknowledgement, so it stalls during an election as etcd's read does.
 
@@ -38,6 +44,12 @@ const STALL: Duration = Duration::from_millis(50);
 const ETCD_STALL: Duration = Duration::from_millis(100);
 /// A SQL commit slower than this is a stall: it is an fsync on a disk shared with the whole machine.
 const SQL_STALL: Duration = Duration::from_millis(150);
+/// A Sentinel group's write acknowledged slower than this is a stall: two fsyncs in a row (the master's
+/// and the replica's) on the shared disk.
+const GROUP_STALL: Duration = Duration::from_millis(100);
+/// How often a Sentinel group is probed: each probe is a write every data node fsyncs, and a stall
+/// shorter than [`GROUP_STALL`] does not count anyway.
+const GROUP_PERIOD: Duration = Duration::from_millis(100);
 /// Longest wait for one answer (a hung node is in the plan anyway).
 const GIVE_UP: Duration = Duration::from_secs(1);
 
@@ -74,6 +86,9 @@ impl Probe {
                         StoreKind::Postgres | StoreKind::Mariadb => {
                             probe_sql(store, port, &stop, &stalls)
                         }
+                        StoreKind::RedisSentinel => {
+                            unreachable!("a Sentinel group is probed by `Probe::start_group`")
+                        }
                     })
                     .expect("cannot start a probe thread")
             })
@@ -82,6 +97,26 @@ impl Probe {
             stop,
             stalls,
             threads,
+        }
+    }
+
+    /// Starts probing the Sentinel group whose Sentinels are at `sentinels` (`host:port`) as `master`:
+    /// one thread, for node 0.
+    pub fn start_group(sentinels: &[String], master: &str) -> Probe {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stalls = Arc::new(Mutex::new(Vec::new()));
+        let (sentinels, master) = (sentinels.to_vec(), master.to_string());
+        let thread = {
+            let (stop, stalls) = (Arc::clone(&stop), Arc::clone(&stalls));
+            std::thread::Builder::new()
+                .name("chaos-probe-group".to_string())
+                .spawn(move || probe_group(&sentinels, &master, &stop, &stalls))
+                .expect("cannot start a probe thread")
+        };
+        Probe {
+            stop,
+            stalls,
+            threads: vec![thread],
         }
     }
 
@@ -198,6 +233,61 @@ fn probe_zookeeper(node: usize, port: u16, stop: &AtomicBool, stalls: &Mutex<Vec
             }
         }
         std::thread::sleep(PERIOD.saturating_sub(tick.elapsed()));
+    }
+}
+
+/// Probes a Sentinel group every [`GROUP_PERIOD`] with a write that must reach a replica, as a claim's (see
+/// the module): on the master a Sentinel names, looked up again after every failed write.
+fn probe_group(sentinels: &[String], master: &str, stop: &AtomicBool, stalls: &Mutex<Vec<Stall>>) {
+    let connect = |url: &str| {
+        let client = redis::Client::open(url).ok()?;
+        let connection = client.get_connection_with_timeout(GIVE_UP).ok()?;
+        connection.set_read_timeout(Some(GIVE_UP)).ok()?;
+        Some(connection)
+    };
+    let find_master = || {
+        sentinels.iter().find_map(|sentinel| {
+            let mut connection = connect(&format!("redis://{sentinel}"))?;
+            let (host, port): (String, u16) = redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(master)
+                .query(&mut connection)
+                .ok()?;
+            connect(&format!("redis://{host}:{port}"))
+        })
+    };
+    let mut connection: Option<redis::Connection> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let tick = Instant::now();
+        let (sent, started) = (now_ms(), Instant::now());
+        if connection.is_none() {
+            connection = find_master();
+        }
+        let acknowledged = connection.as_mut().is_some_and(|c| {
+            let reply: redis::RedisResult<((), i64)> = redis::pipe()
+                .cmd("SET")
+                .arg("chaos-probe")
+                .arg(sent)
+                .cmd("WAIT")
+                .arg(1)
+                .arg(GIVE_UP.as_millis() as u64)
+                .query(c);
+            matches!(reply, Ok((_, acked)) if acked >= 1)
+        });
+        let took = started.elapsed();
+        if took > GROUP_STALL || !acknowledged {
+            let mut all = stalls.lock().unwrap_or_else(|p| p.into_inner());
+            all.push(Stall {
+                node: 0,
+                from: sent,
+                to: sent + took.max(GROUP_PERIOD).as_millis() as i64,
+            });
+        }
+        if !acknowledged {
+            // A demoted master, a dropped connection: the Sentinels are asked again.
+            connection = None;
+        }
+        std::thread::sleep(GROUP_PERIOD.saturating_sub(tick.elapsed()));
     }
 }
 

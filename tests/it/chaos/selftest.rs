@@ -310,6 +310,61 @@ fn checker_explains_misses_only_by_faults() {
     assert_eq!(report.rows[0].explained, 1);
 }
 
+/// On a Sentinel group (one node of the majority) a miss while a replica was down is unexplained — the
+/// other replica acknowledges — and the same miss is explained while the group failed over: from a
+/// fault of its master until it served again, every attempt failing.
+#[test]
+fn checker_counts_a_groups_failover_and_not_a_replicas_fault_as_out_of_reach() {
+    let mut scenario = Scenario::new();
+    scenario.quick_ticks(&[4]);
+    scenario.no_quorum(T0 + 4_000, &[200, 700, 1_700, 3_700]);
+    let mut replica = Scenario {
+        timeline: scenario.timeline.clone(),
+        logs: scenario.logs.clone(),
+        ledger: scenario.ledger.clone(),
+        claims: scenario.claims.clone(),
+        runs: scenario.runs,
+    };
+    let down = |data: usize, master: bool| Happening::DataNodeDown {
+        data,
+        hung: false,
+        master,
+    };
+    replica.timeline.push(T0 + 3_500, down(2, false));
+    replica
+        .timeline
+        .push(T0 + 8_000, Happening::DataNodeUp { data: 2 });
+    assert!(failed_with(
+        &replica.check_on(StoreKind::RedisSentinel),
+        "UNEXPLAINED MISS"
+    ));
+
+    scenario.timeline.push(T0 + 3_500, down(0, true));
+    scenario.timeline.push(
+        T0 + 3_500,
+        Happening::NodeDown {
+            node: 0,
+            hung: false,
+        },
+    );
+    scenario
+        .timeline
+        .push(T0 + 5_000, Happening::DataNodeUp { data: 0 });
+    scenario.timeline.push(
+        T0 + 6_000,
+        Happening::GroupServes {
+            master: 1,
+            replicas: vec![2],
+        },
+    );
+    scenario
+        .timeline
+        .push(T0 + 6_000, Happening::NodeUp { node: 0 });
+    let report = scenario.check_on(StoreKind::RedisSentinel);
+    passed_explaining(&report, "Sentinel group was out of reach");
+    assert_eq!(report.rows[0].explained, 1);
+}
+
 /// On ZooKeeper a session talks to one member: a worker whose session's member stalled had no member
 /// in reach until its client moved the session, though the other two answered all along. Once its
 /// session is on a member that answers, their answers are no excuse.

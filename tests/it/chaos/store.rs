@@ -1,5 +1,5 @@
 //! Which store the chaos cluster runs on, and what follows from that choice: how many nodes (Redis lock
-//! nodes, etcd or ZooKeeper members, or the one SQL server), the lease timing the workers are configured with, and how long a lease whose
+//! nodes, etcd or ZooKeeper members, the one SQL server, or the one Sentinel group), the lease timing the workers are configured with, and how long a lease whose
 //! holder stopped renewing may still hold its key.
 //!
 //! The plan, the harness and the miss rules ask this instead of assuming Redis; the safety rules of the
@@ -18,16 +18,31 @@ pub enum StoreKind {
     Mariadb,
     /// A 3-member ZooKeeper ensemble.
     Zookeeper,
+    /// One Sentinel-managed group as the Redis store's one node: a master and 2 replicas (append-only,
+    /// fsync always), 3 Sentinels, `min_replicas_acked: 1`.
+    RedisSentinel,
 }
 
+/// The data nodes of a Sentinel group: a master and its replicas.
+pub const GROUP_DATA_NODES: usize = 3;
+/// How many replicas must have a group's write before it counts (`min_replicas_acked`).
+pub const GROUP_ACKS: usize = 1;
+
 impl StoreKind {
-    /// Lock nodes, or etcd or ZooKeeper members.
+    /// Lock nodes, or etcd or ZooKeeper members: what a majority is counted of (a Sentinel group is one
+    /// node, whatever its data nodes).
     pub fn nodes(self) -> usize {
         match self {
             StoreKind::Redis => super::plan::NODES,
             StoreKind::Etcd | StoreKind::Zookeeper => 3,
-            StoreKind::Postgres | StoreKind::Mariadb => 1,
+            StoreKind::Postgres | StoreKind::Mariadb | StoreKind::RedisSentinel => 1,
         }
+    }
+
+    /// Whether the store is one Sentinel group: its node faults are the master's kill, hang and planned
+    /// failover, and a replica's kill and hang, one at a time.
+    pub fn is_group(self) -> bool {
+        self == StoreKind::RedisSentinel
     }
 
     /// The test server of a SQL store.
@@ -35,7 +50,10 @@ impl StoreKind {
         match self {
             StoreKind::Postgres => Some(testkit::SqlKind::Postgres),
             StoreKind::Mariadb => Some(testkit::SqlKind::Mariadb),
-            StoreKind::Redis | StoreKind::Etcd | StoreKind::Zookeeper => None,
+            StoreKind::Redis
+            | StoreKind::Etcd
+            | StoreKind::Zookeeper
+            | StoreKind::RedisSentinel => None,
         }
     }
 
@@ -47,10 +65,12 @@ impl StoreKind {
 
     /// How many of [`Self::nodes`] a plan may take down at once: a minority — except on a SQL store,
     /// whose single server is the only thing to kill or hang: the store is then out of reach as a whole
-    /// (which the checker reads as no majority, so such a fault explains misses and nothing else).
+    /// (which the checker reads as no majority, so such a fault explains misses and nothing else); and
+    /// on a Sentinel group, one fault of one data node at a time (the master's takes the group out of
+    /// reach until a new master answers; a replica's leaves the other to acknowledge).
     pub fn max_node_faults(self) -> usize {
         match self {
-            StoreKind::Postgres | StoreKind::Mariadb => 1,
+            StoreKind::Postgres | StoreKind::Mariadb | StoreKind::RedisSentinel => 1,
             StoreKind::Redis | StoreKind::Etcd | StoreKind::Zookeeper => (self.nodes() - 1) / 2,
         }
     }
@@ -60,11 +80,16 @@ impl StoreKind {
     /// fsync on a majority), and `node_timeout` may be at most a tenth of the TTL: 3 s allows 300 ms per
     /// request, several times a commit on a loaded 2-core machine. On ZooKeeper the lease is the session
     /// (its timeout the TTL): 4 s, so that a session whose member was killed or hung has time to move to
-    /// another member (the client gives up on a silent one after two thirds of the timeout).
+    /// another member (the client gives up on a silent one after two thirds of the timeout). On a
+    /// Sentinel group every answer waits for a replica's acknowledgement (`WAIT`), its fsync included:
+    /// two fsyncs in a row on the shared disk, so etcd's timing too.
     pub fn ttl_ms(self) -> u64 {
         match self {
             StoreKind::Redis => 2_000,
-            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb => 3_000,
+            StoreKind::Etcd
+            | StoreKind::Postgres
+            | StoreKind::Mariadb
+            | StoreKind::RedisSentinel => 3_000,
             StoreKind::Zookeeper => 4_000,
         }
     }
@@ -73,9 +98,11 @@ impl StoreKind {
     pub fn renew_ms(self) -> u64 {
         match self {
             StoreKind::Redis => 600,
-            StoreKind::Etcd | StoreKind::Postgres | StoreKind::Mariadb | StoreKind::Zookeeper => {
-                1_000
-            }
+            StoreKind::Etcd
+            | StoreKind::Postgres
+            | StoreKind::Mariadb
+            | StoreKind::Zookeeper
+            | StoreKind::RedisSentinel => 1_000,
         }
     }
 
@@ -91,10 +118,14 @@ impl StoreKind {
     /// that, [`crate::support::Backend::expiry`]. A SQL server's lease ends a TTL after the claim or
     /// renewal on its own clock, and the next claim reads that: as on Redis. ZooKeeper ends a lease with
     /// its session, a session timeout after the session's last contact, found by the leader's next
-    /// expiry check and closed by a commit: [`crate::support::Backend::expiry`].
+    /// expiry check and closed by a commit: [`crate::support::Backend::expiry`]. A Sentinel group's
+    /// master expires the key at its TTL, as a Redis node does.
     pub fn lease_hold_ms(self, ttl_ms: i64) -> i64 {
         match self {
-            StoreKind::Redis | StoreKind::Postgres | StoreKind::Mariadb => ttl_ms,
+            StoreKind::Redis
+            | StoreKind::Postgres
+            | StoreKind::Mariadb
+            | StoreKind::RedisSentinel => ttl_ms,
             StoreKind::Etcd => crate::support::Backend::Etcd
                 .expiry(std::time::Duration::from_millis(ttl_ms.max(0) as u64))
                 .as_millis() as i64,

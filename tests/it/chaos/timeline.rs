@@ -55,6 +55,29 @@ pub enum Happening {
     NodeUp {
         node: usize,
     },
+    /// Data node `data` of the Sentinel group was killed or hung (`hung`), as its master or a replica.
+    /// A fault of the master takes the group — node 0 — out of reach: a `NodeDown` of node 0 comes
+    /// with it, and its `NodeUp` once the group serves again ([`Happening::GroupServes`]).
+    DataNodeDown {
+        data: usize,
+        hung: bool,
+        master: bool,
+    },
+    /// Data node `data` was restarted (on its data and config file) or continued.
+    DataNodeUp {
+        data: usize,
+    },
+    /// A planned failover of the group was asked of its Sentinels while `master` was its master (a
+    /// `NodeDown` of node 0 comes with it).
+    FailoverAsked {
+        master: usize,
+    },
+    /// After a fault of its master, the group serves again: every Sentinel names `master`, which says it
+    /// is one and streams to `replicas` (at least `min_replicas_acked`).
+    GroupServes {
+        master: usize,
+        replicas: Vec<usize>,
+    },
     /// The harness's probe saw the node answer slowly (or not at all) until `until` (see `probe`).
     NodeStalled {
         node: usize,
@@ -80,7 +103,7 @@ pub enum Happening {
         confirmed: Vec<usize>,
     },
     /// Garbage plant `tag` was written ([`super::faults::Garbage`]): on the Redis nodes `nodes` (empty on
-    /// etcd), the trigger requests `requests` and the member records `members` (their ids, those written
+    /// etcd; a Sentinel group's master, as its data node), the trigger requests `requests` and the member records `members` (their ids, those written
     /// somewhere), and a junk history entry of `history` if it was written; `failed` says what was not.
     Garbage {
         tag: u8,

@@ -21,7 +21,8 @@ pub(super) fn faketime_spec(offset_ms: i64) -> String {
 }
 
 /// The jobs file of worker `w` in config `version` (0 or 1), on `store` at `nodes` (Redis URLs, etcd
-/// endpoints, ZooKeeper `host:port`s, or the SQL server's one URL).
+/// endpoints, ZooKeeper `host:port`s, the SQL server's one URL, or a Sentinel group's one entry of
+/// `redis.nodes` in YAML flow style).
 pub(super) fn config(
     worker: usize,
     version: usize,
@@ -30,6 +31,7 @@ pub(super) fn config(
     ledger: &Path,
     breakage: Option<Breakage>,
 ) -> String {
+    let group = nodes.join(", ");
     let nodes = nodes
         .iter()
         .map(|url| format!("\"{url}\""))
@@ -102,6 +104,7 @@ pub(super) fn config(
         // The test servers serve no TLS.
         StoreKind::Postgres => format!("postgres:\n  url: {nodes}\n  tls: disable"),
         StoreKind::Mariadb => format!("mysql:\n  url: {nodes}\n  tls: disable"),
+        StoreKind::RedisSentinel => format!("redis:\n  nodes:\n    - {group}"),
     };
     let (ttl, renew, node_timeout) = (store.ttl_ms(), store.renew_ms(), store.node_timeout_ms());
     format!(

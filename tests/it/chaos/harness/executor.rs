@@ -11,6 +11,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::config::faketime_spec;
+use super::nodes::Nodes;
 use super::rollout::Rollout;
 use super::{now_ms, watch_latency, Cluster, State};
 use crate::chaos::faults::{Case, Fault, ProxyMode, Target};
@@ -19,6 +20,12 @@ use crate::chaos::timeline::Happening;
 
 /// How often a waiting step looks again.
 pub(super) const POLL: Duration = Duration::from_millis(50);
+/// How long after a planned failover was asked the harness waits for a master other than the old one
+/// (then any master that serves ends the failover's window: the Sentinels gave it up).
+const NEW_MASTER_PATIENCE: Duration = Duration::from_secs(30);
+/// How long after a fault of a group's master the harness waits for the group to serve again at all;
+/// then the window ends anyway, and the misses after it are the checker's to explain.
+const SERVE_PATIENCE: Duration = Duration::from_secs(60);
 
 /// What a begun episode hit, so that its end can undo it.
 #[derive(Debug, Clone)]
@@ -26,6 +33,11 @@ enum Hit {
     Instance(usize),
     Worker(usize),
     Node(usize),
+    /// A Sentinel group's data node, and whether it was the group's master.
+    DataNode {
+        data: usize,
+        master: bool,
+    },
     /// The nodes a stall of every node stopped.
     Nodes(Vec<usize>),
     Proxy,
@@ -49,6 +61,13 @@ enum Active {
         tick: i64,
     },
     Rollout(Rollout),
+    /// After a fault of a Sentinel group's master (undone, or a planned failover asked): waiting for the
+    /// group to serve again — with a master other than `old`, until `patience` passes.
+    Recovering {
+        old: Option<usize>,
+        patience: Instant,
+        deadline: Instant,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -96,12 +115,10 @@ impl Cluster {
                     Some(state) => self.advance(index, fault, episode.case, state, step),
                     None => None,
                 },
-                Step::End => {
-                    if let Some(Active::Hit(hit)) = active.remove(&index) {
-                        self.end(fault, hit);
-                    }
-                    None
-                }
+                Step::End => match active.remove(&index) {
+                    Some(Active::Hit(hit)) => self.end(fault, hit),
+                    _ => None,
+                },
             };
             let now = start.elapsed();
             match &state {
@@ -110,7 +127,9 @@ impl Cluster {
                     index,
                     Step::End,
                 ),
-                Some(Active::Seeking { .. }) => queue.push(now + POLL, index, Step::Poll),
+                Some(Active::Seeking { .. } | Active::Recovering { .. }) => {
+                    queue.push(now + POLL, index, Step::Poll)
+                }
                 Some(Active::Aimed { .. } | Active::Ghost { .. }) => {
                     let due = self.due_ms(fault, &state);
                     let wait = Duration::from_millis(due.saturating_sub(now_ms()).max(0) as u64);
@@ -177,6 +196,43 @@ impl Cluster {
                 Some((instance, tick)) => Some(Active::Aimed { instance, tick }),
                 None => self.skip(fault, "no running worker"),
             },
+            Fault::KillLeader { .. } | Fault::HangLeader { .. } if self.nodes.is_group() => {
+                let Some(master) = self.nodes.leader() else {
+                    return self.skip(fault, "the group has no master (a failover is going on)");
+                };
+                let hung = matches!(fault, Fault::HangLeader { .. });
+                Some(self.hit_data_node(master, true, hung))
+            }
+            Fault::KillReplica { .. } | Fault::HangReplica { .. } => {
+                let replicas = self.nodes.replicas();
+                if replicas.is_empty() {
+                    return self.skip(fault, "the group's master streams to no replica");
+                }
+                let replica = replicas[index % replicas.len()];
+                let hung = matches!(fault, Fault::HangReplica { .. });
+                Some(self.hit_data_node(replica, false, hung))
+            }
+            Fault::Failover => {
+                let Nodes::Sentinel(group) = &self.nodes else {
+                    return self.skip(fault, "no Sentinel group on this store");
+                };
+                let Some(master) = group.master() else {
+                    return self.skip(fault, "the group has no master (a failover is going on)");
+                };
+                if let Err(why) = group.start_failover() {
+                    return self.skip(fault, &why);
+                }
+                let at = now_ms();
+                self.timeline.push(at, Happening::FailoverAsked { master });
+                self.timeline.push(
+                    at,
+                    Happening::NodeDown {
+                        node: 0,
+                        hung: false,
+                    },
+                );
+                Some(Self::recovering(Some(master)))
+            }
             // A fault of a node that is down or hung already (the executor running late after a slow
             // step, or a leader fault that hit the same node) has no target: skipped, never a panic.
             Fault::KillNode { node, .. } | Fault::HangNode { node, .. }
@@ -310,6 +366,38 @@ impl Cluster {
                 }
                 None
             }
+            (
+                Active::Recovering {
+                    old,
+                    patience,
+                    deadline,
+                },
+                Step::Poll,
+            ) => {
+                let now = Instant::now();
+                let serving = self
+                    .nodes
+                    .serving()
+                    .filter(|&(master, _)| Some(master) != old || now >= patience);
+                match serving {
+                    Some((master, replicas)) => {
+                        let at = now_ms();
+                        self.timeline
+                            .push(at, Happening::GroupServes { master, replicas });
+                        self.timeline.push(at, Happening::NodeUp { node: 0 });
+                        None
+                    }
+                    None if now >= deadline => {
+                        self.timeline.push(now_ms(), Happening::NodeUp { node: 0 });
+                        None
+                    }
+                    None => Some(Active::Recovering {
+                        old,
+                        patience,
+                        deadline,
+                    }),
+                }
+            }
             (Active::Rollout(mut rollout), Step::Poll) => {
                 if rollout.poll(self) {
                     let version = rollout.version();
@@ -369,8 +457,56 @@ impl Cluster {
         }
     }
 
-    fn end(&mut self, fault: Fault, hit: Hit) {
+    /// Kills or hangs (`hung`) data node `data` of the Sentinel group, its `master` or a replica; a fault
+    /// of the master takes the group, node 0, out of reach.
+    fn hit_data_node(&mut self, data: usize, master: bool, hung: bool) -> Active {
+        if hung {
+            self.nodes.stop(data);
+        } else {
+            self.nodes.kill(data);
+        }
+        let at = now_ms();
+        self.timeline
+            .push(at, Happening::DataNodeDown { data, hung, master });
+        if master {
+            self.timeline
+                .push(at, Happening::NodeDown { node: 0, hung });
+        }
+        Active::Hit(Hit::DataNode { data, master })
+    }
+
+    /// Waiting for the group to serve again after a fault of its master (`old`, for a planned
+    /// failover: until a new one serves).
+    fn recovering(old: Option<usize>) -> Active {
+        let now = Instant::now();
+        Active::Recovering {
+            old,
+            patience: now + NEW_MASTER_PATIENCE,
+            deadline: now + SERVE_PATIENCE,
+        }
+    }
+
+    /// Undoes `hit`; after a fault of a group's master, what is left to wait for.
+    fn end(&mut self, fault: Fault, hit: Hit) -> Option<Active> {
         match (fault, hit) {
+            (
+                Fault::KillLeader { .. }
+                | Fault::HangLeader { .. }
+                | Fault::KillReplica { .. }
+                | Fault::HangReplica { .. },
+                Hit::DataNode { data, master },
+            ) => {
+                if matches!(fault, Fault::KillLeader { .. } | Fault::KillReplica { .. }) {
+                    self.nodes.restart(data);
+                    if let Some(nodes) = self.nodes.redis() {
+                        watch_latency(nodes, data);
+                    }
+                } else {
+                    self.nodes.cont(data);
+                }
+                self.timeline.push(now_ms(), Happening::DataNodeUp { data });
+                return master.then(|| Self::recovering(None));
+            }
             (Fault::Pause { .. }, Hit::Instance(instance)) => {
                 self.signal(
                     instance,
@@ -415,6 +551,7 @@ impl Cluster {
             }
             _ => {}
         }
+        None
     }
 
     /// A running worker process whose long job is running; for a deterministic case, one whose run

@@ -1,8 +1,8 @@
 //! Garbage plants: trigger requests, member records and a history entry that no `redcron` can have
 //! written, planted straight into the store with the helpers of [`crate::support::garbage`] (shared with
 //! `store_garbage`): on the Redis nodes a plant names that serve (directly, not through the proxy),
-//! through a plain etcd client, through the harness's own ZooKeeper client, or with SQL into the SQL
-//! server's tables while it serves.
+//! through a plain etcd client, through the harness's own ZooKeeper client, with SQL into the SQL
+//! server's tables while it serves, or on a Sentinel group's master (its replicas get it from there).
 
 use super::nodes::Nodes;
 use super::{now_ms, Cluster};
@@ -56,6 +56,26 @@ impl Cluster {
                 return;
             }
             Nodes::Sql(server) => (Target::Sql(server), vec![0]),
+            // The master every Sentinel names; none during a failover: nothing planted.
+            Nodes::Sentinel(group) => match group.master() {
+                Some(master) => (
+                    Target::Redis {
+                        nodes: &group.data,
+                        on: vec![master],
+                    },
+                    vec![master],
+                ),
+                None => {
+                    self.timeline.push(
+                        now_ms(),
+                        Happening::Skipped {
+                            fault: Fault::Garbage(plant),
+                            why: "the Sentinel group has no master".to_string(),
+                        },
+                    );
+                    return;
+                }
+            },
             Nodes::Zookeeper(members) => (Target::Zookeeper(members), Vec::new()),
         };
         // On etcd, ZooKeeper and SQL a plant is one store's writes: what failed is not there.

@@ -66,10 +66,10 @@ pub fn lease_key(job: &str, skip: bool, tick: i64) -> String {
 }
 
 impl Cluster {
-    /// Writes ghost `index`'s keys for `tick` and records what each node took (Redis nodes only: an etcd
-    /// plan has no ghosts).
+    /// Writes ghost `index`'s keys for `tick` and records what each node took (Redis lock nodes only: no
+    /// other plan has ghosts).
     pub(super) fn write_ghost(&mut self, index: usize, ghost: Ghost, tick: i64) {
-        let Some(nodes) = self.nodes.redis() else {
+        let super::nodes::Nodes::Redis(nodes) = &self.nodes else {
             return;
         };
         let spec = &crate::chaos::jobs()[ghost.job];

@@ -1,5 +1,6 @@
 //! The cluster under test and the hand that breaks it: 5 lock nodes (append-only, fsync always), one of
-//! them behind the [`Proxy`], 3 etcd members, or one PostgreSQL or MariaDB server ([`nodes`]); the [`Ledger`]; 4 worker processes with
+//! them behind the [`Proxy`], 3 etcd members, one PostgreSQL or MariaDB server, 3 ZooKeeper members, or
+//! one Sentinel group ([`nodes`]); the [`Ledger`]; 4 worker processes with
 //! their clocks; and the executor that carries out a [`Plan`], writing down in a [`Timeline`] what it
 //! did and when.
 //!
@@ -9,7 +10,8 @@
 //! - [`ghost`]: a crashed contender's keys, written straight into the nodes;
 //! - [`garbage`]: garbage planted straight into the store;
 //! - [`config`]: the workers' jobs file (two versions) and clocks;
-//! - [`nodes`]: the store's processes, Redis nodes or etcd members.
+//! - [`nodes`]: the store's processes: Redis nodes, etcd or ZooKeeper members, a SQL server, a Sentinel
+//!   group's data nodes.
 
 mod config;
 mod executor;
@@ -35,10 +37,10 @@ use super::ledger::Ledger;
 use super::plan::{Plan, JUMPER, PROXIED_NODE, VERSIONS, WORKERS};
 use super::probe::{Probe, Stall};
 use super::proxy::Proxy;
-use super::store::StoreKind;
+use super::store::{StoreKind, GROUP_ACKS, GROUP_DATA_NODES};
 use super::timeline::{Happening, Timeline};
 use crate::support::libfaketime;
-use crate::support::{EtcdCluster, Persistence, RedisCluster, TestDir, Worker};
+use crate::support::{EtcdCluster, Persistence, RedisCluster, SentinelGroup, TestDir, Worker};
 use testkit::{SqlServer, ZkEnsemble};
 
 /// The job that outlives the TTL.
@@ -170,9 +172,36 @@ impl Cluster {
                 let hosts = members.addresses();
                 (Nodes::Zookeeper(members), None, hosts)
             }
+            StoreKind::RedisSentinel => {
+                assert!(
+                    breakage != Some(Breakage::SplitQuorum),
+                    "split-quorum breaks Redis quorums; a Sentinel group is one node"
+                );
+                // Every data node keeps the history of its append-only file: a replica's full
+                // resynchronisation rewrites it, and the checker reads every write ever made
+                // ([`super::claims::read_group`]).
+                let group = SentinelGroup::builder()
+                    .replicas(GROUP_DATA_NODES - 1)
+                    .sentinels(3)
+                    .persistence(Persistence::AppendOnlyAlways)
+                    .data_config("aof-disable-auto-gc", "yes")
+                    .start();
+                for node in 0..group.data.len() {
+                    watch_latency(&group.data, node);
+                }
+                let node = group.node_yaml_acked(GROUP_ACKS as u32);
+                (Nodes::Sentinel(Box::new(group)), None, vec![node])
+            }
         };
-        let ports: Vec<u16> = (0..nodes.len()).map(|n| nodes.probe_port(n)).collect();
-        let probe = Probe::start(&ports, store);
+        let probe = match &nodes {
+            Nodes::Sentinel(group) => {
+                Probe::start_group(&group.sentinel_addresses(), group.master_name())
+            }
+            _ => {
+                let ports: Vec<u16> = (0..nodes.len()).map(|n| nodes.probe_port(n)).collect();
+                Probe::start(&ports, store)
+            }
+        };
         let ledger = Ledger::start(dir.path());
         let configs = (0..WORKERS)
             .map(|w| {
@@ -211,7 +240,8 @@ impl Cluster {
             started_ms: 0,
         };
         let at = now_ms();
-        for node in 0..cluster.nodes.len() {
+        // A group's data nodes are not nodes of the majority (the group is node 0).
+        for node in (0..cluster.nodes.len()).filter(|_| !store.is_group()) {
             let port = cluster.nodes.probe_port(node);
             cluster
                 .timeline
@@ -335,7 +365,8 @@ impl Cluster {
     /// every claim record the cluster committed, from its history ([`super::etcd_claims`]); on a SQL
     /// server, every claim and lease row it committed, from its triggers' table ([`super::sql_claims`]);
     /// on ZooKeeper, every claim record each member logged, from its transaction log
-    /// ([`super::zk_claims`]).
+    /// ([`super::zk_claims`]); on a Sentinel group, what its data nodes' append-only files show it
+    /// confirmed ([`claims::read_group`]).
     pub fn claim_writes(&self) -> Vec<ClaimWrite> {
         let nodes = match &self.nodes {
             Nodes::Redis(nodes) => nodes,
@@ -344,6 +375,12 @@ impl Cluster {
             }
             Nodes::Sql(server) => return super::sql_claims::read_grants(server),
             Nodes::Zookeeper(members) => return super::zk_claims::read_logs(members),
+            Nodes::Sentinel(group) => {
+                let dirs: Vec<PathBuf> = (0..group.data.len())
+                    .map(|node| group.data.dir(node).join("appendonlydir"))
+                    .collect();
+                return claims::read_group(&dirs, GROUP_ACKS + 1);
+            }
         };
         (0..nodes.len())
             .flat_map(|node| claims::read_aof(node, &nodes.dir(node).join("appendonlydir")))
@@ -509,6 +546,11 @@ impl Cluster {
         let Some(nodes) = self.nodes.redis() else {
             return vec!["none on etcd, ZooKeeper or SQL".to_string()];
         };
+        let name = if matches!(self.nodes, Nodes::Sentinel(_)) {
+            "data node"
+        } else {
+            "node"
+        };
         (0..nodes.len())
             .map(|node| {
                 let latest: Vec<(String, i64, i64, i64)> =
@@ -518,7 +560,7 @@ impl Cluster {
                     .map(|(event, _, last, max)| format!("{event} {last}/{max} ms"))
                     .collect();
                 format!(
-                    "node {node}: {}",
+                    "{name} {node}: {}",
                     if events.is_empty() {
                         "none".into()
                     } else {

@@ -1,20 +1,26 @@
 //! The store's processes as the executor breaks them: 5 Redis lock nodes, 3 etcd or ZooKeeper members,
-//! or one SQL server, each killed
-//! and restarted, hung and continued by its index, whichever store the run is on.
+//! one SQL server, or the 3 data nodes of a Sentinel group, each killed and restarted, hung and
+//! continued by its index, whichever store the run is on.
 //!
 //! What only one store has stays visible as such: the Redis nodes' append-only files and latency
-//! monitor ([`Nodes::redis`]), the etcd cluster's or the ZooKeeper ensemble's leader ([`Nodes::leader`]).
+//! monitor ([`Nodes::redis`]), the etcd cluster's or the ZooKeeper ensemble's leader ([`Nodes::leader`],
+//! a Sentinel group's master), a group's replicas ([`Nodes::replicas`]) and whether it serves
+//! ([`Nodes::serving`]).
 
 use testkit::{SqlServer, ZkEnsemble};
 
-use crate::support::{EtcdCluster, RedisCluster};
+use crate::chaos::store::GROUP_ACKS;
+use crate::support::{EtcdCluster, RedisCluster, SentinelGroup};
 
-/// The store's nodes (Redis), members (etcd) or server (SQL: node 0, the only one).
+/// The store's nodes (Redis), members (etcd), server (SQL: node 0, the only one) or a Sentinel group's
+/// data nodes (its Sentinels are never faulted).
 pub enum Nodes {
     Redis(RedisCluster),
     Etcd(EtcdCluster),
     Sql(SqlServer),
     Zookeeper(ZkEnsemble),
+    /// Boxed: a group is large next to the others.
+    Sentinel(Box<SentinelGroup>),
 }
 
 impl Nodes {
@@ -24,6 +30,7 @@ impl Nodes {
             Nodes::Etcd(members) => members.len(),
             Nodes::Zookeeper(members) => members.len(),
             Nodes::Sql(_) => 1,
+            Nodes::Sentinel(group) => group.data.len(),
         }
     }
 
@@ -34,17 +41,20 @@ impl Nodes {
             Nodes::Etcd(members) => members.kill(i),
             Nodes::Zookeeper(members) => members.kill(i),
             Nodes::Sql(server) => server.kill(),
+            Nodes::Sentinel(group) => group.data.kill(i),
         }
     }
 
     /// Starts node `i` again on its port and data (a Redis node reloads its append-only file, an etcd
-    /// or ZooKeeper member rejoins and catches up from the leader).
+    /// or ZooKeeper member rejoins and catches up from the leader, a group's data node comes back with
+    /// the role its config file says, as [`SentinelGroup::restart`] does).
     pub fn restart(&mut self, i: usize) {
         match self {
             Nodes::Redis(nodes) => nodes.restart(i),
             Nodes::Etcd(members) => members.restart(i),
             Nodes::Zookeeper(members) => members.restart(i),
             Nodes::Sql(server) => server.restart(),
+            Nodes::Sentinel(group) => group.restart(i),
         }
     }
 
@@ -55,6 +65,7 @@ impl Nodes {
             Nodes::Etcd(members) => members.stop(i),
             Nodes::Zookeeper(members) => members.stop(i),
             Nodes::Sql(server) => server.stop(),
+            Nodes::Sentinel(group) => group.data.stop(i),
         }
     }
 
@@ -65,6 +76,7 @@ impl Nodes {
             Nodes::Etcd(members) => members.cont(i),
             Nodes::Zookeeper(members) => members.cont(i),
             Nodes::Sql(server) => server.cont(),
+            Nodes::Sentinel(group) => group.data.cont(i),
         }
     }
 
@@ -75,17 +87,41 @@ impl Nodes {
             Nodes::Etcd(members) => members.is_serving(i),
             Nodes::Zookeeper(members) => members.is_serving(i),
             Nodes::Sql(server) => server.is_serving(),
+            Nodes::Sentinel(group) => group.data.is_serving(i),
         }
     }
 
     /// The etcd or ZooKeeper member that leads now (`None` during an election, and on Redis, which has
-    /// no leader).
+    /// no leader), or the data node every Sentinel of a group names its master and that says it is one.
     pub fn leader(&self) -> Option<usize> {
         match self {
             Nodes::Redis(_) | Nodes::Sql(_) => None,
             Nodes::Etcd(members) => members.current_leader(),
             Nodes::Zookeeper(members) => members.leader(),
+            Nodes::Sentinel(group) => group.master(),
         }
+    }
+
+    /// The replicas a Sentinel group's master streams to now (empty without a master, and on the other
+    /// stores).
+    pub fn replicas(&self) -> Vec<usize> {
+        match self {
+            Nodes::Sentinel(group) => group
+                .master()
+                .and_then(|master| group.online_replicas(master))
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A Sentinel group's master and its replicas, if the group serves writes that count (see
+    /// [`SentinelGroup::serving`]); `None` on the other stores.
+    pub fn serving(&self) -> Option<(usize, Vec<usize>)> {
+        let Nodes::Sentinel(group) = self else {
+            return None;
+        };
+        let master = group.serving(GROUP_ACKS)?;
+        Some((master, group.online_replicas(master).unwrap_or_default()))
     }
 
     /// The port the probe asks node `i` on: the Redis port, or the member's client port.
@@ -95,13 +131,20 @@ impl Nodes {
             Nodes::Etcd(members) => members.client_port(i),
             Nodes::Zookeeper(members) => members.client_port(i),
             Nodes::Sql(server) => server.port(),
+            Nodes::Sentinel(group) => group.data.port(i),
         }
     }
 
-    /// The Redis nodes, on a Redis run.
+    /// Whether these are a Sentinel group's data nodes (the group is one node of the majority).
+    pub fn is_group(&self) -> bool {
+        matches!(self, Nodes::Sentinel(_))
+    }
+
+    /// The Redis nodes, on a Redis run; a Sentinel group's data nodes.
     pub fn redis(&self) -> Option<&RedisCluster> {
         match self {
             Nodes::Redis(nodes) => Some(nodes),
+            Nodes::Sentinel(group) => Some(&group.data),
             Nodes::Etcd(_) | Nodes::Sql(_) | Nodes::Zookeeper(_) => None,
         }
     }
