@@ -213,13 +213,6 @@ impl SentinelGroup {
         self.data.ca_file()
     }
 
-    /// [`Self::node_yaml`] with `min_replicas_acked` set.
-    pub fn node_yaml_acked(&self, min_replicas_acked: u32) -> String {
-        let yaml = self.node_yaml();
-        let open = yaml.strip_suffix('}').unwrap_or(&yaml);
-        format!("{open}, min_replicas_acked: {min_replicas_acked}}}")
-    }
-
     /// The group as one entry of `redis.nodes` in YAML flow style, with its passwords.
     pub fn node_yaml(&self) -> String {
         let mut yaml = format!(
@@ -378,11 +371,39 @@ impl SentinelGroup {
     }
 
     /// The master, if the group serves writes that count: every live Sentinel names it, it says it is
-    /// a master, and it streams to at least `min_replicas_acked` replicas.
+    /// a master, and it streams to at least `min_replicas_acked` replicas — and, as
+    /// `min_replicas_acked: all` waits for, to every replica the first live Sentinel knows as up.
     pub fn serving(&self, min_replicas_acked: usize) -> Option<usize> {
         let master = self.master()?;
         let replicas = self.online_replicas(master)?;
-        (replicas.len() >= min_replicas_acked).then_some(master)
+        let up = self.replicas_up()?;
+        (replicas.len() >= min_replicas_acked.max(up)).then_some(master)
+    }
+
+    /// How many replicas the first live Sentinel lists and does not think down (no `s_down`, `o_down`
+    /// or `disconnected` flag): what redcron's `min_replicas_acked: all` waits for.
+    pub fn replicas_up(&self) -> Option<usize> {
+        let first = (0..self.sentinels.len()).find(|&i| self.sentinels[i].child.is_some())?;
+        let reply: redis::Value = self.sentinel_query(
+            first,
+            redis::cmd("SENTINEL").arg("REPLICAS").arg(&self.master),
+        )?;
+        let redis::Value::Array(replicas) = reply else {
+            return None;
+        };
+        let up = replicas
+            .into_iter()
+            .filter(|replica| {
+                let fields = flat_fields(replica.clone());
+                fields.iter().any(|(key, flags)| {
+                    key == "flags"
+                        && !flags
+                            .split(',')
+                            .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"))
+                })
+            })
+            .count();
+        Some(up)
     }
 
     /// `ROLE`'s first field on data node `i` (`master`, `slave`), if it answers.

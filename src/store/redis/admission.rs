@@ -157,10 +157,23 @@ pub(crate) struct Registry {
     /// How long a restarted node is held off: the lock's TTL plus its drift (every lease of before the
     /// restart has expired or renewed by then, and every round that started before it has ended).
     hold: Duration,
-    /// Per node: whether a promoted replica of its server counts at once — a Sentinel group whose
-    /// answers count only once replicas have its writes.
-    follows_promotions: Vec<bool>,
+    /// Per node: what stands behind it, for what a new server under its name means.
+    behind: Vec<Behind>,
     state: Mutex<State>,
+}
+
+/// What stands behind a node of the store, for what a new server under its name (a new `run_id`)
+/// means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Behind {
+    /// One server: a new run id is that server restarted, which forgot nothing with `appendfsync
+    /// always` before and after.
+    Server,
+    /// A Sentinel group: a new run id may be another server, with other data, whatever its
+    /// persistence. With `follows_promotions` (its answers count only once its replicas have the
+    /// writes) a replica promoted from the master this process knew counts at once; any other new
+    /// server is held off.
+    Group { follows_promotions: bool },
 }
 
 #[derive(Default)]
@@ -217,17 +230,13 @@ struct Seen {
 }
 
 impl Registry {
-    /// A registry for nodes labelled `labels`, holding restarted nodes off for `hold`, except the
-    /// promoted replicas of nodes that `follows_promotions` (by index).
-    pub(crate) fn new(
-        labels: Vec<String>,
-        hold: Duration,
-        follows_promotions: Vec<bool>,
-    ) -> Registry {
+    /// A registry for nodes labelled `labels`, with what stands `behind` each (by index), holding new
+    /// servers under a node's name off for `hold` as [`Behind`] says.
+    pub(crate) fn new(labels: Vec<String>, hold: Duration, behind: Vec<Behind>) -> Registry {
         Registry {
             labels,
             hold,
-            follows_promotions,
+            behind,
             state: Mutex::default(),
         }
     }
@@ -262,7 +271,11 @@ impl Registry {
         let restarted = previous
             .as_ref()
             .is_some_and(|(run, ..)| *run != identity.run_id);
-        let follows = self.follows_promotions.get(node).copied().unwrap_or(false);
+        let behind = self.behind.get(node).copied().unwrap_or(Behind::Server);
+        let follows = behind
+            == Behind::Group {
+                follows_promotions: true,
+            };
         if let Some((old, _, old_replid)) = previous
             .as_ref()
             .filter(|(_, _, old_replid)| restarted && follows && identity.continues(old_replid))
@@ -281,8 +294,9 @@ impl Registry {
             state.replace(node, &old, identity, now, String::new());
         } else if let Some((old, was_durable, _)) = previous.filter(|_| restarted) {
             // A server that fsyncs every write before it replies, before and after its restart, forgot
-            // nothing this process counted: no hold. Any other may have come back empty.
-            let hold = if was_durable && identity.durable() {
+            // nothing this process counted: no hold. Any other may have come back empty, and under a
+            // group's name a new server may be another one, whose data is not the old one's.
+            let hold = if was_durable && identity.durable() && behind == Behind::Server {
                 Duration::ZERO
             } else {
                 self.hold
@@ -297,12 +311,20 @@ impl Registry {
                 "Node restarted; without `appendfsync always` its answers do not count until every \
                  lease of before the restart has ended or been restored (Redlock's delayed restart)"
             );
-            let why_held = format!(
-                "restarted (run_id {old} is now {}) without `appendfsync always`: not counted until {} \
-                 ms after the restart",
-                identity.run_id,
-                hold.as_millis()
-            );
+            let why_held = match behind {
+                Behind::Server => format!(
+                    "restarted (run_id {old} is now {}) without `appendfsync always`: not counted \
+                     until {} ms after the restart",
+                    identity.run_id,
+                    hold.as_millis()
+                ),
+                Behind::Group { .. } => format!(
+                    "a new master (run_id {old} is now {}) that was not promoted from the one this \
+                     process knew: not counted until {} ms after it appeared",
+                    identity.run_id,
+                    hold.as_millis()
+                ),
+            };
             state.replace(node, &old, identity, until, why_held);
         } else {
             state.nodes.entry(node).or_insert_with(|| Seen {
@@ -427,7 +449,7 @@ pub(super) fn config_value(value: &Value) -> Option<String> {
 mod tests {
     use std::time::Duration;
 
-    use super::{Identity, Registry, Standing};
+    use super::{Behind, Identity, Registry, Standing};
 
     const INFO: &str = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\n# Replication\r\n\
                         role:master\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n# Persistence\r\n\
@@ -471,7 +493,7 @@ mod tests {
         let registry = Registry::new(
             vec!["n0".into(), "n1".into()],
             Duration::from_secs(2),
-            vec![false, false],
+            vec![Behind::Server, Behind::Server],
         );
         let aof = INFO.replace("aof_enabled:0", "aof_enabled:1");
         let before = Identity::parse(&aof, Some("always".to_string())).expect("a run id");
@@ -508,15 +530,27 @@ mod tests {
         let restarted = server("run-c", "replid-c", zeros);
         let hold = Duration::from_secs(60);
 
-        let group = Registry::new(vec!["g0".into()], hold, vec![true]);
+        let group = Registry::new(
+            vec!["g0".into()],
+            hold,
+            vec![Behind::Group {
+                follows_promotions: true,
+            }],
+        );
         assert!(matches!(group.admit(0, &old), Standing::Counted));
         assert!(matches!(group.admit(0, &promoted), Standing::Counted));
         assert!(matches!(
             group.admit(0, &restarted),
-            Standing::HeldOff(why, _) if why.contains("restarted")
+            Standing::HeldOff(why, _) if why.contains("not promoted from")
         ));
 
-        let without_acks = Registry::new(vec!["g0".into()], hold, vec![false]);
+        let without_acks = Registry::new(
+            vec!["g0".into()],
+            hold,
+            vec![Behind::Group {
+                follows_promotions: false,
+            }],
+        );
         assert!(matches!(without_acks.admit(0, &old), Standing::Counted));
         assert!(matches!(
             without_acks.admit(0, &promoted),
@@ -524,5 +558,31 @@ mod tests {
         ));
         // A promotion from a history of zeros (no master before) continues nothing.
         assert!(!old.continues(zeros));
+
+        // Durable servers: a server's own restart forgot nothing, but another server under a group's
+        // name (no promotion from the one known) may hold other data.
+        let durable = |run: &str, replid: &str| {
+            let info = format!("{INFO}master_replid:{replid}\r\nmaster_replid2:{zeros}\r\n")
+                .replace("aof_enabled:0", "aof_enabled:1")
+                .replace("abc123", run);
+            Identity::parse(&info, Some("always".into())).expect("a run id")
+        };
+        let (first, second) = (durable("run-d", "replid-d"), durable("run-e", "replid-e"));
+        assert!(first.durable() && second.durable());
+        let server = Registry::new(vec!["n0".into()], hold, vec![Behind::Server]);
+        assert!(matches!(server.admit(0, &first), Standing::Counted));
+        assert!(matches!(server.admit(0, &second), Standing::Counted));
+        let group = Registry::new(
+            vec!["g0".into()],
+            hold,
+            vec![Behind::Group {
+                follows_promotions: true,
+            }],
+        );
+        assert!(matches!(group.admit(0, &first), Standing::Counted));
+        assert!(matches!(
+            group.admit(0, &second),
+            Standing::HeldOff(why, _) if why.contains("not promoted from")
+        ));
     }
 }

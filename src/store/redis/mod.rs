@@ -147,16 +147,19 @@ impl RedisStore {
             .map(|node| node::Target::of(node, certificates.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         let labels = targets.iter().map(|(label, _)| label.clone()).collect();
-        let follows_promotions = nodes
+        let behind = nodes
             .iter()
-            .map(
-                |node| matches!(node, RedisNode::Sentinel(group) if group.min_replicas_acked.any()),
-            )
+            .map(|node| match node {
+                RedisNode::Server(_) => admission::Behind::Server,
+                RedisNode::Sentinel(group) => admission::Behind::Group {
+                    follows_promotions: group.min_replicas_acked.any(),
+                },
+            })
             .collect();
         // Held off after a restart: the TTL and its drift, by when every lease of before it has expired
         // or been renewed (which restores it on the node), and every round under way then has ended.
         let hold = settings.ttl + validity::drift(settings.ttl, settings.drift_factor);
-        let registry = Arc::new(admission::Registry::new(labels, hold, follows_promotions));
+        let registry = Arc::new(admission::Registry::new(labels, hold, behind));
         let open = || {
             targets
                 .iter()

@@ -10,8 +10,9 @@
 //! acknowledge makes it ask the Sentinels whether the master moved ([`Group::verify`]).
 //!
 //! What makes a failover safe is the other half, in [`super::node`] and [`super::admission`]: a group's
-//! answer counts only once `WAIT` says `min_replicas_acked` replicas have its writes, so the replica the
-//! Sentinels promote (the most up to date one) holds every claim the group confirmed; and a new master
+//! answer counts only once `WAIT` says every replica the Sentinels know as up has its writes
+//! ([`Group::acks_needed`]), so whichever replica they promote holds every claim the group confirmed;
+//! and a new master
 //! counts at once only if it was promoted from the master this process knew (its `master_replid2` is
 //! that master's `master_replid`). Any other new server under the group — the master restarted empty,
 //! or a group with `min_replicas_acked: 0` — is held off as a restarted node is.

@@ -16,7 +16,7 @@
 //! who. Writes before an AOF rewrite would be lost (a rewrite needs 64 MB; a run writes a few).
 //!
 //! A Sentinel group is one node of the majority, node 0, whatever server is its master ([`read_group`]).
-//! Its claim counted only once `WAIT` said a replica had it (`min_replicas_acked: 1`), and a replica
+//! Its claim counted only once `WAIT` said a replica had it (`min_replicas_acked: all`), and a replica
 //! with `appendonly yes` writes what it applies to its own AOF (fsync always, before it acknowledges):
 //! so a write that counted is in the AOF of at least two data nodes, its master's and a replica's. A
 //! write in one data node's AOF only reached no replica — a master cut off from them (hung, then

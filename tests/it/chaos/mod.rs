@@ -45,7 +45,7 @@
 //!
 //! `sentinel_exactly_once_under_faults` runs it on one Sentinel group as the Redis store's one node: a
 //! master and 2 replicas (`appendonly yes`, `appendfsync always`, `repl-diskless-sync-delay 0`, each
-//! from a config file the Sentinels rewrite), 3 Sentinels, `min_replicas_acked: 1`. Its node faults,
+//! from a config file the Sentinels rewrite), 3 Sentinels, `min_replicas_acked: all`. Its node faults,
 //! one at a time and 10 s apart: the master SIGKILLed (restarted later on its data and config file, as
 //! its operator would: a master, which the Sentinels convert if they promoted another), the master
 //! hung longer than the Sentinels' `down-after-milliseconds` (replaced, then continued and demoted), a
@@ -154,7 +154,7 @@ fn zookeeper_exactly_once_under_faults() {
     );
 }
 
-/// The same on one Sentinel group (a master, 2 replicas, 3 Sentinels, `min_replicas_acked: 1`) as the
+/// The same on one Sentinel group (a master, 2 replicas, 3 Sentinels, `min_replicas_acked: all`) as the
 /// store's one node: the master killed, hung past `down-after-milliseconds` and failed over, a replica
 /// killed and hung, one at a time, instead of the Redis nodes' faults; the same worker faults and
 /// checker; 45 s by default (about 60 s in all, to run in CI): the stale-write case, and a rollout for

@@ -19,13 +19,14 @@ pub enum StoreKind {
     /// A 3-member ZooKeeper ensemble.
     Zookeeper,
     /// One Sentinel-managed group as the Redis store's one node: a master and 2 replicas (append-only,
-    /// fsync always), 3 Sentinels, `min_replicas_acked: 1`.
+    /// fsync always), 3 Sentinels, `min_replicas_acked: all` (the default).
     RedisSentinel,
 }
 
 /// The data nodes of a Sentinel group: a master and its replicas.
 pub const GROUP_DATA_NODES: usize = 3;
-/// How many replicas must have a group's write before it counts (`min_replicas_acked`).
+/// How many replicas at least have a group's write that counted: with `min_replicas_acked: all`, every
+/// replica the Sentinels know as up, which is at least one.
 pub const GROUP_ACKS: usize = 1;
 
 impl StoreKind {

@@ -189,7 +189,7 @@ impl Cluster {
                 for node in 0..group.data.len() {
                     watch_latency(&group.data, node);
                 }
-                let node = group.node_yaml_acked(GROUP_ACKS as u32);
+                let node = group.node_yaml();
                 (Nodes::Sentinel(Box::new(group)), None, vec![node])
             }
         };
