@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::raw::{RawEtcd, Spanned};
-use super::validate::{config_file, pair};
+use super::validate::{client_identity, config_file, pair};
 use super::{EtcdConfig, Report};
 
 /// `lock.node_timeout` with an etcd store, unless given: an etcd write is a Raft commit (an fsync on a
@@ -73,10 +73,9 @@ pub(super) fn etcd(raw: &RawEtcd, config_path: &Path, report: &mut Report) -> Op
     let trusted_ca_file = file(&raw.trusted_ca_file, "trusted_ca_file", report);
     let cert_file = file(&raw.cert_file, "cert_file", report);
     let key_file = file(&raw.key_file, "key_file", report);
-    let client_identity = pair(
-        (cert_file, &raw.cert_file, "cert_file"),
-        (key_file, &raw.key_file, "key_file"),
-        "a client certificate needs its key",
+    let client_identity = client_identity(
+        (cert_file, &raw.cert_file),
+        (key_file, &raw.key_file),
         ("etcd", raw.mark),
         report,
     );

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::dashboard::flag;
 use super::raw::{RawRedis, RawRedisNode, RawSentinelGroup, Spanned};
-use super::validate::{config_file, pair, whole_number};
+use super::validate::{client_identity, config_file, whole_number};
 use super::{redact, RedisConfig, RedisNode, RedisTls, ReplicaAcks, Report, SentinelGroup};
 
 /// The port a Sentinel listens on when an address names none.
@@ -109,10 +109,9 @@ fn tls(raw: &RawRedis, nodes: &[RedisNode], config_path: &Path, report: &mut Rep
     let ca_file = file(&raw.ca_file, "ca_file", report);
     let cert_file = file(&raw.cert_file, "cert_file", report);
     let key_file = file(&raw.key_file, "key_file", report);
-    let client_identity = pair(
-        (cert_file, &raw.cert_file, "cert_file"),
-        (key_file, &raw.key_file, "key_file"),
-        "a client certificate needs its key",
+    let client_identity = client_identity(
+        (cert_file, &raw.cert_file),
+        (key_file, &raw.key_file),
         ("redis", raw.mark),
         report,
     );

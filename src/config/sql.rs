@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::raw::{RawSql, Spanned};
-use super::validate::{config_file, pair};
+use super::validate::{client_identity, config_file};
 use super::{Report, SqlConfig, SqlDialect, SqlTls};
 use crate::config::redact;
 
@@ -78,10 +78,9 @@ pub(super) fn sql(
     let ca_file = file(&raw.ca_file, "ca_file", report);
     let cert_file = file(&raw.cert_file, "cert_file", report);
     let key_file = file(&raw.key_file, "key_file", report);
-    let client_identity = pair(
-        (cert_file, &raw.cert_file, "cert_file"),
-        (key_file, &raw.key_file, "key_file"),
-        "a client certificate needs its key",
+    let client_identity = client_identity(
+        (cert_file, &raw.cert_file),
+        (key_file, &raw.key_file),
         (section, raw.mark),
         report,
     );

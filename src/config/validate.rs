@@ -361,6 +361,23 @@ pub(super) fn config_file(
     Some(std::path::absolute(&path).unwrap_or(path))
 }
 
+/// A client certificate and its key (`cert_file`, `key_file` of `section`, as `cert` and `key` and as
+/// written), both or neither: one without the other is reported.
+pub(super) fn client_identity(
+    (cert, raw_cert): (Option<PathBuf>, &Option<Spanned<String>>),
+    (key, raw_key): (Option<PathBuf>, &Option<Spanned<String>>),
+    at: (&str, Mark),
+    report: &mut Report,
+) -> Option<(PathBuf, PathBuf)> {
+    pair(
+        (cert, raw_cert, "cert_file"),
+        (key, raw_key, "key_file"),
+        "a client certificate needs its key",
+        at,
+        report,
+    )
+}
+
 /// Both values of a pair of fields of a store's section (a certificate and its key, a user and its
 /// password), or neither; one without the other is reported at the one given, as `<section>.<field>`
 /// (at the section's key if the given one is no longer at hand).

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::raw::{RawZookeeper, Spanned};
-use super::validate::{duration, pair};
+use super::validate::{client_identity, duration, pair};
 use super::{Report, ZookeeperConfig, ZookeeperTls};
 use crate::clock::show_duration;
 use crate::lock::LockSettings;
@@ -90,10 +90,9 @@ pub(super) fn zookeeper(
         let ca = absolute(&tls.ca_file, "zookeeper.tls.ca_file", report);
         let cert = absolute(&tls.cert_file, "zookeeper.tls.cert_file", report);
         let key = absolute(&tls.key_file, "zookeeper.tls.key_file", report);
-        let identity = pair(
-            (cert, &tls.cert_file, "cert_file"),
-            (key, &tls.key_file, "key_file"),
-            "a client certificate needs its key",
+        let identity = client_identity(
+            (cert, &tls.cert_file),
+            (key, &tls.key_file),
             ("zookeeper.tls", tls.mark),
             report,
         );
