@@ -371,13 +371,11 @@ impl SentinelGroup {
     }
 
     /// The master, if the group serves writes that count: every live Sentinel names it, it says it is
-    /// a master, and it streams to at least `min_replicas_acked` replicas — and, as
-    /// `min_replicas_acked: all` waits for, to every replica the first live Sentinel knows as up.
+    /// a master, and it streams to at least `min_replicas_acked` replicas.
     pub fn serving(&self, min_replicas_acked: usize) -> Option<usize> {
         let master = self.master()?;
         let replicas = self.online_replicas(master)?;
-        let up = self.replicas_up()?;
-        (replicas.len() >= min_replicas_acked.max(up)).then_some(master)
+        (replicas.len() >= min_replicas_acked).then_some(master)
     }
 
     /// How many replicas the first live Sentinel lists and does not think down (no `s_down`, `o_down`

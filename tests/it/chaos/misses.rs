@@ -98,16 +98,17 @@
 //! no ghosts, no proxy and no stall of every node on SQL.
 //!
 //! **On a Sentinel group** the SQL reading applies: the group is one node, node 0, and a majority is
-//! that node. A fault of its master takes it out of reach from the fault until the group serves again —
-//! every Sentinel names one master, which says it is one and streams to a replica (`min_replicas_acked`
-//! of them), as the harness sees it ([`super::timeline::Happening::GroupServes`]) — and for 2 s after (the
-//! workers reconnect): the master killed until its restart or a promotion, hung until it is continued
-//! or replaced, failed over (`SENTINEL FAILOVER`) until the new master serves. Also out of a worker's
+//! that node. A fault of any of its data nodes takes it out of reach from the fault until the group
+//! serves again — every Sentinel names one master, which says it is one, and every data node that runs
+//! streams from it (what `min_replicas_acked: all` waits for), as the harness sees it
+//! ([`super::timeline::Happening::GroupServes`]) — and for 2 s after (the workers reconnect): the master
+//! killed until its restart or a promotion, hung until it is continued or replaced, failed over
+//! (`SENTINEL FAILOVER`) until the new master serves and the old one follows it, a replica killed or
+//! hung until it follows the master again (it is waited for until the Sentinels think it down). Also out of a worker's
 //! reach while its process held the new master off (`store.node_restarted` with `held_ms`: a master
 //! that continues no history the process knew), and during a stall the probe measured (a write with
 //! `WAIT 1` slower than 100 ms or unacknowledged: a failover's tail, a replica's resynchronisation, a
-//! slow fsync). A replica's kill or hang leaves the other replica to acknowledge, so it is no excuse by
-//! itself. *Granted to a claimant that died mid-claim* reads the group's claim writes that a replica
+//! slow fsync). *Granted to a claimant that died mid-claim* reads the group's claim writes that a replica
 //! acknowledged ([`super::claims::read_group`]), and its leases' expiries, as on Redis. There are no
 //! ghosts, no proxy and no stall of every node.
 //!

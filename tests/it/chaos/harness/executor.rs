@@ -33,10 +33,9 @@ enum Hit {
     Instance(usize),
     Worker(usize),
     Node(usize),
-    /// A Sentinel group's data node, and whether it was the group's master.
+    /// A Sentinel group's data node.
     DataNode {
         data: usize,
-        master: bool,
     },
     /// The nodes a stall of every node stopped.
     Nodes(Vec<usize>),
@@ -468,11 +467,11 @@ impl Cluster {
         let at = now_ms();
         self.timeline
             .push(at, Happening::DataNodeDown { data, hung, master });
-        if master {
-            self.timeline
-                .push(at, Happening::NodeDown { node: 0, hung });
-        }
-        Active::Hit(Hit::DataNode { data, master })
+        // With `min_replicas_acked: all` a replica down is waited for too, until the Sentinels think it
+        // down: the group's one node is out of reach from a fault of any of its data nodes.
+        self.timeline
+            .push(at, Happening::NodeDown { node: 0, hung });
+        Active::Hit(Hit::DataNode { data })
     }
 
     /// Waiting for the group to serve again after a fault of its master (`old`, for a planned
@@ -486,7 +485,7 @@ impl Cluster {
         }
     }
 
-    /// Undoes `hit`; after a fault of a group's master, what is left to wait for.
+    /// Undoes `hit`; after a fault of a group's data node, what is left to wait for.
     fn end(&mut self, fault: Fault, hit: Hit) -> Option<Active> {
         match (fault, hit) {
             (
@@ -494,7 +493,7 @@ impl Cluster {
                 | Fault::HangLeader { .. }
                 | Fault::KillReplica { .. }
                 | Fault::HangReplica { .. },
-                Hit::DataNode { data, master },
+                Hit::DataNode { data },
             ) => {
                 if matches!(fault, Fault::KillLeader { .. } | Fault::KillReplica { .. }) {
                     self.nodes.restart(data);
@@ -505,7 +504,7 @@ impl Cluster {
                     self.nodes.cont(data);
                 }
                 self.timeline.push(now_ms(), Happening::DataNodeUp { data });
-                return master.then(|| Self::recovering(None));
+                return Some(Self::recovering(None));
             }
             (Fault::Pause { .. }, Hit::Instance(instance)) => {
                 self.signal(

@@ -115,13 +115,18 @@ impl Nodes {
     }
 
     /// A Sentinel group's master and its replicas, if the group serves writes that count (see
-    /// [`SentinelGroup::serving`]); `None` on the other stores.
+    /// [`SentinelGroup::serving`]) — as `min_replicas_acked: all` waits for, when every data node that
+    /// runs (not hung) streams from the master; `None` on the other stores.
     pub fn serving(&self) -> Option<(usize, Vec<usize>)> {
         let Nodes::Sentinel(group) = self else {
             return None;
         };
         let master = group.serving(GROUP_ACKS)?;
-        Some((master, group.online_replicas(master).unwrap_or_default()))
+        let replicas = group.online_replicas(master).unwrap_or_default();
+        let all = (0..group.data.len())
+            .filter(|&node| node != master && group.data.is_serving(node))
+            .all(|node| replicas.contains(&node));
+        all.then_some((master, replicas))
     }
 
     /// The port the probe asks node `i` on: the Redis port, or the member's client port.
