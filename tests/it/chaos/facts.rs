@@ -224,6 +224,10 @@ impl Facts {
             ..Facts::default()
         };
         let mut down_since: Vec<Option<i64>> = vec![None; nodes];
+        // Faults of a node under way: each `NodeDown` is answered by one `NodeUp`, and a node whose
+        // faults overlap (a Sentinel group's replica hung while it still recovers from its master's)
+        // is out of reach from the first until the last is over.
+        let mut down_depth: Vec<usize> = vec![0; nodes];
         let mut proxy_since: Option<i64> = None;
         for (at, happening) in &timeline.entries {
             let at = *at;
@@ -269,10 +273,16 @@ impl Facts {
                 Happening::NodePort { node, port } => {
                     facts.ports.insert(*port, *node);
                 }
-                Happening::NodeDown { node, .. } => down_since[*node] = Some(at),
+                Happening::NodeDown { node, .. } => {
+                    down_depth[*node] += 1;
+                    down_since[*node].get_or_insert(at);
+                }
                 Happening::NodeUp { node } => {
-                    if let Some(since) = down_since[*node].take() {
-                        facts.unusable[*node].push((since, at + NODE_RECOVERY_MS));
+                    down_depth[*node] = down_depth[*node].saturating_sub(1);
+                    if down_depth[*node] == 0 {
+                        if let Some(since) = down_since[*node].take() {
+                            facts.unusable[*node].push((since, at + NODE_RECOVERY_MS));
+                        }
                     }
                 }
                 Happening::NodeStalled { node, until } => {

@@ -18,8 +18,9 @@
 //! fsync as every claim does. A commit slower than 150 ms, or one without an answer, is a stall; a
 //! refused connection (the server killed) is the plan's business.
 //!
-//! On a Sentinel group the probe writes as a claim does: a `SET` of a key of its own and `WAIT 1` on the
-//! master the Sentinels name, so it stalls while the master hangs, while the group fails over (no
+//! On a Sentinel group the probe writes as a claim does: a `SET` of a key of its own and a `WAIT` for
+//! every replica a Sentinel lists and does not think down (`min_replicas_acked: all`), on the master
+//! the Sentinels name, so it stalls while the master hangs, while the group fails over (no
 //! master answers, or one without a replica: a `WAIT` that sees none), and while a replica's full
 //! resynchronisation or an fsync holds the writes up. A write slower than [`GROUP_STALL`] or not
 //! acknowledged is a stall of the group, node 0.
@@ -256,6 +257,29 @@ fn probe_group(sentinels: &[String], master: &str, stop: &AtomicBool, stalls: &M
             connect(&format!("redis://{host}:{port}"))
         })
     };
+    // As `min_replicas_acked: all` counts them: the replicas a Sentinel lists and does not think down.
+    let replicas_up = || {
+        sentinels.iter().find_map(|sentinel| {
+            let mut connection = connect(&format!("redis://{sentinel}"))?;
+            let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
+                .arg("REPLICAS")
+                .arg(master)
+                .query(&mut connection)
+                .ok()?;
+            let up = replicas.iter().filter(|fields| {
+                fields
+                    .chunks(2)
+                    .find(|pair| pair[0] == "flags")
+                    .and_then(|pair| pair.get(1))
+                    .is_some_and(|flags| {
+                        !flags
+                            .split(',')
+                            .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"))
+                    })
+            });
+            Some(up.count().max(1))
+        })
+    };
     let mut connection: Option<redis::Connection> = None;
     while !stop.load(Ordering::Relaxed) {
         let tick = Instant::now();
@@ -263,16 +287,17 @@ fn probe_group(sentinels: &[String], master: &str, stop: &AtomicBool, stalls: &M
         if connection.is_none() {
             connection = find_master();
         }
+        let needed = replicas_up().unwrap_or(1);
         let acknowledged = connection.as_mut().is_some_and(|c| {
             let reply: redis::RedisResult<((), i64)> = redis::pipe()
                 .cmd("SET")
                 .arg("chaos-probe")
                 .arg(sent)
                 .cmd("WAIT")
-                .arg(1)
+                .arg(needed)
                 .arg(GIVE_UP.as_millis() as u64)
                 .query(c);
-            matches!(reply, Ok((_, acked)) if acked >= 1)
+            matches!(reply, Ok((_, acked)) if acked >= needed as i64)
         });
         let took = started.elapsed();
         if took > GROUP_STALL || !acknowledged {
