@@ -486,7 +486,11 @@ impl SentinelGroup {
     }
 
     /// Runs `cmd` on Sentinel `i`; `None` if it does not answer or refuses.
-    fn sentinel_query<T: redis::FromRedisValue>(&self, i: usize, cmd: &redis::Cmd) -> Option<T> {
+    pub fn sentinel_query<T: redis::FromRedisValue>(
+        &self,
+        i: usize,
+        cmd: &redis::Cmd,
+    ) -> Option<T> {
         let auth = self
             .sentinel_password
             .as_ref()

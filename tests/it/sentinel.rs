@@ -74,6 +74,8 @@ async fn a_group_follows_its_master_through_failovers_and_keeps_every_claim() {
 
     // Forced: the new master dies; the Sentinels promote a replica.
     group.data.kill(second);
+    // The promoted replica may be the first master again (A → B → A): it continues B's history and
+    // counts at once, as B did.
     let third = group.wait_for_new_master(second);
     assert_ne!(third, second);
     // The group's votes wait for the replica left to follow the new master (it may need a full
@@ -399,4 +401,48 @@ async fn a_write_the_replica_promoted_next_lacks_does_not_count() {
             .arg(group.data.port(master)),
     );
     token_of(&all, "w1", "promoted", 5_000).await;
+}
+
+/// Until a Sentinel says how many replicas are up, `min_replicas_acked: all` does not know how many
+/// `WAIT` must see, so the group's answers do not count: with a Sentinel user that may look the master
+/// up but not list its replicas, a claim is `NoQuorum`, saying why. Once the user may list them, the
+/// count is read again within a few seconds and claims are granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_whose_replicas_no_sentinel_lists_does_not_count() {
+    let group = SentinelGroup::builder().replicas(2).sentinels(1).start();
+    let limited = |rule: &str| {
+        let set: Option<String> = group.sentinel_query(
+            0,
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("limited")
+                .arg("on")
+                .arg(">limited-secret")
+                .arg("+@all")
+                .arg("allchannels")
+                .arg(rule),
+        );
+        assert_eq!(set.as_deref(), Some("OK"), "ACL SETUSER {rule}");
+    };
+    limited("-sentinel|replicas");
+    let RedisNode::Sentinel(mut config) = node_of(&group, ReplicaAcks::All) else {
+        unreachable!("node_of makes a group");
+    };
+    config.sentinel_username = Some("limited".to_string());
+    config.sentinel_password = Some("limited-secret".to_string());
+    let store = store_on(&[RedisNode::Sentinel(config)]);
+
+    let outcome = store.claim(&request("w1", "counted", 1_000)).await;
+    let ClaimOutcome::NoQuorum(failure) = &outcome else {
+        panic!("a group whose replicas are unknown counted: {outcome:?}");
+    };
+    let said = format!("{failure:?}");
+    assert!(said.contains("said how many replicas are up"), "{said}");
+    assert!(
+        !said.contains("limited-secret"),
+        "a password is shown: {said}"
+    );
+
+    limited("+sentinel|replicas");
+    token_of(&store, "w1", "counted", 1_000).await;
 }

@@ -253,10 +253,24 @@ impl Registry {
         let Ok(mut state) = self.state.lock() else {
             return Standing::Refused("the node registry is poisoned (a bug)".to_string());
         };
-        let stale = state
-            .released
-            .get(&identity.run_id)
-            .is_some_and(|&(by, at)| by == node && now < at + RECHECK);
+        let behind = self.behind.get(node).copied().unwrap_or(Behind::Server);
+        let follows = behind
+            == Behind::Group {
+                follows_promotions: true,
+            };
+        // A group's master may move back to a server it moved from (A → B → A, each promoted from
+        // the one before): that server continues the current one's history, which a connection left
+        // over from before cannot.
+        let promoted_back = follows
+            && state
+                .nodes
+                .get(&node)
+                .is_some_and(|seen| identity.continues(&seen.replid));
+        let stale = !promoted_back
+            && state
+                .released
+                .get(&identity.run_id)
+                .is_some_and(|&(by, at)| by == node && now < at + RECHECK);
         if stale {
             // A connection that reached the server this node restarted from, admitted after one that
             // reached the new server: it is on its way out, and must not turn the node back.
@@ -271,11 +285,6 @@ impl Registry {
         let restarted = previous
             .as_ref()
             .is_some_and(|(run, ..)| *run != identity.run_id);
-        let behind = self.behind.get(node).copied().unwrap_or(Behind::Server);
-        let follows = behind
-            == Behind::Group {
-                follows_promotions: true,
-            };
         if let Some((old, _, old_replid)) = previous
             .as_ref()
             .filter(|(_, _, old_replid)| restarted && follows && identity.continues(old_replid))
@@ -388,9 +397,12 @@ impl Registry {
             Some(owner) => *owner,
             None => {
                 state.owners.insert(identity.run_id.clone(), node);
-                if state.released.remove(&identity.run_id).is_some() {
+                let released_by = state.released.remove(&identity.run_id).map(|(by, _)| by);
+                if released_by.is_some_and(|by| by != node) {
                     // Another node voted for this server until it stopped reporting it (a changed
                     // resolution): this one waits until every round that counted the other has ended.
+                    // The same node coming back to it (a group's master moved back) is still one
+                    // vote per round: nothing to wait for.
                     let why = format!(
                         "took over server {} from another node: not counted for {} ms",
                         identity.run_id,
@@ -539,6 +551,11 @@ mod tests {
         );
         assert!(matches!(group.admit(0, &old), Standing::Counted));
         assert!(matches!(group.admit(0, &promoted), Standing::Counted));
+        // Moved back (A → B → A): the first server, promoted from the second, counts at once too,
+        // and is no second vote.
+        let back = server("run-a", "replid-a2", "replid-b");
+        assert!(matches!(group.admit(0, &back), Standing::Counted));
+        assert!(matches!(group.standing(0, &back), Standing::Counted));
         assert!(matches!(
             group.admit(0, &restarted),
             Standing::HeldOff(why, _) if why.contains("not promoted from")

@@ -334,7 +334,15 @@ impl Node {
             return Err(why);
         }
         let group = self.target.group();
-        let acks = group.map_or(0, Group::acks_needed);
+        let acks = match group.map(Group::acks_needed).transpose() {
+            Ok(acks) => acks.unwrap_or(0),
+            Err(why) => {
+                if let Target::Group(group) = &self.target {
+                    Group::recount(group);
+                }
+                return Err(why);
+            }
+        };
         let waited;
         let pipeline = if acks > 0 {
             waited = self.with_wait(pipeline, acks, deadline);

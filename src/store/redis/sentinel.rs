@@ -52,12 +52,18 @@ pub(super) struct Group {
     /// Whether a [`Group::verify`] is under way: a lagging replica fails every round, and one question
     /// to the Sentinels at a time is enough.
     verifying: AtomicBool,
+    /// Whether a [`Group::recount`] is under way, for the same reason.
+    counting: AtomicBool,
     /// The master this process last connected to, and the moves it has seen ([`Group::state`]).
     seen: Mutex<Seen>,
     /// How many replicas the Sentinels last said they know and do not think down: what
-    /// `min_replicas_acked: all` waits for ([`Group::acks_needed`]).
+    /// `min_replicas_acked: all` waits for ([`Group::acks_needed`]); [`REPLICAS_UNKNOWN`] until a
+    /// Sentinel has said, and again whenever none answered.
     replicas_up: AtomicU32,
 }
+
+/// `replicas_up` when no Sentinel has said how many replicas are up: the group's answers do not count.
+const REPLICAS_UNKNOWN: u32 = u32::MAX;
 
 /// What a process has seen of a group's master.
 #[derive(Default)]
@@ -93,8 +99,9 @@ impl Group {
             first: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             verifying: AtomicBool::new(false),
+            counting: AtomicBool::new(false),
             seen: Mutex::new(Seen::default()),
-            replicas_up: AtomicU32::new(1),
+            replicas_up: AtomicU32::new(REPLICAS_UNKNOWN),
         });
         tokio::spawn(watch(Arc::downgrade(&group)));
         group
@@ -117,14 +124,40 @@ impl Group {
     /// replica stays in it until the switch), read with the master and again whenever a Sentinel
     /// announces a replica down, up or new, and every few seconds; a replica that comes back raises it
     /// at its announcement.
-    pub(super) fn acks_needed(&self) -> u32 {
+    ///
+    /// Until a Sentinel has said — or when none answered the last time it was asked — the count is
+    /// unknown and the group's answers do not count (an error saying so): waiting for fewer replicas
+    /// than there are would let the promoted one lack a confirmed claim.
+    pub(super) fn acks_needed(&self) -> Result<u32, String> {
         match self.config.min_replicas_acked {
-            ReplicaAcks::All => self.replicas_up.load(Ordering::Acquire).max(1),
-            ReplicaAcks::Exactly(n) => n,
+            ReplicaAcks::All => match self.replicas_up.load(Ordering::Acquire) {
+                REPLICAS_UNKNOWN => Err(format!(
+                    "no Sentinel of {} said how many replicas are up (SENTINEL REPLICAS): its \
+                     answers do not count until one does",
+                    self.label
+                )),
+                up => Ok(up.max(1)),
+            },
+            ReplicaAcks::Exactly(n) => Ok(n),
         }
     }
 
-    /// Asks the Sentinels in turn how many replicas they know as up; keeps the first answer.
+    /// Asks the Sentinels again how many replicas are up, in the background (one question at a time):
+    /// called when a round found the count unknown, so that the group counts again as soon as a
+    /// Sentinel answers rather than at the watcher's next quiet spell.
+    pub(super) fn recount(group: &Arc<Group>) {
+        if group.counting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let group = Arc::clone(group);
+        tokio::spawn(async move {
+            group.refresh_replicas().await;
+            group.counting.store(false, Ordering::Release);
+        });
+    }
+
+    /// Asks the Sentinels in turn how many replicas they know as up; keeps the first answer, or marks
+    /// the count unknown when none answered.
     async fn refresh_replicas(&self) {
         let count = self.config.sentinels.len();
         let start = self.first.load(Ordering::Relaxed);
@@ -146,6 +179,10 @@ impl Group {
                 self.replicas_up.store(up, Ordering::Release);
                 return;
             }
+        }
+        if self.replicas_up.swap(REPLICAS_UNKNOWN, Ordering::AcqRel) != REPLICAS_UNKNOWN {
+            warn!(event = events::store::MASTER_UNKNOWN, node = %self.label,
+                  "No Sentinel said how many replicas are up; the group's answers do not count until one does");
         }
     }
 
