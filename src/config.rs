@@ -31,8 +31,8 @@ mod zookeeper;
 
 pub use dashboard::{DashboardConfig, DashboardToken, Serving, DEFAULT_TOKEN_NAME, MIN_TOKEN_LEN};
 pub use store::{
-    EmbeddedConfig, EtcdConfig, RedisConfig, RedisNode, RedisTls, ReplicaAcks, SentinelGroup,
-    SqlConfig, SqlDialect, SqlTls, StoreConfig, ZookeeperConfig, ZookeeperTls,
+    ClusterSeeds, EmbeddedConfig, EtcdConfig, RedisConfig, RedisNode, RedisTls, ReplicaAcks,
+    SentinelGroup, SqlConfig, SqlDialect, SqlTls, StoreConfig, ZookeeperConfig, ZookeeperTls,
 };
 
 pub(crate) use crate::clock::show_duration;

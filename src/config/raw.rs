@@ -43,6 +43,10 @@ pub(crate) struct RawRedis {
     /// Where the `redis` key is written.
     pub key: Mark,
     pub nodes: Option<Spanned<Vec<RawRedisNode>>>,
+    /// `cluster`: the seed URLs of a Redis Cluster that is the whole store (instead of `nodes`).
+    pub cluster: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `min_replicas_acked`, for `cluster` (a Sentinel group has its own).
+    pub min_replicas_acked: Option<Spanned<String>>,
     pub key_prefix: Option<Spanned<String>>,
     pub ca_file: Option<Spanned<String>>,
     pub cert_file: Option<Spanned<String>>,
@@ -304,6 +308,10 @@ fn read_redis(node: &Node, key: Mark, report: &mut Report) -> Option<RawRedis> {
     let nodes = fields
         .take("nodes")
         .and_then(|list| redis_nodes(list, report));
+    let cluster = fields
+        .take("cluster")
+        .and_then(|list| scalars(list, "redis.cluster", report));
+    let min_replicas_acked = fields.scalar("min_replicas_acked", report);
     let key_prefix = fields.scalar("key_prefix", report);
     let ca_file = fields.scalar("ca_file", report);
     let cert_file = fields.scalar("cert_file", report);
@@ -313,6 +321,8 @@ fn read_redis(node: &Node, key: Mark, report: &mut Report) -> Option<RawRedis> {
         mark: node.mark,
         key,
         nodes,
+        cluster,
+        min_replicas_acked,
         key_prefix,
         ca_file,
         cert_file,

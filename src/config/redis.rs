@@ -8,7 +8,9 @@ use std::path::Path;
 use super::dashboard::flag;
 use super::raw::{RawRedis, RawRedisNode, RawSentinelGroup, Spanned};
 use super::validate::{client_identity, config_file, whole_number};
-use super::{redact, RedisConfig, RedisNode, RedisTls, ReplicaAcks, Report, SentinelGroup};
+use super::{
+    redact, ClusterSeeds, RedisConfig, RedisNode, RedisTls, ReplicaAcks, Report, SentinelGroup,
+};
 
 /// The port a Sentinel listens on when an address names none.
 const SENTINEL_PORT: u16 = 26379;
@@ -22,8 +24,25 @@ pub(super) fn redis(
     config_path: &Path,
     report: &mut Report,
 ) -> Option<RedisConfig> {
+    if let Some(seeds) = &raw.cluster {
+        if let Some(nodes) = &raw.nodes {
+            let why =
+                "`nodes` and `cluster` are alternatives: a Redis Cluster is the whole store; \
+                       list its seeds under `cluster` only";
+            report.error(nodes.mark, "redis.nodes", why);
+        }
+        let cluster = cluster(seeds, raw.min_replicas_acked.as_ref(), report)?;
+        let nodes = vec![RedisNode::Cluster(cluster)];
+        let tls = tls(raw, &nodes, config_path, report);
+        return Some(RedisConfig { nodes, tls });
+    }
+    if let Some(acks) = &raw.min_replicas_acked {
+        let why = "only for `cluster`: a Sentinel group takes its own (redis.nodes[i].min_replicas_acked), \
+                   and a standalone server has no replicas to wait for";
+        report.error(acks.mark, "redis.min_replicas_acked", why);
+    }
     let Some(nodes) = &raw.nodes else {
-        report.error(raw.mark, "redis.nodes", "missing field `nodes`: list the Redis URLs or Sentinel groups, or leave out `redis:` for the embedded store");
+        report.error(raw.mark, "redis.nodes", "missing field `nodes`: list the Redis URLs or Sentinel groups (or a Redis Cluster's seeds under `cluster`), or leave out `redis:` for the embedded store");
         return None;
     };
     // What makes two entries one node: a server's `host:port`, a group's master name with each Sentinel.
@@ -96,6 +115,7 @@ fn tls(raw: &RawRedis, nodes: &[RedisNode], config_path: &Path, report: &mut Rep
     let uses_tls = nodes.iter().any(|node| match node {
         RedisNode::Server(url) => url.starts_with("rediss://"),
         RedisNode::Sentinel(group) => group.tls,
+        RedisNode::Cluster(cluster) => cluster.seeds.iter().any(|s| s.starts_with("rediss://")),
     });
     let file = |value: &Option<Spanned<String>>, name: &str, report: &mut Report| {
         let value = value.as_ref()?;
@@ -119,6 +139,70 @@ fn tls(raw: &RawRedis, nodes: &[RedisNode], config_path: &Path, report: &mut Rep
         ca_file,
         client_identity,
     }
+}
+
+/// `redis.cluster`: seed URLs of one Redis Cluster, distinct, all with or all without TLS, on database
+/// 0 (a cluster has no other); or `None` after reporting what is wrong.
+fn cluster(
+    seeds: &Spanned<Vec<Spanned<String>>>,
+    acks: Option<&Spanned<String>>,
+    report: &mut Report,
+) -> Option<ClusterSeeds> {
+    if seeds.value.is_empty() {
+        let why =
+            "no seeds: list the redis:// URL of at least one node of the cluster (two or three, \
+                   on different hosts, so that one down does not stop a worker from starting)";
+        report.error(seeds.mark, "redis.cluster", why);
+        return None;
+    }
+    let mut ok = true;
+    let mut addresses: Vec<String> = Vec::new();
+    for (i, seed) in seeds.value.iter().enumerate() {
+        let field = format!("redis.cluster[{i}]");
+        let shown = redact(&seed.value);
+        let checked = node_address(&seed.value).and_then(|address| {
+            let db = ::redis::parse_redis_url(&seed.value)
+                .map(|url| url.path().trim_matches('/').to_string())
+                .unwrap_or_default();
+            if !db.is_empty() && db != "0" {
+                return Err(format!(
+                    "database {db}: a Redis Cluster has only database 0; leave the path out"
+                ));
+            }
+            if addresses.contains(&address) {
+                return Err(format!("{address} is listed twice: list each seed once"));
+            }
+            Ok(address)
+        });
+        match checked {
+            Ok(address) => addresses.push(address),
+            Err(why) => {
+                report.error(
+                    seed.mark,
+                    &field,
+                    format!("invalid seed URL {shown}: {why}"),
+                );
+                ok = false;
+            }
+        }
+    }
+    let tls: Vec<bool> = seeds
+        .value
+        .iter()
+        .map(|seed| seed.value.starts_with("rediss://"))
+        .collect();
+    if tls.iter().any(|&t| t) && !tls.iter().all(|&t| t) {
+        let why =
+            "some seeds are rediss:// and some redis://: a cluster's nodes are all reached the \
+                   same way; use one scheme";
+        report.error(seeds.mark, "redis.cluster", why);
+        ok = false;
+    }
+    let min_replicas_acked = replica_acks(acks, "redis", report);
+    ok.then(|| ClusterSeeds {
+        seeds: seeds.value.iter().map(|seed| seed.value.clone()).collect(),
+        min_replicas_acked,
+    })
 }
 
 /// A group entry (`{sentinels, master, …}`), or `None` after reporting what is wrong with it.
@@ -239,7 +323,7 @@ fn replica_acks(value: Option<&Spanned<String>>, field: &str, report: &mut Repor
         n => format!(
             "{n}: with more replicas than {n}, a write counts that the replica promoted next may \
              lack (a planned failover, a master resuming during its failover), and a tick may run \
-             twice; `all` (the default) waits for every replica the Sentinels know as up; see \
+             twice; `all` (the default) waits for every replica known to be up; see \
              docs/store-redis.md"
         ),
     };

@@ -59,10 +59,23 @@ impl StoreConfig {
     /// What `redcron check` says of the store (after `store: `), addresses without passwords.
     pub(crate) fn summary(&self) -> String {
         match self {
-            StoreConfig::Redis(redis) => {
-                let nodes: Vec<String> = redis.nodes.iter().map(RedisNode::label).collect();
-                format!("{} Redis nodes: {}", nodes.len(), nodes.join(", "))
-            }
+            StoreConfig::Redis(redis) => match redis.nodes.as_slice() {
+                [RedisNode::Cluster(cluster)] => format!(
+                    "a Redis Cluster, {} seed{}: {}",
+                    cluster.seeds.len(),
+                    if cluster.seeds.len() == 1 { "" } else { "s" },
+                    cluster
+                        .seeds
+                        .iter()
+                        .map(|seed| redact(seed))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                nodes => {
+                    let nodes: Vec<String> = nodes.iter().map(RedisNode::label).collect();
+                    format!("{} Redis nodes: {}", nodes.len(), nodes.join(", "))
+                }
+            },
             StoreConfig::Etcd(etcd) => format!(
                 "etcd, {} endpoint{}: {}",
                 etcd.endpoints.len(),
@@ -108,6 +121,17 @@ impl StoreConfig {
         let StoreConfig::Redis(redis) = self else {
             return Vec::new();
         };
+        if let [RedisNode::Cluster(cluster)] = redis.nodes.as_slice() {
+            let mut lines = vec![format!("  {}", cluster.topology())];
+            if let Some(ca) = &redis.tls.ca_file {
+                lines.push(format!(
+                    "  TLS certificates verified against {} (not the Mozilla roots)",
+                    ca.display()
+                ));
+            }
+            lines.push("  `redcron status` names each shard's slots and master now".to_string());
+            return lines;
+        }
         let count = redis.nodes.len();
         let groups = redis
             .nodes
@@ -123,6 +147,7 @@ impl StoreConfig {
                 let what = match node {
                     RedisNode::Server(url) => format!("{}, one server", redact(url)),
                     RedisNode::Sentinel(group) => group.topology(),
+                    RedisNode::Cluster(cluster) => cluster.topology(),
                 };
                 format!("  node {} of {count}: {what}", i + 1)
             })
@@ -206,7 +231,7 @@ impl RedisConfig {
             .iter()
             .filter_map(|node| match node {
                 RedisNode::Server(url) => Some(url.clone()),
-                RedisNode::Sentinel(_) => None,
+                RedisNode::Sentinel(_) | RedisNode::Cluster(_) => None,
             })
             .collect()
     }
@@ -220,6 +245,9 @@ pub enum RedisNode {
     Server(String),
     /// Whichever server the group's Sentinels name as its master, followed through failovers.
     Sentinel(SentinelGroup),
+    /// A whole Redis Cluster (`redis.cluster`), the store's only node: each job's keys on the master
+    /// of its `{job}` hash slot.
+    Cluster(ClusterSeeds),
 }
 
 impl RedisNode {
@@ -229,6 +257,7 @@ impl RedisNode {
         match self {
             RedisNode::Server(url) => redact(url),
             RedisNode::Sentinel(group) => group.label(),
+            RedisNode::Cluster(cluster) => cluster.label(),
         }
     }
 }
@@ -254,6 +283,58 @@ pub struct SentinelGroup {
     /// How many replicas must have each write before the group's answer counts (`min_replicas_acked`,
     /// checked with `WAIT`): what lets a promoted replica keep every claim this group confirmed.
     pub min_replicas_acked: ReplicaAcks,
+}
+
+/// A Redis Cluster that is the whole store (`redis: {cluster: [URL, …], min_replicas_acked}`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSeeds {
+    /// The `redis://` or `rediss://` URLs of some of the cluster's nodes, asked in turn for the slot
+    /// map; the first one's user, password and TLS reach every node. May hold passwords: shown only
+    /// redacted.
+    pub seeds: Vec<String>,
+    /// How many replicas of a shard's master must have each write before its answer counts (`WAIT`).
+    pub min_replicas_acked: ReplicaAcks,
+}
+
+impl ClusterSeeds {
+    /// `cluster://host:port,host:port`: what logs and errors call the cluster (never a password).
+    pub fn label(&self) -> String {
+        let hosts: Vec<String> = self
+            .seeds
+            .iter()
+            .map(|seed| {
+                let shown = redact(seed);
+                let without_scheme = shown.split_once("://").map_or(shown.as_str(), |(_, r)| r);
+                let host = without_scheme
+                    .rsplit_once('@')
+                    .map_or(without_scheme, |(_, h)| h);
+                host.split('/').next().unwrap_or(host).to_string()
+            })
+            .collect();
+        format!("cluster://{}", hosts.join(","))
+    }
+
+    /// What `check` says of the cluster: where the slot map comes from, and when a shard's answer
+    /// counts.
+    fn topology(&self) -> String {
+        let acked = match self.min_replicas_acked {
+            ReplicaAcks::All => "once every replica of its master that the cluster sees online \
+                                 has the writes (WAIT)"
+                .to_string(),
+            ReplicaAcks::Exactly(0) => "from its master alone (min_replicas_acked: 0)".to_string(),
+            ReplicaAcks::Exactly(1) => {
+                "once 1 replica of its master has the writes (WAIT)".to_string()
+            }
+            ReplicaAcks::Exactly(n) => {
+                format!("once {n} replicas of its master have the writes (WAIT)")
+            }
+        };
+        format!(
+            "Redis Cluster {}: the slot map read from its nodes (CLUSTER SHARDS); each job's keys on \
+             the master of its {{job}} slot, whose answer decides the job's claims {acked}",
+            self.label()
+        )
+    }
 }
 
 /// How many of a group's replicas must acknowledge a write (`WAIT`) before the group's answer counts.

@@ -110,8 +110,11 @@ events! {
         NODE_RESTARTED = "store.node_restarted";
         /// WARN, once per server: a Redis node runs without `appendonly yes` and `appendfsync always`.
         NODE_UNSAFE = "store.node_unsafe";
-        /// INFO: a Sentinel group's node follows its master to a promoted replica (a failover).
+        /// INFO: a Sentinel group's node follows its master to a promoted replica, or a Redis Cluster
+        /// shard's slots are served by a new master (a failover).
         MASTER_SWITCHED = "store.master_switched";
+        /// WARN: no node of a Redis Cluster gave its slot map (`CLUSTER SHARDS`).
+        CLUSTER_MAP_FAILED = "store.cluster_map_failed";
         /// WARN, once per stretch: no Sentinel of a group named a reachable master.
         MASTER_UNKNOWN = "store.master_unknown";
     }

@@ -87,8 +87,9 @@ impl Identity {
         (!identity.run_id.is_empty()).then_some(identity)
     }
 
-    /// Why this server must not vote, whoever else it is; `None` if it may.
-    pub(super) fn refusal(&self) -> Option<String> {
+    /// Why this server must not vote, whoever else it is; `None` if it may. `in_cluster`: it was
+    /// reached as a node of `redis.cluster`, which must be a Redis Cluster node; any other must not.
+    pub(super) fn refusal(&self, in_cluster: bool) -> Option<String> {
         if self.role != "master" {
             return Some(format!(
                 "is a replica (role:{}), which takes no write and forgets records when promoted: not \
@@ -97,10 +98,18 @@ impl Identity {
                 self.role
             ));
         }
-        if self.cluster {
+        if self.cluster && !in_cluster {
             return Some(
                 "is a Redis Cluster node (cluster_enabled:1); a claim's script call carries many jobs' \
-                 keys: not counted; use standalone servers"
+                 keys: not counted; use standalone servers, or list the cluster's nodes under \
+                 `redis.cluster`"
+                    .to_string(),
+            );
+        }
+        if in_cluster && !self.cluster {
+            return Some(
+                "is not a Redis Cluster node (cluster_enabled:0): not counted; list a standalone \
+                 server under `redis.nodes`"
                     .to_string(),
             );
         }
@@ -154,6 +163,9 @@ pub(super) enum Standing {
 pub(crate) struct Registry {
     /// The nodes' labels (redacted URLs), by index.
     labels: Vec<String>,
+    /// For a Redis Cluster's registry, the cluster's label: its nodes are its shards, each indexed by
+    /// the first slot it serves, and every one is a Redis Cluster node ([`Identity::refusal`]).
+    shards_of: Option<String>,
     /// How long a restarted node is held off: the lock's TTL plus its drift (every lease of before the
     /// restart has expired or renewed by then, and every round that started before it has ended).
     hold: Duration,
@@ -235,25 +247,59 @@ impl Registry {
     pub(crate) fn new(labels: Vec<String>, hold: Duration, behind: Vec<Behind>) -> Registry {
         Registry {
             labels,
+            shards_of: None,
             hold,
             behind,
             state: Mutex::default(),
         }
     }
 
-    fn label(&self, node: usize) -> &str {
-        self.labels.get(node).map_or("?", String::as_str)
+    /// A registry for the shards of the Redis Cluster labelled `cluster`, node `i` being the shard whose
+    /// first slot is `i`: each shard is a group whose master the cluster's failover may replace, which
+    /// counts at once when it continues the old one's history and writes count only after `WAIT`
+    /// (`follows_promotions`), and is held off for `hold` otherwise.
+    pub(crate) fn for_shards(
+        cluster: String,
+        hold: Duration,
+        follows_promotions: bool,
+    ) -> Registry {
+        Registry {
+            labels: Vec::new(),
+            shards_of: Some(cluster),
+            hold,
+            behind: vec![Behind::Group { follows_promotions }],
+            state: Mutex::default(),
+        }
+    }
+
+    fn label(&self, node: usize) -> String {
+        match &self.shards_of {
+            Some(cluster) => format!("{cluster} shard at slot {node}"),
+            None => self
+                .labels
+                .get(node)
+                .map_or("?", String::as_str)
+                .to_string(),
+        }
+    }
+
+    /// What stands behind node `node`.
+    fn behind(&self, node: usize) -> Behind {
+        match self.shards_of {
+            Some(_) => self.behind.first().copied().unwrap_or(Behind::Server),
+            None => self.behind.get(node).copied().unwrap_or(Behind::Server),
+        }
     }
 
     /// Notes that node `node` (re)connected to a server that says it is `identity`, logs what is wrong
     /// with it, and returns its standing now.
     pub(super) fn admit(&self, node: usize, identity: &Identity) -> Standing {
-        let label = self.label(node).to_string();
+        let label = self.label(node);
         let now = Instant::now();
         let Ok(mut state) = self.state.lock() else {
             return Standing::Refused("the node registry is poisoned (a bug)".to_string());
         };
-        let behind = self.behind.get(node).copied().unwrap_or(Behind::Server);
+        let behind = self.behind(node);
         let follows = behind
             == Behind::Group {
                 follows_promotions: true,
@@ -370,10 +416,24 @@ impl Registry {
         standing
     }
 
+    /// Forgets node `node` (a cluster's shard that no longer exists under that first slot): the
+    /// server it voted for may be taken over by another node, after the hold of a server taken over.
+    pub(super) fn retire(&self, node: usize) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        if let Some(seen) = state.nodes.remove(&node) {
+            if state.owners.get(&seen.run_id) == Some(&node) {
+                state.owners.remove(&seen.run_id);
+                state.released.insert(seen.run_id, (node, Instant::now()));
+            }
+        }
+    }
+
     /// The standing now of node `node`, connected to `identity`: refused for what the server is, or as a
     /// second name of a server another node votes for; held off while a hold lasts; else counted.
     pub(super) fn standing(&self, node: usize, identity: &Identity) -> Standing {
-        if let Some(why) = identity.refusal() {
+        if let Some(why) = identity.refusal(self.shards_of.is_some()) {
             return Standing::Refused(format!("node {} {why}", self.label(node)));
         }
         let now = Instant::now();
@@ -473,21 +533,33 @@ mod tests {
     fn refusals_name_what_to_fix() {
         let primary = Identity::parse(INFO, None).expect("a run id");
         assert_eq!(primary.run_id, "abc123");
-        assert_eq!(primary.refusal(), None);
+        assert_eq!(primary.refusal(false), None);
+        assert!(primary
+            .refusal(true)
+            .unwrap()
+            .contains("not a Redis Cluster node"));
         assert_eq!(
             primary.persistence_gap().as_deref(),
             Some("appendonly is off")
         );
         let replica = Identity::parse(&INFO.replace("role:master", "role:slave"), None).unwrap();
-        assert!(replica.refusal().unwrap().contains("REPLICAOF NO ONE"));
+        assert!(replica.refusal(false).unwrap().contains("REPLICAOF NO ONE"));
         let lru = INFO.replace("noeviction", "allkeys-lru");
         let evicting = Identity::parse(&lru, None).unwrap();
         assert!(evicting
-            .refusal()
+            .refusal(false)
             .unwrap()
             .contains("CONFIG SET maxmemory-policy noeviction"));
         let cluster = INFO.replace("cluster_enabled:0", "cluster_enabled:1");
-        assert!(Identity::parse(&cluster, None).unwrap().refusal().is_some());
+        let cluster_node = Identity::parse(&cluster, None).unwrap();
+        assert!(cluster_node
+            .refusal(false)
+            .unwrap()
+            .contains("redis.cluster"));
+        assert_eq!(cluster_node.refusal(true), None);
+        let cluster_replica = cluster.replace("role:master", "role:slave");
+        let cluster_replica = Identity::parse(&cluster_replica, None).unwrap();
+        assert!(cluster_replica.refusal(true).is_some());
         let aof = INFO.replace("aof_enabled:0", "aof_enabled:1");
         let everysec = Identity::parse(&aof, Some("everysec".to_string())).unwrap();
         assert!(everysec.persistence_gap().unwrap().contains("everysec"));

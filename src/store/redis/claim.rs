@@ -90,6 +90,7 @@ impl RedisStore {
                 ];
                 (&p.keys, args)
             }),
+            self.per_slot,
         );
         self.round(
             round1.for_round(),
@@ -178,6 +179,7 @@ impl RedisStore {
                 ];
                 (&p.keys, args)
             }),
+            self.per_slot,
         );
         let confirmed = self
             .round(
@@ -248,7 +250,7 @@ impl RedisStore {
                     let p = &prepared[index];
                     (&p.keys[..1], [p.value.as_str()])
                 });
-                Calls::new(&scripts::RELEASE, leases).pipeline
+                Calls::new(&scripts::RELEASE, leases, self.per_slot).pipeline
             })
             .collect();
         self.spawn_on_each(undo);

@@ -194,7 +194,7 @@ fn history_keys(prefix: &str, job: &str) -> [String; 3] {
 fn record_call(
     prefix: &str,
     settings: &history::HistorySettings,
-    entries: &[Entry],
+    entries: &[&Entry],
 ) -> (Vec<String>, Vec<String>) {
     let mut jobs: Vec<&str> = Vec::new();
     let mut args = vec![
@@ -234,7 +234,7 @@ fn record_call(
 fn failure(answer: &Result<Vec<Value>, String>) -> Option<String> {
     match answer {
         Ok(values) => values.iter().find_map(|v| match v {
-            Value::ServerError(e) => Some(format!("{e:?}")),
+            Value::ServerError(e) => Some(super::reply::describe(e)),
             _ => None,
         }),
         Err(why) => Some(why.clone()),
@@ -243,7 +243,8 @@ fn failure(answer: &Result<Vec<Value>, String>) -> Option<String> {
 
 /// The membership keys: members, expiry.
 fn member_keys(prefix: &str) -> [String; 2] {
-    let base = format!("{prefix}:members");
+    // One hash tag, so that both are on one slot of a Redis Cluster.
+    let base = format!("{prefix}:{{members}}");
     [base.clone(), format!("{base}:expiry")]
 }
 
@@ -411,7 +412,19 @@ impl Records for RedisStore {
     async fn record(&self, entries: &[Entry]) -> Result<(), QuorumFailure> {
         for message in entries.chunks(RECORDS_PER_PIPELINE) {
             let mut pipeline = redis::pipe();
-            for chunk in message.chunks(RECORD_CHUNK) {
+            // On a Redis Cluster a call's keys stay on one slot: one call per job's slot.
+            let mut by_call: Vec<Vec<&Entry>> = Vec::new();
+            for entry in message {
+                let slot = |e: &Entry| super::cluster::slot(e.job.as_bytes());
+                let call = by_call.iter_mut().find(|call| {
+                    call.len() < RECORD_CHUNK && (!self.per_slot || slot(call[0]) == slot(entry))
+                });
+                match call {
+                    Some(call) => call.push(entry),
+                    None => by_call.push(vec![entry]),
+                }
+            }
+            for chunk in &by_call {
                 let (keys, args) = record_call(&self.settings.key_prefix, &self.history, chunk);
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 pipeline.add_command(evalsha(&RECORD, &keys, &args));
@@ -569,7 +582,7 @@ pub(super) fn strings(value: Value) -> Result<Vec<Option<String>>, String> {
                 _ => None,
             })
             .collect()),
-        Value::ServerError(e) => Err(format!("{e:?}")),
+        Value::ServerError(e) => Err(super::reply::describe(&e)),
         other => Err(format!("unexpected reply {other:?}")),
     }
 }

@@ -26,6 +26,7 @@
 
 mod admission;
 mod claim;
+mod cluster;
 #[cfg(test)]
 mod decision_tests;
 mod history;
@@ -76,6 +77,9 @@ pub struct RedisStore {
     reads: Arc<tokio::sync::Semaphore>,
     /// How much longer than configured rounds wait while the nodes answer slowly ([`crate::store::pace`]).
     pace: Arc<crate::store::pace::Pace>,
+    /// Whether the store is a Redis Cluster, whose script calls must each stay on one slot
+    /// ([`Calls::new`]).
+    per_slot: bool,
     /// Sends renewals and releases together ([`keeper`]); `None` in the keeper's own copy.
     keeper: Option<Arc<keeper::Keeper>>,
     /// The last full list of trigger requests, read again only when it changed ([`triggers`]).
@@ -141,24 +145,25 @@ impl RedisStore {
         // fails only if one is already installed, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let certificates = node::certificates(&config.tls)?;
+        // Held off after a restart: the TTL and its drift, by when every lease of before it has expired
+        // or been renewed (which restores it on the node), and every round under way then has ended.
+        let hold = settings.ttl + validity::drift(settings.ttl, settings.drift_factor);
         // One target per node, shared by its lock and read connections (a group's watcher runs once).
         let targets = nodes
             .iter()
-            .map(|node| node::Target::of(node, certificates.as_ref()))
+            .map(|node| node::Target::of(node, certificates.as_ref(), hold))
             .collect::<Result<Vec<_>, _>>()?;
         let labels = targets.iter().map(|(label, _)| label.clone()).collect();
         let behind = nodes
             .iter()
             .map(|node| match node {
-                RedisNode::Server(_) => admission::Behind::Server,
+                // A cluster keeps its shards' standing in a registry of its own.
+                RedisNode::Server(_) | RedisNode::Cluster(_) => admission::Behind::Server,
                 RedisNode::Sentinel(group) => admission::Behind::Group {
                     follows_promotions: group.min_replicas_acked.any(),
                 },
             })
             .collect();
-        // Held off after a restart: the TTL and its drift, by when every lease of before it has expired
-        // or been renewed (which restores it on the node), and every round under way then has ended.
-        let hold = settings.ttl + validity::drift(settings.ttl, settings.drift_factor);
         let registry = Arc::new(admission::Registry::new(labels, hold, behind));
         let open = || {
             targets
@@ -178,8 +183,10 @@ impl RedisStore {
         };
         let (nodes, readers) = (open(), open());
         nodes.iter().for_each(Node::warm_up);
+        let per_slot = matches!(config.nodes.as_slice(), [RedisNode::Cluster(_)]);
         Ok(RedisStore {
             settings,
+            per_slot,
             history: HistorySettings::default(),
             nodes: Arc::new(nodes),
             readers: Arc::new(readers),
@@ -269,7 +276,11 @@ impl RedisStore {
                 start + self.settings.ttl.saturating_sub(drift),
             ));
         }
-        let undo = Calls::new(&scripts::RELEASE, [([key], [value.as_str()])]);
+        let undo = Calls::new(
+            &scripts::RELEASE,
+            [([key], [value.as_str()])],
+            self.per_slot,
+        );
         self.spawn_everywhere(undo.pipeline);
         let refused = answers.iter().filter(|(_, a)| a == &Ok(false)).count();
         if refused > 0 {
@@ -346,6 +357,7 @@ impl RedisStore {
                         ],
                     )
                 }),
+                self.per_slot,
             );
             let answers = self
                 .round(
@@ -430,6 +442,7 @@ impl RedisStore {
                 let key = lease_key(&self.settings.key_prefix, lease);
                 ([key], [lease.value.as_str()])
             }),
+            self.per_slot,
         );
         let pipeline = Arc::new(calls.pipeline);
         let bound = self.settings.ttl;
@@ -472,7 +485,7 @@ impl Health for RedisStore {
 
     /// Each Sentinel group among the nodes, in their order.
     fn groups(&self) -> Vec<GroupState> {
-        self.nodes.iter().filter_map(Node::group_state).collect()
+        self.nodes.iter().flat_map(Node::group_states).collect()
     }
 
     fn is_shared(&self) -> bool {

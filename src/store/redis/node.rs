@@ -23,6 +23,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::time::Instant;
 
 use super::admission::{self, Identity, Registry, Standing, RECHECK};
+use super::cluster::{self, Cluster};
 use super::sentinel::{self, Group};
 pub(crate) use crate::config::redact;
 use crate::config::{RedisNode, RedisTls};
@@ -34,14 +35,19 @@ pub(super) enum Target {
     /// Boxed: a client is large next to a group's handle.
     Server(Box<redis::Client>),
     Group(Arc<Group>),
+    /// A whole Redis Cluster: each command goes to the master of its key's slot ([`super::cluster`]).
+    Cluster(Arc<Cluster>),
 }
 
 impl Target {
     /// The target of a configured node, and its label; a group's watcher starts here (inside a Tokio
     /// runtime). Fails only on a URL that cannot name a Redis server.
+    /// `hold` is how long a cluster's shard is held off when a master appears that may lack its
+    /// writes ([`Registry::for_shards`]).
     pub(super) fn of(
         node: &RedisNode,
         certificates: Option<&TlsCertificates>,
+        hold: Duration,
     ) -> Result<(String, Target), StoreError> {
         match node {
             RedisNode::Server(url) => {
@@ -62,12 +68,16 @@ impl Target {
                 let group = Group::start(config, certificates.cloned());
                 Ok((group.label().to_string(), Target::Group(group)))
             }
+            RedisNode::Cluster(config) => {
+                let cluster = Cluster::new(config, certificates.cloned(), hold)?;
+                Ok((cluster.label().to_string(), Target::Cluster(cluster)))
+            }
         }
     }
 
     pub(super) fn group(&self) -> Option<&Group> {
         match self {
-            Target::Server(_) => None,
+            Target::Server(_) | Target::Cluster(_) => None,
             Target::Group(group) => Some(group),
         }
     }
@@ -146,6 +156,8 @@ pub(crate) struct Node {
     registry: Arc<Registry>,
     /// The connection in use or on its way; `None` before the first and after one failed.
     link: Mutex<Option<Connecting>>,
+    /// A cluster's connections, one per master (empty for any other target).
+    masters: cluster::Links,
 }
 
 /// A connection being opened and identified, shared by every request that waits for it.
@@ -191,10 +203,12 @@ impl Node {
             node_timeout,
             registry,
             link: Mutex::new(None),
+            masters: cluster::Links::default(),
         }
     }
 
     /// The connection in use, or the one on its way (started now if there is none, or the last failed).
+    /// A cluster's node has none of its own: its masters' connections are in `masters`.
     fn connecting(&self) -> Connecting {
         let Ok(mut link) = self.link.lock() else {
             return async { Err("the node's connection lock is poisoned (a bug)".to_string()) }
@@ -222,6 +236,9 @@ impl Node {
                 Target::Group(group) => {
                     let master = group.master().await?;
                     (master.client, master.address, master.epoch)
+                }
+                Target::Cluster(_) => {
+                    return Err("a cluster has one connection per master (a bug)".to_string());
                 }
             };
             let mut connection = client
@@ -317,6 +334,15 @@ impl Node {
         timeout: Duration,
     ) -> Result<Vec<Value>, String> {
         let deadline = Instant::now() + timeout;
+        if let Target::Cluster(cluster) = &self.target {
+            let link = cluster::Link {
+                masters: &self.masters,
+                config: &self.config,
+                connect_timeout: self.connect_timeout,
+                node_timeout: self.node_timeout,
+            };
+            return Ok(cluster.eval(&link, pipeline, deadline).await);
+        }
         let no_answer = || format!("no answer within {} ms", timeout.as_millis());
         let session = match tokio::time::timeout_at(deadline, self.connecting()).await {
             Ok(Ok(session)) => session,
@@ -345,7 +371,7 @@ impl Node {
         };
         let waited;
         let pipeline = if acks > 0 {
-            waited = self.with_wait(pipeline, acks, deadline);
+            waited = with_wait(pipeline, acks, deadline, self.node_timeout);
             &waited
         } else {
             pipeline
@@ -356,20 +382,7 @@ impl Node {
             if !needs_scripts(&first) {
                 return first;
             }
-            let mut load = redis::pipe();
-            for source in super::scripts::sources() {
-                load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
-            }
-            for source in super::history::sources() {
-                load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
-            }
-            for source in super::triggers::sources() {
-                load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
-            }
-            for source in super::pause::sources() {
-                load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
-            }
-            load.query_async::<()>(&mut connection).await?;
+            load_scripts(&mut connection).await?;
             pipeline.query_async::<Vec<Value>>(&mut connection).await
         };
         let mut values = match tokio::time::timeout_at(deadline, exchange).await {
@@ -395,23 +408,6 @@ impl Node {
             Standing::Counted => Ok(values),
             Standing::HeldOff(why, _) | Standing::Refused(why) => Err(why),
         }
-    }
-
-    /// `pipeline` with `WAIT acks` appended, within the round's budget (the node timeout; the round's
-    /// own `deadline` is how long a straggler is watched), with a quarter left for the answer to come
-    /// back, so that a shortfall is reported as one, not as a timeout. `WAIT … 0` would block the
-    /// connection for good, so the wait is at least a millisecond.
-    fn with_wait(&self, pipeline: &Pipeline, acks: u32, deadline: Instant) -> Pipeline {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .min(self.node_timeout);
-        let left = left - left / 4;
-        let mut with_wait = pipeline.clone();
-        with_wait
-            .cmd("WAIT")
-            .arg(acks)
-            .arg(left.as_millis().max(1) as u64);
-        with_wait
     }
 
     /// A group's answer on `session`, or why it does not count: a `READONLY` reply (the master was
@@ -463,6 +459,9 @@ impl Node {
     /// Opens and identifies the connection now (if it is not open yet), within `timeout`: what this node
     /// is, or why it could not be told.
     pub(crate) async fn identify(&self, timeout: Duration) -> Result<(), String> {
+        if let Target::Cluster(cluster) = &self.target {
+            return cluster.identify(timeout).await;
+        }
         match tokio::time::timeout(timeout, self.connecting()).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => Err(error),
@@ -470,14 +469,23 @@ impl Node {
         }
     }
 
-    /// The group's master and failovers as this process has seen them; `None` for a plain server.
-    pub(crate) fn group_state(&self) -> Option<crate::store::GroupState> {
-        self.target.group().map(Group::state)
+    /// The group's master and failovers as this process has seen them, or each cluster shard's; none
+    /// for a plain server.
+    pub(crate) fn group_states(&self) -> Vec<crate::store::GroupState> {
+        match &self.target {
+            Target::Server(_) => Vec::new(),
+            Target::Group(group) => vec![group.state()],
+            Target::Cluster(cluster) => cluster.states(),
+        }
     }
 
-    /// Starts connecting in the background, so that the first round does not pay for the connection.
+    /// Starts connecting in the background, so that the first round does not pay for the connection
+    /// (a cluster's: reads its slot map).
     pub(crate) fn warm_up(&self) {
-        drop(self.connecting());
+        match &self.target {
+            Target::Cluster(cluster) => cluster.warm_up(self.connect_timeout),
+            _ => drop(self.connecting()),
+        }
     }
 }
 
@@ -520,9 +528,50 @@ pub(crate) fn shared_addresses(urls: &[String]) -> Vec<(String, String, std::net
     shared
 }
 
+/// `pipeline` with `WAIT acks` appended, within the round's budget (`node_timeout`; the round's
+/// own `deadline` is how long a straggler is watched), with a quarter left for the answer to come
+/// back, so that a shortfall is reported as one, not as a timeout. `WAIT … 0` would block the
+/// connection for good, so the wait is at least a millisecond.
+pub(super) fn with_wait(
+    pipeline: &Pipeline,
+    acks: u32,
+    deadline: Instant,
+    node_timeout: Duration,
+) -> Pipeline {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .min(node_timeout);
+    let left = left - left / 4;
+    let mut with_wait = pipeline.clone();
+    with_wait
+        .cmd("WAIT")
+        .arg(acks)
+        .arg(left.as_millis().max(1) as u64);
+    with_wait
+}
+
+/// Loads every script of the store into the server on `connection`'s cache, after it answered `NOSCRIPT`
+/// (it restarted, or its script cache was flushed).
+pub(super) async fn load_scripts(connection: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+    let mut load = redis::pipe();
+    for source in super::scripts::sources() {
+        load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+    for source in super::history::sources() {
+        load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+    for source in super::triggers::sources() {
+        load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+    for source in super::pause::sources() {
+        load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+    load.query_async::<()>(connection).await
+}
+
 /// Asks the server on `connection` what it is: `INFO` (its default sections) and, where the server
 /// allows it (not renamed, not denied by an ACL), `CONFIG GET appendfsync`.
-async fn identify(connection: &mut MultiplexedConnection) -> Result<Identity, String> {
+pub(super) async fn identify(connection: &mut MultiplexedConnection) -> Result<Identity, String> {
     let info: Value = redis::cmd("INFO")
         .query_async(connection)
         .await
@@ -539,12 +588,12 @@ async fn identify(connection: &mut MultiplexedConnection) -> Result<Identity, St
 }
 
 /// Whether an error says that the server is a replica now (it refuses writes).
-fn is_readonly(text: &str) -> bool {
+pub(super) fn is_readonly(text: &str) -> bool {
     text.contains("READONLY")
 }
 
 /// Whether a reply says that a script is not in the node's cache.
-fn needs_scripts(reply: &redis::RedisResult<Vec<Value>>) -> bool {
+pub(super) fn needs_scripts(reply: &redis::RedisResult<Vec<Value>>) -> bool {
     let is_noscript = |text: &str| text.contains("NOSCRIPT");
     match reply {
         Err(error) => {

@@ -53,8 +53,18 @@ fn text(value: &Value) -> Option<String> {
 
 fn server_error(value: &Value) -> Option<String> {
     match value {
-        Value::ServerError(error) => Some(format!("{error:?}")),
+        Value::ServerError(error) => Some(describe(error)),
         _ => None,
+    }
+}
+
+/// A server's error as messages show it: `CODE detail`; a Redis Cluster shard's failure
+/// ([`super::cluster`]) as its detail alone, which names the shard.
+pub(super) fn describe(error: &redis::ServerError) -> String {
+    match (error.code(), error.details()) {
+        ("CLUSTER", Some(detail)) => detail.to_string(),
+        (code, Some(detail)) => format!("{code} {detail}"),
+        (code, None) => code.to_string(),
     }
 }
 

@@ -204,7 +204,7 @@ impl Shape {
                     answers.extend(items.into_iter().map(parse));
                 }
                 Value::ServerError(error) => {
-                    let why = format!("{error:?}");
+                    let why = super::reply::describe(&error);
                     answers.extend((0..size).map(|_| failed(why.clone())));
                 }
                 other => {

@@ -450,8 +450,15 @@ impl Calls {
         (self.pipeline, super::round::Shape::Calls(self.sizes))
     }
 
-    /// The calls of `script` for `items`, each its keys and its arguments, in order.
-    pub(super) fn new<'a, K, A>(script: &Script, items: impl IntoIterator<Item = (K, A)>) -> Calls
+    /// The calls of `script` for `items`, each its keys and its arguments, in order. With `per_slot`
+    /// (a Redis Cluster), a call also ends where the next item's keys hash to another slot: a cluster
+    /// master runs only calls whose keys are all on one slot, and each item's keys share its job's
+    /// `{job}` hash tag.
+    pub(super) fn new<'a, K, A>(
+        script: &Script,
+        items: impl IntoIterator<Item = (K, A)>,
+        per_slot: bool,
+    ) -> Calls
     where
         K: AsRef<[String]>,
         A: IntoIterator<Item = &'a str>,
@@ -461,7 +468,18 @@ impl Calls {
             sizes: Vec::new(),
         };
         let (mut keys, mut args, mut size) = (Vec::<String>::new(), Vec::<&str>::new(), 0);
+        let mut call_slot = None;
         for (item_keys, item_args) in items {
+            if per_slot {
+                let slot = item_keys
+                    .as_ref()
+                    .first()
+                    .map(|key| super::cluster::slot(key.as_bytes()));
+                if size > 0 && slot != call_slot {
+                    calls.push(script, &mut keys, &mut args, &mut size);
+                }
+                call_slot = slot;
+            }
             keys.extend_from_slice(item_keys.as_ref());
             args.extend(item_args);
             size += 1;

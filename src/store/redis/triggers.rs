@@ -72,7 +72,8 @@ pub(super) fn sources() -> [String; 2] {
 
 /// The trigger keys: requests, expiry, change count.
 fn trigger_keys(prefix: &str) -> [String; 3] {
-    let base = format!("{prefix}:triggers");
+    // One hash tag, so that all three are on one slot of a Redis Cluster.
+    let base = format!("{prefix}:{{triggers}}");
     [
         base.clone(),
         format!("{base}:expiry"),
