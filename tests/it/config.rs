@@ -1305,3 +1305,84 @@ fn redis_tls_files_resolve_beside_the_config_and_need_a_tls_node() {
     ));
     assert!(got.contains("redis.ca_file: an empty file name"), "{got}");
 }
+
+/// `redis.cluster` reads back as the store's one node, its password kept for the connections and not in
+/// its label; `min_replicas_acked` defaults to `all` and belongs to it.
+#[test]
+fn a_redis_cluster_reads_back_as_the_stores_one_node() {
+    let config = ok(&format!(
+        "redis:\n  cluster: [\"redis://:${{REDIS_PASSWORD}}@10.0.0.1:7000\", redis://10.0.0.2:7000]\n{JOB}"
+    ));
+    let StoreConfig::Redis(redis) = &config.store else {
+        panic!("expected a Redis store, got {:?}", config.store)
+    };
+    let [RedisNode::Cluster(cluster)] = redis.nodes.as_slice() else {
+        panic!("expected one cluster node, got {:?}", redis.nodes)
+    };
+    assert_eq!(cluster.seeds[0], "redis://:s3cret@10.0.0.1:7000");
+    assert_eq!(cluster.min_replicas_acked, ReplicaAcks::All);
+    assert_eq!(cluster.label(), "cluster://10.0.0.1:7000,10.0.0.2:7000");
+
+    let config = ok(&format!(
+        "redis:\n  cluster: [redis://10.0.0.1:7000]\n  min_replicas_acked: 2\n{JOB}"
+    ));
+    let StoreConfig::Redis(redis) = &config.store else {
+        panic!("expected a Redis store")
+    };
+    assert!(
+        matches!(&redis.nodes[..], [RedisNode::Cluster(c)] if c.min_replicas_acked == ReplicaAcks::Exactly(2)),
+        "{:?}",
+        redis.nodes
+    );
+    assert!(
+        config.warnings[0].contains("redis.min_replicas_acked: 2:"),
+        "{:?}",
+        config.warnings
+    );
+}
+
+/// Each mistake in `redis.cluster` is named at its line and field, a seed's password hidden.
+#[test]
+fn redis_cluster_problems_name_their_field() {
+    let cases = [
+        (
+            "redis:\n  cluster: [redis://a:1]\n  nodes: [redis://b:1]\n",
+            "jobs.yaml:3:10: redis.nodes: `nodes` and `cluster` are alternatives",
+        ),
+        (
+            "redis:\n  cluster: []\n",
+            "jobs.yaml:2:12: redis.cluster: no seeds",
+        ),
+        (
+            "redis:\n  cluster: [\"redis://:pw@a:1/2\"]\n",
+            "jobs.yaml:2:13: redis.cluster[0]: invalid seed URL redis://:***@a:1/2: database 2: a Redis Cluster has only database 0",
+        ),
+        (
+            "redis:\n  cluster: [redis://a:1, \"redis://A:1\"]\n",
+            "jobs.yaml:2:26: redis.cluster[1]: invalid seed URL redis://A:1: a:1 is listed twice",
+        ),
+        (
+            "redis:\n  cluster: [redis://a:1, rediss://b:1]\n",
+            "jobs.yaml:2:12: redis.cluster: some seeds are rediss:// and some redis://",
+        ),
+        (
+            "redis:\n  cluster: [http://a:1]\n",
+            "jobs.yaml:2:13: redis.cluster[0]: invalid seed URL",
+        ),
+        (
+            "redis:\n  nodes: [redis://a:1]\n  min_replicas_acked: 1\n",
+            "jobs.yaml:3:23: redis.min_replicas_acked: only for `cluster`",
+        ),
+        (
+            "redis:\n  cluster: [redis://a:1]\n  min_replicas_acked: some\n",
+            "jobs.yaml:3:23: redis.min_replicas_acked: invalid min_replicas_acked \"some\"",
+        ),
+    ];
+    let wrong: Vec<String> = cases
+        .iter()
+        .map(|(section, expected)| (only_problem(&format!("{section}{JOB}")), expected))
+        .filter(|(got, expected)| !got.starts_with(*expected) || got.contains("pw@"))
+        .map(|(got, expected)| format!("got      {got}\nexpected {expected}"))
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
