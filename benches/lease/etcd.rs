@@ -86,6 +86,7 @@ fn settings_for(store: Backend) -> LockSettings {
     match store {
         Backend::Redis | Backend::Embedded => settings(),
         Backend::RedisSentinel
+        | Backend::RedisCluster
         | Backend::Etcd
         | Backend::Postgres
         | Backend::Mariadb
@@ -101,6 +102,7 @@ fn short(store: Backend) -> &'static str {
     match store {
         Backend::Redis => "redis",
         Backend::RedisSentinel => "redis-sentinel",
+        Backend::RedisCluster => "redis-cluster",
         Backend::Etcd => "etcd",
         Backend::Postgres => "postgres",
         Backend::Mariadb => "mariadb",

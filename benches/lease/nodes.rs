@@ -50,6 +50,8 @@ impl Counters for Cluster {
         match self {
             Cluster::Sentinel(group) => redis_usage(&group.data, group.master().unwrap_or(0)),
             Cluster::Redis(cluster) => redis_usage(cluster, i),
+            Cluster::Sharded(sharded) => redis_usage(sharded.nodes(), i),
+            Cluster::SharedSharded(shared) => redis_usage(shared.cluster().nodes(), i),
             Cluster::Etcd(cluster) => {
                 let text = cluster.metrics(i).unwrap_or_default();
                 let metric = |name: &str| -> f64 {
@@ -76,7 +78,10 @@ impl Counters for Cluster {
         let usages = (0..self.len()).map(|i| self.usage(i));
         let cpu = usages.clone().map(|u| u.cpu).sum();
         let commands = match self {
-            Cluster::Redis(_) | Cluster::Sentinel(_) => usages.map(|u| u.commands).sum(),
+            Cluster::Redis(_)
+            | Cluster::Sentinel(_)
+            | Cluster::Sharded(_)
+            | Cluster::SharedSharded(_) => usages.map(|u| u.commands).sum(),
             Cluster::Etcd(_) | Cluster::Zookeeper(_) | Cluster::SharedZookeeper(_) => {
                 usages.map(|u| u.commands).max().unwrap_or(0)
             }

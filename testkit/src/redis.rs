@@ -36,6 +36,7 @@ pub struct RedisClusterBuilder {
     client_certificates: bool,
     password: Option<String>,
     settings: Vec<(String, String)>,
+    cluster_enabled: bool,
 }
 
 impl RedisClusterBuilder {
@@ -79,6 +80,14 @@ impl RedisClusterBuilder {
         self
     }
 
+    /// Start every node as a Redis Cluster node (`cluster-enabled yes`), its cluster state in
+    /// `nodes.conf` in its directory and its cluster bus on a free port of its own (`cluster-port`,
+    /// kept across [`RedisCluster::restart`]); [`crate::ShardedRedis`] makes a cluster of them.
+    pub fn cluster_enabled(mut self, enabled: bool) -> Self {
+        self.cluster_enabled = enabled;
+        self
+    }
+
     /// Starts every node and waits until each answers PING; panics (with the node's log) otherwise.
     pub fn start(self) -> RedisCluster {
         crate::require_program("redis-server", "redis-server");
@@ -99,6 +108,7 @@ impl RedisClusterBuilder {
             client_certificates: self.tls && self.client_certificates,
             password: self.password,
             config_file: !self.settings.is_empty(),
+            cluster_enabled: self.cluster_enabled,
             _dir: dir,
         };
         for i in 0..self.nodes {
@@ -115,6 +125,7 @@ impl RedisClusterBuilder {
             // Pushed before starting so that Drop cleans up even if a later node fails.
             cluster.nodes.push(Node {
                 port: 0,
+                bus_port: 0,
                 dir,
                 child: None,
                 stopped: false,
@@ -134,6 +145,8 @@ pub struct RedisCluster {
     password: Option<String>,
     /// Whether each node starts from its [`CONFIG_FILE`] (see [`RedisClusterBuilder::config`]).
     config_file: bool,
+    /// Whether the nodes are Redis Cluster nodes ([`RedisClusterBuilder::cluster_enabled`]).
+    cluster_enabled: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -142,6 +155,8 @@ const CONFIG_FILE: &str = "redis.conf";
 
 struct Node {
     port: u16,
+    /// The cluster bus port of a Redis Cluster node (0 for any other).
+    bus_port: u16,
     dir: PathBuf,
     child: Option<Child>,
     stopped: bool,
@@ -162,6 +177,7 @@ impl RedisCluster {
             client_certificates: false,
             password: None,
             settings: Vec::new(),
+            cluster_enabled: false,
         }
     }
 
@@ -200,6 +216,12 @@ impl RedisCluster {
 
     pub fn port(&self, i: usize) -> u16 {
         self.nodes[i].port
+    }
+
+    /// Node `i`'s cluster bus port (`cluster-port`), for `CLUSTER MEET`; 0 unless
+    /// [`RedisClusterBuilder::cluster_enabled`].
+    pub fn bus_port(&self, i: usize) -> u16 {
+        self.nodes[i].bus_port
     }
 
     /// The node's process id, while it runs.
@@ -349,7 +371,11 @@ impl RedisCluster {
 
     fn start_on_free_port(&mut self, i: usize) {
         for _ in 0..5 {
-            self.nodes[i].port = crate::free_port();
+            let ports = crate::free_ports(2);
+            self.nodes[i].port = ports[0];
+            if self.cluster_enabled {
+                self.nodes[i].bus_port = ports[1];
+            }
             match self.try_start(i) {
                 Ok(()) => return,
                 Err(log) if log.contains("Address already in use") => continue,
@@ -396,6 +422,20 @@ impl RedisCluster {
         }
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
+        }
+        if self.cluster_enabled {
+            command
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ])
+                .args(["--cluster-port", &node.bus_port.to_string()]);
+            if let Some(password) = &self.password {
+                // A replica authenticates to its master with the cluster's one password.
+                command.args(["--masterauth", password]);
+            }
         }
         command
             .args(["--bind", "127.0.0.1", "--save", ""])

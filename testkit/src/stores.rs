@@ -14,7 +14,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use redcron::config::{
-    EtcdConfig, RedisConfig, RedisNode, ReplicaAcks, SqlConfig, SqlTls, ZookeeperConfig,
+    ClusterSeeds, EtcdConfig, RedisConfig, RedisNode, ReplicaAcks, SqlConfig, SqlTls,
+    ZookeeperConfig,
 };
 use redcron::history::{Entry, HistorySettings, Query};
 use redcron::lock::LockSettings;
@@ -26,7 +27,10 @@ use redcron::store::zookeeper::ZookeeperStore;
 use redcron::store::{Store, StoreError};
 
 use crate::sentinel::MASTER_NAME as SENTINEL_MASTER;
-use crate::{EtcdCluster, RedisCluster, SentinelGroup, SharedZk, SqlKind, SqlServer, ZkEnsemble};
+use crate::{
+    EtcdCluster, RedisCluster, SentinelGroup, ShardedRedis, SharedShardedRedis, SharedZk, SqlKind,
+    SqlServer, ZkEnsemble,
+};
 
 /// Which store a test or a benchmark item runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +38,8 @@ pub enum Backend {
     Redis,
     /// One Sentinel-managed group (a master, a replica, a Sentinel) as the Redis store's one node.
     RedisSentinel,
+    /// A Redis Cluster of 3 masters with a replica each (`redis.cluster`).
+    RedisCluster,
     Etcd,
     Embedded,
     /// A PostgreSQL server (the SQL store's `postgres` dialect).
@@ -50,6 +56,7 @@ impl Backend {
         match self {
             Backend::Redis => "Redis",
             Backend::RedisSentinel => "Redis (a Sentinel group)",
+            Backend::RedisCluster => "Redis Cluster",
             Backend::Etcd => "etcd",
             Backend::Embedded => "embedded",
             Backend::Postgres => "PostgreSQL",
@@ -65,6 +72,7 @@ impl Backend {
             Backend::Mariadb => Some(SqlKind::Mariadb),
             Backend::Redis
             | Backend::RedisSentinel
+            | Backend::RedisCluster
             | Backend::Etcd
             | Backend::Embedded
             | Backend::Zookeeper => None,
@@ -79,6 +87,7 @@ impl Backend {
             Backend::RedisSentinel => Cluster::Sentinel(Box::new(
                 SentinelGroup::builder().replicas(1).sentinels(1).start(),
             )),
+            Backend::RedisCluster => Cluster::Sharded(Box::new(ShardedRedis::start())),
             Backend::Etcd | Backend::Zookeeper => self.start_nodes(3),
             Backend::Embedded | Backend::Postgres | Backend::Mariadb => self.start_nodes(1),
         }
@@ -86,11 +95,14 @@ impl Backend {
 
     /// A cluster that a test which neither stops nor kills its nodes may share with other such tests of
     /// the process: for ZooKeeper the process's shared ensemble ([`SharedZk`]) under a chroot of the
-    /// test's own, so that the test sees nothing of the others and starts no JVMs; for every other
-    /// store a cluster of its own, as [`Self::start`]. Stopping a node of a shared ensemble panics.
+    /// test's own, so that the test sees nothing of the others and starts no JVMs; for a Redis Cluster
+    /// the process's shared one ([`SharedShardedRedis`]) under a key prefix of the test's own; for
+    /// every other store a cluster of its own, as [`Self::start`]. Stopping a node of a shared ensemble
+    /// or cluster panics.
     pub fn start_shared(self) -> Cluster {
         match self {
             Backend::Zookeeper => Cluster::SharedZookeeper(SharedZk::get()),
+            Backend::RedisCluster => Cluster::SharedSharded(SharedShardedRedis::get()),
             _ => self.start(),
         }
     }
@@ -103,6 +115,10 @@ impl Backend {
             Backend::RedisSentinel => {
                 assert_eq!(n, 1, "a Sentinel group is one node");
                 Backend::RedisSentinel.start()
+            }
+            Backend::RedisCluster => {
+                assert_eq!(n, 1, "a Redis Cluster is the store's one node");
+                Backend::RedisCluster.start()
             }
             Backend::Etcd => Cluster::Etcd(EtcdCluster::with_members(n)),
             Backend::Zookeeper => Cluster::Zookeeper(ZkEnsemble::start(n)),
@@ -129,7 +145,7 @@ impl Backend {
         match self {
             Backend::Redis => settings,
             // Each answer waits for the replica's acknowledgement (`WAIT`): room for it.
-            Backend::RedisSentinel => LockSettings {
+            Backend::RedisSentinel | Backend::RedisCluster => LockSettings {
                 node_timeout: settings.node_timeout.max(Duration::from_millis(500)),
                 ttl: settings.ttl.max(Duration::from_secs(1)),
                 renew_every: settings
@@ -168,6 +184,7 @@ impl Backend {
             // claim or renewal that wrote it.
             Backend::Redis
             | Backend::RedisSentinel
+            | Backend::RedisCluster
             | Backend::Embedded
             | Backend::Postgres
             | Backend::Mariadb => ttl + Duration::from_millis(100),
@@ -194,6 +211,7 @@ impl Backend {
                 "redis:\n  nodes:\n    - {{sentinels: [{}], master: {SENTINEL_MASTER}}}\n",
                 quoted.join(", ")
             ),
+            Backend::RedisCluster => format!("redis:\n  cluster: [{}]\n", quoted.join(", ")),
             Backend::Etcd => format!("etcd:\n  endpoints: [{}]\n", quoted.join(", ")),
             Backend::Embedded => format!("embedded:\n  path: {}\n", quoted.join(", ")),
             Backend::Postgres => {
@@ -219,6 +237,11 @@ pub enum Cluster {
     /// The process's shared ZooKeeper ensemble under a chroot of this cluster's own
     /// ([`Backend::start_shared`]): its members are not to be stopped.
     SharedZookeeper(SharedZk),
+    /// A Redis Cluster of its own, the store's one node. Boxed, as a group is.
+    Sharded(Box<ShardedRedis>),
+    /// The process's shared Redis Cluster under a key prefix of this cluster's own
+    /// ([`Backend::start_shared`]): its nodes are not to be stopped or flushed.
+    SharedSharded(SharedShardedRedis),
 }
 
 impl Cluster {
@@ -226,6 +249,7 @@ impl Cluster {
         match self {
             Cluster::Redis(_) => Backend::Redis,
             Cluster::Sentinel(_) => Backend::RedisSentinel,
+            Cluster::Sharded(_) | Cluster::SharedSharded(_) => Backend::RedisCluster,
             Cluster::Etcd(_) => Backend::Etcd,
             Cluster::Zookeeper(_) | Cluster::SharedZookeeper(_) => Backend::Zookeeper,
             Cluster::Embedded(_) => Backend::Embedded,
@@ -256,6 +280,10 @@ impl Cluster {
                 key_prefix: shared.prefix().to_string(),
                 ..settings
             },
+            Cluster::SharedSharded(shared) => LockSettings {
+                key_prefix: shared.prefix().to_string(),
+                ..settings
+            },
             _ => settings,
         };
         open(
@@ -272,6 +300,7 @@ impl Cluster {
         let kind = match self.backend() {
             Backend::Redis => "redis",
             Backend::RedisSentinel => "redis-sentinel",
+            Backend::RedisCluster => "redis-cluster",
             Backend::Etcd => "etcd",
             Backend::Embedded => "embedded",
             Backend::Postgres => "postgres",
@@ -280,6 +309,9 @@ impl Cluster {
         };
         match self {
             Cluster::SharedZookeeper(shared) => {
+                format!("{kind}|{}|{}", self.urls().join(","), shared.prefix())
+            }
+            Cluster::SharedSharded(shared) => {
                 format!("{kind}|{}|{}", self.urls().join(","), shared.prefix())
             }
             _ => format!("{kind}|{}", self.urls().join(",")),
@@ -292,6 +324,8 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.urls(),
             Cluster::Sentinel(group) => group.sentinel_addresses(),
+            Cluster::Sharded(cluster) => cluster.seed_urls(),
+            Cluster::SharedSharded(shared) => shared.cluster().seed_urls(),
             Cluster::Etcd(cluster) => cluster.endpoints(),
             Cluster::Zookeeper(ensemble) => ensemble.addresses(),
             Cluster::SharedZookeeper(shared) => shared.ensemble().addresses(),
@@ -311,7 +345,7 @@ impl Cluster {
     pub fn len(&self) -> usize {
         match self {
             Cluster::Redis(cluster) => cluster.len(),
-            Cluster::Sentinel(_) => 1,
+            Cluster::Sentinel(_) | Cluster::Sharded(_) | Cluster::SharedSharded(_) => 1,
             Cluster::Etcd(cluster) => cluster.len(),
             Cluster::Zookeeper(ensemble) => ensemble.len(),
             Cluster::SharedZookeeper(shared) => shared.ensemble().len(),
@@ -328,6 +362,8 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.port(i),
             Cluster::Sentinel(group) => group.data.port(group.master().unwrap_or(0)),
+            Cluster::Sharded(cluster) => cluster.nodes().port(i),
+            Cluster::SharedSharded(shared) => shared.cluster().nodes().port(i),
             Cluster::Etcd(cluster) => cluster.client_port(i),
             Cluster::Zookeeper(ensemble) => ensemble.client_port(i),
             Cluster::SharedZookeeper(shared) => shared.ensemble().client_port(i),
@@ -341,6 +377,8 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.pid(i),
             Cluster::Sentinel(group) => group.data.pid(group.master().unwrap_or(0)),
+            Cluster::Sharded(cluster) => cluster.nodes().pid(i),
+            Cluster::SharedSharded(shared) => shared.cluster().nodes().pid(i),
             Cluster::Etcd(cluster) => cluster.pid(i),
             Cluster::Zookeeper(ensemble) => ensemble.pid(i),
             Cluster::SharedZookeeper(shared) => shared.ensemble().pid(i),
@@ -380,6 +418,12 @@ impl Cluster {
             Cluster::Redis(cluster) => cluster.stop(i),
             // The group is one node: every data node hangs (so no replica can be promoted either).
             Cluster::Sentinel(group) => (0..group.data.len()).for_each(|i| group.data.stop(i)),
+            // The cluster is one node: every node hangs (so no replica is promoted either).
+            Cluster::Sharded(cluster) => {
+                let nodes = cluster.nodes_mut();
+                (0..nodes.len()).for_each(|i| nodes.stop(i));
+            }
+            Cluster::SharedSharded(_) => panic!("{SHARED_UNDISTURBED}"),
             Cluster::Etcd(cluster) => cluster.stop(i),
             Cluster::Zookeeper(ensemble) => ensemble.stop(i),
             Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
@@ -393,6 +437,11 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => cluster.cont(i),
             Cluster::Sentinel(group) => (0..group.data.len()).for_each(|i| group.data.cont(i)),
+            Cluster::Sharded(cluster) => {
+                let nodes = cluster.nodes_mut();
+                (0..nodes.len()).for_each(|i| nodes.cont(i));
+            }
+            Cluster::SharedSharded(_) => panic!("{SHARED_UNDISTURBED}"),
             Cluster::Etcd(cluster) => cluster.cont(i),
             Cluster::Zookeeper(ensemble) => ensemble.cont(i),
             Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
@@ -417,8 +466,12 @@ impl Cluster {
             // most likely through another test's ensemble that held a member's port, which no readiness
             // check noticed then — see `ports`.)
             Cluster::Zookeeper(ensemble) => (0..ensemble.len()).collect(),
-            Cluster::SharedZookeeper(_) => panic!("{SHARED_UNDISTURBED}"),
-            Cluster::Embedded(_) | Cluster::Sql(_) | Cluster::Sentinel(_) => vec![0],
+            Cluster::SharedZookeeper(_) | Cluster::SharedSharded(_) => {
+                panic!("{SHARED_UNDISTURBED}")
+            }
+            Cluster::Embedded(_) | Cluster::Sql(_) | Cluster::Sentinel(_) | Cluster::Sharded(_) => {
+                vec![0]
+            }
         };
         for &i in &stopped {
             self.stop(i);
@@ -438,6 +491,12 @@ impl Cluster {
         match self {
             Cluster::Redis(cluster) => (0..cluster.len()).for_each(|i| cluster.flushall(i)),
             Cluster::Sentinel(group) => group.data.flushall(group.master().unwrap_or(0)),
+            Cluster::Sharded(cluster) => {
+                for (master, _) in cluster.masters() {
+                    cluster.nodes().flushall(master);
+                }
+            }
+            Cluster::SharedSharded(_) => panic!("{SHARED_UNDISTURBED}"),
             Cluster::Etcd(cluster) => cluster.delete_all(),
             Cluster::Zookeeper(ensemble) => ensemble.delete_all(),
             Cluster::SharedZookeeper(shared) => shared.delete_all(),
@@ -449,8 +508,8 @@ impl Cluster {
 
 /// Why a shared ZooKeeper ensemble's members cannot be stopped: the other tests on it would fail.
 const SHARED_UNDISTURBED: &str =
-    "the shared ZooKeeper ensemble serves other tests: a test that stops \
-     members starts an ensemble of its own (Backend::start)";
+    "the shared ZooKeeper ensemble (or Redis Cluster) serves other tests: a test that stops \
+     members or flushes starts one of its own (Backend::start)";
 
 /// A worker's `jobs.yaml` on the `backend` store at `addresses` ([`Backend::section`]): `worker_section`
 /// (YAML under `worker:`, already indented) and `jobs` (YAML list items), with short leases — on etcd as
@@ -463,7 +522,7 @@ pub fn worker_config(
 ) -> String {
     let lock = match backend {
         Backend::Redis | Backend::Embedded => SHORT_LEASES,
-        Backend::RedisSentinel => SQL_LEASES,
+        Backend::RedisSentinel | Backend::RedisCluster => SQL_LEASES,
         Backend::Etcd => ETCD_LEASES,
         Backend::Postgres | Backend::Mariadb => SQL_LEASES,
         Backend::Zookeeper => ZK_LEASES,
@@ -598,7 +657,7 @@ pub fn store_keeping(spec: &str, settings: LockSettings, history: HistorySetting
     let (kind, list) = spec.split_once('|').expect("a cluster spec is kind|list");
     // A shared ZooKeeper ensemble's spec ends in `|<key prefix>`: the test's chroot.
     let (list, settings) = match list.split_once('|') {
-        Some((list, prefix)) if kind == "zookeeper" => (
+        Some((list, prefix)) if kind == "zookeeper" || kind == "redis-cluster" => (
             list,
             LockSettings {
                 key_prefix: prefix.to_string(),
@@ -611,6 +670,7 @@ pub fn store_keeping(spec: &str, settings: LockSettings, history: HistorySetting
     let backend = match kind {
         "redis" => Backend::Redis,
         "redis-sentinel" => Backend::RedisSentinel,
+        "redis-cluster" => Backend::RedisCluster,
         "etcd" => Backend::Etcd,
         "embedded" => Backend::Embedded,
         "postgres" => Backend::Postgres,
@@ -634,6 +694,14 @@ fn open(
         Backend::RedisSentinel => {
             let group = crate::sentinel::group_config(addresses.to_vec(), ReplicaAcks::All);
             let config = RedisConfig::on(vec![RedisNode::Sentinel(group)]);
+            Store::Redis(RedisStore::open(&config, settings)?.with_history(history))
+        }
+        Backend::RedisCluster => {
+            let cluster = ClusterSeeds {
+                seeds: addresses.to_vec(),
+                min_replicas_acked: ReplicaAcks::All,
+            };
+            let config = RedisConfig::on(vec![RedisNode::Cluster(cluster)]);
             Store::Redis(RedisStore::open(&config, settings)?.with_history(history))
         }
         Backend::Etcd => {

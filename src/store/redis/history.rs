@@ -9,7 +9,7 @@
 //! counts a job's ticks and drops the oldest once there are more than
 //! [`crate::history::HistorySettings::most_ticks`], down to `keep_ticks`. Members
 //! are `…:members` (a hash, worker id → `<seen ms> <JSON>`) and `…:members:expiry` (a sorted set of worker
-//! ids by heartbeat expiry); both stamped with the node's own `TIME`, so no worker's clock decides who is
+//! ids by heartbeat expiry; `…:{members}…` on a Redis Cluster, one slot for both); both stamped with the node's own `TIME`, so no worker's clock decides who is
 //! alive.
 //!
 //! None of this is on a claim's path: the worker writes entries after the facts, in the background.
@@ -241,10 +241,14 @@ fn failure(answer: &Result<Vec<Value>, String>) -> Option<String> {
     }
 }
 
-/// The membership keys: members, expiry.
-fn member_keys(prefix: &str) -> [String; 2] {
-    // One hash tag, so that both are on one slot of a Redis Cluster.
-    let base = format!("{prefix}:{{members}}");
+/// The membership keys: members, expiry. On a Redis Cluster (`per_slot`) both carry the hash tag
+/// `{members}`, so that one script call reaches both on one slot; elsewhere they keep the names every
+/// version has written.
+fn member_keys(prefix: &str, per_slot: bool) -> [String; 2] {
+    let base = match per_slot {
+        true => format!("{prefix}:{{members}}"),
+        false => format!("{prefix}:members"),
+    };
     [base.clone(), format!("{base}:expiry")]
 }
 
@@ -475,7 +479,7 @@ impl Records for RedisStore {
 
     /// Announces `member` on every node; see [`crate::store::Store::announce`].
     async fn announce(&self, member: &Member) -> Result<(), QuorumFailure> {
-        let keys = member_keys(&self.settings.key_prefix);
+        let keys = member_keys(&self.settings.key_prefix, self.per_slot);
         let json = serde_json::to_string(member).unwrap_or_default();
         let (ttl, keep) = (
             member.ttl().as_millis().to_string(),
@@ -489,7 +493,7 @@ impl Records for RedisStore {
 
     /// Every member known to a majority, merged; see [`crate::store::Store::members`].
     async fn members(&self) -> Result<Read<Vec<Member>>, QuorumFailure> {
-        let keys = member_keys(&self.settings.key_prefix);
+        let keys = member_keys(&self.settings.key_prefix, self.per_slot);
         let mut pipeline = redis::pipe();
         pipeline.add_command(evalsha(&MEMBERS, &keys, &[]));
         let answers = self.ask_all(&pipeline).await;

@@ -1,5 +1,6 @@
 //! Trigger requests on the Redis nodes: `<prefix>:triggers` (a hash, request id → request JSON) and
-//! `<prefix>:triggers:expiry` (a sorted set of request ids by when the store drops them). Every write and
+//! `<prefix>:triggers:expiry` (a sorted set of request ids by when the store drops them); on a Redis
+//! Cluster `<prefix>:{triggers}…`, one slot for all three keys. Every write and
 //! every read drops the requests past their expiry on the node's own clock, in the same atomic step, so the
 //! hash holds only the requests still in (or just past) their window.
 //!
@@ -70,10 +71,14 @@ pub(super) fn sources() -> [String; 2] {
     [add_source(), list_source()]
 }
 
-/// The trigger keys: requests, expiry, change count.
-fn trigger_keys(prefix: &str) -> [String; 3] {
-    // One hash tag, so that all three are on one slot of a Redis Cluster.
-    let base = format!("{prefix}:{{triggers}}");
+/// The trigger keys: requests, expiry, change count. On a Redis Cluster (`per_slot`) all three carry
+/// the hash tag `{triggers}`, so that one script call reaches them on one slot; elsewhere they keep the
+/// names every version (an older `redcron trigger` too) writes.
+fn trigger_keys(prefix: &str, per_slot: bool) -> [String; 3] {
+    let base = match per_slot {
+        true => format!("{prefix}:{{triggers}}"),
+        false => format!("{prefix}:triggers"),
+    };
     [
         base.clone(),
         format!("{base}:expiry"),
@@ -137,7 +142,7 @@ impl RedisStore {
 impl Triggers for RedisStore {
     /// Writes `request` to every node; see [`crate::store::Store::request_trigger`].
     async fn request_trigger(&self, request: &TriggerRequest) -> Result<(), QuorumFailure> {
-        let keys = trigger_keys(&self.settings.key_prefix);
+        let keys = trigger_keys(&self.settings.key_prefix, self.per_slot);
         let expires = request.expires_at_ms().to_string();
         let mut pipeline = redis::pipe();
         pipeline.add_command(evalsha(
@@ -152,7 +157,7 @@ impl Triggers for RedisStore {
     /// Every request known to a majority's nodes, merged; see [`crate::store::Store::triggers`]. Listed
     /// in full only when a node's change count moved, or every [`FULL_LIST_EVERY`] (see the module).
     async fn triggers(&self) -> Result<Read<Vec<TriggerRequest>>, QuorumFailure> {
-        let keys = trigger_keys(&self.settings.key_prefix);
+        let keys = trigger_keys(&self.settings.key_prefix, self.per_slot);
         if let Some(read) = self.unchanged(&keys[2]).await {
             return Ok(read);
         }
@@ -216,7 +221,7 @@ impl Triggers for RedisStore {
     /// Deletes the request on every node, in the background, and counts the change; see
     /// [`crate::store::Store::forget_trigger`].
     fn forget_trigger(&self, id: &str) {
-        let [requests, expiry, count] = trigger_keys(&self.settings.key_prefix);
+        let [requests, expiry, count] = trigger_keys(&self.settings.key_prefix, self.per_slot);
         let mut pipeline = redis::pipe();
         pipeline.cmd("HDEL").arg(requests).arg(id);
         pipeline.cmd("ZREM").arg(expiry).arg(id);

@@ -74,6 +74,17 @@ impl Guarded {
                     _running: Box::new(group),
                 }
             }
+            Backend::RedisCluster => {
+                let cluster = testkit::ShardedRedis::builder().password(PASSWORD).start();
+                let bare: Vec<String> = (0..cluster.len())
+                    .map(|i| format!("redis://127.0.0.1:{}", cluster.nodes().port(i)))
+                    .collect();
+                Guarded {
+                    with: format!("redis:\n  {}\n", cluster.cluster_yaml()),
+                    without: format!("redis:\n  cluster: {}\n", list(&bare)),
+                    _running: Box::new(cluster),
+                }
+            }
             Backend::Etcd => {
                 let cluster = crate::support::EtcdCluster::start();
                 let mut admin = etcd_client::Client::connect(cluster.endpoints(), None)

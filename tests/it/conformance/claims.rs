@@ -27,6 +27,7 @@ pub(super) async fn acquire_renew_release(backend: Backend) {
     let floor = match backend {
         Backend::Redis
         | Backend::RedisSentinel
+        | Backend::RedisCluster
         | Backend::Embedded
         | Backend::Postgres
         | Backend::Mariadb => token_floor(Tick(1_000)),
@@ -124,6 +125,8 @@ fn contender_process() {
         Some("postgres") => Backend::Postgres,
         Some("mariadb") => Backend::Mariadb,
         Some("zookeeper") => Backend::Zookeeper,
+        Some("redis-sentinel") => Backend::RedisSentinel,
+        Some("redis-cluster") => Backend::RedisCluster,
         _ => Backend::Redis,
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
@@ -432,6 +435,11 @@ fn fence(cluster: &Cluster, job: &str) -> Option<u64> {
             let master = group.master().expect("the group has a master");
             vec![group.data.get(master, &key).and_then(|v| v.parse().ok())]
         }
+        Cluster::Sharded(sharded) => vec![sharded.get(&key).and_then(|v| v.parse().ok())],
+        Cluster::SharedSharded(shared) => {
+            let key = key.replacen("redcron:", &format!("{}:", shared.prefix()), 1);
+            vec![shared.cluster().get(&key).and_then(|v| v.parse().ok())]
+        }
         Cluster::Embedded(file) => {
             let connection = rusqlite::Connection::open(file.path()).expect("open the database");
             let fence: Option<i64> = connection
@@ -475,6 +483,11 @@ fn plant_fence(cluster: &Cluster, job: &str, fence: u64) {
             let () = group
                 .data
                 .query(master, ::redis::cmd("SET").arg(&key).arg(fence));
+        }
+        Cluster::Sharded(sharded) => sharded.set(&key, fence),
+        Cluster::SharedSharded(shared) => {
+            let key = key.replacen("redcron:", &format!("{}:", shared.prefix()), 1);
+            shared.cluster().set(&key, fence);
         }
         Cluster::Embedded(file) => {
             let connection = rusqlite::Connection::open(file.path()).expect("open the database");

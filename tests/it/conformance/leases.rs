@@ -59,6 +59,7 @@ pub(super) async fn renewal_after_the_deadline_never_revives(backend: Backend) {
         Backend::Embedded => 4_000,
         Backend::Redis
         | Backend::RedisSentinel
+        | Backend::RedisCluster
         | Backend::Etcd
         | Backend::Postgres
         | Backend::Mariadb

@@ -1,7 +1,8 @@
 //! The conformance suite: the guarantees every store keeps, proved through [`redcron::store::Store`] alone
 //! on each store — 5 Redis nodes, a 3-member etcd cluster, the embedded store's SQLite file, a PostgreSQL
-//! server, a MariaDB server, a 3-member ZooKeeper ensemble, and the Redis store on one Sentinel group (a
-//! master, a replica and a Sentinel: every answer waits for the replica's `WAIT`).
+//! server, a MariaDB server, a 3-member ZooKeeper ensemble, the Redis store on one Sentinel group (a
+//! master, a replica and a Sentinel: every answer waits for the replica's `WAIT`), and on a Redis
+//! Cluster of 3 masters with a replica each (every master's answer waits for its replica's `WAIT`).
 //!
 //! [`conformance!`] instantiates the whole suite once per store, as `conformance::<store>::<test>`, so that
 //! one store's run is one filter (`cargo test --test it conformance::embedded`); a store's own faults (a
@@ -157,6 +158,11 @@ conformance!(zookeeper, Backend::Zookeeper, extra: [
     auth::a_client_without_credentials_changes_nothing,
 ]);
 conformance!(redis_sentinel, Backend::RedisSentinel, extra: [
+    auth::a_client_without_credentials_changes_nothing,
+    claims::a_tick_far_ahead_of_the_clock_is_refused,
+    claims::tokens_are_exact_to_their_bound_and_refused_past_it,
+]);
+conformance!(redis_cluster, Backend::RedisCluster, extra: [
     auth::a_client_without_credentials_changes_nothing,
     claims::a_tick_far_ahead_of_the_clock_is_refused,
     claims::tokens_are_exact_to_their_bound_and_refused_past_it,

@@ -57,8 +57,11 @@ impl<'a> Target<'a> {
             }
             Cluster::Sql(server) => Target::Sql(server),
             Cluster::Zookeeper(members) => Target::Zookeeper(members),
-            Cluster::SharedZookeeper(_) => {
+            Cluster::SharedZookeeper(_) | Cluster::SharedSharded(_) => {
                 panic!("garbage is planted at the store's default prefix: on an ensemble of the test's own")
+            }
+            Cluster::Sharded(_) => {
+                panic!("no garbage is planted on a Redis Cluster: its keys are spread over masters")
             }
         }
     }
