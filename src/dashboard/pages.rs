@@ -294,6 +294,14 @@ pub(super) async fn workers(
                         td { @match down { Some(_) => span.bad { "no" }, None => span.good { "yes" } } }
                         @if !groups.is_empty() { (group_cells(group)) }
                     }
+                    // A Redis Cluster's shards, each named by the node and its slots.
+                    @for shard in groups.iter().filter(|g| g.group.starts_with(&format!("{node} "))) {
+                        tr data-node=(shard.group) data-up=(down.is_none()) {
+                            th scope="row" { (shard.group) }
+                            td { @match down { Some(_) => span.bad { "no" }, None => span.good { "yes" } } }
+                            (group_cells(Some(shard)))
+                        }
+                    }
                 }
             }
         }

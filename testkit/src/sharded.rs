@@ -318,7 +318,13 @@ impl ShardedRedis {
         while !done() {
             if Instant::now() > deadline {
                 let views: Vec<String> = (0..self.len())
-                    .map(|i| format!("node {i}:\n{}", self.info_of(i, "CLUSTER", "NODES")))
+                    .map(|i| {
+                        let log = self.nodes.log(i);
+                        let lines: Vec<&str> = log.lines().collect();
+                        let tail = lines[lines.len().saturating_sub(12)..].join("\n");
+                        let view = self.info_of(i, "CLUSTER", "NODES");
+                        format!("node {i}:\n{view}its log ends:\n{tail}\n")
+                    })
                     .collect();
                 panic!(
                     "the Redis Cluster did not settle within {SETTLE_TIMEOUT:?}: waited for {what}\n{}",
@@ -384,6 +390,19 @@ impl ShardedRedis {
         for k in 0..self.masters * replicas_per_master {
             self.wait_until_replica(self.masters + k);
         }
+        // A master ignores a manual failover from a node it does not know as its replica yet: wait until
+        // every node's view has each master with all its replicas.
+        self.wait_for("every node to see each master's replicas", || {
+            (0..total).all(|i| {
+                let view = self.info_of(i, "CLUSTER", "NODES");
+                ids.iter().all(|id| {
+                    view.lines()
+                        .filter(|line| line.split_whitespace().nth(3) == Some(id.as_str()))
+                        .count()
+                        == replicas_per_master
+                })
+            })
+        });
     }
 }
 
@@ -490,6 +509,17 @@ mod tests {
                 .query(0, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key));
             assert_eq!(slot_of(key), slot, "{key}");
         }
+    }
+
+    /// `CLUSTER FAILOVER` on a replica makes it its master's master, and the old master its replica.
+    #[test]
+    fn a_planned_failover_swaps_a_master_and_its_replica() {
+        let cluster = ShardedRedis::start();
+        let master = cluster.master_of("{job}").expect("a master");
+        let replica = cluster.replicas_of(master)[0];
+        cluster.failover(replica);
+        assert_eq!(cluster.master_of("{job}"), Some(replica));
+        cluster.wait_until_replica(master);
     }
 
     /// A killed master's slots move to its replica; the old master comes back as a replica of it.

@@ -37,6 +37,7 @@ mod order;
 mod output_tail;
 mod pause;
 mod recipes;
+mod redis_cluster;
 mod reload;
 mod retries;
 mod schedule;

@@ -163,7 +163,7 @@ impl Cluster {
             .map(|shard| {
                 let seen = seen.get(&shard.first()).cloned().unwrap_or_default();
                 GroupState {
-                    group: format!("{} {}", self.label, shard.describe()),
+                    group: format!("{} {}", self.label, shard.slots()),
                     master: Some(shard.master.clone()),
                     failovers: seen.failovers,
                     last_failover: seen.last_failover,

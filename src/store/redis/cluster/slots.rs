@@ -37,8 +37,8 @@ impl Shard {
         self.ranges.first().map_or(0, |range| range.0)
     }
 
-    /// `slots 0-5460 (master 10.0.0.1:7000)`.
-    pub(super) fn describe(&self) -> String {
+    /// `slots 0-5460`: what names the shard in status and metrics, whichever master serves it.
+    pub(super) fn slots(&self) -> String {
         let ranges: Vec<String> = self
             .ranges
             .iter()
@@ -47,7 +47,12 @@ impl Shard {
                 false => format!("{start}-{end}"),
             })
             .collect();
-        format!("slots {} (master {})", ranges.join(","), self.master)
+        format!("slots {}", ranges.join(","))
+    }
+
+    /// `slots 0-5460 (master 10.0.0.1:7000)`: what names the shard in errors and logs.
+    pub(super) fn describe(&self) -> String {
+        format!("{} (master {})", self.slots(), self.master)
     }
 }
 
