@@ -33,6 +33,7 @@ const MODULES: &[&str] = &[
     "old_workers",
     "pause",
     "recipes",
+    "redis_cluster",
     "reload",
     "retries",
     "schedule",
@@ -75,6 +76,7 @@ const STORES: &[&str] = &[
     "mariadb",
     "zookeeper",
     "redis_sentinel",
+    "redis_cluster",
 ];
 
 /// Every `module::name` (or `module::<store>::name`, one store's run of a test) in backticks in `text`
