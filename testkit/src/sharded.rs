@@ -406,29 +406,10 @@ impl ShardedRedis {
     }
 }
 
-/// The hash slot of `key`, as Redis Cluster computes it: CRC16 (XMODEM) of the hash tag (between the
-/// first `{` and the next `}`, if not empty) or of the whole key, modulo 16384.
+/// The hash slot of `key`, as Redis Cluster computes it (redcron's own computation, which
+/// `tests::slots_are_the_servers_slots` checks against the server's `CLUSTER KEYSLOT`).
 pub fn slot_of(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let hashed = match bytes.iter().position(|&b| b == b'{') {
-        Some(open) => match bytes[open + 1..].iter().position(|&b| b == b'}') {
-            Some(close) if close > 0 => &bytes[open + 1..open + 1 + close],
-            _ => bytes,
-        },
-        None => bytes,
-    };
-    let mut crc: u16 = 0;
-    for &byte in hashed {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
+    redcron::store::redis::key_slot(key.as_bytes())
 }
 
 /// The process's shared cluster, once started; taken (and so dropped) at exit.

@@ -13,7 +13,7 @@ use redcron::store::redis::RedisStore;
 use redcron::store::Store;
 use testkit::{slot_of, ShardedRedis};
 
-use crate::conformance::{request, settings, settled};
+use crate::conformance::{all_still_claimed, request, settings, settled, token_of};
 use crate::support::won;
 
 /// A store on `cluster` with lock settings that leave a loaded machine room (a node timeout that covers
@@ -31,26 +31,6 @@ fn patient() -> LockSettings {
     LockSettings {
         node_timeout: Duration::from_millis(300),
         ..settings(3_000)
-    }
-}
-
-/// Claims tick `tick` of `job` for `worker` until the outcome is final (a failover in progress is
-/// `NoQuorum`, retried), and returns the lease's token; the lease is released.
-async fn token_of(store: &Store, worker: &str, job: &str, tick: i64) -> u64 {
-    let lease = won(settled(store, &request(worker, job, tick)).await);
-    let token = lease.token;
-    store.release(&lease).await;
-    token
-}
-
-/// Every tick in `ticks` is refused to a new claimant: the records survived.
-async fn all_still_claimed(store: &Store, job: &str, ticks: impl IntoIterator<Item = i64>) {
-    for tick in ticks {
-        let outcome = settled(store, &request("latecomer", job, tick)).await;
-        assert!(
-            matches!(outcome, ClaimOutcome::AlreadyClaimed { .. }),
-            "tick {tick} of {job} was claimable again after a failover: {outcome:?}"
-        );
     }
 }
 

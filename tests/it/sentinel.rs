@@ -11,7 +11,7 @@ use redcron::lock::{ClaimOutcome, LockSettings};
 use redcron::store::redis::RedisStore;
 use redcron::store::Store;
 
-use crate::conformance::{request, settings, settled};
+use crate::conformance::{all_still_claimed, request, settings, settled, token_of};
 use crate::support::{won, SentinelGroup};
 
 /// The group as a node of `redis.nodes`.
@@ -28,26 +28,6 @@ fn store_on(nodes: &[RedisNode]) -> Store {
     };
     let config = RedisConfig::on(nodes.to_vec());
     Store::Redis(RedisStore::open(&config, settings).expect("a valid group"))
-}
-
-/// Claims tick `tick` of job `job` for `worker` until the outcome is final (a failover in progress is
-/// `NoQuorum`, retried), and returns the lease's token; the lease is released.
-async fn token_of(store: &Store, worker: &str, job: &str, tick: i64) -> u64 {
-    let lease = won(settled(store, &request(worker, job, tick)).await);
-    let token = lease.token;
-    store.release(&lease).await;
-    token
-}
-
-/// Every tick in `ticks` is refused to a new claimant: the records survived.
-async fn all_still_claimed(store: &Store, job: &str, ticks: impl IntoIterator<Item = i64>) {
-    for tick in ticks {
-        let outcome = settled(store, &request("latecomer", job, tick)).await;
-        assert!(
-            matches!(outcome, ClaimOutcome::AlreadyClaimed { .. }),
-            "tick {tick} of {job} was claimable again after a failover: {outcome:?}"
-        );
-    }
 }
 
 /// Through a planned failover and then a crash of the new master, every claim the group confirmed is

@@ -47,6 +47,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use tokio::time::Instant;
 
+pub use self::cluster::slot as key_slot;
 use self::node::Node;
 use self::reply::{parse_integer, parse_set};
 use self::round::Shape;

@@ -377,14 +377,7 @@ impl Node {
             pipeline
         };
         let mut connection = session.connection.clone();
-        let exchange = async {
-            let first = pipeline.query_async::<Vec<Value>>(&mut connection).await;
-            if !needs_scripts(&first) {
-                return first;
-            }
-            load_scripts(&mut connection).await?;
-            pipeline.query_async::<Vec<Value>>(&mut connection).await
-        };
+        let exchange = send_loading_scripts(pipeline, &mut connection);
         let mut values = match tokio::time::timeout_at(deadline, exchange).await {
             Ok(Ok(values)) => values,
             Ok(Err(error)) => {
@@ -550,9 +543,24 @@ pub(super) fn with_wait(
     with_wait
 }
 
+/// Sends `pipeline` on `connection`; after a `NOSCRIPT` (the server restarted, or its script cache was
+/// flushed) loads the scripts and sends it once more. That is safe because a `NOSCRIPT` command did not
+/// run, and every script is idempotent for the same value anyway.
+pub(super) async fn send_loading_scripts(
+    pipeline: &Pipeline,
+    connection: &mut MultiplexedConnection,
+) -> redis::RedisResult<Vec<Value>> {
+    let first = pipeline.query_async::<Vec<Value>>(connection).await;
+    if !needs_scripts(&first) {
+        return first;
+    }
+    load_scripts(connection).await?;
+    pipeline.query_async::<Vec<Value>>(connection).await
+}
+
 /// Loads every script of the store into the server on `connection`'s cache, after it answered `NOSCRIPT`
 /// (it restarted, or its script cache was flushed).
-pub(super) async fn load_scripts(connection: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+async fn load_scripts(connection: &mut MultiplexedConnection) -> redis::RedisResult<()> {
     let mut load = redis::pipe();
     for source in super::scripts::sources() {
         load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
@@ -593,7 +601,7 @@ pub(super) fn is_readonly(text: &str) -> bool {
 }
 
 /// Whether a reply says that a script is not in the node's cache.
-pub(super) fn needs_scripts(reply: &redis::RedisResult<Vec<Value>>) -> bool {
+fn needs_scripts(reply: &redis::RedisResult<Vec<Value>>) -> bool {
     let is_noscript = |text: &str| text.contains("NOSCRIPT");
     match reply {
         Err(error) => {

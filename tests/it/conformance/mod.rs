@@ -75,6 +75,30 @@ pub(crate) async fn settled(store: &Store, request: &ClaimRequest) -> ClaimOutco
     crate::support::claim_until_final(store, request, Duration::from_secs(10)).await
 }
 
+/// Claims tick `tick` of `job` for `worker` until the outcome is final (a failover in progress is
+/// `NoQuorum`, retried), and returns the lease's token; the lease is released.
+pub(crate) async fn token_of(store: &Store, worker: &str, job: &str, tick: i64) -> u64 {
+    let lease = crate::support::won(settled(store, &request(worker, job, tick)).await);
+    let token = lease.token;
+    store.release(&lease).await;
+    token
+}
+
+/// Every tick in `ticks` is refused to a new claimant: the records survived.
+pub(crate) async fn all_still_claimed(
+    store: &Store,
+    job: &str,
+    ticks: impl IntoIterator<Item = i64>,
+) {
+    for tick in ticks {
+        let outcome = settled(store, &request("latecomer", job, tick)).await;
+        assert!(
+            matches!(outcome, ClaimOutcome::AlreadyClaimed { .. }),
+            "tick {tick} of {job} was claimable again after a failover: {outcome:?}"
+        );
+    }
+}
+
 /// Instantiates the suite for one store: `conformance!(<module>, <Backend>, extra: [<tests>])` makes
 /// module `<module>` with every test of the suite on `<Backend>`, and the `extra` tests (the store's
 /// faults, and the tests that hold for some stores only) after them. Every test is a function of this

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 pub(crate) use self::send::{Link, Links};
-pub(crate) use self::slots::slot;
+pub use self::slots::slot;
 use self::slots::{parse_shards, split, Shard, SlotMap};
 use super::admission::Registry;
 use super::node::redact;

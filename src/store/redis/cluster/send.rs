@@ -15,7 +15,7 @@ use super::slots::{route, split, Route, Shard, SlotMap};
 use super::{Cluster, REFRESH_AT_MOST_EVERY, REFRESH_EVERY};
 use crate::config::ReplicaAcks;
 use crate::store::redis::admission::{Identity, Standing, RECHECK};
-use crate::store::redis::node::{identify, is_readonly, load_scripts, needs_scripts, with_wait};
+use crate::store::redis::node::{identify, is_readonly, send_loading_scripts, with_wait};
 
 /// How many masters' connections one node keeps; beyond this, those no longer in the map are closed.
 const MOST_LINKS: usize = 256;
@@ -335,14 +335,7 @@ impl Cluster {
             pipeline = with_wait(&pipeline, acks, deadline, link.node_timeout);
         }
         let mut connection = master.connection.clone();
-        let exchange = async {
-            let first = pipeline.query_async::<Vec<Value>>(&mut connection).await;
-            if !needs_scripts(&first) {
-                return first;
-            }
-            load_scripts(&mut connection).await?;
-            pipeline.query_async::<Vec<Value>>(&mut connection).await
-        };
+        let exchange = send_loading_scripts(&pipeline, &mut connection);
         let mut values = match tokio::time::timeout_at(deadline, exchange).await {
             Ok(Ok(values)) => values,
             Ok(Err(error)) => {

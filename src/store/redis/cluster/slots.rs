@@ -127,7 +127,7 @@ pub(super) fn route(cmd: &Cmd) -> Route {
 
 /// The hash slot of `key`: CRC16 (XMODEM) of its hash tag — what is between the first `{` and the
 /// next `}`, when that is not empty — or of the whole key, modulo 16384.
-pub(crate) fn slot(key: &[u8]) -> u16 {
+pub fn slot(key: &[u8]) -> u16 {
     let hashed = match key.iter().position(|&b| b == b'{') {
         Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
             Some(close) if close > 0 => &key[open + 1..open + 1 + close],
