@@ -202,12 +202,15 @@ impl Cluster {
 
     /// Reads the map again in the background, unless a reading started less than `within` ago.
     fn refresh(self: &Arc<Self>, within: Duration) {
-        let Ok(asked) = self.asked.lock() else {
+        let Ok(mut asked) = self.asked.lock() else {
             return;
         };
         if asked.is_some_and(|at| at.elapsed() < within) {
             return;
         }
+        // Noted now, not when the reading starts: every request that fails meanwhile would spawn
+        // one more reading otherwise.
+        *asked = Some(Instant::now());
         drop(asked);
         let cluster = Arc::clone(self);
         tokio::spawn(async move {
