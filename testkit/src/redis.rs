@@ -290,6 +290,32 @@ impl RedisCluster {
         ping(&self.client(i), Duration::from_millis(500))
     }
 
+    /// The data nodes that data node `master` streams its writes to (`INFO replication`:
+    /// `state=online`), if it answers within half a second.
+    pub fn online_replicas(&self, master: usize) -> Option<Vec<usize>> {
+        let client = self.client(master);
+        let mut connection = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        connection
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .ok()?;
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut connection)
+            .ok()?;
+        Some(
+            info.lines()
+                .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+                .filter_map(|line| {
+                    let port = line.split(',').find_map(|f| f.strip_prefix("port="))?;
+                    let port: u16 = port.parse().ok()?;
+                    (0..self.len()).find(|&node| self.port(node) == port)
+                })
+                .collect(),
+        )
+    }
+
     /// A client for node `i`, for assertions (presenting the client certificate where the servers
     /// require one).
     pub fn client(&self, i: usize) -> redis::Client {

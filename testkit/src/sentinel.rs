@@ -344,30 +344,9 @@ impl SentinelGroup {
         self.data.restart(i);
     }
 
-    /// The data nodes that data node `master` streams its writes to (`INFO replication`:
-    /// `state=online`), if it answers within half a second.
+    /// The data nodes that data node `master` streams its writes to ([`RedisCluster::online_replicas`]).
     pub fn online_replicas(&self, master: usize) -> Option<Vec<usize>> {
-        let client = self.data.client(master);
-        let mut connection = client
-            .get_connection_with_timeout(Duration::from_millis(500))
-            .ok()?;
-        connection
-            .set_read_timeout(Some(Duration::from_millis(500)))
-            .ok()?;
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(&mut connection)
-            .ok()?;
-        Some(
-            info.lines()
-                .filter(|line| line.starts_with("slave") && line.contains("state=online"))
-                .filter_map(|line| {
-                    let port = line.split(',').find_map(|f| f.strip_prefix("port="))?;
-                    let port: u16 = port.parse().ok()?;
-                    (0..self.data.len()).find(|&node| self.data.port(node) == port)
-                })
-                .collect(),
-        )
+        self.data.online_replicas(master)
     }
 
     /// The master, if the group serves writes that count: every live Sentinel names it, it says it is

@@ -84,6 +84,7 @@ impl ShardedRedisBuilder {
         let cluster = ShardedRedis {
             nodes: builder.start(),
             masters: self.masters,
+            node_timeout: self.node_timeout,
         };
         cluster.form(self.replicas_per_master);
         cluster
@@ -96,6 +97,7 @@ impl ShardedRedisBuilder {
 pub struct ShardedRedis {
     nodes: RedisCluster,
     masters: usize,
+    node_timeout: Duration,
 }
 
 impl ShardedRedis {
@@ -136,6 +138,11 @@ impl ShardedRedis {
     /// Every node's URL (with the password): seeds for `redis.cluster`.
     pub fn seed_urls(&self) -> Vec<String> {
         self.nodes.urls()
+    }
+
+    /// Its `cluster-node-timeout`: how long a master is unreachable before its replicas may take over.
+    pub fn node_timeout(&self) -> Duration {
+        self.node_timeout
     }
 
     /// `cluster: ["redis://…", …]`: the `redis:` section's field for this cluster.
@@ -216,12 +223,49 @@ impl ShardedRedis {
     /// Fails master `replica`'s master over to it (`CLUSTER FAILOVER` on the replica), and waits until
     /// it serves as a master and every live node says `cluster_state:ok`.
     pub fn failover(&self, replica: usize) {
-        let reply: Result<String, _> =
-            self.query(replica, &redis::cmd("CLUSTER").arg("FAILOVER").clone());
-        reply.unwrap_or_else(|e| panic!("cluster node {replica}: CLUSTER FAILOVER: {e}"));
+        self.start_failover(replica)
+            .unwrap_or_else(|why| panic!("{why}"));
         self.wait_for("the replica to be promoted by CLUSTER FAILOVER", || {
             self.role(replica).as_deref() == Some("master") && self.all_ok()
         });
+    }
+
+    /// Asks replica `replica` to take its master's slots over (`CLUSTER FAILOVER`) and returns as soon
+    /// as it agreed; the failover goes on in the background. `Err` says why it refused (not a replica,
+    /// not answering).
+    pub fn start_failover(&self, replica: usize) -> Result<(), String> {
+        let reply: Result<String, _> =
+            self.query(replica, &redis::cmd("CLUSTER").arg("FAILOVER").clone());
+        reply
+            .map(drop)
+            .map_err(|e| format!("cluster node {replica}: CLUSTER FAILOVER: {e}"))
+    }
+
+    /// Every shard's master and the replicas it streams to, if the cluster serves writes that count
+    /// under `min_replicas_acked: all`: every live node says `cluster_state:ok`, as many nodes say they
+    /// are masters serving slots as the cluster was built with, each streams to at least one replica,
+    /// and every live node is a master or streams from one.
+    pub fn serving(&self) -> Option<Vec<(usize, Vec<usize>)>> {
+        if !self.all_ok() {
+            return None;
+        }
+        let masters = self.masters();
+        if masters.len() != self.masters {
+            return None;
+        }
+        let shards: Vec<(usize, Vec<usize>)> = masters
+            .into_iter()
+            .map(|(master, _)| Some((master, self.nodes.online_replicas(master)?)))
+            .collect::<Option<_>>()?;
+        let streams = |node: usize| {
+            shards
+                .iter()
+                .any(|(master, replicas)| *master == node || replicas.contains(&node))
+        };
+        let every = (0..self.len())
+            .filter(|&node| self.nodes.is_serving(node))
+            .all(streams);
+        (every && shards.iter().all(|(_, replicas)| !replicas.is_empty())).then_some(shards)
     }
 
     /// After master `old` of `slot` was killed or hung: waits until another live node serves the slot

@@ -117,6 +117,7 @@ fn benchmark_runs_in_smoke_mode() {
         [
             "Redis",
             "Redis (a Sentinel group)",
+            "Redis Cluster",
             "etcd",
             "PostgreSQL",
             "MariaDB",
@@ -184,8 +185,8 @@ fn dashboard_item_runs_in_smoke_mode() {
     );
 }
 
-/// Item 9 (a Sentinel group's failovers) runs end to end in smoke mode: one crash and one planned
-/// failover, each followed by a claim won, with tokens in order.
+/// Item 9 (a Sentinel group's failovers and a Redis Cluster's) runs end to end in smoke mode: on each,
+/// one crash and one planned failover, each followed by a claim won, with tokens in order.
 #[test]
 fn failover_item_runs_in_smoke_mode() {
     super::support::require_program("redis-server", "redis-server");
@@ -209,9 +210,20 @@ fn failover_item_runs_in_smoke_mode() {
         "{}",
         report.text
     );
+    assert_eq!(
+        (
+            failovers.cluster_crashes.len(),
+            failovers.cluster_planned.len()
+        ),
+        (1, 1),
+        "{}",
+        report.text
+    );
     assert_eq!(failovers.token_out_of_order, None, "{}", report.text);
     assert!(
-        report.text.contains("## 9. A Sentinel group's failover"),
+        report
+            .text
+            .contains("## 9. A Sentinel group's failover and a Redis Cluster's"),
         "{}",
         report.text
     );

@@ -233,7 +233,7 @@ impl fmt::Display for Fault {
             Fault::HangLeader { ms } => {
                 write!(f, "hang the leader (a group's master) for {ms} ms")
             }
-            Fault::Failover => write!(f, "fail the group's master over (SENTINEL FAILOVER)"),
+            Fault::Failover => write!(f, "fail a master over (SENTINEL FAILOVER, or CLUSTER FAILOVER on its replica)"),
             Fault::KillReplica { down_ms } => {
                 write!(f, "kill a replica, restart it after {down_ms} ms")
             }

@@ -112,6 +112,13 @@
 //! acknowledged ([`super::claims::read_group`]), and its leases' expiries, as on Redis. There are no
 //! ghosts, no proxy and no stall of every node.
 //!
+//! **On a Redis Cluster** the Sentinel group's reading applies to the cluster as a whole: it is node 0,
+//! and a fault of any data node of any shard takes it out of reach until every shard serves again (each
+//! has a master that streams to its replicas, and every live node says `cluster_state:ok`) and for 2 s
+//! after. That explains a miss of a job on a shard the fault did not touch as well: the checker does
+//! not narrow a fault to the jobs whose slots its shard serves, so on a cluster it is less strict about
+//! misses than on a Sentinel group — and exactly as strict about everything that ran.
+//!
 //! The table names one cause per explained miss: the first of *won, never started*, *granted to a
 //! claimant that died*, *held by a paused or crashed holder*, *held by a ghost*, *held by another run*,
 //! *held by a contender of another tick*, *a dead contender of the tick*, *no quorum*
@@ -340,6 +347,12 @@ pub fn explain_miss(e: &Evidence<'_>, tick: i64) -> Result<String, String> {
         (StoreKind::RedisSentinel, c) if c.contains("nodes stalled") => {
             "the Sentinel group's acknowledged writes stalled at every attempt within the tick's window (measured by the probe, not planned)"
         }
+        (StoreKind::RedisCluster, c) if c.starts_with("no quorum of Redis") => {
+            "the Redis Cluster was out of reach at every attempt within the tick's window (a shard's master killed, hung or failed over, or a replica waited for, until every shard served again, or held off)"
+        }
+        (StoreKind::RedisCluster, c) if c.contains("nodes stalled") => {
+            "the Redis Cluster's acknowledged writes stalled at every attempt within the tick's window (measured by the probe, not planned)"
+        }
         (_, c) => c,
     }
     .to_string())
@@ -403,7 +416,7 @@ fn dead_grant(e: &Evidence<'_>, tick: i64) -> Option<(usize, i64)> {
             // When it raced: its first lease's write (expiry less the TTL) in the AOF; etcd shows no
             // lease expiry, so there the worker's race time.
             let raced = match e.store {
-                StoreKind::Redis | StoreKind::RedisSentinel => leases
+                StoreKind::Redis | StoreKind::RedisSentinel | StoreKind::RedisCluster => leases
                     .iter()
                     .filter(|(c, _, _)| c == claimant)
                     .map(|(_, _, expires)| expires - e.ttl_ms)

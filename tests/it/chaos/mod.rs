@@ -55,9 +55,20 @@
 //! again, as a SQL server's kill does ([`misses`]); every data node's AOF, read with its history, stands
 //! in for the nodes' AOF — a claim write that a replica's AOF holds too counted ([`claims`]).
 //!
+//! `cluster_exactly_once_under_faults` runs it on a Redis Cluster as the Redis store's one node: 3
+//! masters with a replica each (`appendonly yes`, `appendfsync always`, `cluster-node-timeout` 2 s),
+//! `min_replicas_acked: all`. Its node faults are the Sentinel group's, aimed at the shards by turns:
+//! a master SIGKILLed (restarted later on its data and `nodes.conf`: it learns it was replaced and
+//! follows its replica), a master hung (for less or longer than the node timeout: continued, or
+//! replaced and then demoted), a planned failover (`CLUSTER FAILOVER` on a master's replica), a
+//! replica killed or hung. The same worker faults, rollouts, clock steps and garbage (each key on its
+//! slot's master), the same checker, the same reading of every data node's AOF: a job's keys live on
+//! one shard, so a claim write that two data nodes hold is its master's and its replica's.
+//!
 //! Environment:
 //! - `REDCRON_CHAOS_SECS`: length of the fault plan (default 75 s on Redis, the whole test 80–90 s;
-//!   45 s on etcd, on PostgreSQL, on MariaDB and on a Sentinel group; 40 s on ZooKeeper).
+//!   45 s on etcd, on PostgreSQL, on MariaDB, on a Sentinel group and on a Redis Cluster; 40 s on
+//!   ZooKeeper).
 //! - `REDCRON_CHAOS_SEED`: the plan's seed (default: drawn from the clock; always printed).
 //! - `REDCRON_CHAOS_BREAK`: `split-quorum` or `escape-stop` break the cluster on purpose (see
 //!   [`harness::Breakage`]); the test must then fail.
@@ -165,6 +176,18 @@ fn sentinel_exactly_once_under_faults() {
         StoreKind::RedisSentinel,
         45,
         "chaos::sentinel_exactly_once_under_faults",
+    );
+}
+
+/// The same on a Redis Cluster (3 masters with a replica each, `min_replicas_acked: all`) as the
+/// store's one node: a shard's master killed, hung and failed over, a replica killed and hung, one at a
+/// time; the same worker faults and checker; 45 s by default, as on a Sentinel group.
+#[test]
+fn cluster_exactly_once_under_faults() {
+    run_under_faults(
+        StoreKind::RedisCluster,
+        45,
+        "chaos::cluster_exactly_once_under_faults",
     );
 }
 
@@ -276,7 +299,7 @@ fn run_under_faults(store: StoreKind, default_secs: u64, name: &str) {
     let _ = writeln!(
         out,
         "probe: {} node stalls (slower than 50 ms on Redis, 100 ms on etcd, a write over 100 ms on ZooKeeper, a commit over 150 ms on SQL, \
-         a write with WAIT 1 over 100 ms or unacknowledged on a Sentinel group; longest {worst} ms); the nodes' own latency monitor \
+         a write with WAIT over 100 ms or unacknowledged on a Sentinel group or any shard of a Redis Cluster; longest {worst} ms); the nodes' own latency monitor \
          (latest/max): {}",
         cluster.stalls.len(),
         cluster.node_stalls().join("; ")

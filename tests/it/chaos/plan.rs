@@ -425,7 +425,8 @@ fn garbage(rng: &mut SplitMix64, episodes: &mut Vec<Episode>, total_ms: u64, sto
             | StoreKind::Postgres
             | StoreKind::Mariadb
             | StoreKind::Zookeeper
-            | StoreKind::RedisSentinel => 0,
+            | StoreKind::RedisSentinel
+            | StoreKind::RedisCluster => 0,
         };
         let jobs = super::jobs().len() as u64;
         episodes.push(Episode {
@@ -944,13 +945,19 @@ mod tests {
         assert!(any(&|f| matches!(f, Fault::Jump { .. })));
     }
 
-    /// A Sentinel group's plan as long as the CI run's (45 s): over many seeds, node faults one at a time
-    /// and [`GROUP_SETTLE_MS`] apart, none of them Redis's own (no given node, proxy, stall or ghost), the
-    /// stale-write case in every plan; over 20 seeds, the master killed, hung past the Sentinels' 1 s
-    /// `down-after-milliseconds` and failed over, a replica killed and hung, and the worker faults.
+    /// A Sentinel group's plan, and a Redis Cluster's, as long as the CI run's (45 s): over many seeds,
+    /// node faults one at a time and [`GROUP_SETTLE_MS`] apart, none of them Redis's own (no given node,
+    /// proxy, stall or ghost), the stale-write case in every plan; over 20 seeds, a master killed, hung
+    /// past the Sentinels' 1 s `down-after-milliseconds` and failed over, a replica killed and hung, and
+    /// the worker faults.
     #[test]
-    fn sentinel_plans_fault_one_data_node_at_a_time() {
-        let store = StoreKind::RedisSentinel;
+    fn group_plans_fault_one_data_node_at_a_time() {
+        for store in [StoreKind::RedisSentinel, StoreKind::RedisCluster] {
+            group_plan_faults_one_data_node_at_a_time(store);
+        }
+    }
+
+    fn group_plan_faults_one_data_node_at_a_time(store: StoreKind) {
         let timing = Timing {
             ttl_ms: store.ttl_ms(),
             long_ms: 5_500,
@@ -1020,6 +1027,7 @@ mod tests {
                 (StoreKind::Postgres, 45, 1..=3),
                 (StoreKind::Zookeeper, 40, 1..=3),
                 (StoreKind::RedisSentinel, 45, 1..=3),
+                (StoreKind::RedisCluster, 45, 1..=3),
             ] {
                 let plan = Plan::generate(seed, secs, TIMING, store);
                 let plants: Vec<Garbage> = plan
@@ -1054,7 +1062,8 @@ mod tests {
                         | StoreKind::Postgres
                         | StoreKind::Mariadb
                         | StoreKind::Zookeeper
-                        | StoreKind::RedisSentinel => {
+                        | StoreKind::RedisSentinel
+                        | StoreKind::RedisCluster => {
                             assert_eq!(nodes, 0)
                         }
                     }

@@ -25,6 +25,11 @@
 //! resynchronisation or an fsync holds the writes up. A write slower than [`GROUP_STALL`] or not
 //! acknowledged is a stall of the group, node 0.
 //!
+//! On a Redis Cluster the probe does the same on every shard each round, on the masters `CLUSTER
+//! NODES` names, each write to a key of its shard's slots with a `WAIT` for the shard's replicas that
+//! no node thinks failed: a round with a shard unanswered, unacknowledged or slow is a stall of the
+//! cluster, node 0.
+//!
 //! On ZooKeeper the probe writes, as a claim does: a `setData` through each member, answered once the
 //! leader has a quorum's acknowledgement, so it stalls during an election as etcd's read does.
 
@@ -87,8 +92,10 @@ impl Probe {
                         StoreKind::Postgres | StoreKind::Mariadb => {
                             probe_sql(store, port, &stop, &stalls)
                         }
-                        StoreKind::RedisSentinel => {
-                            unreachable!("a Sentinel group is probed by `Probe::start_group`")
+                        StoreKind::RedisSentinel | StoreKind::RedisCluster => {
+                            unreachable!(
+                                "a group is probed by `Probe::start_group` or `start_cluster`"
+                            )
                         }
                     })
                     .expect("cannot start a probe thread")
@@ -112,6 +119,24 @@ impl Probe {
             std::thread::Builder::new()
                 .name("chaos-probe-group".to_string())
                 .spawn(move || probe_group(&sentinels, &master, &stop, &stalls))
+                .expect("cannot start a probe thread")
+        };
+        Probe {
+            stop,
+            stalls,
+            threads: vec![thread],
+        }
+    }
+
+    /// Starts probing the Redis Cluster whose data nodes are at `urls`: one thread, for node 0.
+    pub fn start_cluster(urls: Vec<String>) -> Probe {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stalls = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, stalls) = (Arc::clone(&stop), Arc::clone(&stalls));
+            std::thread::Builder::new()
+                .name("chaos-probe-cluster".to_string())
+                .spawn(move || probe_cluster(&urls, &stop, &stalls))
                 .expect("cannot start a probe thread")
         };
         Probe {
@@ -311,6 +336,113 @@ fn probe_group(sentinels: &[String], master: &str, stop: &AtomicBool, stalls: &M
         if !acknowledged {
             // A demoted master, a dropped connection: the Sentinels are asked again.
             connection = None;
+        }
+        std::thread::sleep(GROUP_PERIOD.saturating_sub(tick.elapsed()));
+    }
+}
+
+/// One shard as the cluster's probe writes to it: its master's address, a key of its slots, and how
+/// many replicas `min_replicas_acked: all` waits for (those no node thinks failed, at least one).
+struct ProbedShard {
+    master: String,
+    key: String,
+    replicas_up: usize,
+}
+
+/// The shards as the first node of `urls` to answer sees them (`CLUSTER NODES`), trying `first` before
+/// the others (the node that answered last); `None` if none answers.
+fn cluster_view(urls: &[String], first: &mut usize) -> Option<Vec<ProbedShard>> {
+    let order = (0..urls.len()).map(|i| (*first + i) % urls.len());
+    let (answered, text) = order.into_iter().find_map(|i| {
+        let mut connection = connect_to(&urls[i])?;
+        let text: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut connection)
+            .ok()?;
+        Some((i, text))
+    })?;
+    *first = answered;
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
+    let failed = |flags: &str| flags.split(',').any(|f| f == "fail" || f == "fail?");
+    let shards = lines
+        .iter()
+        .filter(|f| f.len() > 8 && f[2].contains("master") && !failed(f[2]))
+        .filter_map(|f| {
+            let first_slot: u16 = f[8].split('-').next()?.parse().ok()?;
+            let key = (0u32..)
+                .map(|n| format!("chaos-probe{{{n}}}"))
+                .find(|key| testkit::slot_of(key) == first_slot)?;
+            let replicas_up = lines
+                .iter()
+                .filter(|r| r.len() > 3 && r[3] == f[0] && !failed(r[2]))
+                .count();
+            Some(ProbedShard {
+                master: format!("redis://{}", f[1].split('@').next()?),
+                key,
+                replicas_up: replicas_up.max(1),
+            })
+        })
+        .collect();
+    Some(shards)
+}
+
+fn connect_to(url: &str) -> Option<redis::Connection> {
+    let client = redis::Client::open(url).ok()?;
+    let connection = client.get_connection_with_timeout(GIVE_UP).ok()?;
+    connection.set_read_timeout(Some(GIVE_UP)).ok()?;
+    Some(connection)
+}
+
+/// Probes a Redis Cluster every [`GROUP_PERIOD`] with a write to every shard that must reach its
+/// replicas, as a claim's: a `SET` of a key of the shard's slots and a `WAIT` for the replicas no node
+/// thinks failed, on the master the cluster names. A round in which a shard has no master that
+/// answers so, any write is slower than [`GROUP_STALL`], or the cluster serves fewer masters than
+/// `masters` is a stall of the cluster, node 0.
+fn probe_cluster(urls: &[String], stop: &AtomicBool, stalls: &Mutex<Vec<Stall>>) {
+    let mut first = 0;
+    let mut masters: std::collections::HashMap<String, redis::Connection> = Default::default();
+    let mut expected = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let tick = Instant::now();
+        let (sent, started) = (now_ms(), Instant::now());
+        let shards = cluster_view(urls, &mut first).unwrap_or_default();
+        expected = expected.max(shards.len());
+        let mut acknowledged = shards.len() == expected;
+        for shard in &shards {
+            if !masters.contains_key(&shard.master) {
+                match connect_to(&shard.master) {
+                    Some(connection) => masters.insert(shard.master.clone(), connection),
+                    None => {
+                        acknowledged = false;
+                        continue;
+                    }
+                };
+            }
+            let Some(connection) = masters.get_mut(&shard.master) else {
+                continue;
+            };
+            let reply: redis::RedisResult<((), i64)> = redis::pipe()
+                .cmd("SET")
+                .arg(&shard.key)
+                .arg(sent)
+                .cmd("WAIT")
+                .arg(shard.replicas_up)
+                .arg(GIVE_UP.as_millis() as u64)
+                .query(connection);
+            if !matches!(reply, Ok((_, acked)) if acked >= shard.replicas_up as i64) {
+                // A demoted master, a dropped connection: connected again next round.
+                masters.remove(&shard.master);
+                acknowledged = false;
+            }
+        }
+        let took = started.elapsed();
+        if took > GROUP_STALL || !acknowledged {
+            let mut all = stalls.lock().unwrap_or_else(|p| p.into_inner());
+            all.push(Stall {
+                node: 0,
+                from: sent,
+                to: sent + took.max(GROUP_PERIOD).as_millis() as i64,
+            });
         }
         std::thread::sleep(GROUP_PERIOD.saturating_sub(tick.elapsed()));
     }

@@ -353,8 +353,7 @@ fn checker_counts_a_groups_failover_and_not_a_replicas_fault_as_out_of_reach() {
     scenario.timeline.push(
         T0 + 6_000,
         Happening::GroupServes {
-            master: 1,
-            replicas: vec![2],
+            shards: vec![(1, vec![2])],
         },
     );
     scenario

@@ -1,5 +1,5 @@
 //! Which store the chaos cluster runs on, and what follows from that choice: how many nodes (Redis lock
-//! nodes, etcd or ZooKeeper members, the one SQL server, or the one Sentinel group), the lease timing the workers are configured with, and how long a lease whose
+//! nodes, etcd or ZooKeeper members, the one SQL server, the one Sentinel group or the one Redis Cluster), the lease timing the workers are configured with, and how long a lease whose
 //! holder stopped renewing may still hold its key.
 //!
 //! The plan, the harness and the miss rules ask this instead of assuming Redis; the safety rules of the
@@ -21,6 +21,9 @@ pub enum StoreKind {
     /// One Sentinel-managed group as the Redis store's one node: a master and 2 replicas (append-only,
     /// fsync always), 3 Sentinels, `min_replicas_acked: all` (the default).
     RedisSentinel,
+    /// A Redis Cluster as the Redis store's one node: 3 masters with a replica each (append-only, fsync
+    /// always), `min_replicas_acked: all` (the default).
+    RedisCluster,
 }
 
 /// The data nodes of a Sentinel group: a master and its replicas.
@@ -36,14 +39,18 @@ impl StoreKind {
         match self {
             StoreKind::Redis => super::plan::NODES,
             StoreKind::Etcd | StoreKind::Zookeeper => 3,
-            StoreKind::Postgres | StoreKind::Mariadb | StoreKind::RedisSentinel => 1,
+            StoreKind::Postgres
+            | StoreKind::Mariadb
+            | StoreKind::RedisSentinel
+            | StoreKind::RedisCluster => 1,
         }
     }
 
-    /// Whether the store is one Sentinel group: its node faults are the master's kill, hang and planned
-    /// failover, and a replica's kill and hang, one at a time.
+    /// Whether the store is one node made of data nodes, a Sentinel group or a Redis Cluster: its node
+    /// faults are a master's kill, hang and planned failover, and a replica's kill and hang, one at a
+    /// time.
     pub fn is_group(self) -> bool {
-        self == StoreKind::RedisSentinel
+        matches!(self, StoreKind::RedisSentinel | StoreKind::RedisCluster)
     }
 
     /// The test server of a SQL store.
@@ -54,7 +61,8 @@ impl StoreKind {
             StoreKind::Redis
             | StoreKind::Etcd
             | StoreKind::Zookeeper
-            | StoreKind::RedisSentinel => None,
+            | StoreKind::RedisSentinel
+            | StoreKind::RedisCluster => None,
         }
     }
 
@@ -68,10 +76,14 @@ impl StoreKind {
     /// whose single server is the only thing to kill or hang: the store is then out of reach as a whole
     /// (which the checker reads as no majority, so such a fault explains misses and nothing else); and
     /// on a Sentinel group, one fault of one data node at a time (the master's takes the group out of
-    /// reach until a new master answers; a replica's leaves the other to acknowledge).
+    /// reach until a new master answers; a replica's leaves the other to acknowledge); on a Redis
+    /// Cluster the same, one data node of one shard at a time.
     pub fn max_node_faults(self) -> usize {
         match self {
-            StoreKind::Postgres | StoreKind::Mariadb | StoreKind::RedisSentinel => 1,
+            StoreKind::Postgres
+            | StoreKind::Mariadb
+            | StoreKind::RedisSentinel
+            | StoreKind::RedisCluster => 1,
             StoreKind::Redis | StoreKind::Etcd | StoreKind::Zookeeper => (self.nodes() - 1) / 2,
         }
     }
@@ -83,14 +95,15 @@ impl StoreKind {
     /// (its timeout the TTL): 4 s, so that a session whose member was killed or hung has time to move to
     /// another member (the client gives up on a silent one after two thirds of the timeout). On a
     /// Sentinel group every answer waits for a replica's acknowledgement (`WAIT`), its fsync included:
-    /// two fsyncs in a row on the shared disk, so etcd's timing too.
+    /// two fsyncs in a row on the shared disk, so etcd's timing too; on a Redis Cluster, the same.
     pub fn ttl_ms(self) -> u64 {
         match self {
             StoreKind::Redis => 2_000,
             StoreKind::Etcd
             | StoreKind::Postgres
             | StoreKind::Mariadb
-            | StoreKind::RedisSentinel => 3_000,
+            | StoreKind::RedisSentinel
+            | StoreKind::RedisCluster => 3_000,
             StoreKind::Zookeeper => 4_000,
         }
     }
@@ -103,7 +116,8 @@ impl StoreKind {
             | StoreKind::Postgres
             | StoreKind::Mariadb
             | StoreKind::Zookeeper
-            | StoreKind::RedisSentinel => 1_000,
+            | StoreKind::RedisSentinel
+            | StoreKind::RedisCluster => 1_000,
         }
     }
 
@@ -120,13 +134,14 @@ impl StoreKind {
     /// renewal on its own clock, and the next claim reads that: as on Redis. ZooKeeper ends a lease with
     /// its session, a session timeout after the session's last contact, found by the leader's next
     /// expiry check and closed by a commit: [`crate::support::Backend::expiry`]. A Sentinel group's
-    /// master expires the key at its TTL, as a Redis node does.
+    /// master, and a Redis Cluster's, expires the key at its TTL, as a Redis node does.
     pub fn lease_hold_ms(self, ttl_ms: i64) -> i64 {
         match self {
             StoreKind::Redis
             | StoreKind::Postgres
             | StoreKind::Mariadb
-            | StoreKind::RedisSentinel => ttl_ms,
+            | StoreKind::RedisSentinel
+            | StoreKind::RedisCluster => ttl_ms,
             StoreKind::Etcd => crate::support::Backend::Etcd
                 .expiry(std::time::Duration::from_millis(ttl_ms.max(0) as u64))
                 .as_millis() as i64,

@@ -72,11 +72,11 @@ pub enum Happening {
     FailoverAsked {
         master: usize,
     },
-    /// After a fault of its master, the group serves again: every Sentinel names `master`, which says it
-    /// is one and streams to `replicas` (at least `min_replicas_acked`).
+    /// After a fault of one of its data nodes, the group serves again: per shard (a Sentinel group is
+    /// one), its master, which says it is one (and every Sentinel names it), and the replicas it
+    /// streams to (at least `min_replicas_acked`).
     GroupServes {
-        master: usize,
-        replicas: Vec<usize>,
+        shards: Vec<(usize, Vec<usize>)>,
     },
     /// The harness's probe saw the node answer slowly (or not at all) until `until` (see `probe`).
     NodeStalled {

@@ -18,6 +18,8 @@ use chrono::Utc;
 use testkit::zookeeper::{WireError, ZkSession, NODE_EXISTS};
 use testkit::{SqlKind, SqlServer, ZkEnsemble};
 
+use testkit::sharded::ShardedRedis;
+
 use crate::support::{Cluster, EtcdCluster, RedisCluster};
 
 /// How long one node (or the etcd cluster) may take to take a plant.
@@ -37,6 +39,9 @@ pub enum Target<'a> {
     Sql(&'a SqlServer),
     /// A ZooKeeper ensemble, written through the harness's own client into the store's nodes.
     Zookeeper(&'a ZkEnsemble),
+    /// A Redis Cluster, each key written on the master of its slot, under the names the store gives it
+    /// on a cluster (`<prefix>:{triggers}`, `<prefix>:{members}`).
+    Sharded(&'a ShardedRedis),
 }
 
 impl<'a> Target<'a> {
@@ -60,9 +65,7 @@ impl<'a> Target<'a> {
             Cluster::SharedZookeeper(_) | Cluster::SharedSharded(_) => {
                 panic!("garbage is planted at the store's default prefix: on an ensemble of the test's own")
             }
-            Cluster::Sharded(_) => {
-                panic!("no garbage is planted on a Redis Cluster: its keys are spread over masters")
-            }
+            Cluster::Sharded(cluster) => Target::Sharded(cluster),
         }
     }
 }
@@ -211,6 +214,30 @@ fn plant_keyed(
                 .collect();
             exec_sql(server, &rows)
         }
+        Target::Sharded(cluster) => {
+            let base = format!("{PREFIX}:{{{kind}}}");
+            let failed = on_master(cluster, &base, |pipe| {
+                for (id, value) in entries {
+                    pipe.cmd("HSET").arg(&base).arg(id).arg(value).ignore();
+                    if let Some(at) = expires_ms {
+                        pipe.cmd("ZADD")
+                            .arg(format!("{base}:expiry"))
+                            .arg(at)
+                            .arg(id)
+                            .ignore();
+                    }
+                }
+            });
+            // The hash and its expiry set share a slot: a failure fails every entry.
+            failed
+                .iter()
+                .flat_map(|why| {
+                    entries
+                        .iter()
+                        .map(move |(id, _)| format!("cluster: {kind}/{id}: {why}"))
+                })
+                .collect()
+        }
         // No expiry on ZooKeeper: a node stays until deleted (the store deletes requests only once
         // they are read as expired, which garbage never is).
         Target::Zookeeper(members) => create_all(
@@ -256,6 +283,17 @@ pub fn plant_history(
                 .arg(id)
                 .ignore();
         }),
+        Target::Sharded(cluster) => on_master(cluster, &base, |pipe| {
+            pipe.cmd("HSET").arg(&base).arg(id).arg(value).ignore();
+            pipe.cmd("ZADD")
+                .arg(format!("{base}:index"))
+                .arg(tick)
+                .arg(id)
+                .ignore();
+        })
+        .into_iter()
+        .map(|why| format!("cluster: history/{id}: {why}"))
+        .collect(),
         Target::Sql(server) => exec_sql(
             server,
             &[(
@@ -349,6 +387,19 @@ fn on_nodes(
             .filter_map(|w| w.join().unwrap_or_else(|_| Some("panicked".into())))
             .collect()
     })
+}
+
+/// Runs the pipeline that `fill` builds on the master serving `key`'s slot, bounded by [`TIMEOUT`];
+/// the failure, if any (no master serves the slot, or it failed the pipeline).
+fn on_master(
+    cluster: &ShardedRedis,
+    key: &str,
+    fill: impl Fn(&mut redis::Pipeline),
+) -> Vec<String> {
+    match cluster.master_of(key) {
+        Some(master) => on_nodes(cluster.nodes(), &[master], fill),
+        None => vec![format!("no master serves the slot of {key}")],
+    }
 }
 
 /// A job, request or entry id as the ZooKeeper store names its node: bytes outside `[A-Za-z0-9_:-]` as

@@ -21,8 +21,8 @@ pub(super) fn faketime_spec(offset_ms: i64) -> String {
 }
 
 /// The jobs file of worker `w` in config `version` (0 or 1), on `store` at `nodes` (Redis URLs, etcd
-/// endpoints, ZooKeeper `host:port`s, the SQL server's one URL, or a Sentinel group's one entry of
-/// `redis.nodes` in YAML flow style).
+/// endpoints, ZooKeeper `host:port`s, the SQL server's one URL, a Sentinel group's one entry of
+/// `redis.nodes` in YAML flow style, or a Redis Cluster's `cluster: [seed URLs]` field).
 pub(super) fn config(
     worker: usize,
     version: usize,
@@ -105,6 +105,8 @@ pub(super) fn config(
         StoreKind::Postgres => format!("postgres:\n  url: {nodes}\n  tls: disable"),
         StoreKind::Mariadb => format!("mysql:\n  url: {nodes}\n  tls: disable"),
         StoreKind::RedisSentinel => format!("redis:\n  nodes:\n    - {group}"),
+        // `nodes` holds the cluster's `cluster: [seed URLs]` field.
+        StoreKind::RedisCluster => format!("redis:\n  {group}"),
     };
     let (ttl, renew, node_timeout) = (store.ttl_ms(), store.renew_ms(), store.node_timeout_ms());
     format!(

@@ -196,8 +196,8 @@ impl Cluster {
                 None => self.skip(fault, "no running worker"),
             },
             Fault::KillLeader { .. } | Fault::HangLeader { .. } if self.nodes.is_group() => {
-                let Some(master) = self.nodes.leader() else {
-                    return self.skip(fault, "the group has no master (a failover is going on)");
+                let Some(master) = self.nodes.master_for(index) else {
+                    return self.skip(fault, "the group does not serve (a failover is going on)");
                 };
                 let hung = matches!(fault, Fault::HangLeader { .. });
                 Some(self.hit_data_node(master, true, hung))
@@ -212,13 +212,21 @@ impl Cluster {
                 Some(self.hit_data_node(replica, false, hung))
             }
             Fault::Failover => {
-                let Nodes::Sentinel(group) = &self.nodes else {
-                    return self.skip(fault, "no Sentinel group on this store");
+                let Some(master) = self.nodes.master_for(index) else {
+                    return self.skip(fault, "the group does not serve (a failover is going on)");
                 };
-                let Some(master) = group.master() else {
-                    return self.skip(fault, "the group has no master (a failover is going on)");
+                let asked = match &self.nodes {
+                    Nodes::Sentinel(group) => group.start_failover(),
+                    // The master's replica takes its slots over.
+                    Nodes::Sharded(cluster) => match cluster.nodes().online_replicas(master) {
+                        Some(replicas) if !replicas.is_empty() => {
+                            cluster.start_failover(replicas[index % replicas.len()])
+                        }
+                        _ => Err(format!("master {master} streams to no replica")),
+                    },
+                    _ => Err("no Sentinel group or Redis Cluster on this store".to_string()),
                 };
-                if let Err(why) = group.start_failover() {
+                if let Err(why) = asked {
                     return self.skip(fault, &why);
                 }
                 let at = now_ms();
@@ -374,15 +382,13 @@ impl Cluster {
                 Step::Poll,
             ) => {
                 let now = Instant::now();
-                let serving = self
-                    .nodes
-                    .serving()
-                    .filter(|&(master, _)| Some(master) != old || now >= patience);
+                let serving = self.nodes.serving().filter(|shards| {
+                    shards.iter().all(|&(master, _)| Some(master) != old) || now >= patience
+                });
                 match serving {
-                    Some((master, replicas)) => {
+                    Some(shards) => {
                         let at = now_ms();
-                        self.timeline
-                            .push(at, Happening::GroupServes { master, replicas });
+                        self.timeline.push(at, Happening::GroupServes { shards });
                         self.timeline.push(at, Happening::NodeUp { node: 0 });
                         None
                     }

@@ -2,7 +2,8 @@
 //! written, planted straight into the store with the helpers of [`crate::support::garbage`] (shared with
 //! `store_garbage`): on the Redis nodes a plant names that serve (directly, not through the proxy),
 //! through a plain etcd client, through the harness's own ZooKeeper client, with SQL into the SQL
-//! server's tables while it serves, or on a Sentinel group's master (its replicas get it from there).
+//! server's tables while it serves, on a Sentinel group's master (its replicas get it from there), or
+//! on the master of each key's slot of a Redis Cluster.
 
 use super::nodes::Nodes;
 use super::{now_ms, Cluster};
@@ -77,11 +78,13 @@ impl Cluster {
                 }
             },
             Nodes::Zookeeper(members) => (Target::Zookeeper(members), Vec::new()),
+            Nodes::Sharded(cluster) => (Target::Sharded(cluster), Vec::new()),
         };
-        // On etcd, ZooKeeper and SQL a plant is one store's writes: what failed is not there.
+        // On etcd, ZooKeeper, SQL and a Redis Cluster a plant is one store's writes: what failed is not
+        // there.
         let etcd = matches!(
             target,
-            Target::Etcd(_) | Target::Sql(_) | Target::Zookeeper(_)
+            Target::Etcd(_) | Target::Sql(_) | Target::Zookeeper(_) | Target::Sharded(_)
         );
         let mut failed =
             garbage::plant_triggers(&target, &requests, Some(now_ms() + GARBAGE_KEPT_MS));

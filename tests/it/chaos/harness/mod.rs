@@ -1,7 +1,7 @@
 //! The cluster under test and the hand that breaks it: 5 lock nodes (append-only, fsync always), one of
 //! them behind the [`Proxy`], 3 etcd members, one PostgreSQL or MariaDB server, 3 ZooKeeper members, or
-//! one Sentinel group ([`nodes`]); the [`Ledger`]; 4 worker processes with
-//! their clocks; and the executor that carries out a [`Plan`], writing down in a [`Timeline`] what it
+//! one Sentinel group, or a Redis Cluster of 3 masters with a replica each ([`nodes`]); the [`Ledger`];
+//! 4 worker processes with their clocks; and the executor that carries out a [`Plan`], writing down in a [`Timeline`] what it
 //! did and when.
 //!
 //! - [`journal`]: each worker process's events, stamped with their real arrival time;
@@ -11,7 +11,7 @@
 //! - [`garbage`]: garbage planted straight into the store;
 //! - [`config`]: the workers' jobs file (two versions) and clocks;
 //! - [`nodes`]: the store's processes: Redis nodes, etcd or ZooKeeper members, a SQL server, a Sentinel
-//!   group's data nodes.
+//!   group's or a Redis Cluster's data nodes.
 
 mod config;
 mod executor;
@@ -41,6 +41,7 @@ use super::store::{StoreKind, GROUP_ACKS, GROUP_DATA_NODES};
 use super::timeline::{Happening, Timeline};
 use crate::support::libfaketime;
 use crate::support::{EtcdCluster, Persistence, RedisCluster, SentinelGroup, TestDir, Worker};
+use testkit::sharded::ShardedRedis;
 use testkit::{SqlServer, ZkEnsemble};
 
 /// The job that outlives the TTL.
@@ -192,11 +193,27 @@ impl Cluster {
                 let node = group.node_yaml();
                 (Nodes::Sentinel(Box::new(group)), None, vec![node])
             }
+            StoreKind::RedisCluster => {
+                assert!(
+                    breakage != Some(Breakage::SplitQuorum),
+                    "split-quorum breaks Redis quorums; a Redis Cluster is one node"
+                );
+                // As a Sentinel group's: the history of every data node's append-only file is kept.
+                let cluster = ShardedRedis::builder()
+                    .config("aof-disable-auto-gc", "yes")
+                    .start();
+                for node in 0..cluster.len() {
+                    watch_latency(cluster.nodes(), node);
+                }
+                let field = cluster.cluster_yaml();
+                (Nodes::Sharded(cluster), None, vec![field])
+            }
         };
         let probe = match &nodes {
             Nodes::Sentinel(group) => {
                 Probe::start_group(&group.sentinel_addresses(), group.master_name())
             }
+            Nodes::Sharded(cluster) => Probe::start_cluster(cluster.nodes().urls()),
             _ => {
                 let ports: Vec<u16> = (0..nodes.len()).map(|n| nodes.probe_port(n)).collect();
                 Probe::start(&ports, store)
@@ -365,8 +382,9 @@ impl Cluster {
     /// every claim record the cluster committed, from its history ([`super::etcd_claims`]); on a SQL
     /// server, every claim and lease row it committed, from its triggers' table ([`super::sql_claims`]);
     /// on ZooKeeper, every claim record each member logged, from its transaction log
-    /// ([`super::zk_claims`]); on a Sentinel group, what its data nodes' append-only files show it
-    /// confirmed ([`claims::read_group`]).
+    /// ([`super::zk_claims`]); on a Sentinel group or a Redis Cluster, what its data nodes' append-only
+    /// files show it confirmed ([`claims::read_group`]: a job's keys live on one shard, so a write two
+    /// data nodes hold is its master's and its replica's).
     pub fn claim_writes(&self) -> Vec<ClaimWrite> {
         let nodes = match &self.nodes {
             Nodes::Redis(nodes) => nodes,
@@ -375,15 +393,18 @@ impl Cluster {
             }
             Nodes::Sql(server) => return super::sql_claims::read_grants(server),
             Nodes::Zookeeper(members) => return super::zk_claims::read_logs(members),
-            Nodes::Sentinel(group) => {
-                let dirs: Vec<PathBuf> = (0..group.data.len())
-                    .map(|node| group.data.dir(node).join("appendonlydir"))
-                    .collect();
-                return claims::read_group(&dirs, GROUP_ACKS + 1);
-            }
+            Nodes::Sentinel(group) => &group.data,
+            Nodes::Sharded(cluster) => cluster.nodes(),
         };
-        (0..nodes.len())
-            .flat_map(|node| claims::read_aof(node, &nodes.dir(node).join("appendonlydir")))
+        let dirs: Vec<PathBuf> = (0..nodes.len())
+            .map(|node| nodes.dir(node).join("appendonlydir"))
+            .collect();
+        if self.nodes.is_group() {
+            return claims::read_group(&dirs, GROUP_ACKS + 1);
+        }
+        dirs.iter()
+            .enumerate()
+            .flat_map(|(node, dir)| claims::read_aof(node, dir))
             .collect()
     }
     /// Resumes paused workers and asks every live one to shut down (SIGTERM: running jobs finish within
@@ -546,7 +567,7 @@ impl Cluster {
         let Some(nodes) = self.nodes.redis() else {
             return vec!["none on etcd, ZooKeeper or SQL".to_string()];
         };
-        let name = if matches!(self.nodes, Nodes::Sentinel(_)) {
+        let name = if self.nodes.is_group() {
             "data node"
         } else {
             "node"
