@@ -10,7 +10,8 @@
 //! - [`herd`]: item 6, N jobs due at one instant on 3 workers, against the spawn limit and the peer.
 //! - [`etcd`]: item 7, the etcd store beside Redis: a claim, the lock alone, a herd.
 //! - [`dashboard`]: item 8, the dashboard's page of 1,000 jobs: its weight, render and store times.
-//! - [`failover`]: item 9, a Sentinel group's failover: from the master's end to the next claim won.
+//! - [`failover`]: item 9, a Sentinel group's failover and a Redis Cluster's: from the master's end to
+//!   the next claim won.
 //! - [`job`]: the workers' job, `probe.rs`, compiled for the run.
 //! - [`ops`]: item 4c, the commands and Redis CPU of each store operation (the cost model).
 //! - [`peer`]: the peer of items 4b and 6, one `SET NX PX` per (job, tick) on one node.
@@ -145,7 +146,7 @@ pub struct Report {
     pub versus: Option<etcd::Versus>,
     /// Item 8: the dashboard's page of 1,000 jobs.
     pub dashboard: Option<dashboard::Page>,
-    /// Item 9: a Sentinel group's failovers.
+    /// Item 9: a Sentinel group's failovers and a Redis Cluster's.
     pub failovers: Option<failover::Failovers>,
 }
 

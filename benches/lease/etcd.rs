@@ -1,6 +1,7 @@
 //! Item 7, every shared store beside Redis in the same run: one uncontended claim, the lock-alone race,
 //! the herd and a steady load, on 5 Redis nodes, one Sentinel group (a master, a replica, a Sentinel:
-//! each answer waits for the replica's `WAIT`), 3 etcd members, one PostgreSQL and one MariaDB server
+//! each answer waits for the replica's `WAIT`), a Redis Cluster (3 masters with a replica each, each
+//! master's answer waiting for its replica's `WAIT`), 3 etcd members, one PostgreSQL and one MariaDB server
 //! and 3 ZooKeeper members, with each one's ratio to Redis.
 //!
 //! One item rather than a `--store` option across the others: the ratios must come from one run on one
@@ -127,6 +128,7 @@ pub fn run(
     let stores = [
         (Backend::Redis, 5),
         (Backend::RedisSentinel, 1),
+        (Backend::RedisCluster, 1),
         (Backend::Etcd, 3),
         (Backend::Postgres, 1),
         (Backend::Mariadb, 1),
@@ -310,6 +312,7 @@ fn table(versus: &Versus) -> String {
         let unit = match side.store {
             Backend::Redis => "nodes",
             Backend::RedisSentinel => "group",
+            Backend::RedisCluster => "cluster",
             Backend::Etcd | Backend::Zookeeper => "members",
             _ => "server",
         };

@@ -7,9 +7,9 @@
 //! - `--smoke` (or `REDCRON_BENCH_SMOKE=1`): tiny runs, for the smoke test; the figures mean nothing.
 //! - `--items 1,2,3,4,5,6,7,8,9`: which items to run (default all; 6 is the herd of 10,000 jobs at one tick,
 //!   7 the etcd store beside Redis, which needs `etcd` from Debian's `etcd-server`, 8 the dashboard's page
-//!   of 1,000 jobs, about 40 s, 9 a Sentinel group's failovers, about 40 s).
+//!   of 1,000 jobs, about 40 s, 9 a Sentinel group's failovers and a Redis Cluster's, about 90 s).
 //! - `--etcd-herd N`: the herd of item 7, on every store (default 2,000).
-//! - `--stores redis,redis-sentinel,etcd,postgres,mariadb,zookeeper`: the stores item 7 runs on (default all; Redis,
+//! - `--stores redis,redis-sentinel,redis-cluster,etcd,postgres,mariadb,zookeeper`: the stores item 7 runs on (default all; Redis,
 //!   the peer of every ratio, always runs).
 //! - `--cycles N`: measured lease cycles per contender on the healthy cluster (default 1000).
 //! - `--current-thread`: items 1–2 on a current-thread runtime (default: multi-threaded, as the worker).

@@ -72,9 +72,27 @@ impl Counters for Cluster {
         }
     }
 
-    /// The counters of every node: CPU summed; Redis commands summed (each node runs its own), etcd
-    /// commits of the member that committed most (every member commits the same entries).
+    /// The counters of every node: CPU summed; Redis commands summed (each node runs its own; on a Redis
+    /// Cluster, over its masters), etcd commits of the member that committed most (every member commits
+    /// the same entries).
     fn total_usage(&self) -> Usage {
+        // A Redis Cluster is the store's one node; its masters answer the claims (a replica's commands
+        // are its master's, replicated).
+        let sharded = match self {
+            Cluster::Sharded(sharded) => Some(&**sharded),
+            Cluster::SharedSharded(shared) => Some(shared.cluster()),
+            _ => None,
+        };
+        if let Some(sharded) = sharded {
+            let masters = sharded.masters().into_iter();
+            return masters.fold(Usage::default(), |sum, (i, _)| {
+                let usage = redis_usage(sharded.nodes(), i);
+                Usage {
+                    commands: sum.commands + usage.commands,
+                    cpu: sum.cpu + usage.cpu,
+                }
+            });
+        }
         let usages = (0..self.len()).map(|i| self.usage(i));
         let cpu = usages.clone().map(|u| u.cpu).sum();
         let commands = match self {
